@@ -1,0 +1,74 @@
+"""Shared fixtures: a CLI runner that goes through `main()` (exit codes, error lines), tiny corpora and
+a tokenizer trained once per session."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE_DATA = REPO / "sample_data"
+
+TINY_TEXT = (
+    "Once upon a time a little fox found a red ball in the park.\n"
+    "The fox was happy, so it played with the ball all day.\n"
+    "\n"
+    "Tom had three apples. He gave one to Mia because she was hungry.\n"
+    "\"Thank you!\" said Mia. Zoë smiled at the café. 🦊\n"
+    "\n"
+    "The dog did not like the rain, but the cat liked to watch it fall.\n"
+)
+
+
+@dataclasses.dataclass
+class CliResult:
+    code: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run `tfcli ARGS...` in-process through the real entry point; returns code, stdout, stderr."""
+    from tfcli.cli.app import main
+    from tfcli.cli.common import state
+
+    def run(*args: str) -> CliResult:
+        state.debug = False
+        capsys.readouterr()
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        out = capsys.readouterr()
+        return CliResult(code, out.out, out.err)
+
+    return run
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.txt"
+    path.write_text(TINY_TEXT * 20, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def trained_tokenizer(tmp_path_factory) -> Path:
+    """A byte-level tokenizer (vocab 320) trained on the tiny text; returns its folder."""
+    from tfcli.data.corpus import resolve_corpus
+    from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
+
+    folder = tmp_path_factory.mktemp("tok")
+    corpus = folder / "corpus.txt"
+    corpus.write_text(TINY_TEXT * 20, encoding="utf-8")
+    train_tokenizer(resolve_corpus([corpus]), folder / "tokenizer", TokenizerTrainingConfig(vocab_size=320))
+    return folder / "tokenizer"
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` and its bytes, to prove a failed command changed nothing."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}

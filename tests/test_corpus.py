@@ -1,0 +1,123 @@
+"""Reading corpora: path resolution, bad inputs, invalid UTF-8, bounded pieces, document boundaries."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tfcli.data.corpus import (
+    ReadStats,
+    iter_document_pieces,
+    iter_lines,
+    read_text_blocks,
+    resolve_corpus,
+    split_long,
+)
+from tfcli.errors import TfcliError
+
+
+def test_resolves_files_folders_and_globs_in_order_once(tmp_path):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a.txt").write_text("a")
+    (tmp_path / "b" / "c.txt").write_text("c")
+    (tmp_path / "b" / ".hidden.txt").write_text("h")
+    corpus = resolve_corpus([tmp_path / "a.txt", tmp_path, str(tmp_path / "**" / "*.txt")])
+    names = [f.path.name for f in corpus.files]
+    assert names == ["a.txt", "c.txt"]
+    assert corpus.total_bytes == 2
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p / "missing.txt", "does not exist"),
+    (lambda p: (p / "empty").mkdir() or p / "empty", "holds no files"),
+    (lambda p: str(p / "*.nomatch"), "no file matches"),
+])
+def test_bad_paths_are_clear_errors(tmp_path, make, message):
+    with pytest.raises(TfcliError, match=message):
+        resolve_corpus([make(tmp_path)])
+
+
+def test_named_binary_file_is_an_error_but_skipped_inside_a_folder(tmp_path):
+    (tmp_path / "img.bin").write_bytes(b"\x89PNG\x00\x00\x01")
+    (tmp_path / "text.txt").write_text("hello")
+    with pytest.raises(TfcliError, match="binary"):
+        resolve_corpus([tmp_path / "img.bin"])
+    corpus = resolve_corpus([tmp_path])
+    assert [f.path.name for f in corpus.files] == ["text.txt"]
+    assert [p.name for p in corpus.skipped_binary] == ["img.bin"]
+
+
+def test_only_binary_files_is_an_error(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"\x00" * 10)
+    with pytest.raises(TfcliError, match="no text files"):
+        resolve_corpus([tmp_path])
+
+
+def test_invalid_utf8_is_replaced_and_counted(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"caf\xc3\xa9 \xff\xfe ok \xe2\x82")  # a truncated 3-byte sequence at the end
+    stats = ReadStats()
+    text = "".join(read_text_blocks(path, stats, block_bytes=3))  # blocks split characters too
+    assert text == "café \ufffd\ufffd ok \ufffd\ufffd"
+    assert stats.invalid_bytes == 4
+    assert stats.files_with_invalid_utf8 == {path}
+    assert stats.bytes_read == path.stat().st_size
+
+
+def test_multibyte_characters_survive_block_boundaries(tmp_path):
+    path = tmp_path / "u.txt"
+    text = "🦊é中" * 1000
+    path.write_text(text, encoding="utf-8")
+    stats = ReadStats()
+    assert "".join(read_text_blocks(path, stats, block_bytes=7)) == text
+    assert stats.invalid_bytes == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.sampled_from("ab \n\t中"), max_size=300), st.integers(min_value=1, max_value=40))
+def test_split_long_keeps_the_text_and_bounds_pieces(text, limit):
+    pieces = split_long(text, limit)
+    assert "".join(pieces) == text
+    assert all(len(p) <= limit for p in pieces)
+
+
+def test_split_long_cuts_before_spaces():
+    assert split_long("aaa bbb ccc", 5) == ["aaa", " bbb", " ccc"]
+
+
+def test_a_huge_line_comes_in_bounded_pieces(tmp_path):
+    path = tmp_path / "long.txt"
+    text = "word " * 200_000 + "\nnext line\n"
+    path.write_text(text)
+    pieces = list(iter_lines(path, ReadStats(), limit=4096))
+    assert "".join(pieces) == text
+    assert max(map(len, pieces)) <= 4096
+    assert pieces[-1] == "next line\n"
+
+
+@pytest.mark.parametrize("boundary, expected", [
+    ("paragraph", ["one\ntwo", "three", "four"]),
+    ("line", ["one", "two", "three", "four"]),
+    ("file", ["one\ntwo\n\n \nthree\n\n\nfour"]),
+])
+def test_document_boundaries(tmp_path, boundary, expected):
+    path = tmp_path / "docs.txt"
+    path.write_text("one\ntwo\n\n \nthree\n\n\nfour\n")
+    pieces = list(iter_document_pieces(resolve_corpus([path]), boundary, ReadStats()))
+    documents, current = [], ""
+    for piece in pieces:
+        current += piece.text
+        if piece.ends_document:
+            documents.append(current)
+            current = ""
+    assert documents == expected
+
+
+def test_long_documents_come_in_bounded_pieces(tmp_path):
+    path = tmp_path / "long.txt"
+    path.write_text(("line of text " * 50 + "\n") * 400)
+    pieces = list(iter_document_pieces(resolve_corpus([path]), "paragraph", ReadStats(), limit=2000))
+    assert sum(p.ends_document for p in pieces) == 1 and pieces[-1].ends_document
+    assert max(len(p.text) for p in pieces) <= 2000
+    assert "".join(p.text for p in pieces) == path.read_text().rstrip("\n")

@@ -1,0 +1,79 @@
+"""The `tfcli` entry point: the command tree, global options, and how errors and Ctrl-C end a run."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from tfcli import __version__
+from tfcli.cli import bench, quickstart, tokenize
+from tfcli.cli.common import print_error, state
+
+app = typer.Typer(
+    name="tfcli",
+    help="From raw text to a trained transformer, and a look inside it.\n\n"
+    "Start with `tfcli quickstart`, which runs the whole chain on sample_data/.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(tokenize.app, name="tokenize")
+app.add_typer(bench.app, name="bench")
+app.command("quickstart")(quickstart.quickstart)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"tfcli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.", callback=_version, is_eager=True)] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show the full traceback when a command fails (also TFCLI_DEBUG=1).")] = False,
+) -> None:
+    if debug:
+        state.debug = True
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the command line; exit 0 on success, 2 on a user error, 130 on Ctrl-C."""
+    from tfcli.errors import TfcliError
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        code = app(args=args, prog_name="tfcli", standalone_mode=False)
+    except TfcliError as exc:
+        if state.debug:
+            import traceback
+
+            traceback.print_exc()
+        print_error(str(exc))
+        sys.exit(2)
+    except (KeyboardInterrupt, typer.Abort):
+        print_error("interrupted")
+        sys.exit(130)
+    except typer.Exit as exc:
+        if exc.exit_code == 130:  # typer turns Ctrl-C into Exit(130)
+            print_error("interrupted")
+        sys.exit(exc.exit_code)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as exc:
+        # click's usage errors (typer vendors click from 0.26 on, so match the shape, not the class)
+        if not (hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int)):
+            raise
+        message = exc.format_message().rstrip(".")
+        ctx = getattr(exc, "ctx", None)
+        where = ctx.command_path if ctx is not None else "tfcli"
+        print_error(f"{message}; see `{where} --help`")
+        sys.exit(exc.exit_code)
+    code = code if isinstance(code, int) else 0
+    if code == 130:  # typer turns Ctrl-C into Exit(130) and, here, returns the code
+        print_error("interrupted")
+    sys.exit(code)

@@ -1,0 +1,70 @@
+"""`tfcli bench`: speed on this machine, side by side with peers, as ratios measured in one run."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from tfcli.cli.common import JsonFlag, human_bytes, print_json, stderr_console, stdout_console
+
+app = typer.Typer(help="Measure tfcli's speed beside its peers (ratios from one run, on this machine).", no_args_is_help=True, rich_markup_mode=None)
+
+
+@app.command("tokenize")
+def tokenize(
+    corpus: Annotated[Optional[list[str]], typer.Option("--corpus", help="Text to measure on (repeatable); default: synthesized from sample_data/.", show_default=False)] = None,
+    size_mb: Annotated[float, typer.Option(help="Size of the synthesized corpus in MB.")] = 50.0,
+    workdir: Annotated[Optional[Path], typer.Option(help="Scratch folder (default: a temporary one, removed afterwards).", show_default=False)] = None,
+    data: Annotated[Optional[Path], typer.Option(help="Sample data to synthesize from (default: ./sample_data).", show_default=False)] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Time `tokenize train` and `tokenize encode` against raw `tokenizers` calls on the same text.
+
+    Targets: train time <= 1.10x raw BpeTrainer; encode throughput >= 0.9x raw encode_batch;
+    encode peak RSS under 500 MB.
+
+    Example: tfcli bench tokenize --size-mb 50
+    """
+    import os
+    import shutil
+    import tempfile
+
+    from tfcli.bench.tokenize import run_tokenize_bench
+    from tfcli.errors import TfcliError
+    from tfcli.quickstart import find_sample_data
+
+    if size_mb <= 0:
+        raise TfcliError(f"--size-mb must be positive, not {size_mb}")
+    sample = None if corpus else find_sample_data(data) / "corpus"
+    scratch = Path(tempfile.mkdtemp(prefix="tfcli-bench-")) if workdir is None else workdir
+    console = stderr_console()
+    try:
+        with console.status("benchmarking") as status:
+            result = run_tokenize_bench(scratch, corpus=corpus, size_mb=size_mb, sample=sample,
+                                        progress=lambda job: status.update(f"benchmarking: {job.replace('_', ' ')}"))
+    finally:
+        if workdir is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    if json_output:
+        print_json({"machine": machine, **result.to_json()})
+        return
+    from rich.table import Table
+
+    table = Table(title=f"tokenize bench: {human_bytes(result.corpus_bytes)} ({result.corpus}); {machine}")
+    for column in ("job", "seconds", "MB/s", "tokens", "peak RSS"):
+        table.add_column(column, justify="left" if column == "job" else "right")
+    names = {"train_raw": "train, raw tokenizers", "train_tfcli": "train, tfcli", "encode_raw": "encode, raw encode_batch", "encode_tfcli": "encode, tfcli (to shards)"}
+    for m in (result.train_raw, result.train_tfcli, result.encode_raw, result.encode_tfcli):
+        table.add_row(names[m.job], f"{m.seconds:.2f}", f"{m.mb_per_s:.2f}", f"{m.tokens:,}" if m.tokens else "", f"{m.peak_rss_mb:.0f} MB")
+    console_out = stdout_console()
+    console_out.print(table)
+    train_ok = "ok" if result.train_ratio <= 1.10 else "MISSED"
+    encode_ok = "ok" if result.encode_ratio >= 0.9 else "MISSED"
+    rss_ok = "ok" if result.encode_tfcli.peak_rss_mb < 500 else "MISSED"
+    console_out.print(f"train time ratio tfcli/raw: {result.train_ratio:.3f} (target <= 1.10: {train_ok})")
+    console_out.print(f"encode throughput ratio tfcli/raw: {result.encode_ratio:.3f} (target >= 0.90: {encode_ok})")
+    console_out.print(f"encode peak RSS: {result.encode_tfcli.peak_rss_mb:.0f} MB (target < 500 MB: {rss_ok})")

@@ -1,0 +1,100 @@
+"""Shared pieces of the command line: consoles, the error line, progress bars, common options."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+
+DEBUG_ENV = "TFCLI_DEBUG"
+
+
+class _State:
+    debug: bool = os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+state = _State()
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout instead of a table.")]
+
+
+def stderr_console() -> Console:
+    """Status, progress and errors go to stderr, so stdout carries only data (e.g. --json)."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def stdout_console() -> Console:
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def print_error(message: str) -> None:
+    """One red line on stderr. The message is data: rich markup in it is printed, not interpreted."""
+    from rich.text import Text
+
+    stderr_console().print(Text(f"error: {message}", style="bold red"), soft_wrap=True)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    sys.stdout.flush()
+
+
+def make_progress(console: Console, *, tokens: bool = False) -> Progress:
+    """A progress bar over bytes: percentage, MB/s (and tokens/s), elapsed and remaining time.
+
+    Shown on a terminal only: in a log or a pipe it would be noise.
+    """
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        ProgressColumn,
+        SpinnerColumn,
+        TaskProgressColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+    from rich.text import Text
+
+    class RateColumn(ProgressColumn):
+        def __init__(self, field: str, unit: str, scale: float) -> None:
+            super().__init__()
+            self.field, self.unit, self.scale = field, unit, scale
+
+        def render(self, task: Any) -> Text:
+            elapsed = task.elapsed or 0.0
+            amount = task.completed if self.field == "completed" else task.fields.get(self.field, 0)
+            if elapsed <= 0 or not amount:
+                return Text(f"-- {self.unit}", style="progress.data.speed")
+            return Text(f"{amount / elapsed / self.scale:,.1f} {self.unit}", style="progress.data.speed")
+
+    columns: list[Any] = [
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        RateColumn("completed", "MB/s", 1e6),
+    ]
+    if tokens:
+        columns.append(RateColumn("tokens", "k tokens/s", 1e3))
+    columns += [TimeElapsedColumn(), TimeRemainingColumn()]
+    return Progress(*columns, console=console, transient=False, disable=not console.is_terminal)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return f"{n:,.1f} GB"

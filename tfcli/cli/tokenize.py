@@ -1,0 +1,269 @@
+"""`tfcli tokenize`: train a BPE tokenizer, encode corpora into shards, show tokens, trace BPE merges."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from tfcli.cli.common import JsonFlag, human_bytes, make_progress, print_json, stderr_console, stdout_console
+
+app = typer.Typer(
+    help="Train a BPE tokenizer, encode text into token shards, and look at tokens and merges.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+Corpus = Annotated[list[str], typer.Argument(help="Text files, folders (read recursively) or quoted globs.", show_default=False)]
+TokenizerFile = Annotated[Path, typer.Option("--tokenizer", "-t", help="A tokenizer.json, or the folder holding it.", show_default=False)]
+
+
+@app.command("train")
+def train(
+    corpus: Corpus,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder to write tokenizer.json and tokenizer_config.json into.")],
+    vocab_size: Annotated[int, typer.Option(help="Tokens in the vocabulary, special tokens included.")] = 8192,
+    min_frequency: Annotated[int, typer.Option(help="A pair is merged only if it occurs at least this often.")] = 2,
+    special_tokens: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--special-tokens",
+            help="Repeatable. ROLE=TEXT renames a role's token (roles: eos, pad, unk, mask, cls); "
+            "a bare TEXT adds an extra special token. Defaults: <|endoftext|> <|pad|> <|unk|> <|mask|> <|cls|>.",
+            show_default=False,
+        ),
+    ] = None,
+    pre_tokenizer: Annotated[
+        str, typer.Option(help="byte-level (lossless, never unknown), whitespace (classic word-level BPE) or metaspace (SentencePiece-style).")
+    ] = "byte-level",
+    lowercase: Annotated[bool, typer.Option("--lowercase", help="Lowercase text before tokenizing.")] = False,
+    limit_alphabet: Annotated[
+        Optional[int], typer.Option(help="Keep at most this many initial characters (whitespace and metaspace only).", show_default=False)
+    ] = None,
+    max_length: Annotated[int, typer.Option(help="model_max_length written to tokenizer_config.json.")] = 1024,
+    json_output: JsonFlag = False,
+) -> None:
+    """Train a byte-pair-encoding tokenizer on text files.
+
+    Reads the corpus as a stream (invalid UTF-8 replaced and counted), trains with Hugging Face
+    `tokenizers`, and writes DIR/tokenizer.json and DIR/tokenizer_config.json atomically.
+
+    Example: tfcli tokenize train sample_data/corpus -o runs/tok --vocab-size 4096
+    """
+    from tfcli.data.corpus import resolve_corpus
+    from tfcli.tokenizer.specials import parse_special_tokens
+    from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
+
+    config = TokenizerTrainingConfig(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=parse_special_tokens(special_tokens or []),
+        pre_tokenizer=pre_tokenizer,  # type: ignore[arg-type]
+        lowercase=lowercase,
+        limit_alphabet=limit_alphabet,
+        model_max_length=max_length,
+    )
+    sources = resolve_corpus(corpus)
+    console = stderr_console()
+    with make_progress(console) as progress:
+        reading = progress.add_task("reading corpus", total=max(sources.total_bytes, 1))
+        merging = None
+
+        def report(stage: str, done: int, total: int) -> None:
+            nonlocal merging
+            if stage == "read":
+                progress.update(reading, completed=done, total=max(total, 1))
+            elif merging is None:
+                progress.update(reading, completed=sources.total_bytes)
+                merging = progress.add_task("computing merges", total=None)
+
+        summary = train_tokenizer(sources, output, config, progress=report)
+        if merging is not None:
+            progress.update(merging, total=1, completed=1)
+    if json_output:
+        print_json(summary.to_json())
+        return
+    _render_train_summary(summary)
+
+
+def _render_train_summary(summary) -> None:
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    vocab = f"{summary.vocab_size:,}"
+    if summary.vocab_size < summary.requested_vocab_size:
+        vocab += f" (asked {summary.requested_vocab_size:,}: the corpus has no more pairs at this --min-frequency)"
+    table.add_row("tokenizer", str(summary.path))
+    table.add_row("vocab size", vocab)
+    table.add_row("merges", f"{summary.merges:,}")
+    table.add_row("alphabet", f"{summary.alphabet_size:,} ({summary.pre_tokenizer})")
+    table.add_row("special tokens", " ".join(summary.special_tokens))
+    table.add_row("corpus", f"{summary.files:,} files, {human_bytes(summary.bytes_read)}")
+    table.add_row("bytes per token", f"{summary.bytes_per_token:.2f} (on {human_bytes(summary.sample_bytes)} of the training text)")
+    if summary.invalid_bytes:
+        table.add_row("invalid UTF-8", f"{summary.invalid_bytes:,} bytes in {summary.files_with_invalid_utf8} files, replaced with U+FFFD")
+    if summary.skipped_binary:
+        table.add_row("skipped", f"{len(summary.skipped_binary)} binary files")
+    table.add_row("time", f"{summary.seconds:.2f} s")
+    stdout_console().print(table)
+
+
+@app.command("encode")
+def encode(
+    corpus: Corpus,
+    tokenizer: TokenizerFile,
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder to write train.bin, val.bin and meta.json into.")],
+    val_fraction: Annotated[float, typer.Option(help="Share of documents held out for validation.")] = 0.05,
+    seed: Annotated[int, typer.Option(help="Seed of the train/validation draw.")] = 0,
+    documents: Annotated[
+        str, typer.Option(help="What one document is: paragraph (ends at a blank line), line, or file.")
+    ] = "paragraph",
+    json_output: JsonFlag = False,
+) -> None:
+    """Encode text files into token shards for training.
+
+    Writes DIR/train.bin and DIR/val.bin (flat little-endian token ids, uint16 when the vocabulary
+    fits, else uint32; documents separated by the end-of-text id) and DIR/meta.json. Each document goes
+    whole to train or validation, drawn with --seed.
+
+    Example: tfcli tokenize encode sample_data/corpus -t runs/tok -o runs/shards --val-fraction 0.1
+    """
+    from tfcli.data.corpus import DOCUMENT_BOUNDARIES, resolve_corpus
+    from tfcli.data.shards import encode_corpus
+    from tfcli.errors import TfcliError
+    from tfcli.tokenizer.core import TextTokenizer
+
+    if documents not in DOCUMENT_BOUNDARIES:
+        raise TfcliError(f"unknown --documents {documents!r}", hint=f"use one of {', '.join(DOCUMENT_BOUNDARIES)}")
+    loaded = TextTokenizer.load(tokenizer)
+    sources = resolve_corpus(corpus)
+    console = stderr_console()
+    with make_progress(console, tokens=True) as progress:
+        task = progress.add_task("encoding", total=max(sources.total_bytes, 1), tokens=0)
+
+        def report(done: int, total: int, tokens: int) -> None:
+            progress.update(task, completed=done, tokens=tokens)
+
+        meta = encode_corpus(sources, loaded, output, val_fraction=val_fraction, seed=seed, boundary=documents, progress=report)  # type: ignore[arg-type]
+    if json_output:
+        print_json({"output": str(output), **meta.to_json()})
+        return
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    total_bytes = sum(s.bytes for s in meta.sources)
+    table.add_row("shards", str(output))
+    table.add_row("train", f"{meta.train_tokens:,} tokens in {meta.train_documents:,} documents")
+    table.add_row("val", f"{meta.val_tokens:,} tokens in {meta.val_documents:,} documents")
+    table.add_row("dtype", f"{meta.dtype} (vocab {meta.vocab_size:,})")
+    table.add_row("corpus", f"{len(meta.sources):,} files, {human_bytes(total_bytes)}")
+    if meta.invalid_utf8_bytes:
+        table.add_row("invalid UTF-8", f"{meta.invalid_utf8_bytes:,} bytes in {meta.invalid_utf8_files} files, replaced with U+FFFD")
+    if meta.skipped_binary_files:
+        table.add_row("skipped", f"{len(meta.skipped_binary_files)} binary files")
+    rate = total_bytes / meta.seconds / 1e6 if meta.seconds else 0.0
+    table.add_row("time", f"{meta.seconds:.2f} s ({rate:.1f} MB/s)")
+    if meta.val_fraction > 0 and meta.val_documents == 0:
+        table.add_row("warning", "no document went to validation; use more documents or a larger --val-fraction")
+    stdout_console().print(table)
+
+
+@app.command("show")
+def show(
+    text: Annotated[str, typer.Argument(help="The text to tokenize.", show_default=False)],
+    tokenizer: TokenizerFile,
+    json_output: JsonFlag = False,
+) -> None:
+    """Show how a tokenizer cuts a text: each token coloured, its id beneath.
+
+    Control characters show escaped (\\n, \\x1b); special-token text in TEXT stays ordinary text.
+
+    Example: tfcli tokenize show "The cat sat on the mat." -t runs/quickstart/tokenizer
+    """
+    from tfcli.tokenizer.core import TextTokenizer
+    from tfcli.tokenizer.show import token_views
+
+    loaded = TextTokenizer.load(tokenizer)
+    views = token_views(loaded, text)
+    if json_output:
+        print_json({"text": text, "count": len(views), "tokens": [v.to_json() for v in views]})
+        return
+    console = stdout_console()
+    _render_tokens(console, views)
+    console.print(f"{len(views)} tokens, {len(text)} characters, {len(text.encode('utf-8', 'replace'))} bytes", style="dim")
+
+
+def _render_tokens(console, views) -> None:
+    """Rows of tokens on alternating backgrounds, each id printed under its token, wrapped to the width."""
+    from rich.cells import cell_len
+    from rich.text import Text
+
+    colours = ("on dark_blue", "on dark_green", "on dark_magenta", "on dark_red")
+    width = max(console.width, 20)
+    top, bottom, used = Text(), Text(), 0
+    for i, view in enumerate(views):
+        cell = max(cell_len(view.text), len(str(view.id)))
+        if used and used + cell + 1 > width:
+            console.print(top, soft_wrap=True)
+            console.print(bottom, soft_wrap=True)
+            top, bottom, used = Text(), Text(), 0
+        top.append(view.text, style=colours[i % len(colours)])
+        top.append(" " * (cell - cell_len(view.text) + 1))
+        bottom.append(str(view.id).ljust(cell + 1), style="dim")
+        used += cell + 1
+    if used:
+        console.print(top, soft_wrap=True)
+        console.print(bottom, soft_wrap=True)
+
+
+@app.command("trace")
+def trace(
+    text: Annotated[str, typer.Argument(help="A short text. Underscores count as spaces, so the blackboard form works too.", show_default=False)],
+    merges: Annotated[Optional[int], typer.Option(help="Stop after this many merges (default: until no pair is left).", show_default=False)] = None,
+    min_count: Annotated[int, typer.Option(help="Stop when the best pair occurs fewer times than this (2: stop when every pair is unique).")] = 1,
+    json_output: JsonFlag = False,
+) -> None:
+    """Replay byte-pair merges on a small text, step by step, as a lecture does.
+
+    Whitespace is shown as _ and attached to the end of the word before it; a pair whose first token
+    ends in _ is never merged. Each step merges the most frequent pair; a tie goes to the pair of older
+    tokens (characters in code-point order, each merged token after all tokens before it).
+
+    Example: tfcli tokenize trace "a sailor went to sea sea sea " --merges 5
+    """
+    from tfcli.errors import TfcliError
+    from tfcli.tokenizer.trace import bpe_trace
+
+    if merges is not None and merges < 0:
+        raise TfcliError(f"--merges must be 0 or more, not {merges}")
+    if min_count < 1:
+        raise TfcliError(f"--min-count must be at least 1, not {min_count}")
+    if len(text) > 20_000:
+        raise TfcliError(f"the text has {len(text):,} characters; trace is for small texts", hint="pass at most 20,000 characters")
+    result = bpe_trace(text, max_merges=merges, min_count=min_count)
+    if json_output:
+        print_json(result.to_json())
+        return
+    from rich.text import Text
+
+    from tfcli.tokenizer.show import visible
+
+    console = stdout_console()
+
+    def table_line(table) -> Text:
+        return Text(", ".join(f"{visible(token)} {count}" for token, count in table))
+
+    console.print(Text("text: ", style="bold") + Text(visible(result.text)), soft_wrap=True)
+    console.print(Text(f"start ({len(result.text)} tokens): ", style="bold") + table_line(result.initial_table))
+    for step in result.steps:
+        head = Text(f"merge {step.number}: ", style="bold")
+        head.append(f"{visible(step.left)} + {visible(step.right)} -> {visible(step.token)}", style="cyan")
+        head.append(f" ({step.count}x)")
+        console.print(head)
+        console.print(Text("  ") + table_line(step.table))
+    console.print(Text(f"end ({len(result.tokens)} tokens, {len(result.steps)} merges): ", style="bold") + Text(" ".join(visible(t) for t in result.tokens)))

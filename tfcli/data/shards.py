@@ -1,0 +1,260 @@
+"""Token shards: a corpus encoded into `train.bin` / `val.bin` (flat little-endian ids) and `meta.json`.
+
+Documents are separated by the end-of-text id; each document goes whole to train or to validation, by a
+seeded draw. Input and output stream in bounded batches, so peak memory does not grow with the corpus.
+The trainer memory-maps the .bin files (`open_shard`); it never loads them whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
+
+from tfcli.data.corpus import Corpus, DocumentBoundary, DocumentPiece, ReadStats, iter_document_pieces
+from tfcli.errors import TfcliError
+from tfcli.fsutil import atomic_write_json, prepare_output_dir
+from tfcli.schema import JsonRecord
+from tfcli.tokenizer.core import TextTokenizer
+
+if TYPE_CHECKING:
+    import numpy as np
+
+SHARD_FORMAT_VERSION = 1
+META_FILE = "meta.json"
+SPLITS = ("train", "val")
+BATCH_CHARS = 1 << 20  # text handed to one encode_batch call
+
+EncodeProgress = Callable[[int, int, int], None]  # (bytes read, total bytes, tokens written)
+
+
+def shard_dtype_name(vocab_size: int) -> str:
+    """uint16 while every id fits in 16 bits, else uint32. Example: 65_536 -> "uint16", 65_537 -> "uint32"."""
+    return "uint16" if vocab_size <= 1 << 16 else "uint32"
+
+
+@dataclasses.dataclass
+class ShardSource(JsonRecord):
+    path: str
+    bytes: int
+
+
+@dataclasses.dataclass
+class ShardMeta(JsonRecord):
+    """meta.json of a shard folder: what the .bin files hold and where they came from."""
+
+    format_version: int
+    dtype: str
+    vocab_size: int
+    eos_id: int
+    tokenizer_sha256: str
+    train_tokens: int
+    val_tokens: int
+    train_documents: int
+    val_documents: int
+    val_fraction: float
+    seed: int
+    document_boundary: str
+    sources: list[ShardSource]
+    invalid_utf8_bytes: int = 0
+    invalid_utf8_files: int = 0
+    skipped_binary_files: list[str] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+    def tokens(self, split: str) -> int:
+        return self.train_tokens if split == "train" else self.val_tokens
+
+
+class ShardWriter:
+    """Appends token ids to a temp file beside `path`; `commit` renames it into place."""
+
+    def __init__(self, path: Path, dtype: str) -> None:
+        import numpy as np
+
+        self.path = path
+        self.tmp_path = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        self.dtype = np.dtype(dtype).newbyteorder("<")
+        self.tokens = 0
+        self.documents = 0
+        self._handle: BinaryIO = open(self.tmp_path, "wb")
+
+    def write(self, ids: np.ndarray) -> None:
+        self._handle.write(ids.astype(self.dtype, copy=False).tobytes())
+        self.tokens += int(ids.size)
+
+    def commit(self) -> None:
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._handle.close()
+        os.replace(self.tmp_path, self.path)
+
+    def discard(self) -> None:
+        if not self._handle.closed:
+            self._handle.close()
+        self.tmp_path.unlink(missing_ok=True)
+
+
+def _batches(pieces: Iterator[DocumentPiece]) -> Iterator[list[DocumentPiece]]:
+    """Group pieces into batches of about BATCH_CHARS characters (the last piece may overshoot by one piece)."""
+    limit = BATCH_CHARS
+    batch: list[DocumentPiece] = []
+    chars = 0
+    for piece in pieces:
+        batch.append(piece)
+        chars += len(piece.text)
+        if chars >= limit:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def _encode_ahead(tokenizer: TextTokenizer, batches: Iterator[list[DocumentPiece]], depth: int = 2):
+    """Encode batches on a worker thread (the tokenizer releases the GIL and uses every core) while the
+    caller writes the previous batch. Yields (pieces, ids per piece) in order."""
+    results: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def work() -> None:
+        try:
+            for batch in batches:
+                if stop.is_set():
+                    return
+                results.put((batch, tokenizer.encode_batch([p.text for p in batch])))
+            results.put(None)
+        except BaseException as exc:  # handed to the caller's thread, raised there
+            results.put(exc)
+
+    worker = threading.Thread(target=work, name="tfcli-encode", daemon=True)
+    worker.start()
+    try:
+        while (item := results.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():  # drain so the worker is never blocked on a full queue
+            try:
+                results.get(timeout=0.05)
+            except queue.Empty:
+                pass
+
+
+def encode_corpus(
+    corpus: Corpus,
+    tokenizer: TextTokenizer,
+    out_dir: Path,
+    val_fraction: float = 0.05,
+    seed: int = 0,
+    boundary: DocumentBoundary = "paragraph",
+    progress: EncodeProgress | None = None,
+) -> ShardMeta:
+    """Encode `corpus` into OUT_DIR/{train,val}.bin and OUT_DIR/meta.json; return the meta.
+
+    Files already in OUT_DIR stay untouched until the new ones are complete.
+    """
+    import numpy as np
+
+    if not 0.0 <= val_fraction < 1.0:
+        raise TfcliError(f"--val-fraction must be in [0, 1), not {val_fraction}")
+    if corpus.total_bytes == 0:
+        raise TfcliError("the corpus is empty (every file has 0 bytes)", hint="pass files that hold text")
+    started = time.perf_counter()
+    eos_id = tokenizer.require("eos")
+    dtype = shard_dtype_name(tokenizer.vocab_size)
+    out_dir = prepare_output_dir(out_dir, "shard output")
+    writers = {split: ShardWriter(out_dir / f"{split}.bin", dtype) for split in SPLITS}
+    stats = ReadStats()
+    draw = random.Random(seed).random
+    eos = np.array([eos_id], dtype=np.uint32)
+    try:
+        split = "val" if draw() < val_fraction else "train"
+        pieces = iter_document_pieces(corpus, boundary, stats)
+        for batch, ids_per_piece in _encode_ahead(tokenizer, _batches(pieces)):
+            for piece, ids in zip(batch, ids_per_piece):
+                writer = writers[split]
+                if ids:
+                    writer.write(np.array(ids, dtype=np.uint32))
+                if piece.ends_document:
+                    writer.write(eos)
+                    writer.documents += 1
+                    split = "val" if draw() < val_fraction else "train"
+            if progress:
+                progress(stats.bytes_read, corpus.total_bytes, writers["train"].tokens + writers["val"].tokens)
+        if writers["train"].documents + writers["val"].documents == 0:
+            raise TfcliError("the corpus is empty (no text in any file)", hint="pass files that hold text")
+        if writers["train"].documents == 0:
+            raise TfcliError(
+                f"every document went to validation ({writers['val'].documents} in all)",
+                hint="lower --val-fraction, or pass --documents line/paragraph to get more documents",
+            )
+        meta = ShardMeta(
+            format_version=SHARD_FORMAT_VERSION,
+            dtype=dtype,
+            vocab_size=tokenizer.vocab_size,
+            eos_id=eos_id,
+            tokenizer_sha256=tokenizer.sha256,
+            train_tokens=writers["train"].tokens,
+            val_tokens=writers["val"].tokens,
+            train_documents=writers["train"].documents,
+            val_documents=writers["val"].documents,
+            val_fraction=val_fraction,
+            seed=seed,
+            document_boundary=boundary,
+            sources=[ShardSource(path=str(f.path), bytes=f.size) for f in corpus.files],
+            invalid_utf8_bytes=stats.invalid_bytes,
+            invalid_utf8_files=len(stats.files_with_invalid_utf8),
+            skipped_binary_files=[str(p) for p in corpus.skipped_binary],
+            seconds=round(time.perf_counter() - started, 3),
+        )
+        # meta.json goes last; a crash between the renames leaves sizes that load_shard_meta refuses.
+        for writer in writers.values():
+            writer.commit()
+        atomic_write_json(out_dir / META_FILE, meta.to_json())
+        return meta
+    finally:
+        for writer in writers.values():
+            writer.discard()
+
+
+def load_shard_meta(shard_dir: Path) -> ShardMeta:
+    """Read and check DIR/meta.json and the sizes of the .bin files it describes."""
+    shard_dir = Path(shard_dir)
+    meta_path = shard_dir / META_FILE
+    if not meta_path.is_file():
+        raise TfcliError(f"{shard_dir} has no {META_FILE}", hint="encode a corpus into it with `tfcli tokenize encode`")
+    meta = ShardMeta.load(meta_path)
+    if meta.format_version != SHARD_FORMAT_VERSION:
+        raise TfcliError(f"{meta_path} has shard format {meta.format_version}; this tfcli reads {SHARD_FORMAT_VERSION}", hint="re-encode the corpus")
+    if meta.dtype not in ("uint16", "uint32"):
+        raise TfcliError(f"{meta_path}: dtype must be uint16 or uint32, not {meta.dtype!r}")
+    itemsize = 2 if meta.dtype == "uint16" else 4
+    for split in SPLITS:
+        path = shard_dir / f"{split}.bin"
+        expected = meta.tokens(split) * itemsize
+        actual = path.stat().st_size if path.is_file() else -1
+        if actual != expected:
+            raise TfcliError(
+                f"{path} holds {max(actual, 0)} bytes but {META_FILE} promises {expected}",
+                hint="the shards are incomplete or mixed up; re-run `tfcli tokenize encode`",
+            )
+    return meta
+
+
+def open_shard(shard_dir: Path, split: str) -> np.ndarray:
+    """Memory-map one split's token ids (read-only); nothing is loaded until it is indexed."""
+    import numpy as np
+
+    if split not in SPLITS:
+        raise TfcliError(f"unknown split {split!r}", hint=f"use one of {', '.join(SPLITS)}")
+    meta = load_shard_meta(shard_dir)
+    if meta.tokens(split) == 0:
+        return np.zeros(0, dtype=np.dtype(meta.dtype).newbyteorder("<"))
+    return np.memmap(Path(shard_dir) / f"{split}.bin", dtype=np.dtype(meta.dtype).newbyteorder("<"), mode="r")

@@ -1,0 +1,18 @@
+"""The one user-facing error type: what went wrong and what to do about it, in one line."""
+
+from __future__ import annotations
+
+
+class TfcliError(Exception):
+    """A mistake the user can fix. The CLI prints it as one red line and exits with code 2.
+
+    `message` says what is wrong; `hint` says what to do. Internal bugs are never TfcliError.
+    """
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}; {self.hint}" if self.hint else self.message

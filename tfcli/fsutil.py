@@ -1,0 +1,90 @@
+"""Atomic writes and output-folder checks, so nothing already on disk is lost or half-written.
+
+Every artifact is written to a temporary path in the destination folder, flushed, fsynced and renamed
+over the final name; a crash leaves either the old file or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from tfcli.errors import TfcliError
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # some file systems cannot open folders; the rename is still atomic there
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_open(path: Path, mode: str = "wb", **kwargs: Any) -> Iterator[IO[Any]]:
+    """Open a temp file beside `path`; on a clean exit fsync it and rename it onto `path`.
+
+    On an exception the temp file is removed and `path` is left as it was.
+    """
+    path = Path(path)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, mode, **kwargs) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with atomic_open(path, "wb") as handle:
+        handle.write(data)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    with atomic_open(path, "w", encoding="utf-8", newline="\n") as handle:
+        handle.write(text)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """Strict JSON (NaN and infinities refused), UTF-8, indented, with a final newline."""
+    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+
+
+def prepare_output_dir(path: Path, what: str = "output") -> Path:
+    """Create `path` as a folder (parents too) and check we can write there; a clear error if not."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise TfcliError(f"{what} path {path} is a file, not a folder", hint="pass a folder path with -o")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TfcliError(f"cannot create {what} folder {path}: {exc.strerror}", hint="pick another path with -o") from exc
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise TfcliError(f"{what} folder {path} is not writable", hint="pick another path with -o or fix its permissions")
+    return path
+
+
+def sha256_file(path: Path, block_size: int = 1 << 20) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(block_size):
+            digest.update(block)
+    return digest.hexdigest()

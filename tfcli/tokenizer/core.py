@@ -1,0 +1,177 @@
+"""`TextTokenizer`: a trained tokenizer.json loaded, validated and wrapped for tfcli's use.
+
+User text is always encoded with special tokens split into ordinary text (a literal `<|endoftext|>` in a
+corpus or prompt never becomes the end-of-text id); special ids are inserted by id, never by text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tfcli.data.corpus import replace_lone_surrogates
+from tfcli.errors import TfcliError
+from tfcli.tokenizer.specials import CONFIG_KEYS, KNOWN_NAMES, ROLES
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+MAX_VOCAB_SIZE = 1 << 22
+
+
+def _byte_decoder() -> dict[str, int]:
+    """The inverse of GPT-2's bytes-to-unicode table: the printable stand-in character -> the byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+@dataclasses.dataclass
+class TextTokenizer:
+    """A Hugging Face tokenizer plus what tfcli needs to know about it.
+
+    `special_ids` maps a role (eos, pad, unk, mask, cls) to its id, for the roles this tokenizer has.
+    """
+
+    hf: Tokenizer
+    path: Path
+    sha256: str
+    special_ids: dict[str, int]
+    model_max_length: int | None = None
+
+    @classmethod
+    def load(cls, path: Path) -> TextTokenizer:
+        """Load `path` (a tokenizer.json, or a folder holding one); every problem is a TfcliError."""
+        import hashlib
+
+        from tokenizers import Tokenizer
+
+        path = Path(path)
+        if path.is_dir():
+            path = path / TOKENIZER_FILE
+        if not path.is_file():
+            raise TfcliError(f"tokenizer file {path} does not exist", hint="train one with `tfcli tokenize train`")
+        try:
+            raw = path.read_bytes()
+            text = raw.decode("utf-8")
+            hf = Tokenizer.from_str(text)
+        except (OSError, UnicodeDecodeError, Exception) as exc:  # the library raises plain Exception on bad JSON
+            first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise TfcliError(f"{path} is not a tokenizer.json ({first_line})", hint="pass a file written by `tfcli tokenize train` or a Hugging Face tokenizer.json") from exc
+        vocab_size = hf.get_vocab_size(with_added_tokens=True)
+        if vocab_size > MAX_VOCAB_SIZE:
+            raise TfcliError(f"{path} has {vocab_size:,} tokens, more than tfcli supports ({MAX_VOCAB_SIZE:,})")
+        hf.encode_special_tokens = True
+        config = _read_tokenizer_config(path.parent / TOKENIZER_CONFIG_FILE)
+        special_ids = _find_special_ids(hf, config)
+        max_length = config.get("model_max_length")
+        return cls(
+            hf=hf,
+            path=path,
+            sha256=hashlib.sha256(raw).hexdigest(),
+            special_ids=special_ids,
+            model_max_length=max_length if isinstance(max_length, int) and max_length < 1 << 40 else None,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size(with_added_tokens=True)
+
+    @cached_property
+    def pre_tokenizer_kind(self) -> str:
+        """"byte-level", "whitespace", "metaspace", or the library's type name for anything else."""
+        spec = json.loads(self.hf.to_str()).get("pre_tokenizer") or {}
+        kinds = {"ByteLevel": "byte-level", "Whitespace": "whitespace", "Metaspace": "metaspace"}
+        return kinds.get(spec.get("type"), spec.get("type") or "none")
+
+    def require(self, role: str) -> int:
+        """The id of the token playing `role`, or a clear error if this tokenizer has none."""
+        if role not in self.special_ids:
+            raise TfcliError(
+                f"tokenizer {self.path} has no {role} token",
+                hint=f"retrain it with `tfcli tokenize train` (it adds one), or name it in {TOKENIZER_CONFIG_FILE} as {CONFIG_KEYS[role]}",
+            )
+        return self.special_ids[role]
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of user text; special-token text in it stays ordinary text."""
+        return self.hf.encode(replace_lone_surrogates(text), add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of many texts, encoded in parallel on all cores."""
+        encodings = self.hf.encode_batch_fast([replace_lone_surrogates(t) for t in texts], add_special_tokens=False)
+        return [e.ids for e in encodings]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=False)
+
+    @cached_property
+    def _byte_decoder(self) -> dict[str, int]:
+        return _byte_decoder()
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for (special tokens: their text). A byte-level token may hold part of a
+        multi-byte character, so this is bytes, not str."""
+        token = self.hf.id_to_token(token_id)
+        if token is None:
+            raise TfcliError(f"token id {token_id} is outside the vocabulary (size {self.vocab_size})")
+        if token_id in self.special_ids.values() or token_id in self._added_ids:
+            return token.encode("utf-8")
+        if self.pre_tokenizer_kind == "byte-level":
+            decoder = self._byte_decoder
+            if all(ch in decoder for ch in token):
+                return bytes(decoder[ch] for ch in token)
+        if self.pre_tokenizer_kind == "metaspace":
+            token = token.replace("\u2581", " ")
+        if token.endswith("</w>"):
+            token = token[: -len("</w>")] + " "
+        return token.encode("utf-8")
+
+    @cached_property
+    def _added_ids(self) -> set[int]:
+        return set(self.hf.get_added_tokens_decoder())
+
+
+def _read_tokenizer_config(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TfcliError(f"{path} is not valid JSON ({exc})", hint="fix it or delete it") from exc
+    if not isinstance(data, dict):
+        raise TfcliError(f"{path} must hold a JSON object")
+    return data
+
+
+def _find_special_ids(hf: Tokenizer, config: dict[str, Any]) -> dict[str, int]:
+    """Roles from tokenizer_config.json where it names them, else from well-known token names."""
+    ids: dict[str, int] = {}
+    for role in ROLES:
+        named = config.get(CONFIG_KEYS[role])
+        if isinstance(named, dict):  # transformers sometimes writes {"content": ..., ...}
+            named = named.get("content")
+        if isinstance(named, str):
+            token_id = hf.token_to_id(named)
+            if token_id is None:
+                raise TfcliError(f"{TOKENIZER_CONFIG_FILE} names {named!r} as {CONFIG_KEYS[role]}, but the tokenizer has no such token")
+            ids[role] = token_id
+            continue
+        for candidate in KNOWN_NAMES[role]:
+            token_id = hf.token_to_id(candidate)
+            if token_id is not None:
+                ids[role] = token_id
+                break
+    return ids

@@ -1,0 +1,54 @@
+"""Tokens of a text as a person should see them: each token's text, with control characters escaped.
+
+Token text is data, never markup or terminal control: `visible` turns every control or format character
+into an escape (`\\x1b`, `\\n`, `\\u202e`), and bytes that are part of a character split across tokens
+show as `\\xe2`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import unicodedata
+
+from tfcli.tokenizer.core import TextTokenizer
+
+_NAMED_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def visible(text: str) -> str:
+    """Escape every control (Cc), format (Cf), separator-line/paragraph (Zl, Zp) and surrogate character.
+
+    Example: "a\\x1b]0;x\\x07b\\n" -> "a\\\\x1b]0;x\\\\x07b\\\\n"
+    """
+    out = []
+    for ch in text:
+        if ch in _NAMED_ESCAPES:
+            out.append(_NAMED_ESCAPES[ch])
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs"):
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenView:
+    id: int
+    token: str  # the vocabulary entry, as stored (e.g. "Ġcat")
+    text: str  # what it stands for, escaped for display (e.g. " cat")
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "token": self.token, "text": self.text}
+
+
+def token_views(tokenizer: TextTokenizer, text: str) -> list[TokenView]:
+    """The tokens of `text` (special-token text encoded as ordinary text), ready to display."""
+    return [
+        TokenView(
+            id=token_id,
+            token=tokenizer.hf.id_to_token(token_id) or "",
+            text=visible(tokenizer.token_bytes(token_id).decode("utf-8", errors="backslashreplace")),
+        )
+        for token_id in tokenizer.encode(text)
+    ]

@@ -1,0 +1,86 @@
+"""Special tokens and the roles they play (end of text, padding, unknown, mask, classification).
+
+`tokenizer.json` lists special tokens but not their roles; the roles live in `tokenizer_config.json`
+beside it (the Hugging Face convention), and well-known names are recognised when that file is absent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+
+from tfcli.errors import TfcliError
+
+ROLES: tuple[str, ...] = ("eos", "pad", "unk", "mask", "cls")
+ROLE_DESCRIPTIONS = {
+    "eos": "end of text: separates documents, stops generation",
+    "pad": "padding in batches of unequal lengths",
+    "unk": "unknown: text the vocabulary cannot express",
+    "mask": "the masked-language-model mask",
+    "cls": "classification: its final state feeds a classifier head",
+}
+DEFAULT_SPECIALS = {
+    "eos": "<|endoftext|>",
+    "pad": "<|pad|>",
+    "unk": "<|unk|>",
+    "mask": "<|mask|>",
+    "cls": "<|cls|>",
+}
+# Names other tokenizers use for a role, tried when a tokenizer.json comes without tokenizer_config.json.
+KNOWN_NAMES = {
+    "eos": ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]"),
+    "pad": ("<|pad|>", "<pad>", "[PAD]"),
+    "unk": ("<|unk|>", "<unk>", "[UNK]"),
+    "mask": ("<|mask|>", "<mask>", "[MASK]"),
+    "cls": ("<|cls|>", "<cls>", "[CLS]", "<s>"),
+}
+# tokenizer_config.json keys, as transformers names them.
+CONFIG_KEYS = {role: f"{role}_token" for role in ROLES}
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecialTokens:
+    """Role -> token text, plus extra special tokens without a role, in vocabulary order."""
+
+    roles: Mapping[str, str]
+    extra: tuple[str, ...] = ()
+
+    def all_tokens(self) -> list[str]:
+        """Every special token once: the roles in ROLES order, then the extras."""
+        ordered = [self.roles[r] for r in ROLES if r in self.roles] + list(self.extra)
+        return list(dict.fromkeys(ordered))
+
+    def get(self, role: str) -> str | None:
+        return self.roles.get(role)
+
+
+def parse_special_tokens(specs: Iterable[str]) -> SpecialTokens:
+    """Build the special tokens from command-line items: `ROLE=TEXT` renames a role's token,
+    a bare `TEXT` adds an extra special token. Roles not named keep their defaults.
+
+    Example: ["eos=</s>", "<|user|>"] -> eos "</s>", the other roles default, extra ("<|user|>",)
+    """
+    roles = dict(DEFAULT_SPECIALS)
+    extra: list[str] = []
+    for spec in specs:
+        role, sep, text = spec.partition("=")
+        if sep and role in ROLES:
+            if not text:
+                raise TfcliError(f"special token {spec!r} has no text", hint=f"write {role}=TEXT, e.g. {role}={DEFAULT_SPECIALS[role]}")
+            roles[role] = text
+        elif sep and role.isidentifier() and text:
+            raise TfcliError(f"unknown special-token role {role!r}", hint=f"use one of {', '.join(ROLES)}, or pass the token alone")
+        else:
+            if not spec or spec.isspace():
+                raise TfcliError("a special token cannot be empty or blank", hint="pass its text, e.g. <|user|>")
+            extra.append(spec)
+    tokens = [roles[r] for r in ROLES] + extra
+    role_of = {}
+    for role in ROLES:
+        if roles[role] in role_of:
+            raise TfcliError(f"roles {role_of[roles[role]]} and {role} share the token {roles[role]!r}", hint="give each role its own token")
+        role_of[roles[role]] = role
+    if len(set(tokens)) != len(tokens):
+        dup = next(t for t in tokens if tokens.count(t) > 1)
+        raise TfcliError(f"special token {dup!r} is given twice", hint="list each special token once")
+    return SpecialTokens(roles=roles, extra=tuple(extra))
