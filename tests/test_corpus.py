@@ -121,3 +121,61 @@ def test_long_documents_come_in_bounded_pieces(tmp_path):
     assert sum(p.ends_document for p in pieces) == 1 and pieces[-1].ends_document
     assert max(len(p.text) for p in pieces) <= 2000
     assert "".join(p.text for p in pieces) == path.read_text().rstrip("\n")
+
+
+def _reference_paragraphs(text: str) -> list[str]:
+    """Documents the slow, obvious way: groups of consecutive non-blank lines."""
+    documents, current = [], []
+    for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        if line.strip():
+            current.append(line)
+        elif current:
+            documents.append("\n".join(current))
+            current = []
+    if current:
+        documents.append("\n".join(current))
+    return documents
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(["a", "b", " ", "\n", "\r", "é"]), max_size=120),
+       st.integers(min_value=1, max_value=9))
+def test_paragraphs_match_the_obvious_reading_across_block_boundaries(tmp_path_factory, text, block):
+    import tfcli.data.corpus as corpus_module
+
+    path = tmp_path_factory.mktemp("p") / "t.txt"
+    path.write_bytes(text.encode("utf-8"))
+    original = corpus_module.READ_BLOCK_BYTES
+    corpus_module.READ_BLOCK_BYTES = block
+    try:
+        pieces = list(iter_document_pieces(resolve_corpus([path]), "paragraph", ReadStats(), limit=1000))
+    finally:
+        corpus_module.READ_BLOCK_BYTES = original
+    documents, current = [], ""
+    for piece in pieces:
+        current += piece.text
+        if piece.ends_document:
+            documents.append(current.replace("\r\n", "\n").replace("\r", "\n"))  # breaks are kept as written
+            current = ""
+    assert documents == _reference_paragraphs(text)
+
+
+def test_crlf_paragraphs(tmp_path):
+    path = tmp_path / "crlf.txt"
+    path.write_bytes(b"one\r\ntwo\r\n\r\nthree\r\n")
+    pieces = list(iter_document_pieces(resolve_corpus([path]), "paragraph", ReadStats()))
+    assert [p.text for p in pieces] == ["one\r\ntwo", "three"]
+
+
+def test_line_documents_with_a_long_last_line(tmp_path):
+    path = tmp_path / "lines.txt"
+    path.write_text("first\n\n  \nsecond line\n" + "z " * 3000)  # the last line has no newline
+    pieces = list(iter_document_pieces(resolve_corpus([path]), "line", ReadStats(), limit=1000))
+    documents, current = [], ""
+    for piece in pieces:
+        assert len(piece.text) <= 1000
+        current += piece.text
+        if piece.ends_document:
+            documents.append(current)
+            current = ""
+    assert documents == ["first", "second line", "z " * 3000]

@@ -204,15 +204,15 @@ def test_a_line_of_megabytes_trains_in_bounded_pieces(tmp_path, monkeypatch):
     path = tmp_path / "oneline.txt"
     path.write_text("the quick brown fox jumps " * 80_000)  # ~2 MB, no newline
     longest = 0
-    original = train_module.iter_lines
+    original = train_module.iter_line_blocks
 
     def spy(*args, **kwargs):
         nonlocal longest
-        for line in original(*args, **kwargs):
-            longest = max(longest, len(line))
-            yield line
+        for lines in original(*args, **kwargs):
+            longest = max(longest, *map(len, lines))
+            yield lines
 
-    monkeypatch.setattr(train_module, "iter_lines", spy)
+    monkeypatch.setattr(train_module, "iter_line_blocks", spy)
     summary = train_tokenizer(resolve_corpus([path]), tmp_path / "tok", TokenizerTrainingConfig(vocab_size=300))
     assert summary.merges > 0
     assert 0 < longest <= 1 << 16

@@ -42,6 +42,7 @@ class TokenizeBench:
     corpus: str
     corpus_bytes: int
     synthesized: bool
+    repeat: int
     train_raw: Measurement
     train_tfcli: Measurement
     encode_raw: Measurement
@@ -62,6 +63,7 @@ class TokenizeBench:
             "corpus": self.corpus,
             "corpus_bytes": self.corpus_bytes,
             "synthesized": self.synthesized,
+            "repeat": self.repeat,
             "measurements": [dataclasses.asdict(m) | {"mb_per_s": round(m.mb_per_s, 3)} for m in
                              (self.train_raw, self.train_tfcli, self.encode_raw, self.encode_tfcli)],
             "train_time_ratio": round(self.train_ratio, 4),
@@ -157,8 +159,21 @@ def _run_job(job: str, files: list[Path], work: Path) -> Measurement:
     return Measurement(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def run_tokenize_bench(work: Path, corpus: list[Path] | None = None, size_mb: float = 50.0, sample: Path | None = None, progress=None) -> TokenizeBench:
-    """Measure the four jobs (train raw, train tfcli, encode raw, encode tfcli) on one corpus."""
+def run_tokenize_bench(
+    work: Path,
+    corpus: list[str] | None = None,
+    size_mb: float = 50.0,
+    sample: Path | None = None,
+    repeat: int = 3,
+    progress=None,
+) -> TokenizeBench:
+    """Measure the four jobs (train raw, train tfcli, encode raw, encode tfcli) on one corpus.
+
+    The jobs run interleaved, `repeat` rounds; each keeps its best time (the least disturbed by other
+    work on the machine) and its worst peak RSS.
+    """
+    if repeat < 1:
+        raise TfcliError(f"--repeat must be at least 1, not {repeat}")
     work.mkdir(parents=True, exist_ok=True)
     synthesized = corpus is None
     if corpus is None:
@@ -169,16 +184,24 @@ def run_tokenize_bench(work: Path, corpus: list[Path] | None = None, size_mb: fl
         from tfcli.data.corpus import resolve_corpus
 
         files = [f.path for f in resolve_corpus(corpus).files]
-    results = {}
-    for job in ("train_raw", "train_tfcli", "encode_raw", "encode_tfcli"):
-        if progress:
-            progress(job)
-        results[job] = _run_job(job, files, work)
+    results: dict[str, Measurement] = {}
+    for round_number in range(1, repeat + 1):
+        for job in ("train_raw", "train_tfcli", "encode_raw", "encode_tfcli"):
+            if progress:
+                progress(f"{job.replace('_', ' ')} (round {round_number} of {repeat})")
+            measured = _run_job(job, files, work)
+            best = results.get(job)
+            if best is None or measured.seconds < best.seconds:
+                measured.peak_rss_mb = max(measured.peak_rss_mb, best.peak_rss_mb if best else 0.0)
+                results[job] = measured
+            else:
+                best.peak_rss_mb = max(best.peak_rss_mb, measured.peak_rss_mb)
     description = f"synthesized from {sample}" if synthesized else ", ".join(map(str, corpus or []))
     return TokenizeBench(
         corpus=description,
         corpus_bytes=sum(f.stat().st_size for f in files),
         synthesized=synthesized,
+        repeat=repeat,
         **results,
     )
 

@@ -17,6 +17,7 @@ app = typer.Typer(help="Measure tfcli's speed beside its peers (ratios from one 
 def tokenize(
     corpus: Annotated[Optional[list[str]], typer.Option("--corpus", help="Text to measure on (repeatable); default: synthesized from sample_data/.", show_default=False)] = None,
     size_mb: Annotated[float, typer.Option(help="Size of the synthesized corpus in MB.")] = 50.0,
+    repeat: Annotated[int, typer.Option(help="Rounds of all four jobs, interleaved; each job keeps its best time.")] = 3,
     workdir: Annotated[Optional[Path], typer.Option(help="Scratch folder (default: a temporary one, removed afterwards).", show_default=False)] = None,
     data: Annotated[Optional[Path], typer.Option(help="Sample data to synthesize from (default: ./sample_data).", show_default=False)] = None,
     json_output: JsonFlag = False,
@@ -43,8 +44,8 @@ def tokenize(
     console = stderr_console()
     try:
         with console.status("benchmarking") as status:
-            result = run_tokenize_bench(scratch, corpus=corpus, size_mb=size_mb, sample=sample,
-                                        progress=lambda job: status.update(f"benchmarking: {job.replace('_', ' ')}"))
+            result = run_tokenize_bench(scratch, corpus=corpus, size_mb=size_mb, sample=sample, repeat=repeat,
+                                        progress=lambda job: status.update(f"benchmarking: {job}"))
     finally:
         if workdir is None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -54,7 +55,7 @@ def tokenize(
         return
     from rich.table import Table
 
-    table = Table(title=f"tokenize bench: {human_bytes(result.corpus_bytes)} ({result.corpus}); {machine}")
+    table = Table(title=f"tokenize bench: {human_bytes(result.corpus_bytes)} ({result.corpus}), best of {result.repeat}; {machine}")
     for column in ("job", "seconds", "MB/s", "tokens", "peak RSS"):
         table.add_column(column, justify="left" if column == "job" else "right")
     names = {"train_raw": "train, raw tokenizers", "train_tfcli": "train, tfcli", "encode_raw": "encode, raw encode_batch", "encode_tfcli": "encode, tfcli (to shards)"}

@@ -29,6 +29,11 @@ DOCUMENT_BOUNDARIES: tuple[str, ...] = ("paragraph", "line", "file")
 # U+DC80..U+DCFF (one per byte); valid UTF-8 never decodes to them, so they count the bad bytes exactly.
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# A paragraph ends at a line break followed by one or more blank (whitespace-only) lines.
+_LINE_BREAK = r"(?:\r\n|\r(?!\n)|\n)"
+_TRAILING_BLANK_LINE = re.compile(_LINE_BREAK + r"[^\S\r\n]*\Z")
+_PARAGRAPH_BREAK = re.compile(_LINE_BREAK + r"(?:[^\S\r\n]*" + _LINE_BREAK + ")+")
+_LEADING_BLANK_LINES = re.compile(r"\A(?:[^\S\r\n]*" + _LINE_BREAK + ")+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,8 +135,10 @@ def resolve_corpus(inputs: Sequence[str | Path]) -> Corpus:
     return corpus
 
 
-def read_text_blocks(path: Path, stats: ReadStats, block_bytes: int = READ_BLOCK_BYTES) -> Iterator[str]:
-    """Yield the file's text in blocks of about `block_bytes`; invalid UTF-8 bytes become U+FFFD, counted."""
+def read_text_blocks(path: Path, stats: ReadStats, block_bytes: int | None = None) -> Iterator[str]:
+    """Yield the file's text in blocks of about `block_bytes` (default READ_BLOCK_BYTES); invalid UTF-8
+    bytes become U+FFFD, counted."""
+    block_bytes = block_bytes or READ_BLOCK_BYTES
     decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
     bad_in_file = 0
     with open(path, "rb") as handle:
@@ -174,8 +181,10 @@ def split_long(text: str, limit: int = MAX_PIECE_CHARS) -> list[str]:
     return pieces
 
 
-def iter_lines(path: Path, stats: ReadStats, limit: int = MAX_PIECE_CHARS) -> Iterator[str]:
-    """Yield the file's lines with their line endings; a line longer than `limit` comes in pieces."""
+def iter_line_blocks(path: Path, stats: ReadStats, limit: int = MAX_PIECE_CHARS) -> Iterator[list[str]]:
+    """Yield the file's lines, with their line endings, a read block's worth at a time; a line longer
+    than `limit` comes in pieces. Lists rather than single lines keep Python's per-line cost off the
+    hot path of tokenizer training."""
     pending = ""
     for block in read_text_blocks(path, stats):
         lines = (pending + block).splitlines(keepends=True)
@@ -183,13 +192,18 @@ def iter_lines(path: Path, stats: ReadStats, limit: int = MAX_PIECE_CHARS) -> It
         if len(pending) > limit:  # a huge line without a newline yet: release all but the tail
             *head, pending = split_long(pending, limit)
             lines.extend(head)
-        for line in lines:
-            if len(line) > limit:
-                yield from split_long(line, limit)
-            else:
-                yield line
+        if any(len(line) > limit for line in lines):
+            lines = [piece for line in lines for piece in (split_long(line, limit) if len(line) > limit else (line,))]
+        if lines:
+            yield lines
     if pending:
-        yield from split_long(pending, limit)
+        yield split_long(pending, limit)
+
+
+def iter_lines(path: Path, stats: ReadStats, limit: int = MAX_PIECE_CHARS) -> Iterator[str]:
+    """Yield the file's lines with their line endings; a line longer than `limit` comes in pieces."""
+    for lines in iter_line_blocks(path, stats, limit):
+        yield from lines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,8 +226,10 @@ def iter_document_pieces(
     for corpus_file in corpus.files:
         if boundary == "file":
             yield from _file_document(corpus_file.path, stats, limit)
+        elif boundary == "paragraph":
+            yield from _paragraph_documents(corpus_file.path, stats, limit)
         else:
-            yield from _line_documents(corpus_file.path, stats, limit, one_per_line=boundary == "line")
+            yield from _line_documents(corpus_file.path, stats, limit)
 
 
 def _file_document(path: Path, stats: ReadStats, limit: int) -> Iterator[DocumentPiece]:
@@ -231,33 +247,52 @@ def _file_document(path: Path, stats: ReadStats, limit: int) -> Iterator[Documen
         yield DocumentPiece(held, True)
 
 
-def _line_documents(path: Path, stats: ReadStats, limit: int, one_per_line: bool) -> Iterator[DocumentPiece]:
-    buffer: list[str] = []
-    buffered = 0
-    in_document = False
-    line_break = ""  # the previous line's ending, held back until we know the document goes on
+def _paragraph_documents(path: Path, stats: ReadStats, limit: int) -> Iterator[DocumentPiece]:
+    """Documents separated by blank lines; the splitting runs once per read block, in C."""
+    held = ""  # the start of a paragraph whose end has not been read yet
+    continued = False  # pieces of that paragraph were already sent
+    for block in read_text_blocks(path, stats):
+        *complete, held = _PARAGRAPH_BREAK.split(held + block)
+        for paragraph in complete:
+            if not continued:
+                paragraph = _LEADING_BLANK_LINES.sub("", paragraph)
+            if paragraph.strip() or continued:
+                yield from _bounded(paragraph, limit, ends=True)
+            continued = False
+        if len(held) > limit:  # a paragraph longer than the limit: send all but its tail
+            *ready, held = split_long(held, limit)
+            for piece in ready:
+                if not continued:
+                    piece = _LEADING_BLANK_LINES.sub("", piece)
+                if continued or piece.strip():
+                    yield DocumentPiece(piece, False)
+                    continued = True
+    held = _TRAILING_BLANK_LINE.sub("", held)
+    held = held.rstrip("\r\n") if continued else _LEADING_BLANK_LINES.sub("", held).rstrip("\r\n")
+    if held.strip() or continued:
+        yield from _bounded(held, limit, ends=True)
 
+
+def _bounded(text: str, limit: int, ends: bool) -> Iterator[DocumentPiece]:
+    pieces = split_long(text, limit) if len(text) > limit else [text]
+    for i, piece in enumerate(pieces):
+        yield DocumentPiece(piece, ends and i == len(pieces) - 1)
+
+
+def _line_documents(path: Path, stats: ReadStats, limit: int) -> Iterator[DocumentPiece]:
+    """Every non-blank line is a document; a line longer than `limit` arrives (and leaves) in pieces."""
+    open_piece: str | None = None  # a piece of a long line, held until we know whether the line goes on
     for line in iter_lines(path, stats, limit):
         body = line.rstrip("\r\n")
-        ending = line[len(body):]
-        if not body.strip() and (ending or not body):
-            if in_document:
-                yield DocumentPiece("".join(buffer), True)
-                buffer, buffered, in_document, line_break = [], 0, False, ""
+        ends_line = len(body) < len(line)
+        if open_piece is not None:
+            yield DocumentPiece(open_piece, False)
+            open_piece = None
+        elif not body.strip():
             continue
-        joint = line_break if in_document else ""
-        if buffered and buffered + len(joint) + len(body) > limit:  # keep every piece within the limit
-            yield DocumentPiece("".join(buffer), False)
-            buffer, buffered = [], 0
-        if joint:
-            buffer.append(joint)
-            buffered += len(joint)
-        buffer.append(body)
-        buffered += len(body)
-        in_document = True
-        line_break = ending
-        if one_per_line and ending:
-            yield DocumentPiece("".join(buffer), True)
-            buffer, buffered, in_document, line_break = [], 0, False, ""
-    if in_document:
-        yield DocumentPiece("".join(buffer), True)
+        if ends_line:
+            yield DocumentPiece(body, True)
+        else:
+            open_piece = body
+    if open_piece is not None:
+        yield DocumentPiece(open_piece, True)

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import queue
 import random
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -115,36 +114,23 @@ def _batches(pieces: Iterator[DocumentPiece]) -> Iterator[list[DocumentPiece]]:
         yield batch
 
 
-def _encode_ahead(tokenizer: TextTokenizer, batches: Iterator[list[DocumentPiece]], depth: int = 2):
-    """Encode batches on a worker thread (the tokenizer releases the GIL and uses every core) while the
-    caller writes the previous batch. Yields (pieces, ids per piece) in order."""
-    results: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
+def _write_batch(batch, ids_per_piece, writers, split, eos_id, draw, val_fraction) -> str:
+    """Append a batch's ids to the writers, an end-of-text id after each document; a new draw picks the
+    split of each next document. Returns the split of the document still open."""
+    import numpy as np
 
-    def work() -> None:
-        try:
-            for batch in batches:
-                if stop.is_set():
-                    return
-                results.put((batch, tokenizer.encode_batch([p.text for p in batch])))
-            results.put(None)
-        except BaseException as exc:  # handed to the caller's thread, raised there
-            results.put(exc)
-
-    worker = threading.Thread(target=work, name="tfcli-encode", daemon=True)
-    worker.start()
-    try:
-        while (item := results.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        while worker.is_alive():  # drain so the worker is never blocked on a full queue
-            try:
-                results.get(timeout=0.05)
-            except queue.Empty:
-                pass
+    out: dict[str, list[int]] = {"train": [], "val": []}
+    for piece, ids in zip(batch, ids_per_piece):
+        target = out[split]
+        target.extend(ids)
+        if piece.ends_document:
+            target.append(eos_id)
+            writers[split].documents += 1
+            split = "val" if draw() < val_fraction else "train"
+    for name, ids in out.items():
+        if ids:
+            writers[name].write(np.array(ids, dtype=writers[name].dtype))
+    return split
 
 
 def encode_corpus(
@@ -160,8 +146,6 @@ def encode_corpus(
 
     Files already in OUT_DIR stay untouched until the new ones are complete.
     """
-    import numpy as np
-
     if not 0.0 <= val_fraction < 1.0:
         raise TfcliError(f"--val-fraction must be in [0, 1), not {val_fraction}")
     if corpus.total_bytes == 0:
@@ -173,21 +157,24 @@ def encode_corpus(
     writers = {split: ShardWriter(out_dir / f"{split}.bin", dtype) for split in SPLITS}
     stats = ReadStats()
     draw = random.Random(seed).random
-    eos = np.array([eos_id], dtype=np.uint32)
     try:
         split = "val" if draw() < val_fraction else "train"
         pieces = iter_document_pieces(corpus, boundary, stats)
-        for batch, ids_per_piece in _encode_ahead(tokenizer, _batches(pieces)):
-            for piece, ids in zip(batch, ids_per_piece):
-                writer = writers[split]
-                if ids:
-                    writer.write(np.array(ids, dtype=np.uint32))
-                if piece.ends_document:
-                    writer.write(eos)
-                    writer.documents += 1
-                    split = "val" if draw() < val_fraction else "train"
-            if progress:
-                progress(stats.bytes_read, corpus.total_bytes, writers["train"].tokens + writers["val"].tokens)
+        # One worker thread encodes batch k+1 (the tokenizer releases the GIL and uses every core)
+        # while this thread writes batch k and reads batch k+2.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfcli-encode") as pool:
+            pending = None
+            for batch in _batches(pieces):
+                submitted = (batch, pool.submit(tokenizer.encode_batch, [p.text for p in batch]))
+                if pending is not None:
+                    split = _write_batch(pending[0], pending[1].result(), writers, split, eos_id, draw, val_fraction)
+                    if progress:
+                        progress(stats.bytes_read, corpus.total_bytes, writers["train"].tokens + writers["val"].tokens)
+                pending = submitted
+            if pending is not None:
+                split = _write_batch(pending[0], pending[1].result(), writers, split, eos_id, draw, val_fraction)
+        if progress:
+            progress(stats.bytes_read, corpus.total_bytes, writers["train"].tokens + writers["val"].tokens)
         if writers["train"].documents + writers["val"].documents == 0:
             raise TfcliError("the corpus is empty (no text in any file)", hint="pass files that hold text")
         if writers["train"].documents == 0:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from tfcli.data.corpus import Corpus, ReadStats, iter_lines
+from tfcli.data.corpus import Corpus, ReadStats, iter_line_blocks
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json, atomic_write_text, prepare_output_dir
 from tfcli.tokenizer.core import MAX_VOCAB_SIZE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
@@ -26,8 +27,7 @@ if TYPE_CHECKING:
 PreTokenizerKind = Literal["byte-level", "whitespace", "metaspace"]
 PRE_TOKENIZERS: tuple[str, ...] = ("byte-level", "whitespace", "metaspace")
 BYTE_ALPHABET_SIZE = 256
-LINES_PER_BATCH = 1024
-SAMPLE_CHARS = 2_000_000  # text kept, spread over the corpus, to measure bytes per token after training
+SAMPLE_CHARS = 500_000  # text kept, spread over the corpus, to measure bytes per token after training
 END_OF_WORD = "</w>"
 
 ProgressCallback = Callable[[str, int, int], None]  # (stage, done, total)
@@ -133,28 +133,15 @@ def build_untrained(config: TokenizerTrainingConfig) -> tuple[Tokenizer, object]
 
 
 def _line_batches(corpus: Corpus, stats: ReadStats, sample: list[str], progress: ProgressCallback | None) -> Iterator[list[str]]:
-    """Batches of lines for the trainer; keeps an evenly spread sample of them for the summary."""
+    """Batches of lines (one read block each) for the trainer; keeps an evenly spread sample of them."""
     total = corpus.total_bytes
-    keep_every = max(1, total // SAMPLE_CHARS)
-    batch: list[str] = []
-    seen_batches = 0
+    fraction = min(1.0, SAMPLE_CHARS / max(total, 1))
     for corpus_file in corpus.files:
-        for line in iter_lines(corpus_file.path, stats):
-            batch.append(line)
-            if len(batch) == LINES_PER_BATCH:
-                if seen_batches % keep_every == 0:
-                    sample.extend(batch)
-                seen_batches += 1
-                yield batch
-                batch = []
-                if progress:
-                    progress("read", stats.bytes_read, total)
-    if batch:
-        if seen_batches % keep_every == 0 or not sample:
-            sample.extend(batch)
-        yield batch
-    if progress:
-        progress("read", stats.bytes_read, total)
+        for lines in iter_line_blocks(corpus_file.path, stats):
+            sample.extend(lines[: math.ceil(len(lines) * fraction)])
+            yield lines
+            if progress:
+                progress("read", stats.bytes_read, total)
 
 
 def train_tokenizer(

@@ -1,0 +1,27 @@
+"""`tfcli bench tokenize` runs all four jobs and reports ratios (speed is measured, never asserted)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import SAMPLE_DATA
+
+
+def test_bench_tokenize_reports_every_job(cli, tmp_path):
+    result = cli("bench", "tokenize", "--size-mb", "0.3", "--repeat", "1", "--workdir", tmp_path / "w",
+                 "--data", SAMPLE_DATA, "--json")
+    assert result.code == 0, result.stderr
+    data = json.loads(result.stdout)
+    jobs = {m["job"]: m for m in data["measurements"]}
+    assert set(jobs) == {"train_raw", "train_tfcli", "encode_raw", "encode_tfcli"}
+    assert data["synthesized"] and data["corpus_bytes"] >= 300_000
+    assert all(m["seconds"] > 0 and m["peak_rss_mb"] > 0 for m in jobs.values())
+    assert jobs["encode_raw"]["tokens"] > 0 and jobs["encode_tfcli"]["tokens"] > 0
+    # tfcli adds one end-of-text id per document and never splits special text, so counts are close
+    assert abs(jobs["encode_tfcli"]["tokens"] - jobs["encode_raw"]["tokens"]) / jobs["encode_raw"]["tokens"] < 0.1
+    assert data["train_time_ratio"] > 0 and data["encode_throughput_ratio"] > 0
+
+
+def test_bench_bad_options(cli):
+    assert cli("bench", "tokenize", "--size-mb", "0").code == 2
+    assert cli("bench", "tokenize", "--repeat", "0", "--size-mb", "0.1").code == 2
