@@ -182,3 +182,10 @@ def test_tokenizer_without_end_of_text(tmp_path, docs_file):
     with pytest.raises(TfcliError, match="has no eos token"):
         encode_corpus(resolve_corpus([docs_file]), TextTokenizer.load(tmp_path / "tokenizer.json"), tmp_path / "s")
     assert not (tmp_path / "s").exists() or not any((tmp_path / "s").iterdir())
+
+
+def test_output_that_is_a_file(cli, docs_file, trained_tokenizer, tmp_path):
+    (tmp_path / "taken").write_text("keep")
+    result = cli("tokenize", "encode", docs_file, "-t", trained_tokenizer, "-o", tmp_path / "taken")
+    assert result.code == 2 and "is a file" in result.stderr
+    assert (tmp_path / "taken").read_text() == "keep"

@@ -36,5 +36,8 @@ def quickstart(
             console.print(line)
     console.print(Text("next:", style="bold"))
     tokenizer = output / "tokenizer"
-    console.print(Text(f"  tfcli tokenize show \"Once upon a time, a little fox found a red ball.\" -t {tokenizer}"))
-    console.print(Text(f"  tfcli tokenize trace \"a sailor went to sea sea sea \" --merges 5"))
+    for command in (
+        f'tfcli tokenize show "Once upon a time, a little fox found a red ball." -t {tokenizer}',
+        'tfcli tokenize trace "a sailor went to sea sea sea " --merges 5',
+    ):
+        console.print(Text(f"  {command}"), soft_wrap=True)  # unwrapped, so it can be copied
