@@ -77,10 +77,10 @@ def train(
             elif merging is None:
                 progress.update(reading, completed=sources.total_bytes)
                 merging = progress.add_task("computing merges", total=None)
+            elif done:
+                progress.update(merging, total=1, completed=1)
 
         summary = train_tokenizer(sources, output, config, progress=report)
-        if merging is not None:
-            progress.update(merging, total=1, completed=1)
     if json_output:
         print_json(summary.to_json())
         return

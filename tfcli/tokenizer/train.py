@@ -142,6 +142,8 @@ def _line_batches(corpus: Corpus, stats: ReadStats, sample: list[str], progress:
             yield lines
             if progress:
                 progress("read", stats.bytes_read, total)
+    if progress:  # the corpus is read; the trainer now computes the merges
+        progress("merges", 0, 1)
 
 
 def train_tokenizer(
