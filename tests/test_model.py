@@ -1,0 +1,206 @@
+"""The model: one attention module whose fast and explicit paths agree, a KV cache that reproduces the
+full forward pass, positions and norms as the papers define them, and configs validated up front."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tfcli.errors import TfcliError
+from tfcli.model.attention import Attention, AttentionMask, KVCache
+from tfcli.model.config import PRESETS, ModelConfig, preset
+from tfcli.model.layers import sinusoidal_table
+from tfcli.model.transformer import Transformer
+
+LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}
+
+
+def tiny(**overrides) -> ModelConfig:
+    base = dict(vocab_size=97, block_size=32, n_layers=2, n_heads=4, d_model=32, d_ff=64)
+    return ModelConfig(**{**base, **overrides})
+
+
+def _padding(B: int, S: int) -> torch.Tensor:
+    padding = torch.ones(B, S, dtype=torch.bool)
+    padding[0, -3:] = False  # right padding in the first sequence
+    return padding
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", ["none", "causal", "padding", "causal+padding", "causal+offset", "cross+padding"])
+def test_fast_and_explicit_attention_agree(layout, kind):
+    torch.manual_seed(0)
+    config = tiny(n_kv_heads=LAYOUTS[layout])
+    attention = Attention(config, causal="causal" in kind, cross=kind.startswith("cross")).eval()
+    B, T, S = 2, 7, 9
+    x = torch.randn(B, T, config.d_model)
+    memory = torch.randn(B, S, config.d_model) if kind.startswith("cross") else None
+    keys = S if memory is not None else T
+    padding = _padding(B, keys) if "padding" in kind else None
+    if kind == "causal+offset":  # queries 5..11 over 12 keys, as with a cache
+        mask = AttentionMask.build(T, T + 5, causal=True, offset=5)
+        cached = torch.randn(B, T + 5, config.d_model)
+        attention = Attention(config, causal=True, cross=True).eval()  # keys from another sequence, causal mask
+        memory, keys = cached, T + 5
+    else:
+        mask = AttentionMask.build(T, keys, causal="causal" in kind, key_padding=padding)
+    fast, none = attention(x, mask, memory=memory)
+    explicit, weights = attention(x, mask, memory=memory, need_weights=True)
+    assert none is None
+    assert (fast - explicit).abs().max().item() < 1e-5
+    assert weights.shape == (B, config.n_heads, T, keys)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(B, config.n_heads, T))
+    allowed = mask.dense(T, keys, x.device)
+    if allowed is not None:
+        assert (weights.masked_select(~allowed.expand_as(weights)) == 0).all()  # masked keys get exactly 0
+
+
+@pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder-decoder"])
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rotary"])
+def test_whole_model_paths_agree(arch, positions):
+    torch.manual_seed(0)
+    model = Transformer(tiny(arch=arch, positions=positions, n_kv_heads=2)).eval()
+    ids = torch.randint(0, 97, (2, 11))
+    padding = _padding(2, 11)
+    kwargs = {"decoder_ids": ids[:, :6], "decoder_padding": padding[:, :6]} if arch == "encoder-decoder" else {}
+    fast = model(ids, padding, **kwargs)
+    explicit = model(ids, padding, need_weights=True, **kwargs)
+    assert (fast.logits - explicit.logits).abs().max().item() < 1e-5
+    n_layers = 2
+    names = {"decoder": ["decoder"], "encoder": ["encoder"], "encoder-decoder": ["encoder", "decoder", "cross"]}[arch]
+    assert sorted(explicit.attentions) == sorted(names)
+    assert all(len(explicit.attentions[n]) == n_layers for n in names)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rotary"])
+def test_cached_decoding_equals_the_full_forward_pass(layout, positions):
+    torch.manual_seed(0)
+    config = tiny(positions=positions, n_kv_heads=LAYOUTS[layout])
+    model = Transformer(config).eval()
+    ids = torch.randint(0, 97, (2, 12))
+    full = model(ids).logits
+    cache = KVCache(config, batch=2, capacity=12, dtype=torch.float32)
+    steps = [model(ids[:, :5], cache=cache).logits]  # the prompt at once, then one token at a time
+    steps += [model(ids[:, t:t + 1], cache=cache).logits for t in range(5, 12)]
+    assert (torch.cat(steps, dim=1) - full).abs().max().item() < 1e-5
+    assert cache.keys.shape[2] == LAYOUTS[layout]  # GQA/MQA cache only their kv heads
+    assert cache.length == 12
+
+
+def test_cached_encoder_decoder_computes_cross_keys_once():
+    torch.manual_seed(0)
+    config = tiny(arch="encoder-decoder", n_kv_heads=2)
+    model = Transformer(config).eval()
+    source, target = torch.randint(0, 97, (2, 9)), torch.randint(0, 97, (2, 6))
+    full = model(source, decoder_ids=target).logits
+    memory = model.encode(source)
+    cache = KVCache(config, batch=2, capacity=6, dtype=torch.float32)
+    steps = [model(source, decoder_ids=target[:, t:t + 1], memory=memory, cache=cache).logits for t in range(6)]
+    assert (torch.cat(steps, dim=1) - full).abs().max().item() < 1e-5
+    assert all(kv is not None and kv[0].shape == (2, 2, 9, 8) for kv in cache.cross)
+
+
+def test_sinusoidal_table_is_vaswanis():
+    table = sinusoidal_table(50, 16)
+    pos, i = 7, 3
+    assert table[pos, 2 * i].item() == pytest.approx(math.sin(pos / 10000 ** (2 * i / 16)), abs=1e-6)
+    assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(pos / 10000 ** (2 * i / 16)), abs=1e-6)
+    assert table[0, 0::2].abs().max().item() == 0 and (table[0, 1::2] == 1).all()
+
+
+def test_rotary_attention_depends_only_on_relative_position():
+    torch.manual_seed(0)
+    config = tiny(positions="rotary")
+    rotary = Transformer(config).rotary
+    q, k = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 1, 8)
+    near = (rotary(q, 3) * rotary(k, 1)).sum()
+    far = (rotary(q, 13) * rotary(k, 11)).sum()
+    assert near.item() == pytest.approx(far.item(), abs=1e-5)
+
+
+def test_post_norm_blocks_end_normalised():
+    torch.manual_seed(0)
+    model = Transformer(tiny(norm_placement="post", bias=False)).eval()
+    hidden = model(torch.randint(0, 97, (1, 8)), logits=False).hidden
+    assert hidden.mean(-1).abs().max().item() < 1e-5
+    assert hidden.std(-1, unbiased=False).sub(1).abs().max().item() < 1e-3
+
+
+@pytest.mark.parametrize("options", [
+    dict(activation="swiglu", norm="rmsnorm", bias=False), dict(activation="relu", tie_embeddings=False),
+    dict(activation="gelu_tanh", dropout=0.1), dict(arch="encoder", n_classes=3), dict(n_classes=2),
+])
+def test_variants_train(options):
+    torch.manual_seed(0)
+    model = Transformer(tiny(**options))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    ids = torch.randint(0, 97, (4, 16))
+    losses = []
+    for _ in range(25):
+        out = model(ids)
+        loss = torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 97), ids[:, 1:].reshape(-1))
+        if out.class_logits is not None:
+            loss = loss + torch.nn.functional.cross_entropy(out.class_logits, torch.arange(4) % out.class_logits.shape[1])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.7 * losses[0]
+
+
+def test_tied_embeddings_share_one_tensor():
+    model = Transformer(tiny())
+    assert model.lm_head.weight is model.tok_emb.weight
+    assert Transformer(tiny(tie_embeddings=False)).lm_head.weight is not Transformer(tiny(tie_embeddings=False)).tok_emb.weight
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_parameter_estimate_matches_the_model(name):
+    config = preset(name)
+    with torch.device("meta"):
+        model = Transformer(config)
+    assert model.parameter_count() == config.parameter_estimate()
+
+
+def test_gpt2_small_has_the_published_parameter_count():
+    assert preset("gpt2-small").parameter_estimate() == 124_439_808
+
+
+def test_residual_projections_are_scaled():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=100, n_layers=8, d_model=256, n_heads=4))
+    std = model.decoder.blocks[0].attn.out.weight.std().item()
+    assert std == pytest.approx(0.02 / math.sqrt(16), rel=0.1)
+    assert model.decoder.blocks[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.1)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(d_model=30, n_heads=4), "divisible by n_heads"),
+    (dict(n_kv_heads=3), "must divide n_heads"),
+    (dict(d_model=1 << 20), "absurd"),
+    (dict(n_layers=1000, d_model=16384, n_heads=16), "parameters"),
+    (dict(arch="transformer"), "arch must be one of"),
+    (dict(dropout=1.0), "dropout"),
+    (dict(positions="rotary", d_model=36, n_heads=4), "even head size"),
+])
+def test_bad_configs(overrides, message):
+    with pytest.raises(TfcliError, match=message):
+        tiny(**overrides)
+
+
+def test_config_json_round_trip_and_unknown_keys():
+    config = tiny(arch="encoder-decoder", n_kv_heads=1)
+    assert ModelConfig.from_json(config.to_json()) == config
+    with pytest.raises(TfcliError, match="unknown key 'n_embd'"):
+        ModelConfig.from_json({**config.to_json(), "n_embd": 3})
+    with pytest.raises(TfcliError, match="unknown model setting"):
+        preset("tiny", width=3)
+
+
+def test_too_long_sequences_are_refused():
+    model = Transformer(tiny(block_size=8))
+    with pytest.raises(TfcliError, match="longer than the model's block size"):
+        model(torch.zeros(1, 9, dtype=torch.long))

@@ -1,0 +1,173 @@
+"""One attention module for training, decoding and inspection.
+
+Scaled dot-product attention with multi-head, grouped-query and multi-query layouts (`n_kv_heads`),
+causal and padding masks, cross-attention, and a KV cache. Two paths compute the same function: the fast
+one (`F.scaled_dot_product_attention`) and an explicit one that also returns the weights
+`[batch, head, query_pos, key_pos]`; a test holds them equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tfcli.model.config import ModelConfig
+from tfcli.model.layers import RotaryEmbedding
+
+
+@dataclasses.dataclass
+class AttentionMask:
+    """Which keys each query may see. `allowed` is (B or 1, 1, T, S) bool, True = attend; None with
+    `causal` means the plain lower-triangular mask (T == S, no offset), which the fast path fuses."""
+
+    allowed: torch.Tensor | None = None
+    causal: bool = False
+
+    @staticmethod
+    def build(T: int, S: int, *, causal: bool, key_padding: torch.Tensor | None = None, offset: int = 0) -> AttentionMask:
+        """T queries at positions offset..offset+T-1 over S keys at 0..S-1; key_padding (B, S), True = real token."""
+        if key_padding is None and (not causal or (offset == 0 and T == S)):
+            return AttentionMask(None, causal)
+        device = key_padding.device if key_padding is not None else None
+        allowed = torch.ones(1, 1, T, S, dtype=torch.bool, device=device)
+        if causal:
+            query_pos = torch.arange(offset, offset + T, device=device).unsqueeze(1)  # (T, 1)
+            allowed = allowed & (torch.arange(S, device=device).unsqueeze(0) <= query_pos)  # (1, 1, T, S)
+        if key_padding is not None:
+            allowed = allowed & key_padding.bool()[:, None, None, :]  # (B, 1, T, S)
+        # A query that may see nothing (a padding position) attends everywhere instead of producing NaN;
+        # its output is padding and is never used.
+        return AttentionMask(allowed | ~allowed.any(dim=-1, keepdim=True), False)
+
+    def dense(self, T: int, S: int, device: torch.device) -> torch.Tensor | None:
+        if self.allowed is not None:
+            return self.allowed
+        if self.causal:
+            return torch.ones(T, S, dtype=torch.bool, device=device).tril()[None, None]
+        return None
+
+
+class LayerKVCache:
+    """One layer's view of a KVCache: preallocated keys/values, filled up to the cache's length."""
+
+    def __init__(self, parent: KVCache, index: int) -> None:
+        self.parent, self.index = parent, index
+
+    @property
+    def offset(self) -> int:
+        return self.parent.length
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k, v (B, n_kv, T, hs) after the cached positions; return all keys and values so far."""
+        start, end = self.parent.length, self.parent.length + k.shape[2]
+        if end > self.parent.capacity:
+            raise ValueError(f"KV cache holds {self.parent.capacity} positions; {end} asked")
+        keys, values = self.parent.keys[self.index], self.parent.values[self.index]
+        keys[:, :, start:end] = k
+        values[:, :, start:end] = v
+        return keys[:, :, :end], values[:, :, :end]
+
+    @property
+    def cross(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return self.parent.cross[self.index]
+
+    @cross.setter
+    def cross(self, kv: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.parent.cross[self.index] = kv
+
+
+class KVCache:
+    """Keys and values of every decoder layer for incremental decoding. Grouped- and multi-query
+    attention store only their n_kv_heads, which is what makes them cheaper to decode."""
+
+    def __init__(self, config: ModelConfig, batch: int, capacity: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
+        shape = (config.decoder_layers, batch, config.kv_heads, capacity, config.head_dim)  # (L, B, n_kv, S, hs)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.cross: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * config.decoder_layers
+        self.capacity = capacity
+        self.length = 0
+
+    def layer(self, index: int) -> LayerKVCache:
+        return LayerKVCache(self, index)
+
+    def advance(self, steps: int) -> None:
+        self.length += steps
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, *, causal: bool, cross: bool = False) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.kv_heads, config.head_dim
+        self.causal, self.cross = causal, cross
+        self.dropout = config.dropout
+        kv_width = 2 * self.n_kv_heads * self.head_dim
+        if cross:
+            self.q = nn.Linear(config.d_model, config.d_model, bias=config.bias)
+            self.kv = nn.Linear(config.d_model, kv_width, bias=config.bias)
+        else:
+            self.qkv = nn.Linear(config.d_model, config.d_model + kv_width, bias=config.bias)
+        self.out = nn.Linear(config.d_model, config.d_model, bias=config.bias)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, hs)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: AttentionMask,
+        *,
+        memory: torch.Tensor | None = None,
+        rotary: RotaryEmbedding | None = None,
+        cache: LayerKVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: (B, T, d). Returns y (B, T, d) and, with need_weights, the weights (B, nh, T, S)."""
+        B, T, d = x.shape
+        kv_width = self.n_kv_heads * self.head_dim
+        if self.cross:
+            q = self._heads(self.q(x), self.n_heads)  # (B, nh, T, hs)
+            if cache is not None and cache.cross is not None:
+                k, v = cache.cross
+            else:
+                k, v = self.kv(memory).split(kv_width, dim=-1)
+                k, v = self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)  # (B, nkv, S, hs)
+                if cache is not None:
+                    cache.cross = (k, v)
+        else:
+            q, k, v = self.qkv(x).split([d, kv_width, kv_width], dim=-1)
+            q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
+            if rotary is not None:
+                offset = cache.offset if cache is not None else 0
+                q, k = rotary(q, offset), rotary(k, offset)
+            if cache is not None:
+                k, v = cache.append(k, v)  # (B, nkv, S, hs), S = cached + T
+        dropout = self.dropout if self.training else 0.0
+        if need_weights:
+            y, weights = self._explicit(q, k, v, mask, dropout)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask.allowed, dropout_p=dropout, is_causal=mask.causal and mask.allowed is None,
+                enable_gqa=self.n_kv_heads != self.n_heads,
+            )
+            weights = None
+        y = y.transpose(1, 2).reshape(B, T, d)  # (B, T, nh * hs)
+        return self.out(y), weights
+
+    def _explicit(self, q, k, v, mask: AttentionMask, dropout: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """softmax(q k^T / sqrt(hs) + mask) v, keeping the weights."""
+        group = self.n_heads // self.n_kv_heads
+        if group > 1:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, nh, S, hs)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, S)
+        allowed = mask.dense(q.shape[2], k.shape[2], q.device)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        dropped = F.dropout(weights, p=dropout) if dropout else weights
+        return dropped @ v, weights  # (B, nh, T, hs), (B, nh, T, S)

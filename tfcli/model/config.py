@@ -1,0 +1,175 @@
+"""The model's shape and options: a JSON-serialisable, torch-free dataclass, validated on creation.
+
+Everything is checked here, before a single tensor is allocated: a config asking for absurd sizes is a
+clear error, not an out-of-memory crash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from tfcli.errors import TfcliError
+from tfcli.schema import JsonRecord
+
+Arch = Literal["decoder", "encoder", "encoder-decoder"]
+ARCHS: tuple[str, ...] = ("decoder", "encoder", "encoder-decoder")
+POSITIONS: tuple[str, ...] = ("learned", "sinusoidal", "rotary")
+NORMS: tuple[str, ...] = ("layernorm", "rmsnorm")
+NORM_PLACEMENTS: tuple[str, ...] = ("pre", "post")
+ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh", "relu", "swiglu")
+
+MAX_PARAMETERS = 200_000_000_000
+LIMITS = {"vocab_size": 1 << 22, "block_size": 1 << 20, "d_model": 1 << 16, "d_ff": 1 << 18, "n_layers": 1024, "n_heads": 1024}
+
+
+@dataclasses.dataclass
+class ModelConfig(JsonRecord):
+    arch: Arch = "decoder"  # decoder: causal LM; encoder: bidirectional, masked LM; encoder-decoder: both + cross-attention
+    vocab_size: int = 8192  # tokens in the vocabulary (the tokenizer's size)
+    block_size: int = 256  # the longest sequence, in tokens (the context length)
+    n_layers: int = 4  # blocks in the stack (each stack, for encoder-decoder)
+    n_decoder_layers: int | None = None  # encoder-decoder: blocks in the decoder (default: n_layers)
+    n_heads: int = 4  # query heads per attention layer
+    n_kv_heads: int | None = None  # key/value heads: = n_heads multi-head, divides it grouped-query, 1 multi-query
+    d_model: int = 256  # width of the residual stream
+    d_ff: int | None = None  # hidden width of the MLP (default: 4 * d_model)
+    positions: str = "learned"  # learned | sinusoidal | rotary
+    rope_base: float = 10000.0  # rotary: the base of the frequencies
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    norm_placement: str = "pre"  # pre: x + f(norm(x)); post: norm(x + f(x)) (the original transformer)
+    norm_eps: float = 1e-5
+    activation: str = "gelu"  # gelu | gelu_tanh (GPT-2's) | relu | swiglu
+    dropout: float = 0.0  # on embeddings, attention weights, and each sublayer's output
+    bias: bool = True  # biases in linear layers and layer norms
+    tie_embeddings: bool = True  # the output projection shares the token embedding matrix
+    n_classes: int = 0  # encoder / decoder: size of the classification head (0: none)
+    init_std: float = 0.02  # std of the normal initialisation; residual projections get init_std / sqrt(2 * layers)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "block_size", "n_layers", "n_heads", "d_model"):
+            value = getattr(self, name)
+            if value < 1:
+                raise TfcliError(f"model {name} must be at least 1, not {value}")
+        for name, limit in LIMITS.items():
+            value = getattr(self, name)
+            if value is not None and value > limit:
+                raise TfcliError(f"model {name} = {value:,} is absurd (the limit is {limit:,})")
+        for name, allowed in (("arch", ARCHS), ("positions", POSITIONS), ("norm", NORMS),
+                              ("norm_placement", NORM_PLACEMENTS), ("activation", ACTIVATIONS)):
+            if getattr(self, name) not in allowed:
+                raise TfcliError(f"model {name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
+        if self.d_model % self.n_heads:
+            raise TfcliError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.kv_heads < 1 or self.n_heads % self.kv_heads:
+            raise TfcliError(f"n_kv_heads ({self.kv_heads}) must divide n_heads ({self.n_heads})", hint="use n_heads (multi-head), a divisor (grouped-query) or 1 (multi-query)")
+        if self.positions == "rotary" and self.head_dim % 2:
+            raise TfcliError(f"rotary positions need an even head size, not {self.head_dim}")
+        if self.positions == "sinusoidal" and self.d_model % 2:
+            raise TfcliError(f"sinusoidal positions need an even d_model, not {self.d_model}")
+        if self.n_decoder_layers is not None and not 1 <= self.n_decoder_layers <= LIMITS["n_layers"]:
+            raise TfcliError(f"model n_decoder_layers must be between 1 and {LIMITS['n_layers']}, not {self.n_decoder_layers}")
+        if self.d_ff is not None and self.d_ff < 1:
+            raise TfcliError(f"model d_ff must be at least 1, not {self.d_ff}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise TfcliError(f"model dropout must be in [0, 1), not {self.dropout}")
+        if self.n_classes < 0 or self.n_classes > 1 << 20:
+            raise TfcliError(f"model n_classes must be between 0 and {1 << 20:,}, not {self.n_classes}")
+        if self.n_classes and self.arch == "encoder-decoder":
+            raise TfcliError("a classification head needs an encoder or a decoder, not an encoder-decoder")
+        if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_base <= 1:
+            raise TfcliError("model norm_eps and init_std must be positive and rope_base above 1")
+        if self.parameter_estimate() > MAX_PARAMETERS:
+            raise TfcliError(f"this config asks for {self.parameter_estimate():,} parameters (the limit is {MAX_PARAMETERS:,})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def hidden_dim(self) -> int:
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.n_decoder_layers if self.n_decoder_layers is not None else self.n_layers
+
+    @property
+    def has_encoder(self) -> bool:
+        return self.arch in ("encoder", "encoder-decoder")
+
+    @property
+    def has_decoder(self) -> bool:
+        return self.arch in ("decoder", "encoder-decoder")
+
+    def parameter_estimate(self) -> int:
+        """The parameter count, computed from the shape alone (no tensors)."""
+        return sum(self.parameter_counts().values())
+
+    def parameter_counts(self) -> dict[str, int]:
+        """Parameters by part: embeddings, attention, mlp, norms, heads."""
+        d, b = self.d_model, int(self.bias)
+        kv = self.kv_heads * self.head_dim
+        attn = d * (d + 2 * kv) + b * (d + 2 * kv) + d * d + b * d
+        cross = d * d + b * d + d * 2 * kv + b * 2 * kv + d * d + b * d
+        up = 2 * self.hidden_dim if self.activation == "swiglu" else self.hidden_dim
+        mlp = d * up + b * up + self.hidden_dim * d + b * d
+        norm = d * (2 if self.norm == "layernorm" and self.bias else 1)
+        enc = self.n_layers if self.has_encoder else 0
+        dec = self.decoder_layers if self.has_decoder else 0
+        counts = {
+            "embeddings": self.vocab_size * d + (self.block_size * d if self.positions == "learned" else 0),
+            "attention": (enc + dec) * attn + (dec * cross if self.arch == "encoder-decoder" else 0),
+            "mlp": (enc + dec) * mlp,
+            "norms": (enc * 2 + dec * (3 if self.arch == "encoder-decoder" else 2)) * norm
+            + norm * ((1 if self.has_encoder else 0) + (1 if self.has_decoder else 0)) * (self.norm_placement == "pre"),
+            "heads": 0,
+        }
+        if self.arch == "encoder":
+            counts["heads"] += d * d + b * d + norm + (0 if self.tie_embeddings else self.vocab_size * d) + self.vocab_size
+        else:
+            counts["heads"] += 0 if self.tie_embeddings else self.vocab_size * d
+        if self.n_classes:
+            counts["heads"] += d * self.n_classes + self.n_classes
+        return counts
+
+    def kv_cache_bytes_per_token(self, bytes_per_value: int = 2) -> int:
+        """Bytes the decoder's self-attention KV cache grows by per token (keys and values, every layer)."""
+        if not self.has_decoder:
+            return 0
+        return 2 * self.decoder_layers * self.kv_heads * self.head_dim * bytes_per_value
+
+    def with_overrides(self, **overrides: Any) -> ModelConfig:
+        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise TfcliError(f"unknown model setting {unknown[0]!r}", hint=f"settings: {', '.join(f.name for f in dataclasses.fields(self))}")
+        return ModelConfig.from_json({**self.to_json(), **overrides})
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # A few hundred thousand parameters: tests and the quickstart.
+    "tiny": dict(arch="decoder", block_size=128, n_layers=2, n_heads=4, d_model=64, d_ff=256),
+    # ~10M parameters: a real model for a laptop.
+    "small": dict(arch="decoder", block_size=256, n_layers=6, n_heads=6, d_model=384),
+    # GPT-2 small, 124,439,808 parameters with its 50,257-token vocabulary.
+    "gpt2-small": dict(arch="decoder", vocab_size=50257, block_size=1024, n_layers=12, n_heads=12, d_model=768,
+                       activation="gelu_tanh", positions="learned", norm="layernorm", norm_placement="pre", bias=True,
+                       tie_embeddings=True),
+    # BERT-base: bidirectional encoder, post-norm, 110M parameters with its 30,522-token vocabulary.
+    "bert-base": dict(arch="encoder", vocab_size=30522, block_size=512, n_layers=12, n_heads=12, d_model=768,
+                      activation="gelu", positions="learned", norm="layernorm", norm_placement="post", norm_eps=1e-12),
+    # A small encoder-decoder for sequence-to-sequence work.
+    "seq2seq-tiny": dict(arch="encoder-decoder", block_size=128, n_layers=2, n_heads=4, d_model=64, d_ff=256,
+                    positions="sinusoidal"),
+}
+
+
+def preset(name: str, **overrides: Any) -> ModelConfig:
+    """A named preset, with settings overridden key by key."""
+    if name not in PRESETS:
+        raise TfcliError(f"unknown preset {name!r}", hint=f"use one of {', '.join(PRESETS)}")
+    return ModelConfig().with_overrides(**{**PRESETS[name], **overrides})

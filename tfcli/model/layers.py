@@ -1,0 +1,81 @@
+"""Small building blocks: norms, positional encodings (sinusoidal, rotary) and the MLP."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tfcli.model.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.d_model, config.norm_eps)
+    return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
+
+
+def sinusoidal_table(length: int, dim: int) -> torch.Tensor:
+    """Vaswani et al.: PE[pos, 2i] = sin(pos / 10000^(2i/dim)), PE[pos, 2i+1] = cos(same). Shape (length, dim)."""
+    position = torch.arange(length, dtype=torch.float32).unsqueeze(1)  # (L, 1)
+    inverse_frequency = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))  # (dim/2,)
+    table = torch.zeros(length, dim)
+    table[:, 0::2] = torch.sin(position * inverse_frequency)
+    table[:, 1::2] = torch.cos(position * inverse_frequency)
+    return table
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE: rotate each (i, i + hs/2) pair of q and k by an angle proportional to the position."""
+
+    def __init__(self, head_dim: int, length: int, base: float) -> None:
+        super().__init__()
+        inverse_frequency = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # (hs/2,)
+        angles = torch.outer(torch.arange(length, dtype=torch.float32), inverse_frequency)  # (L, hs/2)
+        angles = torch.cat([angles, angles], dim=-1)  # (L, hs)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, offset: int) -> torch.Tensor:
+        """x: (B, heads, T, hs), rotated as if it started at position `offset`."""
+        T = x.shape[-2]
+        cos = self.cos[offset:offset + T].to(x.dtype)  # (T, hs)
+        sin = self.sin[offset:offset + T].to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward: up-projection, activation, down-projection (SwiGLU gates the up path)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        hidden = config.hidden_dim
+        self.activation = config.activation
+        up = 2 * hidden if config.activation == "swiglu" else hidden
+        self.fc = nn.Linear(config.d_model, up, bias=config.bias)
+        self.proj = nn.Linear(hidden, config.d_model, bias=config.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if self.activation == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        elif self.activation == "relu":
+            h = F.relu(h)
+        else:
+            h = F.gelu(h, approximate="tanh" if self.activation == "gelu_tanh" else "none")
+        return self.proj(h)

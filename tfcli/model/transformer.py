@@ -1,0 +1,203 @@
+"""The transformer: token embeddings, positions, a stack of pre- or post-norm blocks, and heads, in three
+architectures (decoder, encoder, encoder-decoder). Read it top to bottom; every reshape says its shape."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tfcli.errors import TfcliError
+from tfcli.model.attention import Attention, AttentionMask, KVCache, LayerKVCache
+from tfcli.model.config import ModelConfig
+from tfcli.model.layers import MLP, RotaryEmbedding, make_norm, sinusoidal_table
+
+
+class Block(nn.Module):
+    """Self-attention, cross-attention (encoder-decoder's decoder only) and an MLP, each a sublayer on the
+    residual stream: pre-norm x + f(norm(x)), or post-norm norm(x + f(x)) as in the original transformer."""
+
+    def __init__(self, config: ModelConfig, *, causal: bool, cross: bool) -> None:
+        super().__init__()
+        self.pre_norm = config.norm_placement == "pre"
+        self.attn_norm = make_norm(config)
+        self.attn = Attention(config, causal=causal)
+        if cross:
+            self.cross_norm = make_norm(config)
+            self.cross_attn = Attention(config, causal=False, cross=True)
+        self.mlp_norm = make_norm(config)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def _sublayer(self, x, norm, f):
+        if self.pre_norm:
+            y, weights = f(norm(x))
+            return x + self.drop(y), weights
+        y, weights = f(x)
+        return norm(x + self.drop(y)), weights
+
+    def forward(self, x, mask, *, memory=None, memory_mask=None, rotary=None, cache=None, need_weights=False):
+        x, self_weights = self._sublayer(x, self.attn_norm, lambda h: self.attn(h, mask, rotary=rotary, cache=cache, need_weights=need_weights))
+        cross_weights = None
+        if memory is not None:
+            x, cross_weights = self._sublayer(
+                x, self.cross_norm, lambda h: self.cross_attn(h, memory_mask, memory=memory, cache=cache, need_weights=need_weights))
+        x, _ = self._sublayer(x, self.mlp_norm, lambda h: (self.mlp(h), None))
+        return x, self_weights, cross_weights
+
+
+class Stack(nn.Module):
+    def __init__(self, config: ModelConfig, n_layers: int, *, causal: bool, cross: bool) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(config, causal=causal, cross=cross) for _ in range(n_layers))
+        self.norm = make_norm(config) if config.norm_placement == "pre" else nn.Identity()
+
+
+@dataclasses.dataclass
+class ModelOutput:
+    logits: torch.Tensor | None = None  # (B, T, vocab): next-token (decoder) or masked-token (encoder) scores
+    class_logits: torch.Tensor | None = None  # (B, n_classes)
+    hidden: torch.Tensor | None = None  # (B, T, d): the last stack's output
+    attentions: dict[str, list[torch.Tensor]] = dataclasses.field(default_factory=dict)  # name -> per layer (B, nh, T, S)
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        d = config.d_model
+        self.tok_emb = nn.Embedding(config.vocab_size, d)
+        self.rotary = None
+        if config.positions == "learned":
+            self.pos_emb = nn.Embedding(config.block_size, d)
+        elif config.positions == "sinusoidal":
+            self.register_buffer("sinusoid", sinusoidal_table(config.block_size, d), persistent=False)
+        else:
+            self.rotary = RotaryEmbedding(config.head_dim, config.block_size, config.rope_base)
+        self.drop = nn.Dropout(config.dropout)
+        if config.has_encoder:
+            self.encoder = Stack(config, config.n_layers, causal=False, cross=False)
+        if config.has_decoder:
+            self.decoder = Stack(config, config.decoder_layers, causal=True, cross=config.arch == "encoder-decoder")
+        if config.arch == "encoder":
+            # BERT's masked-LM head: a transform, then scores over the vocabulary.
+            self.mlm_transform = nn.Linear(d, d, bias=config.bias)
+            self.mlm_norm = make_norm(config)
+            self.lm_head = nn.Linear(d, config.vocab_size, bias=True)
+        else:
+            self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
+        if config.n_classes:
+            self.classifier = nn.Linear(d, config.n_classes)
+        self.apply(self._init_weights)
+        residual_std = config.init_std / math.sqrt(2 * (config.n_layers * config.has_encoder + config.decoder_layers * config.has_decoder))
+        for name, parameter in self.named_parameters():
+            if name.endswith(("attn.out.weight", "mlp.proj.weight")):
+                nn.init.normal_(parameter, mean=0.0, std=residual_std)  # GPT-2: scaled residual projections
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def parameter_count(self) -> int:
+        """Parameters, each shared tensor counted once."""
+        return sum(p.numel() for p in self.parameters())
+
+    def _embed(self, ids: torch.Tensor, offset: int) -> torch.Tensor:
+        T = ids.shape[1]
+        if offset + T > self.config.block_size:
+            raise TfcliError(f"a sequence of {offset + T} tokens is longer than the model's block size ({self.config.block_size})")
+        x = self.tok_emb(ids)  # (B, T, d)
+        if self.config.positions == "learned":
+            x = x + self.pos_emb(torch.arange(offset, offset + T, device=ids.device))
+        elif self.config.positions == "sinusoidal":
+            x = x + self.sinusoid[offset:offset + T].to(x.dtype)
+        return self.drop(x)
+
+    def _run(self, stack: Stack, x, mask, *, memory=None, memory_mask=None, cache: KVCache | None = None,
+             need_weights=False, attentions=None, name=""):
+        for i, block in enumerate(stack.blocks):
+            layer_cache: LayerKVCache | None = cache.layer(i) if cache is not None else None
+            x, self_w, cross_w = block(x, mask, memory=memory, memory_mask=memory_mask, rotary=self.rotary,
+                                       cache=layer_cache, need_weights=need_weights)
+            if need_weights:
+                attentions.setdefault(name, []).append(self_w)
+                if cross_w is not None:
+                    attentions.setdefault("cross", []).append(cross_w)
+        return stack.norm(x)
+
+    def encode(self, ids: torch.Tensor, padding: torch.Tensor | None = None, *, need_weights=False, attentions=None) -> torch.Tensor:
+        """The encoder stack over ids (B, S); padding (B, S) True = real token. Returns (B, S, d)."""
+        mask = AttentionMask.build(ids.shape[1], ids.shape[1], causal=False, key_padding=padding)
+        return self._run(self.encoder, self._embed(ids, 0), mask, need_weights=need_weights, attentions=attentions, name="encoder")
+
+    def decode(self, ids, padding=None, *, memory=None, memory_padding=None, cache: KVCache | None = None,
+               need_weights=False, attentions=None) -> torch.Tensor:
+        """The decoder stack over ids (B, T), after the cached positions. Returns (B, T, d)."""
+        offset = cache.length if cache is not None else 0
+        T = ids.shape[1]
+        if cache is not None and padding is not None and padding.shape[1] != offset + T:
+            raise ValueError("with a cache, padding covers the cached positions and the new ones")
+        mask = AttentionMask.build(T, offset + T, causal=True, key_padding=padding, offset=offset)
+        memory_mask = None
+        if memory is not None:
+            memory_mask = AttentionMask.build(T, memory.shape[1], causal=False, key_padding=memory_padding)
+        x = self._run(self.decoder, self._embed(ids, offset), mask, memory=memory, memory_mask=memory_mask, cache=cache,
+                      need_weights=need_weights, attentions=attentions, name="decoder")
+        if cache is not None:
+            cache.advance(T)
+        return x
+
+    def forward(
+        self,
+        ids: torch.Tensor,
+        padding: torch.Tensor | None = None,
+        *,
+        decoder_ids: torch.Tensor | None = None,
+        decoder_padding: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        memory: torch.Tensor | None = None,
+        need_weights: bool = False,
+        logits: bool = True,
+    ) -> ModelOutput:
+        """decoder: ids are the text, logits predict each next token. encoder: logits score the vocabulary at
+        each position (masked LM). encoder-decoder: ids are the source, decoder_ids the target so far
+        (`memory`, the encoded source, can be passed instead to skip the encoder, as decoding does)."""
+        attentions: dict[str, list[torch.Tensor]] = {}
+        arch = self.config.arch
+        if arch == "decoder":
+            hidden = self.decode(ids, padding, cache=cache, need_weights=need_weights, attentions=attentions)
+        elif arch == "encoder":
+            hidden = self.encode(ids, padding, need_weights=need_weights, attentions=attentions)
+        else:
+            if decoder_ids is None:
+                raise ValueError("an encoder-decoder needs decoder_ids")
+            if memory is None:
+                memory = self.encode(ids, padding, need_weights=need_weights, attentions=attentions)
+            hidden = self.decode(decoder_ids, decoder_padding, memory=memory, memory_padding=padding, cache=cache,
+                                 need_weights=need_weights, attentions=attentions)
+        out = ModelOutput(hidden=hidden, attentions=attentions)
+        if logits:
+            head_input = hidden
+            if arch == "encoder":
+                head_input = self.mlm_norm(F.gelu(self.mlm_transform(hidden)))
+            out.logits = self.lm_head(head_input)  # (B, T, vocab)
+        if self.config.n_classes:
+            out.class_logits = self.classifier(self._pooled(hidden, padding))
+        return out
+
+    def _pooled(self, hidden: torch.Tensor, padding: torch.Tensor | None) -> torch.Tensor:
+        """The state a classifier reads: the first (classification) token for an encoder, the last real
+        token for a decoder (the only one that has seen the whole text)."""
+        if self.config.arch == "encoder":
+            return hidden[:, 0]
+        if padding is None:
+            return hidden[:, -1]
+        last = padding.long().sum(dim=1).clamp(min=1) - 1  # (B,) right padding
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
