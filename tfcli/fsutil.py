@@ -17,7 +17,35 @@ from typing import IO, Any
 from tfcli.errors import TfcliError
 
 
-def _fsync_dir(folder: Path) -> None:
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_current_umask()
+
+
+def temp_path_beside(path: Path) -> Path:
+    """An empty temp file in `path`'s folder, with the permissions a plain open() would give it
+    (mkstemp makes files private to the owner)."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, _FILE_MODE)
+    os.close(fd)
+    return Path(tmp_name)
+
+
+def set_default_mode(path: Path) -> None:
+    """Give a file the permissions a plain open() would (some writers create private files)."""
+    os.chmod(path, _FILE_MODE)
+
+
+def fsync_file(path: Path) -> None:
+    with open(path, "rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+def fsync_dir(folder: Path) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:  # some file systems cannot open folders; the rename is still atomic there
@@ -37,10 +65,9 @@ def atomic_open(path: Path, mode: str = "wb", **kwargs: Any) -> Iterator[IO[Any]
     On an exception the temp file is removed and `path` is left as it was.
     """
     path = Path(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
+    tmp = temp_path_beside(path)
     try:
-        with os.fdopen(fd, mode, **kwargs) as handle:
+        with open(tmp, mode, **kwargs) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
@@ -48,7 +75,7 @@ def atomic_open(path: Path, mode: str = "wb", **kwargs: Any) -> Iterator[IO[Any]
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -1,0 +1,203 @@
+"""The run directory: a pickle-free, atomic, fully validated checkpoint, and `tfcli info` over it."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import stat
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from tests.conftest import snapshot
+from tfcli.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint, save_checkpoint
+from tfcli.errors import TfcliError
+from tfcli.model.config import ModelConfig
+from tfcli.model.transformer import Transformer
+from tfcli.tokenizer.core import TextTokenizer
+
+
+@pytest.fixture
+def tokenizer(trained_tokenizer):
+    return TextTokenizer.load(trained_tokenizer)
+
+
+def _model(tokenizer, **overrides) -> Transformer:
+    torch.manual_seed(0)
+    base = dict(vocab_size=tokenizer.vocab_size, block_size=32, n_layers=2, n_heads=4, d_model=32, d_ff=64)
+    return Transformer(ModelConfig(**{**base, **overrides})).eval()
+
+
+@pytest.fixture
+def run(tmp_path, tokenizer):
+    save_checkpoint(tmp_path / "run", _model(tokenizer), tokenizer)
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(arch="encoder", n_classes=3), dict(arch="encoder-decoder", n_kv_heads=1),
+                                       dict(tie_embeddings=False, positions="rotary", activation="swiglu", norm="rmsnorm")])
+def test_round_trip_gives_the_same_logits(tmp_path, tokenizer, overrides):
+    model = _model(tokenizer, **overrides)
+    save_checkpoint(tmp_path / "run", model, tokenizer, source="a test")
+    loaded = load_checkpoint(tmp_path / "run")
+    ids = torch.randint(0, tokenizer.vocab_size, (2, 9))
+    kwargs = {"decoder_ids": ids[:, :4]} if model.config.arch == "encoder-decoder" else {}
+    assert torch.equal(loaded.model(ids, **kwargs).logits, model(ids, **kwargs).logits)
+    assert loaded.config.model == model.config and loaded.config.source == "a test"
+    assert loaded.tokenizer.sha256 == tokenizer.sha256
+    if model.config.tie_embeddings:
+        assert loaded.model.lm_head.weight is loaded.model.tok_emb.weight
+
+
+def test_files_and_format(run):
+    assert sorted(p.name for p in run.iterdir()) == [CONFIG_FILE, WEIGHTS_FILE, "tokenizer.json", "tokenizer_config.json"]
+    with safe_open(str(run / WEIGHTS_FILE), framework="pt") as handle:
+        assert handle.metadata() == {"format": "pt"}
+        assert "lm_head.weight" not in handle.keys() and "tok_emb.weight" in handle.keys()  # tied: saved once
+    assert stat.S_IMODE((run / WEIGHTS_FILE).stat().st_mode) & 0o044  # readable by others, like any file
+
+
+def test_a_save_that_fails_half_way_keeps_the_previous_checkpoint(run, tokenizer, monkeypatch):
+    import safetensors.torch
+
+    before = snapshot(run)
+
+    def crash(tensors, filename, metadata=None):
+        with open(filename, "wb") as handle:
+            handle.write(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", crash)
+    with pytest.raises(OSError):
+        save_checkpoint(run, _model(tokenizer, d_ff=128), tokenizer)
+    assert snapshot(run) == before
+    assert not [p for p in run.iterdir() if p.name.startswith(".")]
+    load_checkpoint(run)
+
+
+def test_non_finite_weights_are_never_saved(tmp_path, tokenizer):
+    model = _model(tokenizer)
+    with torch.no_grad():
+        model.decoder.blocks[1].mlp.fc.weight[0, 0] = float("nan")
+    with pytest.raises(TfcliError, match="decoder.blocks.1.mlp.fc.weight"):
+        save_checkpoint(tmp_path / "run", model, tokenizer)
+    assert not (tmp_path / "run" / WEIGHTS_FILE).exists()
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_pickle_is_never_loaded(tmp_path, run):
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps(_Payload(marker))
+    (tmp_path / "model.bin").write_bytes(payload)
+    with pytest.raises(TfcliError, match="pickle"):
+        load_checkpoint(tmp_path / "model.bin")
+    only_pickle = tmp_path / "hf"
+    only_pickle.mkdir()
+    (only_pickle / "pytorch_model.bin").write_bytes(payload)
+    with pytest.raises(TfcliError, match="never loads pickle"):
+        load_checkpoint(only_pickle)
+    (run / WEIGHTS_FILE).write_bytes(payload)  # a pickle under the safetensors name
+    config = json.loads((run / CONFIG_FILE).read_text())
+    config["weights_bytes"] = len(payload)
+    (run / CONFIG_FILE).write_text(json.dumps(config))
+    with pytest.raises(TfcliError, match="not a valid safetensors file"):
+        load_checkpoint(run)
+    assert not marker.exists()
+
+
+def _set_weights_bytes(run, size):
+    config = json.loads((run / CONFIG_FILE).read_text())
+    config["weights_bytes"] = size
+    (run / CONFIG_FILE).write_text(json.dumps(config))
+
+
+def test_truncated_and_corrupted_weights(run):
+    data = (run / WEIGHTS_FILE).read_bytes()
+    (run / WEIGHTS_FILE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(TfcliError, match="truncated"):
+        load_checkpoint(run)
+    _set_weights_bytes(run, len(data) // 2)
+    with pytest.raises(TfcliError, match="not a valid safetensors file"):
+        load_checkpoint(run)
+    (run / WEIGHTS_FILE).write_bytes(data[:8] + b"{garbage" + data[16:])
+    _set_weights_bytes(run, len(data))
+    with pytest.raises(TfcliError, match="not a valid safetensors file"):
+        load_checkpoint(run)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["model"].update(hidden=3), "unknown key 'hidden'"),
+    (lambda c: c["model"].update(n_layers="two"), "config.json.model.n_layers must be an integer"),
+    (lambda c: c.update(surprise=True), "unknown key 'surprise'"),
+    (lambda c: c["model"].update(d_ff=128), r"tensor decoder.blocks.0.mlp.fc.bias has shape \[64\] but the config implies \[128\]"),
+    (lambda c: c["model"].update(n_layers=3), "lacks the tensor decoder.blocks.2"),
+    (lambda c: c["model"].update(d_model=1 << 20, n_heads=1), "absurd"),
+    (lambda c: c["model"].update(n_layers=1000, d_model=16384, n_heads=16, d_ff=65536), "parameters"),
+    (lambda c: c.update(format_version=99), "checkpoint format 99"),
+])
+def test_bad_configs_are_refused_by_name(run, edit, message):
+    config = json.loads((run / CONFIG_FILE).read_text())
+    edit(config)
+    (run / CONFIG_FILE).write_text(json.dumps(config))
+    with pytest.raises(TfcliError, match=message):
+        load_checkpoint(run)
+
+
+def test_a_tokenizer_that_does_not_match(run, tmp_path, tiny_corpus):
+    from tfcli.data.corpus import resolve_corpus
+    from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
+
+    train_tokenizer(resolve_corpus([tiny_corpus]), tmp_path / "other", TokenizerTrainingConfig(vocab_size=290))
+    (run / "tokenizer.json").write_bytes((tmp_path / "other" / "tokenizer.json").read_bytes())
+    with pytest.raises(TfcliError, match="has 290 tokens but the model's vocabulary is 320"):
+        load_checkpoint(run)
+
+
+def test_non_finite_weights_are_named(run):
+    with safe_open(str(run / WEIGHTS_FILE), framework="pt") as handle:
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    tensors["decoder.blocks.0.attn.qkv.bias"][3] = float("inf")
+    save_file(tensors, str(run / WEIGHTS_FILE), metadata={"format": "pt"})
+    _set_weights_bytes(run, (run / WEIGHTS_FILE).stat().st_size)
+    with pytest.raises(TfcliError, match="tensor decoder.blocks.0.attn.qkv.bias holds non-finite values"):
+        load_checkpoint(run)
+
+
+def test_info_cli(cli, run):
+    result = cli("info", run, "--json")
+    assert result.code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["parameters"]["total"] == load_checkpoint(run).model.parameter_count()
+    assert data["kv_cache_bytes_per_token"]["fp32"] == 2 * 2 * 4 * 8 * 4
+    assert data["tokenizer"]["special_tokens"]["eos"] == "<|endoftext|>"
+    assert data["history"] is None
+    (run / "metrics.jsonl").write_text('{"step": 10, "loss": 3.5}\n{"step": 20, "loss": 2.5, "val_loss": 2.7}\n')
+    table = cli("info", run)
+    assert table.code == 0 and "parameters" in table.stdout and "KV cache" in table.stdout and "steps 10..20" in table.stdout
+
+
+def test_info_kv_cache_shrinks_with_grouped_query_attention(cli, tmp_path, tokenizer):
+    sizes = {}
+    for kv in (4, 2, 1):
+        save_checkpoint(tmp_path / f"kv{kv}", _model(tokenizer, n_kv_heads=kv), tokenizer)
+        sizes[kv] = json.loads(cli("info", tmp_path / f"kv{kv}", "--json").stdout)["kv_cache_bytes_per_token"]["bf16"]
+    assert sizes[4] == 2 * sizes[2] == 4 * sizes[1]
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p / "missing", "does not exist"),
+    (lambda p: (p / "empty").mkdir() or p / "empty", "not a tfcli run directory"),
+    (lambda p: (p / "f.txt").write_text("x") and p / "f.txt", "is a file"),
+])
+def test_info_bad_run_dirs(cli, tmp_path, make, message):
+    result = cli("info", make(tmp_path))
+    assert result.code == 2 and message in result.stderr

@@ -1,0 +1,210 @@
+"""The run directory: config.json, model.safetensors and a copy of the tokenizer. Saved atomically,
+validated completely before use, and never unpickled.
+
+A save writes every file to a temp path in the run directory first (fsynced), then renames them into
+place with config.json last: a crash while writing leaves the previous checkpoint as it was. A load
+checks the config (unknown keys, types, absurd sizes) before allocating anything, then the weight file's
+header against the shapes the config implies, the tokenizer against the vocabulary, and every tensor for
+non-finite values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tfcli import __version__
+from tfcli.errors import TfcliError
+from tfcli.fsutil import fsync_dir, fsync_file, prepare_output_dir, set_default_mode, temp_path_beside
+from tfcli.model.config import ModelConfig
+from tfcli.schema import JsonRecord
+from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
+
+if TYPE_CHECKING:
+    import torch
+
+    from tfcli.model.transformer import Transformer
+
+CHECKPOINT_FORMAT = 1
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+TIED_KEY = "lm_head.weight"
+
+
+@dataclasses.dataclass
+class RunConfig(JsonRecord):
+    """config.json of a run directory."""
+
+    format_version: int
+    model: ModelConfig
+    tokenizer_sha256: str
+    weights_bytes: int
+    tfcli_version: str = ""
+    training: dict[str, Any] | None = None  # the resolved training config, for runs that were trained
+    source: str | None = None  # where the weights came from (e.g. an imported GPT-2 folder)
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    model: Transformer
+    config: RunConfig
+    tokenizer: TextTokenizer
+    path: Path
+
+
+def _tensors_to_save(model: Transformer) -> dict[str, torch.Tensor]:
+    import torch
+
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        if name == TIED_KEY and model.config.tie_embeddings:
+            continue  # the same tensor as tok_emb.weight: saved once, re-tied on load
+        if not torch.isfinite(tensor).all():
+            raise TfcliError(f"tensor {name} holds non-finite values; not saving a broken checkpoint")
+        tensors[name] = tensor.detach().to("cpu").contiguous()
+    return tensors
+
+
+def save_checkpoint(
+    run_dir: Path,
+    model: Transformer,
+    tokenizer: TextTokenizer,
+    *,
+    training: dict[str, Any] | None = None,
+    source: str | None = None,
+) -> RunConfig:
+    """Write RUN/config.json, RUN/model.safetensors and RUN/tokenizer.json (+ tokenizer_config.json)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise TfcliError(f"the tokenizer has {tokenizer.vocab_size:,} tokens but the model {model.config.vocab_size:,}")
+    run_dir = prepare_output_dir(Path(run_dir), "run")
+    staged: list[tuple[Path, Path]] = []  # (temp, final), renamed in this order
+    try:
+        weights_tmp = temp_path_beside(run_dir / WEIGHTS_FILE)
+        save_file(_tensors_to_save(model), str(weights_tmp), metadata={"format": "pt"})
+        set_default_mode(weights_tmp)  # safetensors writes a private file of its own
+        fsync_file(weights_tmp)
+        staged.append((weights_tmp, run_dir / WEIGHTS_FILE))
+        for name, origin in ((TOKENIZER_FILE, tokenizer.path), (TOKENIZER_CONFIG_FILE, tokenizer.path.parent / TOKENIZER_CONFIG_FILE)):
+            if origin.is_file() and origin.resolve() != (run_dir / name).resolve():
+                copy_tmp = temp_path_beside(run_dir / name)
+                shutil.copyfile(origin, copy_tmp)
+                fsync_file(copy_tmp)
+                staged.append((copy_tmp, run_dir / name))
+        config = RunConfig(
+            format_version=CHECKPOINT_FORMAT,
+            model=model.config,
+            tokenizer_sha256=tokenizer.sha256,
+            weights_bytes=weights_tmp.stat().st_size,
+            tfcli_version=__version__,
+            training=training,
+            source=source,
+        )
+        config_tmp = temp_path_beside(run_dir / CONFIG_FILE)
+        config_tmp.write_text(json.dumps(config.to_json(), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        fsync_file(config_tmp)
+        staged.append((config_tmp, run_dir / CONFIG_FILE))
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        for leftover in run_dir.glob(".*.tmp"):
+            leftover.unlink(missing_ok=True)
+        raise
+    for tmp, final in staged:
+        os.replace(tmp, final)
+    fsync_dir(run_dir)
+    return config
+
+
+def _refuse_pickle(path: Path) -> None:
+    if path.suffix in PICKLE_SUFFIXES:
+        raise TfcliError(
+            f"{path} is a pickle file; tfcli never loads pickle (it can run arbitrary code)",
+            hint="convert it to safetensors with a tool you trust, or import a GPT-2 folder with `tfcli import`",
+        )
+
+
+def read_run_config(run_dir: Path) -> RunConfig:
+    """Validate and return RUN/config.json without touching the weights."""
+    run_dir = Path(run_dir)
+    if run_dir.is_file():
+        _refuse_pickle(run_dir)
+        raise TfcliError(f"{run_dir} is a file, not a run directory", hint="pass the folder that holds config.json")
+    if not run_dir.is_dir():
+        raise TfcliError(f"run directory {run_dir} does not exist", hint="train one with `tfcli train pretrain` or import one with `tfcli import`")
+    if not (run_dir / WEIGHTS_FILE).is_file():
+        pickles = sorted(p.name for p in run_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
+        if pickles:
+            _refuse_pickle(run_dir / pickles[0])
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise TfcliError(f"{run_dir} has no {CONFIG_FILE}; it is not a tfcli run directory", hint="for a Hugging Face GPT-2 folder use `tfcli import`")
+    config = RunConfig.load(run_dir / CONFIG_FILE)
+    if config.format_version != CHECKPOINT_FORMAT:
+        raise TfcliError(f"{run_dir / CONFIG_FILE} has checkpoint format {config.format_version}; this tfcli reads {CHECKPOINT_FORMAT}")
+    return config
+
+
+def load_checkpoint(run_dir: Path, device: str = "cpu") -> Checkpoint:
+    """Load a run directory, checking everything before the model is used."""
+    import torch
+    from safetensors import SafetensorError, safe_open
+
+    from tfcli.model.transformer import Transformer
+
+    run_dir = Path(run_dir)
+    config = read_run_config(run_dir)
+    weights = run_dir / WEIGHTS_FILE
+    if not weights.is_file():
+        raise TfcliError(f"{run_dir} has no {WEIGHTS_FILE}")
+    size = weights.stat().st_size
+    if size != config.weights_bytes:
+        raise TfcliError(f"{weights} holds {size:,} bytes but {CONFIG_FILE} expects {config.weights_bytes:,}",
+                         hint="the checkpoint is truncated or from another save; use an intact run directory")
+
+    tokenizer = TextTokenizer.load(run_dir / TOKENIZER_FILE)
+    if tokenizer.vocab_size != config.model.vocab_size:
+        raise TfcliError(f"{run_dir / TOKENIZER_FILE} has {tokenizer.vocab_size:,} tokens but the model's vocabulary is {config.model.vocab_size:,}",
+                         hint="use the tokenizer the model was trained with")
+    if tokenizer.sha256 != config.tokenizer_sha256:
+        raise TfcliError(f"{run_dir / TOKENIZER_FILE} is not the tokenizer this model was saved with (sha256 differs)",
+                         hint="restore the run's own tokenizer.json")
+
+    with torch.device("meta"):
+        expected = {name: tuple(t.shape) for name, t in Transformer(config.model).state_dict().items()}
+    if config.model.tie_embeddings:
+        expected.pop(TIED_KEY, None)
+    try:
+        with safe_open(str(weights), framework="pt") as handle:
+            names = set(handle.keys())
+            missing = sorted(set(expected) - names)
+            unexpected = sorted(names - set(expected))
+            if missing:
+                raise TfcliError(f"{weights} lacks the tensor {missing[0]} (and {len(missing) - 1} more)" if len(missing) > 1 else f"{weights} lacks the tensor {missing[0]}")
+            if unexpected:
+                raise TfcliError(f"{weights} holds an unexpected tensor {unexpected[0]}", hint="the weights do not belong to this config")
+            for name in sorted(names):
+                shape = tuple(handle.get_slice(name).get_shape())
+                if shape != expected[name]:
+                    raise TfcliError(f"tensor {name} has shape {list(shape)} but the config implies {list(expected[name])}")
+            tensors = {name: handle.get_tensor(name) for name in sorted(names)}
+    except SafetensorError as exc:
+        raise TfcliError(f"{weights} is not a valid safetensors file ({exc})", hint="the file is truncated or corrupted") from exc
+    for name, tensor in tensors.items():
+        if not tensor.is_floating_point():
+            raise TfcliError(f"tensor {name} has dtype {tensor.dtype}, not a floating-point type")
+        if not torch.isfinite(tensor).all():
+            raise TfcliError(f"tensor {name} holds non-finite values (NaN or infinity)", hint="use an earlier checkpoint")
+    if config.model.tie_embeddings:
+        tensors[TIED_KEY] = tensors["tok_emb.weight"]
+    model = Transformer(config.model)
+    model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()}, strict=True)
+    if config.model.tie_embeddings:
+        model.lm_head.weight = model.tok_emb.weight
+    return Checkpoint(model=model.to(device).eval(), config=config, tokenizer=tokenizer, path=run_dir)

@@ -1,0 +1,58 @@
+"""`tfcli info RUN`: a run directory's model, parameters, memory, KV-cache cost, tokenizer and history."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tfcli.cli.common import JsonFlag, human_bytes, print_json, stdout_console
+
+
+def info(
+    run: Annotated[Path, typer.Argument(help="A run directory (config.json, model.safetensors, tokenizer.json).", show_default=False)],
+    json_output: JsonFlag = False,
+) -> None:
+    """Describe a run directory without loading its weights.
+
+    Shows the config, parameters by part, weight memory in fp32 and bf16, the KV-cache bytes per
+    generated token (grouped- and multi-query attention shrink it), the tokenizer and the training history.
+
+    Example: tfcli info runs/gpt2
+    """
+    from rich.table import Table
+
+    from tfcli.info import run_info
+
+    data = run_info(run)
+    if json_output:
+        print_json(data)
+        return
+    console = stdout_console()
+    model = data["model"]
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("run", data["run"] + (f"  (from {data['source']})" if data["source"] else ""))
+    layers = str(model["n_layers"]) + (f" + {model['n_decoder_layers'] or model['n_layers']} decoder" if model["arch"] == "encoder-decoder" else "")
+    table.add_row("model", f"{model['arch']}, {layers} layers, d_model {model['d_model']}, {model['n_heads']} heads "
+                           f"({model['n_kv_heads'] or model['n_heads']} kv), context {model['block_size']}")
+    table.add_row("options", f"{model['positions']} positions, {model['norm_placement']}-{model['norm']}, {model['activation']}, "
+                             f"bias {'on' if model['bias'] else 'off'}, embeddings {'tied' if model['tie_embeddings'] else 'untied'}")
+    params = data["parameters"]
+    parts = ", ".join(f"{name} {params[name]:,}" for name in ("embeddings", "attention", "mlp", "norms", "heads") if params[name])
+    table.add_row("parameters", f"{params['total']:,} ({parts})")
+    weights = data["weights_bytes"]
+    table.add_row("weights", f"{human_bytes(weights['fp32'])} fp32, {human_bytes(weights['bf16'])} bf16")
+    kv = data["kv_cache_bytes_per_token"]
+    if kv["bf16"]:
+        saving = f", {kv['multi_head_equivalent_bf16'] // kv['bf16']}x less than multi-head" if kv["kv_heads"] < kv["query_heads"] else ""
+        table.add_row("KV cache", f"{human_bytes(kv['bf16'])} per token bf16 ({human_bytes(kv['fp32'])} fp32; {kv['kv_heads']} kv heads{saving})")
+    tok = data["tokenizer"]
+    table.add_row("tokenizer", f"{tok['vocab_size']:,} tokens, {tok['pre_tokenizer']}, specials {' '.join(tok['special_tokens'].values())}")
+    history = data["history"]
+    if history:
+        table.add_row("history", f"{history['records']} records, steps {history['first_step']}..{history['last_step']}, "
+                                 f"last loss {history['last_loss']}, best val loss {history['best_val_loss']}")
+    console.print(table)

@@ -1,0 +1,74 @@
+"""`tfcli info`: what a run directory holds, from its config and tokenizer (the weights are not loaded)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tfcli.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, read_run_config
+from tfcli.tokenizer.core import TextTokenizer
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def run_info(run_dir: Path) -> dict[str, Any]:
+    """Config, parameters by part, memory, KV-cache cost per token, tokenizer and training history."""
+    run_dir = Path(run_dir)
+    config = read_run_config(run_dir)
+    model = config.model
+    counts = model.parameter_counts()
+    total = sum(counts.values())
+    tokenizer = TextTokenizer.load(run_dir / TOKENIZER_FILE)
+    info: dict[str, Any] = {
+        "run": str(run_dir),
+        "model": model.to_json(),
+        "parameters": {"total": total, **counts},
+        "weights_bytes": {"fp32": total * 4, "bf16": total * 2, "file": (run_dir / WEIGHTS_FILE).stat().st_size if (run_dir / WEIGHTS_FILE).is_file() else 0},
+        "kv_cache_bytes_per_token": {
+            "fp32": model.kv_cache_bytes_per_token(4),
+            "bf16": model.kv_cache_bytes_per_token(2),
+            "multi_head_equivalent_bf16": 2 * model.decoder_layers * model.n_heads * model.head_dim * 2 if model.has_decoder else 0,
+            "kv_heads": model.kv_heads,
+            "query_heads": model.n_heads,
+        },
+        "tokenizer": {
+            "vocab_size": tokenizer.vocab_size,
+            "pre_tokenizer": tokenizer.pre_tokenizer_kind,
+            "special_tokens": {role: tokenizer.hf.id_to_token(i) for role, i in tokenizer.special_ids.items()},
+            "sha256": tokenizer.sha256,
+        },
+        "source": config.source,
+        "tfcli_version": config.tfcli_version,
+        "training": config.training,
+        "history": training_history(run_dir / METRICS_FILE),
+    }
+    return info
+
+
+def training_history(path: Path) -> dict[str, Any] | None:
+    """A summary of metrics.jsonl: steps logged, the first and last step, last and best losses."""
+    if not path.is_file():
+        return None
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            line = line.strip()
+            if line:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    if not records:
+        return None
+    steps = [r.get("step") for r in records if isinstance(r.get("step"), int)]
+    train = [r["loss"] for r in records if isinstance(r.get("loss"), (int, float))]
+    val = [r["val_loss"] for r in records if isinstance(r.get("val_loss"), (int, float))]
+    return {
+        "records": len(records),
+        "first_step": min(steps) if steps else None,
+        "last_step": max(steps) if steps else None,
+        "last_loss": train[-1] if train else None,
+        "best_val_loss": min(val) if val else None,
+        "tokens_seen": max((r.get("tokens", 0) for r in records if isinstance(r.get("tokens"), int)), default=None),
+    }
