@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tfcli import __version__
-from tfcli.cli import bench, info, quickstart, tokenize
+from tfcli.cli import bench, hf, info, quickstart, tokenize
 from tfcli.cli.common import print_error, state
 
 app = typer.Typer(
@@ -24,6 +24,8 @@ app = typer.Typer(
 app.add_typer(tokenize.app, name="tokenize")
 app.add_typer(bench.app, name="bench")
 app.command("info")(info.info)
+app.command("export")(hf.export)
+app.command("import")(hf.import_)
 app.command("quickstart")(quickstart.quickstart)
 
 

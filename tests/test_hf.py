@@ -1,0 +1,116 @@
+"""GPT-2 interop: exported runs load in transformers with equal logits, and GPT-2 folders import into
+run directories with equal logits (random models built locally; no network)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from tfcli.checkpoint import load_checkpoint, save_checkpoint
+from tfcli.model.config import ModelConfig
+from tfcli.model.transformer import Transformer
+from tfcli.tokenizer.core import TextTokenizer
+
+transformers = pytest.importorskip("transformers")
+
+
+def _gpt2_shaped(vocab: int, **overrides) -> ModelConfig:
+    base = dict(vocab_size=vocab, block_size=32, n_layers=2, n_heads=4, d_model=32, activation="gelu_tanh")
+    return ModelConfig(**{**base, **overrides})
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(tie_embeddings=False, activation="relu", d_ff=48)])
+def test_export_loads_in_transformers_with_equal_logits(cli, tmp_path, trained_tokenizer, overrides):
+    tokenizer = TextTokenizer.load(trained_tokenizer)
+    torch.manual_seed(0)
+    model = Transformer(_gpt2_shaped(tokenizer.vocab_size, **overrides)).eval()
+    with torch.no_grad():  # non-zero biases and norms, so a wrong mapping cannot hide
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    save_checkpoint(tmp_path / "run", model, tokenizer)
+    result = cli("export", tmp_path / "run", "--to", "hf", "-o", tmp_path / "hf")
+    assert result.code == 0, result.stderr
+    hf = transformers.GPT2LMHeadModel.from_pretrained(str(tmp_path / "hf")).eval()
+    ids = torch.randint(0, tokenizer.vocab_size, (3, 20))
+    with torch.no_grad():
+        assert (hf(ids).logits - model(ids).logits).abs().max().item() < 1e-4
+    auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    assert auto("the fox", add_special_tokens=False)["input_ids"] == tokenizer.encode("the fox")
+
+
+@pytest.mark.parametrize("overrides, option", [
+    (dict(positions="rotary"), "positions 'rotary'"), (dict(n_kv_heads=2), "n_kv_heads 2"),
+    (dict(norm_placement="post"), "norm_placement 'post'"), (dict(activation="swiglu"), "activation 'swiglu'"),
+    (dict(arch="encoder"), "arch 'encoder'"), (dict(bias=False), "bias false"), (dict(norm="rmsnorm"), "norm 'rmsnorm'"),
+])
+def test_export_refuses_options_gpt2_cannot_express(cli, tmp_path, trained_tokenizer, overrides, option):
+    tokenizer = TextTokenizer.load(trained_tokenizer)
+    save_checkpoint(tmp_path / "run", Transformer(_gpt2_shaped(tokenizer.vocab_size, **overrides)), tokenizer)
+    result = cli("export", tmp_path / "run", "-o", tmp_path / "hf")
+    assert result.code == 2 and option in result.stderr
+    assert not (tmp_path / "hf" / "model.safetensors").exists()
+
+
+def _hub_style_gpt2(folder, trained_tokenizer, vocab, prefix: bool, **config):
+    torch.manual_seed(1)
+    hf_config = transformers.GPT2Config(vocab_size=vocab, n_positions=40, n_embd=48, n_layer=3, n_head=4, **config)
+    model = transformers.GPT2LMHeadModel(hf_config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or ".ln_" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(str(folder), safe_serialization=True)
+    if not prefix:  # the hub's own gpt2 files name GPT2Model's tensors, without "transformer."
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(folder / "model.safetensors"))
+        save_file({k.removeprefix("transformer."): v for k, v in tensors.items()}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(trained_tokenizer / "tokenizer.json", folder / "tokenizer.json")
+    return model
+
+
+@pytest.mark.parametrize("prefix", [True, False])
+def test_import_gives_transformers_logits(cli, tmp_path, trained_tokenizer, prefix):
+    vocab = TextTokenizer.load(trained_tokenizer).vocab_size
+    hf = _hub_style_gpt2(tmp_path / "gpt2", trained_tokenizer, vocab, prefix)
+    result = cli("import", tmp_path / "gpt2", "-o", tmp_path / "run")
+    assert result.code == 0, result.stderr
+    ours = load_checkpoint(tmp_path / "run")
+    assert ours.config.model.n_layers == 3 and ours.config.model.activation == "gelu_tanh"
+    ids = torch.randint(0, vocab, (2, 25))
+    with torch.no_grad():
+        assert (hf(ids).logits - ours.model(ids).logits).abs().max().item() < 1e-4
+
+
+def test_import_builds_the_tokenizer_from_vocab_and_merges(tmp_path, trained_tokenizer):
+    from tfcli.hf import import_gpt2
+
+    tokenizer = TextTokenizer.load(trained_tokenizer)
+    _hub_style_gpt2(tmp_path / "gpt2", trained_tokenizer, tokenizer.vocab_size, True)
+    spec = json.loads((trained_tokenizer / "tokenizer.json").read_text())
+    (tmp_path / "gpt2" / "tokenizer.json").unlink()
+    (tmp_path / "gpt2" / "vocab.json").write_text(json.dumps(spec["model"]["vocab"]))
+    (tmp_path / "gpt2" / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) if isinstance(m, list) else m for m in spec["model"]["merges"]) + "\n")
+    import_gpt2(tmp_path / "gpt2", tmp_path / "run")
+    imported = TextTokenizer.load(tmp_path / "run")
+    assert imported.encode("The fox was happy.") == tokenizer.encode("The fox was happy.")
+
+
+def test_import_bad_folders(cli, tmp_path, trained_tokenizer):
+    (tmp_path / "empty").mkdir()
+    result = cli("import", tmp_path / "empty", "-o", tmp_path / "run")
+    assert result.code == 2 and "has no config.json" in result.stderr
+    vocab = TextTokenizer.load(trained_tokenizer).vocab_size
+    _hub_style_gpt2(tmp_path / "gpt2", trained_tokenizer, vocab, True)
+    (tmp_path / "gpt2" / "model.safetensors").rename(tmp_path / "gpt2" / "pytorch_model.bin")
+    result = cli("import", tmp_path / "gpt2", "-o", tmp_path / "run")
+    assert result.code == 2 and "pickle" in result.stderr
+    config = json.loads((tmp_path / "gpt2" / "config.json").read_text())
+    config["model_type"] = "llama"
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps(config))
+    result = cli("import", tmp_path / "gpt2", "-o", tmp_path / "run")
+    assert result.code == 2 and "not gpt2" in result.stderr
