@@ -25,3 +25,22 @@ def test_bench_tokenize_reports_every_job(cli, tmp_path):
 def test_bench_bad_options(cli):
     assert cli("bench", "tokenize", "--size-mb", "0").code == 2
     assert cli("bench", "tokenize", "--repeat", "0", "--size-mb", "0.1").code == 2
+
+
+def test_bench_model_compares_with_transformers(cli):
+    import pytest
+
+    pytest.importorskip("transformers")
+    result = cli("bench", "model", "--preset", "tiny", "--batch", "2", "--length", "16", "--steps", "1", "--json")
+    assert result.code == 0, result.stderr
+    data = json.loads(result.stdout)
+    ours, theirs = data["results"]
+    assert ours["implementation"] == "tfcli" and theirs["implementation"] == "transformers"
+    assert ours["parameters"] == theirs["parameters"]  # the same shape on both sides
+    assert abs(ours["loss"] - theirs["loss"]) < 0.5  # both near ln(vocab) at initialisation
+    assert data["time_ratio"] > 0
+
+
+def test_bench_model_bad_options(cli):
+    assert "cannot be built as GPT-2" in cli("bench", "model", "--preset", "bert-base").stderr
+    assert "longer than tiny's block size" in cli("bench", "model", "--preset", "tiny", "--length", "999").stderr

@@ -11,12 +11,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from tfcli.bench.common import peak_rss_mb, run_worker
 from tfcli.errors import TfcliError
 
 BENCH_VOCAB_SIZE = 8192
@@ -95,10 +94,6 @@ def synthesize_corpus(source: Path, out_dir: Path, size_mb: float, seed: int = 0
     return files
 
 
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
 def _job(job: str, files: list[Path], work: Path) -> Measurement:
     """One measurement, run inside the worker subprocess."""
     total = sum(f.stat().st_size for f in files)
@@ -117,7 +112,7 @@ def _job(job: str, files: list[Path], work: Path) -> Measurement:
         )
         tokenizer.train([str(f) for f in files], trainer)
         tokenizer.save(str(work / "raw-tokenizer.json"))
-        return Measurement(job, time.perf_counter() - started, _peak_rss_mb(), total)
+        return Measurement(job, time.perf_counter() - started, peak_rss_mb(), total)
     if job == "train_tfcli":
         from tfcli.data.corpus import resolve_corpus
         from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
@@ -125,7 +120,7 @@ def _job(job: str, files: list[Path], work: Path) -> Measurement:
         started = time.perf_counter()
         config = TokenizerTrainingConfig(vocab_size=BENCH_VOCAB_SIZE, min_frequency=BENCH_MIN_FREQUENCY)
         train_tokenizer(resolve_corpus(files), work / "tfcli-tokenizer", config)
-        return Measurement(job, time.perf_counter() - started, _peak_rss_mb(), total)
+        return Measurement(job, time.perf_counter() - started, peak_rss_mb(), total)
     if job == "encode_raw":
         from tokenizers import Tokenizer
 
@@ -138,7 +133,7 @@ def _job(job: str, files: list[Path], work: Path) -> Measurement:
         tokens = 0
         for batch in batches:
             tokens += sum(len(e.ids) for e in tokenizer.encode_batch(batch, add_special_tokens=False))
-        return Measurement(job, time.perf_counter() - started, _peak_rss_mb(), total, tokens)
+        return Measurement(job, time.perf_counter() - started, peak_rss_mb(), total, tokens)
     if job == "encode_tfcli":
         from tfcli.data.corpus import resolve_corpus
         from tfcli.data.shards import encode_corpus
@@ -147,16 +142,12 @@ def _job(job: str, files: list[Path], work: Path) -> Measurement:
         started = time.perf_counter()
         tokenizer = TextTokenizer.load(work / "tfcli-tokenizer" / "tokenizer.json")
         meta = encode_corpus(resolve_corpus(files), tokenizer, work / "shards", val_fraction=0.01)
-        return Measurement(job, time.perf_counter() - started, _peak_rss_mb(), total, meta.train_tokens + meta.val_tokens)
+        return Measurement(job, time.perf_counter() - started, peak_rss_mb(), total, meta.train_tokens + meta.val_tokens)
     raise ValueError(f"unknown bench job {job}")
 
 
 def _run_job(job: str, files: list[Path], work: Path) -> Measurement:
-    command = [sys.executable, "-m", "tfcli.bench.tokenize", job, str(work), *map(str, files)]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"bench job {job} failed:\n{done.stderr[-2000:]}")
-    return Measurement(**json.loads(done.stdout.strip().splitlines()[-1]))
+    return Measurement(**run_worker("tfcli.bench.tokenize", [job, str(work), *map(str, files)]))
 
 
 def run_tokenize_bench(

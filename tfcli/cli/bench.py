@@ -69,3 +69,60 @@ def tokenize(
     console_out.print(f"train time ratio tfcli/raw: {result.train_ratio:.3f} (target <= 1.10: {train_ok})")
     console_out.print(f"encode throughput ratio tfcli/raw: {result.encode_ratio:.3f} (target >= 0.90: {encode_ok})")
     console_out.print(f"encode peak RSS: {result.encode_tfcli.peak_rss_mb:.0f} MB (target < 500 MB: {rss_ok})")
+
+
+@app.command("model")
+def model(
+    preset: Annotated[str, typer.Option(help="The model shape (a preset name).")] = "gpt2-small",
+    batch: Annotated[int, typer.Option(help="Sequences per step.")] = 4,
+    length: Annotated[int, typer.Option(help="Tokens per sequence.")] = 256,
+    steps: Annotated[int, typer.Option(help="Timed steps per implementation (best kept), after one warm-up step.")] = 3,
+    json_output: JsonFlag = False,
+) -> None:
+    """Time one training step (forward + backward, fp32 on CPU) of tfcli's model beside transformers' GPT-2.
+
+    Both build the same shape from the preset (which must be GPT-2-expressible), each in its own
+    process; the table gives seconds per step and peak memory. Target: tfcli <= 0.8x the time.
+
+    Example: tfcli bench model --preset gpt2-small --batch 4 --length 256
+    """
+    import os
+
+    from tfcli.bench.model import run_model_bench
+    from tfcli.errors import TfcliError
+    from tfcli.hf import gpt2_incompatibility
+    from tfcli.model.config import preset as make_preset
+
+    shape = make_preset(preset)
+    problem = gpt2_incompatibility(shape)
+    if problem:
+        raise TfcliError(f"preset {preset!r} cannot be built as GPT-2: {problem}", hint="use a decoder preset such as gpt2-small or tiny")
+    if min(batch, length, steps) < 1:
+        raise TfcliError("--batch, --length and --steps must be at least 1")
+    if length > shape.block_size:
+        raise TfcliError(f"--length {length} is longer than {preset}'s block size ({shape.block_size})", hint=f"pass --length {shape.block_size} or less")
+    try:
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise TfcliError("bench model compares against transformers, which is not installed", hint="pip install transformers") from exc
+    with stderr_console().status(f"benchmarking {preset} at {batch} x {length}"):
+        results = run_model_bench(preset, batch, length, steps)
+    ours, theirs = results
+    ratio = ours.seconds_per_step / theirs.seconds_per_step
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    if json_output:
+        print_json({"machine": machine, "preset": preset, "batch": batch, "length": length,
+                    "results": [r.__dict__ for r in results], "time_ratio": round(ratio, 4),
+                    "memory_ratio": round(ours.peak_rss_mb / theirs.peak_rss_mb, 4)})
+        return
+    from rich.table import Table
+
+    table = Table(title=f"{preset}, batch {batch} x {length} tokens, forward + backward, fp32; {machine}")
+    for column in ("implementation", "s / step", "peak RSS", "parameters"):
+        table.add_column(column, justify="left" if column == "implementation" else "right")
+    for r in results:
+        table.add_row(r.implementation, f"{r.seconds_per_step:.3f}", f"{r.peak_rss_mb:,.0f} MB", f"{r.parameters:,}")
+    console = stdout_console()
+    console.print(table)
+    console.print(f"time ratio tfcli/transformers: {ratio:.3f} (target <= 0.80: {'ok' if ratio <= 0.8 else 'MISSED'})")
+    console.print(f"peak memory ratio tfcli/transformers: {ours.peak_rss_mb / theirs.peak_rss_mb:.3f} (target <= 1.00)")

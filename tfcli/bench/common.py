@@ -1,0 +1,20 @@
+"""What every benchmark shares: each measurement runs in a fresh subprocess with its own peak RSS."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def run_worker(module: str, args: list[str]) -> dict:
+    """Run `python -m MODULE ARGS...`, whose last stdout line is a JSON object, and return it."""
+    done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench job {module} {' '.join(args[:1])} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

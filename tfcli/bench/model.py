@@ -1,0 +1,78 @@
+"""`tfcli bench model`: one training step (forward + backward) of a model shape, tfcli's Transformer beside
+transformers' GPT2LMHeadModel of the same shape and dtype, each in its own process (time and peak RSS)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+
+from tfcli.bench.common import peak_rss_mb, run_worker
+
+
+@dataclasses.dataclass
+class StepMeasurement:
+    implementation: str
+    seconds_per_step: float
+    peak_rss_mb: float
+    parameters: int
+    loss: float
+
+
+def _step_job(implementation: str, preset_name: str, batch: int, length: int, steps: int, threads: int) -> StepMeasurement:
+    import torch
+    import torch.nn.functional as F
+
+    from tfcli.model.config import preset
+
+    torch.manual_seed(0)
+    if threads:
+        torch.set_num_threads(threads)
+    config = preset(preset_name)
+    ids = torch.randint(0, config.vocab_size, (batch, length + 1))
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    if implementation == "tfcli":
+        from tfcli.model.transformer import Transformer
+
+        model = Transformer(config).train()
+
+        def step() -> torch.Tensor:
+            logits = model(inputs).logits
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    else:
+        import transformers
+
+        from tfcli.hf import gpt2_config
+
+        hf_config = transformers.GPT2Config(**{k: v for k, v in gpt2_config(config, 0).items() if k not in ("architectures", "model_type")})
+        model = transformers.GPT2LMHeadModel(hf_config).train()
+
+        def step() -> torch.Tensor:
+            return model(inputs, labels=inputs).loss  # transformers shifts the labels itself
+    parameters = sum(p.numel() for p in model.parameters())
+    times = []
+    loss = 0.0
+    for i in range(steps + 1):  # the first step warms up allocators and kernels; it is not counted
+        started = time.perf_counter()
+        out = step()
+        out.backward()
+        model.zero_grad(set_to_none=True)
+        if i:
+            times.append(time.perf_counter() - started)
+        loss = out.item()
+    return StepMeasurement(implementation, min(times), peak_rss_mb(), parameters, loss)
+
+
+def run_model_bench(preset_name: str = "gpt2-small", batch: int = 4, length: int = 256, steps: int = 3, threads: int = 0) -> list[StepMeasurement]:
+    results = []
+    for implementation in ("tfcli", "transformers"):
+        args = [implementation, preset_name, str(batch), str(length), str(steps), str(threads)]
+        results.append(StepMeasurement(**run_worker("tfcli.bench.model", args)))
+    return results
+
+
+if __name__ == "__main__":
+    name, preset_arg, batch_arg, length_arg, steps_arg, threads_arg = sys.argv[1:]
+    measured = _step_job(name, preset_arg, int(batch_arg), int(length_arg), int(steps_arg), int(threads_arg))
+    print(json.dumps(dataclasses.asdict(measured)))
