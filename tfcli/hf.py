@@ -40,22 +40,23 @@ def gpt2_incompatibility(config: ModelConfig) -> str | None:
     return next((message for ok, message in checks if not ok), None)
 
 
+# (our sublayer, GPT-2's sublayer, stored as Conv1D: weight transposed); each has a weight and a bias.
+_BLOCK_SUBLAYERS = [
+    ("attn_norm", "ln_1", False),
+    ("attn.qkv", "attn.c_attn", True),
+    ("attn.out", "attn.c_proj", True),
+    ("mlp_norm", "ln_2", False),
+    ("mlp.fc", "mlp.c_fc", True),
+    ("mlp.proj", "mlp.c_proj", True),
+]
+
+
 def _layer_names(i: int) -> list[tuple[str, str, bool]]:
     """(our name, GPT-2 name, transposed) for block i."""
-    ours, theirs = f"decoder.blocks.{i}", f"transformer.h.{i}"
     return [
-        (f"{ours}.attn_norm.weight", f"{theirs}.ln_1.weight", False),
-        (f"{ours}.attn_norm.bias", f"{theirs}.ln_1.bias", False),
-        (f"{ours}.attn.qkv.weight", f"{theirs}.attn.c_attn.weight", True),
-        (f"{ours}.attn.qkv.bias", f"{theirs}.attn.c_attn.bias", False),
-        (f"{ours}.attn.out.weight", f"{theirs}.attn.c_proj.weight", True),
-        (f"{ours}.attn.out.bias", f"{theirs}.attn.c_proj.bias", False),
-        (f"{ours}.mlp_norm.weight", f"{theirs}.ln_2.weight", False),
-        (f"{ours}.mlp_norm.bias", f"{theirs}.ln_2.bias", False),
-        (f"{ours}.mlp.fc.weight", f"{theirs}.mlp.c_fc.weight", True),
-        (f"{ours}.mlp.fc.bias", f"{theirs}.mlp.c_fc.bias", False),
-        (f"{ours}.mlp.proj.weight", f"{theirs}.mlp.c_proj.weight", True),
-        (f"{ours}.mlp.proj.bias", f"{theirs}.mlp.c_proj.bias", False),
+        (f"decoder.blocks.{i}.{ours}.{kind}", f"transformer.h.{i}.{theirs}.{kind}", conv1d and kind == "weight")
+        for ours, theirs, conv1d in _BLOCK_SUBLAYERS
+        for kind in ("weight", "bias")
     ]
 
 

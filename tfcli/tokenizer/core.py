@@ -67,7 +67,7 @@ class TextTokenizer:
             raw = path.read_bytes()
             text = raw.decode("utf-8")
             hf = Tokenizer.from_str(text)
-        except (OSError, UnicodeDecodeError, Exception) as exc:  # the library raises plain Exception on bad JSON
+        except Exception as exc:  # OSError, UnicodeDecodeError, and the plain Exception tokenizers raises on bad JSON
             first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise TfcliError(f"{path} is not a tokenizer.json ({first_line})", hint="pass a file written by `tfcli tokenize train` or a Hugging Face tokenizer.json") from exc
         vocab_size = hf.get_vocab_size(with_added_tokens=True)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from tfcli.data.corpus import Corpus, ReadStats, iter_line_blocks
+from tfcli.data.corpus import Corpus, ReadStats, iter_line_blocks, split_long
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json, atomic_write_text, prepare_output_dir
 from tfcli.tokenizer.core import MAX_VOCAB_SIZE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
@@ -203,8 +203,6 @@ def train_tokenizer(
 
 
 def _chunks(text: str, size: int = 1 << 16) -> list[str]:
-    from tfcli.data.corpus import split_long
-
     return split_long(text, size) if text else []
 
 
