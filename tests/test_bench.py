@@ -44,3 +44,23 @@ def test_bench_model_compares_with_transformers(cli):
 def test_bench_model_bad_options(cli):
     assert "cannot be built as GPT-2" in cli("bench", "model", "--preset", "bert-base").stderr
     assert "longer than tiny's block size" in cli("bench", "model", "--preset", "tiny", "--length", "999").stderr
+
+
+def test_bench_train_runs_both_loops_on_the_same_shape(cli):
+    import pytest
+
+    pytest.importorskip("transformers")
+    result = cli("bench", "train", "--presets", "tiny", "--batch", "2", "--steps", "1", "--json")
+    assert result.code == 0, result.stderr
+    data = json.loads(result.stdout)
+    ours, theirs = data["results"]
+    assert (ours["implementation"], theirs["implementation"]) == ("tfcli", "transformers")
+    assert ours["parameters"] == theirs["parameters"]
+    assert all(r["tokens_per_sec"] > 0 and 0 < r["mfu"] < 1 and r["peak_flops"] > 0 for r in (ours, theirs))
+    assert data["throughput_ratio"]["tiny"] > 0
+
+
+def test_bench_train_bad_options(cli):
+    assert "cannot be built as GPT-2" in cli("bench", "train", "--presets", "bert-base").stderr
+    assert cli("bench", "train", "--presets", ",").code == 2
+    assert cli("bench", "train", "--device", "tpu").code == 2

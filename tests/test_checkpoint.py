@@ -37,7 +37,8 @@ def run(tmp_path, tokenizer):
 
 
 @pytest.mark.parametrize("overrides", [{}, dict(arch="encoder", n_classes=3), dict(arch="encoder-decoder", n_kv_heads=1),
-                                       dict(tie_embeddings=False, positions="rotary", activation="swiglu", norm="rmsnorm")])
+                                       dict(tie_embeddings=False, positions="rotary", activation="swiglu", norm="rmsnorm"),
+                                       dict(positions="sinusoidal", norm_placement="post")])
 def test_round_trip_gives_the_same_logits(tmp_path, tokenizer, overrides):
     model = _model(tokenizer, **overrides)
     save_checkpoint(tmp_path / "run", model, tokenizer, source="a test")
@@ -49,6 +50,7 @@ def test_round_trip_gives_the_same_logits(tmp_path, tokenizer, overrides):
     assert loaded.tokenizer.sha256 == tokenizer.sha256
     if model.config.tie_embeddings:
         assert loaded.model.lm_head.weight is loaded.model.tok_emb.weight
+    assert not any(t.is_meta for t in [*loaded.model.parameters(), *loaded.model.buffers()])
 
 
 def test_files_and_format(run):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from tests.conftest import SAMPLE_DATA
@@ -9,11 +11,15 @@ from tfcli.data.shards import load_shard_meta, open_shard
 from tfcli.tokenizer.core import TextTokenizer
 
 
+QUICK = ("--steps", "4", "--classifier-steps", "4")
+
+
 def test_quickstart_runs_the_chain_then_keeps_it(cli, tmp_path):
     out = tmp_path / "qs"
-    first = cli("quickstart", "-o", out, "--data", SAMPLE_DATA)
+    first = cli("quickstart", "-o", out, "--data", SAMPLE_DATA, *QUICK)
     assert first.code == 0, first.stderr
-    assert first.stdout.count("made ") == 2 and "next:" in first.stdout
+    assert first.stdout.count("made ") == 4 and "next:" in first.stdout
+    assert (out / "model" / "model.safetensors").is_file() and (out / "classifier" / "loss.png").is_file()
 
     tokenizer = TextTokenizer.load(out / "tokenizer")
     meta = load_shard_meta(out / "shards")
@@ -24,24 +30,48 @@ def test_quickstart_runs_the_chain_then_keeps_it(cli, tmp_path):
     assert tokenizer.decode(first_doc) in stories
 
     stamp = (out / "shards" / "train.bin").stat().st_mtime_ns
-    second = cli("quickstart", "-o", out, "--data", SAMPLE_DATA)
-    assert second.code == 0 and second.stdout.count("kept ") == 2
+    model_stamp = (out / "model" / "model.safetensors").stat().st_mtime_ns
+    second = cli("quickstart", "-o", out, "--data", SAMPLE_DATA, *QUICK)
+    assert second.code == 0 and second.stdout.count("kept ") == 4
     assert (out / "shards" / "train.bin").stat().st_mtime_ns == stamp
+    assert (out / "model" / "model.safetensors").stat().st_mtime_ns == model_stamp
 
-    forced = cli("quickstart", "-o", out, "--data", SAMPLE_DATA, "--force")
-    assert forced.code == 0 and forced.stdout.count("made ") == 2
+    forced = cli("quickstart", "-o", out, "--data", SAMPLE_DATA, "--force", *QUICK)
+    assert forced.code == 0 and forced.stdout.count("made ") == 4
     assert TextTokenizer.load(out / "tokenizer").sha256 == tokenizer.sha256  # training is deterministic
 
 
 def test_quickstart_remakes_shards_when_the_tokenizer_changed(cli, tmp_path):
     out = tmp_path / "qs"
-    assert cli("quickstart", "-o", out, "--data", SAMPLE_DATA).code == 0
+    assert cli("quickstart", "-o", out, "--data", SAMPLE_DATA, *QUICK).code == 0
     assert cli("tokenize", "train", SAMPLE_DATA / "corpus", "-o", out / "tokenizer", "--vocab-size", "600").code == 0
-    again = cli("quickstart", "-o", out, "--data", SAMPLE_DATA)
-    assert "kept tokenizer" in " ".join(again.stdout.split()) and "made shards" in " ".join(again.stdout.split())
+    again = cli("quickstart", "-o", out, "--data", SAMPLE_DATA, *QUICK)
+    said = " ".join(again.stdout.split())
+    assert "kept tokenizer" in said and "made shards" in said and "made model" in said and "made classifier" in said
     assert load_shard_meta(out / "shards").vocab_size == 600
+    assert json.loads((out / "model" / "config.json").read_text())["model"]["vocab_size"] == 600
 
 
 def test_quickstart_without_sample_data(cli, tmp_path):
     result = cli("quickstart", "-o", tmp_path / "qs", "--data", tmp_path / "nowhere")
     assert result.code == 2 and "no corpus/ folder" in result.stderr
+
+
+def test_quickstart_learns_the_stories_and_the_reviews(cli, tmp_path):
+    """Quality, on a shortened schedule: the decoder's validation loss ends well below the unigram
+    entropy of the shards, and the classifier well above the majority-class baseline."""
+    from tfcli.quickstart import majority_baseline
+    from tfcli.train.evaluate import unigram_entropy
+    from tfcli.train.state import read_metrics
+
+    out = tmp_path / "qs"
+    result = cli("quickstart", "-o", out, "--data", SAMPLE_DATA, "--steps", "60", "--classifier-steps", "150")
+    assert result.code == 0, result.stderr
+    val_loss = [r["val_loss"] for r in read_metrics(out / "model" / "metrics.jsonl") if "val_loss" in r][-1]
+    entropy = unigram_entropy(out / "shards")
+    assert val_loss < entropy - 1.0
+    accuracy = [r["val_accuracy"] for r in read_metrics(out / "classifier" / "metrics.jsonl") if "val_accuracy" in r][-1]
+    baseline = majority_baseline(out / "classifier")
+    assert 0.4 < baseline < 0.6 and accuracy > baseline + 0.25
+    said = " ".join(result.stdout.split())
+    assert f"{entropy:.3f}" in said and f"{val_loss:.3f}" in said and f"{baseline:.1%}" in said

@@ -14,6 +14,7 @@ import dataclasses
 import os
 import shutil
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tfcli import __version__
@@ -76,8 +77,11 @@ def save_checkpoint(
     *,
     training: dict[str, Any] | None = None,
     source: str | None = None,
+    before_commit: Callable[[Path], None] | None = None,
 ) -> RunConfig:
-    """Write RUN/config.json, RUN/model.safetensors and RUN/tokenizer.json (+ tokenizer_config.json)."""
+    """Write RUN/config.json, RUN/model.safetensors and RUN/tokenizer.json (+ tokenizer_config.json).
+    `before_commit(staged_weights_path)` runs once everything is staged and before anything is renamed
+    (the trainer records the weights' checksum there)."""
     import json
 
     from safetensors.torch import save_file
@@ -111,6 +115,8 @@ def save_checkpoint(
         config_tmp.write_text(json.dumps(config.to_json(), indent=2, allow_nan=False) + "\n", encoding="utf-8")
         fsync_file(config_tmp)
         staged.append((config_tmp, run_dir / CONFIG_FILE))
+        if before_commit is not None:
+            before_commit(weights_tmp)
     except BaseException:
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
@@ -201,10 +207,24 @@ def load_checkpoint(run_dir: Path, device: str = "cpu") -> Checkpoint:
             raise TfcliError(f"tensor {name} has dtype {tensor.dtype}, not a floating-point type")
         if not torch.isfinite(tensor).all():
             raise TfcliError(f"tensor {name} holds non-finite values (NaN or infinity)", hint="use an earlier checkpoint")
+    tensors = {k: v.to(torch.float32) for k, v in tensors.items()}
     if config.model.tie_embeddings:
         tensors[TIED_KEY] = tensors["tok_emb.weight"]
-    model = Transformer(config.model)
-    model.load_state_dict({k: v.to(torch.float32) for k, v in tensors.items()}, strict=True)
+    with torch.device("meta"):  # no memory and no random initialisation: the weights replace it all
+        model = Transformer(config.model)
+    model.load_state_dict(tensors, strict=True, assign=True)
     if config.model.tie_embeddings:
         model.lm_head.weight = model.tok_emb.weight
+    _rebuild_position_tables(model)
     return Checkpoint(model=model.to(device).eval(), config=config, tokenizer=tokenizer, path=run_dir)
+
+
+def _rebuild_position_tables(model: Transformer) -> None:
+    """The sinusoid and rotary tables are computed, not saved; a model built on the meta device needs them made."""
+    from tfcli.model.layers import RotaryEmbedding, sinusoidal_table
+
+    config = model.config
+    if config.positions == "sinusoidal":
+        model.sinusoid = sinusoidal_table(config.block_size, config.d_model)
+    elif config.positions == "rotary":
+        model.rotary = RotaryEmbedding(config.head_dim, config.block_size, config.rope_base)

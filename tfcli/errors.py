@@ -16,3 +16,13 @@ class TfcliError(Exception):
 
     def __str__(self) -> str:
         return f"{self.message}; {self.hint}" if self.hint else self.message
+
+
+class Interrupted(Exception):
+    """A run stopped by a signal after saving what it could. The CLI prints the message (not as an error)
+    and exits with `exit_code`: 130 for SIGINT (Ctrl-C), 143 for SIGTERM."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_code = exit_code

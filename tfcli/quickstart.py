@@ -1,7 +1,9 @@
-"""`tfcli quickstart`: the whole chain that exists so far, on sample_data/, into one folder.
+"""`tfcli quickstart`: the whole chain on sample_data/, into one folder: a tokenizer, shards, a tiny decoder
+pretrained on the stories, and a sentiment classifier fine-tuned from it on the reviews.
 
 Each step is skipped when its output is already there and consistent (so a second run is instant),
-unless `force` is set. It yields one `QuickstartStep` per step; the CLI renders them.
+unless `force` is set; an interrupted training step resumes. It yields one `QuickstartStep` per step
+(and the training loop's events while a model trains); the CLI renders them.
 """
 
 from __future__ import annotations
@@ -9,11 +11,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tfcli.errors import TfcliError
 
 QUICKSTART_VOCAB_SIZE = 2048
 QUICKSTART_VAL_FRACTION = 0.1
+PRETRAIN_STEPS = 400  # the tiny decoder, batch 32 x 128 tokens: about a minute on 2 CPU cores
+CLASSIFIER_STEPS = 200
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +39,8 @@ def find_sample_data(explicit: Path | None = None) -> Path:
     raise TfcliError(f"{where} has no corpus/ folder", hint="run from the tfcli source tree, or pass --data pointing at sample_data/")
 
 
-def run_quickstart(data_dir: Path, out_dir: Path, force: bool = False) -> Iterator[QuickstartStep]:
+def run_quickstart(data_dir: Path, out_dir: Path, force: bool = False, pretrain_steps: int = PRETRAIN_STEPS,
+                   classifier_steps: int = CLASSIFIER_STEPS, device: str = "auto") -> Iterator[Any]:
     from tfcli.data.corpus import resolve_corpus
     from tfcli.data.shards import encode_corpus, load_shard_meta
     from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
@@ -57,6 +63,73 @@ def run_quickstart(data_dir: Path, out_dir: Path, force: bool = False) -> Iterat
     else:
         meta = encode_corpus(corpus, tokenizer, shard_dir, val_fraction=QUICKSTART_VAL_FRACTION)
         yield QuickstartStep("shards", True, shard_dir, f"{meta.train_tokens:,} train / {meta.val_tokens:,} val tokens")
+
+    from tfcli.train.evaluate import unigram_entropy
+    from tfcli.train.job import finetune_job, pretrain_job
+
+    model_dir = out_dir / "model"
+    settings = {"max_steps": pretrain_steps, "batch_size": 32, "lr": 3e-3, "eval_every": max(pretrain_steps // 4, 1),
+                "save_every": max(pretrain_steps // 2, 1), "device": device}
+    made = yield from _train_step(model_dir, force, pretrain_steps, tokenizer.sha256, lambda resume: pretrain_job(
+        data=shard_dir, output=model_dir, arch="decoder", preset_name="tiny", config_file=None, sets=[], options=settings,
+        tokenizer_path=tokenizer_dir / TOKENIZER_FILE, resume=resume))
+    val_loss = _last_metric(model_dir, "val_loss")
+    entropy = unigram_entropy(shard_dir)
+    yield QuickstartStep("model", made, model_dir, f"validation loss {val_loss:.3f} nats per token; the unigram entropy of the shards is {entropy:.3f}")
+
+    classifier_dir = out_dir / "classifier"
+    reviews = data_dir / "reviews.jsonl"
+    settings = {"max_steps": classifier_steps, "batch_size": 32, "lr": 2e-3, "eval_every": max(classifier_steps // 2, 1),
+                "save_every": max(classifier_steps // 2, 1), "device": device}
+    made = yield from _train_step(classifier_dir, force or made, classifier_steps, tokenizer.sha256, lambda resume: finetune_job(
+        init_from=model_dir, task="classify", data=reviews, val_data=None, output=classifier_dir, config_file=None, sets=[],
+        options=settings, resume=resume))
+    accuracy = _last_metric(classifier_dir, "val_accuracy")
+    baseline = majority_baseline(classifier_dir)
+    yield QuickstartStep("classifier", made, classifier_dir, f"validation accuracy {accuracy:.1%}; always answering the most common label scores {baseline:.1%}")
+
+
+def _train_step(run_dir: Path, force: bool, steps: int, tokenizer_sha256: str, make_job) -> Iterator[Any]:
+    """Train into run_dir unless a finished run on this tokenizer is there; resume a run that was cut short.
+    Returns whether it trained."""
+    import shutil
+
+    from tfcli.checkpoint import read_run_config
+    from tfcli.train.loop import train
+
+    config = _existing(lambda: read_run_config(run_dir)) if run_dir.exists() else None
+    if force or config is None or config.tokenizer_sha256 != tokenizer_sha256:
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        job = make_job(False)
+    elif (config.training or {}).get("step") == steps and _last_metric(run_dir, "val_loss") is not None:
+        return False
+    else:
+        job = make_job(True)
+    yield from train(job)
+    return True
+
+
+def _last_metric(run_dir: Path, key: str) -> float | None:
+    from tfcli.train.state import METRICS_FILE, read_metrics
+
+    values = [r[key] for r in read_metrics(run_dir / METRICS_FILE) if isinstance(r.get(key), (int, float))]
+    return values[-1] if values else None
+
+
+def majority_baseline(run_dir: Path) -> float:
+    """The accuracy of always answering the most common label of the run's validation split."""
+    from collections import Counter
+
+    from tfcli.checkpoint import read_run_config
+    from tfcli.data.labeled import read_jsonl, split_validation, LabeledSet
+
+    training = read_run_config(run_dir).training or {}
+    config = training.get("config") or {}
+    rows = read_jsonl(Path(training["data"]), "classify")
+    labels = LabeledSet([[0]] * len(rows), [str(r[1]) for r in rows], training["data"])
+    _, val = split_validation(labels, config.get("val_fraction", 0.1), config.get("seed", 1337))
+    return Counter(val.targets).most_common(1)[0][1] / len(val.targets)
 
 
 def _existing(load):

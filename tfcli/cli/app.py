@@ -8,7 +8,9 @@ from typing import Annotated
 import typer
 
 from tfcli import __version__
-from tfcli.cli import bench, hf, info, quickstart, tokenize
+from tfcli.cli import bench, evaluate, hf, info, quickstart, tokenize, train
+from tfcli.cli import generate
+from tfcli.cli import inspect as inspect_command
 from tfcli.cli.common import print_error, state
 
 app = typer.Typer(
@@ -22,11 +24,15 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.add_typer(tokenize.app, name="tokenize")
+app.add_typer(train.app, name="train")
 app.add_typer(bench.app, name="bench")
+app.command("generate")(generate.generate)
+app.command("eval")(evaluate.evaluate)
 app.command("info")(info.info)
 app.command("export")(hf.export)
 app.command("import")(hf.import_)
 app.command("quickstart")(quickstart.quickstart)
+app.command("inspect-attention")(inspect_command.inspect_attention)
 
 
 def _version(value: bool) -> None:
@@ -46,7 +52,7 @@ def _root(
 
 def main(argv: list[str] | None = None) -> None:
     """Run the command line; exit 0 on success, 2 on a user error, 130 on Ctrl-C."""
-    from tfcli.errors import TfcliError
+    from tfcli.errors import Interrupted, TfcliError
 
     args = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -58,6 +64,13 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exc()
         print_error(str(exc))
         sys.exit(2)
+    except Interrupted as exc:
+        from rich.text import Text
+
+        from tfcli.cli.common import stderr_console
+
+        stderr_console().print(Text(exc.message, style="yellow"), soft_wrap=True)
+        sys.exit(exc.exit_code)
     except (KeyboardInterrupt, typer.Abort):
         print_error("interrupted")
         sys.exit(130)

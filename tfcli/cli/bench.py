@@ -126,3 +126,151 @@ def model(
     console.print(table)
     console.print(f"time ratio tfcli/transformers: {ratio:.3f} (target <= 0.80: {'ok' if ratio <= 0.8 else 'MISSED'})")
     console.print(f"peak memory ratio tfcli/transformers: {ours.peak_rss_mb / theirs.peak_rss_mb:.3f} (target <= 1.00)")
+
+
+@app.command("generate")
+def generate(
+    preset: Annotated[list[str], typer.Option("--preset", help="Model shapes to measure (repeatable; decoder presets GPT-2 can express).")] = ["tiny", "gpt2-small"],  # noqa: B006
+    prompt_tokens: Annotated[int, typer.Option(help="Prompt length in tokens (random ids, the same on both sides).")] = 16,
+    new_tokens: Annotated[int, typer.Option(help="Tokens generated per call, greedy, end-of-text ignored.")] = 256,
+    repeat: Annotated[int, typer.Option(help="Rounds of every job, interleaved; each job keeps its best time.")] = 3,
+    threads: Annotated[int, typer.Option(help="torch threads in every job (0: torch's default, all cores).")] = 0,
+    device: Annotated[str, typer.Option(help="cpu or cuda (fp32 either way).")] = "cpu",
+    no_cache: Annotated[Optional[bool], typer.Option("--no-cache/--skip-no-cache", help="Measure decoding without the KV cache every round / never (default: every round for small models, once for large).", show_default=False)] = None,
+    workdir: Annotated[Optional[Path], typer.Option(help="Scratch folder for the weights (default: a temporary one, removed afterwards).", show_default=False)] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Time batch-1 greedy decoding: tfcli's generator (with and without its KV cache) beside
+    transformers' GPT2LMHeadModel.generate on the same random weights, and the memory-bandwidth floor.
+
+    Targets: tiny >= 1.5x transformers' tokens/s; gpt2-small >= 1.1x and time per token within 1.5x the
+    floor (every weight read once per token at the copy bandwidth measured here); cached >= 5x uncached.
+    The context is widened to hold prompt + new tokens, since GPT-2 cannot slide a window.
+
+    Example: tfcli bench generate --preset tiny --preset gpt2-small --repeat 3
+    """
+    import os
+    import shutil
+    import tempfile
+
+    from tfcli.bench.generate import run_generate_bench
+    from tfcli.errors import TfcliError
+
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise TfcliError(f"unknown device {device!r}", hint="use cpu or cuda")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise TfcliError("--device cuda but no CUDA GPU is available", hint="use --device cpu")
+    if min(repeat, prompt_tokens, new_tokens) < 1 or threads < 0:
+        raise TfcliError("--repeat, --prompt-tokens and --new-tokens must be at least 1, --threads at least 0")
+    try:
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise TfcliError("bench generate compares against transformers, which is not installed", hint="pip install transformers") from exc
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    benches = []
+    console = stderr_console()
+    for name in preset:
+        scratch = Path(tempfile.mkdtemp(prefix="tfcli-bench-")) if workdir is None else workdir / name
+        try:
+            with console.status(f"benchmarking {name}") as status:
+                benches.append(run_generate_bench(scratch, name, prompt_tokens=prompt_tokens, new_tokens=new_tokens, repeat=repeat,
+                                                  threads=threads, device=device, no_cache=no_cache,
+                                                  progress=lambda job, name=name: status.update(f"benchmarking {name}: {job}")))
+        finally:
+            if workdir is None:
+                shutil.rmtree(scratch, ignore_errors=True)
+    if json_output:
+        print_json({"machine": machine, "benches": [b.to_json() for b in benches]})
+        return
+    from rich.table import Table
+
+    out = stdout_console()
+    for b in benches:
+        table = Table(title=f"{b.preset} ({b.parameters:,} parameters, context {b.block_size}), batch 1, {b.prompt_tokens}-token prompt, "
+                            f"{b.new_tokens} new tokens, greedy, fp32, {b.device}, best of {b.repeat}; {machine}")
+        for column in ("implementation", "seconds", "tokens/s", "ms / token", "peak RSS"):
+            table.add_column(column, justify="left" if column == "implementation" else "right")
+        for m in b.results.values():
+            table.add_row(m.job, f"{m.seconds:.3f}", f"{m.tokens_per_second:,.1f}", f"{m.seconds / m.new_tokens * 1e3:.2f}", f"{m.peak_rss_mb:,.0f} MB")
+        table.add_row("floor (weights / bandwidth)", "", "", f"{b.floor_seconds_per_token * 1e3:.2f}", "")
+        out.print(table)
+        versus_peer = b.ratio("tfcli", "transformers")
+        target = 1.5 if b.parameters < 20_000_000 else 1.1
+        if versus_peer is not None:
+            out.print(f"tokens/s tfcli / transformers: {versus_peer:.3f} (target >= {target}: {'ok' if versus_peer >= target else 'MISSED'}); "
+                      f"same greedy tokens: {'yes' if b.same_tokens else 'no'}")
+        versus_uncached = b.ratio("tfcli", "tfcli-no-cache")
+        if versus_uncached is not None:
+            out.print(f"cached / uncached: {versus_uncached:.2f}x (target >= 5: {'ok' if versus_uncached >= 5 else 'MISSED'}"
+                      f"{'; at this size per-step overhead, not compute, sets both' if b.parameters < 20_000_000 else ''})")
+        floor_target = "" if b.parameters < 20_000_000 else f"; target <= 1.5: {'ok' if b.floor_ratio <= 1.5 else 'MISSED'}"
+        out.print(f"time per token / floor: {b.floor_ratio:.3f} (memory bandwidth {b.bandwidth_gb_s:.1f} GB/s, "
+                  f"{human_bytes(b.weight_bytes)} of weights per token{floor_target})")
+
+
+@app.command("train")
+def train(
+    presets: Annotated[str, typer.Option("--presets", help="Comma-separated decoder presets to measure.")] = "tiny,small",
+    batch: Annotated[int, typer.Option(help="Sequences per step (each the preset's block size long).", min=1)] = 16,
+    steps: Annotated[int, typer.Option(help="Timed steps per run, after 3 warm-up steps.", min=1)] = 10,
+    repeat: Annotated[int, typer.Option(help="Interleaved rounds; the best of each is kept.", min=1)] = 1,
+    device: Annotated[str, typer.Option(help="cpu, cuda, mps or auto.")] = "cpu",
+    precision: Annotated[str, typer.Option(help="auto (bf16 on a GPU that has it, else fp32), fp32 or bf16.")] = "auto",
+    json_output: JsonFlag = False,
+) -> None:
+    """Training throughput: tfcli's training loop beside a plain loop over transformers' GPT-2 of the same
+    shape, batch and optimizer (AdamW, clipping), on the same random token shards, each in its own process.
+
+    Reports tokens/s and MFU, the model FLOPs per second over the matmul rate measured on the same device.
+    Target: tfcli >= 1.3x the peer's tokens/s.
+
+    Example: tfcli bench train --presets tiny,small --batch 16
+    """
+    import os
+
+    from tfcli.bench.train import run_train_bench
+    from tfcli.errors import TfcliError
+    from tfcli.hf import gpt2_incompatibility
+    from tfcli.model.config import preset as make_preset
+
+    names = [p.strip() for p in presets.split(",") if p.strip()]
+    if not names:
+        raise TfcliError("--presets names no preset", hint="for example --presets tiny,small")
+    for name in names:
+        problem = gpt2_incompatibility(make_preset(name))
+        if problem:
+            raise TfcliError(f"preset {name!r} cannot be built as GPT-2: {problem}", hint="use decoder presets such as tiny, small or gpt2-small")
+    if device not in ("cpu", "cuda", "mps", "auto"):
+        raise TfcliError(f"--device must be cpu, cuda, mps or auto, not {device!r}")
+    if precision not in ("auto", "fp32", "bf16"):
+        raise TfcliError(f"--precision must be auto, fp32 or bf16, not {precision!r}")
+    try:
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise TfcliError("bench train compares against transformers, which is not installed", hint="pip install transformers") from exc
+    with stderr_console().status(f"benchmarking training of {', '.join(names)} at batch {batch}"):
+        results = run_train_bench(names, batch, steps, repeat=repeat, device=device, precision=precision)
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, device {device}"
+    ratios = {name: next(r for r in results if r.preset == name and r.implementation == "tfcli").tokens_per_sec
+              / next(r for r in results if r.preset == name and r.implementation == "transformers").tokens_per_sec for name in names}
+    if json_output:
+        print_json({"machine": machine, "batch": batch, "results": [r.__dict__ for r in results],
+                    "throughput_ratio": {k: round(v, 4) for k, v in ratios.items()}})
+        return
+    from rich.table import Table
+
+    table = Table(title=f"training step, batch {batch} x block size; {machine}")
+    for column in ("preset", "implementation", "tokens/s", "MFU", "s / step", "peak RSS", "parameters"):
+        table.add_column(column, justify="left" if column in ("preset", "implementation") else "right")
+    for r in results:
+        table.add_row(r.preset, r.implementation, f"{r.tokens_per_sec:,.0f}", f"{r.mfu:.1%}", f"{r.seconds_per_step:.3f}",
+                      f"{r.peak_rss_mb:,.0f} MB", f"{r.parameters:,}")
+    console = stdout_console()
+    console.print(table)
+    peak = results[0].peak_flops
+    console.print(f"peak matmul rate measured: {peak / 1e9:,.1f} GFLOP/s")
+    for name, ratio in ratios.items():
+        console.print(f"{name}: tokens/s ratio tfcli/transformers {ratio:.3f} (target >= 1.30: {'ok' if ratio >= 1.3 else 'MISSED'})")

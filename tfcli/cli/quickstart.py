@@ -7,37 +7,51 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import stdout_console
+from tfcli.cli.common import stderr_console, stdout_console
 
 
 def quickstart(
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for everything the chain makes.")] = Path("runs/quickstart"),
     data: Annotated[Optional[Path], typer.Option(help="The sample data folder (default: ./sample_data, else the one beside the tfcli sources).", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Redo every step, even those whose output is already there.")] = False,
+    steps: Annotated[int, typer.Option("--steps", help="Pretraining steps for the tiny decoder (fewer: faster and rougher).", min=1)] = 400,
+    classifier_steps: Annotated[int, typer.Option("--classifier-steps", help="Fine-tuning steps for the review classifier.", min=1)] = 200,
+    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or mps.")] = "auto",
 ) -> None:
-    """Run the whole chain on sample_data/: train a tokenizer, encode the corpus into shards.
+    """Run the whole chain on sample_data/: train a tokenizer, encode the stories into shards, pretrain the
+    tiny decoder on them (about a minute on 2 CPU cores), and fine-tune a review classifier from it.
 
-    Steps whose output is already there are kept, so a second run is instant; --force redoes them.
+    Steps whose output is already there are kept, so a second run is instant; --force redoes them. A
+    training step that was interrupted resumes where it stopped.
 
     Example: tfcli quickstart
     """
     from rich.text import Text
 
-    from tfcli.quickstart import find_sample_data, run_quickstart
+    from tfcli.quickstart import QuickstartStep, find_sample_data, run_quickstart
+    from tfcli.train.loop import Started, StepDone
 
     console = stdout_console()
     data_dir = find_sample_data(data)
-    with console.status("running the quickstart chain"):
-        for step in run_quickstart(data_dir, output, force=force):
-            line = Text(f"{'made' if step.made else 'kept'} ", style="green" if step.made else "dim")
-            line.append(f"{step.name:<10} ", style="bold")
-            line.append(f"{step.path}  ")
-            line.append(step.detail, style="dim")
-            console.print(line)
+    with stderr_console().status("running the quickstart chain") as status:
+        for event in run_quickstart(data_dir, output, force=force, pretrain_steps=steps, classifier_steps=classifier_steps, device=device):
+            if isinstance(event, QuickstartStep):
+                line = Text(f"{'made' if event.made else 'kept'} ", style="green" if event.made else "dim")
+                line.append(f"{event.name:<10} ", style="bold")
+                line.append(f"{event.path}  ")
+                line.append(event.detail, style="dim")
+                console.print(line, soft_wrap=True)
+            elif isinstance(event, Started):
+                status.update(f"training {event.run_dir.name} ({event.parameters:,} parameters)")
+                name = event.run_dir.name
+            elif isinstance(event, StepDone):
+                status.update(f"training {name}: step {event.step:,}, {event.tokens_per_sec:,.0f} tokens/s, about {event.remaining or 0:.0f} s left")
     console.print(Text("next:", style="bold"))
-    tokenizer = output / "tokenizer"
     for command in (
-        f'tfcli tokenize show "Once upon a time, a little fox found a red ball." -t {tokenizer}',
+        f'tfcli generate {output / "model"} --prompt "Once upon a time"',
+        f'tfcli inspect-attention {output / "model"} --text "The fox saw the ball and it rolled away."',
+        f'tfcli generate {output / "classifier"} --classify "The zipper was horrible."',
+        f"tfcli info {output / 'model'}",
         'tfcli tokenize trace "a sailor went to sea sea sea " --merges 5',
     ):
         console.print(Text(f"  {command}"), soft_wrap=True)  # unwrapped, so it can be copied

@@ -32,6 +32,8 @@ class AttentionMask:
         """T queries at positions offset..offset+T-1 over S keys at 0..S-1; key_padding (B, S), True = real token."""
         if key_padding is None and (not causal or (offset == 0 and T == S)):
             return AttentionMask(None, causal)
+        if key_padding is None and T == 1 and offset + 1 == S:
+            return AttentionMask(None, False)  # one new token after the cache sees every key: no mask at all
         device = key_padding.device if key_padding is not None else None
         allowed = torch.ones(1, 1, T, S, dtype=torch.bool, device=device)
         if causal:
@@ -126,8 +128,10 @@ class Attention(nn.Module):
         rotary: RotaryEmbedding | None = None,
         cache: LayerKVCache | None = None,
         need_weights: bool = False,
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: (B, T, d). Returns y (B, T, d) and, with need_weights, the weights (B, nh, T, S)."""
+        """x: (B, T, d). Returns y (B, T, d) and, with need_weights, the weights (B, nh, T, S).
+        positions (B, T): each row's rotary positions, when they differ from the cache offset (left padding)."""
         B, T, d = x.shape
         kv_width = self.n_kv_heads * self.head_dim
         if self.cross:
@@ -144,7 +148,7 @@ class Attention(nn.Module):
             q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
             if rotary is not None:
                 offset = cache.offset if cache is not None else 0
-                q, k = rotary(q, offset), rotary(k, offset)
+                q, k = rotary(q, offset, positions), rotary(k, offset, positions)
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, nkv, S, hs), S = cached + T
         dropout = self.dropout if self.training else 0.0

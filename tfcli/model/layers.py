@@ -48,11 +48,16 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, offset: int) -> torch.Tensor:
-        """x: (B, heads, T, hs), rotated as if it started at position `offset`."""
+    def forward(self, x: torch.Tensor, offset: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, heads, T, hs), rotated as if it started at position `offset`, or at each row's own
+        `positions` (B, T) when given (left-padded batches)."""
         T = x.shape[-2]
-        cos = self.cos[offset:offset + T].to(x.dtype)  # (T, hs)
-        sin = self.sin[offset:offset + T].to(x.dtype)
+        if positions is not None:
+            cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # (B, 1, T, hs)
+            sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        else:
+            cos = self.cos[offset:offset + T].to(x.dtype)  # (T, hs)
+            sin = self.sin[offset:offset + T].to(x.dtype)
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin

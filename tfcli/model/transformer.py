@@ -39,8 +39,9 @@ class Block(nn.Module):
         y, weights = f(x)
         return norm(x + self.drop(y)), weights
 
-    def forward(self, x, mask, *, memory=None, memory_mask=None, rotary=None, cache=None, need_weights=False):
-        x, self_weights = self._sublayer(x, self.attn_norm, lambda h: self.attn(h, mask, rotary=rotary, cache=cache, need_weights=need_weights))
+    def forward(self, x, mask, *, memory=None, memory_mask=None, rotary=None, cache=None, need_weights=False, positions=None):
+        x, self_weights = self._sublayer(
+            x, self.attn_norm, lambda h: self.attn(h, mask, rotary=rotary, cache=cache, need_weights=need_weights, positions=positions))
         cross_weights = None
         if memory is not None:
             x, cross_weights = self._sublayer(
@@ -109,23 +110,24 @@ class Transformer(nn.Module):
         """Parameters, each shared tensor counted once."""
         return sum(p.numel() for p in self.parameters())
 
-    def _embed(self, ids: torch.Tensor, offset: int) -> torch.Tensor:
+    def _embed(self, ids: torch.Tensor, offset: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Token embeddings plus positions offset..offset+T-1, or each row's own `positions` (B, T)."""
         T = ids.shape[1]
         if offset + T > self.config.block_size:
             raise TfcliError(f"a sequence of {offset + T} tokens is longer than the model's block size ({self.config.block_size})")
         x = self.tok_emb(ids)  # (B, T, d)
         if self.config.positions == "learned":
-            x = x + self.pos_emb(torch.arange(offset, offset + T, device=ids.device))
+            x = x + self.pos_emb(positions if positions is not None else torch.arange(offset, offset + T, device=ids.device))
         elif self.config.positions == "sinusoidal":
-            x = x + self.sinusoid[offset:offset + T].to(x.dtype)
+            x = x + (self.sinusoid[positions] if positions is not None else self.sinusoid[offset:offset + T]).to(x.dtype)
         return self.drop(x)
 
     def _run(self, stack: Stack, x, mask, *, memory=None, memory_mask=None, cache: KVCache | None = None,
-             need_weights=False, attentions=None, name=""):
+             need_weights=False, attentions=None, name="", positions=None):
         for i, block in enumerate(stack.blocks):
             layer_cache: LayerKVCache | None = cache.layer(i) if cache is not None else None
             x, self_w, cross_w = block(x, mask, memory=memory, memory_mask=memory_mask, rotary=self.rotary,
-                                       cache=layer_cache, need_weights=need_weights)
+                                       cache=layer_cache, need_weights=need_weights, positions=positions)
             if need_weights:
                 attentions.setdefault(name, []).append(self_w)
                 if cross_w is not None:
@@ -138,8 +140,10 @@ class Transformer(nn.Module):
         return self._run(self.encoder, self._embed(ids, 0), mask, need_weights=need_weights, attentions=attentions, name="encoder")
 
     def decode(self, ids, padding=None, *, memory=None, memory_padding=None, cache: KVCache | None = None,
-               need_weights=False, attentions=None) -> torch.Tensor:
-        """The decoder stack over ids (B, T), after the cached positions. Returns (B, T, d)."""
+               need_weights=False, attentions=None, positions=None) -> torch.Tensor:
+        """The decoder stack over ids (B, T), after the cached positions. Returns (B, T, d).
+        positions (B, T), optional: each token's position when rows do not start together (left padding;
+        default: cached length + 0..T-1 for every row)."""
         offset = cache.length if cache is not None else 0
         T = ids.shape[1]
         if cache is not None and padding is not None and padding.shape[1] != offset + T:
@@ -148,8 +152,8 @@ class Transformer(nn.Module):
         memory_mask = None
         if memory is not None:
             memory_mask = AttentionMask.build(T, memory.shape[1], causal=False, key_padding=memory_padding)
-        x = self._run(self.decoder, self._embed(ids, offset), mask, memory=memory, memory_mask=memory_mask, cache=cache,
-                      need_weights=need_weights, attentions=attentions, name="decoder")
+        x = self._run(self.decoder, self._embed(ids, offset, positions), mask, memory=memory, memory_mask=memory_mask, cache=cache,
+                      need_weights=need_weights, attentions=attentions, name="decoder", positions=positions)
         if cache is not None:
             cache.advance(T)
         return x
@@ -165,10 +169,12 @@ class Transformer(nn.Module):
         memory: torch.Tensor | None = None,
         need_weights: bool = False,
         logits: bool = True,
+        logits_at: torch.Tensor | None = None,
     ) -> ModelOutput:
         """decoder: ids are the text, logits predict each next token. encoder: logits score the vocabulary at
         each position (masked LM). encoder-decoder: ids are the source, decoder_ids the target so far
-        (`memory`, the encoded source, can be passed instead to skip the encoder, as decoding does)."""
+        (`memory`, the encoded source, can be passed instead to skip the encoder, as decoding does).
+        logits_at (B, T) bool: score only those positions; logits is then (N, vocab), N = logits_at.sum()."""
         attentions: dict[str, list[torch.Tensor]] = {}
         arch = self.config.arch
         if arch == "decoder":
@@ -184,10 +190,10 @@ class Transformer(nn.Module):
                                  need_weights=need_weights, attentions=attentions)
         out = ModelOutput(hidden=hidden, attentions=attentions)
         if logits:
-            head_input = hidden
+            head_input = hidden if logits_at is None else hidden[logits_at]  # (B, T, d) or (N, d)
             if arch == "encoder":
-                head_input = self.mlm_norm(F.gelu(self.mlm_transform(hidden)))
-            out.logits = self.lm_head(head_input)  # (B, T, vocab)
+                head_input = self.mlm_norm(F.gelu(self.mlm_transform(head_input)))
+            out.logits = self.lm_head(head_input)  # (B, T, vocab) or (N, vocab)
         if self.config.n_classes:
             out.class_logits = self.classifier(self._pooled(hidden, padding))
         return out

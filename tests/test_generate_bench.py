@@ -1,0 +1,28 @@
+"""`tfcli bench generate` measures tfcli with and without its cache beside transformers on the same weights
+(speed is reported, never asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def test_bench_generate_compares_with_transformers_on_the_same_weights(cli, tmp_path):
+    pytest.importorskip("transformers")
+    result = cli("bench", "generate", "--preset", "tiny", "--repeat", "1", "--prompt-tokens", "4", "--new-tokens", "12",
+                 "--threads", "1", "--workdir", tmp_path, "--json")
+    assert result.code == 0, result.stderr
+    (bench,) = json.loads(result.stdout)["benches"]
+    jobs = {r["job"]: r for r in bench["results"]}
+    assert set(jobs) == {"tfcli", "transformers", "tfcli-no-cache"}
+    assert all(r["new_tokens"] == 12 and r["seconds"] > 0 for r in jobs.values())
+    assert bench["same_tokens"] is True  # greedy on the same weights: the same ids on both sides
+    assert jobs["tfcli"]["first_tokens"] == jobs["tfcli-no-cache"]["first_tokens"]
+    assert bench["bandwidth_gb_s"] > 0 and bench["floor_ms_per_token"] > 0
+    assert bench["speedup_vs_transformers"] > 0 and bench["speedup_vs_no_cache"] > 0
+
+
+def test_bench_generate_bad_options(cli):
+    assert "cannot be built as GPT-2" in cli("bench", "generate", "--preset", "seq2seq-tiny", "--repeat", "1").stderr
+    assert cli("bench", "generate", "--repeat", "0").code == 2

@@ -1,0 +1,387 @@
+"""`tfcli inspect-attention`: capture through the model's own weights, the terminal views, encoder-decoder
+kinds, comparisons, long texts, and every user mistake as one line with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from rich.cells import cell_len
+
+from tests.conftest import REPO, snapshot
+from tfcli.checkpoint import load_checkpoint, save_checkpoint
+from tfcli.errors import TfcliError
+from tfcli.inspect.capture import capture_attention, find_token, parse_index
+from tfcli.inspect.terminal import _short, fit
+from tfcli.model.config import preset
+from tfcli.model.transformer import Transformer
+from tfcli.tokenizer.core import TextTokenizer
+from tfcli.tokenizer.show import TokenView
+
+TEXT = "The animal didn't cross the street because it was too tired"
+TEXT2 = "The animal didn't cross the street because it was too wide"
+
+
+def _save(folder: Path, tokenizer: TextTokenizer, seed: int = 0, **overrides) -> Path:
+    torch.manual_seed(seed)
+    config = preset("tiny", vocab_size=tokenizer.vocab_size, **{"block_size": 64, "n_layers": 2, "n_heads": 4, "d_model": 32, "d_ff": 64, "init_std": 0.2, **overrides})
+    save_checkpoint(folder, Transformer(config), tokenizer)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, trained_tokenizer) -> dict[str, Path]:
+    """Tiny random runs: a decoder (and a second seed of it), an encoder, an encoder-decoder, another shape."""
+    tokenizer = TextTokenizer.load(trained_tokenizer)
+    root = tmp_path_factory.mktemp("inspect-runs")
+    return {
+        "decoder": _save(root / "decoder", tokenizer),
+        "decoder2": _save(root / "decoder2", tokenizer, seed=1),
+        "encoder": _save(root / "encoder", tokenizer, arch="encoder"),
+        "seq2seq": _save(root / "seq2seq", tokenizer, arch="encoder-decoder", positions="sinusoidal", n_decoder_layers=3),
+        "wide": _save(root / "wide", tokenizer, n_heads=2),
+        "short": _save(root / "short", tokenizer, block_size=16),
+    }
+
+
+@pytest.fixture(autouse=True)
+def _eighty_columns(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("LINES", "50")
+
+
+# ---- capture ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch,kind", [("decoder", "decoder"), ("encoder", "encoder"), ("seq2seq", "encoder"),
+                                       ("seq2seq", "decoder"), ("seq2seq", "cross")])
+def test_capture_is_the_models_own_weights(runs, arch, kind):
+    checkpoint = load_checkpoint(runs[arch])
+    target = "a red ball" if arch == "seq2seq" else None
+    capture = capture_attention(checkpoint, TEXT, target=target, kind=kind)
+    w = capture.weights
+    assert w.dtype == np.float32 and w.shape[:2] == (checkpoint.config.model.n_layers if kind == "encoder" else checkpoint.config.model.decoder_layers, 4)
+    assert np.allclose(w.sum(axis=-1), 1.0, atol=1e-5)  # every row a distribution
+    T, S = w.shape[2:]
+    assert T == len(capture.queries) and S == len(capture.keys)
+    if kind == "decoder":
+        assert np.all(w[..., np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] == 0.0)  # masked keys exactly 0
+        assert np.all(np.diagonal(w, axis1=2, axis2=3) > 0)
+    else:
+        assert np.all(w > 0)
+    # the same numbers as the model's explicit path returns
+    src = torch.tensor([capture.source_ids])
+    kwargs = {"decoder_ids": torch.tensor([capture.decoder_ids])} if capture.decoder_ids is not None else {}
+    with torch.no_grad():
+        expected = checkpoint.model(src, need_weights=True, logits=False, **kwargs).attentions[kind]
+    assert np.array_equal(w, torch.cat(expected).numpy())
+
+
+def test_encoder_decoder_layout(runs):
+    checkpoint = load_checkpoint(runs["seq2seq"])
+    tokenizer = checkpoint.tokenizer
+    cross = capture_attention(checkpoint, "the fox found a ball", target="a red ball", kind="cross")
+    assert [v.id for v in cross.keys] == tokenizer.encode("the fox found a ball")
+    assert [v.id for v in cross.queries] == [tokenizer.special_ids["eos"]] + tokenizer.encode("a red ball")  # start token first
+    assert cross.weights.shape == (3, 4, len(cross.queries), len(cross.keys)) and not cross.causal
+    decoder = capture_attention(checkpoint, "the fox found a ball", target="a red ball", kind="decoder")
+    assert decoder.causal and decoder.queries == decoder.keys == cross.queries
+
+
+def test_text_longer_than_the_block_is_an_error_or_cropped(runs):
+    checkpoint = load_checkpoint(runs["short"])
+    long_text = TEXT * 3
+    with pytest.raises(TfcliError, match=r"longer than the model's block size \(16\).*--crop"):
+        capture_attention(checkpoint, long_text)
+    capture = capture_attention(checkpoint, long_text, crop=True)
+    assert capture.weights.shape[2:] == (16, 16)
+    assert [v.id for v in capture.queries] == checkpoint.tokenizer.encode(long_text)[:16]
+    assert "cropped to its first 16" in capture.notes[0]
+
+
+def _views(*texts: str) -> list[TokenView]:
+    return [TokenView(id=i, token=t, text=t) for i, t in enumerate(texts)]
+
+
+def test_find_token():
+    views = _views("The", " anim", "al", " saw", " it", ".", " It", " ran", " with", " it")
+    assert find_token(views, "it") == (4, "occurrence 1 of 2 (--occurrence picks another)")
+    assert find_token(views, "it", 2)[0] == 9
+    assert find_token(views, "It")[0] == 6  # case matters while something matches exactly
+    assert find_token(views, "RAN")[0] == 7  # then case is ignored
+    assert find_token(views, "animal") == (2, "2 tokens; showing the last")  # the token that has read all of it
+    assert find_token(views, "ani")[0] == 1  # a piece of a word, when no whole word matches
+    with pytest.raises(TfcliError, match="not in the text"):
+        find_token(views, "zebra")
+    with pytest.raises(TfcliError, match="occurs 2 time"):
+        find_token(views, "it", 3)
+
+
+def test_parse_index():
+    assert parse_index("all", 3, "layer") == [0, 1, 2]
+    assert parse_index("-1", 3, "layer") == [2]
+    assert parse_index(None, 3, "head") == [0]
+    assert parse_index(None, 3, "head", default=None) == [0, 1, 2]
+    with pytest.raises(TfcliError, match="out of range"):
+        parse_index("3", 3, "head")
+    with pytest.raises(TfcliError, match="a number or 'all'"):
+        parse_index("two", 3, "head")
+
+
+# ---- the terminal ---------------------------------------------------------------------------------
+
+def _lines(stdout: str) -> list[str]:
+    return stdout.rstrip("\n").splitlines()
+
+
+def _fits(stdout: str, width: int = 80) -> bool:
+    return all(cell_len(line) <= width for line in _lines(stdout))
+
+
+def test_heatmap_of_one_head(cli, runs):
+    result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--layer", "1", "--head", "2")
+    assert result.code == 0, result.stderr
+    assert _fits(result.stdout)
+    assert "layer 1, head 2" in result.stdout and "decoder self-attention" in result.stdout
+    assert "blank: masked" in result.stdout  # the legend
+    capture = capture_attention(load_checkpoint(runs["decoder"]), TEXT)
+    labels = [_short(v.text) for v in capture.queries]
+    width = min(12, max(cell_len(label) for label in labels))
+    lines = _lines(result.stdout)
+    first = next(i for i, line in enumerate(lines) if line.startswith(fit(labels[0], width, right=True) + " "))
+    for q, label in enumerate(labels):  # a row per token, labelled, then its cells: masked ones blank
+        row = lines[first + q]
+        assert row.startswith(fit(label, width, right=True) + " ")
+        cells = row[width + 1:]
+        assert cells[2 * q:2 * q + 2].strip() != "" and cells[2 * q + 2:].strip() == ""
+    depth = min(4, max(len(label) for label in labels))
+    column_labels = [line.ljust(80) for line in lines[first - depth:first]]  # the keys, written downwards
+    assert labels[17] == "the"
+    assert "".join(line[width + 1 + 2 * 17] for line in column_labels).strip() == "the"
+
+
+def test_long_text_is_windowed_and_says_so(cli, runs):
+    text = "Once upon a time a little fox found a red ball in the park, and then it ran."
+    n = len(TextTokenizer.load(runs["decoder"]).encode(text))
+    assert n > 40
+    result = cli("inspect-attention", runs["decoder"], "--text", text)
+    assert result.code == 0 and _fits(result.stdout)
+    assert re.search(rf"queries 0-(\d+) and keys 0-\1 of {n} tokens shown; --start N moves the window", " ".join(result.stdout.split()))
+    moved = cli("inspect-attention", runs["decoder"], "--text", text, "--start", "20")
+    assert moved.code == 0 and _fits(moved.stdout)
+    assert "queries 20-" in moved.stdout
+    assert "… sums the weight" in " ".join(moved.stdout.split())  # earlier keys summed into a column
+
+
+def test_grid_of_every_head_and_layer(cli, runs):
+    result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--head", "all", "--layer", "all")
+    assert result.code == 0 and _fits(result.stdout)
+    for layer in (0, 1):
+        for head in range(4):
+            assert f"L{layer} H{head}" in result.stdout
+    assert "aggregated into 12 bins" in " ".join(result.stdout.split())
+
+
+def test_token_bars_per_head(cli, runs):
+    result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--token", "it", "--layer", "1")
+    assert result.code == 0 and _fits(result.stdout)
+    assert "where 'it' (position" in result.stdout
+    assert all(f"L1 H{h}" in result.stdout for h in range(4))
+    one = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--token", "it", "--layer", "1", "--head", "0")
+    assert one.code == 0 and _fits(one.stdout)
+    checkpoint = load_checkpoint(runs["decoder"])
+    capture = capture_attention(checkpoint, TEXT)
+    position = find_token(capture.queries, "it")[0]
+    row = capture.weights[1, 0, position]
+    for k in range(position + 1):  # a bar per visible key with its weight; later keys (masked) not listed
+        assert f"{row[k]:.3f}" in one.stdout
+    assert len([line for line in _lines(one.stdout) if re.match(r"\s*\d+ .* \d\.\d{3}$", line)]) == position + 1
+
+
+def test_token_text_never_reaches_the_terminal_raw(cli, runs):
+    text = "[bold]x[/bold] \x1b]0;pwned\x07 <script>alert(1)</script> done"
+    result = cli("inspect-attention", runs["decoder"], "--text", text)
+    assert result.code == 0
+    assert "\x1b" not in result.stdout and "\x07" not in result.stdout
+    assert "[bold" in result.stdout or "[" in result.stdout  # markup printed as text, not applied
+    grid = cli("inspect-attention", runs["decoder"], "--text", text, "--token", "pwned")
+    assert grid.code == 0 and "\x1b" not in grid.stdout
+
+
+def test_summary_table_and_json(cli, runs):
+    result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--summary")
+    assert result.code == 0 and _fits(result.stdout)
+    for column in ("entropy", "distance", "pattern", "prev", "first", "dup", "induct"):
+        assert column in result.stdout
+    data = json.loads(cli("inspect-attention", runs["decoder"], "--text", TEXT, "--summary", "--json").stdout)
+    summary = data["captures"][0]["summary"]
+    assert len(summary) == 8 and {"layer", "head", "entropy_bits", "mean_distance", "pattern", "score", "scores"} <= set(summary[0])
+    assert "weights" not in data["captures"][0]  # the summary's data, not megabytes of maps
+    assert all(0 <= s["scores"]["induction"] <= 1 for s in summary)
+    only = json.loads(cli("inspect-attention", runs["decoder"], "--text", TEXT, "--summary", "--json", "--layer", "1").stdout)
+    assert {s["layer"] for s in only["captures"][0]["summary"]} == {1}
+
+
+def test_compare_two_texts_side_by_side(cli, runs):
+    result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare", TEXT2, "--layer", "1", "--head", "3")
+    assert result.code == 0 and _fits(result.stdout)
+    assert "1: The animal" in result.stdout and "2: The animal" in result.stdout
+    assert sum(line.count("layer 1, head 3") for line in _lines(result.stdout)) == 2  # two maps on the same lines
+    bars = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare", TEXT2, "--token", "it")
+    assert bars.code == 0 and _fits(bars.stdout)
+    missing = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare", "no such word", "--token", "it")
+    assert missing.code == 2 and "second text" in missing.stderr
+
+
+def test_compare_run_ranks_changed_heads(cli, runs):
+    result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare-run", runs["decoder2"])
+    assert result.code == 0 and _fits(result.stdout)
+    assert "heads that changed most" in result.stdout and "JS divergence" in result.stdout
+    data = json.loads(cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare-run", runs["decoder2"], "--json").stdout)
+    changes = data["changes"]
+    assert len(changes) == 8 and changes == sorted(changes, key=lambda c: -c["js_bits"])
+    a = capture_attention(load_checkpoint(runs["decoder"]), TEXT).weights
+    b = capture_attention(load_checkpoint(runs["decoder2"]), TEXT).weights
+    top = changes[0]
+    assert f"layer {top['layer']}, head {top['head']}" in result.stdout  # the most changed head is shown
+    assert np.abs(a - b).sum() > 0
+    same = json.loads(cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare-run", runs["decoder"], "--json").stdout)
+    assert all(c["js_bits"] == 0 for c in same["changes"])
+
+
+@pytest.mark.parametrize("other,message", [("wide", "differ in shape"), ("encoder", "differ in shape"), ("short", "differ in shape")])
+def test_compare_run_refuses_another_shape(cli, runs, other, message):
+    result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare-run", runs[other])
+    assert result.code == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_compare_run_refuses_another_tokenizer(cli, runs, tmp_path, tiny_corpus):
+    from tfcli.data.corpus import resolve_corpus
+    from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
+
+    train_tokenizer(resolve_corpus([tiny_corpus]), tmp_path / "tok", TokenizerTrainingConfig(vocab_size=320, lowercase=True))
+    other = _save(tmp_path / "run", TextTokenizer.load(tmp_path / "tok"))
+    result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare-run", other)
+    assert result.code == 2 and "different tokenizers" in result.stderr
+
+
+def test_encoder_decoder_from_the_command_line(cli, runs):
+    base = ("inspect-attention", runs["seq2seq"], "--text", "the fox found a ball", "--target", "a red ball")
+    tokenizer = TextTokenizer.load(runs["seq2seq"])
+    cross = cli(*base)  # cross-attention by default
+    assert cross.code == 0 and _fits(cross.stdout)
+    assert f"cross-attention · 3 layers × 4 heads · {len(tokenizer.encode('a red ball')) + 1} tokens over " \
+           f"{len(tokenizer.encode('the fox found a ball'))} source tokens" in cross.stdout
+    for kind in ("encoder", "decoder", "cross"):
+        result = cli(*base, "--attention", kind, "--head", "all")
+        assert result.code == 0, result.stderr
+        assert (f"{kind} self-attention" if kind != "cross" else "cross-attention") in result.stdout
+    summary = cli(*base, "--attention", "cross", "--summary")
+    assert summary.code == 0 and "entropy" in summary.stdout and "induct" not in summary.stdout
+    no_target = cli("inspect-attention", runs["seq2seq"], "--text", "the fox")
+    assert no_target.code == 2 and "--target" in no_target.stderr
+    assert cli("inspect-attention", runs["decoder"], "--text", "the fox", "--target", "x").code == 2
+    wrong = cli("inspect-attention", runs["decoder"], "--text", "the fox", "--attention", "cross")
+    assert wrong.code == 2 and "no cross attention" in wrong.stderr
+
+
+def test_crop_from_the_command_line(cli, runs):
+    result = cli("inspect-attention", runs["short"], "--text", TEXT * 3)
+    assert result.code == 2 and "--crop" in result.stderr
+    cropped = cli("inspect-attention", runs["short"], "--text", TEXT * 3, "--crop")
+    assert cropped.code == 0 and "cropped to its first 16" in " ".join(cropped.stdout.split())
+
+
+def test_text_file(cli, runs, tmp_path):
+    (tmp_path / "t.txt").write_bytes(TEXT.encode() + b"\xff")
+    result = cli("inspect-attention", runs["decoder"], "--text-file", tmp_path / "t.txt", "--token", "tired")
+    assert result.code == 0, result.stderr
+
+
+# ---- mistakes ---------------------------------------------------------------------------------------
+
+MISTAKES = [
+    (["--text", TEXT, "--layer", "2"], "--layer 2 is out of range"),
+    (["--text", TEXT, "--head", "4"], "--head 4 is out of range"),
+    (["--text", TEXT, "--head", "-5"], "out of range"),
+    (["--text", TEXT, "--layer", "first"], "a number or 'all'"),
+    (["--text", "   "], "empty"),
+    (["--text", ""], "empty"),
+    ([], "no text given"),
+    (["--text", TEXT, "--token", "zebra"], "not in the text"),
+    (["--text", TEXT, "--token", "it", "--occurrence", "2"], "occurs 1 time"),
+    (["--text", TEXT, "--format", "bmp"], "unknown format 'bmp'"),
+    (["--text", TEXT, "--format", "html"], "pass -o FILE.html"),
+    (["--text", TEXT, "--format", "png"], "pass -o FILE.png"),
+    (["--text", TEXT, "-o", "OUT/attention.svg"], "cannot tell the format"),
+    (["--text", TEXT, "-o", "OUT/missing/a.html"], "does not exist"),
+    (["--text", TEXT, "-o", "OUT/file.txt/a.html"], "does not exist"),
+    (["--text", TEXT, "-o", "OUT", "--format", "html"], "is a folder"),
+    (["--text", TEXT, "--format", "terminal", "-o", "OUT/a.html"], "prints to the screen"),
+    (["--text", TEXT, "--json", "--format", "html", "-o", "OUT/a.html"], "--json prints JSON"),
+    (["--text", TEXT, "--start", "3", "-o", "OUT/a.html"], "--start moves"),
+    (["--text", TEXT, "--summary", "-o", "OUT/a.png"], "--summary is a table"),
+    (["--text", TEXT, "--compare", "x", "--compare-run", "RUN"], "cannot be used together"),
+    (["--text", TEXT, "--text-file", "OUT/x.txt"], "not both"),
+    (["--text-file", "OUT/none.txt"], "does not exist"),
+    (["--text", TEXT, "--device", "tpu"], "unknown device"),
+]
+
+
+@pytest.mark.parametrize("args,message", MISTAKES, ids=[m for _, m in MISTAKES])
+def test_mistakes_are_one_line_and_write_nothing(cli, runs, tmp_path, args, message):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "file.txt").write_text("x")
+    (out / "x.txt").write_text("x")
+    before = snapshot(tmp_path)
+    args = [str(a).replace("OUT", str(out)).replace("RUN", str(runs["decoder2"])) for a in args]
+    result = cli("inspect-attention", runs["decoder"], *args)
+    assert result.code == 2, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert message in lines[0]
+    assert "Traceback" not in result.stderr
+    assert snapshot(tmp_path) == before
+
+
+def test_missing_run_is_one_line(cli, tmp_path):
+    result = cli("inspect-attention", tmp_path / "nope", "--text", TEXT)
+    assert result.code == 2 and result.stderr.count("\n") == 1 and "does not exist" in result.stderr
+
+
+@pytest.mark.parametrize("name", ["a.html", "a.png", "a.json"])
+def test_a_failed_write_leaves_nothing(cli, runs, tmp_path, monkeypatch, name):
+    import tfcli.fsutil
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tfcli.fsutil.os, "fsync", full_disk)
+    before = snapshot(tmp_path)
+    result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "-o", tmp_path / name)
+    assert result.code == 2 and "No space left" in result.stderr and "Traceback" not in result.stderr
+    assert snapshot(tmp_path) == before  # no file, no temp file
+
+
+def test_help_has_an_example_and_does_not_import_torch(cli):
+    result = cli("inspect-attention", "--help")
+    assert result.code == 0
+    assert "Example: tfcli inspect-attention" in " ".join(result.stdout.split())
+    code = (
+        "import sys\n"
+        "from tfcli.cli.app import main\n"
+        "try:\n"
+        "    main(['inspect-attention', '--help'])\n"
+        "except SystemExit as e:\n"
+        "    assert e.code in (0, None), e.code\n"
+        "print('HEAVY=' + ','.join(m for m in ('torch', 'numpy', 'matplotlib', 'tokenizers') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "HEAVY="

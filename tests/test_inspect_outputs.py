@@ -1,0 +1,300 @@
+"""The files `tfcli inspect-attention` writes: a self-contained HTML page (parsed, every piece of text
+escaped, its script run under node against a stand-in DOM when node is installed), PNG images, JSON."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tfcli.checkpoint import load_checkpoint, save_checkpoint
+from tfcli.inspect.capture import capture_attention
+from tfcli.inspect.html import json_for_script, pack_weights, unpack_weights
+from tfcli.model.config import preset
+from tfcli.model.transformer import Transformer
+from tfcli.tokenizer.core import TextTokenizer
+from tfcli.tokenizer.show import token_views
+
+HOSTILE = ["<script>alert(1)</script>", '"><img src=x onerror=alert(1)>', "</script><script>alert(2)</script>",
+           "&lt;b&gt; \u2028 \u2029 <!-- x -->"]
+TEXT = "The fox " + " ".join(HOSTILE) + " ran."
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, trained_tokenizer) -> dict[str, Path]:
+    tokenizer = TextTokenizer.load(trained_tokenizer)
+    root = tmp_path_factory.mktemp("inspect-out")
+    out = {}
+    for name, overrides in (("decoder", {}), ("decoder2", {}), ("seq2seq", {"arch": "encoder-decoder", "positions": "sinusoidal"})):
+        torch.manual_seed(len(out))
+        config = preset("tiny", vocab_size=tokenizer.vocab_size, block_size=128, n_layers=2, n_heads=4, d_model=32, d_ff=64, init_std=0.3, **overrides)
+        save_checkpoint(root / name, Transformer(config), tokenizer)
+        out[name] = root / name
+    return out
+
+
+class PageParser(HTMLParser):
+    """Collects the elements, the script bodies and the text outside scripts."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict]] = []
+        self.scripts: list[tuple[dict, str]] = []
+        self.text: list[str] = []
+        self._in_script: dict | None = None
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        if tag == "script":
+            self._in_script = dict(attrs)
+            self.scripts.append((self._in_script, ""))
+
+    def handle_endtag(self, tag):
+        if tag == "script":
+            self._in_script = None
+
+    def handle_data(self, data):
+        if self._in_script is not None:
+            attrs, body = self.scripts[-1]
+            self.scripts[-1] = (attrs, body + data)
+        else:
+            self.text.append(data)
+
+
+def _parse(page: str) -> PageParser:
+    parser = PageParser()
+    parser.feed(page)
+    parser.close()
+    return parser
+
+
+def test_json_for_script_escapes_what_could_end_a_script():
+    text = json_for_script({"t": "</script><!-- & \u2028\u2029 >"})
+    for raw in ("<", ">", "&", "\u2028", "\u2029"):
+        assert raw not in text
+    assert json.loads(text) == {"t": "</script><!-- & \u2028\u2029 >"}
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_packed_weights_round_trip_within_a_byte(causal):
+    rng = np.random.default_rng(0)
+    w = rng.dirichlet(np.ones(9), size=(2, 3, 9)).astype(np.float32)  # (2, 3, 9, 9)
+    if causal:
+        w = np.tril(w)
+        w /= w.sum(axis=-1, keepdims=True)
+    back = unpack_weights(pack_weights(w, causal), w.shape, causal)
+    assert np.abs(np.sqrt(back) - np.sqrt(w)).max() <= 0.5 / 255 + 1e-6  # one byte on the square-root scale
+    if causal:
+        assert np.all(back[..., np.triu_indices(9, 1)[0], np.triu_indices(9, 1)[1]] == 0)
+
+
+def test_html_page_is_self_contained_and_escapes_every_text(cli, runs, tmp_path):
+    out = tmp_path / "attention.html"
+    result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare", "<b>bold</b> & co", "-o", out)
+    assert result.code == 0, result.stderr
+    page = out.read_text(encoding="utf-8")
+    parsed = _parse(page)
+    assert [t for t, _ in parsed.tags].count("script") == 2 and len(parsed.scripts) == 2
+    (data_attrs, data_body), (code_attrs, code_body) = parsed.scripts
+    assert data_attrs == {"type": "application/json", "id": "tfcli-data"} and code_attrs == {}
+    for raw in ("<", ">", "&", "\u2028", "\u2029"):
+        assert raw not in data_body
+    assert "</script" not in code_body.lower() and "<!--" not in code_body and "innerHTML" not in code_body
+    assert not any(t in ("img", "iframe", "object", "embed", "link") for t, _ in parsed.tags)  # nothing injected
+    assert not any(k.startswith("on") for _, attrs in parsed.tags for k in attrs)  # no inline handlers
+    assert not any("src" in attrs or "href" in attrs for _, attrs in parsed.tags)  # nothing fetched
+    assert "http://" not in page and "https://" not in page
+    data = json.loads(data_body)
+    tokenizer = TextTokenizer.load(runs["decoder"])
+    labels = data["panels"][0]["queries"]
+    assert labels == [v.text for v in token_views(tokenizer, TEXT)]  # every token, as its escaped text
+    for hostile in HOSTILE[:3]:
+        assert hostile in "".join(labels)
+    assert data["panels"][1]["title"].startswith("2: <b>bold</b>")  # text as data
+    weights = unpack_weights(data["panels"][0]["data"], tuple(data["panels"][0]["shape"]), True)
+    expected = capture_attention(load_checkpoint(runs["decoder"]), TEXT).weights
+    assert np.abs(np.sqrt(weights) - np.sqrt(expected)).max() <= 0.5 / 255 + 1e-6
+    assert (data["layers"], data["heads"], data["layer"], data["head"]) == (2, 4, 0, 0)
+
+
+def test_html_header_text_is_escaped(cli, runs, tmp_path):
+    hostile_dir = tmp_path / '<img src=x onerror=alert(1)>'
+    shutil.copytree(runs["decoder"], hostile_dir)
+    out = tmp_path / "a.html"
+    assert cli("inspect-attention", hostile_dir, "--text", "x", "-o", out).code == 0
+    parsed = _parse(out.read_text(encoding="utf-8"))
+    assert not any(t == "img" for t, _ in parsed.tags)
+    assert any("<img src=x onerror=alert(1)>" in chunk for chunk in parsed.text)  # shown as text
+
+
+HARNESS = r"""
+const fs = require("fs");
+const page = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
+class ClassList { constructor() { this.set = new Set(); } toggle(n, on) { if (on === undefined ? !this.set.has(n) : on) this.set.add(n); else this.set.delete(n); } contains(n) { return this.set.has(n); } }
+class Element {
+  constructor(tag) { this.tagName = tag; this.children = []; this.listeners = {}; this.style = {}; this.classList = new ClassList(); this._text = ""; this.value = ""; this.hidden = false; this.width = 0; this.height = 0; }
+  appendChild(c) { this.children.push(c); return c; }
+  set textContent(t) { this._text = String(t); this.children = []; }
+  get textContent() { return this._text + this.children.map((c) => c.textContent).join(""); }
+  set innerHTML(v) { throw new Error("innerHTML used"); }
+  set outerHTML(v) { throw new Error("outerHTML used"); }
+  insertAdjacentHTML() { throw new Error("insertAdjacentHTML used"); }
+  set className(v) { this._class = v; } get className() { return this._class; }
+  addEventListener(type, fn) { (this.listeners[type] = this.listeners[type] || []).push(fn); }
+  fire(type, ev) { (this.listeners[type] || []).forEach((fn) => fn(ev || { target: this })); }
+  getContext() { const el = this; return { createImageData: (w, h) => ({ width: w, height: h, data: new Uint8ClampedArray(w * h * 4) }), putImageData: (img) => { el.image = img; } }; }
+  getBoundingClientRect() { return { left: 0, top: 0, width: this.width * 10, height: this.height * 10 }; }
+}
+const byId = {};
+for (const id of ["layer", "head", "thumbs", "extra", "panels", "problem"]) byId[id] = new Element(id === "layer" || id === "head" ? "select" : "div");
+byId.problem.hidden = true;
+byId["tfcli-data"] = new Element("script"); byId["tfcli-data"].textContent = page.data;
+global.document = { getElementById: (id) => byId[id], createElement: (tag) => new Element(tag), write() { throw new Error("document.write used"); } };
+function all(el, pred, out = []) { if (pred(el)) out.push(el); el.children.forEach((c) => all(c, pred, out)); return out; }
+const alpha = (s) => { const m = /rgba\(\d+,\d+,\d+,([0-9.]+)\)/.exec(s.style.background || ""); return m ? Number(m[1]) : 0; };
+eval(page.code);
+setTimeout(() => {
+  const out = { problem: byId.problem.hidden ? null : byId.problem.textContent };
+  const panels = byId.panels.children;
+  out.panels = panels.length;
+  const blocks = all(panels[0], (e) => e._class === "tokens");
+  const keySpans = blocks[0].children.slice(1), querySpans = blocks[1].children.slice(1);
+  out.keyTexts = keySpans.map((s) => s.textContent);
+  const q = page.hover;
+  keySpans[q].fire("mouseenter");
+  out.toTitle = blocks[0].children[0].textContent;
+  out.byTitle = blocks[1].children[0].textContent;
+  out.keyAlpha = keySpans.map(alpha);
+  out.queryAlpha = querySpans.map(alpha);
+  out.thumbs = byId.thumbs.children.length;
+  out.layerOptions = byId.layer.children.length;
+  const canvas = all(panels[0], (e) => e.tagName === "canvas")[0];
+  out.mapSize = [canvas.width, canvas.height];
+  out.mapPixel = Array.from(canvas.image.data.slice(0, 4));
+  byId.layer.fire("change", { target: { value: "1" } });
+  byId.head.fire("change", { target: { value: "2" } });
+  const status = all(panels[0], (e) => e._class === "status")[0];
+  canvas.fire("mousemove", { clientX: 5 + 10 * 0, clientY: 5 + 10 * q });
+  out.status = status.textContent;
+  out.keyAlphaAfter = keySpans.map(alpha);
+  out.extra = byId.extra.textContent;
+  console.log(JSON.stringify(out));
+}, 200);
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_page_script_runs_and_hover_shows_the_weights(cli, runs, tmp_path):
+    out = tmp_path / "a.html"
+    assert cli("inspect-attention", runs["decoder"], "--text", TEXT, "--summary", "-o", out).code == 0
+    parsed = _parse(out.read_text(encoding="utf-8"))
+    weights = capture_attention(load_checkpoint(runs["decoder"]), TEXT).weights
+    hover = 5
+    spec = tmp_path / "page.json"
+    spec.write_text(json.dumps({"data": parsed.scripts[0][1], "code": parsed.scripts[1][1], "hover": hover}))
+    harness = tmp_path / "harness.js"
+    harness.write_text(HARNESS)
+    done = subprocess.run(["node", str(harness), str(spec)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["problem"] is None and result["panels"] == 1
+    data = json.loads(parsed.scripts[0][1])
+    assert result["keyTexts"] == data["panels"][0]["queries"]  # tokens set as text
+    T = weights.shape[2]
+    # hovering token 5: keys coloured by what it attends to (row 5), queries by what attends to it (column 5)
+    assert np.allclose(result["keyAlpha"], np.sqrt(weights[0, 0, hover]), atol=1.5 / 255)
+    assert np.allclose(result["queryAlpha"], np.sqrt(weights[0, 0, :, hover]), atol=1.5 / 255)
+    assert all(a == 0 for a in result["keyAlpha"][hover + 1:])  # masked keys uncoloured
+    assert result["toTitle"].startswith("what \u201c") and f"({hover}) attends to" in result["toTitle"]
+    assert result["thumbs"] == 4 and result["layerOptions"] == 2 and result["mapSize"] == [T, T]
+    v = np.sqrt(weights[0, 0, 0, 0])
+    assert result["mapPixel"] == [round(255 - v * 225), round(255 - v * 175), round(255 - v * 95), 255]
+    # after picking layer 1, head 2 and moving over the map's cell (hover, 0)
+    labels = data["panels"][0]["queries"]
+    prefix = f"\u201c{labels[hover]}\u201d ({hover}) \u2192 \u201c{labels[0]}\u201d (0): "
+    assert result["status"].startswith(prefix)
+    shown = float(result["status"][len(prefix):].rstrip("%"))
+    assert abs(shown - 100 * weights[1, 2, hover, 0]) <= 0.05 + 100 * 2 * np.sqrt(weights[1, 2, hover, 0]) / 255
+    assert np.allclose(result["keyAlphaAfter"], np.sqrt(weights[1, 2, hover]), atol=1.5 / 255)
+    assert "head summary" in result["extra"]
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_png_heatmap_grid_and_token_view(cli, runs, tmp_path):
+    one = cli("inspect-attention", runs["decoder"], "--text", "The fox $x$ found a $ball$.", "-o", tmp_path / "one.png")
+    assert one.code == 0, one.stderr
+    width, height = _png_size(tmp_path / "one.png")
+    assert width >= 400 and height >= 400
+    grid = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--head", "all", "--layer", "all", "--format", "png", "-o", tmp_path / "grid.png")
+    assert grid.code == 0 and _png_size(tmp_path / "grid.png")[0] > 400
+    token = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--token", "fox", "--compare-run", runs["decoder2"], "-o", tmp_path / "tok.png")
+    assert token.code == 0 and _png_size(tmp_path / "tok.png")[1] > 200
+    assert "wrote" in token.stderr
+
+
+def test_json_export_has_every_layer_and_head(cli, runs, tmp_path):
+    out = tmp_path / "w.json"
+    result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--token", "fox", "-o", out)
+    assert result.code == 0, result.stderr
+    data = json.loads(out.read_text(encoding="utf-8"))
+    assert data["format"] == "tfcli-attention" and data["layers"] == [0, 1] and data["heads"] == [0, 1, 2, 3]
+    capture = data["captures"][0]
+    tokenizer = TextTokenizer.load(runs["decoder"])
+    assert [t["id"] for t in capture["queries"]] == tokenizer.encode(TEXT)
+    w = np.array(capture["weights"])
+    assert w.shape == (2, 4, len(capture["queries"]), len(capture["queries"]))
+    assert np.allclose(w.sum(axis=-1), 1.0, atol=1e-4) and np.all(np.triu(w[0, 0], 1) == 0)
+    focus = capture["focus"]
+    assert capture["queries"][focus["position"]]["text"].strip() == "fox"
+    assert np.allclose(np.array(focus["weights"]), w[:, :, focus["position"]])
+    stdout = cli("inspect-attention", runs["decoder"], "--text", "The fox ran.", "--json")  # what the screen shows
+    assert np.array(json.loads(stdout.stdout)["captures"][0]["weights"]).shape[:2] == (1, 1)
+    some = cli("inspect-attention", runs["decoder"], "--text", "The fox ran.", "--format", "json", "--layer", "1", "--head", "all")
+    assert json.loads(some.stdout)["layers"] == [1]
+
+
+def test_encoder_decoder_outputs(cli, runs, tmp_path):
+    base = ("inspect-attention", runs["seq2seq"], "--text", "the fox found a ball", "--target", "a red ball")
+    assert cli(*base, "-o", tmp_path / "cross.html").code == 0
+    data = json.loads(_parse((tmp_path / "cross.html").read_text(encoding="utf-8")).scripts[0][1])
+    panel = data["panels"][0]
+    assert data["kind"] == "cross" and not data["self_attention"] and panel["keys"] is not None and not panel["causal"]
+    assert panel["shape"][2:] == [len(panel["queries"]), len(panel["keys"])]
+    exported = json.loads(cli(*base, "--attention", "decoder", "--format", "json").stdout)
+    assert exported["attention"] == "decoder" and exported["causal"]
+    assert cli(*base, "--attention", "encoder", "-o", tmp_path / "enc.png").code == 0
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_page_script_for_cross_attention(cli, runs, tmp_path):
+    out = tmp_path / "cross.html"
+    source, target = "the fox found a red ball in the park", "a red ball"
+    assert cli("inspect-attention", runs["seq2seq"], "--text", source, "--target", target, "-o", out).code == 0
+    parsed = _parse(out.read_text(encoding="utf-8"))
+    weights = capture_attention(load_checkpoint(runs["seq2seq"]), source, target=target, kind="cross").weights
+    hover = 3  # a source token: colour the target tokens by how much each attends to it
+    spec = tmp_path / "page.json"
+    spec.write_text(json.dumps({"data": parsed.scripts[0][1], "code": parsed.scripts[1][1], "hover": hover}))
+    harness = tmp_path / "harness.js"
+    harness.write_text(HARNESS)
+    done = subprocess.run(["node", str(harness), str(spec)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["problem"] is None
+    T, S = weights.shape[2:]
+    assert result["mapSize"] == [S, T] and len(result["keyTexts"]) == S
+    assert np.allclose(result["queryAlpha"], np.sqrt(weights[0, 0, :, hover]), atol=1.5 / 255)
+    assert all(a == 0 for a in result["keyAlpha"])  # no query picked yet
+    assert f"({hover})" in result["byTitle"]

@@ -1,0 +1,448 @@
+"""`tfcli train pretrain / finetune`: objectives, the run directory, exact resume, signals, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY_TEXT, snapshot
+
+TINY_MODEL = ["--set", "d_model=32", "--set", "n_heads=2", "--set", "n_layers=1", "--set", "d_ff=64"]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, trained_tokenizer) -> Path:
+    """Shards of the tiny text, with the tokenizer beside them (found without --tokenizer)."""
+    import shutil
+
+    from tfcli.data.corpus import resolve_corpus
+    from tfcli.data.shards import encode_corpus
+    from tfcli.tokenizer.core import TextTokenizer
+
+    folder = tmp_path_factory.mktemp("data")
+    corpus = folder / "corpus.txt"
+    corpus.write_text(TINY_TEXT * 30, encoding="utf-8")
+    shutil.copytree(trained_tokenizer, folder / "tokenizer")
+    encode_corpus(resolve_corpus([corpus]), TextTokenizer.load(folder / "tokenizer"), folder / "shards", val_fraction=0.2)
+    return folder / "shards"
+
+
+@pytest.fixture(scope="module")
+def reviews(tmp_path_factory) -> Path:
+    """A labeled set a tiny model can learn: the label is whether the text mentions the fox."""
+    import random
+
+    rng = random.Random(0)
+    folder = tmp_path_factory.mktemp("labeled")
+    lines = []
+    for i in range(120):
+        fox = i % 2 == 0
+        words = rng.sample(["the", "dog", "ball", "park", "rain", "cat", "apple", "day"], 4)
+        words.insert(rng.randrange(5), "fox" if fox else "tom")
+        lines.append(json.dumps({"text": " ".join(words), "label": "fox" if fox else "other"}))
+    path = folder / "reviews.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def pretrain_args(shards: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "pretrain", "--data", shards, "-o", out, "--block-size", "32", "--batch-size", "4", "--lr", "3e-3",
+            "--log-every", "1", *TINY_MODEL, *extra]
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(run: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(run / "model.safetensors"))
+
+
+def test_pretrain_decoder_makes_a_complete_run_directory(cli, shards, tmp_path):
+    from tfcli.checkpoint import load_checkpoint
+
+    run = tmp_path / "run"
+    result = cli(*pretrain_args(shards, run, "--max-steps", "40", "--eval-every", "20", "--json"))
+    assert result.code == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["step"] == 40 and summary["stopped_by"] == "steps"
+    rows = records(run)
+    assert [r["step"] for r in rows] == list(range(1, 41))
+    assert rows[-1]["loss"] < rows[0]["loss"] - 1.0  # it learns
+    assert {"val_loss", "val_ppl", "val_bpb"} <= set(rows[19]) and "val_loss" not in rows[18]
+    assert "NaN" not in (run / "metrics.jsonl").read_text()
+    assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (run / "trainer" / "optimizer.safetensors").is_file()
+    checkpoint = load_checkpoint(run)
+    assert checkpoint.config.training["step"] == 40 and checkpoint.config.training["task"] == "lm"
+    assert checkpoint.config.model.block_size == 32 and checkpoint.config.model.d_model == 32
+    best = load_checkpoint(run / "best")
+    assert best.config.training["step"] in (20, 40)
+    assert summary["best_val_loss"] == min(r["val_loss"] for r in rows if "val_loss" in r)
+
+
+@pytest.mark.parametrize("arch", ["encoder", "encoder-decoder"])
+def test_pretrain_encoder_and_encoder_decoder_objectives_learn(cli, shards, tmp_path, arch):
+    run = tmp_path / arch
+    result = cli(*pretrain_args(shards, run, "--arch", arch, "--max-steps", "40", "--eval-every", "40"))
+    assert result.code == 0, result.stderr
+    rows = records(run)
+    first = sum(r["loss"] for r in rows[:5]) / 5
+    last = sum(r["loss"] for r in rows[-5:]) / 5
+    assert last < first - 0.5
+    assert "val_loss" in rows[-1]
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"]["arch"] == arch
+    assert config["training"]["task"] == {"encoder": "mlm", "encoder-decoder": "denoise"}[arch]
+
+
+def _spawn(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tfcli", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _wait_for_step(run: Path, process: subprocess.Popen, step: int, timeout: float = 120.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            done = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        except (FileNotFoundError, json.JSONDecodeError):
+            done = []
+        if done and done[-1] >= step:
+            return done[-1]
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.005)
+    raise AssertionError("the run did not get there in time")
+
+
+def test_a_run_killed_between_checkpoints_resumes_bit_for_bit(cli, shards, tmp_path):
+    args = ["--max-steps", "60", "--save-every", "10", "--eval-every", "10", "--batch-size", "16"]
+    whole = tmp_path / "whole"
+    assert cli(*pretrain_args(shards, whole, *args)).code == 0
+    broken = tmp_path / "broken"
+    process = _spawn(pretrain_args(shards, broken, *args))
+    reached = _wait_for_step(broken, process, 23)
+    process.send_signal(signal.SIGKILL)
+    process.communicate()
+    saved = json.loads((broken / "trainer" / "state.json").read_text())["step"]
+    assert saved % 10 == 0 and saved < 60 and reached < 60
+    result = cli(*pretrain_args(shards, broken, *args, "--resume"))
+    assert result.code == 0, result.stderr
+    a, b = weights(whole), weights(broken)
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+    steps = [r["step"] for r in records(broken)]
+    assert steps == list(range(1, 61))  # one record per step: those past the checkpoint were dropped, not doubled
+    assert [r["loss"] for r in records(broken)] == pytest.approx([r["loss"] for r in records(whole)], abs=1e-6)
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_saves_a_checkpoint_that_resumes(cli, shards, tmp_path, signum, code):
+    args = ["--max-steps", "400", "--save-every", "1000", "--eval-every", "1000", "--batch-size", "16"]
+    run = tmp_path / "run"
+    process = _spawn(pretrain_args(shards, run, *args))
+    _wait_for_step(run, process, 3)
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == code, err
+    assert "--resume" in err and "Traceback" not in err
+    state = json.loads((run / "trainer" / "state.json").read_text())
+    assert 3 <= state["step"] < 400
+    assert records(run)[-1]["step"] == state["step"]
+    result = cli(*pretrain_args(shards, run, "--max-steps", str(state["step"] + 2), "--save-every", "1000",
+                                "--eval-every", "1000", "--batch-size", "16", "--resume"))
+    assert result.code == 0, result.stderr
+    assert json.loads((run / "trainer" / "state.json").read_text())["step"] == state["step"] + 2
+
+
+def test_a_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(cli, shards, tmp_path, monkeypatch):
+    from tfcli.checkpoint import load_checkpoint
+    from tfcli.train import objectives
+
+    run = tmp_path / "run"
+    assert cli(*pretrain_args(shards, run, "--max-steps", "2")).code == 0
+    before = snapshot(run)
+    result = cli(*pretrain_args(shards, run, "--max-steps", "2", "--resume"))
+    assert result.code == 0 and snapshot(run)["model.safetensors"] == before["model.safetensors"]
+
+    real_loss, calls = objectives.loss_sum, []
+
+    def loss_turning_nan_at_step_4(*args, **kwargs):
+        calls.append(1)
+        loss = real_loss(*args, **kwargs)
+        return loss * float("nan") if len(calls) == 4 else loss
+
+    monkeypatch.setattr(objectives, "loss_sum", loss_turning_nan_at_step_4)
+    run = tmp_path / "exploding"
+    result = cli(*pretrain_args(shards, run, "--max-steps", "50", "--save-every", "2"))
+    assert result.code == 2
+    assert "step 4:" in result.stderr and "not finite" in result.stderr and "step 2" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert json.loads((run / "trainer" / "state.json").read_text())["step"] == 2
+    load_checkpoint(run)  # the last checkpoint holds only finite tensors
+    text = (run / "metrics.jsonl").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+
+
+def test_resume_refuses_a_changed_model_or_setting(cli, shards, tmp_path):
+    run = tmp_path / "run"
+    assert cli(*pretrain_args(shards, run, "--max-steps", "3")).code == 0
+    before = snapshot(run)
+    result = cli(*pretrain_args(shards, run, "--max-steps", "5", "--resume", "--set", "n_layers=2"))
+    assert result.code == 2 and "n_layers" in result.stderr
+    result = cli(*pretrain_args(shards, run, "--max-steps", "5", "--resume", "--batch-size", "8"))
+    assert result.code == 2 and "batch_size" in result.stderr
+    result = cli(*pretrain_args(shards, run, "--max-steps", "5"))
+    assert result.code == 2 and "already holds a run" in result.stderr
+    assert snapshot(run) == before
+    result = cli(*pretrain_args(shards, tmp_path / "fresh", "--max-steps", "5", "--resume"))
+    assert result.code == 2 and "no run to resume" in result.stderr
+
+
+def test_bad_inputs_are_one_line_errors(cli, shards, tmp_path):
+    cases = [
+        (pretrain_args(shards, tmp_path / "a", "--block-size", "100000"), "fewer than one window"),
+        (pretrain_args(tmp_path, tmp_path / "b"), "meta.json"),
+        (pretrain_args(shards, tmp_path / "c", "--arch", "lstm"), "--arch"),
+        (pretrain_args(shards, tmp_path / "d", "--set", "warp=9"), "warp"),
+        (pretrain_args(shards, tmp_path / "e", "--time-budget", "soon"), "duration"),
+        (pretrain_args(shards, tmp_path / "f", "--lr", "-1"), "lr"),
+        (pretrain_args(shards, tmp_path / "g", "--device", "cuda"), "cuda"),
+    ]
+    for args, needle in cases:
+        result = cli(*args)
+        assert result.code == 2, (args, result.stderr)
+        assert needle in result.stderr and "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    result = cli(*pretrain_args(shards, afile, "--max-steps", "2"))
+    assert result.code == 2 and afile.read_text() == "keep me"
+
+
+def test_a_failing_save_is_a_clear_error_and_keeps_the_previous_checkpoint(cli, shards, tmp_path, monkeypatch):
+    import errno
+
+    import safetensors.torch
+
+    run = tmp_path / "run"
+    assert cli(*pretrain_args(shards, run, "--max-steps", "2")).code == 0
+    real = safetensors.torch.save_file
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    before = {k: v for k, v in snapshot(run).items() if k != "metrics.jsonl"}
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    result = cli(*pretrain_args(shards, run, "--max-steps", "4", "--resume"))
+    assert result.code == 2 and "No space left" in result.stderr, result.stderr
+    monkeypatch.setattr(safetensors.torch, "save_file", real)
+    after = {k: v for k, v in snapshot(run).items() if k != "metrics.jsonl" and k != "loss.png"}
+    assert after == {k: v for k, v in before.items() if k != "loss.png"}
+
+
+def test_time_budget_ends_the_run_on_time(cli, shards, tmp_path):
+    run = tmp_path / "run"
+    result = cli(*pretrain_args(shards, run, "--time-budget", "2s", "--eval-every", "0", "--json"))
+    assert result.code == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["stopped_by"] == "budget" and 2.0 <= summary["elapsed_seconds"] < 6.0
+    lrs = [r["lr"] for r in records(run)]
+    assert max(lrs) > 2.9e-3 and lrs[-1] < 1e-3  # warmed up, then decayed over the budget
+
+
+def test_config_file_and_sets_resolve_in_order(cli, shards, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text('preset = "tiny"\n[model]\nd_model = 48\nn_heads = 3\npositions = "rotary"\n[train]\nlr = 0.002\nseed = 7\n')
+    run = tmp_path / "run"
+    result = cli("train", "pretrain", "--data", shards, "-o", run, "--config", config, "--set", "n_layers=1", "--set", "train.seed=8",
+                 "--block-size", "32", "--max-steps", "2", "--seed", "9", "--batch-size", "2")
+    assert result.code == 0, result.stderr
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["model"]["d_model"] == 48 and saved["model"]["positions"] == "rotary" and saved["model"]["n_layers"] == 1
+    assert saved["training"]["config"]["lr"] == 0.002 and saved["training"]["config"]["seed"] == 9
+
+
+def test_finetune_classifier_learns_and_records_labels(cli, shards, reviews, tmp_path):
+    from tfcli.checkpoint import load_checkpoint
+
+    parent = tmp_path / "parent"
+    assert cli(*pretrain_args(shards, parent, "--max-steps", "5")).code == 0
+    child = tmp_path / "child"
+    result = cli("train", "finetune", "--init-from", parent, "--task", "classify", "--data", reviews, "-o", child,
+                 "--max-steps", "60", "--batch-size", "16", "--lr", "3e-3", "--eval-every", "60", "--json")
+    assert result.code == 0, result.stderr
+    last = json.loads(result.stdout)["last"]
+    assert last["val_accuracy"] >= 0.9 and last["val_macro_f1"] >= 0.9
+    checkpoint = load_checkpoint(child)
+    assert checkpoint.config.model.n_classes == 2
+    assert checkpoint.config.training["labels"] == ["fox", "other"]
+    parent_weights, child_weights = weights(parent), weights(child)
+    assert not (parent_weights["tok_emb.weight"] == child_weights["tok_emb.weight"]).all()
+
+
+def test_finetune_with_a_frozen_body_trains_only_the_head(cli, shards, reviews, tmp_path):
+    parent = tmp_path / "parent"
+    assert cli(*pretrain_args(shards, parent, "--arch", "encoder", "--max-steps", "3")).code == 0
+    child = tmp_path / "child"
+    result = cli("train", "finetune", "--init-from", parent, "--task", "classify", "--data", reviews, "-o", child,
+                 "--max-steps", "5", "--freeze", "body")
+    assert result.code == 0, result.stderr
+    a, b = weights(parent), weights(child)
+    assert all((a[k] == b[k]).all() for k in a)
+    assert "classifier.weight" in b and "classifier.weight" not in a
+
+
+def test_finetune_seq2seq_and_continued_lm(cli, shards, tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"source": f"the fox {i}", "target": f"a dog {i}"}) + "\n" for i in range(40)))
+    parent = tmp_path / "s2s"
+    assert cli(*pretrain_args(shards, parent, "--arch", "encoder-decoder", "--max-steps", "3")).code == 0
+    child = tmp_path / "s2s-child"
+    result = cli("train", "finetune", "--init-from", parent, "--task", "seq2seq", "--data", pairs, "-o", child,
+                 "--max-steps", "30", "--batch-size", "8", "--lr", "3e-3", "--eval-every", "30", "--json")
+    assert result.code == 0, result.stderr
+    rows = records(child)
+    assert rows[-1]["loss"] < rows[0]["loss"] and "val_loss" in rows[-1]
+
+    decoder = tmp_path / "lm"
+    assert cli(*pretrain_args(shards, decoder, "--max-steps", "3")).code == 0
+    result = cli("train", "finetune", "--init-from", decoder, "--task", "lm", "--data", shards, "-o", tmp_path / "lm2",
+                 "--max-steps", "3", "--block-size", "16")
+    assert result.code == 0, result.stderr
+
+
+def test_finetune_refusals(cli, shards, reviews, tmp_path, trained_tokenizer):
+    parent = tmp_path / "parent"
+    assert cli(*pretrain_args(shards, parent, "--max-steps", "2")).code == 0
+    other = tmp_path / "other-shards"
+    from tfcli.data.corpus import resolve_corpus
+    from tfcli.data.shards import encode_corpus
+    from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
+    from tfcli.tokenizer.core import TextTokenizer
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(TINY_TEXT * 10)
+    train_tokenizer(resolve_corpus([corpus]), tmp_path / "tok2", TokenizerTrainingConfig(vocab_size=300))
+    encode_corpus(resolve_corpus([corpus]), TextTokenizer.load(tmp_path / "tok2"), other)
+    bad_label = tmp_path / "bad.jsonl"
+    bad_label.write_text('{"text": "a", "label": "x"}\n{"text": "b"}\n')
+    one_label = tmp_path / "one.jsonl"
+    one_label.write_text('{"text": "a", "label": "x"}\n{"text": "b", "label": "x"}\n')
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    cases = [
+        (["--task", "lm", "--data", other], "another tokenizer"),
+        (["--task", "classify", "--data", bad_label], "line 2"),
+        (["--task", "classify", "--data", one_label], "only one label"),
+        (["--task", "classify", "--data", empty], "no labeled examples"),
+        (["--task", "seq2seq", "--data", reviews], "encoder-decoder"),
+        (["--task", "classify", "--data", reviews, "--set", "d_model=64"], "d_model"),
+        (["--task", "classify", "--data", reviews, "--block-size", "999"], "context"),
+    ]
+    for args, needle in cases:
+        result = cli("train", "finetune", "--init-from", parent, "-o", tmp_path / "child", "--max-steps", "1", *args)
+        assert result.code == 2, (args, result.stderr)
+        assert needle in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert not (tmp_path / "child" / "config.json").exists()
+
+
+def _torchrun(args: list, nproc: int = 2) -> subprocess.Popen:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc),
+               "-m", "tfcli", *map(str, args)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+
+
+def test_two_gloo_ranks_match_one_process_with_the_whole_batch(cli, shards, tmp_path):
+    common = ["--max-steps", "6", "--eval-every", "3", "--set", "bias=false", "--grad-accum", "2"]
+    single = tmp_path / "single"
+    assert cli(*pretrain_args(shards, single, *common, "--batch-size", "8")).code == 0
+    double = tmp_path / "double"
+    process = _torchrun(pretrain_args(shards, double, *common, "--batch-size", "4"))
+    out, err = process.communicate(timeout=240)
+    assert process.returncode == 0, err
+    assert out.count("done:") == 1  # rank 0 alone speaks
+    one, two = records(single), records(double)
+    assert [r["step"] for r in one] == [r["step"] for r in two] == list(range(1, 7))
+    for a, b in zip(one, two):
+        assert abs(a["loss"] - b["loss"]) < 1e-5
+        assert a["tokens"] == b["tokens"]
+    assert abs(one[-1]["val_loss"] - two[-1]["val_loss"]) < 1e-5
+    wa, wb = weights(single), weights(double)
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-6
+    state = json.loads((double / "trainer" / "state.json").read_text())
+    assert state["world_size"] == 2
+    result = cli(*pretrain_args(shards, double, *common, "--batch-size", "4", "--resume", "--max-steps", "8"))
+    assert result.code == 2 and "world size was 2, now 1" in result.stderr
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the worker processes through /proc")
+def test_a_rank_that_dies_ends_the_whole_run_with_an_error(shards, tmp_path):
+    run = tmp_path / "run"
+    process = _torchrun(pretrain_args(shards, run, "--max-steps", "100000", "--batch-size", "4", "--eval-every", "0"))
+    _wait_for_step(run, process, 2)
+    victims = [c for c in _children(process.pid) if b"RANK=1\x00" in Path(f"/proc/{c}/environ").read_bytes()]
+    assert victims, "no rank-1 worker found"
+    os.kill(victims[0], signal.SIGKILL)
+    process.communicate(timeout=120)
+    assert process.returncode != 0
+
+
+def test_eval_scores_shards_text_and_labeled_sets(cli, shards, reviews, tmp_path, tiny_corpus):
+    import math
+
+    run = tmp_path / "run"
+    assert cli(*pretrain_args(shards, run, "--max-steps", "20", "--eval-every", "20")).code == 0
+    result = cli("eval", run, "--data", shards, "--json")
+    assert result.code == 0, result.stderr
+    scored = json.loads(result.stdout)
+    assert scored["task"] == "lm" and scored["split"] == "val" and scored["tokens"] > 0
+    assert math.isclose(scored["ppl"], math.exp(scored["loss"]), rel_tol=1e-6) and 0 < scored["bpb"] < scored["loss"]
+    text = cli("eval", run, "--data", tiny_corpus, "--json")
+    assert text.code == 0 and json.loads(text.stdout)["loss"] > 0
+    table = cli("eval", run, "--data", shards)
+    assert "bits per byte" in table.stdout
+
+    child = tmp_path / "child"
+    assert cli("train", "finetune", "--init-from", run, "--task", "classify", "--data", reviews, "-o", child,
+               "--max-steps", "10", "--batch-size", "8").code == 0
+    labeled = cli("eval", child, "--data", reviews, "--json")
+    scored = json.loads(labeled.stdout)
+    assert scored["task"] == "classify" and scored["examples"] == 120 and 0 <= scored["accuracy"] <= 1 and "macro_f1" in scored
+
+    assert "no classification head" in cli("eval", run, "--data", reviews).stderr
+    assert cli("eval", run, "--data", tmp_path / "missing").code == 2
+    assert cli("eval", tmp_path / "nope", "--data", shards).code == 2
+
+
+def test_compile_falls_back_with_a_note_where_it_fails(cli, shards, tmp_path, monkeypatch):
+    import torch
+
+    def broken_compile(module, *args, **kwargs):
+        def run(*a, **k):
+            raise RuntimeError("no compiler here")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    run = tmp_path / "run"
+    result = cli(*pretrain_args(shards, run, "--max-steps", "3", "--compile"))
+    assert result.code == 0, result.stderr
+    assert "torch.compile does not work here" in result.stderr
+    assert json.loads((run / "config.json").read_text())["training"]["config"]["compile"] is True
+    assert records(run)[-1]["step"] == 3

@@ -1,0 +1,136 @@
+"""The pieces of training: settings, the schedule, data slots, masks, the optimizer state, macro-F1."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tfcli.errors import TfcliError
+from tfcli.train.config import TrainConfig, parse_duration, parse_value, resolve_configs
+from tfcli.train.optim import lr_factor
+
+
+@pytest.mark.parametrize("text, seconds", [("90s", 90), ("3m", 180), ("1h30m", 5400), ("45", 45), ("1.5m", 90)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["soon", "3x", "m", "", "0s"])
+def test_parse_duration_refuses(text):
+    with pytest.raises(TfcliError):
+        parse_duration(text)
+
+
+def test_set_values_read_as_toml():
+    assert parse_value("3") == 3 and parse_value("0.5") == 0.5 and parse_value("true") is True and parse_value("rotary") == "rotary"
+
+
+def test_settings_resolve_and_refuse_unknown_keys():
+    model, train = resolve_configs(preset_name="tiny", config_file=None, sets=["d_model=32", "train.lr=0.01", "n_heads=2"],
+                                   options={"lr": 0.02, "model.block_size": 64})
+    assert model.d_model == 32 and model.block_size == 64 and train.lr == 0.02
+    with pytest.raises(TfcliError, match="warp"):
+        resolve_configs(preset_name="tiny", config_file=None, sets=["warp=1"], options={})
+    with pytest.raises(TfcliError, match="lr"):
+        TrainConfig(lr=-1)
+
+
+def test_schedule_warms_up_then_decays():
+    cfg = TrainConfig(max_steps=100, warmup_steps=10, min_lr_ratio=0.1)
+    assert lr_factor(cfg, 0) == pytest.approx(1 / 11)
+    assert lr_factor(cfg, 10) == pytest.approx(1.0)
+    assert lr_factor(cfg, 99) == pytest.approx(0.1)
+    factors = [lr_factor(cfg, s) for s in range(10, 100)]
+    assert all(a >= b for a, b in zip(factors, factors[1:]))
+    linear = TrainConfig(max_steps=100, warmup_steps=0, schedule="linear", min_lr_ratio=0.0)
+    assert lr_factor(linear, 0) == 1.0 and lr_factor(linear, 50) == pytest.approx(1 - 50 / 99)
+    assert lr_factor(TrainConfig(schedule="constant", warmup_steps=0), 500) == 1.0
+    budget = TrainConfig(schedule="cosine", min_lr_ratio=0.0)
+    assert lr_factor(budget, 0, 0.025) == pytest.approx(0.5) and lr_factor(budget, 9, 1.0) == pytest.approx(0.0)
+
+
+def test_rank_slices_tile_the_single_process_batch():
+    from tfcli.train.data import LMSource, Slot
+
+    tokens = np.arange(1000, dtype=np.uint16)
+    single = LMSource(tokens, tokens, 16, 8, seed=3).batch(Slot(5, 1))
+    halves = [LMSource(tokens, tokens, 16, 4, seed=3).batch(Slot(5, 1, rank, 2)) for rank in (0, 1)]
+    assert torch.equal(torch.cat([h.tensors["ids"] for h in halves]), single.tensors["ids"])
+    assert torch.equal(single.tensors["labels"][:, :-1], single.tensors["ids"][:, 1:])  # next-token targets
+
+
+def test_labeled_batches_visit_every_example_once_per_epoch():
+    from tfcli.data.labeled import LabeledSet
+    from tfcli.train.data import LabeledSource, Slot
+
+    data = LabeledSet([[i + 10] for i in range(12)], [i % 2 for i in range(12)], "x")
+    source = LabeledSource("classify", data, None, 3, seed=1, pad_id=0, eos_id=0, accum=2)
+    seen = [int(x) for step in range(2) for micro in range(2) for x in source.batch(Slot(step, micro)).tensors["ids"][:, 0]]
+    assert sorted(seen) == list(range(10, 22))
+
+
+def test_bert_masking_recipe():
+    from tfcli.train.data import IGNORE, mask_tokens
+
+    ids = torch.randint(10, 100, (64, 128))
+    protected = torch.zeros_like(ids, dtype=torch.bool)
+    protected[:, 0] = True
+    inputs, labels = mask_tokens(ids, torch.Generator().manual_seed(0), prob=0.15, mask_id=3, vocab=100, protected=protected)
+    picked = labels != IGNORE
+    assert abs(picked.float().mean().item() - 0.15) < 0.01 and not picked[:, 0].any()
+    assert torch.equal(labels[picked], ids[picked])
+    masked = (inputs[picked] == 3).float().mean().item()
+    kept = (inputs[picked] == ids[picked]).float().mean().item()
+    assert abs(masked - 0.8) < 0.03 and 0.07 < kept < 0.14
+    assert torch.equal(inputs[~picked], ids[~picked])
+
+
+def test_span_corruption_collapses_spans_into_single_masks():
+    from tfcli.train.data import span_corrupt
+
+    ids = list(range(10, 110))
+    out = span_corrupt(ids, torch.Generator().manual_seed(0), density=0.3, mean_span=3.0, mask_id=1)
+    assert 1 in out and len(out) < len(ids)
+    kept = [t for t in out if t != 1]
+    assert kept == sorted(kept) and set(kept) <= set(ids)
+
+
+def test_optimizer_state_round_trips_through_named_tensors():
+    from tfcli.model.config import preset
+    from tfcli.model.transformer import Transformer
+    from tfcli.train.optim import load_optimizer_tensors, make_optimizer, optimizer_tensors
+
+    model = Transformer(preset("tiny", vocab_size=50, d_model=16, n_heads=2, n_layers=1, d_ff=32, block_size=8))
+    names = {id(p): n for n, p in model.named_parameters()}
+    optimizer = make_optimizer(model, TrainConfig(), torch.device("cpu"))
+    model(torch.randint(0, 50, (2, 8))).logits.sum().backward()
+    optimizer.step()
+    tensors = optimizer_tensors(optimizer, names)
+    assert "tok_emb.weight/exp_avg" in tensors and "lm_head.weight/exp_avg" not in tensors  # tied: saved once
+    fresh = make_optimizer(model, TrainConfig(), torch.device("cpu"))
+    load_optimizer_tensors(fresh, tensors, names)
+    for key, value in optimizer_tensors(fresh, names).items():
+        assert torch.equal(value, tensors[key])
+    with pytest.raises(TfcliError, match="not a trainable parameter"):
+        load_optimizer_tensors(fresh, {**tensors, "ghost.weight/exp_avg": torch.zeros(1)}, names)
+
+
+def test_macro_f1_matches_the_hand_computed_value():
+    from tfcli.train.objectives import macro_f1
+
+    assert macro_f1([0, 0, 1], [0, 1, 1]) == pytest.approx(2 / 3)
+    assert macro_f1([1, 1, 1], [1, 1, 1]) == 1.0
+
+
+def test_flops_estimate_matches_the_6n_rule():
+    from tfcli.model.config import preset
+    from tfcli.train.flops import training_flops_per_token
+
+    config = preset("gpt2-small")
+    flops = training_flops_per_token(config, 1024)
+    non_embedding = 124_439_808 - 50257 * 768 - 1024 * 768
+    expected = 6 * (non_embedding + 50257 * 768) + 12 * 12 * 768 * 1024
+    assert math.isclose(flops, expected, rel_tol=0.01)

@@ -1,0 +1,344 @@
+"""`tfcli generate RUN`: continue text (greedy, sampling, beam search), fill in masks, or classify."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from tfcli.cli.common import JsonFlag, print_json, stderr_console
+
+_BIDI_CONTROLS = set(range(0x202A, 0x202F)) | set(range(0x2066, 0x206A)) | {0x200E, 0x200F, 0x061C}
+
+
+def terminal_safe(text: str) -> str:
+    """Generated text shown on a terminal: control characters (other than newline and tab) and bidi
+    overrides are escaped, so a model can never send the terminal an escape sequence. Pipes get the text as is.
+
+    Example: "a\\x1b[2Jb\\n" -> "a\\\\x1b[2Jb\\n"
+    """
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if (code < 0x20 and ch not in "\n\t") or 0x7F <= code < 0xA0 or code in _BIDI_CONTROLS:
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+class _Writer:
+    """Text to stdout, exactly as made when piped, control characters escaped on a terminal."""
+
+    def __init__(self) -> None:
+        self.terminal = sys.stdout.isatty()
+
+    def write(self, text: str) -> None:
+        sys.stdout.write(terminal_safe(text) if self.terminal else text)
+        sys.stdout.flush()
+
+
+def _read_prompts(prompt: str | None, prompt_file: Path | None) -> list[str]:
+    from tfcli.errors import TfcliError
+
+    if prompt is not None and prompt_file is not None:
+        raise TfcliError("pass --prompt or --prompt-file, not both")
+    if prompt is not None:
+        if not prompt.strip():
+            raise TfcliError("the prompt is empty", hint='pass some text to continue, e.g. --prompt "Once upon a time"')
+        return [prompt]
+    assert prompt_file is not None
+    if str(prompt_file) == "-":
+        raw = sys.stdin.buffer.read()
+        where = "stdin"
+    else:
+        if not prompt_file.is_file():
+            raise TfcliError(f"prompt file {prompt_file} does not exist")
+        raw = prompt_file.read_bytes()
+        where = str(prompt_file)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TfcliError(f"{where} is not UTF-8 text (byte {exc.start})") from exc
+    prompts = [line.rstrip("\r") for line in text.split("\n")]
+    prompts = [p for p in prompts if p.strip()]
+    if not prompts:
+        raise TfcliError(f"{where} holds no prompts", hint="one prompt per line; blank lines are skipped")
+    return prompts
+
+
+def generate(
+    run: Annotated[Path, typer.Argument(help="A run directory (config.json, model.safetensors, tokenizer.json).", show_default=False)],
+    prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="The text to continue (encoder-decoder: the source).", show_default=False)] = None,
+    prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="One prompt per line (blank lines skipped), decoded in batches; - reads stdin.", show_default=False)] = None,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="New tokens per completion, at most.")] = 128,
+    strategy: Annotated[Optional[str], typer.Option(help="greedy | sample | beam. Default: beam with --num-beams > 1, sample with any sampling option or --seed, else greedy.", show_default=False)] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="Sampling: divide the logits by this (0 = greedy). Default 1.", show_default=False)] = None,
+    top_k: Annotated[Optional[int], typer.Option(help="Sampling: keep the K most likely tokens. --fill-mask: fillers to list (default 5).", show_default=False)] = None,
+    top_p: Annotated[Optional[float], typer.Option(help="Sampling: nucleus, keep the most likely tokens up to probability P, in (0, 1].", show_default=False)] = None,
+    min_p: Annotated[Optional[float], typer.Option(help="Sampling: drop tokens less likely than P x the most likely one.", show_default=False)] = None,
+    repetition_penalty: Annotated[float, typer.Option(help="> 1 makes tokens already in the text less likely (1 = off).")] = 1.0,
+    num_beams: Annotated[int, typer.Option(help="Beam search: hypotheses kept per prompt.")] = 1,
+    length_penalty: Annotated[float, typer.Option(help="Beam search: score = sum of log-probabilities / length ** this (> 1 favours longer texts).")] = 1.0,
+    early_stopping: Annotated[bool, typer.Option("--early-stopping/--no-early-stopping", help="Beam search: stop when --num-beams hypotheses are finished, or go on while a running beam could still beat them.")] = True,
+    num_samples: Annotated[int, typer.Option(help="Completions per prompt (beam search: the best N hypotheses).")] = 1,
+    seed: Annotated[Optional[int], typer.Option(help="Seed the sampling draws, for the same text every time (the seed used is in --json).", show_default=False)] = None,
+    stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when the text contains this string, which is not kept (repeatable).", show_default=False)] = None,
+    no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text when it is finished instead of token by token.")] = False,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Re-run the whole context for every token instead of using the KV cache (slow; for comparison).")] = False,
+    batch_size: Annotated[int, typer.Option(help="Sequences decoded together (prompts x samples, or x beams).")] = 16,
+    fill_mask: Annotated[Optional[str], typer.Option("--fill-mask", help='Encoder runs: list the likeliest tokens for each [MASK] in this text.', show_default=False)] = None,
+    classify: Annotated[Optional[str], typer.Option("--classify", help="Runs with a classification head: the label probabilities of this text.", show_default=False)] = None,
+    interactive: Annotated[bool, typer.Option("--interactive", "-i", help="A conversation on stdin: each line is added to the context and answered; a reply ends at a newline unless --stop says otherwise (/reset, /quit).")] = False,
+    device: Annotated[str, typer.Option(help="auto (a GPU when there is one), cpu, cuda or cuda:N.")] = "auto",
+    threads: Annotated[int, typer.Option(help="CPU threads for torch (0: one for models under 5M parameters, where waking threads costs more than it saves; else torch's default).")] = 0,
+    json_output: JsonFlag = False,
+) -> None:
+    """Generate text from a run: continue a prompt, fill in masks, or classify.
+
+    Decoders continue --prompt (or each line of --prompt-file), token by token over a KV cache, streaming
+    the text as it is made. Encoder-decoders read --prompt as the source (encoded once) and write the
+    target. Encoder runs fill in [MASK]s (--fill-mask); runs with a classification head take --classify.
+
+    A prompt longer than the model's context keeps its last block-size tokens, with a warning (an
+    encoder-decoder's source keeps its first ones, as in training). Past the context, decoding slides
+    the window: the last 3/4 of the context is run again and decoding goes on. Text stops at the
+    end-of-text token, a --stop string (not kept) or --max-new-tokens.
+
+    Example: tfcli generate runs/story --prompt "Once upon a time" --strategy sample --top-p 0.9 --seed 1
+    """
+    from tfcli.errors import TfcliError
+
+    modes = [name for name, on in (("--prompt/--prompt-file", prompt is not None or prompt_file is not None),
+                                   ("--fill-mask", fill_mask is not None), ("--classify", classify is not None),
+                                   ("--interactive", interactive)) if on]
+    if not modes:
+        raise TfcliError("nothing to do", hint='pass --prompt TEXT, --prompt-file FILE, --interactive, --fill-mask TEXT or --classify TEXT')
+    if len(modes) > 1 and modes != ["--prompt/--prompt-file"]:
+        raise TfcliError(f"{modes[0]} and {modes[1]} do not go together", hint="pick one")
+    if threads < 0:
+        raise TfcliError(f"--threads must be 0 (automatic) or more, not {threads}")
+    import torch
+
+    threads_before = torch.get_num_threads()
+    try:  # the thread count is this command's alone (tests run many commands in one process)
+        _generate(run, prompt, prompt_file, max_new_tokens, strategy, temperature, top_k, top_p, min_p, repetition_penalty,
+                  num_beams, length_penalty, early_stopping, num_samples, seed, stop, no_stream, no_cache, batch_size,
+                  fill_mask, classify, interactive, device, threads, json_output)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _generate(run, prompt, prompt_file, max_new_tokens, strategy, temperature, top_k, top_p, min_p, repetition_penalty,
+              num_beams, length_penalty, early_stopping, num_samples, seed, stop, no_stream, no_cache, batch_size,
+              fill_mask, classify, interactive, device, threads, json_output) -> None:
+    from tfcli.errors import TfcliError
+    from tfcli.generate.settings import GenerationSettings, resolve_strategy
+
+    if fill_mask is not None or classify is not None:
+        _masked_or_classify(run, fill_mask, classify, top_k, device, json_output, threads)
+        return
+    if interactive and json_output:
+        raise TfcliError("--interactive prints a conversation, not JSON", hint="drop --json")
+    sampling_given = any(v is not None for v in (temperature, top_k, top_p, min_p, seed))
+    settings = GenerationSettings(
+        strategy=resolve_strategy(strategy, num_beams=num_beams, sampling_options_given=sampling_given),
+        max_new_tokens=max_new_tokens,
+        temperature=1.0 if temperature is None else temperature,
+        top_k=top_k or 0,
+        top_p=1.0 if top_p is None else top_p,
+        min_p=min_p or 0.0,
+        repetition_penalty=repetition_penalty,
+        num_beams=num_beams,
+        length_penalty=length_penalty,
+        early_stopping=early_stopping,
+        num_samples=num_samples,
+        stop=tuple(stop or ()) if (stop or not interactive) else ("\n",),
+        seed=seed,
+        use_cache=not no_cache,
+        logprobs=json_output,
+    )
+    prompts = None if interactive else _read_prompts(prompt, prompt_file)
+    checkpoint = _load(run, device, threads)
+
+    from tfcli.generate.decoding import Generator
+
+    generator = Generator(checkpoint.model, checkpoint.tokenizer, settings, batch_size=batch_size)
+    if interactive:
+        _interactive(generator)
+        return
+    assert prompts is not None
+    _render(generator, prompts, stream=not no_stream, json_output=json_output, run=run)
+
+
+def _load(run: Path, device: str, threads: int = 0):
+    import torch
+
+    from tfcli.checkpoint import load_checkpoint
+    from tfcli.errors import TfcliError
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device != "cpu" and not device.startswith("cuda"):
+        raise TfcliError(f"unknown device {device!r}", hint="use auto, cpu, cuda or cuda:N")
+    elif device.startswith("cuda") and not torch.cuda.is_available():
+        raise TfcliError(f"--device {device} but no CUDA GPU is available", hint="use --device cpu")
+    checkpoint = load_checkpoint(run, device)
+    if threads:
+        torch.set_num_threads(threads)
+    elif device == "cpu" and checkpoint.model.parameter_count() < 5_000_000:
+        torch.set_num_threads(1)  # a small model's steps are too short to share between threads
+    if device.startswith("cuda") and torch.cuda.is_bf16_supported():
+        checkpoint.model.to(torch.bfloat16)  # decoding reads every weight per token: half the bytes, twice the speed
+    return checkpoint
+
+
+def _render(generator, prompts: list[str], *, stream: bool, json_output: bool, run: Path) -> None:
+    from rich.text import Text
+
+    from tfcli.generate.decoding import Chunk, Done, Finished, Notice
+
+    settings = generator.settings
+    errors = stderr_console()
+    out = _Writer()
+    n_completions = len(prompts) * settings.num_samples
+    single = n_completions == 1 and settings.strategy != "beam"
+    streaming = stream and single and not json_output
+    if streaming and out.terminal:
+        sys.stdout.write(terminal_safe(prompts[0]) if generator.model.config.arch == "decoder" else "")
+        sys.stdout.flush()
+    finished: dict[int, object] = {}
+    next_to_print = 0
+    done = None
+    for event in generator.run(prompts):
+        if isinstance(event, Notice):
+            errors.print(Text(f"warning: {event.message}", style="yellow"), soft_wrap=True)
+        elif isinstance(event, Chunk):
+            if streaming:
+                out.write(event.text)
+        elif isinstance(event, Finished):
+            finished[event.completion] = event.result
+            if not json_output and not streaming:
+                while next_to_print in finished:  # in input order, each as soon as those before it are done
+                    _print_completion(out, finished[next_to_print], n_completions, settings)
+                    next_to_print += 1
+        elif isinstance(event, Done):
+            done = event
+    assert done is not None
+    if not json_output and not streaming:  # beam search may return fewer hypotheses than asked for
+        for index in sorted(i for i in finished if i >= next_to_print):
+            _print_completion(out, finished[index], n_completions, settings)
+    if json_output:
+        print_json({
+            "run": str(run),
+            "settings": settings.to_json() | {"seed": done.seed},
+            "completions": [{
+                "prompt_index": c.prompt_index, "sample_index": c.sample_index, "prompt": c.prompt,
+                "prompt_tokens": c.prompt_tokens, "text": c.text, "tokens": c.tokens,
+                "token_texts": [generator.token_bytes(t).decode("utf-8", errors="backslashreplace") for t in c.tokens],
+                "logprobs": [round(lp, 6) for lp in c.logprobs] if c.logprobs is not None else None,
+                "finish_reason": c.finish_reason, **({"score": round(c.score, 6)} if c.score is not None else {}),
+            } for c in done.completions],
+            "timing": done.timing.to_json(),
+        })
+        return
+    if streaming:
+        out.write("\n")
+    timing = done.timing
+    reasons = ", ".join(sorted({c.finish_reason for c in done.completions}))
+    seed = f", seed {done.seed}" if done.seed is not None else ""
+    errors.print(Text(f"{timing.new_tokens:,} tokens in {timing.total_seconds:.2f} s ({timing.tokens_per_second:,.1f} tokens/s), "
+                      f"stopped by {reasons}{seed}", style="dim"), soft_wrap=True)
+
+
+def _print_completion(out: _Writer, completion, n_completions: int, settings) -> None:
+    if n_completions > 1:  # a header line before each completion: which prompt (and sample) it answers
+        sample = f", sample {completion.sample_index + 1}" if settings.num_samples > 1 else ""
+        out.write(f"[prompt {completion.prompt_index + 1}{sample}] {completion.prompt}\n")
+    out.write(completion.text + "\n")
+
+
+def _interactive(generator) -> None:
+    from rich.text import Text
+
+    from tfcli.errors import TfcliError
+    from tfcli.generate.decoding import Chunk, Conversation
+
+    conversation = Conversation(generator)
+    errors = stderr_console()
+    out = _Writer()
+    if sys.stdin.isatty():
+        errors.print(Text("a conversation: type a line and press enter; /reset forgets it, /quit (or Ctrl-D) leaves", style="dim"))
+    while True:
+        if sys.stdin.isatty():
+            errors.print(Text("> ", style="bold"), end="")
+        line = sys.stdin.readline()
+        if not line:
+            break
+        line = line.rstrip("\r\n")
+        command = line.strip()
+        if command in ("/quit", "/exit"):
+            break
+        if command == "/reset":
+            conversation.reset()
+            errors.print(Text("(conversation forgotten)", style="dim"))
+            continue
+        if not command:
+            continue
+        try:
+            for event in conversation.reply(line):
+                if isinstance(event, Chunk):
+                    out.write(event.text)
+        except TfcliError as exc:
+            errors.print(Text(f"error: {exc}", style="bold red"), soft_wrap=True)
+            continue
+        except KeyboardInterrupt:  # Ctrl-C during a reply ends the reply, not the conversation
+            conversation.abandon_reply()
+            out.write("\n")
+            errors.print(Text("(reply interrupted; Ctrl-C at the prompt or /quit leaves)", style="dim"))
+            continue
+        out.write("\n")
+
+
+def _masked_or_classify(run: Path, fill_mask: str | None, classify: str | None, top_k: int | None, device: str, json_output: bool,
+                        threads: int) -> None:
+    from rich.table import Table
+
+    from tfcli.cli.common import stdout_console
+    from tfcli.generate.masked import classify as classify_texts
+    from tfcli.generate.masked import fill_mask as fill_masks
+    from tfcli.generate.masked import label_names
+    from tfcli.tokenizer.show import visible
+
+    checkpoint = _load(run, device, threads)
+    console = stdout_console()
+    if fill_mask is not None:
+        predictions = fill_masks(checkpoint.model, checkpoint.tokenizer, fill_mask, top_k=5 if top_k is None else top_k)
+        if json_output:
+            print_json({"run": str(run), "text": fill_mask, "masks": [
+                {"mask": p.position, "fillers": [{"token_id": f.token_id, "token": f.token, "probability": round(f.probability, 6),
+                                                  "text": f.text} for f in p.fillers]} for p in predictions]})
+            return
+        for p in predictions:
+            table = Table(title=f"mask {p.position + 1} of {len(predictions)}" if len(predictions) > 1 else None)
+            for column in ("token", "probability", "text"):
+                table.add_column(column, justify="right" if column == "probability" else "left")
+            for f in p.fillers:
+                table.add_row(f'"{visible(f.token)}"', f"{f.probability:.4f}", visible(f.text))
+            console.print(table)
+        return
+    assert classify is not None
+    model = checkpoint.model
+    labels = label_names(checkpoint.config.training, model.config.n_classes)
+    (ranked,) = classify_texts(model, checkpoint.tokenizer, [classify], labels)
+    if json_output:
+        print_json({"run": str(run), "text": classify, "labels": [{"label": label, "probability": round(p, 6)} for label, p in ranked]})
+        return
+    table = Table()
+    table.add_column("label")
+    table.add_column("probability", justify="right")
+    for label, p in ranked:
+        table.add_row(visible(label), f"{p:.4f}")
+    console.print(table)

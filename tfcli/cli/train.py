@@ -1,0 +1,207 @@
+"""`tfcli train pretrain` and `tfcli train finetune`: parse, build the job, render the loop's events."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from tfcli.cli.common import JsonFlag, print_json, stderr_console, stdout_console
+
+app = typer.Typer(
+    help="Pretrain a model on token shards, or fine-tune a run directory on a new task.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+
+Output = Annotated[Path, typer.Option("--output", "-o", help="The run directory to write (or to continue with --resume).", show_default=False)]
+ConfigFile = Annotated[Optional[Path], typer.Option("--config", help="A TOML file: [model] and [train] tables (or flat keys), and `preset`.", show_default=False)]
+Sets = Annotated[Optional[list[str]], typer.Option("--set", help="Override one setting: --set d_model=128 --set train.weight_decay=0 (repeatable).", show_default=False)]
+MaxSteps = Annotated[Optional[int], typer.Option("--max-steps", help="Optimizer updates to run [default: 1000].", show_default=False)]
+TimeBudget = Annotated[Optional[str], typer.Option("--time-budget", help="Train for a wall-clock budget instead (90s, 3m, 1h); the schedule spans it.", show_default=False)]
+BatchSize = Annotated[Optional[int], typer.Option("--batch-size", help="Sequences per micro-batch, per process [default: 16].", show_default=False)]
+GradAccum = Annotated[Optional[int], typer.Option("--grad-accum", help="Micro-batches per update [default: 1].", show_default=False)]
+Lr = Annotated[Optional[float], typer.Option("--lr", help="Peak learning rate [default: 1e-3].", show_default=False)]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed for initialisation, data order, masks and dropout [default: 1337].", show_default=False)]
+SaveEvery = Annotated[Optional[int], typer.Option("--save-every", help="Steps between checkpoints; 0 = only at the end [default: 500].", show_default=False)]
+EvalEvery = Annotated[Optional[int], typer.Option("--eval-every", help="Steps between validations; 0 = only at the end [default: 100].", show_default=False)]
+LogEvery = Annotated[Optional[int], typer.Option("--log-every", help="Steps between metrics.jsonl records [default: 10].", show_default=False)]
+Device = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda or mps [default: auto].", show_default=False)]
+Precision = Annotated[Optional[str], typer.Option("--precision", help="auto (bf16 on a GPU that has it, else fp32), fp32 or bf16 [default: auto].", show_default=False)]
+Compile = Annotated[bool, typer.Option("--compile", help="Use torch.compile where it works (falls back with a note where it does not).")]
+Resume = Annotated[bool, typer.Option("--resume", help="Continue the run in -o from its last checkpoint, exactly.")]
+
+
+def _options(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None and v is not False}
+
+
+@app.command("pretrain")
+def pretrain(
+    data: Annotated[Path, typer.Option("--data", help="A shard folder from `tfcli tokenize encode`.", show_default=False)],
+    output: Output,
+    arch: Annotated[str, typer.Option("--arch", help="decoder (causal LM), encoder (masked LM) or encoder-decoder (span denoising).")] = "decoder",
+    preset: Annotated[Optional[str], typer.Option("--preset", help="Model preset: tiny, small, gpt2-small, bert-base, seq2seq-tiny [default: tiny; seq2seq-tiny for encoder-decoder].", show_default=False)] = None,
+    config: ConfigFile = None,
+    sets: Sets = None,
+    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", "-t", help="The tokenizer the shards were encoded with [default: found beside the shards].", show_default=False)] = None,
+    max_steps: MaxSteps = None,
+    time_budget: TimeBudget = None,
+    batch_size: BatchSize = None,
+    block_size: Annotated[Optional[int], typer.Option("--block-size", help="The model's context length in tokens (the preset's by default).", show_default=False)] = None,
+    grad_accum: GradAccum = None,
+    lr: Lr = None,
+    seed: Seed = None,
+    save_every: SaveEvery = None,
+    eval_every: EvalEvery = None,
+    log_every: LogEvery = None,
+    device: Device = None,
+    precision: Precision = None,
+    compile_model: Compile = False,
+    resume: Resume = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Pretrain a model from scratch on token shards.
+
+    The objective follows the architecture: next-token prediction for a decoder, masked LM (BERT's 15%)
+    for an encoder, span denoising (BART's text infilling) for an encoder-decoder. The run directory gets
+    the model, the tokenizer, trainer/ (optimizer state for --resume), metrics.jsonl, loss.png, and best/
+    (the checkpoint with the lowest validation loss). Ctrl-C saves a checkpoint and exits 130.
+
+    Settings: preset < --config FILE.toml < --set key=value < the options below.
+    Many processes: torchrun --nproc-per-node N -m tfcli train pretrain ... (data-parallel).
+
+    Example: tfcli train pretrain --data runs/quickstart/shards -o runs/tiny --preset tiny --max-steps 500
+    """
+    from tfcli.model.config import ARCHS
+    from tfcli.train.config import parse_duration
+    from tfcli.train.job import pretrain_job
+
+    _check_choice("--arch", arch, ARCHS)
+    options = _options(max_steps=max_steps, time_budget=parse_duration(time_budget) if time_budget else None, batch_size=batch_size,
+                       grad_accum=grad_accum, lr=lr, seed=seed, save_every=save_every, eval_every=eval_every, log_every=log_every,
+                       device=device, precision=precision, compile=compile_model or None)
+    if block_size is not None:
+        options["model.block_size"] = block_size
+    job = pretrain_job(data=data, output=output, arch=arch, preset_name=preset, config_file=config, sets=sets or [],
+                       options=options, tokenizer_path=tokenizer, resume=resume)
+    _run(job, json_output)
+
+
+@app.command("finetune")
+def finetune(
+    init_from: Annotated[Path, typer.Option("--init-from", help="The run directory to start from.", show_default=False)],
+    task: Annotated[str, typer.Option("--task", help="lm (shards), classify (JSONL text/label) or seq2seq (JSONL source/target).", show_default=False)],
+    data: Annotated[Path, typer.Option("--data", help="Shards for lm; a JSONL file for classify and seq2seq.", show_default=False)],
+    output: Output,
+    val_data: Annotated[Optional[Path], typer.Option("--val-data", help="A JSONL validation set [default: hold out --set val_fraction=0.1 of --data].", show_default=False)] = None,
+    freeze: Annotated[Optional[str], typer.Option("--freeze", help="none, embeddings, or body (train only the new classification head) [default: none].", show_default=False)] = None,
+    config: ConfigFile = None,
+    sets: Sets = None,
+    max_steps: MaxSteps = None,
+    time_budget: TimeBudget = None,
+    batch_size: BatchSize = None,
+    block_size: Annotated[Optional[int], typer.Option("--block-size", help="Tokens per example or window, at most the model's context.", show_default=False)] = None,
+    grad_accum: GradAccum = None,
+    lr: Lr = None,
+    seed: Seed = None,
+    save_every: SaveEvery = None,
+    eval_every: EvalEvery = None,
+    log_every: LogEvery = None,
+    device: Device = None,
+    precision: Precision = None,
+    compile_model: Compile = False,
+    resume: Resume = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Fine-tune a run directory: continued LM on shards, text classification, or sequence-to-sequence.
+
+    The model and its tokenizer come from --init-from; classify adds a new head sized by the labels in the
+    data (reported with accuracy and macro-F1 on the validation split). The run directory has the same
+    layout as a pretraining run.
+
+    Example: tfcli train finetune --init-from runs/tiny --task classify --data sample_data/reviews.jsonl -o runs/reviews
+    """
+    from tfcli.train.config import TASKS, parse_duration
+    from tfcli.train.job import finetune_job
+
+    _check_choice("--task", task, tuple(t for t in TASKS if t in ("lm", "classify", "seq2seq")))
+    options = _options(max_steps=max_steps, time_budget=parse_duration(time_budget) if time_budget else None, batch_size=batch_size,
+                       block_size=block_size, grad_accum=grad_accum, lr=lr, seed=seed, save_every=save_every, eval_every=eval_every,
+                       log_every=log_every, device=device, precision=precision, compile=compile_model or None, freeze=freeze)
+    job = finetune_job(init_from=init_from, task=task, data=data, val_data=val_data, output=output, config_file=config,
+                       sets=sets or [], options=options, resume=resume)
+    _run(job, json_output)
+
+
+def _check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
+    from tfcli.errors import TfcliError
+
+    if value not in choices:
+        raise TfcliError(f"{option} must be one of {', '.join(choices)}, not {value!r}")
+
+
+def _describe(record: dict[str, Any]) -> str:
+    parts = [f"step {record['step']:>6}"]
+    for key, fmt in (("loss", "loss {:.4f}"), ("val_loss", "val {:.4f}"), ("val_bpb", "bpb {:.3f}"), ("val_accuracy", "acc {:.3f}"),
+                     ("val_macro_f1", "F1 {:.3f}"), ("lr", "lr {:.2e}"), ("tokens_per_sec", "{:,.0f} tok/s"), ("mfu", "MFU {:.1%}")):
+        if isinstance(record.get(key), (int, float)):
+            parts.append(fmt.format(record[key]))
+    return "  ".join(parts)
+
+
+def _run(job, json_output: bool) -> None:
+    """Render the loop's events: a live bar on a terminal, a line per record otherwise."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.text import Text
+
+    from tfcli.train.loop import Finished, Logged, Note, Saved, Started, StepDone, train
+
+    console = stderr_console()
+    is_main = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 speaks
+    live = console.is_terminal and is_main
+    progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24), TextColumn("{task.fields[status]}"),
+                        TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"), console=console, disable=not live)
+    task_id = None
+    status: dict[str, str] = {"loss": "loss --"}
+    finished = None
+    with progress:
+        for event in train(job):
+            if not is_main:
+                continue
+            if isinstance(event, Started):
+                what = f"{event.max_steps:,} steps" if event.max_steps else f"{event.time_budget:.0f} s budget"
+                console.print(Text(f"training {event.parameters:,} parameters ({event.trainable:,} trainable) on {event.device} "
+                                   f"{event.precision}, {event.world_size} process(es), {event.tokens_per_step:,} tokens per step, {what}"
+                                   + (f", from step {event.step}" if event.step else ""), style="dim"), soft_wrap=True)
+                task_id = progress.add_task("step", total=1.0, status="", eta="--")
+            elif isinstance(event, StepDone):
+                status.update(lr=f"lr {event.lr:.2e}", rate=f"{event.tokens_per_sec:,.0f} tok/s", mfu=f"MFU {event.mfu:.1%}")
+                eta = f"{event.remaining / 60:.1f} min" if event.remaining is not None else "--"
+                progress.update(task_id, completed=event.fraction, description=f"step {event.step:,}",
+                                status="  ".join(status[k] for k in ("loss", "lr", "rate", "mfu") if k in status), eta=eta)
+            elif isinstance(event, Logged):
+                if isinstance(event.record.get("loss"), float):
+                    status["loss"] = f"loss {event.record['loss']:.4f}"
+                if not live or any(k.startswith("val_") for k in event.record):
+                    console.print(Text(_describe(event.record)), soft_wrap=True)
+            elif isinstance(event, Saved):
+                console.print(Text(f"saved {'best ' if event.best else ''}checkpoint at step {event.step} in {event.path}", style="dim"), soft_wrap=True)
+            elif isinstance(event, Note):
+                console.print(Text(f"note: {event.message}", style="yellow"), soft_wrap=True)
+            elif isinstance(event, Finished):
+                finished = event
+    if finished is None or not is_main:
+        return
+    summary = {"run": str(finished.run_dir), "step": finished.step, "stopped_by": finished.reason,
+               "best_val_loss": finished.best_val_loss, "elapsed_seconds": round(finished.elapsed, 3),
+               "last": finished.last, "loss_plot": str(finished.plot) if finished.plot else None}
+    if json_output:
+        print_json(summary)
+        return
+    out = stdout_console()
+    out.print(Text(f"done: {_describe(finished.last)}", style="bold"), soft_wrap=True)
+    out.print(Text(f"run directory {finished.run_dir}" + (f", loss curve {finished.plot}" if finished.plot else "")
+                   + (f", best checkpoint {finished.run_dir / 'best'}" if finished.best_val_loss is not None else "")), soft_wrap=True)

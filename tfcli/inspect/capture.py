@@ -1,0 +1,255 @@
+"""Capture attention weights from a run: text -> tokens -> one forward pass through the model's explicit
+attention path (`need_weights=True`) -> `[layer, head, query_pos, key_pos]` as a numpy array.
+
+Nothing here computes attention itself; it only asks the model for the weights it already returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tfcli.errors import TfcliError
+from tfcli.tokenizer.show import TokenView, token_views, visible
+
+if TYPE_CHECKING:
+    from tfcli.checkpoint import Checkpoint
+    from tfcli.model.config import ModelConfig
+    from tfcli.tokenizer.core import TextTokenizer
+
+KINDS: tuple[str, ...] = ("encoder", "decoder", "cross")
+PROBE_LENGTH = 50  # tokens in each half of the repeated random sequence the summary scores induction on
+
+
+@dataclasses.dataclass
+class AttentionCapture:
+    """The weights of every layer and head of one attention kind, for one text.
+
+    `weights` is float32 `[layer, head, query_pos, key_pos]`; each row sums to 1 and masked keys are exactly
+    0. For self-attention `keys` is `queries`; for cross-attention the queries are the target's tokens and
+    the keys the source's.
+    """
+
+    run: str
+    kind: str  # encoder | decoder | cross
+    text: str  # the text (the source, for an encoder-decoder)
+    target: str | None  # an encoder-decoder's target text
+    queries: list[TokenView]
+    keys: list[TokenView]
+    weights: np.ndarray
+    causal: bool
+    source_ids: list[int]  # what went into the model (to re-run it, e.g. for the summary's probe)
+    decoder_ids: list[int] | None
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def n_layers(self) -> int:
+        return self.weights.shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.weights.shape[1]
+
+    @property
+    def self_attention(self) -> bool:
+        return self.kind != "cross"
+
+    @property
+    def query_ids(self) -> list[int]:
+        return [v.id for v in self.queries]
+
+
+def attention_kinds(config: ModelConfig) -> tuple[str, ...]:
+    """The attention kinds a model has. Example: encoder-decoder -> ("encoder", "decoder", "cross")"""
+    return {"decoder": ("decoder",), "encoder": ("encoder",)}.get(config.arch, KINDS)
+
+
+def default_kind(config: ModelConfig) -> str:
+    return {"decoder": "decoder", "encoder": "encoder"}.get(config.arch, "cross")
+
+
+def resolve_device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return name
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise TfcliError("--device cuda asked, but torch sees no CUDA device", hint="use --device cpu or auto")
+        return name
+    raise TfcliError(f"unknown device {name!r}", hint="use auto, cpu or cuda")
+
+
+def load_run(run: Path, device: str = "cpu") -> Checkpoint:
+    from tfcli.checkpoint import load_checkpoint
+
+    return load_checkpoint(Path(run), resolve_device(device))
+
+
+def _start_view(tokenizer: TextTokenizer) -> TokenView | None:
+    """The token an encoder-decoder's decoder starts from (training feeds [eos] + target)."""
+    start = tokenizer.special_ids.get("eos")
+    if start is None:
+        return None
+    token = tokenizer.hf.id_to_token(start) or ""
+    return TokenView(id=start, token=token, text=visible(token))
+
+
+def _fit(views: list[TokenView], limit: int, crop: bool, what: str, notes: list[str]) -> list[TokenView]:
+    if not views:
+        raise TfcliError(f"the {what} is empty (no tokens)", hint="pass some text")
+    if len(views) <= limit:
+        return views
+    if not crop:
+        raise TfcliError(f"the {what} is {len(views):,} tokens, longer than the model's block size ({limit:,})",
+                         hint="shorten it, or pass --crop to keep the first tokens that fit")
+    notes.append(f"the {what} was cropped to its first {limit:,} of {len(views):,} tokens (--crop)")
+    return views[:limit]
+
+
+def capture_attention(checkpoint: Checkpoint, text: str, *, target: str | None = None, kind: str | None = None,
+                      crop: bool = False) -> AttentionCapture:
+    """Run `text` (and, for an encoder-decoder, `target`) through the model and keep one kind's weights.
+
+    Text longer than the block size is an error, or with `crop` cut to its first block-size tokens.
+    An encoder-decoder's decoder reads the start token (eos) followed by the whole target, as in training.
+    """
+    config = checkpoint.config.model
+    kind = kind or default_kind(config)
+    kinds = attention_kinds(config)
+    if kind not in kinds:
+        raise TfcliError(f"this {config.arch} model has no {kind} attention", hint=f"use --attention {' or '.join(kinds)}")
+    if config.arch == "encoder-decoder" and target is None:
+        raise TfcliError("an encoder-decoder needs a target text as well as the source",
+                         hint="pass --target TEXT (the decoder's text); --text is the source")
+    if config.arch != "encoder-decoder" and target is not None:
+        raise TfcliError(f"--target is for encoder-decoder models; this one is a {config.arch}", hint="drop --target")
+    tokenizer = checkpoint.tokenizer
+    notes: list[str] = []
+    limit = config.block_size
+    source = _fit(token_views(tokenizer, text), limit, crop, "text", notes)
+    decoder: list[TokenView] | None = None
+    if target is not None:
+        start = _start_view(tokenizer)
+        target_views = token_views(tokenizer, target)
+        if not target_views:
+            raise TfcliError("the target is empty (no tokens)", hint="pass some text with --target")
+        decoder = _fit(([start] if start else []) + target_views, limit, crop, "target", notes)
+    weights = forward_weights(checkpoint.model, kind, [v.id for v in source], None if decoder is None else [v.id for v in decoder])
+    queries = source if kind == "encoder" else (decoder if decoder is not None else source)
+    keys = source if kind in ("encoder", "cross") else queries
+    return AttentionCapture(run=str(checkpoint.path), kind=kind, text=text, target=target, queries=queries, keys=keys,
+                            weights=weights, causal=kind == "decoder", source_ids=[v.id for v in source],
+                            decoder_ids=None if decoder is None else [v.id for v in decoder], notes=notes)
+
+
+def forward_weights(model, kind: str, ids: list[int], decoder_ids: list[int] | None = None) -> np.ndarray:
+    """One forward pass with weights; returns float32 [layer, head, query_pos, key_pos] for `kind`."""
+    import torch
+
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        src = torch.tensor([ids], dtype=torch.long, device=device)  # (1, S)
+        kwargs = {}
+        if decoder_ids is not None:
+            kwargs["decoder_ids"] = torch.tensor([decoder_ids], dtype=torch.long, device=device)  # (1, T)
+        out = model(src, need_weights=True, logits=False, **kwargs)
+        layers = out.attentions[kind]  # per layer (1, nh, T, S)
+        stacked = torch.cat(layers, dim=0)  # (L, nh, T, S)
+        return stacked.float().cpu().numpy()
+
+
+def probe(checkpoint: Checkpoint, capture: AttentionCapture, seed: int = 0) -> tuple[np.ndarray, list[int]] | None:
+    """Weights on a repeated random sequence (the same kind as `capture`), for duplicate and induction
+    scores; None for cross-attention or a block too small to hold a repeat."""
+    from tfcli.inspect.stats import repeated_random_ids
+
+    if not capture.self_attention:
+        return None
+    config = checkpoint.config.model
+    length = min(PROBE_LENGTH, config.block_size // 2)
+    if length < 2:
+        return None
+    reserved = set(checkpoint.tokenizer.special_ids.values()) | set(checkpoint.tokenizer.hf.get_added_tokens_decoder())
+    vocab = [i for i in range(config.vocab_size) if i not in reserved] or list(range(config.vocab_size))
+    ids = repeated_random_ids(vocab, length, seed)
+    if config.arch != "encoder-decoder":
+        return forward_weights(checkpoint.model, capture.kind, ids), ids
+    if capture.kind == "encoder":
+        return forward_weights(checkpoint.model, "encoder", ids, capture.decoder_ids), ids
+    return forward_weights(checkpoint.model, "decoder", capture.source_ids, ids), ids
+
+
+def find_token(views: list[TokenView], word: str, occurrence: int = 1) -> tuple[int, str]:
+    """The position of WORD among the tokens, and a note saying what was picked.
+
+    WORD is looked for in the text the tokens spell, as a whole word first, then anywhere, then ignoring
+    case; a word of several tokens is represented by its last token (the one that has read all of it).
+    `occurrence` picks the n-th match (1 = the first).
+    """
+    needle = word.strip()
+    if not needle:
+        raise TfcliError("--token is empty", hint="pass a word from the text")
+    spelled = ""
+    owner: list[int] = []  # character -> token position
+    for position, view in enumerate(views):
+        spelled += view.text
+        owner.extend([position] * len(view.text))
+    escaped = re.escape(needle)
+    matches: list[re.Match[str]] = []
+    for pattern, flags in ((rf"(?<!\w){escaped}(?!\w)", 0), (escaped, 0), (rf"(?<!\w){escaped}(?!\w)", re.IGNORECASE), (escaped, re.IGNORECASE)):
+        matches = list(re.finditer(pattern, spelled, flags))
+        if matches:
+            break
+    if not matches:
+        shown = " ".join(repr(v.text) for v in views[:12]) + (" ..." if len(views) > 12 else "")
+        raise TfcliError(f"--token {word!r} is not in the text; its tokens are {shown}", hint="pass a word of the text")
+    if not 1 <= occurrence <= len(matches):
+        raise TfcliError(f"--occurrence {occurrence}: {word!r} occurs {len(matches)} time(s) in the text",
+                         hint=f"pass a number from 1 to {len(matches)}")
+    match = matches[occurrence - 1]
+    first, last = owner[match.start()], owner[match.end() - 1]
+    notes = []
+    if len(matches) > 1:
+        notes.append(f"occurrence {occurrence} of {len(matches)} (--occurrence picks another)")
+    if last > first:
+        notes.append(f"{last - first + 1} tokens; showing the last")
+    return last, "; ".join(notes)
+
+
+def check_comparable(a: Checkpoint, b: Checkpoint) -> None:
+    """--compare-run: the two runs must share the attention shape and the tokenizer."""
+    ca, cb = a.config.model, b.config.model
+    for name in ("arch", "n_layers", "decoder_layers", "n_heads", "block_size"):
+        va, vb = getattr(ca, name), getattr(cb, name)
+        if va != vb:
+            raise TfcliError(f"the runs differ in shape: {a.path} has {name} {va}, {b.path} has {vb}",
+                             hint="--compare-run needs two runs of one shape (e.g. a model and its fine-tuned child)")
+    if a.tokenizer.sha256 != b.tokenizer.sha256:
+        raise TfcliError(f"the runs use different tokenizers ({a.path} and {b.path})",
+                         hint="--compare-run needs two runs with the same tokenizer, so the text becomes the same tokens")
+
+
+def parse_index(spec: str | None, count: int, what: str, default: int | None = 0) -> list[int]:
+    """"all" -> every index; "3" -> [3]; "-1" -> the last; None -> [default] (or every index if default is None).
+
+    Example: parse_index("all", 3, "layer") -> [0, 1, 2]; parse_index("-1", 3, "layer") -> [2]
+    """
+    if spec is None:
+        return list(range(count)) if default is None else [default]
+    if spec.strip().lower() == "all":
+        return list(range(count))
+    try:
+        value = int(spec)
+    except ValueError:
+        raise TfcliError(f"--{what} must be a number or 'all', not {spec!r}") from None
+    if not -count <= value < count:
+        raise TfcliError(f"--{what} {value} is out of range: this attention has {count} {what}s (0 to {count - 1})",
+                         hint=f"pick one from 0 to {count - 1}, or 'all'")
+    return [value % count]

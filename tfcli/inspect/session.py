@@ -1,0 +1,306 @@
+"""What `tfcli inspect-attention` does, as a plain function: load the run(s), capture the weights of one
+or two texts, pick layers and heads, and add a head summary, a focus token or a run comparison. The
+writers (JSON, HTML, PNG) turn the result into files; the terminal renderer lives in `terminal.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from tfcli.errors import TfcliError
+from tfcli.inspect.capture import AttentionCapture, capture_attention, check_comparable, find_token, load_run, parse_index, probe
+from tfcli.inspect.stats import HeadChange, HeadSummary, head_changes, summarize_heads
+from tfcli.tokenizer.show import visible
+
+FORMATS: tuple[str, ...] = ("terminal", "html", "png", "json")
+SUFFIXES = {".html": "html", ".htm": "html", ".png": "png", ".json": "json"}
+JSON_FORMAT = "tfcli-attention"
+JSON_VERSION = 1
+
+
+@dataclasses.dataclass
+class InspectRequest:
+    run: Path
+    text: str
+    target: str | None = None  # encoder-decoder: the decoder's text (`text` is the source)
+    attention: str | None = None  # encoder | decoder | cross (default: the model's own; cross for encoder-decoder)
+    layer: str | None = None  # a number, "all", or None for the view's default
+    head: str | None = None
+    token: str | None = None
+    occurrence: int = 1
+    summary: bool = False
+    compare: str | None = None  # a second text (a second source, for an encoder-decoder)
+    compare_run: Path | None = None
+    crop: bool = False
+    device: str = "auto"
+    select_all_by_default: bool = False  # the JSON export: every layer and head unless told
+
+
+@dataclasses.dataclass
+class Inspection:
+    captures: list[AttentionCapture]  # one, or two side by side (--compare, --compare-run)
+    titles: list[str]
+    layers: list[int]  # the layers and heads to show or export
+    heads: list[int]
+    focus: list[int] | None = None  # --token: the query position, per capture
+    focus_note: str = ""
+    summaries: list[list[HeadSummary]] | None = None  # per capture, for the selected heads
+    changes: list[HeadChange] | None = None  # --compare-run: every head, most changed first
+
+    @property
+    def first(self) -> AttentionCapture:
+        return self.captures[0]
+
+    @property
+    def notes(self) -> list[str]:
+        seen: list[str] = []
+        for capture, title in zip(self.captures, self.titles):
+            for note in capture.notes:
+                line = f"{title}: {note}" if len(self.captures) > 1 else note
+                if line not in seen:
+                    seen.append(line)
+        return seen
+
+
+def _excerpt(text: str, limit: int = 48) -> str:
+    shown = visible(" ".join(text.split()))
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
+def inspect_attention(request: InspectRequest) -> Inspection:
+    """Load, capture and select; every user mistake is a TfcliError before anything is written."""
+    if request.compare is not None and request.compare_run is not None:
+        raise TfcliError("--compare and --compare-run cannot be used together", hint="compare two texts or two runs, one at a time")
+    if not request.text.strip():
+        raise TfcliError("the text is empty", hint="pass --text TEXT or --text-file FILE")
+    if request.compare is not None and not request.compare.strip():
+        raise TfcliError("the --compare text is empty", hint="pass a second text")
+    if request.occurrence < 1:
+        raise TfcliError(f"--occurrence must be 1 or more, not {request.occurrence}")
+    checkpoint = load_run(request.run, request.device)
+    first = capture_attention(checkpoint, request.text, target=request.target, kind=request.attention, crop=request.crop)
+    captures, titles = [first], [_excerpt(request.text)]
+    other_checkpoint = None
+    if request.compare is not None:
+        captures.append(capture_attention(checkpoint, request.compare, target=request.target, kind=first.kind, crop=request.crop))
+        titles = [f"1: {_excerpt(request.text)}", f"2: {_excerpt(request.compare)}"]
+    if request.compare_run is not None:
+        other_checkpoint = load_run(request.compare_run, request.device)
+        check_comparable(checkpoint, other_checkpoint)
+        captures.append(capture_attention(other_checkpoint, request.text, target=request.target, kind=first.kind, crop=request.crop))
+        titles = [str(request.run), str(request.compare_run)]
+
+    changes = head_changes(captures[0].weights, captures[1].weights) if request.compare_run is not None else None
+    many = request.select_all_by_default or request.summary
+    default_layer = None if many else 0
+    default_head = None if many or request.token is not None else 0
+    if changes and not many and request.layer is None and request.head is None:
+        default_layer, default_head = changes[0].layer, changes[0].head  # show the head that changed most
+    layers = parse_index(request.layer, first.n_layers, "layer", default_layer)
+    heads = parse_index(request.head, first.n_heads, "head", default_head)
+
+    inspection = Inspection(captures=captures, titles=titles, layers=layers, heads=heads, changes=changes)
+    if request.token is not None:
+        position, inspection.focus_note = find_token(first.queries, request.token, request.occurrence)
+        inspection.focus = [position]
+        for capture, title in zip(captures[1:], titles[1:]):
+            try:
+                inspection.focus.append(find_token(capture.queries, request.token, request.occurrence)[0])
+            except TfcliError as exc:
+                raise TfcliError(f"--token {request.token!r} (occurrence {request.occurrence}) is not in the second text ({title})",
+                                 hint="pick a word both texts have") from exc
+    if request.summary:
+        inspection.summaries = []
+        for capture, checkpoint_used in zip(captures, [checkpoint, other_checkpoint or checkpoint]):
+            probed = probe(checkpoint_used, capture)
+            summaries = summarize_heads(capture.weights, capture.query_ids if capture.self_attention else None,
+                                        causal=capture.causal, probe_weights=None if probed is None else probed[0],
+                                        probe_ids=None if probed is None else probed[1])
+            inspection.summaries.append([s for s in summaries if s.layer in layers and s.head in heads])
+    return inspection
+
+
+# ---- output files ------------------------------------------------------------------------------------
+
+def resolve_format(fmt: str | None, output: Path | None) -> str:
+    """--format, or the one -o's suffix implies; terminal when neither says."""
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise TfcliError(f"unknown format {fmt!r}", hint=f"use one of {', '.join(FORMATS)}")
+        if fmt == "terminal" and output is not None:
+            raise TfcliError("the terminal format prints to the screen; -o is for html, png and json", hint="drop -o, or pass --format html|png|json")
+        if fmt in ("html", "png") and output is None:
+            raise TfcliError(f"--format {fmt} writes a file", hint=f"pass -o FILE.{fmt}")
+        return fmt
+    if output is None:
+        return "terminal"
+    if output.suffix.lower() in SUFFIXES:
+        return SUFFIXES[output.suffix.lower()]
+    raise TfcliError(f"cannot tell the format from {output}", hint="end it in .html, .png or .json, or pass --format")
+
+
+def check_output(path: Path) -> None:
+    """Before any work: the file's folder exists and is writable, and the path is not a folder."""
+    if path.is_dir():
+        raise TfcliError(f"output {path} is a folder", hint="pass a file name with -o")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise TfcliError(f"the folder of {path} does not exist", hint=f"create {parent} first or pick another path with -o")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise TfcliError(f"cannot write to the folder of {path}", hint="pick another path with -o or fix its permissions")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise TfcliError(f"{path} exists and is not writable", hint="pick another path with -o")
+
+
+def write_output(path: Path, data: bytes | str) -> None:
+    """Atomically: a temp file beside it, fsynced, renamed; a failure leaves nothing behind."""
+    from tfcli.fsutil import atomic_write_bytes, atomic_write_text
+
+    try:
+        if isinstance(data, bytes):
+            atomic_write_bytes(path, data)
+        else:
+            atomic_write_text(path, data)
+    except OSError as exc:
+        raise TfcliError(f"cannot write {path}: {exc.strerror or exc}", hint="pick another path with -o") from exc
+
+
+def _views(views) -> list[dict[str, Any]]:
+    return [v.to_json() for v in views]
+
+
+def attention_document(inspection: Inspection, *, weights: bool = True) -> dict[str, Any]:
+    """The JSON form: tokens, the selected layers and heads, their weights [layer][head][query][key]
+    (rounded to 6 decimals; written by `write_document`), and the summary, focus token and run
+    comparison when asked for."""
+    first = inspection.first
+    doc: dict[str, Any] = {
+        "format": JSON_FORMAT,
+        "version": JSON_VERSION,
+        "attention": first.kind,
+        "self_attention": first.self_attention,
+        "causal": first.causal,
+        "n_layers": first.n_layers,
+        "n_heads": first.n_heads,
+        "layers": inspection.layers,
+        "heads": inspection.heads,
+        "captures": [],
+    }
+    sub = np.ix_(inspection.layers, inspection.heads)
+    for index, (capture, title) in enumerate(zip(inspection.captures, inspection.titles)):
+        entry: dict[str, Any] = {"title": title, "run": capture.run, "text": capture.text, "target": capture.target,
+                                 "queries": _views(capture.queries), "notes": capture.notes}
+        if not capture.self_attention:
+            entry["keys"] = _views(capture.keys)
+        selected = capture.weights[sub]  # (layers, heads, T, S)
+        if weights:
+            entry["weights"] = _WeightsPlaceholder(selected)
+        if inspection.focus is not None:
+            position = inspection.focus[index]
+            entry["focus"] = {"position": position, "text": capture.queries[position].text,
+                              "weights": np.round(selected[:, :, position, :].astype(np.float64), 6).tolist()}
+        if inspection.summaries is not None:
+            entry["summary"] = [s.to_json() for s in inspection.summaries[index]]
+        doc["captures"].append(entry)
+    if inspection.changes is not None:
+        doc["changes"] = [c.to_json() for c in inspection.changes]
+    return doc
+
+
+class _WeightsPlaceholder:
+    """Stands for a (layers, heads, T, S) array in a document until `write_document` streams it."""
+
+    def __init__(self, weights: np.ndarray) -> None:
+        self.weights = weights
+
+
+def write_document(handle: IO[str], document: dict[str, Any]) -> None:
+    """Write the JSON document, streaming each weights array head by head: a big export (all 144 heads
+    of a 512-token gpt2-small capture are 37.7M numbers) never exists as one Python list or string."""
+    arrays: list[np.ndarray] = []
+
+    def mark(value: Any) -> Any:
+        if isinstance(value, _WeightsPlaceholder):
+            arrays.append(value.weights)
+            return f"@@weights-{len(arrays) - 1}@@"
+        if isinstance(value, dict):
+            return {k: mark(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [mark(v) for v in value]
+        return value
+
+    text = json.dumps(mark(document), indent=1, ensure_ascii=False, allow_nan=False)
+    pieces = re.split(r'"@@weights-(\d+)@@"', text)
+    handle.write(pieces[0])
+    for index, after in zip(pieces[1::2], pieces[2::2]):
+        weights = arrays[int(index)]
+        handle.write("[")
+        for layer in range(weights.shape[0]):
+            handle.write("[" if layer == 0 else ",\n[")
+            for head in range(weights.shape[1]):
+                if head:
+                    handle.write(",\n")
+                handle.write(json.dumps(np.round(weights[layer, head].astype(np.float64), 6).tolist(), allow_nan=False))
+            handle.write("]")
+        handle.write("]")
+        handle.write(after)
+    handle.write("\n")
+
+
+def save_document(path: Path, document: dict[str, Any]) -> None:
+    """`write_document` into `path` atomically."""
+    from tfcli.fsutil import atomic_open
+
+    try:
+        with atomic_open(path, "w", encoding="utf-8", newline="\n") as handle:
+            write_document(handle, document)
+    except OSError as exc:
+        raise TfcliError(f"cannot write {path}: {exc.strerror or exc}", hint="pick another path with -o") from exc
+
+
+def html_page(inspection: Inspection) -> str:
+    from tfcli.inspect.html import render_page
+
+    summary = inspection.summaries[0] if inspection.summaries else None
+    return render_page(inspection.captures, inspection.titles, layer=inspection.layers[0], head=inspection.heads[0],
+                       focus=None if inspection.focus is None else inspection.focus[0], summary=summary, changes=inspection.changes)
+
+
+def png_image(inspection: Inspection) -> bytes:
+    """A heatmap for one head, a grid for several, or the focus token's attention per head."""
+    from tfcli.inspect import png
+
+    first = inspection.first
+    from tfcli.inspect.terminal import kind_label
+
+    kind = kind_label(first)
+    pairs = [(layer, head) for layer in inspection.layers for head in inspection.heads]
+    if inspection.focus is not None:
+        items = []
+        for capture, title, position in zip(inspection.captures, inspection.titles, inspection.focus):
+            rows = np.stack([capture.weights[layer, head, position] for layer, head in pairs])  # (pairs, S)
+            label = capture.queries[position].text
+            items.append((f"{title}: where {label.strip() or label!r} (position {position}) looks", rows,
+                          [f"L{layer} H{head}" for layer, head in pairs], [v.text for v in capture.keys]))
+        return png.token_png(items, suptitle=kind)
+    if len(pairs) == 1:
+        layer, head = pairs[0]
+        items = [(f"{title} · layer {layer}, head {head}", capture.weights[layer, head], [v.text for v in capture.queries],
+                  [v.text for v in capture.keys]) for capture, title in zip(inspection.captures, inspection.titles)]
+        return png.heatmaps_png(items, suptitle=kind)
+    maps = []
+    for layer, head in pairs:
+        for index, capture in enumerate(inspection.captures):
+            prefix = f"{index + 1}: " if len(inspection.captures) > 1 else ""
+            maps.append((f"{prefix}L{layer} H{head}", capture.weights[layer, head]))
+    per_layer = len(inspection.heads) * len(inspection.captures)
+    columns = per_layer if len(inspection.layers) > 1 and per_layer <= 16 else min(len(maps), 6 if len(inspection.captures) > 1 else 4)
+    titles = "  |  ".join(f"{i + 1}: {t}" for i, t in enumerate(inspection.titles)) if len(inspection.captures) > 1 else inspection.titles[0]
+    return png.grid_png(maps, columns, suptitle=f"{kind} · {titles}")

@@ -1,0 +1,1 @@
+"""Training: objectives, data, the optimizer and schedule, checkpoints that resume exactly, and the loop."""

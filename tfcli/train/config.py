@@ -1,0 +1,197 @@
+"""The training configuration: a torch-free, JSON-serialisable dataclass, and how a command line becomes one
+(a preset, a TOML file, `--set key=value` overrides, then the everyday options)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+from tfcli.errors import TfcliError
+from tfcli.model.config import ModelConfig, preset
+from tfcli.schema import JsonRecord
+
+TASKS = ("lm", "mlm", "denoise", "classify", "seq2seq")
+PRETRAIN_TASK = {"decoder": "lm", "encoder": "mlm", "encoder-decoder": "denoise"}
+SCHEDULES = ("cosine", "linear", "constant")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+PRECISIONS = ("auto", "fp32", "bf16")
+FREEZE = ("none", "embeddings", "body")
+# Settings a resumed run may change: they do not alter what the finished steps computed.
+RESUMABLE_CHANGES = ("max_steps", "time_budget", "eval_every", "eval_batches", "log_every", "save_every", "device", "compile")
+
+
+@dataclasses.dataclass
+class TrainConfig(JsonRecord):
+    task: str = "lm"  # lm (decoder) | mlm (encoder) | denoise (encoder-decoder on text) | classify | seq2seq
+    max_steps: int = 1000  # optimizer updates (ignored when time_budget is set)
+    time_budget: float | None = None  # seconds of training; the schedule is laid over the budget
+    batch_size: int = 16  # sequences per micro-batch, per process
+    grad_accum: int = 1  # micro-batches per optimizer update
+    block_size: int | None = None  # tokens per training window (default: the model's block size)
+    lr: float = 1e-3  # peak learning rate
+    min_lr_ratio: float = 0.1  # the schedule decays to lr * min_lr_ratio
+    schedule: str = "cosine"  # cosine | linear | constant, after the warm-up
+    warmup_steps: int | None = None  # linear warm-up (default: the first 5% of the run)
+    weight_decay: float = 0.1  # AdamW's decoupled decay, on matrices only (not norms, biases, embeddings)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # clip the global gradient norm to this (0: no clipping)
+    label_smoothing: float = 0.0
+    seed: int = 1337  # every random draw (data windows, masks, dropout) derives from (seed, step, rank)
+    eval_every: int = 100  # steps between evaluations on the validation split (0: only at the end)
+    eval_batches: int = 20  # batches per evaluation
+    log_every: int = 10  # steps between records in metrics.jsonl
+    save_every: int = 500  # steps between checkpoints (0: only at the end)
+    device: str = "auto"  # auto | cpu | cuda | mps
+    precision: str = "auto"  # auto (bf16 autocast on a GPU that has it, else fp32) | fp32 | bf16
+    compile: bool = False  # torch.compile the model
+    mask_prob: float = 0.15  # mlm: fraction of tokens to predict (80% masked, 10% random, 10% kept)
+    noise_density: float = 0.3  # denoise: fraction of source tokens inside masked spans
+    mean_span: float = 3.0  # denoise: mean span length (each span becomes one mask token)
+    val_fraction: float = 0.1  # labeled data without --val-data: the share held out for validation
+    freeze: str = "none"  # finetune: none | embeddings | body (train only the new head)
+    labels: list[str] | None = None  # classify: class names, index = class id (read from the data)
+
+    def __post_init__(self) -> None:
+        checks = [
+            ("task", self.task in TASKS, f"one of {', '.join(TASKS)}"),
+            ("schedule", self.schedule in SCHEDULES, f"one of {', '.join(SCHEDULES)}"),
+            ("device", self.device in DEVICES, f"one of {', '.join(DEVICES)}"),
+            ("precision", self.precision in PRECISIONS, f"one of {', '.join(PRECISIONS)}"),
+            ("freeze", self.freeze in FREEZE, f"one of {', '.join(FREEZE)}"),
+            ("max_steps", self.max_steps >= 1, "at least 1"),
+            ("batch_size", self.batch_size >= 1, "at least 1"),
+            ("grad_accum", self.grad_accum >= 1, "at least 1"),
+            ("block_size", self.block_size is None or self.block_size >= 2, "at least 2"),
+            ("lr", 0 < self.lr <= 10, "positive and at most 10"),
+            ("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "between 0 and 1"),
+            ("warmup_steps", self.warmup_steps is None or self.warmup_steps >= 0, "0 or more"),
+            ("weight_decay", self.weight_decay >= 0, "0 or more"),
+            ("beta1", 0 <= self.beta1 < 1, "in [0, 1)"),
+            ("beta2", 0 <= self.beta2 < 1, "in [0, 1)"),
+            ("eps", self.eps > 0, "positive"),
+            ("grad_clip", self.grad_clip >= 0, "0 or more"),
+            ("label_smoothing", 0 <= self.label_smoothing < 1, "in [0, 1)"),
+            ("time_budget", self.time_budget is None or self.time_budget > 0, "positive"),
+            ("eval_every", self.eval_every >= 0, "0 or more"),
+            ("eval_batches", self.eval_batches >= 1, "at least 1"),
+            ("log_every", self.log_every >= 1, "at least 1"),
+            ("save_every", self.save_every >= 0, "0 or more"),
+            ("mask_prob", 0 < self.mask_prob < 1, "in (0, 1)"),
+            ("noise_density", 0 < self.noise_density < 1, "in (0, 1)"),
+            ("mean_span", self.mean_span >= 1, "at least 1"),
+            ("val_fraction", 0 <= self.val_fraction < 1, "in [0, 1)"),
+        ]
+        for name, ok, expected in checks:
+            if not ok:
+                raise TfcliError(f"training setting {name} must be {expected}, not {getattr(self, name)!r}")
+
+
+def _tomllib():
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    return tomllib
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration. Example: "90s" -> 90.0, "3m" -> 180.0, "1h30m" -> 5400.0, "45" -> 45.0."""
+    text = text.strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([hms])", text)
+    if not parts or re.sub(r"\s*\d+(?:\.\d+)?\s*[hms]\s*", "", text):
+        raise TfcliError(f"cannot read the duration {text!r}", hint="write it like 90s, 3m or 1h30m")
+    seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[unit] for n, unit in parts)
+    if seconds <= 0:
+        raise TfcliError(f"the duration {text!r} is not positive")
+    return seconds
+
+
+def parse_value(text: str) -> Any:
+    """A --set value as TOML reads it, else the plain string. Example: "3" -> 3, "true" -> True, "rotary" -> "rotary"."""
+    tomllib = _tomllib()
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _split_settings(settings: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Sort flat or dotted keys (`d_model`, `model.d_model`, `train.lr`) into model and training settings."""
+    model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
+    train_keys = {f.name for f in dataclasses.fields(TrainConfig)} - {"labels"}
+    model, train = {}, {}
+    for key, value in settings.items():
+        section, _, name = key.rpartition(".")
+        if section in ("model", "") and name in model_keys and not (section == "" and name in train_keys):
+            model[name] = value
+        elif section in ("train", "") and name in train_keys:
+            train[name] = value
+        elif section == "" and name in model_keys:
+            model[name] = value
+        else:
+            raise TfcliError(f"{where}: unknown setting {key!r}",
+                             hint="model settings are ModelConfig fields (see `tfcli info`), training settings TrainConfig fields (see the README)")
+    return model, train
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """A config file: [model] and [train] tables, or flat keys; returned flat with dotted section names."""
+    tomllib = _tomllib()
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise TfcliError(f"config file {path} does not exist") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TfcliError(f"cannot read {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise TfcliError(f"{path} is not valid TOML ({exc})") from exc
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in ("model", "train") and isinstance(value, dict):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        elif key == "preset":
+            flat["preset"] = value
+        else:
+            flat[key] = value
+    return flat
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    settings = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise TfcliError(f"--set {item!r} is not key=value", hint="for example --set d_model=128")
+        settings[key.strip()] = parse_value(value.strip())
+    return settings
+
+
+def resolve_configs(
+    *,
+    preset_name: str,
+    config_file: Path | None,
+    sets: list[str],
+    options: dict[str, Any],
+    base_model: ModelConfig | None = None,
+    model_fixed: dict[str, Any] | None = None,
+) -> tuple[ModelConfig, TrainConfig]:
+    """preset (or base_model) < config file < --set < plain options < model_fixed (what the data decides)."""
+    file_settings = read_toml(config_file) if config_file is not None else {}
+    preset_name = file_settings.pop("preset", preset_name)
+    file_model, file_train = _split_settings(file_settings, str(config_file))
+    set_model, set_train = _split_settings(parse_sets(sets), "--set")
+    option_model = {k[len("model."):]: v for k, v in options.items() if k.startswith("model.") and v is not None}
+    option_train = {k: v for k, v in options.items() if not k.startswith("model.") and v is not None}
+    model_settings = {**file_model, **set_model, **option_model, **(model_fixed or {})}
+    if base_model is not None:
+        model = base_model.with_overrides(**model_settings)
+    else:
+        model = preset(preset_name, **model_settings)
+    train = TrainConfig.from_json({**file_train, **set_train, **option_train}, where="training config")
+    return model, train

@@ -1,0 +1,121 @@
+"""`tfcli eval`: a run's loss, perplexity and bits per byte on shards or text, or its accuracy and macro-F1
+on a labeled JSONL set. Language-model evaluation covers the data with back-to-back windows, every
+token scored once."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tfcli.errors import TfcliError
+
+
+def _text_tokens(path: Path, tokenizer) -> np.ndarray:
+    """A text file (or a folder of them) as one token stream, documents (paragraphs) ended by [eos]."""
+    from tfcli.data.corpus import ReadStats, iter_document_pieces, resolve_corpus
+
+    eos = tokenizer.require("eos")
+    ids: list[int] = []
+    pieces = list(iter_document_pieces(resolve_corpus([path]), "paragraph", ReadStats()))
+    encoded = tokenizer.encode_batch([p.text for p in pieces])
+    for piece, piece_ids in zip(pieces, encoded):
+        ids.extend(piece_ids)
+        if piece.ends_document:
+            ids.append(eos)
+    return np.asarray(ids, dtype=np.int64)
+
+
+def evaluate_run(run: Path, data: Path, *, split: str = "val", batch_size: int = 16, max_batches: int | None = None,
+                 device: str = "auto", seed: int = 0) -> dict[str, Any]:
+    from tfcli.checkpoint import load_checkpoint
+    from tfcli.data.labeled import load_labeled
+    from tfcli.data.shards import load_shard_meta, open_shard
+    from tfcli.train import data as d
+    from tfcli.train.job import TrainingJob
+    from tfcli.train.loop import pick_device, token_byte_lengths
+    from tfcli.train.objectives import evaluate
+
+    checkpoint = load_checkpoint(run)
+    tokenizer, config = checkpoint.tokenizer, checkpoint.config.model
+    target = pick_device(device)
+    model = checkpoint.model.to(target)
+    data = Path(data)
+    result: dict[str, Any] = {"run": str(run), "data": str(data)}
+    if data.suffix == ".jsonl":
+        if config.n_classes:
+            task = "classify"
+            labels = (checkpoint.config.training or {}).get("labels") or [str(i) for i in range(config.n_classes)]
+        elif config.arch == "encoder-decoder":
+            task, labels = "seq2seq", None
+        else:
+            raise TfcliError(f"{run} has no classification head and is not an encoder-decoder; a JSONL set cannot score it",
+                             hint="evaluate a language model on shards or a text file")
+        labeled, _ = load_labeled(data, task, tokenizer, config.arch, config.block_size, labels=labels)
+        source = d.LabeledSource(task, labeled, labeled, batch_size, seed, pad_id=tokenizer.require("pad"),
+                                 eos_id=tokenizer.special_ids.get("eos", 0), accum=1)
+        batches = source.validation(0, batch_size)
+        result["examples"] = len(labeled)
+    else:
+        task = {"decoder": "lm", "encoder": "mlm", "encoder-decoder": "denoise"}[config.arch]
+        if data.is_dir() and (data / "meta.json").is_file():
+            meta = load_shard_meta(data)
+            if meta.tokenizer_sha256 != tokenizer.sha256:
+                raise TfcliError(f"the shards in {data} were encoded with another tokenizer than {run}'s",
+                                 hint="encode the text with the run's tokenizer.json, or pass a text file")
+            tokens = open_shard(data, split)
+            result["split"] = split
+        elif data.exists():
+            tokens = _text_tokens(data, tokenizer)
+        else:
+            raise TfcliError(f"{data} does not exist", hint="pass a shard folder, a text file or a JSONL set")
+        block = config.block_size
+        sources = {
+            "lm": lambda: d.LMSource(tokens, tokens, block, batch_size, seed),
+            "mlm": lambda: d.MLMSource(tokens, tokens, block, batch_size, seed, cls_id=tokenizer.require("cls"),
+                                       mask_id=tokenizer.require("mask"), vocab=tokenizer.vocab_size, prob=0.15),
+            "denoise": lambda: d.DenoiseSource(tokens, tokens, block, batch_size, seed, pad_id=tokenizer.require("pad"),
+                                               mask_id=tokenizer.require("mask"), eos_id=tokenizer.require("eos"),
+                                               density=0.3, mean_span=3.0),
+        }
+        source = sources[task]()
+        window = source.val.length
+        last = len(tokens) - window - 1
+        if last < 0:
+            raise TfcliError(f"{data} holds {len(tokens):,} tokens, fewer than one window of {window + 1:,}")
+        starts = torch.arange(0, last + 1, window)  # back to back: every token scored once
+        if max_batches:
+            starts = starts[: max_batches * batch_size]
+        gen = d.generator(seed, "eval")
+        make = (lambda rows: source._make(rows)) if task == "lm" else (lambda rows: source._make(rows, gen))
+        batches = [make(source.val.rows(chunk)) for chunk in starts.split(batch_size)]
+        result["tokens"] = int(starts.numel() * window)
+    job = TrainingJob(Path(run), config, dataclasses.replace(_default_train_config(), task=task), tokenizer, data)
+    byte_lengths = token_byte_lengths(job) if task == "lm" else None
+    metrics = evaluate(model, batches, task, target, contextlib.nullcontext, byte_lengths)
+    result["task"] = task
+    result.update({k.removeprefix("val_"): v for k, v in metrics.items()})
+    return result
+
+
+def _default_train_config():
+    from tfcli.train.config import TrainConfig
+
+    return TrainConfig()
+
+
+def unigram_entropy(shard_dir: Path) -> float:
+    """Entropy in nats of the train split's token frequencies: the loss of a model that knows only how
+    often each token occurs. A language model has learned something when its validation loss is below it."""
+    import math
+
+    from tfcli.data.shards import load_shard_meta, open_shard
+
+    meta = load_shard_meta(shard_dir)
+    counts = np.bincount(np.asarray(open_shard(shard_dir, "train")), minlength=meta.vocab_size).astype(np.float64)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum()) if len(p) else math.nan

@@ -1,0 +1,46 @@
+"""Model FLOPs utilisation: the FLOPs a training step needs, over the matmul rate this device reaches."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from tfcli.model.config import ModelConfig
+
+
+def training_flops_per_token(config: ModelConfig, tokens_per_row: int) -> float:
+    """6 FLOPs per parameter per token (forward and backward) for the matmul weights, plus attention's
+    12 * layers * d_model * context (PaLM's estimate); embeddings lookups cost nothing."""
+    counts = config.parameter_counts()
+    lm_head = config.vocab_size * config.d_model  # a matmul even when tied to the embedding matrix
+    heads = counts["heads"] - (0 if config.tie_embeddings else lm_head)
+    dense = counts["attention"] + counts["mlp"] + heads + lm_head
+    layers = (config.n_layers if config.has_encoder else 0) + (config.decoder_layers if config.has_decoder else 0)
+    return 6 * dense + 12 * layers * config.d_model * tokens_per_row
+
+
+def measure_matmul_flops(device: torch.device, dtype: torch.dtype, size: int | None = None, seconds: float = 0.3) -> float:
+    """The FLOP/s of a square matmul on `device` in `dtype`: the peak MFU is measured against."""
+    size = size or (4096 if device.type == "cuda" else 1024)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    _sync(device)
+    runs, start = 0, time.perf_counter()
+    while True:
+        a @ b
+        runs += 1
+        if runs % 4 == 0:
+            _sync(device)
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                return 2 * size**3 * runs / elapsed
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()

@@ -1,0 +1,224 @@
+"""From a command line to a training job: the resolved model and training configs, the tokenizer, the data,
+and the checks that must pass before anything is written (or, on --resume, that nothing changed)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from tfcli.errors import TfcliError
+from tfcli.model.config import ModelConfig
+from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
+from tfcli.train.config import PRETRAIN_TASK, RESUMABLE_CHANGES, TrainConfig, resolve_configs
+
+DEFAULT_PRESET = {"decoder": "tiny", "encoder": "tiny", "encoder-decoder": "seq2seq-tiny"}
+LABELED_TASKS = ("classify", "seq2seq")
+
+
+@dataclasses.dataclass
+class TrainingJob:
+    run_dir: Path
+    model_config: ModelConfig
+    config: TrainConfig
+    tokenizer: TextTokenizer
+    data: Path
+    val_data: Path | None = None
+    init_from: Path | None = None
+    resume: bool = False
+    data_fingerprint: str = ""
+    labeled: Any = None  # (train LabeledSet, val LabeledSet) for classify / seq2seq
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size or self.model_config.block_size
+
+    def training_record(self, step: int) -> dict[str, Any]:
+        """What config.json keeps under "training"."""
+        return {
+            "config": self.config.to_json(),
+            "task": self.config.task,
+            "labels": self.config.labels,
+            "data": str(self.data),
+            "val_data": str(self.val_data) if self.val_data else None,
+            "init_from": str(self.init_from) if self.init_from else None,
+            "step": step,
+        }
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def shard_fingerprint(shard_dir: Path) -> str:
+    from tfcli.data.shards import load_shard_meta
+
+    meta = load_shard_meta(shard_dir)
+    return _digest({"tokenizer": meta.tokenizer_sha256, "train": meta.train_tokens, "val": meta.val_tokens,
+                    "sources": [s.to_json() for s in meta.sources], "seed": meta.seed})
+
+
+def file_fingerprint(*paths: Path | None) -> str:
+    from tfcli.fsutil import sha256_file
+
+    return _digest([sha256_file(p) if p else None for p in paths])
+
+
+def find_tokenizer(shard_dir: Path, explicit: Path | None) -> TextTokenizer:
+    """--tokenizer if given, else the tokenizer.json beside or inside the shards' folder whose checksum the
+    shards name."""
+    from tfcli.data.shards import load_shard_meta
+
+    meta = load_shard_meta(shard_dir)
+    if explicit is not None:
+        tokenizer = TextTokenizer.load(explicit)
+        if tokenizer.sha256 != meta.tokenizer_sha256:
+            raise TfcliError(f"the shards in {shard_dir} were encoded with another tokenizer than {explicit}",
+                             hint="pass the tokenizer the shards were made with, or re-encode them")
+        return tokenizer
+    for candidate in (shard_dir / TOKENIZER_FILE, shard_dir.parent / "tokenizer" / TOKENIZER_FILE, shard_dir.parent / TOKENIZER_FILE):
+        if candidate.is_file():
+            tokenizer = TextTokenizer.load(candidate)
+            if tokenizer.sha256 == meta.tokenizer_sha256:
+                return tokenizer
+    raise TfcliError(f"cannot find the tokenizer the shards in {shard_dir} were encoded with",
+                     hint="pass it with --tokenizer PATH")
+
+
+def _check_output(run_dir: Path, resume: bool) -> None:
+    from tfcli.checkpoint import CONFIG_FILE
+    from tfcli.fsutil import prepare_output_dir
+
+    if resume:
+        if not (run_dir / CONFIG_FILE).is_file():
+            raise TfcliError(f"{run_dir} holds no run to resume", hint="drop --resume to start a new run there")
+        return
+    if run_dir.exists() and run_dir.is_dir() and (run_dir / CONFIG_FILE).exists():
+        raise TfcliError(f"{run_dir} already holds a run", hint="pass --resume to continue it, or choose another -o")
+    prepare_output_dir(run_dir, "run")
+
+
+def _check_resume(job: TrainingJob) -> None:
+    """A resumed run must be the run it continues: same model, tokenizer, data, and training settings
+    (except those in RESUMABLE_CHANGES)."""
+    from tfcli.checkpoint import read_run_config
+
+    saved = read_run_config(job.run_dir)
+    saved_model, now_model = saved.model.to_json(), job.model_config.to_json()
+    for key in saved_model:
+        if saved_model[key] != now_model.get(key):
+            raise TfcliError(f"cannot resume: the model's {key} was {saved_model[key]!r}, now {now_model.get(key)!r}",
+                             hint="resume with the settings the run was started with")
+    if saved.tokenizer_sha256 != job.tokenizer.sha256:
+        raise TfcliError("cannot resume: the tokenizer differs from the run's", hint="resume with the data and tokenizer the run was started with")
+    training = saved.training or {}
+    before = training.get("config") or {}
+    now = job.config.to_json()
+    for key in now:
+        if key in RESUMABLE_CHANGES or key not in before:
+            continue
+        if before[key] != now[key]:
+            raise TfcliError(f"cannot resume: the training setting {key} was {before[key]!r}, now {now[key]!r}",
+                             hint=f"only {', '.join(RESUMABLE_CHANGES)} may change on --resume")
+
+
+def pretrain_job(*, data: Path, output: Path, arch: str, preset_name: str | None, config_file: Path | None,
+                 sets: list[str], options: dict[str, Any], tokenizer_path: Path | None, resume: bool) -> TrainingJob:
+    from tfcli.data.shards import load_shard_meta
+
+    meta = load_shard_meta(data)
+    tokenizer = find_tokenizer(data, tokenizer_path)
+    model_config, config = resolve_configs(
+        preset_name=preset_name or DEFAULT_PRESET[arch], config_file=config_file, sets=sets, options=options,
+        model_fixed={"vocab_size": tokenizer.vocab_size, "arch": arch},
+    )
+    if meta.vocab_size != tokenizer.vocab_size:
+        raise TfcliError(f"the shards hold ids for {meta.vocab_size:,} tokens but the tokenizer has {tokenizer.vocab_size:,}")
+    task = PRETRAIN_TASK[model_config.arch]
+    if options.get("task") not in (None, task):
+        raise TfcliError(f"a {model_config.arch} pretrains with the {task} objective, not {options['task']}")
+    config = dataclasses.replace(config, task=task)
+    _check_block(config, model_config)
+    _require_roles(tokenizer, task)
+    job = TrainingJob(output, model_config, config, tokenizer, data, resume=resume, data_fingerprint=shard_fingerprint(data))
+    _check_output(output, resume)
+    if resume:
+        _check_resume(job)
+    return job
+
+
+def finetune_job(*, init_from: Path, task: str, data: Path, val_data: Path | None, output: Path, config_file: Path | None,
+                 sets: list[str], options: dict[str, Any], resume: bool) -> TrainingJob:
+    from tfcli.checkpoint import read_run_config
+    from tfcli.data.labeled import load_labeled, split_validation
+    from tfcli.data.shards import load_shard_meta
+
+    if Path(output).resolve() == Path(init_from).resolve():
+        raise TfcliError("-o is the run being fine-tuned", hint="write the fine-tuned run to a new folder")
+    parent = read_run_config(init_from)
+    tokenizer = TextTokenizer.load(Path(init_from) / TOKENIZER_FILE)
+    if tokenizer.sha256 != parent.tokenizer_sha256:
+        raise TfcliError(f"{init_from}/{TOKENIZER_FILE} is not the tokenizer its model was saved with")
+    arch = parent.model.arch
+    allowed = {"lm": ("decoder",), "mlm": ("encoder",), "classify": ("encoder", "decoder"), "seq2seq": ("encoder-decoder",),
+               "denoise": ("encoder-decoder",)}
+    if arch not in allowed[task]:
+        raise TfcliError(f"--task {task} needs a {' or '.join(allowed[task])} model; {init_from} is a {arch}")
+    model_config, config = resolve_configs(preset_name="", config_file=config_file, sets=sets, options={**options, "task": task},
+                                           base_model=dataclasses.replace(parent.model, n_classes=0 if task == "classify" else parent.model.n_classes))
+    changed = [f.name for f in dataclasses.fields(ModelConfig)
+               if f.name not in ("dropout", "n_classes") and getattr(model_config, f.name) != getattr(parent.model, f.name)]
+    if changed:
+        raise TfcliError(f"fine-tuning cannot change the model's {changed[0]}", hint="only dropout may change; the shape comes from --init-from")
+    _check_block(config, model_config)
+    _require_roles(tokenizer, task)
+    job = TrainingJob(output, model_config, config, tokenizer, data, val_data=val_data, init_from=Path(init_from), resume=resume)
+    if task in LABELED_TASKS:
+        block = job.block_size
+        train_set, labels = load_labeled(data, task, tokenizer, arch, block, labels=None)
+        if val_data is not None:
+            val_set, _ = load_labeled(val_data, task, tokenizer, arch, block, labels=labels)
+        else:
+            train_set, val_set = split_validation(train_set, config.val_fraction, config.seed)
+        if task == "classify":
+            job.config = dataclasses.replace(config, labels=labels)
+            job.model_config = dataclasses.replace(model_config, n_classes=len(labels))
+        job.labeled = (train_set, val_set)
+        job.data_fingerprint = file_fingerprint(data, val_data)
+    else:
+        meta = load_shard_meta(data)
+        if meta.tokenizer_sha256 != tokenizer.sha256:
+            raise TfcliError(f"the shards in {data} were encoded with another tokenizer than {init_from}'s",
+                             hint=f"re-encode them with `tfcli tokenize encode ... --tokenizer {init_from}/{TOKENIZER_FILE}`")
+        job.data_fingerprint = shard_fingerprint(data)
+    _check_output(output, resume)
+    if resume:
+        saved_labels = _saved_labels(output)
+        if task == "classify" and saved_labels != job.config.labels:
+            raise TfcliError(f"cannot resume: the labels in {data} differ from the run's ({', '.join(saved_labels or [])})")
+        _check_resume(job)
+    return job
+
+
+def _saved_labels(run_dir: Path) -> list[str] | None:
+    from tfcli.checkpoint import read_run_config
+
+    training = read_run_config(run_dir).training or {}
+    labels = training.get("labels")
+    return labels if isinstance(labels, list) else None
+
+
+def _check_block(config: TrainConfig, model_config: ModelConfig) -> None:
+    if config.block_size is not None and config.block_size > model_config.block_size:
+        raise TfcliError(f"--block-size {config.block_size} is longer than the model's context ({model_config.block_size})",
+                         hint="a fine-tune keeps its parent's context; use a smaller block size")
+    if config.task == "classify" and model_config.arch == "encoder-decoder":
+        raise TfcliError("classification needs an encoder or a decoder model")
+
+
+def _require_roles(tokenizer: TextTokenizer, task: str) -> None:
+    roles = {"lm": ("eos",), "mlm": ("mask", "cls"), "denoise": ("mask", "pad", "eos"), "classify": ("pad",), "seq2seq": ("pad", "eos")}
+    for role in roles[task]:
+        tokenizer.require(role)

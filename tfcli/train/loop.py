@@ -1,0 +1,459 @@
+"""The one training loop behind `train pretrain` and `train finetune`. It yields events and never prints;
+the CLI renders them.
+
+Each step: the learning rate from the schedule, dropout seeded from (seed, step, rank), the global batch's
+micro-batches (rank r takes its slice), the summed loss divided by the global target count (so any number
+of processes and micro-steps computes the same mean), gradient clipping whose returned norm is checked for
+NaN and infinity before the update, then logging, evaluation and checkpoints at their intervals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tfcli.errors import Interrupted, TfcliError
+from tfcli.train.data import Slot, derived_seed
+from tfcli.train.distributed import World, agree, join_world, leave_world
+from tfcli.train.job import TrainingJob
+from tfcli.train.state import (
+    BEST_DIR,
+    LOSS_PLOT,
+    METRICS_FILE,
+    OPTIMIZER_FILE,
+    TRAINER_FORMAT,
+    MetricsWriter,
+    TrainerState,
+    commit_trainer_state,
+    find_trainer_state,
+    read_metrics,
+    stage_trainer_state,
+    truncate_metrics,
+)
+
+
+@dataclasses.dataclass
+class Started:
+    step: int  # the first step (0, or the checkpoint's on --resume)
+    max_steps: int | None  # None with a time budget
+    time_budget: float | None
+    parameters: int
+    trainable: int
+    device: str
+    precision: str
+    world_size: int
+    tokens_per_step: int
+    peak_flops: float
+    run_dir: Path
+
+
+@dataclasses.dataclass
+class StepDone:
+    step: int
+    lr: float
+    tokens_seen: int
+    tokens_per_sec: float
+    mfu: float
+    elapsed: float
+    remaining: float | None  # seconds, estimated
+    fraction: float  # of the run done
+
+
+@dataclasses.dataclass
+class Logged:
+    record: dict[str, Any]  # the metrics.jsonl record
+
+
+@dataclasses.dataclass
+class Saved:
+    step: int
+    path: Path
+    best: bool
+
+
+@dataclasses.dataclass
+class Note:
+    message: str
+
+
+@dataclasses.dataclass
+class Finished:
+    step: int
+    reason: str  # steps | budget
+    run_dir: Path
+    best_val_loss: float | None
+    last: dict[str, Any]
+    elapsed: float
+    plot: Path | None
+
+
+def pick_device(name: str, world: World | None = None) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise TfcliError("--device cuda was asked for but no CUDA GPU is available", hint="use --device cpu or auto")
+        index = world.local_rank if world is not None and world.enabled else torch.cuda.current_device()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise TfcliError("--device mps was asked for but MPS is not available", hint="use --device cpu or auto")
+    return torch.device(name)
+
+
+def use_bf16(precision: str, device: torch.device) -> bool:
+    if precision == "bf16":
+        return True
+    return precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+
+class _SignalFlag:
+    """SIGINT and SIGTERM set a flag the loop reads after each step; a second Ctrl-C stops at once."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signum
+
+    def __enter__(self) -> _SignalFlag:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+
+def _freeze(model, how: str, task: str) -> None:
+    if how == "embeddings":
+        for module in (model.tok_emb, getattr(model, "pos_emb", None)):
+            if module is not None:
+                module.weight.requires_grad_(False)
+    elif how == "body":
+        if task != "classify":
+            raise TfcliError("--freeze body leaves only the classification head to train; it needs --task classify")
+        for name, parameter in model.named_parameters():
+            parameter.requires_grad_(name.startswith("classifier."))
+
+
+def _initial_model(job: TrainingJob):
+    """A fresh model, the parent's weights (finetune; a new head where the task needs one), or the
+    checkpoint's (resume)."""
+    from tfcli.checkpoint import load_checkpoint
+    from tfcli.model.transformer import Transformer
+
+    torch.manual_seed(derived_seed(job.config.seed, "init"))
+    if job.resume:
+        return load_checkpoint(job.run_dir).model
+    model = Transformer(job.model_config)
+    if job.init_from is not None:
+        parent = load_checkpoint(job.init_from).model
+        weights = parent.state_dict()
+        if job.config.task == "classify":
+            weights = {k: v for k, v in weights.items() if not k.startswith("classifier.")}
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        assert not unexpected and all(k.startswith("classifier.") for k in missing), (missing, unexpected)
+    return model
+
+
+def _save(job: TrainingJob, model, optimizer, names, state: TrainerState) -> Path:
+    """Write the run directory (weights, config, tokenizer) with its trainer state, atomically."""
+    from tfcli.checkpoint import save_checkpoint
+    from tfcli.train.optim import optimizer_tensors
+
+    tensors = optimizer_tensors(optimizer, names)
+    try:
+        save_checkpoint(job.run_dir, model, job.tokenizer, training=job.training_record(state.step),
+                        before_commit=lambda weights: stage_trainer_state(job.run_dir, state, tensors, weights))
+        commit_trainer_state(job.run_dir)
+    except OSError as exc:
+        raise TfcliError(f"cannot write the checkpoint in {job.run_dir}: {exc.strerror or exc}",
+                         hint="free some space or fix the folder's permissions; the previous checkpoint is intact") from exc
+    return job.run_dir
+
+
+def _save_best(job: TrainingJob, model, step: int) -> Path:
+    from tfcli.checkpoint import save_checkpoint
+
+    try:
+        save_checkpoint(job.run_dir / BEST_DIR, model, job.tokenizer, training=job.training_record(step))
+    except OSError as exc:
+        raise TfcliError(f"cannot write the best checkpoint in {job.run_dir / BEST_DIR}: {exc.strerror or exc}",
+                         hint="free some space or fix the folder's permissions") from exc
+    return job.run_dir / BEST_DIR
+
+
+def build_source(job: TrainingJob, world: World):
+    from tfcli.data.shards import open_shard
+    from tfcli.train import data as d
+
+    cfg, tok = job.config, job.tokenizer
+    per_rank, block = cfg.batch_size, job.block_size
+    if cfg.task in ("classify", "seq2seq"):
+        train_set, val_set = job.labeled
+        return d.LabeledSource(cfg.task, train_set, val_set, per_rank, cfg.seed, pad_id=tok.require("pad"),
+                               eos_id=tok.special_ids.get("eos", 0), accum=cfg.grad_accum)
+    train, val = open_shard(job.data, "train"), open_shard(job.data, "val")
+    if cfg.task == "lm":
+        return d.LMSource(train, val, block, per_rank, cfg.seed)
+    if cfg.task == "mlm":
+        return d.MLMSource(train, val, block, per_rank, cfg.seed, cls_id=tok.require("cls"), mask_id=tok.require("mask"),
+                           vocab=tok.vocab_size, prob=cfg.mask_prob)
+    return d.DenoiseSource(train, val, block, per_rank, cfg.seed, pad_id=tok.require("pad"), mask_id=tok.require("mask"),
+                           eos_id=tok.require("eos"), density=cfg.noise_density, mean_span=cfg.mean_span)
+
+
+def token_byte_lengths(job: TrainingJob) -> torch.Tensor:
+    """Bytes each token id stands for (special tokens count 0), for bits per byte."""
+    lengths = torch.zeros(job.model_config.vocab_size, dtype=torch.long)
+    specials = set(job.tokenizer.special_ids.values())
+    for i in range(job.tokenizer.vocab_size):
+        if i not in specials:
+            lengths[i] = len(job.tokenizer.token_bytes(i))
+    return lengths
+
+
+def train(job: TrainingJob) -> Iterator[Any]:
+    """Run the job; yields Started, StepDone, Logged, Saved, Note and finally Finished. Raises Interrupted
+    (after saving) on SIGINT / SIGTERM and TfcliError on a non-finite loss (keeping the last checkpoint)."""
+    device_kind = "cuda" if job.config.device == "cuda" or (job.config.device == "auto" and torch.cuda.is_available()) else "cpu"
+    world = join_world(device_kind)
+    try:
+        yield from _train(job, world)
+    finally:
+        leave_world(world)
+
+
+def _train(job: TrainingJob, world: World) -> Iterator[Any]:
+    from tfcli.train.distributed import all_sum
+    from tfcli.train.flops import measure_matmul_flops, training_flops_per_token
+    from tfcli.train.objectives import evaluate, loss_sum
+    from tfcli.train.optim import load_optimizer_tensors, lr_factor, make_optimizer
+
+    cfg = job.config
+    device = pick_device(cfg.device, world)
+    bf16 = use_bf16(cfg.precision, device)
+    source = build_source(job, world)  # data problems surface before anything is written
+
+    start_step, tokens_seen, elapsed_before, best_val = 0, 0, 0.0, None
+    trainer_folder = None
+    if job.resume:
+        trainer_folder, saved = find_trainer_state(job.run_dir)
+        for name, before, now in (("world size", saved.world_size, world.size),
+                                  ("data", saved.data_fingerprint, job.data_fingerprint),
+                                  ("tokenizer", saved.tokenizer_sha256, job.tokenizer.sha256)):
+            if before != now:
+                shown = (before, now) if name == "world size" else ("one", "another")
+                raise TfcliError(f"cannot resume: the {name} was {shown[0]}, now {shown[1]}",
+                                 hint="resume with the data, tokenizer and process count the run was started with")
+        start_step, tokens_seen, elapsed_before, best_val = saved.step, saved.tokens_seen, saved.elapsed_seconds, saved.best_val_loss
+
+    model = _initial_model(job)
+    _freeze(model, cfg.freeze, cfg.task)
+    model.to(device).train()
+    names = {id(p): n for n, p in model.named_parameters()}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(model, cfg, device)
+    if trainer_folder is not None:
+        from safetensors.torch import load_file
+
+        load_optimizer_tensors(optimizer, load_file(str(trainer_folder / OPTIMIZER_FILE)), names)
+
+    runner = model
+    ddp = None
+    if world.enabled:
+        from torch.nn.parallel import DistributedDataParallel
+
+        unused = cfg.task == "classify" or model.config.n_classes > 0
+        ddp = runner = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                               broadcast_buffers=False, find_unused_parameters=unused)
+    if cfg.compile:
+        runner = torch.compile(runner)
+
+    def autocast():
+        return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+    rows_per_step = cfg.batch_size * world.size * cfg.grad_accum
+    tokens_per_step = rows_per_step * source.tokens_per_row
+    peak = measure_matmul_flops(device, torch.bfloat16 if bf16 else torch.float32) if world.is_main else 0.0
+    flops_per_step = training_flops_per_token(job.model_config, source.tokens_per_row) * tokens_per_step
+    budget = cfg.time_budget
+    metrics_path = job.run_dir / METRICS_FILE
+    writer = None
+    if world.is_main:
+        if job.resume:
+            truncate_metrics(metrics_path, start_step)
+        elif metrics_path.exists():
+            metrics_path.unlink()
+        writer = MetricsWriter(metrics_path)
+    val_batches = source.validation(cfg.eval_batches, cfg.batch_size * world.size) if world.is_main else []  # the same set for any world size
+    byte_lengths = token_byte_lengths(job) if cfg.task == "lm" and world.is_main else None
+
+    yield Started(start_step, None if budget else cfg.max_steps, budget, sum(p.numel() for p in model.parameters()),
+                  sum(p.numel() for p in trainable), str(device), "bf16" if bf16 else "fp32", world.size, tokens_per_step, peak, job.run_dir)
+    if budget is None and start_step >= cfg.max_steps:
+        yield Note(f"the run is already at step {start_step} of {cfg.max_steps}; raise --max-steps to train further")
+
+    step = start_step
+    window_loss = torch.zeros((), device=device)
+    window_count = 0
+    window_start, window_tokens = time.perf_counter(), 0
+    run_start = time.perf_counter()
+    last_record: dict[str, Any] = {}
+    logged_step = saved_step = evaluated_step = -1
+    reason = "steps"
+    grad_norm = float("nan")
+    compile_checked = not cfg.compile
+
+    def trainer_state() -> TrainerState:
+        return TrainerState(TRAINER_FORMAT, step, tokens_seen, elapsed, world.size, job.data_fingerprint, job.tokenizer.sha256,
+                            best_val_loss=best_val)
+
+    def log(extra: dict[str, Any]) -> dict[str, Any]:
+        nonlocal window_loss, window_count, window_start, window_tokens, logged_step
+        totals = all_sum(world, torch.stack([window_loss.float(), torch.tensor(float(window_count), device=device)]))
+        now = time.perf_counter()
+        rate = window_tokens / max(now - window_start, 1e-9)
+        record = {"step": step}
+        if totals[1].item() > 0:
+            record["loss"] = totals[0].item() / totals[1].item()
+        record.update({"lr": lr, "grad_norm": grad_norm, "tokens": tokens_seen, "tokens_per_sec": rate,
+                       "mfu": rate / max(tokens_per_step, 1) * flops_per_step / peak if peak else 0.0,
+                       "elapsed": elapsed})
+        record.update(extra)
+        record = {k: (round(v, 4) if k in ("tokens_per_sec", "mfu", "elapsed") else v) for k, v in record.items()}
+        for key, value in record.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                record[key] = None  # strict JSON: no NaN literals
+        if writer is not None:
+            writer.write(record)
+        window_loss = torch.zeros((), device=device)
+        window_count, window_start, window_tokens, logged_step = 0, now, 0, step
+        return record
+
+    lr = cfg.lr
+    elapsed = elapsed_before
+    with _SignalFlag() as signals:
+        try:
+            while True:
+                interrupted, elapsed = agree(world, signals.received is not None, elapsed_before + time.perf_counter() - run_start, device)
+                if interrupted:
+                    reason = "interrupted"
+                    break
+                if budget is None and step >= cfg.max_steps:
+                    break
+                if budget is not None and elapsed >= budget:
+                    reason = "budget"
+                    break
+                fraction = elapsed / budget if budget else None
+                lr = cfg.lr * lr_factor(cfg, step, fraction)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                torch.manual_seed(derived_seed(cfg.seed, "dropout", step, world.rank))
+                batches = [source.batch(Slot(step, m, world.rank, world.size)) for m in range(cfg.grad_accum)]
+                global_count = int(all_sum(world, torch.tensor(float(sum(b.count for b in batches)), device=device)).item())
+                scale = world.size / max(global_count, 1)
+                for m, batch in enumerate(batches):
+                    batch = batch.to(device)
+                    sync = ddp.no_sync() if ddp is not None and m < len(batches) - 1 else contextlib.nullcontext()
+                    with sync:
+                        try:
+                            with autocast():
+                                loss = loss_sum(runner, batch, cfg.task, cfg.label_smoothing)
+                            (loss * scale).backward()
+                        except Exception as exc:
+                            if compile_checked:
+                                raise
+                            yield Note(f"torch.compile does not work here ({type(exc).__name__}); training without it")
+                            runner = ddp if ddp is not None else model
+                            optimizer.zero_grad(set_to_none=True)
+                            with autocast():
+                                loss = loss_sum(runner, batch, cfg.task, cfg.label_smoothing)
+                            (loss * scale).backward()
+                        compile_checked = True
+                    window_loss += loss.detach().float()
+                window_count += sum(b.count for b in batches)  # this rank's; log() sums over ranks
+                norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+                grad_norm = float(norm)
+                if not math.isfinite(grad_norm):
+                    kept = f"the last good checkpoint (step {saved_step if saved_step >= 0 else start_step}) is kept" \
+                        if saved_step >= 0 or job.resume else "no checkpoint was written"
+                    raise TfcliError(f"step {step + 1}: the loss or the gradient norm is not finite ({grad_norm}); {kept}",
+                                     hint="lower --lr, raise warm-up (--set warmup_steps=N) or check the data")
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                tokens_seen += tokens_per_step
+                window_tokens += tokens_per_step
+                elapsed = elapsed_before + time.perf_counter() - run_start
+
+                extra: dict[str, Any] = {}
+                at_eval = bool(cfg.eval_every) and step % cfg.eval_every == 0
+                if at_eval:
+                    evaluated_step = step
+                    if world.is_main:
+                        extra = evaluate(model, val_batches, cfg.task, device, autocast, byte_lengths)
+                if at_eval or step % cfg.log_every == 0:  # the same steps on every rank: log() is a collective
+                    last_record = log(extra)
+                    yield Logged(last_record)
+                if extra.get("val_loss") is not None and (best_val is None or extra["val_loss"] < best_val):
+                    best_val = extra["val_loss"]
+                    yield Saved(step, _save_best(job, model, step), True)
+                if cfg.save_every and step % cfg.save_every == 0:
+                    if world.is_main:
+                        yield Saved(step, _save(job, model, optimizer, names, trainer_state()), False)
+                        writer.sync()
+                    saved_step = step
+                if budget is None:
+                    done = step / cfg.max_steps
+                    remaining = (elapsed - elapsed_before) / max(step - start_step, 1) * (cfg.max_steps - step)
+                else:
+                    done, remaining = min(elapsed / budget, 1.0), max(budget - elapsed, 0.0)
+                rate = window_tokens / max(time.perf_counter() - window_start, 1e-9) if window_tokens else last_record.get("tokens_per_sec", 0.0)
+                yield StepDone(step, lr, tokens_seen, rate, rate / tokens_per_step * flops_per_step / peak if peak else 0.0,
+                               elapsed, remaining, done)
+
+            # The end (or an interruption): evaluate, log, save what this step has not already.
+            extra = {}
+            if evaluated_step != step and world.is_main and step > start_step and reason != "interrupted":
+                extra = evaluate(model, val_batches, cfg.task, device, autocast, byte_lengths)
+            if logged_step != step and step > start_step:
+                last_record = log(extra)
+                yield Logged(last_record)
+            if extra.get("val_loss") is not None and (best_val is None or extra["val_loss"] < best_val):
+                best_val = extra["val_loss"]
+                yield Saved(step, _save_best(job, model, step), True)
+            if saved_step != step and world.is_main and (step > start_step or not job.resume):
+                yield Saved(step, _save(job, model, optimizer, names, trainer_state()), False)
+        finally:
+            if writer is not None:
+                writer.close()
+    plot = None
+    if world.is_main:
+        from tfcli.train.plot import plot_loss_curve
+
+        title = f"{job.run_dir.name}: {cfg.task}, {job.model_config.arch}, step {step}"
+        if plot_loss_curve(read_metrics(metrics_path), job.run_dir / LOSS_PLOT, title):
+            plot = job.run_dir / LOSS_PLOT
+    if reason == "interrupted":
+        signum = signals.received or signal.SIGINT
+        raise Interrupted(f"stopped at step {step}; the checkpoint is saved in {job.run_dir}; continue with the same command and --resume",
+                          128 + int(signum))
+    if not last_record:
+        last_record = {"step": step}
+    yield Finished(step, reason, job.run_dir, best_val, last_record, elapsed, plot)

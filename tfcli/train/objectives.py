@@ -1,0 +1,85 @@
+"""The loss of each task on one micro-batch (summed, so the loop can divide by the global target count),
+and evaluation metrics on the validation batches."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tfcli.train.data import IGNORE, Batch
+
+
+def loss_sum(model: nn.Module, batch: Batch, task: str, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Summed cross-entropy over the batch's targets (fp32 logits)."""
+    t = batch.tensors
+    labels = t["labels"]
+    if task == "lm":
+        logits = model(t["ids"]).logits  # (B, T, vocab)
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", label_smoothing=label_smoothing)
+    if task == "classify":
+        class_logits = model(t["ids"], t["padding"], logits=False).class_logits  # (B, n_classes)
+        return F.cross_entropy(class_logits.float(), labels, reduction="sum", label_smoothing=label_smoothing)
+    scored = labels != IGNORE  # (B, T): only these positions are projected onto the vocabulary
+    if task == "mlm":
+        logits = model(t["ids"], logits_at=scored).logits  # (N, vocab)
+    else:  # seq2seq, denoise
+        logits = model(t["ids"], t["padding"], decoder_ids=t["decoder_ids"], decoder_padding=t["decoder_padding"],
+                       logits_at=scored).logits
+    return F.cross_entropy(logits.float(), labels[scored], reduction="sum", label_smoothing=label_smoothing)
+
+
+def macro_f1(predictions: list[int], labels: list[int]) -> float:
+    """F1 averaged over the classes that occur in the labels or the predictions.
+    Example: predictions [0, 0, 1], labels [0, 1, 1] -> (2/3 + 2/3) / 2 = 0.667."""
+    classes = sorted(set(predictions) | set(labels))
+    scores = []
+    for c in classes:
+        tp = sum(p == c and y == c for p, y in zip(predictions, labels))
+        fp = sum(p == c and y != c for p, y in zip(predictions, labels))
+        fn = sum(p != c and y == c for p, y in zip(predictions, labels))
+        scores.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
+    return sum(scores) / len(scores) if scores else 0.0
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: Iterable[Batch], task: str, device: torch.device, autocast,
+             token_bytes: torch.Tensor | None = None) -> dict[str, float]:
+    """val_loss (mean per target) and, by task: val_ppl, val_bpb (lm, given each token's byte length),
+    val_accuracy and val_macro_f1 (classify)."""
+    was_training = model.training
+    model.eval()
+    total, count, target_bytes = 0.0, 0, 0
+    predictions: list[int] = []
+    truth: list[int] = []
+    try:
+        for batch in batches:
+            batch = batch.to(device)
+            with autocast():
+                if task == "classify":
+                    t = batch.tensors
+                    class_logits = model(t["ids"], t["padding"], logits=False).class_logits.float()
+                    total += F.cross_entropy(class_logits, t["labels"], reduction="sum").item()
+                    predictions += class_logits.argmax(-1).tolist()
+                    truth += t["labels"].tolist()
+                else:
+                    total += loss_sum(model, batch, task).item()
+            count += batch.count
+            if token_bytes is not None and task == "lm":
+                target_bytes += int(token_bytes[batch.tensors["labels"].flatten().cpu()].sum())
+    finally:
+        model.train(was_training)
+    if count == 0:
+        return {}
+    metrics = {"val_loss": total / count}
+    if task == "classify":
+        metrics["val_accuracy"] = sum(p == y for p, y in zip(predictions, truth)) / len(truth)
+        metrics["val_macro_f1"] = macro_f1(predictions, truth)
+    else:
+        metrics["val_ppl"] = math.exp(min(metrics["val_loss"], 700.0))
+        if target_bytes:
+            metrics["val_bpb"] = total / math.log(2) / target_bytes
+    return metrics

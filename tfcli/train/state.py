@@ -1,0 +1,132 @@
+"""What a run directory holds beyond the model: the trainer state that makes `--resume` exact, and
+metrics.jsonl.
+
+RUN/trainer/ holds optimizer.safetensors and state.json (step, tokens seen, elapsed time, world size, the
+data's fingerprint, the checksum of the model.safetensors it belongs to). A save stages the new trainer
+folder as RUN/trainer.next, writes the model, then swaps the folders; the old trainer state is deleted only
+once the new checkpoint is complete. Resume takes whichever trainer folder matches the weights on disk, so
+a crash at any point of a save leaves a consistent checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tfcli.errors import TfcliError
+from tfcli.fsutil import atomic_write_text, fsync_dir, fsync_file, set_default_mode, sha256_file
+from tfcli.schema import JsonRecord
+
+TRAINER_DIR = "trainer"
+STAGED_TRAINER_DIR = "trainer.next"
+OLD_TRAINER_DIR = "trainer.prev"
+STATE_FILE = "state.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+METRICS_FILE = "metrics.jsonl"
+BEST_DIR = "best"
+LOSS_PLOT = "loss.png"
+TRAINER_FORMAT = 1
+
+
+@dataclasses.dataclass
+class TrainerState(JsonRecord):
+    """RUN/trainer/state.json. Random draws derive from (seed, step, rank), so the step is the data position
+    and the random state both."""
+
+    format_version: int
+    step: int
+    tokens_seen: int
+    elapsed_seconds: float
+    world_size: int
+    data_fingerprint: str
+    tokenizer_sha256: str
+    model_sha256: str = ""
+    best_val_loss: float | None = None
+
+
+def stage_trainer_state(run_dir: Path, state: TrainerState, optimizer_tensors: dict[str, Any], weights: Path) -> None:
+    """Write RUN/trainer.next/ for the weights staged at `weights` (called before they are renamed into place)."""
+    from safetensors.torch import save_file
+
+    staged = run_dir / STAGED_TRAINER_DIR
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir()
+    save_file(optimizer_tensors, str(staged / OPTIMIZER_FILE), metadata={"format": "pt"})
+    set_default_mode(staged / OPTIMIZER_FILE)
+    fsync_file(staged / OPTIMIZER_FILE)
+    state = dataclasses.replace(state, model_sha256=sha256_file(weights))
+    atomic_write_text(staged / STATE_FILE, json.dumps(state.to_json(), indent=2, allow_nan=False) + "\n")
+    fsync_dir(staged)
+
+
+def commit_trainer_state(run_dir: Path) -> None:
+    """Swap RUN/trainer.next into RUN/trainer, then delete the old state."""
+    current, staged, old = run_dir / TRAINER_DIR, run_dir / STAGED_TRAINER_DIR, run_dir / OLD_TRAINER_DIR
+    shutil.rmtree(old, ignore_errors=True)
+    if current.exists():
+        os.replace(current, old)
+    os.replace(staged, current)
+    fsync_dir(run_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def find_trainer_state(run_dir: Path) -> tuple[Path, TrainerState]:
+    """The trainer folder whose state belongs to RUN/model.safetensors."""
+    from tfcli.checkpoint import WEIGHTS_FILE
+
+    weights = run_dir / WEIGHTS_FILE
+    candidates = [run_dir / name for name in (TRAINER_DIR, STAGED_TRAINER_DIR, OLD_TRAINER_DIR)]
+    if not weights.is_file() or not any((c / STATE_FILE).is_file() for c in candidates):
+        raise TfcliError(f"{run_dir} holds no checkpoint to resume from",
+                         hint="start the run without --resume (a run saves its first checkpoint at --save-every or at the end)")
+    checksum = sha256_file(weights)
+    for folder in candidates:
+        if (folder / STATE_FILE).is_file() and (folder / OPTIMIZER_FILE).is_file():
+            state = TrainerState.load(folder / STATE_FILE)
+            if state.format_version != TRAINER_FORMAT:
+                raise TfcliError(f"{folder / STATE_FILE} has trainer format {state.format_version}; this tfcli reads {TRAINER_FORMAT}")
+            if state.model_sha256 == checksum:
+                return folder, state
+    raise TfcliError(f"the trainer state in {run_dir} does not belong to its model.safetensors",
+                     hint="the checkpoint was damaged outside tfcli; start a new run or restore the folder")
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    records = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            line = line.strip()
+            if line:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break  # a line cut short by a crash ends the usable history
+    return records
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Keep the records up to `step` (the checkpoint a resumed run continues from); drop the rest."""
+    records = [r for r in read_metrics(path) if isinstance(r.get("step"), int) and r["step"] <= step]
+    atomic_write_text(path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in records))
+
+
+class MetricsWriter:
+    """Appends one strict-JSON line per logged step to RUN/metrics.jsonl."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.handle = open(path, "a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.handle.write(json.dumps(record, allow_nan=False) + "\n")
+        self.handle.flush()
+
+    def sync(self) -> None:
+        os.fsync(self.handle.fileno())
+
+    def close(self) -> None:
+        self.handle.close()
