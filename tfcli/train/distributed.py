@@ -63,15 +63,6 @@ def all_sum(world: World, value: torch.Tensor) -> torch.Tensor:
     return value
 
 
-def any_rank(world: World, flag: bool, device: torch.device) -> bool:
-    """True on every rank when it is True on any rank (stop together)."""
-    if not world.enabled:
-        return flag
-    value = torch.tensor([1 if flag else 0], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
-
-
 def agree(world: World, interrupted: bool, elapsed: float, device: torch.device) -> tuple[bool, float]:
     """Every rank stops on the same step and reads the same clock (the slowest rank's), so a time budget
     gives every rank the same learning rate."""
