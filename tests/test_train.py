@@ -256,7 +256,7 @@ def test_time_budget_ends_the_run_on_time(cli, shards, tmp_path):
     summary = json.loads(result.stdout)
     assert summary["stopped_by"] == "budget" and 2.0 <= summary["elapsed_seconds"] < 6.0
     lrs = [r["lr"] for r in records(run)]
-    assert max(lrs) > 2.9e-3 and lrs[-1] < 1e-3  # warmed up, then decayed over the budget
+    assert max(lrs) > 2e-3 and lrs[-1] < 0.5 * max(lrs)  # warmed up, then decayed over the budget
 
 
 def test_config_file_and_sets_resolve_in_order(cli, shards, tmp_path):
