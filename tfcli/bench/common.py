@@ -18,3 +18,13 @@ def run_worker(module: str, args: list[str]) -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"bench job {module} {' '.join(args[:1])} failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def keep_fastest(results: dict, job: str, measured) -> None:
+    """Keep the fastest of a job's interleaved rounds (by `.seconds`), and the highest peak RSS of any round."""
+    best = results.get(job)
+    if best is None or measured.seconds < best.seconds:
+        measured.peak_rss_mb = max(measured.peak_rss_mb, best.peak_rss_mb if best else 0.0)
+        results[job] = measured
+    else:
+        best.peak_rss_mb = max(best.peak_rss_mb, measured.peak_rss_mb)

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from tfcli.bench.common import peak_rss_mb, run_worker
+from tfcli.bench.common import keep_fastest, peak_rss_mb, run_worker
 from tfcli.errors import TfcliError
 
 JOBS = ("tfcli", "transformers", "tfcli-no-cache")
@@ -256,12 +256,7 @@ def run_generate_bench(work: Path, preset_name: str = "tiny", *, prompt_tokens: 
             if job == "bandwidth":
                 bandwidth = max(bandwidth, 2 * COPY_BYTES / measured.seconds / 1e9)
                 continue
-            best = results.get(job)
-            if best is None or measured.seconds < best.seconds:
-                measured.peak_rss_mb = max(measured.peak_rss_mb, best.peak_rss_mb if best else 0.0)
-                results[job] = measured
-            else:
-                best.peak_rss_mb = max(best.peak_rss_mb, measured.peak_rss_mb)
+            keep_fastest(results, job, measured)
     return GenerateBench(preset=preset_name, device=device, threads=threads, prompt_tokens=prompt_tokens, new_tokens=new_tokens,
                          block_size=block, parameters=parameters, weight_bytes=weight_bytes, bandwidth_gb_s=bandwidth,
                          repeat=repeat, results=results)

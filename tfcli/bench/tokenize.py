@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from tfcli.bench.common import peak_rss_mb, run_worker
+from tfcli.bench.common import keep_fastest, peak_rss_mb, run_worker
 from tfcli.errors import TfcliError
 
 BENCH_VOCAB_SIZE = 8192
@@ -181,12 +181,7 @@ def run_tokenize_bench(
             if progress:
                 progress(f"{job.replace('_', ' ')} (round {round_number} of {repeat})")
             measured = _run_job(job, files, work)
-            best = results.get(job)
-            if best is None or measured.seconds < best.seconds:
-                measured.peak_rss_mb = max(measured.peak_rss_mb, best.peak_rss_mb if best else 0.0)
-                results[job] = measured
-            else:
-                best.peak_rss_mb = max(best.peak_rss_mb, measured.peak_rss_mb)
+            keep_fastest(results, job, measured)
     description = f"synthesized from {sample}" if synthesized else ", ".join(map(str, corpus or []))
     return TokenizeBench(
         corpus=description,

@@ -35,7 +35,13 @@ Resume = Annotated[bool, typer.Option("--resume", help="Continue the run in -o f
 
 
 def _options(**values: Any) -> dict[str, Any]:
-    return {k: v for k, v in values.items() if v is not None and v is not False}
+    """The options given on the command line (unset ones are None or False), the time budget in seconds."""
+    from tfcli.train.config import parse_duration
+
+    given = {k: v for k, v in values.items() if v is not None and v is not False}
+    if "time_budget" in given:
+        given["time_budget"] = parse_duration(given["time_budget"])
+    return given
 
 
 @app.command("pretrain")
@@ -76,13 +82,12 @@ def pretrain(
     Example: tfcli train pretrain --data runs/quickstart/shards -o runs/tiny --preset tiny --max-steps 500
     """
     from tfcli.model.config import ARCHS
-    from tfcli.train.config import parse_duration
     from tfcli.train.job import pretrain_job
 
     _check_choice("--arch", arch, ARCHS)
-    options = _options(max_steps=max_steps, time_budget=parse_duration(time_budget) if time_budget else None, batch_size=batch_size,
-                       grad_accum=grad_accum, lr=lr, seed=seed, save_every=save_every, eval_every=eval_every, log_every=log_every,
-                       device=device, precision=precision, compile=compile_model or None)
+    options = _options(max_steps=max_steps, time_budget=time_budget, batch_size=batch_size, grad_accum=grad_accum, lr=lr, seed=seed,
+                       save_every=save_every, eval_every=eval_every, log_every=log_every, device=device, precision=precision,
+                       compile=compile_model)
     if block_size is not None:
         options["model.block_size"] = block_size
     job = pretrain_job(data=data, output=output, arch=arch, preset_name=preset, config_file=config, sets=sets or [],
@@ -124,13 +129,13 @@ def finetune(
 
     Example: tfcli train finetune --init-from runs/tiny --task classify --data sample_data/reviews.jsonl -o runs/reviews
     """
-    from tfcli.train.config import TASKS, parse_duration
+    from tfcli.train.config import TASKS
     from tfcli.train.job import finetune_job
 
     _check_choice("--task", task, tuple(t for t in TASKS if t in ("lm", "classify", "seq2seq")))
-    options = _options(max_steps=max_steps, time_budget=parse_duration(time_budget) if time_budget else None, batch_size=batch_size,
-                       block_size=block_size, grad_accum=grad_accum, lr=lr, seed=seed, save_every=save_every, eval_every=eval_every,
-                       log_every=log_every, device=device, precision=precision, compile=compile_model or None, freeze=freeze)
+    options = _options(max_steps=max_steps, time_budget=time_budget, batch_size=batch_size, block_size=block_size, grad_accum=grad_accum,
+                       lr=lr, seed=seed, save_every=save_every, eval_every=eval_every, log_every=log_every, device=device,
+                       precision=precision, compile=compile_model, freeze=freeze)
     job = finetune_job(init_from=init_from, task=task, data=data, val_data=val_data, output=output, config_file=config,
                        sets=sets or [], options=options, resume=resume)
     _run(job, json_output)

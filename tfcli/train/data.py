@@ -129,7 +129,28 @@ def mask_tokens(ids: torch.Tensor, gen: torch.Generator, *, prob: float, mask_id
     return inputs, labels
 
 
-class MLMSource(Source):
+class NoisedWindows(Source):
+    """Windows from shards with random noise on top (masks, spans): the noise is drawn for the global batch
+    with the windows' generator, then each rank takes its slice. Subclasses define `_make(rows, gen)`."""
+
+    train: TokenWindows
+    val: TokenWindows | None
+    seed: int
+
+    def batch(self, slot: Slot) -> Batch:
+        gen = generator(self.seed, "train", slot.step, slot.micro)
+        starts = self.train.random_starts(gen, self.per_rank * slot.world)
+        return _slice_batch(self._make(self.train.rows(starts), gen), slot, self.per_rank)
+
+    def validation(self, n_batches: int, rows: int) -> list[Batch]:
+        if self.val is None:
+            return []
+        gen = generator(self.seed, "validation")
+        starts = self.val.spread_starts(n_batches * rows)
+        return [self._make(self.val.rows(chunk), gen) for chunk in starts.split(rows)]
+
+
+class MLMSource(NoisedWindows):
     """Masked LM for an encoder: [cls] + a window of block - 1 tokens, 15% of them to predict."""
 
     def __init__(self, train, val, block: int, per_rank: int, seed: int, *, cls_id: int, mask_id: int,
@@ -146,18 +167,6 @@ class MLMSource(Source):
         inputs, labels = mask_tokens(ids, gen, prob=self.prob, mask_id=self.mask_id, vocab=self.vocab, protected=protected)
         return Batch({"ids": inputs, "labels": labels}, int((labels != IGNORE).sum()))
 
-    def batch(self, slot: Slot) -> Batch:
-        gen = generator(self.seed, "train", slot.step, slot.micro)
-        starts = self.train.random_starts(gen, self.per_rank * slot.world)
-        batch = self._make(self.train.rows(starts), gen)  # masks drawn for the global batch, then sliced
-        return _slice_batch(batch, slot, self.per_rank)
-
-    def validation(self, n_batches: int, rows: int) -> list[Batch]:
-        if self.val is None:
-            return []
-        gen = generator(self.seed, "validation")
-        starts = self.val.spread_starts(n_batches * rows)
-        return [self._make(self.val.rows(chunk), gen) for chunk in starts.split(rows)]
 
 
 def _slice_batch(batch: Batch, slot: Slot, per_rank: int) -> Batch:
@@ -205,7 +214,7 @@ def span_corrupt(ids: list[int], gen: torch.Generator, *, density: float, mean_s
     return out
 
 
-class DenoiseSource(Source):
+class DenoiseSource(NoisedWindows):
     """Encoder-decoder pretraining on plain text: the encoder reads a window with masked spans, the decoder
     writes the window back."""
 
@@ -224,17 +233,6 @@ class DenoiseSource(Source):
         targets = [w + [self.eos_id] for w in windows]
         return seq2seq_batch(sources, targets, pad_id=self.pad_id, start_id=self.eos_id)
 
-    def batch(self, slot: Slot) -> Batch:
-        gen = generator(self.seed, "train", slot.step, slot.micro)
-        starts = self.train.random_starts(gen, self.per_rank * slot.world)
-        return _slice_batch(self._make(self.train.rows(starts), gen), slot, self.per_rank)
-
-    def validation(self, n_batches: int, rows: int) -> list[Batch]:
-        if self.val is None:
-            return []
-        gen = generator(self.seed, "validation")
-        starts = self.val.spread_starts(n_batches * rows)
-        return [self._make(self.val.rows(chunk), gen) for chunk in starts.split(rows)]
 
 
 class LabeledSource(Source):

@@ -366,7 +366,8 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
                     group["lr"] = lr
                 torch.manual_seed(derived_seed(cfg.seed, "dropout", step, world.rank))
                 batches = [source.batch(Slot(step, m, world.rank, world.size)) for m in range(cfg.grad_accum)]
-                global_count = int(all_sum(world, torch.tensor(float(sum(b.count for b in batches)), device=device)).item())
+                local_count = sum(b.count for b in batches)
+                global_count = int(all_sum(world, torch.tensor(float(local_count), device=device)).item())
                 scale = world.size / max(global_count, 1)
                 for m, batch in enumerate(batches):
                     batch = batch.to(device)
@@ -387,7 +388,7 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
                             (loss * scale).backward()
                         compile_checked = True
                     window_loss += loss.detach().float()
-                window_count += sum(b.count for b in batches)  # this rank's; log() sums over ranks
+                window_count += local_count  # this rank's; log() sums over ranks
                 norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
                 grad_norm = float(norm)
                 if not math.isfinite(grad_norm):
