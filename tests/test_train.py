@@ -365,7 +365,10 @@ def _torchrun(args: list, nproc: int = 2) -> subprocess.Popen:
 def test_two_gloo_ranks_match_one_process_with_the_whole_batch(cli, shards, tmp_path):
     common = ["--max-steps", "6", "--eval-every", "3", "--set", "bias=false", "--grad-accum", "2"]
     single = tmp_path / "single"
-    assert cli(*pretrain_args(shards, single, *common, "--batch-size", "8")).code == 0
+    # the reference runs like a rank does (its own process, one thread), so only the process count differs
+    process = _torchrun(pretrain_args(shards, single, *common, "--batch-size", "8"), nproc=1)
+    _, err = process.communicate(timeout=240)
+    assert process.returncode == 0, err
     double = tmp_path / "double"
     process = _torchrun(pretrain_args(shards, double, *common, "--batch-size", "4"))
     out, err = process.communicate(timeout=240)
