@@ -22,7 +22,6 @@ class StepMeasurement:
 
 def _step_job(implementation: str, preset_name: str, batch: int, length: int, steps: int, threads: int) -> StepMeasurement:
     import torch
-    import torch.nn.functional as F
 
     from tfcli.model.config import preset
 
@@ -38,8 +37,7 @@ def _step_job(implementation: str, preset_name: str, batch: int, length: int, st
         model = Transformer(config).train()
 
         def step() -> torch.Tensor:
-            logits = model(inputs).logits
-            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+            return model(inputs, targets=targets).loss / targets.numel()  # the mean, as transformers reports it
     else:
         import transformers
 

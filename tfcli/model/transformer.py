@@ -14,6 +14,7 @@ from tfcli.errors import TfcliError
 from tfcli.model.attention import Attention, AttentionMask, KVCache, LayerKVCache
 from tfcli.model.config import ModelConfig
 from tfcli.model.layers import MLP, RotaryEmbedding, make_norm, sinusoidal_table
+from tfcli.model.loss import IGNORE_INDEX, linear_cross_entropy
 
 
 class Block(nn.Module):
@@ -61,6 +62,7 @@ class Stack(nn.Module):
 class ModelOutput:
     logits: torch.Tensor | None = None  # (B, T, vocab): next-token (decoder) or masked-token (encoder) scores
     class_logits: torch.Tensor | None = None  # (B, n_classes)
+    loss: torch.Tensor | None = None  # with targets: the cross-entropy summed over the scored targets
     hidden: torch.Tensor | None = None  # (B, T, d): the last stack's output
     attentions: dict[str, list[torch.Tensor]] = dataclasses.field(default_factory=dict)  # name -> per layer (B, nh, T, S)
 
@@ -170,11 +172,16 @@ class Transformer(nn.Module):
         need_weights: bool = False,
         logits: bool = True,
         logits_at: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
+        label_smoothing: float = 0.0,
     ) -> ModelOutput:
         """decoder: ids are the text, logits predict each next token. encoder: logits score the vocabulary at
         each position (masked LM). encoder-decoder: ids are the source, decoder_ids the target so far
         (`memory`, the encoded source, can be passed instead to skip the encoder, as decoding does).
-        logits_at (B, T) bool: score only those positions; logits is then (N, vocab), N = logits_at.sum()."""
+        logits_at (B, T) bool: score only those positions; logits is then (N, vocab), N = logits_at.sum().
+        targets (B, T) long, the token each position should predict (IGNORE_INDEX: none): the output's
+        `loss` is then the cross-entropy summed over them (divide by their count for the mean), computed
+        block by block without ever holding the logits, and `logits` is left out."""
         attentions: dict[str, list[torch.Tensor]] = {}
         arch = self.config.arch
         if arch == "decoder":
@@ -189,7 +196,9 @@ class Transformer(nn.Module):
             hidden = self.decode(decoder_ids, decoder_padding, memory=memory, memory_padding=padding, cache=cache,
                                  need_weights=need_weights, attentions=attentions)
         out = ModelOutput(hidden=hidden, attentions=attentions)
-        if logits:
+        if targets is not None:
+            out.loss = self._vocabulary_loss(hidden, targets, label_smoothing)
+        elif logits:
             head_input = hidden if logits_at is None else hidden[logits_at]  # (B, T, d) or (N, d)
             if arch == "encoder":
                 head_input = self.mlm_norm(F.gelu(self.mlm_transform(head_input)))
@@ -197,6 +206,15 @@ class Transformer(nn.Module):
         if self.config.n_classes:
             out.class_logits = self.classifier(self._pooled(hidden, padding))
         return out
+
+    def _vocabulary_loss(self, hidden: torch.Tensor, targets: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+        rows, targets = hidden.flatten(0, -2), targets.flatten()  # (B*T, d), (B*T,)
+        scored = targets != IGNORE_INDEX
+        if not bool(scored.all()):
+            rows, targets = rows[scored], targets[scored]
+        if self.config.arch == "encoder":
+            rows = self.mlm_norm(F.gelu(self.mlm_transform(rows)))
+        return linear_cross_entropy(rows, self.lm_head.weight, self.lm_head.bias, targets, label_smoothing)
 
     def _pooled(self, hidden: torch.Tensor, padding: torch.Tensor | None) -> torch.Tensor:
         """The state a classifier reads: the first (classification) token for an encoder, the last real

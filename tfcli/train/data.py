@@ -17,8 +17,9 @@ import torch
 
 from tfcli.data.labeled import LabeledSet
 from tfcli.errors import TfcliError
+from tfcli.model.loss import IGNORE_INDEX
 
-IGNORE = -100  # label of a position that carries no loss
+IGNORE = IGNORE_INDEX  # label of a position that carries no loss
 
 
 def derived_seed(*parts: Any) -> int:

@@ -10,26 +10,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tfcli.train.data import IGNORE, Batch
+from tfcli.train.data import Batch
 
 
 def loss_sum(model: nn.Module, batch: Batch, task: str, label_smoothing: float = 0.0) -> torch.Tensor:
-    """Summed cross-entropy over the batch's targets (fp32 logits)."""
+    """Summed cross-entropy over the batch's targets (fp32). Vocabulary tasks use the model's fused
+    projection + loss, which never holds the logits."""
     t = batch.tensors
     labels = t["labels"]
-    if task == "lm":
-        logits = model(t["ids"]).logits  # (B, T, vocab)
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", label_smoothing=label_smoothing)
     if task == "classify":
         class_logits = model(t["ids"], t["padding"], logits=False).class_logits  # (B, n_classes)
         return F.cross_entropy(class_logits.float(), labels, reduction="sum", label_smoothing=label_smoothing)
-    scored = labels != IGNORE  # (B, T): only these positions are projected onto the vocabulary
-    if task == "mlm":
-        logits = model(t["ids"], logits_at=scored).logits  # (N, vocab)
-    else:  # seq2seq, denoise
-        logits = model(t["ids"], t["padding"], decoder_ids=t["decoder_ids"], decoder_padding=t["decoder_padding"],
-                       logits_at=scored).logits
-    return F.cross_entropy(logits.float(), labels[scored], reduction="sum", label_smoothing=label_smoothing)
+    if task in ("lm", "mlm"):
+        return model(t["ids"], targets=labels, label_smoothing=label_smoothing).loss
+    return model(t["ids"], t["padding"], decoder_ids=t["decoder_ids"], decoder_padding=t["decoder_padding"],  # seq2seq, denoise
+                 targets=labels, label_smoothing=label_smoothing).loss
 
 
 def macro_f1(predictions: list[int], labels: list[int]) -> float:

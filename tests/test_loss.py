@@ -1,0 +1,98 @@
+"""The fused projection + cross-entropy: the same loss and gradients as the plain logits path, in every
+block layout, with bias, label smoothing and ignored targets, and through the model's `targets=`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tfcli.model.config import ModelConfig
+from tfcli.model.loss import IGNORE_INDEX, _block_rows, linear_cross_entropy
+from tfcli.model.transformer import Transformer
+
+
+def _reference(hidden, weight, bias, targets, smoothing):
+    return F.cross_entropy(F.linear(hidden, weight, bias), targets, reduction="sum", label_smoothing=smoothing,
+                           ignore_index=IGNORE_INDEX)
+
+
+@pytest.mark.parametrize("rows, vocab, width, bias, smoothing, ignored, block", [
+    (300, 1000, 32, True, 0.0, False, None),  # three blocks of 100 rows
+    (300, 1000, 32, False, 0.1, True, None),
+    (1500, 60000, 8, False, 0.2, False, 7),  # many blocks, the last one short
+    (40, 60000, 16, True, 0.0, True, None),  # one block
+])
+def test_fused_loss_equals_cross_entropy_of_the_logits(rows, vocab, width, bias, smoothing, ignored, block, monkeypatch):
+    if block:
+        monkeypatch.setattr("tfcli.model.loss._block_rows", lambda n, v, d: block)
+    torch.manual_seed(0)
+    hidden = torch.randn(rows, width, requires_grad=True)
+    weight = (torch.randn(vocab, width) * 0.3).requires_grad_()
+    b = torch.randn(vocab, requires_grad=True) if bias else None
+    targets = torch.randint(0, vocab, (rows,))
+    if ignored:
+        targets[::3] = IGNORE_INDEX
+    leaves = [hidden, weight] + ([b] if bias else [])
+    expected = _reference(hidden, weight, b, targets, smoothing)
+    expected_grads = torch.autograd.grad(expected * 0.37, leaves)
+    fused = linear_cross_entropy(hidden, weight, b, targets, smoothing)
+    grads = torch.autograd.grad(fused * 0.37, leaves)  # backward scales the gradients made in forward
+    assert fused.item() == pytest.approx(expected.item(), rel=1e-5)
+    for got, want in zip(grads, expected_grads):
+        assert torch.allclose(got, want, atol=2e-5, rtol=1e-4)
+    with torch.no_grad():
+        assert linear_cross_entropy(hidden, weight, b, targets, smoothing).item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_block_layout():
+    assert _block_rows(300, 1000, 32) == 100  # three blocks, split evenly
+    assert _block_rows(1024, 50257, 768) == 1024  # GPT-2's vocabulary: one block within the budget
+    assert _block_rows(4096, 50257, 768) == 1024
+
+
+def test_frozen_weight_gets_no_gradient_and_extreme_logits_stay_finite():
+    hidden = torch.tensor([[100.0, 0.0], [0.0, -100.0]], requires_grad=True)
+    weight = torch.tensor([[1.0, 0.0], [-1.0, 0.0], [0.0, 1.0]])  # frozen
+    targets = torch.tensor([1, 0])  # the first row's target has a logit 200 below its best
+    loss = linear_cross_entropy(hidden, weight, None, targets)
+    expected = _reference(hidden, weight, None, targets, 0.0)
+    assert torch.isfinite(loss) and loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    loss.backward()
+    assert weight.grad is None and torch.isfinite(hidden.grad).all()
+
+
+def test_bf16_autocast_keeps_fp32_gradients():
+    torch.manual_seed(0)
+    hidden = torch.randn(64, 16, requires_grad=True)
+    weight = torch.randn(500, 16, requires_grad=True)
+    targets = torch.randint(0, 500, (64,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = linear_cross_entropy(hidden, weight, None, targets)
+    loss.backward()
+    assert hidden.grad.dtype == torch.float32 and weight.grad.dtype == torch.float32
+    assert loss.item() == pytest.approx(_reference(hidden, weight, None, targets, 0.0).item(), rel=2e-2)
+
+
+@pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder-decoder"])
+def test_model_targets_give_the_loss_of_its_logits(arch):
+    torch.manual_seed(0)
+    config = ModelConfig(arch=arch, vocab_size=97, block_size=32, n_layers=2, n_heads=4, d_model=32, d_ff=64,
+                         tie_embeddings=arch != "encoder")
+    model = Transformer(config)
+    ids = torch.randint(0, 97, (3, 12))
+    targets = torch.randint(0, 97, (3, 12))
+    targets[:, :4] = IGNORE_INDEX
+    extra = dict(decoder_ids=ids) if arch == "encoder-decoder" else {}
+    logits = model(ids, **extra).logits
+    expected = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
+    expected.backward()
+    expected_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    out = model(ids, targets=targets, **extra)
+    assert out.logits is None
+    assert out.loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    out.loss.backward()
+    for name, p in model.named_parameters():
+        if name in expected_grads:
+            assert torch.allclose(p.grad, expected_grads[name], atol=1e-5), name
