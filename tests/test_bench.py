@@ -31,7 +31,7 @@ def test_bench_model_compares_with_transformers(cli):
     import pytest
 
     pytest.importorskip("transformers")
-    result = cli("bench", "model", "--preset", "tiny", "--batch", "2", "--length", "16", "--steps", "1", "--json")
+    result = cli("bench", "model", "--preset", "tiny", "--batch", "2", "--length", "16", "--steps", "1", "--repeat", "1", "--json")
     assert result.code == 0, result.stderr
     data = json.loads(result.stdout)
     ours, theirs = data["results"]
@@ -44,6 +44,8 @@ def test_bench_model_compares_with_transformers(cli):
 def test_bench_model_bad_options(cli):
     assert "cannot be built as GPT-2" in cli("bench", "model", "--preset", "bert-base").stderr
     assert "longer than tiny's block size" in cli("bench", "model", "--preset", "tiny", "--length", "999").stderr
+    refused = cli("bench", "model", "--preset", "tiny", "--repeat", "0")
+    assert refused.code == 2 and "--repeat must be at least 1" in refused.stderr
 
 
 def test_bench_train_runs_both_loops_on_the_same_shape(cli):
@@ -57,6 +59,8 @@ def test_bench_train_runs_both_loops_on_the_same_shape(cli):
     assert (ours["implementation"], theirs["implementation"]) == ("tfcli", "transformers")
     assert ours["parameters"] == theirs["parameters"]
     assert all(r["tokens_per_sec"] > 0 and 0 < r["mfu"] < 1 and r["peak_flops"] > 0 for r in (ours, theirs))
+    assert ours["peak_flops"] == theirs["peak_flops"]  # one yardstick, so MFU orders rows as tokens/s does
+    assert (ours["mfu"] > theirs["mfu"]) == (ours["tokens_per_sec"] > theirs["tokens_per_sec"])
     assert data["throughput_ratio"]["tiny"] > 0
 
 

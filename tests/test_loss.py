@@ -18,14 +18,14 @@ def _reference(hidden, weight, bias, targets, smoothing):
 
 
 @pytest.mark.parametrize("rows, vocab, width, bias, smoothing, ignored, block", [
-    (300, 1000, 32, True, 0.0, False, None),  # three blocks of 100 rows
-    (300, 1000, 32, False, 0.1, True, None),
+    (300, 1000, 32, True, 0.0, False, None),  # one block
+    (300, 1000, 32, False, 0.1, True, 100),  # three blocks
     (1500, 60000, 8, False, 0.2, False, 7),  # many blocks, the last one short
     (40, 60000, 16, True, 0.0, True, None),  # one block
 ])
 def test_fused_loss_equals_cross_entropy_of_the_logits(rows, vocab, width, bias, smoothing, ignored, block, monkeypatch):
     if block:
-        monkeypatch.setattr("tfcli.model.loss._block_rows", lambda n, v, d: block)
+        monkeypatch.setattr("tfcli.model.loss._block_rows", lambda n, v: block)
     torch.manual_seed(0)
     hidden = torch.randn(rows, width, requires_grad=True)
     weight = (torch.randn(vocab, width) * 0.3).requires_grad_()
@@ -46,9 +46,10 @@ def test_fused_loss_equals_cross_entropy_of_the_logits(rows, vocab, width, bias,
 
 
 def test_block_layout():
-    assert _block_rows(300, 1000, 32) == 100  # three blocks, split evenly
-    assert _block_rows(1024, 50257, 768) == 1024  # GPT-2's vocabulary: one block within the budget
-    assert _block_rows(4096, 50257, 768) == 1024
+    assert _block_rows(4096, 8192) == 4096  # one block within the 2**26-logit budget
+    assert _block_rows(1024, 50257) == 1024
+    assert _block_rows(4096, 50257) == 1024  # 1,335 rows fit: four equal blocks
+    assert _block_rows(10, 2**30) == 10  # at least 64 rows per block, however large the vocabulary
 
 
 def test_frozen_weight_gets_no_gradient_and_extreme_logits_stay_finite():

@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from tfcli.bench.common import peak_rss_mb, run_worker
+from tfcli.bench.common import keep_fastest, peak_rss_mb, run_worker
 
 
 @dataclasses.dataclass
@@ -19,12 +19,18 @@ class StepMeasurement:
     parameters: int
     loss: float
 
+    @property
+    def seconds(self) -> float:
+        return self.seconds_per_step
+
 
 def _step_job(implementation: str, preset_name: str, batch: int, length: int, steps: int, threads: int) -> StepMeasurement:
     import torch
 
     from tfcli.model.config import preset
+    from tfcli.runtime import keep_freed_memory
 
+    keep_freed_memory()  # what `tfcli train` does on CPU; both sides get it, so the models are compared alone
     torch.manual_seed(0)
     if threads:
         torch.set_num_threads(threads)
@@ -62,12 +68,15 @@ def _step_job(implementation: str, preset_name: str, batch: int, length: int, st
     return StepMeasurement(implementation, min(times), peak_rss_mb(), parameters, loss)
 
 
-def run_model_bench(preset_name: str = "gpt2-small", batch: int = 4, length: int = 256, steps: int = 3, threads: int = 0) -> list[StepMeasurement]:
-    results = []
-    for implementation in ("tfcli", "transformers"):
-        args = [implementation, preset_name, str(batch), str(length), str(steps), str(threads)]
-        results.append(StepMeasurement(**run_worker("tfcli.bench.model", args)))
-    return results
+def run_model_bench(preset_name: str = "gpt2-small", batch: int = 4, length: int = 256, steps: int = 3, threads: int = 0,
+                    repeat: int = 1) -> list[StepMeasurement]:
+    """Both implementations, `repeat` interleaved rounds, each job's fastest round kept."""
+    results: dict[str, StepMeasurement] = {}
+    for _ in range(repeat):
+        for implementation in ("tfcli", "transformers"):
+            args = [implementation, preset_name, str(batch), str(length), str(steps), str(threads)]
+            keep_fastest(results, implementation, StepMeasurement(**run_worker("tfcli.bench.model", args)))
+    return [results["tfcli"], results["transformers"]]
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ def model(
     batch: Annotated[int, typer.Option(help="Sequences per step.")] = 4,
     length: Annotated[int, typer.Option(help="Tokens per sequence.")] = 256,
     steps: Annotated[int, typer.Option(help="Timed steps per implementation (best kept), after one warm-up step.")] = 3,
+    repeat: Annotated[int, typer.Option(help="Interleaved rounds, each implementation in a fresh process; the fastest kept.")] = 2,
     json_output: JsonFlag = False,
 ) -> None:
     """Time one training step (forward + backward, fp32 on CPU) of tfcli's model beside transformers' GPT-2.
@@ -84,7 +85,7 @@ def model(
     Both build the same shape from the preset (which must be GPT-2-expressible), each in its own
     process; the table gives seconds per step and peak memory. Target: tfcli <= 0.8x the time.
 
-    Example: tfcli bench model --preset gpt2-small --batch 4 --length 256
+    Example: tfcli bench model --preset gpt2-small --batch 4 --length 256 --repeat 3
     """
     import os
 
@@ -97,8 +98,8 @@ def model(
     problem = gpt2_incompatibility(shape)
     if problem:
         raise TfcliError(f"preset {preset!r} cannot be built as GPT-2: {problem}", hint="use a decoder preset such as gpt2-small or tiny")
-    if min(batch, length, steps) < 1:
-        raise TfcliError("--batch, --length and --steps must be at least 1")
+    if min(batch, length, steps, repeat) < 1:
+        raise TfcliError("--batch, --length, --steps and --repeat must be at least 1")
     if length > shape.block_size:
         raise TfcliError(f"--length {length} is longer than {preset}'s block size ({shape.block_size})", hint=f"pass --length {shape.block_size} or less")
     try:
@@ -106,7 +107,7 @@ def model(
     except ImportError as exc:
         raise TfcliError("bench model compares against transformers, which is not installed", hint="pip install transformers") from exc
     with stderr_console().status(f"benchmarking {preset} at {batch} x {length}"):
-        results = run_model_bench(preset, batch, length, steps)
+        results = run_model_bench(preset, batch, length, steps, repeat=repeat)
     ours, theirs = results
     ratio = ours.seconds_per_step / theirs.seconds_per_step
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"

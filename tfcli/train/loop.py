@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from tfcli.errors import Interrupted, TfcliError
+from tfcli.runtime import keep_freed_memory
 from tfcli.train.data import Slot, derived_seed
 from tfcli.train.distributed import World, agree, join_world, leave_world
 from tfcli.train.job import TrainingJob
@@ -248,6 +249,8 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
     cfg = job.config
     device = pick_device(cfg.device, world)
     bf16 = use_bf16(cfg.precision, device)
+    if device.type == "cpu":
+        keep_freed_memory()
     source = build_source(job, world)  # data problems surface before anything is written
 
     start_step, tokens_seen, elapsed_before, best_val = 0, 0, 0.0, None
