@@ -388,6 +388,37 @@ def test_two_gloo_ranks_match_one_process_with_the_whole_batch(cli, shards, tmp_
     assert result.code == 2 and "world size was 2, now 1" in result.stderr
 
 
+def test_fsdp_ranks_train_like_ddp_ranks_and_resume_sharded(cli, shards, tmp_path):
+    # a constant learning rate, so stopping at step 4 and resuming to 6 follows the same schedule as 6 at once
+    common = ["--eval-every", "2", "--save-every", "2", "--set", "bias=false", "--grad-accum", "2", "--batch-size", "4",
+              "--set", "schedule=constant", "--set", "warmup_steps=0"]
+    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
+    process = _torchrun(pretrain_args(shards, ddp, *common, "--max-steps", "6"))
+    _, err = process.communicate(timeout=240)
+    assert process.returncode == 0, err
+    process = _torchrun(pretrain_args(shards, fsdp, *common, "--max-steps", "4", "--fsdp"))
+    _, err = process.communicate(timeout=240)
+    assert process.returncode == 0, err
+    assert (fsdp / "best" / "model.safetensors").is_file()
+    # the optimizer state was gathered whole on save and is sharded again on resume
+    process = _torchrun(pretrain_args(shards, fsdp, *common, "--max-steps", "6", "--fsdp", "--resume"))
+    _, err = process.communicate(timeout=240)
+    assert process.returncode == 0, err
+    one, two = records(ddp), records(fsdp)
+    assert [r["step"] for r in one] == [r["step"] for r in two] == list(range(1, 7))
+    for a, b in zip(one, two):
+        assert abs(a["loss"] - b["loss"]) < 1e-5
+    assert abs(one[-1]["val_loss"] - two[-1]["val_loss"]) < 1e-5
+    wa, wb = weights(ddp), weights(fsdp)
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-6
+
+
+def test_fsdp_needs_torchrun(cli, shards, tmp_path):
+    result = cli(*pretrain_args(shards, tmp_path / "run", "--max-steps", "2", "--fsdp"))
+    assert result.code == 2 and "torchrun" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "config.json").exists()
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]

@@ -207,16 +207,27 @@ def load_checkpoint(run_dir: Path, device: str = "cpu") -> Checkpoint:
             raise TfcliError(f"tensor {name} has dtype {tensor.dtype}, not a floating-point type")
         if not torch.isfinite(tensor).all():
             raise TfcliError(f"tensor {name} holds non-finite values (NaN or infinity)", hint="use an earlier checkpoint")
-    tensors = {k: v.to(torch.float32) for k, v in tensors.items()}
-    if config.model.tie_embeddings:
+    model = model_from_tensors(config.model, {k: v.to(torch.float32) for k, v in tensors.items()})
+    return Checkpoint(model=model.to(device).eval(), config=config, tokenizer=tokenizer, path=run_dir)
+
+
+def model_from_tensors(model_config: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transformer:
+    """A model over these tensors, used as they are (no copy, no random initialisation first); the tied
+    output weight may be absent."""
+    import torch
+
+    from tfcli.model.transformer import Transformer
+
+    tensors = dict(tensors)
+    if model_config.tie_embeddings:
         tensors[TIED_KEY] = tensors["tok_emb.weight"]
-    with torch.device("meta"):  # no memory and no random initialisation: the weights replace it all
-        model = Transformer(config.model)
+    with torch.device("meta"):
+        model = Transformer(model_config)
     model.load_state_dict(tensors, strict=True, assign=True)
-    if config.model.tie_embeddings:
+    if model_config.tie_embeddings:
         model.lm_head.weight = model.tok_emb.weight
     _rebuild_position_tables(model)
-    return Checkpoint(model=model.to(device).eval(), config=config, tokenizer=tokenizer, path=run_dir)
+    return model
 
 
 def _rebuild_position_tables(model: Transformer) -> None:

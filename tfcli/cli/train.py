@@ -32,6 +32,7 @@ Device = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda
 Precision = Annotated[Optional[str], typer.Option("--precision", help="auto (bf16 on a GPU that has it, else fp32), fp32 or bf16 [default: auto].", show_default=False)]
 Compile = Annotated[bool, typer.Option("--compile", help="Use torch.compile where it works (falls back with a note where it does not).")]
 Resume = Annotated[bool, typer.Option("--resume", help="Continue the run in -o from its last checkpoint, exactly.")]
+Fsdp = Annotated[bool, typer.Option("--fsdp", help="Under torchrun: shard parameters, gradients and optimizer state across the processes (FSDP) instead of copying the model to each (DDP).")]
 
 
 def _options(**values: Any) -> dict[str, Any]:
@@ -66,6 +67,7 @@ def pretrain(
     device: Device = None,
     precision: Precision = None,
     compile_model: Compile = False,
+    fsdp: Fsdp = False,
     resume: Resume = False,
     json_output: JsonFlag = False,
 ) -> None:
@@ -77,7 +79,8 @@ def pretrain(
     (the checkpoint with the lowest validation loss). Ctrl-C saves a checkpoint and exits 130.
 
     Settings: preset < --config FILE.toml < --set key=value < the options below.
-    Many processes: torchrun --nproc-per-node N -m tfcli train pretrain ... (data-parallel).
+    Many processes: torchrun --nproc-per-node N -m tfcli train pretrain ... (data-parallel; add --fsdp to
+    shard a model too large for one device).
 
     Example: tfcli train pretrain --data runs/quickstart/shards -o runs/tiny --preset tiny --max-steps 500
     """
@@ -87,7 +90,7 @@ def pretrain(
     _check_choice("--arch", arch, ARCHS)
     options = _options(max_steps=max_steps, time_budget=time_budget, batch_size=batch_size, grad_accum=grad_accum, lr=lr, seed=seed,
                        save_every=save_every, eval_every=eval_every, log_every=log_every, device=device, precision=precision,
-                       compile=compile_model)
+                       compile=compile_model, fsdp=fsdp)
     if block_size is not None:
         options["model.block_size"] = block_size
     job = pretrain_job(data=data, output=output, arch=arch, preset_name=preset, config_file=config, sets=sets or [],
@@ -118,6 +121,7 @@ def finetune(
     device: Device = None,
     precision: Precision = None,
     compile_model: Compile = False,
+    fsdp: Fsdp = False,
     resume: Resume = False,
     json_output: JsonFlag = False,
 ) -> None:
@@ -135,7 +139,7 @@ def finetune(
     _check_choice("--task", task, tuple(t for t in TASKS if t in ("lm", "classify", "seq2seq")))
     options = _options(max_steps=max_steps, time_budget=time_budget, batch_size=batch_size, block_size=block_size, grad_accum=grad_accum,
                        lr=lr, seed=seed, save_every=save_every, eval_every=eval_every, log_every=log_every, device=device,
-                       precision=precision, compile=compile_model, freeze=freeze)
+                       precision=precision, compile=compile_model, fsdp=fsdp, freeze=freeze)
     job = finetune_job(init_from=init_from, task=task, data=data, val_data=val_data, output=output, config_file=config,
                        sets=sets or [], options=options, resume=resume)
     _run(job, json_output)

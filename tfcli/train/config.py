@@ -19,7 +19,7 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 PRECISIONS = ("auto", "fp32", "bf16")
 FREEZE = ("none", "embeddings", "body")
 # Settings a resumed run may change: they do not alter what the finished steps computed.
-RESUMABLE_CHANGES = ("max_steps", "time_budget", "eval_every", "eval_batches", "log_every", "save_every", "device", "compile")
+RESUMABLE_CHANGES = ("max_steps", "time_budget", "eval_every", "eval_batches", "log_every", "save_every", "device", "compile", "fsdp")
 
 
 @dataclasses.dataclass
@@ -48,6 +48,7 @@ class TrainConfig(JsonRecord):
     device: str = "auto"  # auto | cpu | cuda | mps
     precision: str = "auto"  # auto (bf16 autocast on a GPU that has it, else fp32) | fp32 | bf16
     compile: bool = False  # torch.compile the model
+    fsdp: bool = False  # under torchrun: shard parameters, gradients and optimizer state across the processes
     mask_prob: float = 0.15  # mlm: fraction of tokens to predict (80% masked, 10% random, 10% kept)
     noise_density: float = 0.3  # denoise: fraction of source tokens inside masked spans
     mean_span: float = 3.0  # denoise: mean span length (each span becomes one mask token)

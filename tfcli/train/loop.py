@@ -172,12 +172,11 @@ def _initial_model(job: TrainingJob):
     return model
 
 
-def _save(job: TrainingJob, model, optimizer, names, state: TrainerState) -> Path:
-    """Write the run directory (weights, config, tokenizer) with its trainer state, atomically."""
+def _save(job: TrainingJob, model, tensors: dict[str, torch.Tensor], state: TrainerState) -> Path:
+    """Write the run directory (weights, config, tokenizer) with its trainer state (the optimizer's
+    `tensors`), atomically."""
     from tfcli.checkpoint import save_checkpoint
-    from tfcli.train.optim import optimizer_tensors
 
-    tensors = optimizer_tensors(optimizer, names)
     try:
         save_checkpoint(job.run_dir, model, job.tokenizer, training=job.training_record(state.step),
                         before_commit=lambda weights: stage_trainer_state(job.run_dir, state, tensors, weights))
@@ -244,9 +243,14 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
     from tfcli.train.distributed import all_sum
     from tfcli.train.flops import measure_matmul_flops, training_flops_per_token
     from tfcli.train.objectives import evaluate, loss_sum
-    from tfcli.train.optim import load_optimizer_tensors, lr_factor, make_optimizer
+    from tfcli.checkpoint import model_from_tensors
+    from tfcli.train import sharding
+    from tfcli.train.optim import load_optimizer_tensors, lr_factor, make_optimizer, optimizer_tensors
 
     cfg = job.config
+    if cfg.fsdp and not world.enabled:
+        raise TfcliError("--fsdp shards the model across the processes torchrun starts; this is one process",
+                         hint="launch with torchrun --nproc-per-node N -m tfcli train ... --fsdp, or drop --fsdp")
     device = pick_device(cfg.device, world)
     bf16 = use_bf16(cfg.precision, device)
     if device.type == "cpu":
@@ -269,17 +273,36 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
     model = _initial_model(job)
     _freeze(model, cfg.freeze, cfg.task)
     model.to(device).train()
+    fsdp = cfg.fsdp
+    if fsdp:
+        sharding.shard_model(model, device, world)
     names = {id(p): n for n, p in model.named_parameters()}
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(model, cfg, device)
     if trainer_folder is not None:
         from safetensors.torch import load_file
 
-        load_optimizer_tensors(optimizer, load_file(str(trainer_folder / OPTIMIZER_FILE)), names)
+        saved_tensors = load_file(str(trainer_folder / OPTIMIZER_FILE))
+        if fsdp:
+            sharding.load_full_optimizer_tensors(model, optimizer, saved_tensors)
+        else:
+            load_optimizer_tensors(optimizer, saved_tensors, names)
+
+    def snapshot():
+        """(the model to write, its optimizer tensors) on rank 0; under FSDP a collective that gathers
+        the shards (every rank calls it; the others get (None, {}))."""
+        if not fsdp:
+            return model, optimizer_tensors(optimizer, names)
+        weights, tensors = sharding.full_weights(model), sharding.full_optimizer_tensors(model, optimizer)
+        return (model_from_tensors(model.config, weights) if world.is_main else None), tensors
+
+    # Under FSDP every rank evaluates (the forward pass is a collective); the results agree, so every rank
+    # takes the same save decisions.
+    evaluates = world.is_main or fsdp
 
     runner = model
     ddp = None
-    if world.enabled:
+    if world.enabled and not fsdp:
         from torch.nn.parallel import DistributedDataParallel
 
         unused = cfg.task == "classify" or model.config.n_classes > 0
@@ -304,8 +327,8 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
         elif metrics_path.exists():
             metrics_path.unlink()
         writer = MetricsWriter(metrics_path)
-    val_batches = source.validation(cfg.eval_batches, cfg.batch_size * world.size) if world.is_main else []  # the same set for any world size
-    byte_lengths = token_byte_lengths(job) if cfg.task == "lm" and world.is_main else None
+    val_batches = source.validation(cfg.eval_batches, cfg.batch_size * world.size) if evaluates else []  # the same set for any world size
+    byte_lengths = token_byte_lengths(job) if cfg.task == "lm" and evaluates else None
 
     yield Started(start_step, None if budget else cfg.max_steps, budget, sum(p.numel() for p in model.parameters()),
                   sum(p.numel() for p in trainable), str(device), "bf16" if bf16 else "fp32", world.size, tokens_per_step, peak, job.run_dir)
@@ -375,6 +398,8 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
                 for m, batch in enumerate(batches):
                     batch = batch.to(device)
                     sync = ddp.no_sync() if ddp is not None and m < len(batches) - 1 else contextlib.nullcontext()
+                    if fsdp:
+                        sharding.set_gradient_sync(model, m == len(batches) - 1)
                     with sync:
                         try:
                             with autocast():
@@ -393,7 +418,7 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
                     window_loss += loss.detach().float()
                 window_count += local_count  # this rank's; log() sums over ranks
                 norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-                grad_norm = float(norm)
+                grad_norm = float(sharding.local_value(norm))
                 if not math.isfinite(grad_norm):
                     kept = f"the last good checkpoint (step {saved_step if saved_step >= 0 else start_step}) is kept" \
                         if saved_step >= 0 or job.resume else "no checkpoint was written"
@@ -410,17 +435,21 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
                 at_eval = bool(cfg.eval_every) and step % cfg.eval_every == 0
                 if at_eval:
                     evaluated_step = step
-                    if world.is_main:
+                    if evaluates:
                         extra = evaluate(model, val_batches, cfg.task, device, autocast, byte_lengths)
                 if at_eval or step % cfg.log_every == 0:  # the same steps on every rank: log() is a collective
                     last_record = log(extra)
                     yield Logged(last_record)
                 if extra.get("val_loss") is not None and (best_val is None or extra["val_loss"] < best_val):
                     best_val = extra["val_loss"]
-                    yield Saved(step, _save_best(job, model, step), True)
-                if cfg.save_every and step % cfg.save_every == 0:
+                    to_save, _ = snapshot()
                     if world.is_main:
-                        yield Saved(step, _save(job, model, optimizer, names, trainer_state()), False)
+                        yield Saved(step, _save_best(job, to_save, step), True)
+                if cfg.save_every and step % cfg.save_every == 0:
+                    if world.is_main or fsdp:
+                        to_save, tensors = snapshot()
+                    if world.is_main:
+                        yield Saved(step, _save(job, to_save, tensors, trainer_state()), False)
                         writer.sync()
                     saved_step = step
                 if budget is None:
@@ -434,16 +463,20 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
 
             # The end (or an interruption): evaluate, log, save what this step has not already.
             extra = {}
-            if evaluated_step != step and world.is_main and step > start_step and reason != "interrupted":
+            if evaluated_step != step and evaluates and step > start_step and reason != "interrupted":
                 extra = evaluate(model, val_batches, cfg.task, device, autocast, byte_lengths)
             if logged_step != step and step > start_step:
                 last_record = log(extra)
                 yield Logged(last_record)
             if extra.get("val_loss") is not None and (best_val is None or extra["val_loss"] < best_val):
                 best_val = extra["val_loss"]
-                yield Saved(step, _save_best(job, model, step), True)
-            if saved_step != step and world.is_main and (step > start_step or not job.resume):
-                yield Saved(step, _save(job, model, optimizer, names, trainer_state()), False)
+                to_save, _ = snapshot()
+                if world.is_main:
+                    yield Saved(step, _save_best(job, to_save, step), True)
+            if saved_step != step and (world.is_main or fsdp) and (step > start_step or not job.resume):
+                to_save, tensors = snapshot()
+                if world.is_main:
+                    yield Saved(step, _save(job, to_save, tensors, trainer_state()), False)
         finally:
             if writer is not None:
                 writer.close()
