@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import math
 import signal
 import threading
@@ -236,6 +237,10 @@ def train(job: TrainingJob) -> Iterator[Any]:
     try:
         yield from _train(job, world)
     finally:
+        # FSDP leaves reference cycles (its parameters, DTensors, hooks): free them now, while the process
+        # group is alive, not at interpreter exit, where a gloo rank once aborted ("terminate called
+        # without an active exception").
+        gc.collect()
         leave_world(world)
 
 
@@ -288,12 +293,13 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
         else:
             load_optimizer_tensors(optimizer, saved_tensors, names)
 
-    def snapshot():
+    def snapshot(with_optimizer: bool = True):
         """(the model to write, its optimizer tensors) on rank 0; under FSDP a collective that gathers
         the shards (every rank calls it; the others get (None, {}))."""
         if not fsdp:
-            return model, optimizer_tensors(optimizer, names)
-        weights, tensors = sharding.full_weights(model), sharding.full_optimizer_tensors(model, optimizer)
+            return model, (optimizer_tensors(optimizer, names) if with_optimizer else {})
+        weights = sharding.full_weights(model)
+        tensors = sharding.full_optimizer_tensors(model, optimizer) if with_optimizer else {}
         return (model_from_tensors(model.config, weights) if world.is_main else None), tensors
 
     # Under FSDP every rank evaluates (the forward pass is a collective); the results agree, so every rank
@@ -442,7 +448,7 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
                     yield Logged(last_record)
                 if extra.get("val_loss") is not None and (best_val is None or extra["val_loss"] < best_val):
                     best_val = extra["val_loss"]
-                    to_save, _ = snapshot()
+                    to_save, _ = snapshot(with_optimizer=False)
                     if world.is_main:
                         yield Saved(step, _save_best(job, to_save, step), True)
                 if cfg.save_every and step % cfg.save_every == 0:
@@ -470,7 +476,7 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
                 yield Logged(last_record)
             if extra.get("val_loss") is not None and (best_val is None or extra["val_loss"] < best_val):
                 best_val = extra["val_loss"]
-                to_save, _ = snapshot()
+                to_save, _ = snapshot(with_optimizer=False)
                 if world.is_main:
                     yield Saved(step, _save_best(job, to_save, step), True)
             if saved_step != step and (world.is_main or fsdp) and (step > start_step or not job.resume):
