@@ -33,21 +33,23 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
 
-    def _sublayer(self, x, norm, f):
-        if self.pre_norm:
-            y, weights = f(norm(x))
-            return x + self.drop(y), weights
-        y, weights = f(x)
-        return norm(x + self.drop(y)), weights
+    def _residual(self, x, y, norm):
+        """Add a sublayer's output y to the residual stream x (post-norm: then normalise the sum)."""
+        if self.drop.p and self.training:
+            y = self.drop(y)
+        return x + y if self.pre_norm else norm(x + y)
 
     def forward(self, x, mask, *, memory=None, memory_mask=None, rotary=None, cache=None, need_weights=False, positions=None):
-        x, self_weights = self._sublayer(
-            x, self.attn_norm, lambda h: self.attn(h, mask, rotary=rotary, cache=cache, need_weights=need_weights, positions=positions))
+        h = self.attn_norm(x) if self.pre_norm else x
+        y, self_weights = self.attn(h, mask, rotary=rotary, cache=cache, need_weights=need_weights, positions=positions)
+        x = self._residual(x, y, self.attn_norm)
         cross_weights = None
         if memory is not None:
-            x, cross_weights = self._sublayer(
-                x, self.cross_norm, lambda h: self.cross_attn(h, memory_mask, memory=memory, cache=cache, need_weights=need_weights))
-        x, _ = self._sublayer(x, self.mlp_norm, lambda h: (self.mlp(h), None))
+            h = self.cross_norm(x) if self.pre_norm else x
+            y, cross_weights = self.cross_attn(h, memory_mask, memory=memory, cache=cache, need_weights=need_weights)
+            x = self._residual(x, y, self.cross_norm)
+        h = self.mlp_norm(x) if self.pre_norm else x
+        x = self._residual(x, self.mlp(h), self.mlp_norm)
         return x, self_weights, cross_weights
 
 
@@ -119,10 +121,10 @@ class Transformer(nn.Module):
             raise TfcliError(f"a sequence of {offset + T} tokens is longer than the model's block size ({self.config.block_size})")
         x = self.tok_emb(ids)  # (B, T, d)
         if self.config.positions == "learned":
-            x = x + self.pos_emb(positions if positions is not None else torch.arange(offset, offset + T, device=ids.device))
+            x = x + (self.pos_emb(positions) if positions is not None else self.pos_emb.weight[offset:offset + T])
         elif self.config.positions == "sinusoidal":
             x = x + (self.sinusoid[positions] if positions is not None else self.sinusoid[offset:offset + T]).to(x.dtype)
-        return self.drop(x)
+        return self.drop(x) if self.drop.p and self.training else x
 
     def _run(self, stack: Stack, x, mask, *, memory=None, memory_mask=None, cache: KVCache | None = None,
              need_weights=False, attentions=None, name="", positions=None):
