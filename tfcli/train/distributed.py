@@ -52,8 +52,13 @@ def join_world(device_kind: str) -> World:
     return world
 
 
-def leave_world(world: World) -> None:
+def leave_world(world: World, *, together: bool = False) -> None:
+    """Tear the process group down. Ranks that finished together first wait for each other, so no rank
+    shuts its connections while a peer still writes a checkpoint; a rank that failed alone leaves at once
+    (torchrun stops the others)."""
     if world.enabled and dist.is_initialized():
+        if together:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -234,14 +234,19 @@ def train(job: TrainingJob) -> Iterator[Any]:
     (after saving) on SIGINT / SIGTERM and TfcliError on a non-finite loss (keeping the last checkpoint)."""
     device_kind = "cuda" if job.config.device == "cuda" or (job.config.device == "auto" and torch.cuda.is_available()) else "cpu"
     world = join_world(device_kind)
+    together = False  # every rank got here: they agree when to stop, also on an interrupt
     try:
         yield from _train(job, world)
+        together = True
+    except Interrupted:
+        together = True
+        raise
     finally:
         # FSDP leaves reference cycles (its parameters, DTensors, hooks): free them now, while the process
         # group is alive, not at interpreter exit, where a gloo rank once aborted ("terminate called
         # without an active exception").
         gc.collect()
-        leave_world(world)
+        leave_world(world, together=together)
 
 
 def _train(job: TrainingJob, world: World) -> Iterator[Any]:
