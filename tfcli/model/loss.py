@@ -14,6 +14,8 @@ import math
 
 import torch
 
+from tfcli.model.kernels import matmul, matmul_nt, matmul_tn
+
 IGNORE_INDEX = -100  # a target that carries no loss
 
 
@@ -69,13 +71,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
             rows = _block_rows(n, w.shape[0])
             for start in range(0, n, rows):
                 h_block, t_block = h[start:start + rows], targets[start:start + rows]
-                z = (torch.addmm(b, h_block, w.t()) if b is not None else h_block @ w.t()).float()  # (rows, vocab)
+                z = matmul_nt(h_block, w, b).float()  # (rows, vocab)
                 total += _block_loss_and_grad(z, t_block, label_smoothing)
                 g = z.to(dtype)
                 if need_hidden:
-                    torch.mm(g, w, out=grad_hidden[start:start + rows])
+                    grad_hidden[start:start + rows] = matmul(g, w)
                 if need_weight:
-                    part = g.t() @ h_block  # (vocab, d)
+                    part = matmul_tn(g, h_block)  # (vocab, d)
                     grad_weight = part if grad_weight is None else grad_weight.add_(part)
                 if need_bias:
                     part = z.sum(dim=0)
@@ -113,6 +115,6 @@ def _loss_only(hidden, weight, bias, targets, label_smoothing) -> torch.Tensor:
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     rows = _block_rows(hidden.shape[0], weight.shape[0])
     for start in range(0, hidden.shape[0], rows):
-        z = torch.nn.functional.linear(hidden[start:start + rows], weight, bias).float()
+        z = matmul_nt(hidden[start:start + rows], weight, bias).float()
         total += _block_loss(z, targets[start:start + rows], label_smoothing)
     return total

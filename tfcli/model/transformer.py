@@ -13,6 +13,7 @@ from torch import nn
 from tfcli.errors import TfcliError
 from tfcli.model.attention import Attention, AttentionMask, KVCache, LayerKVCache
 from tfcli.model.config import ModelConfig
+from tfcli.model.kernels import Linear
 from tfcli.model.layers import MLP, RotaryEmbedding, make_norm, sinusoidal_table
 from tfcli.model.loss import IGNORE_INDEX, linear_cross_entropy
 
@@ -89,13 +90,13 @@ class Transformer(nn.Module):
             self.decoder = Stack(config, config.decoder_layers, causal=True, cross=config.arch == "encoder-decoder")
         if config.arch == "encoder":
             # BERT's masked-LM head: a transform, then scores over the vocabulary.
-            self.mlm_transform = nn.Linear(d, d, bias=config.bias)
+            self.mlm_transform = Linear(d, d, bias=config.bias)
             self.mlm_norm = make_norm(config)
-            self.lm_head = nn.Linear(d, config.vocab_size, bias=True)
+            self.lm_head = Linear(d, config.vocab_size, bias=True)
         else:
-            self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
+            self.lm_head = Linear(d, config.vocab_size, bias=False)
         if config.n_classes:
-            self.classifier = nn.Linear(d, config.n_classes)
+            self.classifier = Linear(d, config.n_classes)
         self.apply(self._init_weights)
         residual_std = config.init_std / math.sqrt(2 * (config.n_layers * config.has_encoder + config.decoder_layers * config.has_decoder))
         for name, parameter in self.named_parameters():

@@ -21,16 +21,19 @@ def training_flops_per_token(config: ModelConfig, tokens_per_row: int) -> float:
 
 
 def measure_matmul_flops(device: torch.device, dtype: torch.dtype, size: int | None = None, seconds: float = 0.3) -> float:
-    """The FLOP/s of a square matmul on `device` in `dtype`: the peak MFU is measured against."""
+    """The FLOP/s of a square matmul on `device` in `dtype`, through the kernel tfcli's layers use (oneDNN
+    for fp32 on the CPU where PyTorch has it): the peak MFU is measured against."""
+    from tfcli.model.kernels import matmul
+
     size = size or (4096 if device.type == "cuda" else 1024)
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     for _ in range(2):
-        a @ b
+        matmul(a, b)
     _sync(device)
     runs, start = 0, time.perf_counter()
     while True:
-        a @ b
+        matmul(a, b)
         runs += 1
         if runs % 4 == 0:
             _sync(device)
