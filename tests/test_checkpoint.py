@@ -182,9 +182,10 @@ def test_info_cli(cli, run):
     assert data["kv_cache_bytes_per_token"]["fp32"] == 2 * 2 * 4 * 8 * 4
     assert data["tokenizer"]["special_tokens"]["eos"] == "<|endoftext|>"
     assert data["history"] is None
-    (run / "metrics.jsonl").write_text('{"step": 10, "loss": 3.5}\n{"step": 20, "loss": 2.5, "val_loss": 2.7}\n')
+    (run / "metrics.jsonl").write_text('{"step": 10, "loss": 3.5}\n{"step": 20, "loss": 2.123456789, "val_loss": 2.7}\n')
     table = cli("info", run)
     assert table.code == 0 and "parameters" in table.stdout and "KV cache" in table.stdout and "steps 10..20" in table.stdout
+    assert "last loss 2.1235, best val loss 2.7000" in table.stdout
 
 
 def test_info_kv_cache_shrinks_with_grouped_query_attention(cli, tmp_path, tokenizer):

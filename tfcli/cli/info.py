@@ -54,5 +54,9 @@ def info(
     history = data["history"]
     if history:
         table.add_row("history", f"{history['records']} records, steps {history['first_step']}..{history['last_step']}, "
-                                 f"last loss {history['last_loss']}, best val loss {history['best_val_loss']}")
+                                 f"last loss {_loss(history['last_loss'])}, best val loss {_loss(history['best_val_loss'])}")
     console.print(table)
+
+
+def _loss(value: float | None) -> str:
+    return "none" if value is None else f"{value:.4f}"
