@@ -84,3 +84,16 @@ def test_ctrl_c_exits_130(cli, monkeypatch):
     result = cli("tokenize", "trace", "a b")
     assert result.code == 130
     assert "interrupted" in result.stderr
+
+
+def test_a_reader_that_stops_early_is_not_an_error():
+    """`tfcli ... | head`: the pipe closes before the table is printed; rich alone would exit 1."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody reads: every write to the pipe fails with EPIPE
+    done = subprocess.run([sys.executable, "-m", "tfcli", "tokenize", "trace", "a sailor went to sea sea sea " * 20, "--merges", "30"],
+                          stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    os.close(write_end)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr

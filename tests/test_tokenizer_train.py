@@ -34,6 +34,13 @@ def test_cli_train_writes_both_files_and_a_summary(cli, tiny_corpus, tmp_path):
     assert table.code == 0
     for label in ("vocab size", "merges", "alphabet", "bytes per token", "time"):
         assert label in table.stdout
+    assert "1 file," in table.stdout  # tiny_corpus is one file
+
+
+def test_counted_says_one_and_many():
+    from tfcli.cli.common import counted
+
+    assert (counted(1, "file"), counted(0, "file"), counted(2048, "binary file")) == ("1 file", "0 files", "2,048 binary files")
 
 
 def test_loads_unchanged_with_tokenizers(trained_tokenizer):

@@ -90,6 +90,19 @@ def test_pretrain_decoder_makes_a_complete_run_directory(cli, shards, tmp_path):
     assert summary["best_val_loss"] == min(r["val_loss"] for r in rows if "val_loss" in r)
 
 
+def test_the_last_step_is_validated_when_it_is_not_an_evaluation_step(cli, shards, tmp_path):
+    run = tmp_path / "run"
+    result = cli(*pretrain_args(shards, run, "--max-steps", "30", "--eval-every", "20", "--json"))
+    assert result.code == 0, result.stderr
+    rows = records(run)
+    assert [r["step"] for r in rows] == list(range(1, 31))  # one record per step: the evaluation joins step 30's
+    assert [r["step"] for r in rows if "val_loss" in r] == [20, 30]
+    assert "loss" in rows[-1] and "val_ppl" in rows[-1]
+    summary = json.loads(result.stdout)
+    assert summary["last"]["val_loss"] == rows[-1]["val_loss"]
+    assert summary["best_val_loss"] == min(rows[19]["val_loss"], rows[29]["val_loss"])
+
+
 @pytest.mark.parametrize("arch", ["encoder", "encoder-decoder"])
 def test_pretrain_encoder_and_encoder_decoder_objectives_learn(cli, shards, tmp_path, arch):
     run = tmp_path / arch
@@ -208,8 +221,14 @@ def test_resume_refuses_a_changed_model_or_setting(cli, shards, tmp_path):
 
 
 def test_bad_inputs_are_one_line_errors(cli, shards, tmp_path):
+    from tfcli.data.shards import load_shard_meta
+
+    meta = load_shard_meta(shards)
+    assert meta.train_tokens > meta.val_tokens + 1
     cases = [
-        (pretrain_args(shards, tmp_path / "a", "--block-size", "100000"), "fewer than one window"),
+        (pretrain_args(shards, tmp_path / "a", "--block-size", "100000"), "the train split holds"),
+        # longer than the validation split, not the train split: refused too, not trained without validation
+        (pretrain_args(shards, tmp_path / "a2", "--block-size", str(meta.val_tokens)), "the validation split holds"),
         (pretrain_args(tmp_path, tmp_path / "b"), "meta.json"),
         (pretrain_args(shards, tmp_path / "c", "--arch", "lstm"), "--arch"),
         (pretrain_args(shards, tmp_path / "d", "--set", "warp=9"), "warp"),
@@ -222,6 +241,8 @@ def test_bad_inputs_are_one_line_errors(cli, shards, tmp_path):
         assert result.code == 2, (args, result.stderr)
         assert needle in result.stderr and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    for name in ("a", "a2", "b", "c", "d", "e", "f", "g"):  # nothing written (the run folder may be there, empty)
+        assert not (tmp_path / name).exists() or not any((tmp_path / name).iterdir()), name
     afile = tmp_path / "afile"
     afile.write_text("keep me")
     result = cli(*pretrain_args(shards, afile, "--max-steps", "2"))
@@ -459,6 +480,10 @@ def test_eval_scores_shards_text_and_labeled_sets(cli, shards, reviews, tmp_path
     labeled = cli("eval", child, "--data", reviews, "--json")
     scored = json.loads(labeled.stdout)
     assert scored["task"] == "classify" and scored["examples"] == 120 and 0 <= scored["accuracy"] <= 1 and "macro_f1" in scored
+    first = json.loads(cli("eval", child, "--data", reviews, "--json", "--max-batches", "2", "--batch-size", "16").stdout)
+    assert first["examples"] == 32 and first["loss"] != scored["loss"]  # --max-batches holds for labeled sets too
+    shard_part = json.loads(cli("eval", run, "--data", shards, "--json", "--max-batches", "1", "--batch-size", "2").stdout)
+    assert shard_part["tokens"] == 2 * 32
 
     assert "no classification head" in cli("eval", run, "--data", reviews).stderr
     assert cli("eval", run, "--data", tmp_path / "missing").code == 2

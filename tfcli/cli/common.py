@@ -25,6 +25,11 @@ state = _State()
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout instead of a table.")]
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 file', '2 files', '1,024 files'."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def stderr_console() -> Console:
     """Status, progress and errors go to stderr, so stdout carries only data (e.g. --json)."""
     from rich.console import Console
@@ -35,7 +40,14 @@ def stderr_console() -> Console:
 def stdout_console() -> Console:
     from rich.console import Console
 
-    return Console(highlight=False)
+    console = Console(highlight=False)
+    # A reader that stops early (`| head`) is no failure: rich would exit 1, the CLI exits 0 (see app.main).
+    console.on_broken_pipe = _raise_broken_pipe
+    return console
+
+
+def _raise_broken_pipe() -> None:
+    raise BrokenPipeError
 
 
 def print_error(message: str) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, human_bytes, make_progress, print_json, stderr_console, stdout_console
+from tfcli.cli.common import JsonFlag, counted, human_bytes, make_progress, print_json, stderr_console, stdout_console
 
 app = typer.Typer(
     help="Train a BPE tokenizer, encode text into token shards, and look at tokens and merges.",
@@ -101,12 +101,12 @@ def _render_train_summary(summary) -> None:
     table.add_row("merges", f"{summary.merges:,}")
     table.add_row("alphabet", f"{summary.alphabet_size:,} ({summary.pre_tokenizer})")
     table.add_row("special tokens", " ".join(summary.special_tokens))
-    table.add_row("corpus", f"{summary.files:,} files, {human_bytes(summary.bytes_read)}")
+    table.add_row("corpus", f"{counted(summary.files, 'file')}, {human_bytes(summary.bytes_read)}")
     table.add_row("bytes per token", f"{summary.bytes_per_token:.2f} (on {human_bytes(summary.sample_bytes)} of the training text)")
     if summary.invalid_bytes:
-        table.add_row("invalid UTF-8", f"{summary.invalid_bytes:,} bytes in {summary.files_with_invalid_utf8} files, replaced with U+FFFD")
+        table.add_row("invalid UTF-8", f"{counted(summary.invalid_bytes, 'byte')} in {counted(summary.files_with_invalid_utf8, 'file')}, replaced with U+FFFD")
     if summary.skipped_binary:
-        table.add_row("skipped", f"{len(summary.skipped_binary)} binary files")
+        table.add_row("skipped", f"{counted(len(summary.skipped_binary), 'binary file')}")
     table.add_row("time", f"{summary.seconds:.2f} s")
     stdout_console().print(table)
 
@@ -161,11 +161,11 @@ def encode(
     table.add_row("train", f"{meta.train_tokens:,} tokens in {meta.train_documents:,} documents")
     table.add_row("val", f"{meta.val_tokens:,} tokens in {meta.val_documents:,} documents")
     table.add_row("dtype", f"{meta.dtype} (vocab {meta.vocab_size:,})")
-    table.add_row("corpus", f"{len(meta.sources):,} files, {human_bytes(total_bytes)}")
+    table.add_row("corpus", f"{counted(len(meta.sources), 'file')}, {human_bytes(total_bytes)}")
     if meta.invalid_utf8_bytes:
-        table.add_row("invalid UTF-8", f"{meta.invalid_utf8_bytes:,} bytes in {meta.invalid_utf8_files} files, replaced with U+FFFD")
+        table.add_row("invalid UTF-8", f"{counted(meta.invalid_utf8_bytes, 'byte')} in {counted(meta.invalid_utf8_files, 'file')}, replaced with U+FFFD")
     if meta.skipped_binary_files:
-        table.add_row("skipped", f"{len(meta.skipped_binary_files)} binary files")
+        table.add_row("skipped", f"{counted(len(meta.skipped_binary_files), 'binary file')}")
     rate = total_bytes / meta.seconds / 1e6 if meta.seconds else 0.0
     table.add_row("time", f"{meta.seconds:.2f} s ({rate:.1f} MB/s)")
     if meta.val_fraction > 0 and meta.val_documents == 0:

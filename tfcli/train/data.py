@@ -58,9 +58,16 @@ class TokenWindows:
 
     def __init__(self, tokens: np.ndarray, length: int, what: str) -> None:
         if len(tokens) < length + 1:
+            more = "encode more text" if what == "train" else "encode with a larger --val-fraction"
             raise TfcliError(f"the {what} split holds {len(tokens):,} tokens, fewer than one window of {length + 1:,}",
-                             hint="lower --block-size or encode more text")
+                             hint=f"lower --block-size or {more}")
         self.tokens, self.length = tokens, length
+
+    @classmethod
+    def validation(cls, tokens: np.ndarray, length: int) -> TokenWindows | None:
+        """The validation windows; None when the split is empty (then nothing is validated). A split too short
+        for one window is refused like a short train split, rather than silently never validating."""
+        return cls(tokens, length, "validation") if len(tokens) else None
 
     def random_starts(self, gen: torch.Generator, n: int) -> torch.Tensor:
         return torch.randint(0, len(self.tokens) - self.length, (n,), generator=gen)
@@ -97,7 +104,7 @@ class LMSource(Source):
 
     def __init__(self, train: np.ndarray, val: np.ndarray, block: int, per_rank: int, seed: int) -> None:
         self.train = TokenWindows(train, block, "train")
-        self.val = TokenWindows(val, block, "validation") if len(val) > block else None
+        self.val = TokenWindows.validation(val, block)
         self.per_rank, self.seed, self.tokens_per_row = per_rank, seed, block
 
     def _make(self, rows: torch.Tensor) -> Batch:
@@ -157,7 +164,7 @@ class MLMSource(NoisedWindows):
     def __init__(self, train, val, block: int, per_rank: int, seed: int, *, cls_id: int, mask_id: int,
                  vocab: int, prob: float) -> None:
         self.train = TokenWindows(train, block - 2, "train")  # block - 1 text tokens (+1 unused target)
-        self.val = TokenWindows(val, block - 2, "validation") if len(val) > block - 2 else None
+        self.val = TokenWindows.validation(val, block - 2)
         self.per_rank, self.seed, self.tokens_per_row = per_rank, seed, block
         self.cls_id, self.mask_id, self.vocab, self.prob = cls_id, mask_id, vocab, prob
 
@@ -223,7 +230,7 @@ class DenoiseSource(NoisedWindows):
                  density: float, mean_span: float) -> None:
         # windows of block - 1 tokens; the target is the window + [eos], the block exactly
         self.train = TokenWindows(train, block - 2, "train")
-        self.val = TokenWindows(val, block - 2, "validation") if len(val) > block - 2 else None
+        self.val = TokenWindows.validation(val, block - 2)
         self.per_rank, self.seed, self.tokens_per_row = per_rank, seed, block
         self.pad_id, self.mask_id, self.eos_id = pad_id, mask_id, eos_id
         self.density, self.mean_span = density, mean_span

@@ -59,7 +59,9 @@ def evaluate_run(run: Path, data: Path, *, split: str = "val", batch_size: int =
         source = d.LabeledSource(task, labeled, labeled, batch_size, seed, pad_id=tokenizer.require("pad"),
                                  eos_id=tokenizer.special_ids.get("eos", 0), accum=1)
         batches = source.validation(0, batch_size)
-        result["examples"] = len(labeled)
+        if max_batches:
+            batches = batches[:max_batches]
+        result["examples"] = min(len(labeled), len(batches) * batch_size)
     else:
         task = {"decoder": "lm", "encoder": "mlm", "encoder-decoder": "denoise"}[config.arch]
         if data.is_dir() and (data / "meta.json").is_file():

@@ -479,6 +479,9 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
             if logged_step != step and step > start_step:
                 last_record = log(extra)
                 yield Logged(last_record)
+            elif extra and writer is not None:  # this step was logged before it was evaluated
+                last_record = writer.amend(extra)
+                yield Logged(last_record)
             if extra.get("val_loss") is not None and (best_val is None or extra["val_loss"] < best_val):
                 best_val = extra["val_loss"]
                 to_save, _ = snapshot(with_optimizer=False)
