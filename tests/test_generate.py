@@ -435,6 +435,31 @@ def test_cli_stop_and_eos_with_a_scripted_model(cli, runs, tokenizer, monkeypatc
     assert ended["finish_reason"] == "eos" and ended["text"] == "Hi 🦊 there.\nNext"
 
 
+def test_cli_ignore_eos_goes_on_past_the_end_of_text(cli, runs, tokenizer, monkeypatch):
+    import tfcli.cli.generate as command
+
+    load = command._load
+    eos = tokenizer.special_ids["eos"]
+    script = byte_ids(tokenizer, b"Hi.") + [eos] + byte_ids(tokenizer, b"More")  # then "e" again and again
+    monkeypatch.setattr(command, "_load", lambda run, device, threads=0: _with_script(load(run, device, threads), script))
+    ended = json.loads(cli("generate", runs["decoder"], "-p", "x", "-n", "10", "--json").stdout)["completions"][0]
+    assert (ended["text"], ended["finish_reason"]) == ("Hi.", "eos")
+    result = cli("generate", runs["decoder"], "-p", "x", "-n", "10", "--ignore-eos", "--json")
+    assert result.code == 0, result.stderr
+    data = json.loads(result.stdout)
+    went_on = data["completions"][0]
+    eos_text = tokenizer.token_bytes(eos).decode()
+    assert (went_on["text"], went_on["finish_reason"]) == (f"Hi.{eos_text}Moreee", "length")
+    assert went_on["tokens"][3] == eos and data["settings"]["stop_at_eos"] is False
+
+
+def test_cli_decodes_past_the_context_by_sliding_the_window(cli, runs):
+    args = ["generate", runs["decoder"], "-p", "The fox", "-n", "70", "--ignore-eos", "--json"]  # block 32: it slides
+    cached, uncached = (json.loads(cli(*args, *extra).stdout)["completions"][0] for extra in ([], ["--no-cache"]))
+    assert len(cached["tokens"]) == 70 and cached["finish_reason"] == "length"
+    assert cached["tokens"] == uncached["tokens"]
+
+
 def _with_script(checkpoint, script):
     scripted(checkpoint.model, script)
     return checkpoint

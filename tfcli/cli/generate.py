@@ -86,6 +86,7 @@ def generate(
     num_samples: Annotated[int, typer.Option(help="Completions per prompt (beam search: the best N hypotheses).")] = 1,
     seed: Annotated[Optional[int], typer.Option(help="Seed the sampling draws, for the same text every time (the seed used is in --json).", show_default=False)] = None,
     stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when the text contains this string, which is not kept (repeatable).", show_default=False)] = None,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Go on past the end-of-text token (it shows in the text as itself), up to --max-new-tokens or a --stop string.")] = False,
     no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text when it is finished instead of token by token.")] = False,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Re-run the whole context for every token instead of using the KV cache (slow; for comparison).")] = False,
     batch_size: Annotated[int, typer.Option(help="Sequences decoded together (prompts x samples, or x beams).")] = 16,
@@ -105,7 +106,7 @@ def generate(
     A prompt longer than the model's context keeps its last block-size tokens, with a warning (an
     encoder-decoder's source keeps its first ones, as in training). Past the context, decoding slides
     the window: the last 3/4 of the context is run again and decoding goes on. Text stops at the
-    end-of-text token, a --stop string (not kept) or --max-new-tokens.
+    end-of-text token (unless --ignore-eos), a --stop string (not kept) or --max-new-tokens.
 
     Example: tfcli generate runs/story --prompt "Once upon a time" --strategy sample --top-p 0.9 --seed 1
     """
@@ -125,14 +126,14 @@ def generate(
     threads_before = torch.get_num_threads()
     try:  # the thread count is this command's alone (tests run many commands in one process)
         _generate(run, prompt, prompt_file, max_new_tokens, strategy, temperature, top_k, top_p, min_p, repetition_penalty,
-                  num_beams, length_penalty, early_stopping, num_samples, seed, stop, no_stream, no_cache, batch_size,
+                  num_beams, length_penalty, early_stopping, num_samples, seed, stop, ignore_eos, no_stream, no_cache, batch_size,
                   fill_mask, classify, interactive, device, threads, json_output)
     finally:
         torch.set_num_threads(threads_before)
 
 
 def _generate(run, prompt, prompt_file, max_new_tokens, strategy, temperature, top_k, top_p, min_p, repetition_penalty,
-              num_beams, length_penalty, early_stopping, num_samples, seed, stop, no_stream, no_cache, batch_size,
+              num_beams, length_penalty, early_stopping, num_samples, seed, stop, ignore_eos, no_stream, no_cache, batch_size,
               fill_mask, classify, interactive, device, threads, json_output) -> None:
     from tfcli.errors import TfcliError
     from tfcli.generate.settings import GenerationSettings, resolve_strategy
@@ -157,6 +158,7 @@ def _generate(run, prompt, prompt_file, max_new_tokens, strategy, temperature, t
         num_samples=num_samples,
         stop=tuple(stop or ()) if (stop or not interactive) else ("\n",),
         seed=seed,
+        stop_at_eos=not ignore_eos,
         use_cache=not no_cache,
         logprobs=json_output,
     )
