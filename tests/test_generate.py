@@ -460,6 +460,26 @@ def test_cli_decodes_past_the_context_by_sliding_the_window(cli, runs):
     assert cached["tokens"] == uncached["tokens"]
 
 
+def test_cli_reads_prompts_from_a_pipe(cli, runs, tmp_path):
+    """`--prompt-file <(...)` hands over a pipe, not a regular file."""
+    import os
+    import threading
+
+    fifo = tmp_path / "prompts.fifo"
+    os.mkfifo(fifo)
+
+    def feed():
+        with open(fifo, "w", encoding="utf-8") as handle:
+            handle.write("The fox\nA ball\n")
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    result = cli("generate", runs["decoder"], "--prompt-file", fifo, "-n", "3", "--json")
+    writer.join()
+    assert result.code == 0, result.stderr
+    assert [c["prompt"] for c in json.loads(result.stdout)["completions"]] == ["The fox", "A ball"]
+
+
 def _with_script(checkpoint, script):
     scripted(checkpoint.model, script)
     return checkpoint
@@ -516,6 +536,9 @@ def test_cli_classify(cli, runs, run, labels):
     (["--interactive", "--json"], "not JSON"),
     ([], "nothing to do"),
     (["--prompt-file", "/nonexistent/prompts.txt"], "does not exist"),
+    (["--prompt-file", "/"], "is a folder"),
+    (["--prompt", "hi", "--num-beams", "2", "--length-penalty", "nan"], "--length-penalty must be between -10 and 10"),
+    (["--prompt", "hi", "--num-beams", "2", "--length-penalty", "inf", "--json"], "--length-penalty must be between -10 and 10"),
     (["--prompt", "hi", "--device", "tpu"], "unknown device"),
 ])
 def test_cli_bad_inputs_are_one_line(cli, runs, args, message):

@@ -114,3 +114,18 @@ def test_import_bad_folders(cli, tmp_path, trained_tokenizer):
     (tmp_path / "gpt2" / "config.json").write_text(json.dumps(config))
     result = cli("import", tmp_path / "gpt2", "-o", tmp_path / "run")
     assert result.code == 2 and "not gpt2" in result.stderr
+
+
+def test_import_and_export_never_overwrite(cli, tmp_path, trained_tokenizer):
+    tokenizer = TextTokenizer.load(trained_tokenizer)
+    save_checkpoint(tmp_path / "run", Transformer(_gpt2_shaped(tokenizer.vocab_size)), tokenizer)
+    before = (tmp_path / "run" / "model.safetensors").read_bytes()
+    assert cli("export", tmp_path / "run", "-o", tmp_path / "hf").code == 0
+    exported = (tmp_path / "hf" / "model.safetensors").read_bytes()
+    result = cli("export", tmp_path / "run", "-o", tmp_path / "hf")
+    assert result.code == 2 and "already holds an exported model" in result.stderr
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")  # onto the run it came from
+    assert result.code == 2 and "already holds a run" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "run" / "model.safetensors").read_bytes() == before
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == exported
+    assert cli("import", tmp_path / "hf", "-o", tmp_path / "again").code == 0

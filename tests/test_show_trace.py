@@ -95,6 +95,7 @@ def test_trace_cli(cli):
     data = json.loads(cli("tokenize", "trace", "aaabdaaabac", "--min-count", "2", "--json").stdout)
     assert [m["token"] for m in data["merges"]] == ["aa", "ab", "aaab"]
     assert data["tokens"] == ["aaab", "d", "aaab", "a", "c"]
+    assert "end (1 token, 1 merge): aa" in cli("tokenize", "trace", "aa").stdout
 
 
 @pytest.mark.parametrize("args, message", [

@@ -487,6 +487,9 @@ def test_eval_scores_shards_text_and_labeled_sets(cli, shards, reviews, tmp_path
 
     assert "no classification head" in cli("eval", run, "--data", reviews).stderr
     assert cli("eval", run, "--data", tmp_path / "missing").code == 2
+    (tmp_path / "short.txt").write_text("The fox.", encoding="utf-8")
+    short = cli("eval", run, "--data", tmp_path / "short.txt")
+    assert short.code == 2 and "short.txt holds" in short.stderr and "fewer than one window of 33" in short.stderr
     assert cli("eval", tmp_path / "nope", "--data", shards).code == 2
 
 

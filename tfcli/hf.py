@@ -95,17 +95,24 @@ def gpt2_config(config: ModelConfig, eos_id: int | None) -> dict[str, Any]:
     }
 
 
+def _refuse_to_overwrite(folder: Path, what: str, verb: str) -> None:
+    """Both directions write config.json and model.safetensors; what is already there is never replaced."""
+    if any((folder / name).exists() for name in ("config.json", WEIGHTS_FILE)):
+        raise TfcliError(f"{folder} already holds {what}", hint=f"{verb} into another folder with -o, or delete that one first")
+
+
 def export_gpt2(run_dir: Path, out_dir: Path) -> dict[str, Any]:
     """Write OUT/config.json, OUT/model.safetensors and the tokenizer files for GPT2LMHeadModel."""
     from safetensors.torch import save_file
 
     from tfcli.fsutil import set_default_mode, temp_path_beside
 
+    _refuse_to_overwrite(Path(out_dir), "an exported model", "export")
     checkpoint = load_checkpoint(run_dir)
     config = checkpoint.config.model
     problem = gpt2_incompatibility(config)
     if problem:
-        raise TfcliError(f"GPT-2 cannot express this model's {problem}", hint="only decoders with GPT-2's options export to Hugging Face GPT-2")
+        raise TfcliError(f"GPT-2 cannot express this model: {problem}", hint="only decoders with GPT-2's options export to Hugging Face GPT-2")
     out_dir = prepare_output_dir(out_dir, "export")
     state = checkpoint.model.state_dict()
     tensors = {}
@@ -191,6 +198,7 @@ def import_gpt2(src: Path, run_dir: Path) -> ModelConfig:
     src = Path(src)
     if not src.is_dir():
         raise TfcliError(f"{src} is not a folder", hint="pass a Hugging Face GPT-2 folder (config.json + model.safetensors)")
+    _refuse_to_overwrite(Path(run_dir), "a run", "import")
     config, _ = _read_gpt2_config(src)
     weights = src / WEIGHTS_FILE
     if not weights.is_file():

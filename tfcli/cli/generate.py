@@ -54,9 +54,14 @@ def _read_prompts(prompt: str | None, prompt_file: Path | None) -> list[str]:
         raw = sys.stdin.buffer.read()
         where = "stdin"
     else:
-        if not prompt_file.is_file():
+        if prompt_file.is_dir():
+            raise TfcliError(f"prompt file {prompt_file} is a folder", hint="pass a text file with one prompt per line")
+        if not prompt_file.exists():
             raise TfcliError(f"prompt file {prompt_file} does not exist")
-        raw = prompt_file.read_bytes()
+        try:  # a regular file, or a pipe such as <(...)
+            raw = prompt_file.read_bytes()
+        except OSError as exc:
+            raise TfcliError(f"cannot read prompt file {prompt_file}: {exc.strerror}") from exc
         where = str(prompt_file)
     try:
         text = raw.decode("utf-8")

@@ -259,11 +259,11 @@ def trace(
         return Text(", ".join(f"{visible(token)} {count}" for token, count in table))
 
     console.print(Text("text: ", style="bold") + Text(visible(result.text)), soft_wrap=True)
-    console.print(Text(f"start ({len(result.text)} tokens): ", style="bold") + table_line(result.initial_table))
+    console.print(Text(f"start ({counted(len(result.text), 'token')}): ", style="bold") + table_line(result.initial_table))
     for step in result.steps:
         head = Text(f"merge {step.number}: ", style="bold")
         head.append(f"{visible(step.left)} + {visible(step.right)} -> {visible(step.token)}", style="cyan")
         head.append(f" ({step.count}x)")
         console.print(head)
         console.print(Text("  ") + table_line(step.table))
-    console.print(Text(f"end ({len(result.tokens)} tokens, {len(result.steps)} merges): ", style="bold") + Text(" ".join(visible(t) for t in result.tokens)))
+    console.print(Text(f"end ({counted(len(result.tokens), 'token')}, {counted(len(result.steps), 'merge')}): ", style="bold") + Text(" ".join(visible(t) for t in result.tokens)))

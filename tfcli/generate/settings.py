@@ -46,6 +46,9 @@ class GenerationSettings:
             raise TfcliError(f"--min-p must be in [0, 1), not {self.min_p}")
         if not self.repetition_penalty > 0 or self.repetition_penalty > 100:
             raise TfcliError(f"--repetition-penalty must be positive (1 is off), not {self.repetition_penalty}")
+        if not -10 <= self.length_penalty <= 10:  # also refuses nan
+            raise TfcliError(f"--length-penalty must be between -10 and 10, not {self.length_penalty}",
+                             hint="1 divides a hypothesis' log-probability by its length; above 1 favours longer texts")
         if self.num_beams < 1 or self.num_beams > 1024:
             raise TfcliError(f"--num-beams must be between 1 and 1024, not {self.num_beams}")
         if self.num_samples < 1 or self.num_samples > 1024:

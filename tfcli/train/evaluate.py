@@ -76,6 +76,10 @@ def evaluate_run(run: Path, data: Path, *, split: str = "val", batch_size: int =
         else:
             raise TfcliError(f"{data} does not exist", hint="pass a shard folder, a text file or a JSONL set")
         block = config.block_size
+        window = block if task == "lm" else block - 2  # the masked and denoising windows leave room for [cls] / [eos]
+        if len(tokens) < window + 1:
+            raise TfcliError(f"{data} holds {len(tokens):,} tokens, fewer than one window of {window + 1:,}",
+                             hint="evaluate on more text")
         sources = {
             "lm": lambda: d.LMSource(tokens, tokens, block, batch_size, seed),
             "mlm": lambda: d.MLMSource(tokens, tokens, block, batch_size, seed, cls_id=tokenizer.require("cls"),
@@ -85,10 +89,7 @@ def evaluate_run(run: Path, data: Path, *, split: str = "val", batch_size: int =
                                                density=0.3, mean_span=3.0),
         }
         source = sources[task]()
-        window = source.val.length
         last = len(tokens) - window - 1
-        if last < 0:
-            raise TfcliError(f"{data} holds {len(tokens):,} tokens, fewer than one window of {window + 1:,}")
         starts = torch.arange(0, last + 1, window)  # back to back: every token scored once
         if max_batches:
             starts = starts[: max_batches * batch_size]
