@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -134,3 +135,20 @@ def test_flops_estimate_matches_the_6n_rule():
     non_embedding = 124_439_808 - 50257 * 768 - 1024 * 768
     expected = 6 * (non_embedding + 50257 * 768) + 12 * 12 * 768 * 1024
     assert math.isclose(flops, expected, rel_tol=0.01)
+
+
+def test_metrics_writer_amends_its_last_record_and_writes_strict_json(tmp_path):
+    from tfcli.train.state import MetricsWriter
+
+    path = tmp_path / "metrics.jsonl"
+    writer = MetricsWriter(path)
+    writer.write({"step": 1, "loss": 2.0})
+    writer.write({"step": 2, "loss": float("nan")})
+    amended = writer.amend({"val_loss": float("inf"), "val_ppl": 3.0})
+    writer.write({"step": 3, "loss": 1.0})
+    writer.close()
+    lines = path.read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"step": 1, "loss": 2.0}, {"step": 2, "loss": None, "val_loss": None, "val_ppl": 3.0}, {"step": 3, "loss": 1.0}]
+    assert amended == {"step": 2, "loss": None, "val_loss": None, "val_ppl": 3.0}
+    assert "NaN" not in path.read_text() and "Infinity" not in path.read_text()

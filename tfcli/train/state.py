@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -122,17 +123,17 @@ class MetricsWriter:
         self.handle = open(path, "a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
+        record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}  # strict JSON
         self._last_start, self._last = self.handle.tell(), record
         self.handle.write(json.dumps(record, allow_nan=False) + "\n")
         self.handle.flush()
 
     def amend(self, extra: dict[str, Any]) -> dict[str, Any]:
         """Add `extra` to the record written last (the final evaluation of a step already logged); return it."""
-        record = {**self._last, **extra}
         self.handle.truncate(self._last_start)
         self.handle.seek(self._last_start)
-        self.write(record)
-        return record
+        self.write({**self._last, **extra})
+        return self._last
 
     def sync(self) -> None:
         os.fsync(self.handle.fileno())
