@@ -31,9 +31,11 @@ def test_bench_model_compares_with_transformers(cli):
     import pytest
 
     pytest.importorskip("transformers")
-    result = cli("bench", "model", "--preset", "tiny", "--batch", "2", "--length", "16", "--steps", "1", "--repeat", "1", "--json")
+    # no --length: the default (256) is capped at tiny's context
+    result = cli("bench", "model", "--preset", "tiny", "--batch", "1", "--steps", "1", "--repeat", "1", "--json")
     assert result.code == 0, result.stderr
     data = json.loads(result.stdout)
+    assert data["length"] == 128
     ours, theirs = data["results"]
     assert ours["implementation"] == "tfcli" and theirs["implementation"] == "transformers"
     assert ours["parameters"] == theirs["parameters"]  # the same shape on both sides

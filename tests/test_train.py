@@ -225,6 +225,8 @@ def test_bad_inputs_are_one_line_errors(cli, shards, tmp_path):
 
     meta = load_shard_meta(shards)
     assert meta.train_tokens > meta.val_tokens + 1
+    toml = tmp_path / "encoder.toml"
+    toml.write_text('[model]\narch = "encoder"\n')
     cases = [
         (pretrain_args(shards, tmp_path / "a", "--block-size", "100000"), "the train split holds"),
         # longer than the validation split, not the train split: refused too, not trained without validation
@@ -235,18 +237,48 @@ def test_bad_inputs_are_one_line_errors(cli, shards, tmp_path):
         (pretrain_args(shards, tmp_path / "e", "--time-budget", "soon"), "duration"),
         (pretrain_args(shards, tmp_path / "f", "--lr", "-1"), "lr"),
         (pretrain_args(shards, tmp_path / "g", "--device", "cuda"), "cuda"),
+        # what --arch, the tokenizer and the objective decide is never silently overridden by a file or --set
+        (pretrain_args(shards, tmp_path / "h", "--config", toml), "sets arch = 'encoder', but --arch decides it here"),
+        (pretrain_args(shards, tmp_path / "i", "--set", "task=mlm"), "but a decoder's pretraining objective decides it"),
+        (pretrain_args(shards, tmp_path / "j", "--set", "vocab_size=abc"), "but the tokenizer decides it"),
+        (pretrain_args(shards, tmp_path / "k", "--set", "train.block_size=64"), "set the context with --block-size"),
+        (pretrain_args(shards, tmp_path / "l", "--block-size", "1"), "model block_size must be at least 2"),
     ]
     for args, needle in cases:
         result = cli(*args)
         assert result.code == 2, (args, result.stderr)
         assert needle in result.stderr and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    for name in ("a", "a2", "b", "c", "d", "e", "f", "g"):  # nothing written (the run folder may be there, empty)
-        assert not (tmp_path / name).exists() or not any((tmp_path / name).iterdir()), name
+    for name in ("a", "a2", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"):  # nothing written, not even the folder
+        assert not (tmp_path / name).exists(), name
+    (tmp_path / "mine").mkdir()  # a folder that was there before stays, empty or not
+    assert cli(*pretrain_args(shards, tmp_path / "mine", "--block-size", "100000")).code == 2 and (tmp_path / "mine").is_dir()
     afile = tmp_path / "afile"
     afile.write_text("keep me")
     result = cli(*pretrain_args(shards, afile, "--max-steps", "2"))
     assert result.code == 2 and afile.read_text() == "keep me"
+
+
+def test_an_empty_validation_split_is_said_out_loud(cli, trained_tokenizer, tmp_path):
+    from tfcli.data.corpus import resolve_corpus
+    from tfcli.data.shards import encode_corpus
+    from tfcli.tokenizer.core import TextTokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TINY_TEXT * 30, encoding="utf-8")
+    encode_corpus(resolve_corpus([corpus]), TextTokenizer.load(trained_tokenizer), tmp_path / "shards", val_fraction=0.0)
+    result = cli(*pretrain_args(tmp_path / "shards", tmp_path / "run", "--max-steps", "3", "--tokenizer", trained_tokenizer))
+    assert result.code == 0, result.stderr
+    assert "the validation split is empty: nothing is validated and no best/ checkpoint is kept" in result.stdout + result.stderr
+    assert not (tmp_path / "run" / "best").exists()
+
+
+def test_finetune_task_is_not_overridden_by_a_setting(cli, shards, reviews, tmp_path):
+    run = tmp_path / "run"
+    assert cli(*pretrain_args(shards, run, "--max-steps", "2")).code == 0
+    result = cli("train", "finetune", "--init-from", run, "--task", "classify", "--data", reviews, "-o", tmp_path / "child",
+                 "--max-steps", "2", "--set", "task=lm")
+    assert result.code == 2 and "sets task = 'lm', but --task decides it here" in result.stderr
 
 
 def test_a_failing_save_is_a_clear_error_and_keeps_the_previous_checkpoint(cli, shards, tmp_path, monkeypatch):

@@ -37,6 +37,13 @@ def test_settings_resolve_and_refuse_unknown_keys():
         resolve_configs(preset_name="tiny", config_file=None, sets=["warp=1"], options={})
     with pytest.raises(TfcliError, match="lr"):
         TrainConfig(lr=-1)
+    _, budgeted = resolve_configs(preset_name="tiny", config_file=None, sets=["time_budget=1m30s"], options={})
+    assert budgeted.time_budget == 90.0  # written as the --time-budget option takes it
+    _, fixed = resolve_configs(preset_name="tiny", config_file=None, sets=["task=lm"], options={}, train_fixed={"task": "lm"})
+    assert fixed.task == "lm"  # the same value is no conflict
+    with pytest.raises(TfcliError, match="--set sets task = 'mlm', but --task decides it here"):
+        resolve_configs(preset_name="tiny", config_file=None, sets=["task=mlm"], options={}, train_fixed={"task": "lm"},
+                        fixed_by={"task": "--task"})
 
 
 def test_schedule_warms_up_then_decays():

@@ -75,7 +75,7 @@ def tokenize(
 def model(
     preset: Annotated[str, typer.Option(help="The model shape (a preset name).")] = "gpt2-small",
     batch: Annotated[int, typer.Option(help="Sequences per step.")] = 4,
-    length: Annotated[int, typer.Option(help="Tokens per sequence.")] = 256,
+    length: Annotated[Optional[int], typer.Option(help="Tokens per sequence [default: 256, or the preset's context where shorter].", show_default=False)] = None,
     steps: Annotated[int, typer.Option(help="Timed steps per implementation (best kept), after one warm-up step.")] = 3,
     repeat: Annotated[int, typer.Option(help="Interleaved rounds, each implementation in a fresh process; the fastest kept.")] = 2,
     json_output: JsonFlag = False,
@@ -98,6 +98,8 @@ def model(
     problem = gpt2_incompatibility(shape)
     if problem:
         raise TfcliError(f"preset {preset!r} cannot be built as GPT-2: {problem}", hint="use a decoder preset such as gpt2-small or tiny")
+    if length is None:
+        length = min(256, shape.block_size)
     if min(batch, length, steps, repeat) < 1:
         raise TfcliError("--batch, --length, --steps and --repeat must be at least 1")
     if length > shape.block_size:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -93,9 +94,10 @@ def pretrain(
                        compile=compile_model, fsdp=fsdp)
     if block_size is not None:
         options["model.block_size"] = block_size
-    job = pretrain_job(data=data, output=output, arch=arch, preset_name=preset, config_file=config, sets=sets or [],
-                       options=options, tokenizer_path=tokenizer, resume=resume)
-    _run(job, json_output)
+    with _no_empty_folder_left(output):
+        job = pretrain_job(data=data, output=output, arch=arch, preset_name=preset, config_file=config, sets=sets or [],
+                           options=options, tokenizer_path=tokenizer, resume=resume)
+        _run(job, json_output)
 
 
 @app.command("finetune")
@@ -140,9 +142,24 @@ def finetune(
     options = _options(max_steps=max_steps, time_budget=time_budget, batch_size=batch_size, block_size=block_size, grad_accum=grad_accum,
                        lr=lr, seed=seed, save_every=save_every, eval_every=eval_every, log_every=log_every, device=device,
                        precision=precision, compile=compile_model, fsdp=fsdp, freeze=freeze)
-    job = finetune_job(init_from=init_from, task=task, data=data, val_data=val_data, output=output, config_file=config,
-                       sets=sets or [], options=options, resume=resume)
-    _run(job, json_output)
+    with _no_empty_folder_left(output):
+        job = finetune_job(init_from=init_from, task=task, data=data, val_data=val_data, output=output, config_file=config,
+                           sets=sets or [], options=options, resume=resume)
+        _run(job, json_output)
+
+
+@contextlib.contextmanager
+def _no_empty_folder_left(output: Path):
+    """A run that fails before writing anything takes away the -o folder it made (never one that was there)."""
+    from tfcli.errors import TfcliError
+
+    existed = Path(output).exists()
+    try:
+        yield
+    except TfcliError:
+        if not existed and Path(output).is_dir() and not any(Path(output).iterdir()):
+            Path(output).rmdir()
+        raise
 
 
 def _check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:

@@ -59,6 +59,9 @@ class ModelConfig(JsonRecord):
                               ("norm_placement", NORM_PLACEMENTS), ("activation", ACTIVATIONS)):
             if getattr(self, name) not in allowed:
                 raise TfcliError(f"model {name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
+        shortest = 2 if self.arch == "decoder" else 3  # a token and its target; encoders also hold [cls] or [eos]
+        if self.block_size < shortest:
+            raise TfcliError(f"model block_size must be at least {shortest} for a {self.arch}, not {self.block_size}")
         if self.d_model % self.n_heads:
             raise TfcliError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.kv_heads < 1 or self.n_heads % self.kv_heads:

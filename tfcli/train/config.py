@@ -132,7 +132,7 @@ def _split_settings(settings: dict[str, Any], where: str) -> tuple[dict[str, Any
         if section in ("model", "") and name in model_keys and not (section == "" and name in train_keys):
             model[name] = value
         elif section in ("train", "") and name in train_keys:
-            train[name] = value
+            train[name] = parse_duration(value) if name == "time_budget" and isinstance(value, str) else value  # "90s", as the option takes
         elif section == "" and name in model_keys:
             model[name] = value
         else:
@@ -181,12 +181,24 @@ def resolve_configs(
     options: dict[str, Any],
     base_model: ModelConfig | None = None,
     model_fixed: dict[str, Any] | None = None,
+    train_fixed: dict[str, Any] | None = None,
+    fixed_by: dict[str, str] | None = None,
 ) -> tuple[ModelConfig, TrainConfig]:
-    """preset (or base_model) < config file < --set < plain options < model_fixed (what the data decides)."""
+    """preset (or base_model) < config file < --set < plain options < model_fixed / train_fixed (what the
+    command line and the data decide: a config file or --set that says otherwise is an error, never
+    silently overridden; `fixed_by` names, per key, what decides it)."""
     file_settings = read_toml(config_file) if config_file is not None else {}
     preset_name = file_settings.pop("preset", preset_name)
     file_model, file_train = _split_settings(file_settings, str(config_file))
     set_model, set_train = _split_settings(parse_sets(sets), "--set")
+    for fixed, layers in ((model_fixed or {}, ((str(config_file), file_model), ("--set", set_model))),
+                          (train_fixed or {}, ((str(config_file), file_train), ("--set", set_train)))):
+        for key, value in fixed.items():
+            for where, settings in layers:
+                if key in settings and settings[key] != value:
+                    decider = (fixed_by or {}).get(key, "this command")
+                    raise TfcliError(f"{where} sets {key} = {settings[key]!r}, but {decider} decides it here ({value!r})",
+                                     hint=f"drop {key} from {where}")
     option_model = {k[len("model."):]: v for k, v in options.items() if k.startswith("model.") and v is not None}
     option_train = {k: v for k, v in options.items() if not k.startswith("model.") and v is not None}
     model_settings = {**file_model, **set_model, **option_model, **(model_fixed or {})}
@@ -194,5 +206,5 @@ def resolve_configs(
         model = base_model.with_overrides(**model_settings)
     else:
         model = preset(preset_name, **model_settings)
-    train = TrainConfig.from_json({**file_train, **set_train, **option_train}, where="training config")
+    train = TrainConfig.from_json({**file_train, **set_train, **option_train, **(train_fixed or {})}, where="training config")
     return model, train

@@ -130,17 +130,19 @@ def pretrain_job(*, data: Path, output: Path, arch: str, preset_name: str | None
 
     meta = load_shard_meta(data)
     tokenizer = find_tokenizer(data, tokenizer_path)
+    if arch not in PRETRAIN_TASK:
+        raise TfcliError(f"unknown architecture {arch!r}", hint=f"use one of {', '.join(PRETRAIN_TASK)}")
+    task = PRETRAIN_TASK[arch]
+    if options.get("task") not in (None, task):
+        raise TfcliError(f"a {arch} pretrains with the {task} objective, not {options['task']}")
     model_config, config = resolve_configs(
         preset_name=preset_name or DEFAULT_PRESET[arch], config_file=config_file, sets=sets, options=options,
-        model_fixed={"vocab_size": tokenizer.vocab_size, "arch": arch},
+        model_fixed={"vocab_size": tokenizer.vocab_size, "arch": arch}, train_fixed={"task": task},
+        fixed_by={"vocab_size": "the tokenizer", "arch": "--arch", "task": f"a {arch}'s pretraining objective"},
     )
     if meta.vocab_size != tokenizer.vocab_size:
         raise TfcliError(f"the shards hold ids for {meta.vocab_size:,} tokens but the tokenizer has {tokenizer.vocab_size:,}")
-    task = PRETRAIN_TASK[model_config.arch]
-    if options.get("task") not in (None, task):
-        raise TfcliError(f"a {model_config.arch} pretrains with the {task} objective, not {options['task']}")
-    config = dataclasses.replace(config, task=task)
-    _check_block(config, model_config)
+    _check_block(config, model_config, finetune=False)
     _require_roles(tokenizer, task)
     job = TrainingJob(output, model_config, config, tokenizer, data, resume=resume, data_fingerprint=shard_fingerprint(data))
     _check_output(output, resume)
@@ -166,13 +168,14 @@ def finetune_job(*, init_from: Path, task: str, data: Path, val_data: Path | Non
                "denoise": ("encoder-decoder",)}
     if arch not in allowed[task]:
         raise TfcliError(f"--task {task} needs a {' or '.join(allowed[task])} model; {init_from} is a {arch}")
-    model_config, config = resolve_configs(preset_name="", config_file=config_file, sets=sets, options={**options, "task": task},
+    model_config, config = resolve_configs(preset_name="", config_file=config_file, sets=sets, options=options, train_fixed={"task": task},
+                                           fixed_by={"task": "--task"},
                                            base_model=dataclasses.replace(parent.model, n_classes=0 if task == "classify" else parent.model.n_classes))
     changed = [f.name for f in dataclasses.fields(ModelConfig)
                if f.name not in ("dropout", "n_classes") and getattr(model_config, f.name) != getattr(parent.model, f.name)]
     if changed:
         raise TfcliError(f"fine-tuning cannot change the model's {changed[0]}", hint="only dropout may change; the shape comes from --init-from")
-    _check_block(config, model_config)
+    _check_block(config, model_config, finetune=True)
     _require_roles(tokenizer, task)
     job = TrainingJob(output, model_config, config, tokenizer, data, val_data=val_data, init_from=Path(init_from), resume=resume)
     if task in LABELED_TASKS:
@@ -210,10 +213,13 @@ def _saved_labels(run_dir: Path) -> list[str] | None:
     return labels if isinstance(labels, list) else None
 
 
-def _check_block(config: TrainConfig, model_config: ModelConfig) -> None:
+def _check_block(config: TrainConfig, model_config: ModelConfig, *, finetune: bool) -> None:
     if config.block_size is not None and config.block_size > model_config.block_size:
-        raise TfcliError(f"--block-size {config.block_size} is longer than the model's context ({model_config.block_size})",
-                         hint="a fine-tune keeps its parent's context; use a smaller block size")
+        if finetune:
+            raise TfcliError(f"--block-size {config.block_size} is longer than the model's context ({model_config.block_size})",
+                             hint="a fine-tune keeps its parent's context; use a smaller block size")
+        raise TfcliError(f"training windows of {config.block_size} tokens (train.block_size) are longer than the model's context "
+                         f"({model_config.block_size})", hint="set the context with --block-size, which sizes both")
     if config.task == "classify" and model_config.arch == "encoder-decoder":
         raise TfcliError("classification needs an encoder or a decoder model")
 

@@ -345,6 +345,8 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
                   sum(p.numel() for p in trainable), str(device), "bf16" if bf16 else "fp32", world.size, tokens_per_step, peak, job.run_dir)
     if budget is None and start_step >= cfg.max_steps:
         yield Note(f"the run is already at step {start_step} of {cfg.max_steps}; raise --max-steps to train further")
+    if world.is_main and not val_batches:
+        yield Note("the validation split is empty: nothing is validated and no best/ checkpoint is kept")
 
     step = start_step
     window_loss = torch.zeros((), device=device)
