@@ -227,6 +227,8 @@ def test_bad_inputs_are_one_line_errors(cli, shards, tmp_path):
     assert meta.train_tokens > meta.val_tokens + 1
     toml = tmp_path / "encoder.toml"
     toml.write_text('[model]\narch = "encoder"\n')
+    small = tmp_path / "small.toml"
+    small.write_text('preset = "small"\n')
     cases = [
         (pretrain_args(shards, tmp_path / "a", "--block-size", "100000"), "the train split holds"),
         # longer than the validation split, not the train split: refused too, not trained without validation
@@ -243,13 +245,14 @@ def test_bad_inputs_are_one_line_errors(cli, shards, tmp_path):
         (pretrain_args(shards, tmp_path / "j", "--set", "vocab_size=abc"), "but the tokenizer decides it"),
         (pretrain_args(shards, tmp_path / "k", "--set", "train.block_size=64"), "set the context with --block-size"),
         (pretrain_args(shards, tmp_path / "l", "--block-size", "1"), "model block_size must be at least 2"),
+        (pretrain_args(shards, tmp_path / "m", "--config", small, "--preset", "tiny"), "asks for preset 'small' and --preset for 'tiny'"),
     ]
     for args, needle in cases:
         result = cli(*args)
         assert result.code == 2, (args, result.stderr)
         assert needle in result.stderr and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    for name in ("a", "a2", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l"):  # nothing written, not even the folder
+    for name in ("a", "a2", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m"):  # nothing written, not even the folder
         assert not (tmp_path / name).exists(), name
     (tmp_path / "mine").mkdir()  # a folder that was there before stays, empty or not
     assert cli(*pretrain_args(shards, tmp_path / "mine", "--block-size", "100000")).code == 2 and (tmp_path / "mine").is_dir()

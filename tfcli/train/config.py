@@ -183,12 +183,16 @@ def resolve_configs(
     model_fixed: dict[str, Any] | None = None,
     train_fixed: dict[str, Any] | None = None,
     fixed_by: dict[str, str] | None = None,
+    preset_option: str | None = None,
 ) -> tuple[ModelConfig, TrainConfig]:
     """preset (or base_model) < config file < --set < plain options < model_fixed / train_fixed (what the
     command line and the data decide: a config file or --set that says otherwise is an error, never
     silently overridden; `fixed_by` names, per key, what decides it)."""
     file_settings = read_toml(config_file) if config_file is not None else {}
-    preset_name = file_settings.pop("preset", preset_name)
+    file_preset = file_settings.pop("preset", None)
+    if file_preset is not None and preset_option is not None and file_preset != preset_option:
+        raise TfcliError(f"{config_file} asks for preset {file_preset!r} and --preset for {preset_option!r}", hint="keep one of them")
+    preset_name = preset_option or file_preset or preset_name
     file_model, file_train = _split_settings(file_settings, str(config_file))
     set_model, set_train = _split_settings(parse_sets(sets), "--set")
     for fixed, layers in ((model_fixed or {}, ((str(config_file), file_model), ("--set", set_model))),

@@ -136,7 +136,7 @@ def pretrain_job(*, data: Path, output: Path, arch: str, preset_name: str | None
     if options.get("task") not in (None, task):
         raise TfcliError(f"a {arch} pretrains with the {task} objective, not {options['task']}")
     model_config, config = resolve_configs(
-        preset_name=preset_name or DEFAULT_PRESET[arch], config_file=config_file, sets=sets, options=options,
+        preset_name=DEFAULT_PRESET[arch], preset_option=preset_name, config_file=config_file, sets=sets, options=options,
         model_fixed={"vocab_size": tokenizer.vocab_size, "arch": arch}, train_fixed={"task": task},
         fixed_by={"vocab_size": "the tokenizer", "arch": "--arch", "task": f"a {arch}'s pretraining objective"},
     )
