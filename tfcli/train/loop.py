@@ -39,6 +39,7 @@ from tfcli.train.state import (
     find_trainer_state,
     read_metrics,
     stage_trainer_state,
+    strict_json,
     truncate_metrics,
 )
 
@@ -375,10 +376,7 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
                        "mfu": rate / max(tokens_per_step, 1) * flops_per_step / peak if peak else 0.0,
                        "elapsed": elapsed})
         record.update(extra)
-        record = {k: (round(v, 4) if k in ("tokens_per_sec", "mfu", "elapsed") else v) for k, v in record.items()}
-        for key, value in record.items():
-            if isinstance(value, float) and not math.isfinite(value):
-                record[key] = None  # strict JSON: no NaN literals
+        record = strict_json({k: (round(v, 4) if k in ("tokens_per_sec", "mfu", "elapsed") else v) for k, v in record.items()})
         if writer is not None:
             writer.write(record)
         window_loss = torch.zeros((), device=device)

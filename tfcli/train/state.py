@@ -115,6 +115,11 @@ def truncate_metrics(path: Path, step: int) -> None:
     atomic_write_text(path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in records))
 
 
+def strict_json(record: dict[str, Any]) -> dict[str, Any]:
+    """The record with NaN and infinities as null: metrics files are strict JSON."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+
+
 class MetricsWriter:
     """Appends one strict-JSON line per logged step to RUN/metrics.jsonl."""
 
@@ -123,7 +128,7 @@ class MetricsWriter:
         self.handle = open(path, "a", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}  # strict JSON
+        record = strict_json(record)
         self._last_start, self._last = self.handle.tell(), record
         self.handle.write(json.dumps(record, allow_nan=False) + "\n")
         self.handle.flush()
