@@ -185,6 +185,8 @@ def test_residual_projections_are_scaled():
     (dict(arch="transformer"), "arch must be one of"),
     (dict(dropout=1.0), "dropout"),
     (dict(positions="rotary", d_model=36, n_heads=4), "even head size"),
+    (dict(n_decoder_layers=3), "n_decoder_layers is for an encoder-decoder"),
+    (dict(arch="encoder", n_decoder_layers=3), "an encoder's depth is n_layers"),
 ])
 def test_bad_configs(overrides, message):
     with pytest.raises(TfcliError, match=message):

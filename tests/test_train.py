@@ -246,13 +246,16 @@ def test_bad_inputs_are_one_line_errors(cli, shards, tmp_path):
         (pretrain_args(shards, tmp_path / "k", "--set", "train.block_size=64"), "set the context with --block-size"),
         (pretrain_args(shards, tmp_path / "l", "--block-size", "1"), "model block_size must be at least 2"),
         (pretrain_args(shards, tmp_path / "m", "--config", small, "--preset", "tiny"), "asks for preset 'small' and --preset for 'tiny'"),
+        # settings that would be silently untrained or ignored
+        (pretrain_args(shards, tmp_path / "n", "--set", "n_classes=3"), "pretraining does not train a classification head"),
+        (pretrain_args(shards, tmp_path / "o", "--set", "n_decoder_layers=3"), "a decoder's depth is n_layers"),
     ]
     for args, needle in cases:
         result = cli(*args)
         assert result.code == 2, (args, result.stderr)
         assert needle in result.stderr and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    for name in ("a", "a2", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m"):  # nothing written, not even the folder
+    for name in ("a", "a2", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o"):  # nothing written, not even the folder
         assert not (tmp_path / name).exists(), name
     (tmp_path / "mine").mkdir()  # a folder that was there before stays, empty or not
     assert cli(*pretrain_args(shards, tmp_path / "mine", "--block-size", "100000")).code == 2 and (tmp_path / "mine").is_dir()
@@ -282,6 +285,11 @@ def test_finetune_task_is_not_overridden_by_a_setting(cli, shards, reviews, tmp_
     result = cli("train", "finetune", "--init-from", run, "--task", "classify", "--data", reviews, "-o", tmp_path / "child",
                  "--max-steps", "2", "--set", "task=lm")
     assert result.code == 2 and "sets task = 'lm', but --task decides it here" in result.stderr
+    for task, data in (("lm", shards), ("classify", reviews)):  # a head would go untrained, or contradict the labels
+        result = cli("train", "finetune", "--init-from", run, "--task", task, "--data", data, "-o", tmp_path / f"child-{task}",
+                     "--max-steps", "2", "--set", "n_classes=3")
+        assert result.code == 2 and "fine-tuning does not take n_classes" in result.stderr, result.stderr
+        assert not (tmp_path / f"child-{task}").exists()
 
 
 def test_a_failing_save_is_a_clear_error_and_keeps_the_previous_checkpoint(cli, shards, tmp_path, monkeypatch):

@@ -147,7 +147,8 @@ def generate(
     transformers' GPT2LMHeadModel.generate on the same random weights, and the memory-bandwidth floor.
 
     Targets: tiny >= 1.5x transformers' tokens/s; gpt2-small >= 1.1x and time per token within 1.5x the
-    floor (every weight read once per token at the copy bandwidth measured here); cached >= 5x uncached.
+    floor (every weight read once per token at the read bandwidth measured here: a 256 MB tensor summed
+    again and again for a second); cached >= 5x uncached.
     The context is widened to hold prompt + new tokens, since GPT-2 cannot slide a window.
 
     Example: tfcli bench generate --preset tiny --preset gpt2-small --repeat 3

@@ -70,6 +70,9 @@ class ModelConfig(JsonRecord):
             raise TfcliError(f"rotary positions need an even head size, not {self.head_dim}")
         if self.positions == "sinusoidal" and self.d_model % 2:
             raise TfcliError(f"sinusoidal positions need an even d_model, not {self.d_model}")
+        if self.n_decoder_layers is not None and self.arch != "encoder-decoder":
+            raise TfcliError(f"model n_decoder_layers is for an encoder-decoder; {'an' if self.arch == 'encoder' else 'a'} {self.arch}'s depth is n_layers",
+                             hint=f"set n_layers={self.n_decoder_layers} instead")
         if self.n_decoder_layers is not None and not 1 <= self.n_decoder_layers <= LIMITS["n_layers"]:
             raise TfcliError(f"model n_decoder_layers must be between 1 and {LIMITS['n_layers']}, not {self.n_decoder_layers}")
         if self.d_ff is not None and self.d_ff < 1:

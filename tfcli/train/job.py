@@ -140,6 +140,9 @@ def pretrain_job(*, data: Path, output: Path, arch: str, preset_name: str | None
         model_fixed={"vocab_size": tokenizer.vocab_size, "arch": arch}, train_fixed={"task": task},
         fixed_by={"vocab_size": "the tokenizer", "arch": "--arch", "task": f"a {arch}'s pretraining objective"},
     )
+    if model_config.n_classes:
+        raise TfcliError("pretraining does not train a classification head (n_classes)",
+                         hint="pretrain without n_classes, then `tfcli train finetune --task classify` adds and trains the head")
     if meta.vocab_size != tokenizer.vocab_size:
         raise TfcliError(f"the shards hold ids for {meta.vocab_size:,} tokens but the tokenizer has {tokenizer.vocab_size:,}")
     _check_block(config, model_config, finetune=False)
@@ -171,6 +174,9 @@ def finetune_job(*, init_from: Path, task: str, data: Path, val_data: Path | Non
     model_config, config = resolve_configs(preset_name="", config_file=config_file, sets=sets, options=options, train_fixed={"task": task},
                                            fixed_by={"task": "--task"},
                                            base_model=dataclasses.replace(parent.model, n_classes=0 if task == "classify" else parent.model.n_classes))
+    if model_config.n_classes != (0 if task == "classify" else parent.model.n_classes):
+        raise TfcliError("fine-tuning does not take n_classes as a setting",
+                         hint="--task classify sizes the classification head from the labels in --data")
     changed = [f.name for f in dataclasses.fields(ModelConfig)
                if f.name not in ("dropout", "n_classes") and getattr(model_config, f.name) != getattr(parent.model, f.name)]
     if changed:
