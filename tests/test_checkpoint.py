@@ -186,6 +186,25 @@ def test_info_cli(cli, run):
     table = cli("info", run)
     assert table.code == 0 and "parameters" in table.stdout and "KV cache" in table.stdout and "steps 10..20" in table.stdout
     assert "last loss 2.1235, best val loss 2.7000" in table.stdout
+    assert json.loads(cli("info", run, "--json").stdout)["problems"] == []
+    # lines that are not records, or hold non-finite losses, are passed over; the JSON stays strict
+    with open(run / "metrics.jsonl", "a") as handle:
+        handle.write('[1, 2]\n"text"\n{"step": 30, "loss": NaN, "val_loss": Infinity}\n')
+    data = json.loads(cli("info", run, "--json").stdout)
+    assert data["history"]["last_step"] == 30 and data["history"]["last_loss"] == 2.123456789 and data["history"]["best_val_loss"] == 2.7
+
+
+def test_info_names_a_truncated_weights_file_and_a_foreign_tokenizer(cli, run, tmp_path, tiny_corpus):
+    with open(run / WEIGHTS_FILE, "r+b") as handle:
+        handle.truncate(1000)
+    assert cli("tokenize", "train", tiny_corpus, "-o", tmp_path / "other", "--vocab-size", "300", "--min-frequency", "3").code == 0
+    (run / "tokenizer.json").write_bytes((tmp_path / "other" / "tokenizer.json").read_bytes())
+    result = cli("info", run, "--json")
+    assert result.code == 0
+    problems = json.loads(result.stdout)["problems"]
+    assert len(problems) == 2 and "holds 1,000 bytes but config.json expects" in problems[0], problems
+    assert "is not the tokenizer this model was saved with" in problems[1] or "tokens but the model's vocabulary" in problems[1]
+    assert "problem" in cli("info", run).stdout
 
 
 def test_info_kv_cache_shrinks_with_grouped_query_attention(cli, tmp_path, tokenizer):
@@ -200,6 +219,8 @@ def test_info_kv_cache_shrinks_with_grouped_query_attention(cli, tmp_path, token
     (lambda p: p / "missing", "does not exist"),
     (lambda p: (p / "empty").mkdir() or p / "empty", "not a tfcli run directory"),
     (lambda p: (p / "f.txt").write_text("x") and p / "f.txt", "is a file"),
+    (lambda p: (p / "s").mkdir() or (p / "s" / "meta.json").write_text("{}") and (p / "s" / "train.bin").write_bytes(b"\0\0")
+     and p / "s", "s is a token-shard folder, not a run directory"),  # not "a pickle file" for its .bin
 ])
 def test_info_bad_run_dirs(cli, tmp_path, make, message):
     result = cli("info", make(tmp_path))

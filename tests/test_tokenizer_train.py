@@ -152,6 +152,9 @@ def test_custom_special_tokens(tiny_corpus, tmp_path):
     (["role=x"], "unknown special-token role"),
     (["eos=<|pad|>"], "share the token"),
     (["<x>", "<x>"], "given twice"),
+    (["|"], "is a single character"),  # it would take over every "|" in ordinary text
+    (["sep=#"], "unknown special-token role"),
+    (["eos=#"], "is a single character"),
 ])
 def test_bad_special_tokens(specs, message):
     with pytest.raises(TfcliError, match=message):
@@ -175,6 +178,33 @@ def test_bad_options_fail_cleanly_and_keep_the_old_tokenizer(cli, tiny_corpus, t
     assert result.code == 2
     assert message in result.stderr and result.stderr.count("\n") == 1
     assert snapshot(out) == before
+
+
+def test_a_special_token_spelled_like_a_learned_token_is_refused(cli, tmp_path):
+    (tmp_path / "c.txt").write_text("the cat and the dog and the end\n" * 200)
+    result = cli("tokenize", "train", tmp_path / "c.txt", "-o", tmp_path / "tok", "--pre-tokenizer", "whitespace",
+                 "--vocab-size", "100", "--special-tokens", "the</w>")
+    assert result.code == 2 and "special token 'the</w>' is also a token BPE learned" in result.stderr
+    assert not (tmp_path / "tok" / "tokenizer.json").exists()
+
+
+def test_artifacts_are_not_text_and_a_run_keeps_its_tokenizer(cli, tiny_corpus, tmp_path):
+    from tfcli.checkpoint import save_checkpoint
+    from tfcli.model.config import preset
+    from tfcli.model.transformer import Transformer
+    from tfcli.tokenizer.core import TextTokenizer
+
+    assert cli("tokenize", "train", tiny_corpus, "-o", tmp_path / "tok", "--vocab-size", "300").code == 0
+    tokenizer = TextTokenizer.load(tmp_path / "tok")
+    run = tmp_path / "run"
+    save_checkpoint(run, Transformer(preset("tiny", vocab_size=tokenizer.vocab_size, block_size=8)), tokenizer)
+    before = snapshot(run)
+    result = cli("tokenize", "train", tiny_corpus, "-o", run, "--vocab-size", "280")
+    assert result.code == 2 and "run is a run directory; a new tokenizer there would replace" in result.stderr
+    assert snapshot(run) == before
+    for path, kind in ((run, "a run directory"), (tmp_path / "tok", "a tokenizer folder"), (tmp_path / "tok" / "tokenizer.json", "a tokenizer")):
+        result = cli("tokenize", "train", path, "-o", tmp_path / "other")
+        assert result.code == 2 and f"is {kind}, not text" in result.stderr, result.stderr
 
 
 def test_empty_corpus(cli, tmp_path):

@@ -277,6 +277,8 @@ def test_an_empty_validation_split_is_said_out_loud(cli, trained_tokenizer, tmp_
     assert result.code == 0, result.stderr
     assert "the validation split is empty: nothing is validated and no best/ checkpoint is kept" in result.stdout + result.stderr
     assert not (tmp_path / "run" / "best").exists()
+    result = cli("eval", tmp_path / "run", "--data", tmp_path / "shards")
+    assert result.code == 2 and "the val split of" in result.stderr and "--split train" in result.stderr
 
 
 def test_finetune_task_is_not_overridden_by_a_setting(cli, shards, reviews, tmp_path):
@@ -534,6 +536,11 @@ def test_eval_scores_shards_text_and_labeled_sets(cli, shards, reviews, tmp_path
     short = cli("eval", run, "--data", tmp_path / "short.txt")
     assert short.code == 2 and "short.txt holds" in short.stderr and "fewer than one window of 33" in short.stderr
     assert cli("eval", tmp_path / "nope", "--data", shards).code == 2
+    for data, needle in ((run, "is a run directory, not data to evaluate"), (shards / "meta.json", f"pass the folder {shards}")):
+        result = cli("eval", run, "--data", data)
+        assert result.code == 2 and needle in result.stderr, result.stderr
+    result = cli("eval", run, "--data", shards, "--device", "tpu")
+    assert result.code == 2 and "unknown device 'tpu'" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_compile_falls_back_with_a_note_where_it_fails(cli, shards, tmp_path, monkeypatch):

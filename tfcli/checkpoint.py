@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfcli import __version__
 from tfcli.errors import TfcliError
-from tfcli.fsutil import fsync_dir, fsync_file, prepare_output_dir, set_default_mode, temp_path_beside
+from tfcli.fsutil import artifact_kind, fsync_dir, fsync_file, prepare_output_dir, set_default_mode, temp_path_beside
 from tfcli.model.config import ModelConfig
 from tfcli.schema import JsonRecord
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
@@ -145,6 +145,9 @@ def read_run_config(run_dir: Path) -> RunConfig:
         raise TfcliError(f"{run_dir} is a file, not a run directory", hint="pass the folder that holds config.json")
     if not run_dir.is_dir():
         raise TfcliError(f"run directory {run_dir} does not exist", hint="train one with `tfcli train pretrain` or import one with `tfcli import`")
+    kind = artifact_kind(run_dir)
+    if kind and kind != "a run directory":
+        raise TfcliError(f"{run_dir} is {kind}, not a run directory", hint="pass a run made by `tfcli train` or `tfcli import`")
     if not (run_dir / WEIGHTS_FILE).is_file():
         pickles = sorted(p.name for p in run_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
         if pickles:
@@ -157,6 +160,25 @@ def read_run_config(run_dir: Path) -> RunConfig:
     return config
 
 
+def run_file_problems(run_dir: Path, config: RunConfig, tokenizer: TextTokenizer) -> list[TfcliError]:
+    """What config.json says the weights file and the tokenizer should be and they are not (the weights are
+    not read: their size is checked, the tokenizer's sha256 too)."""
+    problems = []
+    weights = run_dir / WEIGHTS_FILE
+    if not weights.is_file():
+        problems.append(TfcliError(f"{run_dir} has no {WEIGHTS_FILE}", hint="use an intact run directory"))
+    elif (size := weights.stat().st_size) != config.weights_bytes:
+        problems.append(TfcliError(f"{weights} holds {size:,} bytes but {CONFIG_FILE} expects {config.weights_bytes:,}",
+                                   hint="the checkpoint is truncated or from another save; use an intact run directory"))
+    if tokenizer.vocab_size != config.model.vocab_size:
+        problems.append(TfcliError(f"{run_dir / TOKENIZER_FILE} has {tokenizer.vocab_size:,} tokens but the model's vocabulary is "
+                                   f"{config.model.vocab_size:,}", hint="use the tokenizer the model was trained with"))
+    elif tokenizer.sha256 != config.tokenizer_sha256:
+        problems.append(TfcliError(f"{run_dir / TOKENIZER_FILE} is not the tokenizer this model was saved with (sha256 differs)",
+                                   hint="restore the run's own tokenizer.json"))
+    return problems
+
+
 def load_checkpoint(run_dir: Path, device: str = "cpu") -> Checkpoint:
     """Load a run directory, checking everything before the model is used."""
     import torch
@@ -167,20 +189,10 @@ def load_checkpoint(run_dir: Path, device: str = "cpu") -> Checkpoint:
     run_dir = Path(run_dir)
     config = read_run_config(run_dir)
     weights = run_dir / WEIGHTS_FILE
-    if not weights.is_file():
-        raise TfcliError(f"{run_dir} has no {WEIGHTS_FILE}")
-    size = weights.stat().st_size
-    if size != config.weights_bytes:
-        raise TfcliError(f"{weights} holds {size:,} bytes but {CONFIG_FILE} expects {config.weights_bytes:,}",
-                         hint="the checkpoint is truncated or from another save; use an intact run directory")
-
     tokenizer = TextTokenizer.load(run_dir / TOKENIZER_FILE)
-    if tokenizer.vocab_size != config.model.vocab_size:
-        raise TfcliError(f"{run_dir / TOKENIZER_FILE} has {tokenizer.vocab_size:,} tokens but the model's vocabulary is {config.model.vocab_size:,}",
-                         hint="use the tokenizer the model was trained with")
-    if tokenizer.sha256 != config.tokenizer_sha256:
-        raise TfcliError(f"{run_dir / TOKENIZER_FILE} is not the tokenizer this model was saved with (sha256 differs)",
-                         hint="restore the run's own tokenizer.json")
+    problems = run_file_problems(run_dir, config, tokenizer)
+    if problems:
+        raise problems[0]
 
     with torch.device("meta"):
         expected = {name: tuple(t.shape) for name, t in Transformer(config.model).state_dict().items()}

@@ -115,3 +115,24 @@ def sha256_file(path: Path, block_size: int = 1 << 20) -> str:
         while block := handle.read(block_size):
             digest.update(block)
     return digest.hexdigest()
+
+
+def artifact_kind(path: Path) -> str | None:
+    """What tfcli artifact `path` is, told by the files in it: a run directory, a token-shard folder or a
+    tokenizer folder, or one of their JSON files; None for anything else (text, say)."""
+    path = Path(path)
+    if path.is_dir():
+        if (path / "model.safetensors").is_file() or ((path / "config.json").is_file() and (path / "tokenizer.json").is_file()):
+            return "a run directory"
+        if (path / "meta.json").is_file() and any((path / f"{split}.bin").is_file() for split in ("train", "val")):
+            return "a token-shard folder"
+        names = {p.name for p in path.iterdir() if not p.name.startswith(".")}
+        if "tokenizer.json" in names and names <= {"tokenizer.json", "tokenizer_config.json"}:
+            return "a tokenizer folder"
+        return None
+    if path.name == "tokenizer.json":
+        return "a tokenizer"
+    container = artifact_kind(path.parent) if path.suffix == ".json" else None
+    if container in ("a run directory", "a token-shard folder"):
+        return f"{path.name} of {container}"
+    return None

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
-from tfcli.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, read_run_config
+from tfcli.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, read_run_config, run_file_problems
 from tfcli.tokenizer.core import TextTokenizer
 
 METRICS_FILE = "metrics.jsonl"
 
 
 def run_info(run_dir: Path) -> dict[str, Any]:
-    """Config, parameters by part, memory, KV-cache cost per token, tokenizer and training history."""
+    """Config, parameters by part, memory, KV-cache cost per token, tokenizer, training history, and what is
+    wrong with the weights file or the tokenizer (`problems`, empty for an intact run)."""
     run_dir = Path(run_dir)
     config = read_run_config(run_dir)
     model = config.model
@@ -42,6 +44,7 @@ def run_info(run_dir: Path) -> dict[str, Any]:
         "tfcli_version": config.tfcli_version,
         "training": config.training,
         "history": training_history(run_dir / METRICS_FILE),
+        "problems": [problem.message for problem in run_file_problems(run_dir, config, tokenizer)],
     }
     return info
 
@@ -56,14 +59,19 @@ def training_history(path: Path) -> dict[str, Any] | None:
             line = line.strip()
             if line:
                 try:
-                    records.append(json.loads(line))
+                    record = json.loads(line)
                 except json.JSONDecodeError:
                     continue
+                if isinstance(record, dict):  # anything else is not a metrics record
+                    records.append(record)
     if not records:
         return None
+
+    def finite(key: str) -> list[float]:
+        return [r[key] for r in records if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+
     steps = [r.get("step") for r in records if isinstance(r.get("step"), int)]
-    train = [r["loss"] for r in records if isinstance(r.get("loss"), (int, float))]
-    val = [r["val_loss"] for r in records if isinstance(r.get("val_loss"), (int, float))]
+    train, val = finite("loss"), finite("val_loss")
     return {
         "records": len(records),
         "first_step": min(steps) if steps else None,

@@ -26,3 +26,31 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
+def resolve_device(name: str) -> str:
+    """A device name checked against this machine: auto (a CUDA GPU, else Apple's MPS, else the CPU), cpu,
+    cuda, cuda:N or mps. Anything else, or a device that is not there, is a TfcliError."""
+    import torch
+
+    from tfcli.errors import TfcliError
+
+    if name == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        return "mps" if torch.backends.mps.is_available() else "cpu"
+    if name == "cpu":
+        return name
+    kind, colon, index = name.partition(":")
+    if kind == "cuda" and (not colon or index.isdigit()):
+        if not torch.cuda.is_available():
+            raise TfcliError(f"--device {name} was asked for but no CUDA GPU is available", hint="use --device cpu or auto")
+        if colon and int(index) >= torch.cuda.device_count():
+            raise TfcliError(f"--device {name}: this machine's CUDA GPUs are numbered 0 to {torch.cuda.device_count() - 1}",
+                             hint="use --device cuda for the first")
+        return name
+    if name == "mps":
+        if not torch.backends.mps.is_available():
+            raise TfcliError("--device mps was asked for but MPS is not available", hint="use --device cpu or auto")
+        return name
+    raise TfcliError(f"unknown device {name!r}", hint="use auto, cpu, cuda, cuda:N or mps")

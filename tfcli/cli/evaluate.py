@@ -16,7 +16,7 @@ def evaluate(
     split: Annotated[str, typer.Option("--split", help="Which shard split to score: val or train.")] = "val",
     batch_size: Annotated[int, typer.Option("--batch-size", help="Windows or examples per forward pass.", min=1)] = 16,
     max_batches: Annotated[Optional[int], typer.Option("--max-batches", help="Stop after this many batches [default: all the data].", min=1, show_default=False)] = None,
-    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or mps.")] = "auto",
+    device: Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu, cuda, cuda:N or mps.")] = "auto",
     json_output: JsonFlag = False,
 ) -> None:
     """Loss, perplexity and bits per byte of a language model on shards or text; accuracy and macro-F1 of

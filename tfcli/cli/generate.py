@@ -98,7 +98,7 @@ def generate(
     fill_mask: Annotated[Optional[str], typer.Option("--fill-mask", help='Encoder runs: list the likeliest tokens for each [MASK] in this text.', show_default=False)] = None,
     classify: Annotated[Optional[str], typer.Option("--classify", help="Runs with a classification head: the label probabilities of this text.", show_default=False)] = None,
     interactive: Annotated[bool, typer.Option("--interactive", "-i", help="A conversation on stdin: each line is added to the context and answered; a reply ends at a newline unless --stop says otherwise (/reset, /quit).")] = False,
-    device: Annotated[str, typer.Option(help="auto (a GPU when there is one), cpu, cuda or cuda:N.")] = "auto",
+    device: Annotated[str, typer.Option(help="auto (a GPU when there is one), cpu, cuda, cuda:N or mps.")] = "auto",
     threads: Annotated[int, typer.Option(help="CPU threads for torch (0: one for models under 5M parameters, where waking threads costs more than it saves; else torch's default).")] = 0,
     json_output: JsonFlag = False,
 ) -> None:
@@ -184,14 +184,9 @@ def _load(run: Path, device: str, threads: int = 0):
     import torch
 
     from tfcli.checkpoint import load_checkpoint
-    from tfcli.errors import TfcliError
+    from tfcli.runtime import resolve_device
 
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device != "cpu" and not device.startswith("cuda"):
-        raise TfcliError(f"unknown device {device!r}", hint="use auto, cpu, cuda or cuda:N")
-    elif device.startswith("cuda") and not torch.cuda.is_available():
-        raise TfcliError(f"--device {device} but no CUDA GPU is available", hint="use --device cpu")
+    device = resolve_device(device)
     checkpoint = load_checkpoint(run, device)
     if threads:
         torch.set_num_threads(threads)

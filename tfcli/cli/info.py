@@ -17,11 +17,13 @@ def info(
     """Describe a run directory without loading its weights.
 
     Shows the config, parameters by part, weight memory in fp32 and bf16, the KV-cache bytes per
-    generated token (grouped- and multi-query attention shrink it), the tokenizer and the training history.
+    generated token (grouped- and multi-query attention shrink it), the tokenizer and the training history,
+    and flags a weights file or tokenizer that does not match config.json.
 
     Example: tfcli info runs/gpt2
     """
     from rich.table import Table
+    from rich.text import Text
 
     from tfcli.info import run_info
 
@@ -55,6 +57,8 @@ def info(
     if history:
         table.add_row("history", f"{history['records']} records, steps {history['first_step']}..{history['last_step']}, "
                                  f"last loss {_loss(history['last_loss'])}, best val loss {_loss(history['best_val_loss'])}")
+    for problem in data["problems"]:
+        table.add_row(Text("problem", style="bold red"), Text(problem, style="red"))
     console.print(table)
 
 

@@ -44,7 +44,7 @@ def inspect_attention(
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="The file to write (html, png; json prints to stdout without it).", show_default=False)] = None,
     start: Annotated[int, typer.Option("--start", help="Terminal heatmap of a long text: the first token of the window shown.")] = 0,
     crop: Annotated[bool, typer.Option("--crop", help="Keep the first block-size tokens of a text longer than the model's context (default: an error).")] = False,
-    device: Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu or cuda.")] = "auto",
+    device: Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu, cuda, cuda:N or mps.")] = "auto",
     json_output: JsonFlag = False,
 ) -> None:
     """See what every layer and head of a model attends to, for any text.

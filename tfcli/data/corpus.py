@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from tfcli.errors import TfcliError
+from tfcli.fsutil import artifact_kind
 
 READ_BLOCK_BYTES = 1 << 20
 MAX_PIECE_CHARS = 1 << 16
@@ -104,6 +105,9 @@ def resolve_corpus(inputs: Sequence[str | Path]) -> Corpus:
         path = Path(text)
         if not path.exists():
             raise TfcliError(f"{path} does not exist", hint="check the path")
+        kind = artifact_kind(path)
+        if kind:
+            raise TfcliError(f"{path} is {kind}, not text", hint="pass text files, or folders of them")
         if path.is_dir():
             files = _walk(path)
             if not files:

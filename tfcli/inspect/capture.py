@@ -72,22 +72,9 @@ def default_kind(config: ModelConfig) -> str:
     return {"decoder": "decoder", "encoder": "encoder"}.get(config.arch, "cross")
 
 
-def resolve_device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cpu":
-        return name
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise TfcliError("--device cuda asked, but torch sees no CUDA device", hint="use --device cpu or auto")
-        return name
-    raise TfcliError(f"unknown device {name!r}", hint="use auto, cpu or cuda")
-
-
 def load_run(run: Path, device: str = "cpu") -> Checkpoint:
     from tfcli.checkpoint import load_checkpoint
+    from tfcli.runtime import resolve_device
 
     return load_checkpoint(Path(run), resolve_device(device))
 
@@ -129,7 +116,7 @@ def capture_attention(checkpoint: Checkpoint, text: str, *, target: str | None =
         raise TfcliError("an encoder-decoder needs a target text as well as the source",
                          hint="pass --target TEXT (the decoder's text); --text is the source")
     if config.arch != "encoder-decoder" and target is not None:
-        raise TfcliError(f"--target is for encoder-decoder models; this one is a {config.arch}", hint="drop --target")
+        raise TfcliError(f"--target is for encoder-decoder models; this one is {'an' if config.arch == 'encoder' else 'a'} {config.arch}", hint="drop --target")
     tokenizer = checkpoint.tokenizer
     notes: list[str] = []
     limit = config.block_size

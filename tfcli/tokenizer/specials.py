@@ -75,6 +75,10 @@ def parse_special_tokens(specs: Iterable[str]) -> SpecialTokens:
                 raise TfcliError("a special token cannot be empty or blank", hint="pass its text, e.g. <|user|>")
             extra.append(spec)
     tokens = [roles[r] for r in ROLES] + extra
+    for token in tokens:
+        if len(token) == 1:
+            raise TfcliError(f"special token {token!r} is a single character, which would stand for that character in all text",
+                             hint="give it a spelling that text does not contain, e.g. <|sep|>")
     role_of = {}
     for role in ROLES:
         if roles[role] in role_of:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal
 
 from tfcli.data.corpus import Corpus, ReadStats, iter_line_blocks, split_long
 from tfcli.errors import TfcliError
-from tfcli.fsutil import atomic_write_json, atomic_write_text, prepare_output_dir
+from tfcli.fsutil import artifact_kind, atomic_write_json, atomic_write_text, prepare_output_dir
 from tfcli.tokenizer.core import MAX_VOCAB_SIZE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
 from tfcli.tokenizer.specials import CONFIG_KEYS, DEFAULT_SPECIALS, ROLES, SpecialTokens
 
@@ -156,6 +156,9 @@ def train_tokenizer(
     started = time.perf_counter()
     if corpus.total_bytes == 0:
         raise TfcliError("the corpus is empty (every file has 0 bytes)", hint="pass files that hold text")
+    if artifact_kind(Path(out_dir)) == "a run directory":
+        raise TfcliError(f"{out_dir} is a run directory; a new tokenizer there would replace the one its model was trained with",
+                         hint="write the tokenizer to another folder with -o")
     out_dir = prepare_output_dir(out_dir, "tokenizer output")
     tokenizer, trainer = build_untrained(config)
     stats = ReadStats()
@@ -169,7 +172,9 @@ def train_tokenizer(
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     n_special = len(config.special_tokens.all_tokens())
     text = tokenizer.to_str(pretty=True)
-    merges = len(json.loads(text)["model"]["merges"])
+    learned = json.loads(text)["model"]["merges"]
+    merges = len(learned)
+    _refuse_learned_specials(config.special_tokens.all_tokens(), learned)
     alphabet = vocab_size - merges - n_special
     if vocab_size > config.vocab_size:
         raise TfcliError(
@@ -200,6 +205,16 @@ def train_tokenizer(
         sample_tokens=sample_tokens,
         seconds=time.perf_counter() - started,
     )
+
+
+def _refuse_learned_specials(specials: list[str], merges: list) -> None:
+    """A special token spelled like a token BPE learned would share its id, and that id would then be
+    skipped when decoding ordinary text."""
+    learned = {"".join(m) if isinstance(m, list) else m.replace(" ", "") for m in merges}
+    for token in specials:
+        if token in learned:
+            raise TfcliError(f"special token {token!r} is also a token BPE learned from the corpus",
+                             hint="give it a spelling the text does not contain, e.g. <|sep|>")
 
 
 def _chunks(text: str, size: int = 1 << 16) -> list[str]:

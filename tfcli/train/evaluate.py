@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from tfcli.errors import TfcliError
+from tfcli.fsutil import artifact_kind
 
 
 def _text_tokens(path: Path, tokenizer) -> np.ndarray:
@@ -70,8 +71,15 @@ def evaluate_run(run: Path, data: Path, *, split: str = "val", batch_size: int =
                 raise TfcliError(f"the shards in {data} were encoded with another tokenizer than {run}'s",
                                  hint="encode the text with the run's tokenizer.json, or pass a text file")
             tokens = open_shard(data, split)
+            if len(tokens) == 0:
+                other = "train" if split == "val" else "val"
+                raise TfcliError(f"the {split} split of {data} is empty", hint=f"evaluate on the other one with --split {other}")
             result["split"] = split
         elif data.exists():
+            kind = artifact_kind(data)
+            if kind:
+                where = f"the folder {data.parent}" if data.is_file() and kind.endswith("a token-shard folder") else "a shard folder"
+                raise TfcliError(f"{data} is {kind}, not data to evaluate", hint=f"pass {where}, a text file or a JSONL set")
             tokens = _text_tokens(data, tokenizer)
         else:
             raise TfcliError(f"{data} does not exist", hint="pass a shard folder, a text file or a JSONL set")

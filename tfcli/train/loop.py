@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from tfcli.errors import Interrupted, TfcliError
-from tfcli.runtime import keep_freed_memory
+from tfcli.runtime import keep_freed_memory, resolve_device
 from tfcli.train.data import Slot, derived_seed
 from tfcli.train.distributed import World, agree, join_world, leave_world
 from tfcli.train.job import TrainingJob
@@ -100,16 +100,12 @@ class Finished:
 
 
 def pick_device(name: str, world: World | None = None) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    """The device `resolve_device` checks; plain cuda means the local rank's GPU under torchrun."""
+    name = resolve_device(name)
     if name == "cuda":
-        if not torch.cuda.is_available():
-            raise TfcliError("--device cuda was asked for but no CUDA GPU is available", hint="use --device cpu or auto")
         index = world.local_rank if world is not None and world.enabled else torch.cuda.current_device()
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
-    if name == "mps" and not torch.backends.mps.is_available():
-        raise TfcliError("--device mps was asked for but MPS is not available", hint="use --device cpu or auto")
     return torch.device(name)
 
 
