@@ -105,7 +105,7 @@ def test_text_longer_than_the_block_is_an_error_or_cropped(runs):
 
 
 def _views(*texts: str) -> list[TokenView]:
-    return [TokenView(id=i, token=t, text=t) for i, t in enumerate(texts)]
+    return [TokenView(id=i, token=t, text=t, raw=t.encode()) for i, t in enumerate(texts)]
 
 
 def test_find_token():
@@ -120,6 +120,18 @@ def test_find_token():
         find_token(views, "zebra")
     with pytest.raises(TfcliError, match="occurs 2 time"):
         find_token(views, "it", 3)
+
+
+def test_find_token_reads_characters_split_over_byte_tokens():
+    from tfcli.tokenizer.show import visible
+
+    pieces = [b"Hi", b" \xe4", b"\xb8\x96\xe7", b"\x95\x8c", b"\n"]  # "Hi 世界\n", its CJK characters cut mid-byte
+    views = [TokenView(id=i, token="", text=visible(p.decode("utf-8", errors="backslashreplace")), raw=p) for i, p in enumerate(pieces)]
+    assert find_token(views, "世界") == (3, "2 tokens; showing the last")
+    assert find_token(views, "世")[0] == 2  # the token that completes the character
+    with pytest.raises(TfcliError) as error:
+        find_token(views, "zebra")
+    assert "'\\n'" in error.value.message and "\\\\" not in error.value.message  # escapes shown once, not doubled
 
 
 def test_parse_index():
@@ -290,6 +302,41 @@ def test_encoder_decoder_from_the_command_line(cli, runs):
     assert wrong.code == 2 and "no cross attention" in wrong.stderr
 
 
+def test_a_long_cross_attention_source_windows_its_columns(cli, runs):
+    source = "Once upon a time a little fox found a red ball in the park, and then it ran home to its mother."
+    n_source = len(TextTokenizer.load(runs["seq2seq"]).encode(source))
+    assert n_source > 40
+    base = ("inspect-attention", runs["seq2seq"], "--text", source, "--target", "a red ball")
+    first = cli(*base)
+    assert first.code == 0 and _fits(first.stdout)
+    flat = " ".join(first.stdout.split())
+    assert re.search(r"keys 0-\d+ of", flat) and "--key-start N the columns" in flat
+    moved = cli(*base, "--key-start", "10")
+    assert moved.code == 0 and _fits(moved.stdout)
+    assert re.search(r"keys 10-\d+ of", " ".join(moved.stdout.split()))
+    past = cli(*base, "--key-start", str(n_source))
+    assert past.code == 2 and "past the last source token" in past.stderr
+    grid = cli(*base, "--head", "all")
+    assert f"{len(TextTokenizer.load(runs['seq2seq']).encode('a red ball')) + 1} queries aggregated into" in " ".join(grid.stdout.split())
+    assert f"{n_source} keys into 12" in " ".join(grid.stdout.split())
+
+
+def test_summary_keeps_the_run_comparison_and_the_token(cli, runs):
+    ranked = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--summary", "--compare-run", runs["decoder2"])
+    assert ranked.code == 0 and "heads that changed most" in ranked.stdout and "entropy" in ranked.stdout
+    token = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--summary", "--token", "it")
+    assert token.code == 0 and "entropy" in token.stdout and "where 'it' (position" in token.stdout
+    ignored = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--head", "all", "--start", "2")
+    assert ignored.code == 0 and "they change nothing here" in " ".join(ignored.stdout.split())
+
+
+def test_causal_token_bars_list_only_visible_keys(cli, runs):
+    result = cli("inspect-attention", runs["decoder"], "--text", "it was here", "--token", "it")
+    assert result.code == 0
+    rows = [line for line in _lines(result.stdout) if re.match(r"L\d H\d", line)]
+    assert len(rows) == 4 and all(line.count("0.") + line.count("1.0") == 1 for line in rows), rows  # one key: itself
+
+
 def test_crop_from_the_command_line(cli, runs):
     result = cli("inspect-attention", runs["short"], "--text", TEXT * 3)
     assert result.code == 2 and "--crop" in result.stderr
@@ -330,6 +377,11 @@ MISTAKES = [
     (["--text", TEXT, "--text-file", "OUT/x.txt"], "not both"),
     (["--text-file", "OUT/none.txt"], "does not exist"),
     (["--text", TEXT, "--device", "tpu"], "unknown device"),
+    (["--text", TEXT, "--start", "500"], "--start 500 is past the last token"),
+    (["--text", TEXT, "--format", "png", "-o", "OUT/a.html"], "--format png but -o"),
+    (["--text", TEXT, "--key-start", "2"], "--key-start moves the columns of a cross-attention map"),
+    (["--text", TEXT, "--key-start", "-1"], "--key-start must be 0 or more"),
+    (["--text-file", "OUT"], "is a folder"),
 ]
 
 

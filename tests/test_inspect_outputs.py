@@ -124,6 +124,16 @@ def test_html_page_is_self_contained_and_escapes_every_text(cli, runs, tmp_path)
     assert (data["layers"], data["heads"], data["layer"], data["head"]) == (2, 4, 0, 0)
 
 
+def test_html_focus_is_each_texts_own_token(cli, runs, tmp_path):
+    out = tmp_path / "c.html"
+    result = cli("inspect-attention", runs["decoder"], "--text", "it was here", "--compare", "A big red fox saw it.", "--token", "it", "-o", out)
+    assert result.code == 0, result.stderr
+    data = json.loads(_parse(out.read_text(encoding="utf-8")).scripts[0][1])
+    for panel in data["panels"]:
+        assert panel["queries"][panel["focus"]].strip() == "it", panel["queries"]
+    assert data["panels"][0]["focus"] != data["panels"][1]["focus"]
+
+
 def test_html_header_text_is_escaped(cli, runs, tmp_path):
     hostile_dir = tmp_path / '<img src=x onerror=alert(1)>'
     shutil.copytree(runs["decoder"], hostile_dir)

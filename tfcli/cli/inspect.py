@@ -18,6 +18,8 @@ def _read_text(value: str | None, file: Path | None, what: str, flag: str) -> st
         raise TfcliError(f"pass {flag} or {flag}-file, not both")
     if file is None:
         return value
+    if file.is_dir():
+        raise TfcliError(f"{what} file {file} is a folder", hint=f"pass a text file to {flag}-file")
     if not file.is_file():
         raise TfcliError(f"{what} file {file} does not exist", hint="check the path")
     try:
@@ -43,6 +45,7 @@ def inspect_attention(
     output_format: Annotated[Optional[str], typer.Option("--format", "-f", help="terminal, html, png or json (default: from -o's suffix, else terminal).", show_default=False)] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="The file to write (html, png; json prints to stdout without it).", show_default=False)] = None,
     start: Annotated[int, typer.Option("--start", help="Terminal heatmap of a long text: the first token of the window shown.")] = 0,
+    key_start: Annotated[int, typer.Option("--key-start", help="Terminal cross-attention heatmap of a long source: the first source token of the columns shown.")] = 0,
     crop: Annotated[bool, typer.Option("--crop", help="Keep the first block-size tokens of a text longer than the model's context (default: an error).")] = False,
     device: Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu, cuda, cuda:N or mps.")] = "auto",
     json_output: JsonFlag = False,
@@ -86,10 +89,11 @@ def inspect_attention(
     fmt = "json" if json_output else resolve_format(output_format, output)
     if output is not None:
         check_output(output)
-    if start < 0:
-        raise TfcliError(f"--start must be 0 or more, not {start}")
-    if start and fmt != "terminal":
-        raise TfcliError("--start moves the terminal heatmap's window", hint="html, png and json show the whole text; drop --start")
+    for name, value in (("--start", start), ("--key-start", key_start)):
+        if value < 0:
+            raise TfcliError(f"{name} must be 0 or more, not {value}")
+        if value and fmt != "terminal":
+            raise TfcliError(f"{name} moves the terminal heatmap's window", hint=f"html, png and json show the whole text; drop {name}")
     if summary and fmt == "png":
         raise TfcliError("--summary is a table", hint="use it in the terminal, with --json, or in an html page")
     source = _read_text(text, text_file, "text", "--text")
@@ -110,7 +114,7 @@ def inspect_attention(
         from tfcli.inspect.terminal import render_inspection
 
         out = stdout_console()
-        for renderable in render_inspection(inspection, width=out.width, start=start):
+        for renderable in render_inspection(inspection, width=out.width, start=start, key_start=key_start):
             out.print(renderable, soft_wrap=False, crop=True)
         return
     if fmt == "json":

@@ -6,6 +6,7 @@ Nothing here computes attention itself; it only asks the model for the weights i
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import re
 from pathlib import Path
@@ -59,6 +60,11 @@ class AttentionCapture:
         return self.kind != "cross"
 
     @property
+    def queries_from(self) -> str:
+        """Whose tokens the queries are: an encoder-decoder's decoder and cross-attention query the target."""
+        return "the target" if self.target is not None and self.kind != "encoder" else "the text"
+
+    @property
     def query_ids(self) -> list[int]:
         return [v.id for v in self.queries]
 
@@ -85,16 +91,18 @@ def _start_view(tokenizer: TextTokenizer) -> TokenView | None:
     if start is None:
         return None
     token = tokenizer.hf.id_to_token(start) or ""
-    return TokenView(id=start, token=token, text=visible(token))
+    return TokenView(id=start, token=token, text=visible(token))  # no raw bytes: the start token is no text
 
 
-def _fit(views: list[TokenView], limit: int, crop: bool, what: str, notes: list[str]) -> list[TokenView]:
+def _fit(views: list[TokenView], limit: int, crop: bool, what: str, notes: list[str], start: bool = False) -> list[TokenView]:
+    """`views`, or its first `limit` with --crop; `start`: the first view is the decoder's start token."""
     if not views:
         raise TfcliError(f"the {what} is empty (no tokens)", hint="pass some text")
     if len(views) <= limit:
         return views
     if not crop:
-        raise TfcliError(f"the {what} is {len(views):,} tokens, longer than the model's block size ({limit:,})",
+        size = f"{len(views) - 1:,} tokens and the start token" if start else f"{len(views):,} tokens"
+        raise TfcliError(f"the {what} is {size}, longer than the model's block size ({limit:,})",
                          hint="shorten it, or pass --crop to keep the first tokens that fit")
     notes.append(f"the {what} was cropped to its first {limit:,} of {len(views):,} tokens (--crop)")
     return views[:limit]
@@ -127,7 +135,7 @@ def capture_attention(checkpoint: Checkpoint, text: str, *, target: str | None =
         target_views = token_views(tokenizer, target)
         if not target_views:
             raise TfcliError("the target is empty (no tokens)", hint="pass some text with --target")
-        decoder = _fit(([start] if start else []) + target_views, limit, crop, "target", notes)
+        decoder = _fit(([start] if start else []) + target_views, limit, crop, "target", notes, start=start is not None)
     weights = forward_weights(checkpoint.model, kind, [v.id for v in source], None if decoder is None else [v.id for v in decoder])
     queries = source if kind == "encoder" else (decoder if decoder is not None else source)
     keys = source if kind in ("encoder", "cross") else queries
@@ -173,21 +181,24 @@ def probe(checkpoint: Checkpoint, capture: AttentionCapture, seed: int = 0) -> t
     return forward_weights(checkpoint.model, "decoder", capture.source_ids, ids), ids
 
 
-def find_token(views: list[TokenView], word: str, occurrence: int = 1) -> tuple[int, str]:
+def find_token(views: list[TokenView], word: str, occurrence: int = 1, where: str = "the text") -> tuple[int, str]:
     """The position of WORD among the tokens, and a note saying what was picked.
 
     WORD is looked for in the text the tokens spell, as a whole word first, then anywhere, then ignoring
     case; a word of several tokens is represented by its last token (the one that has read all of it).
-    `occurrence` picks the n-th match (1 = the first).
+    A character split over several byte-level tokens belongs to the one that completes it.
+    `occurrence` picks the n-th match (1 = the first); `where` names the tokens' text in messages.
     """
     needle = word.strip()
     if not needle:
         raise TfcliError("--token is empty", hint="pass a word from the text")
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     spelled = ""
     owner: list[int] = []  # character -> token position
     for position, view in enumerate(views):
-        spelled += view.text
-        owner.extend([position] * len(view.text))
+        piece = decoder.decode(view.raw)
+        spelled += piece
+        owner.extend([position] * len(piece))
     escaped = re.escape(needle)
     matches: list[re.Match[str]] = []
     for pattern, flags in ((rf"(?<!\w){escaped}(?!\w)", 0), (escaped, 0), (rf"(?<!\w){escaped}(?!\w)", re.IGNORECASE), (escaped, re.IGNORECASE)):
@@ -195,10 +206,10 @@ def find_token(views: list[TokenView], word: str, occurrence: int = 1) -> tuple[
         if matches:
             break
     if not matches:
-        shown = " ".join(repr(v.text) for v in views[:12]) + (" ..." if len(views) > 12 else "")
-        raise TfcliError(f"--token {word!r} is not in the text; its tokens are {shown}", hint="pass a word of the text")
+        shown = " ".join(f"'{v.text}'" for v in views[:12]) + (" ..." if len(views) > 12 else "")
+        raise TfcliError(f"--token {word!r} is not in {where}; its tokens are {shown}", hint=f"pass a word of {where}")
     if not 1 <= occurrence <= len(matches):
-        raise TfcliError(f"--occurrence {occurrence}: {word!r} occurs {len(matches)} time(s) in the text",
+        raise TfcliError(f"--occurrence {occurrence}: {word!r} occurs {len(matches)} time(s) in {where}",
                          hint=f"pass a number from 1 to {len(matches)}")
     match = matches[occurrence - 1]
     first, last = owner[match.start()], owner[match.end() - 1]

@@ -85,13 +85,15 @@ def unpack_weights(data: list[str], shape: tuple[int, int, int, int], causal: bo
 
 
 def page_data(captures: Sequence[AttentionCapture], titles: Sequence[str], *, layer: int, head: int,
-              focus: int | None = None, summary: Sequence[HeadSummary] | None = None,
+              focus: Sequence[int] | None = None, summary: Sequence[HeadSummary] | None = None,
               changes: Sequence[HeadChange] | None = None) -> dict[str, Any]:
+    """focus: the --token query position in each capture (each text has its own)."""
     first = captures[0]
     panels = []
-    for capture, title in zip(captures, titles):
+    for index, (capture, title) in enumerate(zip(captures, titles)):
         panels.append({
             "title": title,
+            "focus": None if focus is None else focus[index],
             "queries": [v.text for v in capture.queries],
             "keys": None if capture.self_attention else [v.text for v in capture.keys],
             "causal": bool(capture.causal and capture.weights.shape[2] == capture.weights.shape[3]),
@@ -106,7 +108,7 @@ def page_data(captures: Sequence[AttentionCapture], titles: Sequence[str], *, la
         "heads": first.n_heads,
         "layer": layer,
         "head": head,
-        "focus": focus,
+        "focus": None if focus is None else focus[0],
         "same_tokens": all([v.id for v in c.queries] == [v.id for v in first.queries] for c in captures),
         "panels": panels,
         "summary": None if summary is None else [s.to_json() for s in summary],
@@ -115,7 +117,7 @@ def page_data(captures: Sequence[AttentionCapture], titles: Sequence[str], *, la
 
 
 def render_page(captures: Sequence[AttentionCapture], titles: Sequence[str], *, layer: int = 0, head: int = 0,
-                focus: int | None = None, summary: Sequence[HeadSummary] | None = None,
+                focus: Sequence[int] | None = None, summary: Sequence[HeadSummary] | None = None,
                 changes: Sequence[HeadChange] | None = None) -> str:
     """The whole page as a string."""
     first = captures[0]
@@ -221,7 +223,7 @@ _SCRIPT = r"""
     this.perHead = spec.causal ? T * (T + 1) / 2 : T * S;
     this.queries = spec.queries;
     this.keys = spec.keys || spec.queries;
-    this.q = DATA.focus !== null && DATA.focus < T ? DATA.focus : null;
+    this.q = spec.focus !== null && spec.focus < T ? spec.focus : null;
     this.k = DATA.self_attention && this.q !== null ? this.q : null;  // the focus token is a query
   }
   // sqrt-scaled byte of (query q, key k) in the current head: 0..255

@@ -86,7 +86,7 @@ def inspect_attention(request: InspectRequest) -> Inspection:
         raise TfcliError(f"--occurrence must be 1 or more, not {request.occurrence}")
     checkpoint = load_run(request.run, request.device)
     first = capture_attention(checkpoint, request.text, target=request.target, kind=request.attention, crop=request.crop)
-    captures, titles = [first], [_excerpt(request.text)]
+    captures, titles = [first], [_excerpt(request.text) if request.target is None else f"{_excerpt(request.text, 30)} → {_excerpt(request.target, 24)}"]
     other_checkpoint = None
     if request.compare is not None:
         captures.append(capture_attention(checkpoint, request.compare, target=request.target, kind=first.kind, crop=request.crop))
@@ -108,11 +108,11 @@ def inspect_attention(request: InspectRequest) -> Inspection:
 
     inspection = Inspection(captures=captures, titles=titles, layers=layers, heads=heads, changes=changes)
     if request.token is not None:
-        position, inspection.focus_note = find_token(first.queries, request.token, request.occurrence)
+        position, inspection.focus_note = find_token(first.queries, request.token, request.occurrence, first.queries_from)
         inspection.focus = [position]
         for capture, title in zip(captures[1:], titles[1:]):
             try:
-                inspection.focus.append(find_token(capture.queries, request.token, request.occurrence)[0])
+                inspection.focus.append(find_token(capture.queries, request.token, request.occurrence, capture.queries_from)[0])
             except TfcliError as exc:
                 raise TfcliError(f"--token {request.token!r} (occurrence {request.occurrence}) is not in the second text ({title})",
                                  hint="pick a word both texts have") from exc
@@ -138,6 +138,9 @@ def resolve_format(fmt: str | None, output: Path | None) -> str:
             raise TfcliError("the terminal format prints to the screen; -o is for html, png and json", hint="drop -o, or pass --format html|png|json")
         if fmt in ("html", "png") and output is None:
             raise TfcliError(f"--format {fmt} writes a file", hint=f"pass -o FILE.{fmt}")
+        implied = SUFFIXES.get(output.suffix.lower()) if output is not None else None
+        if implied is not None and implied != fmt:
+            raise TfcliError(f"--format {fmt} but -o {output} ends in {output.suffix}", hint=f"name the file .{fmt}, or drop --format")
         return fmt
     if output is None:
         return "terminal"
@@ -270,7 +273,7 @@ def html_page(inspection: Inspection) -> str:
 
     summary = inspection.summaries[0] if inspection.summaries else None
     return render_page(inspection.captures, inspection.titles, layer=inspection.layers[0], head=inspection.heads[0],
-                       focus=None if inspection.focus is None else inspection.focus[0], summary=summary, changes=inspection.changes)
+                       focus=inspection.focus, summary=summary, changes=inspection.changes)
 
 
 def png_image(inspection: Inspection) -> bytes:
@@ -287,7 +290,7 @@ def png_image(inspection: Inspection) -> bytes:
         for capture, title, position in zip(inspection.captures, inspection.titles, inspection.focus):
             rows = np.stack([capture.weights[layer, head, position] for layer, head in pairs])  # (pairs, S)
             label = capture.queries[position].text
-            items.append((f"{title}: where {label.strip() or label!r} (position {position}) looks", rows,
+            items.append((f"{title}: where '{label.strip() or '␣'}' (position {position}) looks", rows,
                           [f"L{layer} H{head}" for layer, head in pairs], [v.text for v in capture.keys]))
         return png.token_png(items, suptitle=kind)
     if len(pairs) == 1:

@@ -18,6 +18,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from tfcli.errors import TfcliError
 from tfcli.inspect.stats import HeadChange, HeadSummary
 
 # Shade by the weight, drawn on a colour scale (viridis); with colour off the characters still tell.
@@ -74,12 +75,14 @@ def _column_chars(label: str, depth: int, cw: int) -> list[str]:
 
 
 def heatmap(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str], *, width: int = 80,
-            start: int = 0, self_attention: bool = True, causal: bool = False, label_depth: int = 4) -> tuple[Text, str | None]:
+            start: int = 0, key_start: int = 0, self_attention: bool = True, causal: bool = False,
+            label_depth: int = 4) -> tuple[Text, str | None]:
     """One head's weights (T, S) as rows of queries over columns of keys, labels on both axes.
 
     Returns the drawing and, when the text did not fit, a note saying which window is shown. The window
-    starts at query `start` (and at that key, for self-attention); a "…" column sums the weight that falls
-    on keys outside the window, so every row still accounts for all of its attention.
+    starts at query `start` and at that key for self-attention, at key `key_start` for cross-attention
+    (whose keys are another text); a "…" column sums the weight that falls on keys outside the window,
+    so every row still accounts for all of its attention.
     """
     T, S = weights.shape
     lw = min(12, max(3, max(cell_len(_short(q)) for q in queries) if queries else 3))
@@ -93,7 +96,7 @@ def heatmap(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str], *,
     start = max(0, min(start, T - 1))
     n_rows = min(T - start, max(n_keys, 1))
     q0, q1 = start, start + n_rows
-    k0 = min(start, max(S - n_keys, 0)) if self_attention else 0
+    k0 = min(start if self_attention else key_start, max(S - n_keys, 0))
     k1 = min(S, k0 + n_keys)
     before, after = k0 > 0, k1 < S and not (causal and q1 <= k1)  # causal: keys after the last query are masked
     lines: list[Text] = []
@@ -118,8 +121,9 @@ def heatmap(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str], *,
     note = None
     if (q0, q1) != (0, T) or (k0, k1) != (0, S):
         what = f"queries {q0}-{q1 - 1}" + (f" and keys {k0}-{k1 - 1}" if (k0, k1) != (0, S) else "")
+        moves = "--start N moves the window" if self_attention else "--start N moves the rows, --key-start N the columns"
         note = f"{what} of {T} tokens shown" + (f" ({S} keys)" if S != T else "") + \
-            "; --start N moves the window" + ("; … sums the weight on keys outside it" if before or after else "")
+            f"; {moves}" + ("; … sums the weight on keys outside it" if before or after else "")
     return Text("\n").join(lines), note
 
 
@@ -159,7 +163,9 @@ def grid(maps: Sequence[tuple[str, np.ndarray]], *, width: int = 80, bins: int =
         rows.append(Text("\n").join(lines))
     note = "each map: queries down, keys across"
     if max(T, S) > bins:
-        note += f"; {T} tokens aggregated into {binned[0][1].shape[0]} bins (queries averaged, keys summed)"
+        qb, kb = binned[0][1].shape
+        sizes = f"{T} tokens aggregated into {qb} bins" if T == S else f"{T} queries aggregated into {qb} bins and {S} keys into {kb}"
+        note += f"; {sizes} (queries averaged, keys summed)"
     return Group(*rows), note
 
 
@@ -169,8 +175,13 @@ def _bar(fraction: float, width: int) -> str:
     return ("█" * full + (_BAR_EIGHTHS[part] if part else "")).ljust(width)
 
 
-def token_bars(rows: Sequence[tuple[str, np.ndarray]], keys: Sequence[str], *, width: int = 80, top: int = 3) -> Group:
-    """Where one token looks: for each head (title, its weights over the keys), the `top` keys with bars."""
+def token_bars(rows: Sequence[tuple[str, np.ndarray]], keys: Sequence[str], *, width: int = 80, top: int = 3,
+               upto: int | None = None) -> Group:
+    """Where one token looks: for each head (title, its weights over the keys), the `top` keys with bars;
+    only keys 0..upto for causal attention (the later ones are masked)."""
+    keys = keys if upto is None else keys[:upto + 1]
+    rows = [(title, row[:len(keys)]) for title, row in rows]
+    top = min(top, len(keys))
     title_w = max(cell_len(t) for t, _ in rows) + 1
     value_w, label_w = 4, min(10, max(4, max((cell_len(_short(k)) for k in keys), default=4)))
     top = max(1, min(top, (width - title_w) // (label_w + value_w + 6)))  # each slot: label, bar of 3+, value
@@ -261,16 +272,32 @@ def kind_label(capture) -> str:
     return f"{capture.kind} self-attention" if capture.self_attention else "cross-attention"
 
 
-def render_inspection(inspection, *, width: int = 80, start: int = 0) -> list[RenderableType]:
+def render_inspection(inspection, *, width: int = 80, start: int = 0, key_start: int = 0) -> list[RenderableType]:
     """Everything the terminal view prints for an `Inspection` (see session.py), top to bottom."""
     first = inspection.first
     out: list[RenderableType] = []
     notes = list(inspection.notes)
+    pairs = [(layer, head) for layer in inspection.layers for head in inspection.heads]
+    shortest = min(len(c.queries) for c in inspection.captures)
+    if start >= shortest:
+        raise TfcliError(f"--start {start} is past the last token (position {shortest - 1})", hint=f"pass 0 to {shortest - 1}")
+    if key_start and first.self_attention:
+        raise TfcliError("--key-start moves the columns of a cross-attention map", hint="self-attention's window moves with --start")
+    if key_start >= len(first.keys):
+        raise TfcliError(f"--key-start {key_start} is past the last source token (position {len(first.keys) - 1})",
+                         hint=f"pass 0 to {len(first.keys) - 1}")
+    single_map = len(pairs) == 1 and inspection.focus is None and inspection.summaries is None
+    if (start or key_start) and not single_map:
+        notes.append("--start and --key-start move a single head's map; they change nothing here")
     header = Text(f"{kind_label(first)} · {first.n_layers} layers × {first.n_heads} heads · {len(first.queries)} tokens", style="bold")
     if not first.self_attention:
         header.append(f" over {len(first.keys)} source tokens", style="bold")
     out.append(header)
     compare = len(inspection.captures) == 2
+
+    if inspection.changes is not None:
+        out.append(Text("heads that changed most (mean over queries of the Jensen-Shannon divergence):", style="bold"))
+        out.append(changes_table(inspection.changes))
 
     if inspection.summaries is not None:
         for summaries, title in zip(inspection.summaries, inspection.titles):
@@ -280,14 +307,10 @@ def render_inspection(inspection, *, width: int = 80, start: int = 0) -> list[Re
         if first.self_attention:
             notes.append("entropy in bits; distance in tokens; previous-token and first-token scored on this text, "
                          "duplicate and induction on a repeated random sequence; a pattern needs a score ≥ 0.4")
-        out.extend(Text(note, style="dim") for note in notes)
-        return out
+        if inspection.focus is None:
+            out.extend(Text(note, style="dim") for note in notes)
+            return out
 
-    if inspection.changes is not None:
-        out.append(Text("heads that changed most (mean over queries of the Jensen-Shannon divergence):", style="bold"))
-        out.append(changes_table(inspection.changes))
-
-    pairs = [(layer, head) for layer in inspection.layers for head in inspection.heads]
     panel_width = width if not compare else max((width - 3) // 2, 10)
     panels: list[RenderableType] = []
     legend = True
@@ -297,7 +320,7 @@ def render_inspection(inspection, *, width: int = 80, start: int = 0) -> list[Re
         if inspection.focus is not None:
             position = inspection.focus[index]
             label = queries[position]
-            intro = Text(f"where {_short(label)!r} (position {position}) looks", style="bold")
+            intro = Text(f"where '{_short(label)}' (position {position}) looks", style="bold")
             if len(pairs) == 1:
                 layer, head = pairs[0]
                 intro.append(f", layer {layer}, head {head}", style="bold")
@@ -305,12 +328,13 @@ def render_inspection(inspection, *, width: int = 80, start: int = 0) -> list[Re
                                                 upto=position if capture.causal else None)
             else:
                 rows = [(f"L{layer} H{head}", capture.weights[layer, head, position]) for layer, head in pairs]
-                body, note = token_bars(rows, keys, width=panel_width, top=3 if not compare else 2), "the keys each head attends to most"
+                body = token_bars(rows, keys, width=panel_width, top=3 if not compare else 2, upto=position if capture.causal else None)
+                note = "the keys each head attends to most"
             panels.append(Group(intro, body))
             legend = False
         elif len(pairs) == 1:
             layer, head = pairs[0]
-            body, note = heatmap(capture.weights[layer, head], queries, keys, width=panel_width, start=start,
+            body, note = heatmap(capture.weights[layer, head], queries, keys, width=panel_width, start=start, key_start=key_start,
                                  self_attention=capture.self_attention, causal=capture.causal)
             panels.append(Group(Text(f"layer {layer}, head {head}", style="bold"), body))
         else:

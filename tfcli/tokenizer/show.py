@@ -37,6 +37,7 @@ class TokenView:
     id: int
     token: str  # the vocabulary entry, as stored (e.g. "Ġcat")
     text: str  # what it stands for, escaped for display (e.g. " cat")
+    raw: bytes = dataclasses.field(default=b"", compare=False, repr=False)  # the bytes it stands for (part of a character, maybe)
 
     def to_json(self) -> dict:
         return {"id": self.id, "token": self.token, "text": self.text}
@@ -48,7 +49,8 @@ def token_views(tokenizer: TextTokenizer, text: str) -> list[TokenView]:
         TokenView(
             id=token_id,
             token=tokenizer.hf.id_to_token(token_id) or "",
-            text=visible(tokenizer.token_bytes(token_id).decode("utf-8", errors="backslashreplace")),
+            text=visible(raw.decode("utf-8", errors="backslashreplace")),
+            raw=raw,
         )
-        for token_id in tokenizer.encode(text)
+        for token_id, raw in ((i, tokenizer.token_bytes(i)) for i in tokenizer.encode(text))
     ]
