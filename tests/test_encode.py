@@ -68,6 +68,21 @@ def test_split_is_deterministic_with_the_seed(docs_file, trained_tokenizer, tmp_
     assert (tmp_path / "a" / "val.bin").read_bytes() != (tmp_path / "c" / "val.bin").read_bytes()
 
 
+def test_training_finds_the_tokenizer_the_shards_were_encoded_with(docs_file, trained_tokenizer, tmp_path):
+    import shutil
+
+    from tfcli.train.job import find_tokenizer
+
+    tok = tmp_path / "somewhere" / "tok"  # not a folder named "tokenizer" beside the shards
+    shutil.copytree(trained_tokenizer, tok)
+    meta = encode_corpus(resolve_corpus([docs_file]), TextTokenizer.load(tok), tmp_path / "runs" / "shards", val_fraction=0.2)
+    assert meta.tokenizer_path == str((tok / "tokenizer.json").resolve())
+    assert find_tokenizer(tmp_path / "runs" / "shards", None).sha256 == meta.tokenizer_sha256
+    (tok / "tokenizer.json").unlink()
+    with pytest.raises(TfcliError, match="cannot find the tokenizer"):
+        find_tokenizer(tmp_path / "runs" / "shards", None)
+
+
 def test_no_validation_split(docs_file, trained_tokenizer, tmp_path):
     meta = encode_corpus(resolve_corpus([docs_file]), TextTokenizer.load(trained_tokenizer), tmp_path / "s", val_fraction=0.0)
     assert meta.val_tokens == 0 and meta.val_documents == 0 and meta.train_documents == len(DOCS)

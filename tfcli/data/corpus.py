@@ -111,7 +111,7 @@ def resolve_corpus(inputs: Sequence[str | Path]) -> Corpus:
         if path.is_dir():
             files = _walk(path)
             if not files:
-                raise TfcliError(f"folder {path} holds no files", hint="pass a folder with text files in it")
+                raise TfcliError(f"folder {path} holds no files (hidden ones are skipped)", hint="pass a folder with text files in it")
             candidates.extend((f, False) for f in files)
         else:
             candidates.append((path, True))

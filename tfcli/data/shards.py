@@ -65,6 +65,7 @@ class ShardMeta(JsonRecord):
     invalid_utf8_files: int = 0
     skipped_binary_files: list[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
+    tokenizer_path: str = ""  # where the tokenizer.json was when encoding (absolute), for training to find it
 
     def tokens(self, split: str) -> int:
         return self.train_tokens if split == "train" else self.val_tokens
@@ -188,6 +189,7 @@ def encode_corpus(
             vocab_size=tokenizer.vocab_size,
             eos_id=eos_id,
             tokenizer_sha256=tokenizer.sha256,
+            tokenizer_path=str(Path(tokenizer.path).resolve()) if tokenizer.path else "",
             train_tokens=writers["train"].tokens,
             val_tokens=writers["val"].tokens,
             train_documents=writers["train"].documents,

@@ -67,8 +67,8 @@ def file_fingerprint(*paths: Path | None) -> str:
 
 
 def find_tokenizer(shard_dir: Path, explicit: Path | None) -> TextTokenizer:
-    """--tokenizer if given, else the tokenizer.json beside or inside the shards' folder whose checksum the
-    shards name."""
+    """--tokenizer if given, else the tokenizer.json whose checksum the shards name: inside or beside the
+    shards' folder, or where it was when they were encoded."""
     from tfcli.data.shards import load_shard_meta
 
     meta = load_shard_meta(shard_dir)
@@ -78,7 +78,8 @@ def find_tokenizer(shard_dir: Path, explicit: Path | None) -> TextTokenizer:
             raise TfcliError(f"the shards in {shard_dir} were encoded with another tokenizer than {explicit}",
                              hint="pass the tokenizer the shards were made with, or re-encode them")
         return tokenizer
-    for candidate in (shard_dir / TOKENIZER_FILE, shard_dir.parent / "tokenizer" / TOKENIZER_FILE, shard_dir.parent / TOKENIZER_FILE):
+    recorded = [Path(meta.tokenizer_path)] if meta.tokenizer_path else []
+    for candidate in (shard_dir / TOKENIZER_FILE, shard_dir.parent / "tokenizer" / TOKENIZER_FILE, shard_dir.parent / TOKENIZER_FILE, *recorded):
         if candidate.is_file():
             tokenizer = TextTokenizer.load(candidate)
             if tokenizer.sha256 == meta.tokenizer_sha256:
