@@ -240,7 +240,7 @@ def test_bad_inputs_are_one_line_errors(cli, shards, tmp_path):
         (pretrain_args(shards, tmp_path / "f", "--lr", "-1"), "lr"),
         (pretrain_args(shards, tmp_path / "g", "--device", "cuda"), "cuda"),
         # what --arch, the tokenizer and the objective decide is never silently overridden by a file or --set
-        (pretrain_args(shards, tmp_path / "h", "--config", toml), "sets arch = 'encoder', but --arch decides it here"),
+        (pretrain_args(shards, tmp_path / "h", "--config", toml, "--arch", "decoder"), "sets arch = 'encoder', but --arch decides it here"),
         (pretrain_args(shards, tmp_path / "i", "--set", "task=mlm"), "but a decoder's pretraining objective decides it"),
         (pretrain_args(shards, tmp_path / "j", "--set", "vocab_size=abc"), "but the tokenizer decides it"),
         (pretrain_args(shards, tmp_path / "k", "--set", "train.block_size=64"), "set the context with --block-size"),
@@ -263,6 +263,21 @@ def test_bad_inputs_are_one_line_errors(cli, shards, tmp_path):
     afile.write_text("keep me")
     result = cli(*pretrain_args(shards, afile, "--max-steps", "2"))
     assert result.code == 2 and afile.read_text() == "keep me"
+
+
+def test_the_architecture_follows_the_settings_unless_arch_is_given(shards, tmp_path):
+    from tfcli.train.job import pretrain_job
+
+    toml = tmp_path / "s2s.toml"
+    toml.write_text('[model]\narch = "encoder-decoder"\n')
+    cases = [(dict(preset_name="bert-base"), "encoder", "mlm"), (dict(config_file=toml), "encoder-decoder", "denoise"),
+             (dict(sets=["arch=encoder"]), "encoder", "mlm"), ({}, "decoder", "lm"),
+             (dict(arch="decoder", preset_name="bert-base"), "decoder", "lm")]  # --arch wins: bert-base's shape as a decoder
+    for i, (given, arch, task) in enumerate(cases):
+        arguments = dict(data=shards, output=tmp_path / f"run{i}", arch=None, preset_name=None, config_file=None, sets=[],
+                         options={}, tokenizer_path=None, resume=False)
+        job = pretrain_job(**{**arguments, **given})
+        assert (job.model_config.arch, job.config.task) == (arch, task), given
 
 
 def test_an_empty_validation_split_is_said_out_loud(cli, trained_tokenizer, tmp_path):

@@ -50,7 +50,7 @@ def _options(**values: Any) -> dict[str, Any]:
 def pretrain(
     data: Annotated[Path, typer.Option("--data", help="A shard folder from `tfcli tokenize encode`.", show_default=False)],
     output: Output,
-    arch: Annotated[str, typer.Option("--arch", help="decoder (causal LM), encoder (masked LM) or encoder-decoder (span denoising).")] = "decoder",
+    arch: Annotated[Optional[str], typer.Option("--arch", help="decoder (causal LM), encoder (masked LM) or encoder-decoder (span denoising) [default: the preset's or config's, else decoder].", show_default=False)] = None,
     preset: Annotated[Optional[str], typer.Option("--preset", help="Model preset: tiny, small, gpt2-small, bert-base, seq2seq-tiny [default: tiny; seq2seq-tiny for encoder-decoder].", show_default=False)] = None,
     config: ConfigFile = None,
     sets: Sets = None,
@@ -88,7 +88,8 @@ def pretrain(
     from tfcli.model.config import ARCHS
     from tfcli.train.job import pretrain_job
 
-    _check_choice("--arch", arch, ARCHS)
+    if arch is not None:
+        _check_choice("--arch", arch, ARCHS)
     options = _options(max_steps=max_steps, time_budget=time_budget, batch_size=batch_size, grad_accum=grad_accum, lr=lr, seed=seed,
                        save_every=save_every, eval_every=eval_every, log_every=log_every, device=device, precision=precision,
                        compile=compile_model, fsdp=fsdp)

@@ -125,12 +125,16 @@ def _check_resume(job: TrainingJob) -> None:
                              hint=f"only {', '.join(RESUMABLE_CHANGES)} may change on --resume")
 
 
-def pretrain_job(*, data: Path, output: Path, arch: str, preset_name: str | None, config_file: Path | None,
+def pretrain_job(*, data: Path, output: Path, arch: str | None, preset_name: str | None, config_file: Path | None,
                  sets: list[str], options: dict[str, Any], tokenizer_path: Path | None, resume: bool) -> TrainingJob:
     from tfcli.data.shards import load_shard_meta
 
     meta = load_shard_meta(data)
     tokenizer = find_tokenizer(data, tokenizer_path)
+    if arch is None:  # no --arch: the architecture the settings describe (--set, the file, the preset), else a decoder
+        arch = resolve_configs(preset_name=DEFAULT_PRESET["decoder"], preset_option=preset_name, config_file=config_file,
+                               sets=sets, options={}, model_fixed={"vocab_size": tokenizer.vocab_size},
+                               fixed_by={"vocab_size": "the tokenizer"})[0].arch
     if arch not in PRETRAIN_TASK:
         raise TfcliError(f"unknown architecture {arch!r}", hint=f"use one of {', '.join(PRETRAIN_TASK)}")
     task = PRETRAIN_TASK[arch]
