@@ -354,6 +354,25 @@ def test_fill_mask_lists_likely_tokens_per_mask(runs):
     first, second = predictions[0].fillers[0], predictions[1].fillers[0]
     assert first.text == f"The{first.token} sat on the [MASK]"  # the space before a mask goes to the filler
     assert second.text == f"The [MASK] sat on the{second.token}"
+    (every,) = fill_mask(checkpoint.model, checkpoint.tokenizer, "The [MASK] sat", top_k=10**6)  # more than the vocabulary
+    specials = set(checkpoint.tokenizer.special_ids.values())
+    assert len(every.fillers) == checkpoint.tokenizer.vocab_size - len(specials)
+    assert not {f.token_id for f in every.fillers} & specials
+
+
+def test_fill_mask_text_with_a_whitespace_tokenizer_has_single_spaces(tmp_path, tiny_corpus):
+    from tfcli.data.corpus import resolve_corpus
+    from tfcli.generate.masked import fill_mask
+    from tfcli.model.config import preset
+    from tfcli.model.transformer import Transformer
+    from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
+
+    train_tokenizer(resolve_corpus([tiny_corpus]), tmp_path / "tok", TokenizerTrainingConfig(vocab_size=200, pre_tokenizer="whitespace"))
+    tokenizer = TextTokenizer.load(tmp_path / "tok")
+    model = Transformer(preset("tiny", arch="encoder", vocab_size=tokenizer.vocab_size, block_size=32, d_model=16, n_heads=2)).eval()
+    for prediction in fill_mask(model, tokenizer, "The fox [MASK] the ball, [MASK]", top_k=5):
+        for f in prediction.fillers:
+            assert "  " not in f.text and not f.text.endswith(" "), f.text
 
 
 # -- the command line ----------------------------------------------------------------------------------
@@ -516,6 +535,8 @@ def test_cli_classify(cli, runs, run, labels):
     assert sum(r["probability"] for r in ranked) == pytest.approx(1.0, abs=1e-4)
     assert [r["probability"] for r in ranked] == sorted((r["probability"] for r in ranked), reverse=True)
     assert labels[0] in cli("generate", runs[run], "--classify", "What a lovely film").stdout
+    long = cli("generate", runs[run], "--classify", "What a lovely film. " * 200)
+    assert long.code == 0 and "more than the context" in long.stderr and "classifying its first" in long.stderr
 
 
 @pytest.mark.parametrize("args, message", [
@@ -553,6 +574,11 @@ def test_cli_bad_inputs_are_one_line(cli, runs, args, message):
     ("encoder", ["--prompt", "hi"], "use --fill-mask"),
     ("encoder", ["--fill-mask", "no mask here"], "has no [MASK]"),
     ("seq2seq", ["--interactive"], "needs a decoder run"),
+    ("seq2seq", ["--fill-mask", "The [MASK] sat"], "use --prompt SOURCE to write its target"),
+    ("encoder", ["--fill-mask", "The [MASK] sat", "--temperature", "0.5"], "--temperature does not apply to --fill-mask"),
+    ("encoder", ["--fill-mask", "The [MASK] sat", "--num-beams", "3"], "--num-beams does not apply to --fill-mask"),
+    ("classifier", ["--classify", "nice", "--top-k", "3"], "--top-k does not apply to --classify"),
+    ("classifier", ["--classify", " "], "pass some text with --classify"),
 ])
 def test_cli_bad_runs_are_one_line(cli, runs, tmp_path, monkeypatch, run, args, message):
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))

@@ -126,6 +126,17 @@ def generate(
         raise TfcliError(f"{modes[0]} and {modes[1]} do not go together", hint="pick one")
     if threads < 0:
         raise TfcliError(f"--threads must be 0 (automatic) or more, not {threads}")
+    if fill_mask is not None or classify is not None:  # no text is generated: decoding options would do nothing
+        decoding = {"--max-new-tokens": max_new_tokens != 128, "--strategy": strategy is not None, "--temperature": temperature is not None,
+                    "--top-k": top_k is not None and classify is not None, "--top-p": top_p is not None, "--min-p": min_p is not None,
+                    "--repetition-penalty": repetition_penalty != 1.0, "--num-beams": num_beams != 1, "--length-penalty": length_penalty != 1.0,
+                    "--no-early-stopping": not early_stopping, "--num-samples": num_samples != 1, "--seed": seed is not None,
+                    "--stop": bool(stop), "--ignore-eos": ignore_eos, "--no-stream": no_stream, "--no-cache": no_cache,
+                    "--batch-size": batch_size != 16}
+        given = [name for name, on in decoding.items() if on]
+        if given:
+            raise TfcliError(f"{given[0]} does not apply to {modes[0]}, which generates no text",
+                             hint="drop it" + ("; --top-k sets how many fillers to list" if fill_mask is not None else ""))
     import torch
 
     threads_before = torch.get_num_threads()
@@ -307,8 +318,9 @@ def _interactive(generator) -> None:
 def _masked_or_classify(run: Path, fill_mask: str | None, classify: str | None, top_k: int | None, device: str, json_output: bool,
                         threads: int) -> None:
     from rich.table import Table
+    from rich.text import Text
 
-    from tfcli.cli.common import stdout_console
+    from tfcli.cli.common import stderr_console, stdout_console
     from tfcli.generate.masked import classify as classify_texts
     from tfcli.generate.masked import fill_mask as fill_masks
     from tfcli.generate.masked import label_names
@@ -334,6 +346,12 @@ def _masked_or_classify(run: Path, fill_mask: str | None, classify: str | None, 
     assert classify is not None
     model = checkpoint.model
     labels = label_names(checkpoint.config.training, model.config.n_classes)
+    tokens = len(checkpoint.tokenizer.encode(classify)) + 1  # and [cls] or [eos]
+    if tokens > model.config.block_size:
+        marker = "[cls]" if model.config.arch == "encoder" else "[eos]"
+        stderr_console().print(Text(f"warning: the text has {tokens:,} tokens with its {marker}, more than the context "
+                                    f"({model.config.block_size:,}); classifying its first {model.config.block_size - 1:,}",
+                                    style="yellow"), soft_wrap=True)
     (ranked,) = classify_texts(model, checkpoint.tokenizer, [classify], labels)
     if json_output:
         print_json({"run": str(run), "text": classify, "labels": [{"label": label, "probability": round(p, 6)} for label, p in ranked]})

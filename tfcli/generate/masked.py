@@ -41,7 +41,7 @@ def fill_mask(model: Transformer, tokenizer: TextTokenizer, text: str, *, top_k:
     """
     config = model.config
     if config.arch != "encoder":
-        hint = "use --prompt to continue text" if config.has_decoder else None
+        hint = {"decoder": "use --prompt to continue text", "encoder-decoder": "use --prompt SOURCE to write its target"}.get(config.arch)
         raise TfcliError(f"--fill-mask needs an encoder run (a masked LM); this run is a {config.arch}", hint=hint)
     if top_k < 1:
         raise TfcliError(f"--top-k must be at least 1 for --fill-mask, not {top_k}")
@@ -75,13 +75,15 @@ def fill_mask(model: Transformer, tokenizer: TextTokenizer, text: str, *, top_k:
     probs = torch.softmax(logits, dim=-1)
     if specials:  # a filler is text: special tokens are never proposed (probabilities stay the model's own)
         probs[:, specials] = 0.0
-    top = probs.topk(min(top_k, limit), dim=-1)
+    top = probs.topk(min(top_k, limit - len(specials)), dim=-1)
     predictions = []
     for m in range(len(mask_positions)):
         fillers = []
         for p, token_id in zip(top.values[m].tolist(), top.indices[m].tolist()):
             token = tokenizer.token_bytes(token_id).decode("utf-8", errors="backslashreplace")  # part of a character: \xe2
-            filled = "".join(pieces[i] + token if i == m else written[i] + MASK_PLACEHOLDER for i in range(n_masks)) + written[-1]
+            # a whitespace tokenizer's word ends in a space; the text around the mask has its own
+            word = token.rstrip(" ") if tokenizer.pre_tokenizer_kind == "whitespace" else token
+            filled = "".join(pieces[i] + word if i == m else written[i] + MASK_PLACEHOLDER for i in range(n_masks)) + written[-1]
             fillers.append(Filler(token_id, token, p, filled))
         predictions.append(MaskPrediction(m, fillers))
     return predictions
@@ -106,7 +108,7 @@ def classify(model: Transformer, tokenizer: TextTokenizer, texts: list[str], lab
         raise TfcliError("this run has no classification head",
                          hint="fine-tune one with `tfcli train finetune --task classify`, or use --prompt to generate")
     if any(not t.strip() for t in texts):
-        raise TfcliError("the text to classify is empty")
+        raise TfcliError("the text to classify is empty", hint="pass some text with --classify")
     rows = classification_ids(tokenizer, config.arch, texts, config.block_size)
     longest = max(len(r) for r in rows)
     pad = tokenizer.special_ids.get("pad", 0)
