@@ -115,7 +115,17 @@ def test_pretrain_encoder_and_encoder_decoder_objectives_learn(cli, shards, tmp_
     assert "val_loss" in rows[-1]
     config = json.loads((run / "config.json").read_text())
     assert config["model"]["arch"] == arch
-    assert config["training"]["task"] == {"encoder": "mlm", "encoder-decoder": "denoise"}[arch]
+    task = {"encoder": "mlm", "encoder-decoder": "denoise"}[arch]
+    assert config["training"]["task"] == task
+    # continued pretraining: the architecture's own objective, from where the run left off
+    more = cli("train", "finetune", "--init-from", run, "--task", task, "--data", shards, "-o", tmp_path / "more",
+               "--max-steps", "3", "--batch-size", "4", "--json")
+    assert more.code == 0, more.stderr
+    assert json.loads((tmp_path / "more" / "config.json").read_text())["training"]["task"] == task
+    assert records(tmp_path / "more")[0]["loss"] < first  # it starts trained
+    wrong = cli("train", "finetune", "--init-from", run, "--task", "lm", "--data", shards, "-o", tmp_path / "lm")
+    assert wrong.code == 2 and f"is {'an encoder' if arch == 'encoder' else 'an encoder-decoder'}" in wrong.stderr
+    assert f"continue its pretraining with --task {task}" in wrong.stderr
 
 
 def _spawn(args: list[str]) -> subprocess.Popen:

@@ -26,3 +26,8 @@ class Interrupted(Exception):
         super().__init__(message)
         self.message = message
         self.exit_code = exit_code
+
+
+def a_or_an(word: str) -> str:
+    """The word with its article, for messages. Example: a_or_an("encoder") -> "an encoder" """
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"

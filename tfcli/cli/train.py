@@ -104,8 +104,8 @@ def pretrain(
 @app.command("finetune")
 def finetune(
     init_from: Annotated[Path, typer.Option("--init-from", help="The run directory to start from.", show_default=False)],
-    task: Annotated[str, typer.Option("--task", help="lm (shards), classify (JSONL text/label) or seq2seq (JSONL source/target).", show_default=False)],
-    data: Annotated[Path, typer.Option("--data", help="Shards for lm; a JSONL file for classify and seq2seq.", show_default=False)],
+    task: Annotated[str, typer.Option("--task", help="lm, mlm or denoise (continued pretraining of a decoder, encoder or encoder-decoder, on shards), classify (JSONL text/label) or seq2seq (JSONL source/target).", show_default=False)],
+    data: Annotated[Path, typer.Option("--data", help="Shards for lm, mlm and denoise; a JSONL file for classify and seq2seq.", show_default=False)],
     output: Output,
     val_data: Annotated[Optional[Path], typer.Option("--val-data", help="A JSONL validation set [default: hold out --set val_fraction=0.1 of --data].", show_default=False)] = None,
     freeze: Annotated[Optional[str], typer.Option("--freeze", help="none, embeddings, or body (train only the new classification head) [default: none].", show_default=False)] = None,
@@ -139,7 +139,7 @@ def finetune(
     from tfcli.train.config import TASKS
     from tfcli.train.job import finetune_job
 
-    _check_choice("--task", task, tuple(t for t in TASKS if t in ("lm", "classify", "seq2seq")))
+    _check_choice("--task", task, tuple(t for t in TASKS if t in ("lm", "mlm", "denoise", "classify", "seq2seq")))
     options = _options(max_steps=max_steps, time_budget=time_budget, batch_size=batch_size, block_size=block_size, grad_accum=grad_accum,
                        lr=lr, seed=seed, save_every=save_every, eval_every=eval_every, log_every=log_every, device=device,
                        precision=precision, compile=compile_model, fsdp=fsdp, freeze=freeze)

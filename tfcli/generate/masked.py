@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from tfcli.errors import TfcliError
+from tfcli.errors import TfcliError, a_or_an
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
 
@@ -42,7 +42,7 @@ def fill_mask(model: Transformer, tokenizer: TextTokenizer, text: str, *, top_k:
     config = model.config
     if config.arch != "encoder":
         hint = {"decoder": "use --prompt to continue text", "encoder-decoder": "use --prompt SOURCE to write its target"}.get(config.arch)
-        raise TfcliError(f"--fill-mask needs an encoder run (a masked LM); this run is a {config.arch}", hint=hint)
+        raise TfcliError(f"--fill-mask needs an encoder run (a masked LM); this run is {a_or_an(config.arch)}", hint=hint)
     if top_k < 1:
         raise TfcliError(f"--top-k must be at least 1 for --fill-mask, not {top_k}")
     mask_id = tokenizer.require("mask")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tfcli.errors import TfcliError
+from tfcli.errors import TfcliError, a_or_an
 from tfcli.tokenizer.show import TokenView, token_views, visible
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def capture_attention(checkpoint: Checkpoint, text: str, *, target: str | None =
         raise TfcliError("an encoder-decoder needs a target text as well as the source",
                          hint="pass --target TEXT (the decoder's text); --text is the source")
     if config.arch != "encoder-decoder" and target is not None:
-        raise TfcliError(f"--target is for encoder-decoder models; this one is {'an' if config.arch == 'encoder' else 'a'} {config.arch}", hint="drop --target")
+        raise TfcliError(f"--target is for encoder-decoder models; this one is {a_or_an(config.arch)}", hint="drop --target")
     tokenizer = checkpoint.tokenizer
     notes: list[str] = []
     limit = config.block_size

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
-from tfcli.errors import TfcliError
+from tfcli.errors import TfcliError, a_or_an
 from tfcli.schema import JsonRecord
 
 Arch = Literal["decoder", "encoder", "encoder-decoder"]
@@ -61,7 +61,7 @@ class ModelConfig(JsonRecord):
                 raise TfcliError(f"model {name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
         shortest = 2 if self.arch == "decoder" else 3  # a token and its target; encoders also hold [cls] or [eos]
         if self.block_size < shortest:
-            raise TfcliError(f"model block_size must be at least {shortest} for a {self.arch}, not {self.block_size}")
+            raise TfcliError(f"model block_size must be at least {shortest} for {a_or_an(self.arch)}, not {self.block_size}")
         if self.d_model % self.n_heads:
             raise TfcliError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.kv_heads < 1 or self.n_heads % self.kv_heads:
@@ -71,7 +71,7 @@ class ModelConfig(JsonRecord):
         if self.positions == "sinusoidal" and self.d_model % 2:
             raise TfcliError(f"sinusoidal positions need an even d_model, not {self.d_model}")
         if self.n_decoder_layers is not None and self.arch != "encoder-decoder":
-            raise TfcliError(f"model n_decoder_layers is for an encoder-decoder; {'an' if self.arch == 'encoder' else 'a'} {self.arch}'s depth is n_layers",
+            raise TfcliError(f"model n_decoder_layers is for an encoder-decoder; {a_or_an(self.arch)}'s depth is n_layers",
                              hint=f"set n_layers={self.n_decoder_layers} instead")
         if self.n_decoder_layers is not None and not 1 <= self.n_decoder_layers <= LIMITS["n_layers"]:
             raise TfcliError(f"model n_decoder_layers must be between 1 and {LIMITS['n_layers']}, not {self.n_decoder_layers}")

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tfcli.errors import TfcliError
+from tfcli.errors import TfcliError, a_or_an
 from tfcli.model.config import ModelConfig
 from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
 from tfcli.train.config import PRETRAIN_TASK, RESUMABLE_CHANGES, TrainConfig, resolve_configs
@@ -139,11 +139,11 @@ def pretrain_job(*, data: Path, output: Path, arch: str | None, preset_name: str
         raise TfcliError(f"unknown architecture {arch!r}", hint=f"use one of {', '.join(PRETRAIN_TASK)}")
     task = PRETRAIN_TASK[arch]
     if options.get("task") not in (None, task):
-        raise TfcliError(f"a {arch} pretrains with the {task} objective, not {options['task']}")
+        raise TfcliError(f"{a_or_an(arch)} pretrains with the {task} objective, not {options['task']}")
     model_config, config = resolve_configs(
         preset_name=DEFAULT_PRESET[arch], preset_option=preset_name, config_file=config_file, sets=sets, options=options,
         model_fixed={"vocab_size": tokenizer.vocab_size, "arch": arch}, train_fixed={"task": task},
-        fixed_by={"vocab_size": "the tokenizer", "arch": "--arch", "task": f"a {arch}'s pretraining objective"},
+        fixed_by={"vocab_size": "the tokenizer", "arch": "--arch", "task": f"{a_or_an(arch)}'s pretraining objective"},
     )
     if model_config.n_classes:
         raise TfcliError("pretraining does not train a classification head (n_classes)",
@@ -175,7 +175,9 @@ def finetune_job(*, init_from: Path, task: str, data: Path, val_data: Path | Non
     allowed = {"lm": ("decoder",), "mlm": ("encoder",), "classify": ("encoder", "decoder"), "seq2seq": ("encoder-decoder",),
                "denoise": ("encoder-decoder",)}
     if arch not in allowed[task]:
-        raise TfcliError(f"--task {task} needs a {' or '.join(allowed[task])} model; {init_from} is a {arch}")
+        own = PRETRAIN_TASK[arch]
+        raise TfcliError(f"--task {task} needs {' or '.join(a_or_an(a) for a in allowed[task])} model; {init_from} is {a_or_an(arch)}",
+                         hint=f"continue its pretraining with --task {own}" if task in PRETRAIN_TASK.values() else None)
     model_config, config = resolve_configs(preset_name="", config_file=config_file, sets=sets, options=options, train_fixed={"task": task},
                                            fixed_by={"task": "--task"},
                                            base_model=dataclasses.replace(parent.model, n_classes=0 if task == "classify" else parent.model.n_classes))
