@@ -259,13 +259,15 @@ def test_bad_inputs_are_one_line_errors(cli, shards, tmp_path):
         # settings that would be silently untrained or ignored
         (pretrain_args(shards, tmp_path / "n", "--set", "n_classes=3"), "pretraining does not train a classification head"),
         (pretrain_args(shards, tmp_path / "o", "--set", "n_decoder_layers=3"), "a decoder's depth is n_layers"),
+        (pretrain_args(shards, tmp_path / "p", "--set", "noise_density=0.5"), "noise_density is for the denoise task; this run trains lm"),
+        (pretrain_args(shards, tmp_path / "q", "--set", "freeze=body"), "freeze is for fine-tuning"),
     ]
     for args, needle in cases:
         result = cli(*args)
         assert result.code == 2, (args, result.stderr)
         assert needle in result.stderr and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    for name in ("a", "a2", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o"):  # nothing written, not even the folder
+    for name in ("a", "a2", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q"):  # nothing written, not even the folder
         assert not (tmp_path / name).exists(), name
     (tmp_path / "mine").mkdir()  # a folder that was there before stays, empty or not
     assert cli(*pretrain_args(shards, tmp_path / "mine", "--block-size", "100000")).code == 2 and (tmp_path / "mine").is_dir()
@@ -317,6 +319,9 @@ def test_finetune_task_is_not_overridden_by_a_setting(cli, shards, reviews, tmp_
                      "--max-steps", "2", "--set", "n_classes=3")
         assert result.code == 2 and "fine-tuning does not take n_classes" in result.stderr, result.stderr
         assert not (tmp_path / f"child-{task}").exists()
+    result = cli("train", "finetune", "--init-from", run, "--task", "classify", "--data", reviews, "--val-data", reviews,
+                 "-o", tmp_path / "child-v", "--max-steps", "2", "--set", "val_fraction=0.5")
+    assert result.code == 2 and "val_fraction does nothing with --val-data" in result.stderr
 
 
 def test_a_failing_save_is_a_clear_error_and_keeps_the_previous_checkpoint(cli, shards, tmp_path, monkeypatch):

@@ -91,6 +91,27 @@ class TrainConfig(JsonRecord):
                 raise TfcliError(f"training setting {name} must be {expected}, not {getattr(self, name)!r}")
 
 
+# Settings that only one objective (or data layout) reads; anything else given a non-default value is an error.
+TASK_SETTINGS = {"mask_prob": ("mlm",), "noise_density": ("denoise",), "mean_span": ("denoise",), "val_fraction": ("classify", "seq2seq")}
+
+
+def check_settings_apply(config: TrainConfig, *, finetune: bool, val_data: bool = False) -> None:
+    """A setting the run would never read (another objective's, val_fraction beside --val-data, freeze when
+    pretraining) is an error rather than silently ignored."""
+    default = TrainConfig()
+    for name, tasks in TASK_SETTINGS.items():
+        if getattr(config, name) == getattr(default, name):
+            continue
+        if config.task not in tasks:
+            raise TfcliError(f"training setting {name} is for the {' and '.join(tasks)} task{'s' if len(tasks) > 1 else ''}; "
+                             f"this run trains {config.task}", hint=f"drop {name}")
+        if name == "val_fraction" and val_data:
+            raise TfcliError("training setting val_fraction does nothing with --val-data (that file is the validation set)",
+                             hint="drop val_fraction, or --val-data")
+    if not finetune and config.freeze != default.freeze:
+        raise TfcliError("training setting freeze is for fine-tuning; pretraining trains every weight", hint="drop freeze")
+
+
 def _tomllib():
     try:
         import tomllib

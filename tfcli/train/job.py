@@ -12,7 +12,7 @@ from typing import Any
 from tfcli.errors import TfcliError, a_or_an
 from tfcli.model.config import ModelConfig
 from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
-from tfcli.train.config import PRETRAIN_TASK, RESUMABLE_CHANGES, TrainConfig, resolve_configs
+from tfcli.train.config import PRETRAIN_TASK, RESUMABLE_CHANGES, TrainConfig, check_settings_apply, resolve_configs
 
 DEFAULT_PRESET = {"decoder": "tiny", "encoder": "tiny", "encoder-decoder": "seq2seq-tiny"}
 LABELED_TASKS = ("classify", "seq2seq")
@@ -145,6 +145,7 @@ def pretrain_job(*, data: Path, output: Path, arch: str | None, preset_name: str
         model_fixed={"vocab_size": tokenizer.vocab_size, "arch": arch}, train_fixed={"task": task},
         fixed_by={"vocab_size": "the tokenizer", "arch": "--arch", "task": f"{a_or_an(arch)}'s pretraining objective"},
     )
+    check_settings_apply(config, finetune=False)
     if model_config.n_classes:
         raise TfcliError("pretraining does not train a classification head (n_classes)",
                          hint="pretrain without n_classes, then `tfcli train finetune --task classify` adds and trains the head")
@@ -188,6 +189,7 @@ def finetune_job(*, init_from: Path, task: str, data: Path, val_data: Path | Non
                if f.name not in ("dropout", "n_classes") and getattr(model_config, f.name) != getattr(parent.model, f.name)]
     if changed:
         raise TfcliError(f"fine-tuning cannot change the model's {changed[0]}", hint="only dropout may change; the shape comes from --init-from")
+    check_settings_apply(config, finetune=True, val_data=val_data is not None)
     _check_block(config, model_config, finetune=True)
     _require_roles(tokenizer, task)
     job = TrainingJob(output, model_config, config, tokenizer, data, val_data=val_data, init_from=Path(init_from), resume=resume)
