@@ -573,6 +573,25 @@ def test_eval_scores_shards_text_and_labeled_sets(cli, shards, reviews, tmp_path
     assert result.code == 2 and "unknown device 'tpu'" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_eval_scores_an_encoder_with_its_own_masking_reading_each_token_once(cli, shards, tmp_path, monkeypatch):
+    from tfcli.train import data as d
+
+    run = tmp_path / "mlm"
+    assert cli(*pretrain_args(shards, run, "--arch", "encoder", "--set", "mask_prob=0.3", "--max-steps", "2")).code == 0
+    seen = {}
+    real = d.MLMSource.__init__
+
+    def spy(self, *args, **kwargs):
+        seen.update(kwargs)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(d.MLMSource, "__init__", spy)
+    result = cli("eval", run, "--data", shards, "--json")
+    assert result.code == 0, result.stderr
+    assert seen["prob"] == 0.3
+    assert json.loads(result.stdout)["tokens"] % 31 == 0  # rows of block - 1 = 31 text tokens, none read twice
+
+
 def test_compile_falls_back_with_a_note_where_it_fails(cli, shards, tmp_path, monkeypatch):
     import torch
 

@@ -85,26 +85,30 @@ def evaluate_run(run: Path, data: Path, *, split: str = "val", batch_size: int =
             raise TfcliError(f"{data} does not exist", hint="pass a shard folder, a text file or a JSONL set")
         block = config.block_size
         window = block if task == "lm" else block - 2  # the masked and denoising windows leave room for [cls] / [eos]
+        trained = {**dataclasses.asdict(_default_train_config()), **((checkpoint.config.training or {}).get("config") or {})}
         if len(tokens) < window + 1:
             raise TfcliError(f"{data} holds {len(tokens):,} tokens, fewer than one window of {window + 1:,}",
                              hint="evaluate on more text")
         sources = {
             "lm": lambda: d.LMSource(tokens, tokens, block, batch_size, seed),
             "mlm": lambda: d.MLMSource(tokens, tokens, block, batch_size, seed, cls_id=tokenizer.require("cls"),
-                                       mask_id=tokenizer.require("mask"), vocab=tokenizer.vocab_size, prob=0.15),
+                                       mask_id=tokenizer.require("mask"), vocab=tokenizer.vocab_size, prob=trained["mask_prob"]),
             "denoise": lambda: d.DenoiseSource(tokens, tokens, block, batch_size, seed, pad_id=tokenizer.require("pad"),
                                                mask_id=tokenizer.require("mask"), eos_id=tokenizer.require("eos"),
-                                               density=0.3, mean_span=3.0),
+                                               density=trained["noise_density"], mean_span=trained["mean_span"]),
         }
         source = sources[task]()
         last = len(tokens) - window - 1
-        starts = torch.arange(0, last + 1, window)  # back to back: every token scored once
+        # back to back, every token read once: a next-token row's last token is the next row's first input
+        # (it is only a target here), a masked or denoising row uses all window + 1 of its tokens
+        stride = window if task == "lm" else window + 1
+        starts = torch.arange(0, last + 1, stride)
         if max_batches:
             starts = starts[: max_batches * batch_size]
         gen = d.generator(seed, "eval")
         make = (lambda rows: source._make(rows)) if task == "lm" else (lambda rows: source._make(rows, gen))
         batches = [make(source.val.rows(chunk)) for chunk in starts.split(batch_size)]
-        result["tokens"] = int(starts.numel() * window)
+        result["tokens"] = int(starts.numel() * stride)
     job = TrainingJob(Path(run), config, dataclasses.replace(_default_train_config(), task=task), tokenizer, data)
     byte_lengths = token_byte_lengths(job) if task == "lm" else None
     metrics = evaluate(model, batches, task, target, contextlib.nullcontext, byte_lengths)
