@@ -129,3 +129,5 @@ def test_import_and_export_never_overwrite(cli, tmp_path, trained_tokenizer):
     assert (tmp_path / "run" / "model.safetensors").read_bytes() == before
     assert (tmp_path / "hf" / "model.safetensors").read_bytes() == exported
     assert cli("import", tmp_path / "hf", "-o", tmp_path / "again").code == 0
+    result = cli("import", tmp_path / "run", "-o", tmp_path / "third")  # a tfcli run is not a GPT-2 folder
+    assert result.code == 2 and "is a tfcli run already" in result.stderr

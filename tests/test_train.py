@@ -228,6 +228,16 @@ def test_resume_refuses_a_changed_model_or_setting(cli, shards, tmp_path):
     assert snapshot(run) == before
     result = cli(*pretrain_args(shards, tmp_path / "fresh", "--max-steps", "5", "--resume"))
     assert result.code == 2 and "no run to resume" in result.stderr
+    from tfcli.data.corpus import resolve_corpus
+    from tfcli.data.shards import encode_corpus
+    from tfcli.tokenizer.core import TextTokenizer
+
+    (tmp_path / "more.txt").write_text(TINY_TEXT * 31, encoding="utf-8")
+    other = tmp_path / "other-shards"
+    encode_corpus(resolve_corpus([tmp_path / "more.txt"]), TextTokenizer.load(shards.parent / "tokenizer"), other, val_fraction=0.2)
+    result = cli(*pretrain_args(other, run, "--max-steps", "5", "--resume", "--tokenizer", shards.parent / "tokenizer"))
+    assert result.code == 2 and f"{other} is not the data the run was trained on" in result.stderr, result.stderr
+    assert snapshot(run) == before
 
 
 def test_bad_inputs_are_one_line_errors(cli, shards, tmp_path):
@@ -381,6 +391,8 @@ def test_finetune_classifier_learns_and_records_labels(cli, shards, reviews, tmp
     checkpoint = load_checkpoint(child)
     assert checkpoint.config.model.n_classes == 2
     assert checkpoint.config.training["labels"] == ["fox", "other"]
+    shown = cli("info", child).stdout
+    assert "classify (fine-tuned from" in shown and "2: fox, other" in shown
     parent_weights, child_weights = weights(parent), weights(child)
     assert not (parent_weights["tok_emb.weight"] == child_weights["tok_emb.weight"]).all()
 

@@ -159,3 +159,13 @@ def test_metrics_writer_amends_its_last_record_and_writes_strict_json(tmp_path):
         {"step": 1, "loss": 2.0}, {"step": 2, "loss": None, "val_loss": None, "val_ppl": 3.0}, {"step": 3, "loss": 1.0}]
     assert amended == {"step": 2, "loss": None, "val_loss": None, "val_ppl": 3.0}
     assert "NaN" not in path.read_text() and "Infinity" not in path.read_text()
+
+
+def test_an_unknown_label_is_named_by_its_line(tmp_path, trained_tokenizer):
+    from tfcli.data.labeled import load_labeled
+    from tfcli.tokenizer.core import TextTokenizer
+
+    path = tmp_path / "val.jsonl"
+    path.write_text('{"text": "a", "label": "pos"}\n\n\n{"text": "b", "label": "meh"}\n', encoding="utf-8")
+    with pytest.raises(TfcliError, match="val.jsonl line 4 has the label 'meh', which the model does not know"):
+        load_labeled(path, "classify", TextTokenizer.load(trained_tokenizer), "decoder", 16, labels=["neg", "pos"])

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfcli.checkpoint import WEIGHTS_FILE, load_checkpoint, save_checkpoint
+from tfcli.checkpoint import WEIGHTS_FILE, load_checkpoint, read_run_config, save_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json, atomic_write_text, prepare_output_dir
 from tfcli.model.config import ModelConfig
@@ -188,6 +188,14 @@ def _import_tokenizer(src: Path, run_dir: Path) -> TextTokenizer:
     return TextTokenizer.load(run_dir / TOKENIZER_FILE)
 
 
+def _is_tfcli_run(folder: Path) -> bool:
+    try:
+        read_run_config(folder)
+    except TfcliError:
+        return False
+    return True
+
+
 def import_gpt2(src: Path, run_dir: Path) -> ModelConfig:
     """Read a GPT-2 folder (safetensors only) and save it as a tfcli run directory."""
     import torch
@@ -199,6 +207,8 @@ def import_gpt2(src: Path, run_dir: Path) -> ModelConfig:
     if not src.is_dir():
         raise TfcliError(f"{src} is not a folder", hint="pass a Hugging Face GPT-2 folder (config.json + model.safetensors)")
     _refuse_to_overwrite(Path(run_dir), "a run", "import")
+    if _is_tfcli_run(src):
+        raise TfcliError(f"{src} is a tfcli run already; there is nothing to import", hint="use it as it is, or copy the folder")
     config, _ = _read_gpt2_config(src)
     weights = src / WEIGHTS_FILE
     if not weights.is_file():

@@ -42,6 +42,13 @@ def info(
                            f"({model['n_kv_heads'] or model['n_heads']} kv), context {model['block_size']}")
     table.add_row("options", f"{model['positions']} positions, {model['norm_placement']}-{model['norm']}, {model['activation']}, "
                              f"bias {'on' if model['bias'] else 'off'}, embeddings {'tied' if model['tie_embeddings'] else 'untied'}")
+    trained = data["training"] or {}
+    if trained.get("task"):
+        parent = trained.get("init_from")
+        table.add_row("task", Text(str(trained["task"]) + (f" (fine-tuned from {parent})" if parent else "")))
+    if model["n_classes"]:
+        labels = trained.get("labels") or [f"class {i}" for i in range(model["n_classes"])]
+        table.add_row("classes", Text(f"{model['n_classes']}: " + ", ".join(map(str, labels))))
     params = data["parameters"]
     parts = ", ".join(f"{name} {params[name]:,}" for name in ("embeddings", "attention", "mlp", "norms", "heads") if params[name])
     table.add_row("parameters", f"{params['total']:,} ({parts})")

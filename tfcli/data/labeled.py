@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tfcli.errors import TfcliError
 from tfcli.tokenizer.core import TextTokenizer
@@ -30,8 +30,14 @@ class LabeledSet:
         return len(self.inputs)
 
 
-def read_jsonl(path: Path, task: str) -> list[tuple[str, Any]]:
-    """(input, output) pairs of a JSONL file; every problem names the file and the line."""
+class Example(NamedTuple):
+    input: str
+    output: Any  # a label (classify) or a target text (seq2seq)
+    line: int  # where it is in the file, for messages
+
+
+def read_jsonl(path: Path, task: str) -> list[Example]:
+    """The examples of a JSONL file; every problem names the file and the line."""
     first, second = FIELDS[task]
     path = Path(path)
     if not path.is_file():
@@ -60,7 +66,7 @@ def read_jsonl(path: Path, task: str) -> list[tuple[str, Any]]:
                     raise TfcliError(f"{path} line {number}: {second!r} must be a string")
                 if task == "classify" and (not isinstance(value, (str, int)) or isinstance(value, bool)):
                     raise TfcliError(f"{path} line {number}: {second!r} must be a string or an integer")
-                rows.append((record[first], value))
+                rows.append(Example(record[first], value, number))
     except UnicodeDecodeError as exc:
         raise TfcliError(f"{path} is not UTF-8 text") from exc
     if not rows:
@@ -109,11 +115,11 @@ def load_labeled(path: Path, task: str, tokenizer: TextTokenizer, arch: str, blo
                 raise TfcliError(f"{path} has only one label ({labels[0]!r}); a classifier needs at least two")
         index = {name: i for i, name in enumerate(labels)}
         targets = []
-        for number, (_, value) in enumerate(rows, start=1):
-            if str(value) not in index:
-                raise TfcliError(f"{path}: example {number} has the label {value!r}, which the model does not know",
+        for row in rows:
+            if str(row.output) not in index:
+                raise TfcliError(f"{path} line {row.line} has the label {row.output!r}, which the model does not know",
                                  hint=f"labels: {', '.join(labels)}")
-            targets.append(index[str(value)])
+            targets.append(index[str(row.output)])
         inputs = classification_ids(tokenizer, arch, inputs_text, block_size)
     else:
         inputs = seq2seq_ids(tokenizer, inputs_text, block_size, target=False)

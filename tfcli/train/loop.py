@@ -268,12 +268,13 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
     trainer_folder = None
     if job.resume:
         trainer_folder, saved = find_trainer_state(job.run_dir)
-        for name, before, now in (("world size", saved.world_size, world.size),
-                                  ("data", saved.data_fingerprint, job.data_fingerprint),
-                                  ("tokenizer", saved.tokenizer_sha256, job.tokenizer.sha256)):
+        val = f" and {job.val_data}" if job.val_data is not None else ""
+        for before, now, problem in (
+                (saved.world_size, world.size, f"the world size was {saved.world_size}, now {world.size}"),
+                (saved.data_fingerprint, job.data_fingerprint, f"{job.data}{val} is not the data the run was trained on (its contents differ)"),
+                (saved.tokenizer_sha256, job.tokenizer.sha256, "the tokenizer is not the one the run was trained with")):
             if before != now:
-                shown = (before, now) if name == "world size" else ("one", "another")
-                raise TfcliError(f"cannot resume: the {name} was {shown[0]}, now {shown[1]}",
+                raise TfcliError(f"cannot resume: {problem}",
                                  hint="resume with the data, tokenizer and process count the run was started with")
         start_step, tokens_seen, elapsed_before, best_val = saved.step, saved.tokens_seen, saved.elapsed_seconds, saved.best_val_loss
 
