@@ -348,6 +348,7 @@ def test_text_file(cli, runs, tmp_path):
     (tmp_path / "t.txt").write_bytes(TEXT.encode() + b"\xff")
     result = cli("inspect-attention", runs["decoder"], "--text-file", tmp_path / "t.txt", "--token", "tired")
     assert result.code == 0, result.stderr
+    assert f"is not valid UTF-8 (byte {len(TEXT.encode())})" in " ".join(result.stderr.split())
 
 
 # ---- mistakes ---------------------------------------------------------------------------------------

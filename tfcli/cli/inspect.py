@@ -23,9 +23,17 @@ def _read_text(value: str | None, file: Path | None, what: str, flag: str) -> st
     if not file.is_file():
         raise TfcliError(f"{what} file {file} does not exist", hint="check the path")
     try:
-        return file.read_bytes().decode("utf-8", errors="replace")
+        raw = file.read_bytes()
     except OSError as exc:
         raise TfcliError(f"cannot read {file}: {exc.strerror or exc}") from exc
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        from rich.text import Text
+
+        stderr_console().print(Text(f"warning: {file} is not valid UTF-8 (byte {exc.start}); bad bytes read as U+FFFD", style="yellow"),
+                               soft_wrap=True)
+        return raw.decode("utf-8", errors="replace")
 
 
 def inspect_attention(
