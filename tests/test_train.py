@@ -167,6 +167,25 @@ def test_a_run_killed_between_checkpoints_resumes_bit_for_bit(cli, shards, tmp_p
     assert [r["loss"] for r in records(broken)] == pytest.approx([r["loss"] for r in records(whole)], abs=1e-6)
 
 
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT])
+def test_a_resumed_run_writes_the_records_of_an_uninterrupted_one(cli, shards, tmp_path, stop):
+    # records every 7 steps and at evaluations, checkpoints every 11: a checkpoint (or a Ctrl-C) falls mid-window
+    args = ["--max-steps", "30", "--log-every", "7", "--eval-every", "4", "--save-every", "11", "--batch-size", "16"]
+    whole = tmp_path / "whole"
+    assert cli(*pretrain_args(shards, whole, *args)).code == 0
+    broken = tmp_path / "broken"
+    process = _spawn(pretrain_args(shards, broken, *args))
+    _wait_for_step(broken, process, 14 if stop == signal.SIGKILL else 5)
+    process.send_signal(stop)
+    process.communicate(timeout=60)
+    assert json.loads((broken / "trainer" / "state.json").read_text())["step"] < 30
+    result = cli(*pretrain_args(shards, broken, *args, "--resume"))
+    assert result.code == 0, result.stderr
+    drop = ("tokens_per_sec", "mfu", "elapsed")
+    assert [{k: v for k, v in r.items() if k not in drop} for r in records(broken)] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in records(whole)]
+
+
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_saves_a_checkpoint_that_resumes(cli, shards, tmp_path, signum, code):
     args = ["--max-steps", "400", "--save-every", "1000", "--eval-every", "1000", "--batch-size", "16"]
@@ -334,25 +353,43 @@ def test_finetune_task_is_not_overridden_by_a_setting(cli, shards, reviews, tmp_
     assert result.code == 2 and "val_fraction does nothing with --val-data" in result.stderr
 
 
-def test_a_failing_save_is_a_clear_error_and_keeps_the_previous_checkpoint(cli, shards, tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["os", "safetensors"])  # safetensors reports a full disk as its own error type
+def test_a_failing_save_is_a_clear_error_and_keeps_the_previous_checkpoint(cli, shards, tmp_path, monkeypatch, kind):
     import errno
 
     import safetensors.torch
+    from safetensors import SafetensorError
 
     run = tmp_path / "run"
     assert cli(*pretrain_args(shards, run, "--max-steps", "2")).code == 0
     real = safetensors.torch.save_file
 
     def full_disk(*args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
+        if kind == "os":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
     before = {k: v for k, v in snapshot(run).items() if k != "metrics.jsonl"}
     monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
     result = cli(*pretrain_args(shards, run, "--max-steps", "4", "--resume"))
-    assert result.code == 2 and "No space left" in result.stderr, result.stderr
+    assert result.code == 2 and "No space left" in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 or "error:" in result.stderr.strip().splitlines()[-1]
     monkeypatch.setattr(safetensors.torch, "save_file", real)
     after = {k: v for k, v in snapshot(run).items() if k != "metrics.jsonl" and k != "loss.png"}
     assert after == {k: v for k, v in before.items() if k != "loss.png"}
+
+
+def test_a_resume_never_replaces_best_with_a_worse_model(cli, shards, tmp_path):
+    run = tmp_path / "run"
+    assert cli(*pretrain_args(shards, run, "--max-steps", "4", "--eval-every", "2", "--save-every", "4")).code == 0
+    config = json.loads((run / "best" / "config.json").read_text())
+    assert config["training"]["val_loss"] > 0
+    # as if best/ had been saved after the last checkpoint (a crash between the two) with a loss no later step beats
+    config["training"]["val_loss"] = 0.001
+    (run / "best" / "config.json").write_text(json.dumps(config))
+    best_weights = (run / "best" / "model.safetensors").read_bytes()
+    assert cli(*pretrain_args(shards, run, "--max-steps", "8", "--eval-every", "2", "--save-every", "4", "--resume")).code == 0
+    assert (run / "best" / "model.safetensors").read_bytes() == best_weights
 
 
 def test_time_budget_ends_the_run_on_time(cli, shards, tmp_path):

@@ -169,3 +169,9 @@ def test_an_unknown_label_is_named_by_its_line(tmp_path, trained_tokenizer):
     path.write_text('{"text": "a", "label": "pos"}\n\n\n{"text": "b", "label": "meh"}\n', encoding="utf-8")
     with pytest.raises(TfcliError, match="val.jsonl line 4 has the label 'meh', which the model does not know"):
         load_labeled(path, "classify", TextTokenizer.load(trained_tokenizer), "decoder", 16, labels=["neg", "pos"])
+
+
+@pytest.mark.parametrize("setting", ["eps=inf", "grad_clip=inf", "time_budget=inf", "lr=nan", "norm_eps=inf", "rope_base=-inf"])
+def test_non_finite_settings_are_refused(setting):
+    with pytest.raises(TfcliError, match="must be a finite number"):
+        resolve_configs(preset_name="tiny", config_file=None, sets=[setting], options={})

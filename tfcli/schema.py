@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from pathlib import Path
@@ -66,6 +67,8 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TfcliError(f"{where} must be a number, not {value!r}")
+        if not math.isfinite(value):  # JSON has no inf or nan; a setting that is one is a mistake
+            raise TfcliError(f"{where} must be a finite number, not {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from tfcli.errors import Interrupted, TfcliError
 from tfcli.runtime import keep_freed_memory, resolve_device
@@ -42,6 +43,8 @@ from tfcli.train.state import (
     strict_json,
     truncate_metrics,
 )
+
+WRITE_ERRORS = (OSError, SafetensorError)  # what a save can meet: a full disk, a read-only folder
 
 
 @dataclasses.dataclass
@@ -179,21 +182,46 @@ def _save(job: TrainingJob, model, tensors: dict[str, torch.Tensor], state: Trai
         save_checkpoint(job.run_dir, model, job.tokenizer, training=job.training_record(state.step),
                         before_commit=lambda weights: stage_trainer_state(job.run_dir, state, tensors, weights))
         commit_trainer_state(job.run_dir)
-    except OSError as exc:
-        raise TfcliError(f"cannot write the checkpoint in {job.run_dir}: {exc.strerror or exc}",
+    except WRITE_ERRORS as exc:
+        raise TfcliError(f"cannot write the checkpoint in {job.run_dir}: {_write_error(exc)}",
                          hint="free some space or fix the folder's permissions; the previous checkpoint is intact") from exc
     return job.run_dir
 
 
-def _save_best(job: TrainingJob, model, step: int) -> Path:
+def _save_best(job: TrainingJob, model, step: int, val_loss: float) -> Path:
     from tfcli.checkpoint import save_checkpoint
 
     try:
-        save_checkpoint(job.run_dir / BEST_DIR, model, job.tokenizer, training=job.training_record(step))
-    except OSError as exc:
-        raise TfcliError(f"cannot write the best checkpoint in {job.run_dir / BEST_DIR}: {exc.strerror or exc}",
-                         hint="free some space or fix the folder's permissions") from exc
+        save_checkpoint(job.run_dir / BEST_DIR, model, job.tokenizer, training={**job.training_record(step), "val_loss": val_loss})
+    except WRITE_ERRORS as exc:
+        raise TfcliError(f"cannot write the best checkpoint in {job.run_dir / BEST_DIR}: {_write_error(exc)}",
+                         hint="free some space or fix the folder's permissions; the previous best checkpoint is intact") from exc
     return job.run_dir / BEST_DIR
+
+
+def _best_saved_val_loss(run_dir: Path) -> float | None:
+    """The validation loss best/ was saved with (None when there is none, or it predates the record)."""
+    from tfcli.checkpoint import CONFIG_FILE, read_run_config
+
+    if not (run_dir / BEST_DIR / CONFIG_FILE).is_file():
+        return None
+    try:
+        value = (read_run_config(run_dir / BEST_DIR).training or {}).get("val_loss")
+    except TfcliError:
+        return None
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _lowest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _write_error(exc: Exception) -> str:
+    """What went wrong, in a line: OSError's own words, or safetensors' (it reports a full disk as its own error)."""
+    if isinstance(exc, OSError):
+        return str(exc.strerror or exc)
+    text = str(exc)
+    return text.split("I/O error: ", 1)[-1] if "I/O error: " in text else text
 
 
 def build_source(job: TrainingJob, world: World):
@@ -277,6 +305,7 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
                 raise TfcliError(f"cannot resume: {problem}",
                                  hint="resume with the data, tokenizer and process count the run was started with")
         start_step, tokens_seen, elapsed_before, best_val = saved.step, saved.tokens_seen, saved.elapsed_seconds, saved.best_val_loss
+        best_val = _lowest(best_val, _best_saved_val_loss(job.run_dir))  # best/ may be newer than the checkpoint
 
     model = _initial_model(job)
     _freeze(model, cfg.freeze, cfg.task)
@@ -357,13 +386,21 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
     grad_norm = float("nan")
     compile_checked = not cfg.compile
 
-    def trainer_state() -> TrainerState:
+    if job.resume and world.is_main:  # the metrics window the checkpoint was in the middle of
+        window_loss = torch.tensor(saved.window_loss, dtype=torch.float32, device=device)
+        window_count = saved.window_count
+
+    def window_totals() -> torch.Tensor:
+        """The window's loss and target count summed over the ranks (a collective)."""
+        return all_sum(world, torch.stack([window_loss.float(), torch.tensor(float(window_count), device=device)]))
+
+    def trainer_state(totals: torch.Tensor) -> TrainerState:
         return TrainerState(TRAINER_FORMAT, step, tokens_seen, elapsed, world.size, job.data_fingerprint, job.tokenizer.sha256,
-                            best_val_loss=best_val)
+                            best_val_loss=best_val, window_loss=float(totals[0].item()), window_count=int(totals[1].item()))
 
     def log(extra: dict[str, Any]) -> dict[str, Any]:
         nonlocal window_loss, window_count, window_start, window_tokens, logged_step
-        totals = all_sum(world, torch.stack([window_loss.float(), torch.tensor(float(window_count), device=device)]))
+        totals = window_totals()
         now = time.perf_counter()
         rate = window_tokens / max(now - window_start, 1e-9)
         record = {"step": step}
@@ -452,12 +489,13 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
                     best_val = extra["val_loss"]
                     to_save, _ = snapshot(with_optimizer=False)
                     if world.is_main:
-                        yield Saved(step, _save_best(job, to_save, step), True)
+                        yield Saved(step, _save_best(job, to_save, step, best_val), True)
                 if cfg.save_every and step % cfg.save_every == 0:
+                    totals = window_totals()
                     if world.is_main or fsdp:
                         to_save, tensors = snapshot()
                     if world.is_main:
-                        yield Saved(step, _save(job, to_save, tensors, trainer_state()), False)
+                        yield Saved(step, _save(job, to_save, tensors, trainer_state(totals)), False)
                         writer.sync()
                     saved_step = step
                 if budget is None:
@@ -473,7 +511,7 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
             extra = {}
             if evaluated_step != step and evaluates and step > start_step and reason != "interrupted":
                 extra = evaluate(model, val_batches, cfg.task, device, autocast, byte_lengths)
-            if logged_step != step and step > start_step:
+            if logged_step != step and step > start_step and reason != "interrupted":  # an interruption keeps its window
                 last_record = log(extra)
                 yield Logged(last_record)
             elif extra and writer is not None:  # this step was logged before it was evaluated
@@ -483,11 +521,12 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
                 best_val = extra["val_loss"]
                 to_save, _ = snapshot(with_optimizer=False)
                 if world.is_main:
-                    yield Saved(step, _save_best(job, to_save, step), True)
+                    yield Saved(step, _save_best(job, to_save, step, best_val), True)
+            totals = window_totals()
             if saved_step != step and (world.is_main or fsdp) and (step > start_step or not job.resume):
                 to_save, tensors = snapshot()
                 if world.is_main:
-                    yield Saved(step, _save(job, to_save, tensors, trainer_state()), False)
+                    yield Saved(step, _save(job, to_save, tensors, trainer_state(totals)), False)
         finally:
             if writer is not None:
                 writer.close()

@@ -47,6 +47,10 @@ class TrainerState(JsonRecord):
     tokenizer_sha256: str
     model_sha256: str = ""
     best_val_loss: float | None = None
+    # the loss summed since the last metrics record, and the targets it covers (all ranks), so a resumed
+    # run writes the records an uninterrupted one would
+    window_loss: float = 0.0
+    window_count: int = 0
 
 
 def stage_trainer_state(run_dir: Path, state: TrainerState, optimizer_tensors: dict[str, Any], weights: Path) -> None:
