@@ -276,6 +276,7 @@ def test_bad_inputs_are_one_line_errors(cli, shards, tmp_path):
         (pretrain_args(shards, tmp_path / "c", "--arch", "lstm"), "--arch"),
         (pretrain_args(shards, tmp_path / "d", "--set", "warp=9"), "warp"),
         (pretrain_args(shards, tmp_path / "e", "--time-budget", "soon"), "duration"),
+        (pretrain_args(shards, tmp_path / "e", "--time-budget", "5s", "--max-steps", "10"), "do not go together"),
         (pretrain_args(shards, tmp_path / "f", "--lr", "-1"), "lr"),
         (pretrain_args(shards, tmp_path / "g", "--device", "cuda"), "cuda"),
         # what --arch, the tokenizer and the objective decide is never silently overridden by a file or --set
@@ -319,6 +320,58 @@ def test_the_architecture_follows_the_settings_unless_arch_is_given(shards, tmp_
                          options={}, tokenizer_path=None, resume=False)
         job = pretrain_job(**{**arguments, **given})
         assert (job.model_config.arch, job.config.task) == (arch, task), given
+
+
+def test_the_output_folder_is_new_empty_or_a_failed_start_and_one_process_at_a_time(cli, shards, tmp_path, monkeypatch):
+    from tfcli.fsutil import exclusive_lock
+
+    mine = tmp_path / "mine"
+    (mine / "trainer").mkdir(parents=True)
+    (mine / "notes.txt").write_text("precious")
+    (mine / "trainer" / "keep.txt").write_text("keep")
+    before = snapshot(mine)
+    result = cli(*pretrain_args(shards, mine, "--max-steps", "2"))
+    assert result.code == 2 and "holds files that are not a run's ('notes.txt')" in result.stderr
+    assert snapshot(mine) == before
+    result = cli(*pretrain_args(shards, shards.parent / "tokenizer", "--max-steps", "2"))
+    assert result.code == 2 and "is a tokenizer folder; a run would write over it" in result.stderr
+    leftovers = tmp_path / "failed"  # what a run that died before its first checkpoint leaves may be trained into
+    leftovers.mkdir()
+    (leftovers / "metrics.jsonl").write_text("")
+    assert cli(*pretrain_args(shards, leftovers, "--max-steps", "2")).code == 0
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    with exclusive_lock(busy, "training into"):  # as if another process were training there
+        result = cli(*pretrain_args(shards, busy, "--max-steps", "2"))
+    assert result.code == 2 and "another process is training into" in result.stderr
+    assert cli(*pretrain_args(shards, busy, "--max-steps", "2")).code == 0
+
+    import tfcli.train.loop
+
+    def interrupted(job):
+        raise KeyboardInterrupt
+        yield
+
+    monkeypatch.setattr(tfcli.train.loop, "train", interrupted)  # Ctrl-C before anything is written
+    assert cli(*pretrain_args(shards, tmp_path / "never", "--max-steps", "2")).code == 130
+    assert not (tmp_path / "never").exists()
+
+
+def test_shards_with_ids_past_the_vocabulary_are_one_line(cli, shards, tmp_path):
+    import shutil
+
+    import numpy as np
+
+    from tfcli.data.shards import load_shard_meta
+
+    damaged = tmp_path / "data" / "shards"
+    shutil.copytree(shards.parent, tmp_path / "data")
+    ids = np.fromfile(damaged / "train.bin", dtype=load_shard_meta(damaged).dtype)
+    ids[::7] = 60000
+    ids.tofile(damaged / "train.bin")
+    result = cli(*pretrain_args(damaged, tmp_path / "run", "--max-steps", "2"))
+    assert result.code == 2 and "holds the token id 60000, outside the model's vocabulary" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_an_empty_validation_split_is_said_out_loud(cli, trained_tokenizer, tmp_path):
@@ -519,6 +572,7 @@ def test_two_gloo_ranks_match_one_process_with_the_whole_batch(cli, shards, tmp_
     out, err = process.communicate(timeout=240)
     assert process.returncode == 0, err
     assert out.count("done:") == 1  # rank 0 alone speaks
+    assert "FutureWarning" not in err
     one, two = records(single), records(double)
     assert [r["step"] for r in one] == [r["step"] for r in two] == list(range(1, 7))
     for a, b in zip(one, two):

@@ -136,3 +136,23 @@ def artifact_kind(path: Path) -> str | None:
     if container in ("a run directory", "a token-shard folder"):
         return f"{path.name} of {container}"
     return None
+
+
+LOCK_FILE = ".lock"
+
+
+@contextlib.contextmanager
+def exclusive_lock(folder: Path, doing: str) -> Iterator[None]:
+    """Hold FOLDER/.lock while the block runs, so two processes never write one folder at once; the
+    second gets a TfcliError. The lock goes with the process (a crash releases it); the file stays."""
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system: no lock
+        yield
+        return
+    with open(Path(folder) / LOCK_FILE, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            raise TfcliError(f"another process is {doing} {folder}", hint="wait for it to finish, or choose another -o") from exc
+        yield

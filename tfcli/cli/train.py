@@ -41,6 +41,10 @@ def _options(**values: Any) -> dict[str, Any]:
     from tfcli.train.config import parse_duration
 
     given = {k: v for k, v in values.items() if v is not None and v is not False}
+    if "time_budget" in given and "max_steps" in given:
+        from tfcli.errors import TfcliError
+
+        raise TfcliError("--max-steps and --time-budget do not go together: a budget sets the run's length", hint="pass one of them")
     if "time_budget" in given:
         given["time_budget"] = parse_duration(given["time_budget"])
     return given
@@ -151,15 +155,18 @@ def finetune(
 
 @contextlib.contextmanager
 def _no_empty_folder_left(output: Path):
-    """A run that fails before writing anything takes away the -o folder it made (never one that was there)."""
-    from tfcli.errors import TfcliError
+    """A run that fails or is interrupted before writing anything takes away the -o folder it made (never
+    one that was there)."""
+    from tfcli.fsutil import LOCK_FILE
 
-    existed = Path(output).exists()
+    folder = Path(output)
+    existed = folder.exists()
     try:
         yield
-    except TfcliError:
-        if not existed and Path(output).is_dir() and not any(Path(output).iterdir()):
-            Path(output).rmdir()
+    except BaseException:
+        if not existed and folder.is_dir() and all(p.name == LOCK_FILE for p in folder.iterdir()):
+            (folder / LOCK_FILE).unlink(missing_ok=True)
+            folder.rmdir()
         raise
 
 

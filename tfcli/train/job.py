@@ -88,16 +88,29 @@ def find_tokenizer(shard_dir: Path, explicit: Path | None) -> TextTokenizer:
                      hint="pass it with --tokenizer PATH")
 
 
+# What a run that stopped before its first checkpoint can leave; such a folder may be trained into again.
+RUN_LEFTOVERS = {"metrics.jsonl", "loss.png", "trainer", "trainer.next", "best", "model.safetensors", "tokenizer.json",
+                 "tokenizer_config.json"}
+
+
 def _check_output(run_dir: Path, resume: bool) -> None:
     from tfcli.checkpoint import CONFIG_FILE
-    from tfcli.fsutil import prepare_output_dir
+    from tfcli.fsutil import artifact_kind, prepare_output_dir
 
     if resume:
         if not (run_dir / CONFIG_FILE).is_file():
             raise TfcliError(f"{run_dir} holds no run to resume", hint="drop --resume to start a new run there")
         return
-    if run_dir.exists() and run_dir.is_dir() and (run_dir / CONFIG_FILE).exists():
-        raise TfcliError(f"{run_dir} already holds a run", hint="pass --resume to continue it, or choose another -o")
+    if run_dir.exists() and run_dir.is_dir():
+        if (run_dir / CONFIG_FILE).exists():
+            raise TfcliError(f"{run_dir} already holds a run", hint="pass --resume to continue it, or choose another -o")
+        kind = artifact_kind(run_dir)
+        if kind:
+            raise TfcliError(f"{run_dir} is {kind}; a run would write over it", hint="choose a new or empty folder with -o")
+        foreign = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".") and p.name not in RUN_LEFTOVERS)
+        if foreign:
+            raise TfcliError(f"{run_dir} holds files that are not a run's ({foreign[0]!r}); a run would mix with them",
+                             hint="choose a new or empty folder with -o")
     prepare_output_dir(run_dir, "run")
 
 

@@ -24,6 +24,7 @@ import torch
 from safetensors import SafetensorError
 
 from tfcli.errors import Interrupted, TfcliError
+from tfcli.fsutil import exclusive_lock
 from tfcli.runtime import keep_freed_memory, resolve_device
 from tfcli.train.data import Slot, derived_seed
 from tfcli.train.distributed import World, agree, join_world, leave_world
@@ -199,6 +200,16 @@ def _save_best(job: TrainingJob, model, step: int, val_loss: float) -> Path:
     return job.run_dir / BEST_DIR
 
 
+def _check_token_ids(batch, task: str, vocab_size: int, data: Path) -> None:
+    """Ids past the vocabulary would fail deep inside the embedding; shards that hold them are damaged."""
+    keys = ("ids", "decoder_ids") if task == "classify" else ("ids", "decoder_ids", "labels")
+    for key in keys:
+        tensor = batch.tensors.get(key)
+        if tensor is not None and tensor.numel() and int(tensor.max()) >= vocab_size:
+            raise TfcliError(f"{data} holds the token id {int(tensor.max())}, outside the model's vocabulary of {vocab_size:,}",
+                             hint="the data is damaged or from another tokenizer; encode it again with `tfcli tokenize encode`")
+
+
 def _best_saved_val_loss(run_dir: Path) -> float | None:
     """The validation loss best/ was saved with (None when there is none, or it predates the record)."""
     from tfcli.checkpoint import CONFIG_FILE, read_run_config
@@ -261,7 +272,10 @@ def train(job: TrainingJob) -> Iterator[Any]:
     world = join_world(device_kind)
     together = False  # every rank got here: they agree when to stop, also on an interrupt
     try:
-        yield from _train(job, world)
+        with exclusive_lock(job.run_dir, "training into") if world.is_main else contextlib.nullcontext():
+            if world.is_main and not job.resume and (job.run_dir / "config.json").exists():  # made since the job was checked
+                raise TfcliError(f"{job.run_dir} already holds a run", hint="pass --resume to continue it, or choose another -o")
+            yield from _train(job, world)
         together = True
     except Interrupted:
         together = True
@@ -344,8 +358,13 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
         from torch.nn.parallel import DistributedDataParallel
 
         unused = cfg.task == "classify" or model.config.n_classes > 0
+        import inspect
+
+        # the buffers (position tables) are the same on every rank: no syncing before each forward
+        no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters \
+            else {"broadcast_buffers": False}  # the older name
         ddp = runner = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                               broadcast_buffers=False, find_unused_parameters=unused)
+                                               find_unused_parameters=unused, **no_sync)
     if cfg.compile:
         runner = torch.compile(runner)
 
@@ -366,6 +385,8 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
             metrics_path.unlink()
         writer = MetricsWriter(metrics_path)
     val_batches = source.validation(cfg.eval_batches, cfg.batch_size * world.size) if evaluates else []  # the same set for any world size
+    for batch in val_batches:
+        _check_token_ids(batch, cfg.task, job.model_config.vocab_size, job.data)
     byte_lengths = token_byte_lengths(job) if cfg.task == "lm" and evaluates else None
 
     yield Started(start_step, None if budget else cfg.max_steps, budget, sum(p.numel() for p in model.parameters()),
@@ -437,6 +458,8 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
                     group["lr"] = lr
                 torch.manual_seed(derived_seed(cfg.seed, "dropout", step, world.rank))
                 batches = [source.batch(Slot(step, m, world.rank, world.size)) for m in range(cfg.grad_accum)]
+                for batch in batches:
+                    _check_token_ids(batch, cfg.task, job.model_config.vocab_size, job.data)
                 local_count = sum(b.count for b in batches)
                 global_count = int(all_sum(world, torch.tensor(float(local_count), device=device)).item())
                 scale = world.size / max(global_count, 1)
