@@ -101,6 +101,8 @@ def test_the_last_step_is_validated_when_it_is_not_an_evaluation_step(cli, shard
     summary = json.loads(result.stdout)
     assert summary["last"]["val_loss"] == rows[-1]["val_loss"]
     assert summary["best_val_loss"] == min(rows[19]["val_loss"], rows[29]["val_loss"])
+    lines = [line for line in result.stderr.splitlines() if line.startswith("step") and line.split()[1] == "30"]
+    assert len(lines) == 2 and "loss" in lines[0] and lines[1].split()[2] == "val"  # the second line adds only the validation
 
 
 @pytest.mark.parametrize("arch", ["encoder", "encoder-decoder"])

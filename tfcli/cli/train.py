@@ -201,6 +201,7 @@ def _run(job, json_output: bool) -> None:
     task_id = None
     status: dict[str, str] = {"loss": "loss --"}
     finished = None
+    printed_step = None
     with progress:
         for event in train(job):
             if not is_main:
@@ -217,10 +218,14 @@ def _run(job, json_output: bool) -> None:
                 progress.update(task_id, completed=event.fraction, description=f"step {event.step:,}",
                                 status="  ".join(status[k] for k in ("loss", "lr", "rate", "mfu") if k in status), eta=eta)
             elif isinstance(event, Logged):
-                if isinstance(event.record.get("loss"), float):
-                    status["loss"] = f"loss {event.record['loss']:.4f}"
-                if not live or any(k.startswith("val_") for k in event.record):
-                    console.print(Text(_describe(event.record)), soft_wrap=True)
+                record = event.record
+                if isinstance(record.get("loss"), float):
+                    status["loss"] = f"loss {record['loss']:.4f}"
+                if record["step"] == printed_step:  # the final validation joined a step already shown: show what it adds
+                    record = {k: v for k, v in record.items() if k == "step" or k.startswith("val_")}
+                if not live or any(k.startswith("val_") for k in record):
+                    console.print(Text(_describe(record)), soft_wrap=True)
+                    printed_step = record["step"]
             elif isinstance(event, Saved):
                 console.print(Text(f"saved {'best ' if event.best else ''}checkpoint at step {event.step} in {event.path}", style="dim"), soft_wrap=True)
             elif isinstance(event, Note):

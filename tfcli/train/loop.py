@@ -411,6 +411,15 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
         window_loss = torch.tensor(saved.window_loss, dtype=torch.float32, device=device)
         window_count = saved.window_count
 
+    def utilisation(rate: float) -> float:
+        """MFU at `rate` tokens/s. The peak was probed for a moment at the start; on a busy machine that can
+        read low, and then what training reaches is the better bound."""
+        nonlocal peak
+        achieved = rate / max(tokens_per_step, 1) * flops_per_step
+        if peak:
+            peak = max(peak, achieved)
+        return achieved / peak if peak else 0.0
+
     def window_totals() -> torch.Tensor:
         """The window's loss and target count summed over the ranks (a collective)."""
         return all_sum(world, torch.stack([window_loss.float(), torch.tensor(float(window_count), device=device)]))
@@ -428,7 +437,7 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
         if totals[1].item() > 0:
             record["loss"] = totals[0].item() / totals[1].item()
         record.update({"lr": lr, "grad_norm": grad_norm, "tokens": tokens_seen, "tokens_per_sec": rate,
-                       "mfu": rate / max(tokens_per_step, 1) * flops_per_step / peak if peak else 0.0,
+                       "mfu": utilisation(rate),
                        "elapsed": elapsed})
         record.update(extra)
         record = strict_json({k: (round(v, 4) if k in ("tokens_per_sec", "mfu", "elapsed") else v) for k, v in record.items()})
@@ -527,7 +536,7 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
                 else:
                     done, remaining = min(elapsed / budget, 1.0), max(budget - elapsed, 0.0)
                 rate = window_tokens / max(time.perf_counter() - window_start, 1e-9) if window_tokens else last_record.get("tokens_per_sec", 0.0)
-                yield StepDone(step, lr, tokens_seen, rate, rate / tokens_per_step * flops_per_step / peak if peak else 0.0,
+                yield StepDone(step, lr, tokens_seen, rate, utilisation(rate),
                                elapsed, remaining, done)
 
             # The end (or an interruption): evaluate, log, save what this step has not already.

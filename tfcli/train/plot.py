@@ -18,6 +18,7 @@ def plot_loss_curve(records: list[dict[str, Any]], path: Path, title: str) -> bo
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     figure = Figure(figsize=(7, 4), dpi=120)
     ax = figure.add_subplot()
@@ -26,6 +27,7 @@ def plot_loss_curve(records: list[dict[str, Any]], path: Path, title: str) -> bo
     if val:
         ax.plot(*zip(*val), label="validation", color="#ee6677", marker="o", markersize=3, linewidth=1.2)
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
     ax.set_ylabel("loss (nats per target)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
