@@ -22,9 +22,12 @@ def test_bench_tokenize_reports_every_job(cli, tmp_path):
     assert data["train_time_ratio"] > 0 and data["encode_throughput_ratio"] > 0
 
 
-def test_bench_bad_options(cli):
+def test_bench_bad_options(cli, tmp_path):
     assert cli("bench", "tokenize", "--size-mb", "0").code == 2
     assert cli("bench", "tokenize", "--repeat", "0", "--size-mb", "0.1").code == 2
+    (tmp_path / "afile").write_text("x")
+    result = cli("bench", "tokenize", "--workdir", tmp_path / "afile", "--size-mb", "0.1", "--repeat", "1")
+    assert result.code == 2 and "is a file, not a folder" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_bench_model_compares_with_transformers(cli):
@@ -70,3 +73,8 @@ def test_bench_train_bad_options(cli):
     assert "cannot be built as GPT-2" in cli("bench", "train", "--presets", "bert-base").stderr
     assert cli("bench", "train", "--presets", ",").code == 2
     assert cli("bench", "train", "--device", "tpu").code == 2
+    import torch
+
+    if not torch.cuda.is_available():  # the device is checked here, not inside a worker (whose traceback would show)
+        result = cli("bench", "train", "--presets", "tiny", "--device", "cuda", "--steps", "1")
+        assert result.code == 2 and "no CUDA GPU" in result.stderr and len(result.stderr.strip().splitlines()) == 1

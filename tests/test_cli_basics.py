@@ -97,3 +97,10 @@ def test_a_reader_that_stops_early_is_not_an_error():
     os.close(write_end)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("group", [[], ["train"], ["tokenize"], ["bench"]])
+def test_a_group_without_a_command_shows_its_help(cli, group):
+    result = cli(*group)
+    assert result.code == 0 and result.stdout.startswith("Usage: tfcli") and "Commands" in result.stdout
+    assert "error" not in result.stderr

@@ -26,3 +26,12 @@ def test_bench_generate_compares_with_transformers_on_the_same_weights(cli, tmp_
 def test_bench_generate_bad_options(cli):
     assert "cannot be built as GPT-2" in cli("bench", "generate", "--preset", "seq2seq-tiny", "--repeat", "1").stderr
     assert cli("bench", "generate", "--repeat", "0").code == 2
+    assert "decodes at most 8,192" in cli("bench", "generate", "--prompt-tokens", "100000").stderr
+
+
+def test_a_workers_user_error_comes_back_as_one(tmp_path):
+    from tfcli.bench.common import run_worker
+    from tfcli.errors import TfcliError
+
+    with pytest.raises(TfcliError, match="unknown preset 'nope'"):
+        run_worker("tfcli.bench.generate", ["prepare", str(tmp_path), "nope", "16", "256"])

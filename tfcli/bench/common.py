@@ -7,6 +7,8 @@ import resource
 import subprocess
 import sys
 
+from tfcli.errors import TfcliError
+
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
@@ -16,6 +18,9 @@ def run_worker(module: str, args: list[str]) -> dict:
     """Run `python -m MODULE ARGS...`, whose last stdout line is a JSON object, and return it."""
     done = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
     if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        if lines and lines[-1].startswith("tfcli.errors.TfcliError: "):  # a user's mistake the worker found: one line
+            raise TfcliError(lines[-1].removeprefix("tfcli.errors.TfcliError: "))
         raise RuntimeError(f"bench job {module} {' '.join(args[:1])} failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> None:
         # click's usage errors (typer vendors click from 0.26 on, so match the shape, not the class)
         if not (hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int)):
             raise
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a group named without a command: its help, as --help prints it
+            print(exc.format_message())
+            sys.exit(0)
         message = exc.format_message().rstrip(".")
         ctx = getattr(exc, "ctx", None)
         where = ctx.command_path if ctx is not None else "tfcli"

@@ -13,6 +13,27 @@ from tfcli.cli.common import JsonFlag, human_bytes, print_json, stderr_console, 
 app = typer.Typer(help="Measure tfcli's speed beside its peers (ratios from one run, on this machine).", no_args_is_help=True, rich_markup_mode=None)
 
 
+MAX_BENCH_TOKENS = 8192  # prompt + new tokens in `bench generate` (the uncached job re-runs all of them per token)
+
+
+def _scratch_folder(workdir: Path | None, name: str = "") -> Path:
+    """Where a bench writes: a new temporary folder (removed afterwards), or --workdir (made if need be)."""
+    import tempfile
+
+    from tfcli.errors import TfcliError
+
+    if workdir is None:
+        return Path(tempfile.mkdtemp(prefix="tfcli-bench-"))
+    folder = workdir / name if name else workdir
+    if folder.exists() and not folder.is_dir():
+        raise TfcliError(f"--workdir {folder} is a file, not a folder", hint="pass a folder, or leave --workdir out")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TfcliError(f"cannot create --workdir {folder}: {exc.strerror or exc}", hint="pass a folder you can write to") from exc
+    return folder
+
+
 @app.command("tokenize")
 def tokenize(
     corpus: Annotated[Optional[list[str]], typer.Option("--corpus", help="Text to measure on (repeatable); default: synthesized from sample_data/.", show_default=False)] = None,
@@ -31,7 +52,6 @@ def tokenize(
     """
     import os
     import shutil
-    import tempfile
 
     from tfcli.bench.tokenize import run_tokenize_bench
     from tfcli.errors import TfcliError
@@ -40,7 +60,7 @@ def tokenize(
     if size_mb <= 0:
         raise TfcliError(f"--size-mb must be positive, not {size_mb}")
     sample = None if corpus else find_sample_data(data) / "corpus"
-    scratch = Path(tempfile.mkdtemp(prefix="tfcli-bench-")) if workdir is None else workdir
+    scratch = _scratch_folder(workdir)
     console = stderr_console()
     try:
         with console.status("benchmarking") as status:
@@ -155,20 +175,22 @@ def generate(
     """
     import os
     import shutil
-    import tempfile
 
     from tfcli.bench.generate import run_generate_bench
     from tfcli.errors import TfcliError
 
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise TfcliError(f"unknown device {device!r}", hint="use cpu or cuda")
-    if device.startswith("cuda"):
-        import torch
+    from tfcli.runtime import resolve_device
 
-        if not torch.cuda.is_available():
-            raise TfcliError("--device cuda but no CUDA GPU is available", hint="use --device cpu")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise TfcliError(f"--device must be cpu, cuda or cuda:N, not {device!r}")
+    device = resolve_device(device)
     if min(repeat, prompt_tokens, new_tokens) < 1 or threads < 0:
         raise TfcliError("--repeat, --prompt-tokens and --new-tokens must be at least 1, --threads at least 0")
+    if prompt_tokens + new_tokens > MAX_BENCH_TOKENS:
+        raise TfcliError(f"--prompt-tokens + --new-tokens is {prompt_tokens + new_tokens:,}; the bench decodes at most {MAX_BENCH_TOKENS:,}",
+                         hint="the issue's setting is 16 + 256")
+    if workdir is not None:
+        _scratch_folder(workdir)
     try:
         import transformers  # noqa: F401
     except ImportError as exc:
@@ -177,7 +199,7 @@ def generate(
     benches = []
     console = stderr_console()
     for name in preset:
-        scratch = Path(tempfile.mkdtemp(prefix="tfcli-bench-")) if workdir is None else workdir / name
+        scratch = _scratch_folder(workdir, name)
         try:
             with console.status(f"benchmarking {name}") as status:
                 benches.append(run_generate_bench(scratch, name, prompt_tokens=prompt_tokens, new_tokens=new_tokens, repeat=repeat,
@@ -247,8 +269,11 @@ def train(
         problem = gpt2_incompatibility(make_preset(name))
         if problem:
             raise TfcliError(f"preset {name!r} cannot be built as GPT-2: {problem}", hint="use decoder presets such as tiny, small or gpt2-small")
+    from tfcli.runtime import resolve_device
+
     if device not in ("cpu", "cuda", "mps", "auto"):
         raise TfcliError(f"--device must be cpu, cuda, mps or auto, not {device!r}")
+    resolve_device(device)  # there, on this machine
     if precision not in ("auto", "fp32", "bf16"):
         raise TfcliError(f"--precision must be auto, fp32 or bf16, not {precision!r}")
     try:
