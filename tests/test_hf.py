@@ -114,6 +114,11 @@ def test_import_bad_folders(cli, tmp_path, trained_tokenizer):
     (tmp_path / "gpt2" / "config.json").write_text(json.dumps(config))
     result = cli("import", tmp_path / "gpt2", "-o", tmp_path / "run")
     assert result.code == 2 and "not gpt2" in result.stderr
+    _hub_style_gpt2(tmp_path / "no-tokenizer", trained_tokenizer, vocab, True)
+    (tmp_path / "no-tokenizer" / "tokenizer.json").unlink()
+    result = cli("import", tmp_path / "no-tokenizer", "-o", tmp_path / "run")
+    assert result.code == 2 and "tokenizer" in result.stderr
+    assert not (tmp_path / "run").exists()  # a failed import leaves no folder behind
 
 
 def test_import_and_export_never_overwrite(cli, tmp_path, trained_tokenizer):

@@ -118,7 +118,7 @@ def test_find_token():
     assert find_token(views, "ani")[0] == 1  # a piece of a word, when no whole word matches
     with pytest.raises(TfcliError, match="not in the text"):
         find_token(views, "zebra")
-    with pytest.raises(TfcliError, match="occurs 2 time"):
+    with pytest.raises(TfcliError, match="occurs 2 times"):
         find_token(views, "it", 3)
 
 
@@ -297,6 +297,8 @@ def test_encoder_decoder_from_the_command_line(cli, runs):
     assert summary.code == 0 and "entropy" in summary.stdout and "induct" not in summary.stdout
     no_target = cli("inspect-attention", runs["seq2seq"], "--text", "the fox")
     assert no_target.code == 2 and "--target" in no_target.stderr
+    encoder_only = cli("inspect-attention", runs["seq2seq"], "--text", "the fox found a ball", "--attention", "encoder", "--summary")
+    assert encoder_only.code == 0 and "encoder self-attention" in encoder_only.stdout  # the encoder reads no target
     assert cli("inspect-attention", runs["decoder"], "--text", "the fox", "--target", "x").code == 2
     wrong = cli("inspect-attention", runs["decoder"], "--text", "the fox", "--attention", "cross")
     assert wrong.code == 2 and "no cross attention" in wrong.stderr
@@ -362,7 +364,7 @@ MISTAKES = [
     (["--text", ""], "empty"),
     ([], "no text given"),
     (["--text", TEXT, "--token", "zebra"], "not in the text"),
-    (["--text", TEXT, "--token", "it", "--occurrence", "2"], "occurs 1 time"),
+    (["--text", TEXT, "--token", "it", "--occurrence", "2"], "occurs once"),
     (["--text", TEXT, "--format", "bmp"], "unknown format 'bmp'"),
     (["--text", TEXT, "--format", "html"], "pass -o FILE.html"),
     (["--text", TEXT, "--format", "png"], "pass -o FILE.png"),

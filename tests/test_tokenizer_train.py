@@ -41,6 +41,7 @@ def test_counted_says_one_and_many():
     from tfcli.cli.common import counted
 
     assert (counted(1, "file"), counted(0, "file"), counted(2048, "binary file")) == ("1 file", "0 files", "2,048 binary files")
+    assert (counted(1, "process", "processes"), counted(2, "process", "processes")) == ("1 process", "2 processes")
 
 
 def test_loads_unchanged_with_tokenizers(trained_tokenizer):

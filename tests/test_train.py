@@ -188,6 +188,16 @@ def test_a_resumed_run_writes_the_records_of_an_uninterrupted_one(cli, shards, t
         [{k: v for k, v in r.items() if k not in drop} for r in records(whole)]
 
 
+def test_a_closed_stderr_does_not_stop_training(shards, tmp_path):
+    run = tmp_path / "run"
+    process = subprocess.Popen([sys.executable, "-m", "tfcli", *map(str, pretrain_args(shards, run, "--max-steps", "40"))],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process.stderr.readline()  # the first status line, then the reader goes away (`2>&1 | head -1`)
+    process.stderr.close()
+    assert process.wait(timeout=120) == 0
+    assert json.loads((run / "trainer" / "state.json").read_text())["step"] == 40
+
+
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_saves_a_checkpoint_that_resumes(cli, shards, tmp_path, signum, code):
     args = ["--max-steps", "400", "--save-every", "1000", "--eval-every", "1000", "--batch-size", "16"]

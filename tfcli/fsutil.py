@@ -156,3 +156,18 @@ def exclusive_lock(folder: Path, doing: str) -> Iterator[None]:
         except OSError as exc:
             raise TfcliError(f"another process is {doing} {folder}", hint="wait for it to finish, or choose another -o") from exc
         yield
+
+
+@contextlib.contextmanager
+def no_empty_folder_left(folder: Path) -> Iterator[None]:
+    """A command that fails or is interrupted before writing anything into FOLDER takes away the folder
+    if it made it (never one that was there before)."""
+    folder = Path(folder)
+    existed = folder.exists()
+    try:
+        yield
+    except BaseException:
+        if not existed and folder.is_dir() and all(p.name == LOCK_FILE for p in folder.iterdir()):
+            (folder / LOCK_FILE).unlink(missing_ok=True)
+            folder.rmdir()
+        raise

@@ -25,22 +25,47 @@ state = _State()
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout instead of a table.")]
 
 
-def counted(n: int, noun: str) -> str:
-    """'1 file', '2 files', '1,024 files'."""
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """'1 file', '2 files', '1,024 files'; counted(2, "process", "processes") -> '2 processes'."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
+PIPED_WIDTH = 200  # columns when output goes to a file or a pipe and COLUMNS is not set (rich would take 80)
+
+
+def _piped_width(stream) -> int | None:
+    """A line that wraps at 80 columns in a file is two lines to grep; a terminal keeps its own width."""
+    try:
+        terminal = stream.isatty()
+    except (AttributeError, ValueError):
+        terminal = False
+    return None if terminal or os.environ.get("COLUMNS") else PIPED_WIDTH
 
 
 def stderr_console() -> Console:
     """Status, progress and errors go to stderr, so stdout carries only data (e.g. --json)."""
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    console = Console(stderr=True, highlight=False, width=_piped_width(sys.stderr))
+    # Status lines are for whoever watches; when the reader of stderr goes away (`2>&1 | head`), the work
+    # goes on without them, rather than dying halfway through (a training run, say).
+    console.on_broken_pipe = lambda: _stop_writing_stderr(console)
+    return console
+
+
+def _stop_writing_stderr(console: Console) -> None:
+    console.quiet = True
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def stdout_console() -> Console:
     from rich.console import Console
 
-    console = Console(highlight=False)
+    console = Console(highlight=False, width=_piped_width(sys.stdout))
     # A reader that stops early (`| head`) is no failure: rich would exit 1, the CLI exits 0 (see app.main).
     console.on_broken_pipe = _raise_broken_pipe
     return console

@@ -81,7 +81,7 @@ def generate(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="New tokens per completion, at most.")] = 128,
     strategy: Annotated[Optional[str], typer.Option(help="greedy | sample | beam. Default: beam with --num-beams > 1, sample with any sampling option or --seed, else greedy.", show_default=False)] = None,
     temperature: Annotated[Optional[float], typer.Option(help="Sampling: divide the logits by this (0 = greedy). Default 1.", show_default=False)] = None,
-    top_k: Annotated[Optional[int], typer.Option(help="Sampling: keep the K most likely tokens. --fill-mask: fillers to list (default 5).", show_default=False)] = None,
+    top_k: Annotated[Optional[int], typer.Option(help="Sampling: keep the K most likely tokens (0: all). --fill-mask: fillers to list (default 5).", show_default=False)] = None,
     top_p: Annotated[Optional[float], typer.Option(help="Sampling: nucleus, keep the most likely tokens up to probability P, in (0, 1].", show_default=False)] = None,
     min_p: Annotated[Optional[float], typer.Option(help="Sampling: drop tokens less likely than P x the most likely one.", show_default=False)] = None,
     repetition_penalty: Annotated[float, typer.Option(help="> 1 makes tokens already in the text less likely (1 = off).")] = 1.0,

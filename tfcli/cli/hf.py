@@ -27,7 +27,10 @@ def export(
 
     if to != "hf":
         raise TfcliError(f"unknown export format {to!r}", hint="use --to hf")
-    config = export_gpt2(run, output)
+    from tfcli.fsutil import no_empty_folder_left
+
+    with no_empty_folder_left(output):
+        config = export_gpt2(run, output)
     stdout_console().print(f"exported {run} to {output} (GPT2LMHeadModel, {config['n_layer']} layers, vocab {config['vocab_size']:,})")
 
 
@@ -44,5 +47,8 @@ def import_(
     """
     from tfcli.hf import import_gpt2
 
-    config = import_gpt2(source, output)
+    from tfcli.fsutil import no_empty_folder_left
+
+    with no_empty_folder_left(output):
+        config = import_gpt2(source, output)
     stdout_console().print(f"imported {source} into {output} ({config.parameter_estimate():,} parameters)")

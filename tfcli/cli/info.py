@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.common import JsonFlag, human_bytes, print_json, stdout_console
+from tfcli.cli.common import JsonFlag, counted, human_bytes, print_json, stdout_console
 
 
 def info(
@@ -38,7 +38,8 @@ def info(
     table.add_column()
     table.add_row("run", data["run"] + (f"  (from {data['source']})" if data["source"] else ""))
     layers = str(model["n_layers"]) + (f" + {model['n_decoder_layers'] or model['n_layers']} decoder" if model["arch"] == "encoder-decoder" else "")
-    table.add_row("model", f"{model['arch']}, {layers} layers, d_model {model['d_model']}, {model['n_heads']} heads "
+    layers += " layer" if layers == "1" else " layers"
+    table.add_row("model", f"{model['arch']}, {layers}, d_model {model['d_model']}, {counted(model['n_heads'], 'head')} "
                            f"({model['n_kv_heads'] or model['n_heads']} kv), context {model['block_size']}")
     table.add_row("options", f"{model['positions']} positions, {model['norm_placement']}-{model['norm']}, {model['activation']}, "
                              f"bias {'on' if model['bias'] else 'off'}, embeddings {'tied' if model['tie_embeddings'] else 'untied'}")

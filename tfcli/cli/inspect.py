@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, human_bytes, stderr_console, stdout_console
+from tfcli.cli.common import PIPED_WIDTH, JsonFlag, human_bytes, stderr_console, stdout_console
 
 
 def _read_text(value: str | None, file: Path | None, what: str, flag: str) -> str | None:
@@ -122,7 +122,8 @@ def inspect_attention(
         from tfcli.inspect.terminal import render_inspection
 
         out = stdout_console()
-        for renderable in render_inspection(inspection, width=out.width, start=start, key_start=key_start):
+        width = out.width if out.width != PIPED_WIDTH else 80  # a map is drawn for a screen, also in a file
+        for renderable in render_inspection(inspection, width=width, start=start, key_start=key_start):
             out.print(renderable, soft_wrap=False, crop=True)
         return
     if fmt == "json":

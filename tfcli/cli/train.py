@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, print_json, stderr_console, stdout_console
+from tfcli.cli.common import JsonFlag, counted, print_json, stderr_console, stdout_console
+from tfcli.fsutil import no_empty_folder_left
 
 app = typer.Typer(
     help="Pretrain a model on token shards, or fine-tune a run directory on a new task.",
@@ -19,7 +19,7 @@ app = typer.Typer(
 
 Output = Annotated[Path, typer.Option("--output", "-o", help="The run directory to write (or to continue with --resume).", show_default=False)]
 ConfigFile = Annotated[Optional[Path], typer.Option("--config", help="A TOML file: [model] and [train] tables (or flat keys), and `preset`.", show_default=False)]
-Sets = Annotated[Optional[list[str]], typer.Option("--set", help="Override one setting: --set d_model=128 --set train.weight_decay=0 (repeatable).", show_default=False)]
+Sets = Annotated[Optional[list[str]], typer.Option("--set", help="Override one setting: --set d_model=128 --set train.weight_decay=0 (repeatable; fine-tuning keeps the model's shape, so there only dropout and training settings).", show_default=False)]
 MaxSteps = Annotated[Optional[int], typer.Option("--max-steps", help="Optimizer updates to run [default: 1000].", show_default=False)]
 TimeBudget = Annotated[Optional[str], typer.Option("--time-budget", help="Train for a wall-clock budget instead (90s, 3m, 1h); the schedule spans it.", show_default=False)]
 BatchSize = Annotated[Optional[int], typer.Option("--batch-size", help="Sequences per micro-batch, per process [default: 16].", show_default=False)]
@@ -99,7 +99,7 @@ def pretrain(
                        compile=compile_model, fsdp=fsdp)
     if block_size is not None:
         options["model.block_size"] = block_size
-    with _no_empty_folder_left(output):
+    with no_empty_folder_left(output):
         job = pretrain_job(data=data, output=output, arch=arch, preset_name=preset, config_file=config, sets=sets or [],
                            options=options, tokenizer_path=tokenizer, resume=resume)
         _run(job, json_output)
@@ -147,27 +147,10 @@ def finetune(
     options = _options(max_steps=max_steps, time_budget=time_budget, batch_size=batch_size, block_size=block_size, grad_accum=grad_accum,
                        lr=lr, seed=seed, save_every=save_every, eval_every=eval_every, log_every=log_every, device=device,
                        precision=precision, compile=compile_model, fsdp=fsdp, freeze=freeze)
-    with _no_empty_folder_left(output):
+    with no_empty_folder_left(output):
         job = finetune_job(init_from=init_from, task=task, data=data, val_data=val_data, output=output, config_file=config,
                            sets=sets or [], options=options, resume=resume)
         _run(job, json_output)
-
-
-@contextlib.contextmanager
-def _no_empty_folder_left(output: Path):
-    """A run that fails or is interrupted before writing anything takes away the -o folder it made (never
-    one that was there)."""
-    from tfcli.fsutil import LOCK_FILE
-
-    folder = Path(output)
-    existed = folder.exists()
-    try:
-        yield
-    except BaseException:
-        if not existed and folder.is_dir() and all(p.name == LOCK_FILE for p in folder.iterdir()):
-            (folder / LOCK_FILE).unlink(missing_ok=True)
-            folder.rmdir()
-        raise
 
 
 def _check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
@@ -207,9 +190,9 @@ def _run(job, json_output: bool) -> None:
             if not is_main:
                 continue
             if isinstance(event, Started):
-                what = f"{event.max_steps:,} steps" if event.max_steps else f"{event.time_budget:.0f} s budget"
+                what = counted(event.max_steps, "step") if event.max_steps else f"{event.time_budget:.0f} s budget"
                 console.print(Text(f"training {event.parameters:,} parameters ({event.trainable:,} trainable) on {event.device} "
-                                   f"{event.precision}, {event.world_size} process(es), {event.tokens_per_step:,} tokens per step, {what}"
+                                   f"{event.precision}, {counted(event.world_size, 'process', 'processes')}, {event.tokens_per_step:,} tokens per step, {what}"
                                    + (f", from step {event.step}" if event.step else ""), style="dim"), soft_wrap=True)
                 task_id = progress.add_task("step", total=1.0, status="", eta="--")
             elif isinstance(event, StepDone):

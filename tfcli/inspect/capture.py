@@ -120,8 +120,8 @@ def capture_attention(checkpoint: Checkpoint, text: str, *, target: str | None =
     kinds = attention_kinds(config)
     if kind not in kinds:
         raise TfcliError(f"this {config.arch} model has no {kind} attention", hint=f"use --attention {' or '.join(kinds)}")
-    if config.arch == "encoder-decoder" and target is None:
-        raise TfcliError("an encoder-decoder needs a target text as well as the source",
+    if config.arch == "encoder-decoder" and target is None and kind != "encoder":
+        raise TfcliError(f"an encoder-decoder's {kind} attention needs a target text as well as the source",
                          hint="pass --target TEXT (the decoder's text); --text is the source")
     if config.arch != "encoder-decoder" and target is not None:
         raise TfcliError(f"--target is for encoder-decoder models; this one is {a_or_an(config.arch)}", hint="drop --target")
@@ -151,11 +151,15 @@ def forward_weights(model, kind: str, ids: list[int], decoder_ids: list[int] | N
     device = next(model.parameters()).device
     with torch.inference_mode():
         src = torch.tensor([ids], dtype=torch.long, device=device)  # (1, S)
-        kwargs = {}
-        if decoder_ids is not None:
-            kwargs["decoder_ids"] = torch.tensor([decoder_ids], dtype=torch.long, device=device)  # (1, T)
-        out = model(src, need_weights=True, logits=False, **kwargs)
-        layers = out.attentions[kind]  # per layer (1, nh, T, S)
+        if decoder_ids is None and model.config.arch == "encoder-decoder":  # the encoder alone (no target)
+            attentions: dict = {}
+            model.encode(src, need_weights=True, attentions=attentions)
+        else:
+            kwargs = {}
+            if decoder_ids is not None:
+                kwargs["decoder_ids"] = torch.tensor([decoder_ids], dtype=torch.long, device=device)  # (1, T)
+            attentions = model(src, need_weights=True, logits=False, **kwargs).attentions
+        layers = attentions[kind]  # per layer (1, nh, T, S)
         stacked = torch.cat(layers, dim=0)  # (L, nh, T, S)
         return stacked.float().cpu().numpy()
 
@@ -209,7 +213,7 @@ def find_token(views: list[TokenView], word: str, occurrence: int = 1, where: st
         shown = " ".join(f"'{v.text}'" for v in views[:12]) + (" ..." if len(views) > 12 else "")
         raise TfcliError(f"--token {word!r} is not in {where}; its tokens are {shown}", hint=f"pass a word of {where}")
     if not 1 <= occurrence <= len(matches):
-        raise TfcliError(f"--occurrence {occurrence}: {word!r} occurs {len(matches)} time(s) in {where}",
+        raise TfcliError(f"--occurrence {occurrence}: {word!r} occurs {'once' if len(matches) == 1 else f'{len(matches)} times'} in {where}",
                          hint=f"pass a number from 1 to {len(matches)}")
     match = matches[occurrence - 1]
     first, last = owner[match.start()], owner[match.end() - 1]

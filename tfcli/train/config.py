@@ -157,8 +157,12 @@ def _split_settings(settings: dict[str, Any], where: str) -> tuple[dict[str, Any
         elif section == "" and name in model_keys:
             model[name] = value
         else:
-            raise TfcliError(f"{where}: unknown setting {key!r}",
-                             hint="model settings are ModelConfig fields (see `tfcli info`), training settings TrainConfig fields (see the README)")
+            import difflib
+
+            known = sorted(model_keys | train_keys)
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"the settings are {', '.join(known)}"
+            raise TfcliError(f"{where}: unknown setting {key!r}", hint=hint)
     return model, train
 
 
