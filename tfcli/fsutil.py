@@ -93,17 +93,18 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
 
 
-def prepare_output_dir(path: Path, what: str = "output") -> Path:
-    """Create `path` as a folder (parents too) and check we can write there; a clear error if not."""
+def prepare_output_dir(path: Path, what: str = "output", option: str = "-o") -> Path:
+    """Create `path` as a folder (parents too) and check we can write there; a clear error, naming the
+    command-line `option` that gave the path, if not."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise TfcliError(f"{what} path {path} is a file, not a folder", hint="pass a folder path with -o")
+        raise TfcliError(f"{what} path {path} is a file, not a folder", hint=f"pass a folder path with {option}")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise TfcliError(f"cannot create {what} folder {path}: {exc.strerror}", hint="pick another path with -o") from exc
+        raise TfcliError(f"cannot create {what} folder {path}: {exc.strerror}", hint=f"pick another path with {option}") from exc
     if not os.access(path, os.W_OK | os.X_OK):
-        raise TfcliError(f"{what} folder {path} is not writable", hint="pick another path with -o or fix its permissions")
+        raise TfcliError(f"{what} folder {path} is not writable", hint=f"pick another path with {option} or fix its permissions")
     return path
 
 

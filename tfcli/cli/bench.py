@@ -20,18 +20,11 @@ def _scratch_folder(workdir: Path | None, name: str = "") -> Path:
     """Where a bench writes: a new temporary folder (removed afterwards), or --workdir (made if need be)."""
     import tempfile
 
-    from tfcli.errors import TfcliError
+    from tfcli.fsutil import prepare_output_dir
 
     if workdir is None:
         return Path(tempfile.mkdtemp(prefix="tfcli-bench-"))
-    folder = workdir / name if name else workdir
-    if folder.exists() and not folder.is_dir():
-        raise TfcliError(f"--workdir {folder} is a file, not a folder", hint="pass a folder, or leave --workdir out")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise TfcliError(f"cannot create --workdir {folder}: {exc.strerror or exc}", hint="pass a folder you can write to") from exc
-    return folder
+    return prepare_output_dir(workdir / name if name else workdir, "scratch", option="--workdir")
 
 
 @app.command("tokenize")
