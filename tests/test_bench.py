@@ -78,3 +78,22 @@ def test_bench_train_bad_options(cli):
     if not torch.cuda.is_available():  # the device is checked here, not inside a worker (whose traceback would show)
         result = cli("bench", "train", "--presets", "tiny", "--device", "cuda", "--steps", "1")
         assert result.code == 2 and "no CUDA GPU" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_sigterm_ends_a_bench_through_its_cleanup(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    process = subprocess.Popen([sys.executable, "-m", "tfcli", "bench", "tokenize", "--size-mb", "20", "--repeat", "3"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp_path)})
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("tfcli-bench-*")) and time.monotonic() < deadline:  # it has made its scratch folder
+        time.sleep(0.05)
+    time.sleep(1.0)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 143, err
+    assert not list(tmp_path.glob("tfcli-bench-*")) and "Traceback" not in err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Annotated
 
@@ -51,10 +52,36 @@ def _root(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the command line; exit 0 on success, 2 on a user error, 130 on Ctrl-C."""
+    """Run the command line; exit 0 on success, 2 on a user error, 130 on Ctrl-C, 143 on SIGTERM."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    with _sigterm_unwinds():
+        _run(args)
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds():
+    """SIGTERM ends a command the way Ctrl-C does, through its `finally` blocks (a bench removes its scratch
+    folder, a failed start its empty -o), with exit code 143. Training saves a checkpoint first, with its
+    own handler."""
+    import signal
+
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, terminate)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args: list[str]) -> None:
     from tfcli.errors import Interrupted, TfcliError
 
-    args = sys.argv[1:] if argv is None else list(argv)
     try:
         code = app(args=args, prog_name="tfcli", standalone_mode=False)
     except TfcliError as exc:
