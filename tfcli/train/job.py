@@ -93,6 +93,14 @@ RUN_LEFTOVERS = {"metrics.jsonl", "loss.png", "trainer", "trainer.next", "best",
                  "tokenizer_config.json"}
 
 
+def refuse_existing_run(run_dir: Path) -> None:
+    """A new run never writes over a finished or running one."""
+    from tfcli.checkpoint import CONFIG_FILE
+
+    if (run_dir / CONFIG_FILE).exists():
+        raise TfcliError(f"{run_dir} already holds a run", hint="pass --resume to continue it, or choose another -o")
+
+
 def _check_output(run_dir: Path, resume: bool) -> None:
     from tfcli.checkpoint import CONFIG_FILE
     from tfcli.fsutil import artifact_kind, prepare_output_dir
@@ -102,8 +110,7 @@ def _check_output(run_dir: Path, resume: bool) -> None:
             raise TfcliError(f"{run_dir} holds no run to resume", hint="drop --resume to start a new run there")
         return
     if run_dir.exists() and run_dir.is_dir():
-        if (run_dir / CONFIG_FILE).exists():
-            raise TfcliError(f"{run_dir} already holds a run", hint="pass --resume to continue it, or choose another -o")
+        refuse_existing_run(run_dir)
         kind = artifact_kind(run_dir)
         if kind:
             raise TfcliError(f"{run_dir} is {kind}; a run would write over it", hint="choose a new or empty folder with -o")

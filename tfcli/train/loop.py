@@ -28,7 +28,7 @@ from tfcli.fsutil import exclusive_lock
 from tfcli.runtime import keep_freed_memory, resolve_device
 from tfcli.train.data import Slot, derived_seed
 from tfcli.train.distributed import World, agree, join_world, leave_world
-from tfcli.train.job import TrainingJob
+from tfcli.train.job import TrainingJob, refuse_existing_run
 from tfcli.train.state import (
     BEST_DIR,
     LOSS_PLOT,
@@ -273,8 +273,8 @@ def train(job: TrainingJob) -> Iterator[Any]:
     together = False  # every rank got here: they agree when to stop, also on an interrupt
     try:
         with exclusive_lock(job.run_dir, "training into") if world.is_main else contextlib.nullcontext():
-            if world.is_main and not job.resume and (job.run_dir / "config.json").exists():  # made since the job was checked
-                raise TfcliError(f"{job.run_dir} already holds a run", hint="pass --resume to continue it, or choose another -o")
+            if world.is_main and not job.resume:
+                refuse_existing_run(job.run_dir)  # again, under the lock: another process may have made one since
             yield from _train(job, world)
         together = True
     except Interrupted:
