@@ -4,6 +4,7 @@ a tokenizer trained once per session."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,19 @@ TINY_TEXT = (
     "\n"
     "The dog did not like the rain, but the cat liked to watch it fall.\n"
 )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def kernel_cache(tmp_path_factory):
+    """Build the C kernel into the session's temporary folder, not the user's cache (commands run as
+    subprocesses inherit it)."""
+    before = os.environ.get("TFCLI_CACHE_DIR")
+    os.environ["TFCLI_CACHE_DIR"] = str(tmp_path_factory.mktemp("tfcli-cache"))
+    yield
+    if before is None:
+        os.environ.pop("TFCLI_CACHE_DIR", None)
+    else:
+        os.environ["TFCLI_CACHE_DIR"] = before
 
 
 @dataclasses.dataclass

@@ -31,6 +31,7 @@ class DecodeMeasurement:
     new_tokens: int
     peak_rss_mb: float
     first_tokens: list[int]  # the first generated ids, to check both sides decode the same model
+    kernel: str = ""  # tfcli on the CPU: which one-row matrix product decoding used (`native.describe`)
 
     @property
     def tokens_per_second(self) -> float:
@@ -220,7 +221,12 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
         tokens = decode(new_tokens)
         _sync(device)
         seconds = min(seconds, time.perf_counter() - started)
-    return DecodeMeasurement(job, seconds, len(tokens), peak_rss_mb(), tokens[:32])
+    kernel = ""
+    if job != "transformers" and device == "cpu":
+        from tfcli.model import native
+
+        kernel = native.describe()
+    return DecodeMeasurement(job, seconds, len(tokens), peak_rss_mb(), tokens[:32], kernel)
 
 
 def run_generate_bench(work: Path, preset_name: str = "tiny", *, prompt_tokens: int = 16, new_tokens: int = 256, repeat: int = 3,

@@ -216,6 +216,8 @@ def generate(
             table.add_row(m.job, f"{m.seconds:.3f}", f"{m.tokens_per_second:,.1f}", f"{m.seconds / m.new_tokens * 1e3:.2f}", f"{m.peak_rss_mb:,.0f} MB")
         table.add_row("floor (weights / bandwidth)", "", "", f"{b.floor_seconds_per_token * 1e3:.2f}", "")
         out.print(table)
+        if b.results.get("tfcli") and b.results["tfcli"].kernel:
+            out.print(f"tfcli's one-row products (batch 1 decoding): {b.results['tfcli'].kernel}")
         versus_peer = b.ratio("tfcli", "transformers")
         target = 1.5 if b.parameters < 20_000_000 else 1.1
         if versus_peer is not None:

@@ -6,7 +6,9 @@ oneDNN, the library PyTorch also ships (its compiled CPU graphs use it); at batc
 matrix-vector product through oneDNN streams the weights two to three times as fast as through MKL.
 So the linear layers and the fused loss multiply through the functions here. They take oneDNN for fp32
 CPU tensors whose product is large enough to repay its fixed cost of about 15 us a call, and PyTorch's
-own kernels everywhere else: other dtypes, autocast, GPUs, and while torch.compile traces.
+own kernels everywhere else: other dtypes, autocast, GPUs, and while torch.compile traces. One input row
+times a large weight (a decoding step at batch 1) goes to tfcli's own C loop (`native.py`), which streams
+the weight from memory faster than either library.
 """
 
 from __future__ import annotations
@@ -15,10 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tfcli.model import native
+
 # From these sizes on, oneDNN was about as fast or faster on every shape we timed (on the EPYC above):
 # multiply-adds a call, or the weight's elements (at batch 1 reading the weight is the whole cost).
 ONEDNN_MIN_MACS = 1 << 22
 ONEDNN_MIN_WEIGHT = 1 << 19
+# Below this many weight elements PyTorch's own product of one row is as fast as the C kernel's call.
+NATIVE_MIN_WEIGHT = 1 << 16
 
 _op = None
 _looked_up = False
@@ -89,8 +95,26 @@ class _Linear(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias
 
 
+def use_native(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether `x @ w.T + bias` goes through the C matrix-vector kernel: one fp32 CPU row, no gradient."""
+    if x.numel() != x.shape[-1] or w.numel() < NATIVE_MIN_WEIGHT or x.device.type != "cpu":
+        return False
+    if x.dtype != torch.float32 or w.dtype != torch.float32 or not w.is_contiguous():
+        return False
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        return False
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad)):
+        return False
+    if torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling():
+        return False
+    return native.vector_linear() is not None
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, through oneDNN where `use_onednn` says so; differentiable either way."""
+    """F.linear, through the C kernel or oneDNN where `use_native` or `use_onednn` says so; differentiable
+    wherever a gradient is asked for."""
+    if use_native(x, weight, bias):
+        return native.vector_linear()(x, weight, bias)
     if not use_onednn(x, weight):
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):

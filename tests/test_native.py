@@ -1,0 +1,196 @@
+"""The C matrix-vector kernel: its values, when linear layers use it, and how it is built, cached and
+refused (no compiler, a failed build, a damaged cache, a wrong result)."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tfcli.model import kernels, native
+from tfcli.model.attention import KVCache
+from tfcli.model.config import ModelConfig
+from tfcli.model.transformer import Transformer
+
+needs_compiler = pytest.mark.skipif(shutil.which(os.environ.get("CC") or "cc") is None, reason="no C compiler")
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """The kernel forgotten and its cache empty, so the next use builds it again."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TFCLI_CACHE_DIR", str(cache))
+    monkeypatch.delenv("TFCLI_NATIVE_KERNELS", raising=False)
+    native.forget()
+    yield cache
+    native.forget()
+
+
+@pytest.fixture
+def threads():
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@needs_compiler
+@pytest.mark.parametrize("n,k", [(1, 1), (5, 17), (203, 77), (768, 768), (300, 1000)])
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_kernel_matches_torch(threads, n, k, with_bias, n_threads):
+    kernel = native.vector_linear()
+    assert kernel is not None, native.problem()
+    threads(n_threads)
+    generator = torch.Generator().manual_seed(n * k)
+    x = torch.randn(1, 1, k, generator=generator)
+    weight = torch.randn(n + 3, k, generator=generator)[3:]  # a view that starts inside its storage
+    bias = torch.randn(n, generator=generator) if with_bias else None
+    for parallel_from in (0, native.PARALLEL_FROM):
+        got = kernel(x, weight, bias, parallel_from=parallel_from)
+        assert got.shape == (1, 1, n)
+        assert torch.allclose(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
+
+
+@needs_compiler
+def test_kernel_reads_a_strided_row():
+    kernel = native.vector_linear()
+    rows = torch.randn(4, 300)
+    weight = torch.randn(50, 150)
+    x = rows[2:3, ::2]  # (1, 150), every other element
+    assert torch.allclose(kernel(x, weight), F.linear(x, weight), atol=1e-4)
+
+
+def test_linear_sends_one_row_of_a_large_weight_to_the_kernel(monkeypatch):
+    calls = []
+
+    def counted(x, weight, bias=None):
+        calls.append(tuple(x.shape))
+        return F.linear(x, weight, bias)
+
+    monkeypatch.setattr(native, "vector_linear", lambda: counted)
+    weight = torch.randn(512, 256)
+    kernels.linear(torch.randn(1, 256), weight)
+    kernels.linear(torch.randn(1, 1, 256), weight, torch.randn(512))
+    assert calls == [(1, 256), (1, 1, 256)]
+    kernels.linear(torch.randn(2, 256), weight)  # two rows
+    kernels.linear(torch.randn(1, 64), torch.randn(64, 64))  # a weight too small to repay the call
+    kernels.linear(torch.randn(1, 256).double(), weight.double())
+    kernels.linear(torch.randn(1, 256, requires_grad=True), weight)  # a gradient is asked for
+    kernels.linear(torch.randn(1, 256), torch.randn(256, 512).t())  # a transposed (strided) weight
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        kernels.linear(torch.randn(1, 256), weight)
+    assert len(calls) == 2
+    with torch.no_grad():
+        kernels.linear(torch.randn(1, 256, requires_grad=True), weight)
+    assert len(calls) == 3
+
+
+def test_linear_without_the_kernel_is_still_right(monkeypatch):
+    monkeypatch.setattr(native, "vector_linear", lambda: None)
+    x, weight, bias = torch.randn(1, 256), torch.randn(512, 256), torch.randn(512)
+    assert torch.allclose(kernels.linear(x, weight, bias), F.linear(x, weight, bias), atol=1e-4)
+
+
+@needs_compiler
+def test_cached_decoding_gives_the_same_logits_with_and_without_the_kernel(monkeypatch):
+    config = ModelConfig(vocab_size=2048, block_size=32, n_layers=2, n_heads=4, d_model=64, d_ff=1024, dropout=0.0)
+    torch.manual_seed(0)
+    model = Transformer(config).eval()
+    ids = torch.randint(0, 2048, (1, 12))
+    assert native.vector_linear() is not None
+
+    def decode_one_by_one():
+        cache = KVCache(config, 1, 32, torch.float32)
+        with torch.inference_mode():
+            model.decode(ids[:, :4], cache=cache)
+            return torch.stack([model.lm_head(model.decode(ids[:, t:t + 1], cache=cache))[0, 0] for t in range(4, 12)])
+
+    calls = []
+    kernel = native.vector_linear()
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(native, "vector_linear", lambda: counted)
+    with_kernel = decode_one_by_one()
+    assert len(calls) == 8 * 5  # per token: both layers' MLP projections (64K elements each) and the output layer
+    monkeypatch.setattr(native, "vector_linear", lambda: None)
+    without = decode_one_by_one()
+    assert torch.allclose(with_kernel, without, rtol=1e-5, atol=1e-5)
+    assert torch.equal(with_kernel.argmax(-1), without.argmax(-1))
+
+
+@needs_compiler
+def test_the_build_is_cached_and_reused(fresh, monkeypatch):
+    assert native.vector_linear() is not None
+    built = list((fresh / "kernels").iterdir())
+    assert len(built) == 1 and built[0].suffix == ".so"  # no partial file left beside it
+    native.forget()
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("the cached build should have been used")
+
+    monkeypatch.setattr(native.subprocess, "run", no_compiling)
+    assert native.vector_linear() is not None and native.problem() is None
+
+
+@needs_compiler
+def test_a_damaged_build_is_made_again(fresh):
+    assert native.vector_linear() is not None
+    (library,) = (fresh / "kernels").iterdir()
+    damaged = library.with_name("damaged")
+    damaged.write_bytes(b"not a shared library")
+    os.replace(damaged, library)  # a new file: the one this process loaded stays mapped as it was
+    # A new process (this one would reuse the library it has loaded under that name):
+    check = "from tfcli.model import native; print(native.problem())"
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=os.environ.copy(), timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr
+    assert library.read_bytes()[:4] == b"\x7fELF"
+
+
+@needs_compiler
+def test_an_unusable_cache_folder_builds_for_this_process_only(fresh, monkeypatch, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("TFCLI_CACHE_DIR", str(tmp_path / "a-file" / "cache"))  # cannot be made
+    assert native.vector_linear() is not None, native.problem()
+
+
+def test_no_compiler_keeps_onednn(fresh, monkeypatch):
+    monkeypatch.setenv("CC", str(fresh / "no-such-compiler"))
+    assert native.vector_linear() is None
+    assert "no C compiler" in native.problem() and "set CC" in native.problem()
+    assert native.describe().startswith("oneDNN (no C compiler")
+    x, weight = torch.randn(1, 256), torch.randn(512, 256)
+    assert torch.allclose(kernels.linear(x, weight), F.linear(x, weight), atol=1e-4)
+    assert not (fresh / "kernels").exists() or not any((fresh / "kernels").iterdir())  # no partial file left
+
+
+@pytest.mark.skipif(shutil.which("false") is None, reason="no `false` program")
+def test_a_failed_build_keeps_onednn(fresh, monkeypatch):
+    monkeypatch.setenv("CC", shutil.which("false"))
+    assert native.vector_linear() is None
+    assert "could not build it" in native.problem()
+    assert not any((fresh / "kernels").iterdir())
+
+
+def test_turned_off_by_the_environment(fresh, monkeypatch):
+    monkeypatch.setenv("TFCLI_NATIVE_KERNELS", "0")
+    assert native.vector_linear() is None
+    assert native.problem() == "turned off by TFCLI_NATIVE_KERNELS"
+
+
+@needs_compiler
+def test_a_build_that_disagrees_with_torch_is_refused(fresh, monkeypatch, tmp_path):
+    wrong = tmp_path / "wrong.c"
+    wrong.write_text(
+        "void vector_linear(const float *w, const float *x, const float *bias, float *y, long n, long k, int threads, long from) {\n"
+        "    for (long i = 0; i < n; i++) y[i] = 0.0f;\n"
+        "}\n"
+    )
+    monkeypatch.setattr(native, "SOURCE", wrong)
+    assert native.vector_linear() is None
+    assert native.problem() == "the built kernel disagreed with PyTorch"
