@@ -71,15 +71,15 @@ def test_linear_sends_one_row_of_a_large_weight_to_the_kernel(monkeypatch):
         return F.linear(x, weight, bias)
 
     monkeypatch.setattr(native, "vector_linear", lambda: counted)
-    weight = torch.randn(512, 256)
+    weight = torch.randn(2048, 256)
     kernels.linear(torch.randn(1, 256), weight)
-    kernels.linear(torch.randn(1, 1, 256), weight, torch.randn(512))
+    kernels.linear(torch.randn(1, 1, 256), weight, torch.randn(2048))
     assert calls == [(1, 256), (1, 1, 256)]
     kernels.linear(torch.randn(2, 256), weight)  # two rows
-    kernels.linear(torch.randn(1, 64), torch.randn(64, 64))  # a weight too small to repay the call
+    kernels.linear(torch.randn(1, 256), torch.randn(1024, 256))  # a weight that fits in a core's cache
     kernels.linear(torch.randn(1, 256).double(), weight.double())
     kernels.linear(torch.randn(1, 256, requires_grad=True), weight)  # a gradient is asked for
-    kernels.linear(torch.randn(1, 256), torch.randn(256, 512).t())  # a transposed (strided) weight
+    kernels.linear(torch.randn(1, 256), torch.randn(256, 2048).t())  # a transposed (strided) weight
     with torch.autocast("cpu", dtype=torch.bfloat16):
         kernels.linear(torch.randn(1, 256), weight)
     assert len(calls) == 2
@@ -96,10 +96,10 @@ def test_linear_without_the_kernel_is_still_right(monkeypatch):
 
 @needs_compiler
 def test_cached_decoding_gives_the_same_logits_with_and_without_the_kernel(monkeypatch):
-    config = ModelConfig(vocab_size=2048, block_size=32, n_layers=2, n_heads=4, d_model=64, d_ff=1024, dropout=0.0)
+    config = ModelConfig(vocab_size=4096, block_size=32, n_layers=2, n_heads=4, d_model=128, d_ff=4096, dropout=0.0)
     torch.manual_seed(0)
     model = Transformer(config).eval()
-    ids = torch.randint(0, 2048, (1, 12))
+    ids = torch.randint(0, 4096, (1, 12))
     assert native.vector_linear() is not None
 
     def decode_one_by_one():
@@ -117,7 +117,7 @@ def test_cached_decoding_gives_the_same_logits_with_and_without_the_kernel(monke
 
     monkeypatch.setattr(native, "vector_linear", lambda: counted)
     with_kernel = decode_one_by_one()
-    assert len(calls) == 8 * 5  # per token: both layers' MLP projections (64K elements each) and the output layer
+    assert len(calls) == 8 * 5  # per token: both layers' MLP projections and the output layer (512K elements each)
     monkeypatch.setattr(native, "vector_linear", lambda: None)
     without = decode_one_by_one()
     assert torch.allclose(with_kernel, without, rtol=1e-5, atol=1e-5)
