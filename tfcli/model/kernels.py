@@ -6,9 +6,9 @@ oneDNN, the library PyTorch also ships (its compiled CPU graphs use it); at batc
 matrix-vector product through oneDNN streams the weights two to three times as fast as through MKL.
 So the linear layers and the fused loss multiply through the functions here. They take oneDNN for fp32
 CPU tensors whose product is large enough to repay its fixed cost of about 15 us a call, and PyTorch's
-own kernels everywhere else: other dtypes, autocast, GPUs, and while torch.compile traces. One input row
-times a large weight (a decoding step at batch 1) goes to tfcli's own C loop (`native.py`), which streams
-the weight from memory faster than either library.
+own kernels everywhere else: other dtypes, autocast, GPUs, and while torch.compile or torch.jit traces.
+One input row times a large weight (a decoding step at batch 1) goes to tfcli's own C loop
+(`native.py`), which streams the weight from memory faster than either library.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from tfcli.model import native
 # multiply-adds a call, or the weight's elements (at batch 1 reading the weight is the whole cost).
 ONEDNN_MIN_MACS = 1 << 22
 ONEDNN_MIN_WEIGHT = 1 << 19
-# The C kernel is for weights streamed from memory; one that fits in a core's cache (2 MB here) is
-# multiplied as fast or faster by PyTorch's own kernels.
+# The C kernel is for weights streamed from memory; one that fits in the L2 caches (2 MB on the EPYC
+# above) is multiplied as fast or faster by PyTorch's own kernels.
 NATIVE_MIN_WEIGHT = 1 << 19
 
 _op = None
@@ -44,13 +44,15 @@ def _onednn_linear():
     return _op
 
 
-def use_onednn(a: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether `a @ w.T` (a (..., k), w (n, k)) goes through oneDNN."""
+def use_onednn(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether `a @ w.T + bias` (a (..., k), w (n, k), bias (n,)) goes through oneDNN."""
     if a.device.type != "cpu" or a.dtype != torch.float32 or w.dtype != torch.float32:
         return False
+    if w.device != a.device or (bias is not None and (bias.shape != (w.shape[0],) or bias.device != a.device)):
+        return False  # a broadcast bias, or mixed devices: PyTorch's own product (and its errors)
     if a.numel() * w.shape[0] < ONEDNN_MIN_MACS and w.numel() < ONEDNN_MIN_WEIGHT:
         return False
-    if torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling():
+    if torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
     return bool(torch.backends.mkldnn.enabled) and _onednn_linear() is not None
 
@@ -62,7 +64,7 @@ def _onednn(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) 
 def matmul_nt(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """a @ w.T + bias for a (..., k), w (n, k), bias (n,); oneDNN's result has no gradient, so autograd
     Functions call this and `linear` is what modules call."""
-    return _onednn(a, w, bias) if use_onednn(a, w) else F.linear(a, w, bias)
+    return _onednn(a, w, bias) if use_onednn(a, w, bias) else F.linear(a, w, bias)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -97,16 +99,20 @@ class _Linear(torch.autograd.Function):
 
 
 def use_native(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether `x @ w.T + bias` goes through the C matrix-vector kernel: one fp32 CPU row, no gradient."""
-    if x.numel() != x.shape[-1] or w.numel() < NATIVE_MIN_WEIGHT or x.device.type != "cpu":
+    """Whether `x @ w.T + bias` goes through the C matrix-vector kernel: one fp32 row on the CPU, every
+    shape as F.linear needs it, no gradient, not while tracing. Anything else keeps PyTorch's checks."""
+    if x.numel() != x.shape[-1] or w.dim() != 2 or w.numel() < NATIVE_MIN_WEIGHT or x.shape[-1] != w.shape[1]:
         return False
-    if x.dtype != torch.float32 or w.dtype != torch.float32 or not w.is_contiguous():
+    if x.device.type != "cpu" or w.device.type != "cpu" or x.dtype != torch.float32 or w.dtype != torch.float32:
         return False
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+    if not w.is_contiguous():
+        return False
+    if bias is not None and (bias.shape != (w.shape[0],) or bias.device.type != "cpu" or bias.dtype != torch.float32
+                             or not bias.is_contiguous()):
         return False
     if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad)):
         return False
-    if torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling():
+    if torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return False
     return native.vector_linear() is not None
 
@@ -116,7 +122,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     wherever a gradient is asked for."""
     if use_native(x, weight, bias):
         return native.vector_linear()(x, weight, bias)
-    if not use_onednn(x, weight):
+    if not use_onednn(x, weight, bias):
         return F.linear(x, weight, bias)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
         return _Linear.apply(x, weight, bias)

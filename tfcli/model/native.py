@@ -4,9 +4,9 @@ At batch 1 a linear layer reads its whole weight to make one output row, so a de
 to stream every weight from memory. On a 2-core AMD EPYC where a plain sum read 65-75 GB/s, oneDNN's
 product streamed weights at 33-38 GB/s and MKL's at 17; the C loop reaches about 57 GB/s there. It is
 built with the machine's C compiler (`$CC`, else `cc`) once per source, compiler and processor, into
-tfcli's cache folder (`$TFCLI_CACHE_DIR`, else `$XDG_CACHE_HOME/tfcli` or `~/.cache/tfcli`). Where there
-is no compiler or no OpenMP, or the built kernel disagrees with PyTorch on a check product, the linear
-layers keep oneDNN; `TFCLI_NATIVE_KERNELS=0` turns the kernel off.
+tfcli's cache folder (`$TFCLI_CACHE_DIR`, else `$XDG_CACHE_HOME/tfcli` or `~/.cache/tfcli`, in `kernels/`).
+Where there is no compiler or no OpenMP, the build or its check against PyTorch fails, or the kernel's
+OpenMP runtime is not PyTorch's, the linear layers keep oneDNN; `TFCLI_NATIVE_KERNELS=0` turns it off.
 """
 
 from __future__ import annotations
@@ -16,8 +16,13 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
+import shlex
+import signal
+import stat
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import torch
@@ -26,11 +31,12 @@ import torch.nn.functional as F
 SOURCE = Path(__file__).with_name("vector_linear.c")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 PARALLEL_FROM = 1 << 15  # weight elements from which a product is split between threads
-BUILD_TIMEOUT_S = 120
+BUILD_TIMEOUT_S = 60
 
 
 class VectorLinear:
-    """y = x @ weight.T + bias for one row x (..., k) of fp32 CPU tensors, weight (n, k) contiguous."""
+    """y = x @ weight.T + bias for one row x (..., k) of fp32 CPU tensors, weight (n, k) contiguous, bias
+    (n,) contiguous. The caller checks the shapes (`kernels.use_native`); the C code trusts them."""
 
     def __init__(self, function) -> None:
         self._function = function
@@ -39,12 +45,17 @@ class VectorLinear:
                  parallel_from: int = PARALLEL_FROM) -> torch.Tensor:
         n, k = weight.shape
         x = x.contiguous()
-        y = torch.empty(*x.shape[:-1], n, dtype=torch.float32)
+        y = torch.empty(*x.shape[:-1], n, dtype=torch.float32, device="cpu")
         self._function(weight.data_ptr(), x.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
                        n, k, torch.get_num_threads(), parallel_from)
         return y
 
 
+class NativeUnavailable(Exception):
+    pass
+
+
+_lock = threading.Lock()
 _kernel: VectorLinear | None = None
 _problem: str | None = None  # why there is no kernel
 _tried = False
@@ -53,12 +64,17 @@ _tried = False
 def vector_linear() -> VectorLinear | None:
     """The compiled kernel, building it the first time; None where it cannot be had (see `problem()`)."""
     global _kernel, _problem, _tried
-    if not _tried:
-        _tried = True
-        try:
-            _kernel = _build_and_load()
-        except NativeUnavailable as reason:
-            _kernel, _problem = None, str(reason)
+    if _tried:
+        return _kernel
+    with _lock:
+        if not _tried:
+            try:
+                _kernel = _build_and_load()
+            except NativeUnavailable as reason:
+                _kernel, _problem = None, str(reason)
+            except Exception as error:  # whatever goes wrong, decoding goes on without the kernel
+                _kernel, _problem = None, f"{type(error).__name__}: {error}"
+            _tried = True
     return _kernel
 
 
@@ -69,7 +85,7 @@ def problem() -> str | None:
 
 
 def describe() -> str:
-    """One line for benchmark reports: which matrix-vector product decoding uses."""
+    """One line for benchmark reports: which product batch-1 decoding uses for weights from 2 MB."""
     reason = problem()
     return "tfcli's C kernel (vector_linear.c)" if reason is None else f"oneDNN ({reason})"
 
@@ -77,11 +93,8 @@ def describe() -> str:
 def forget() -> None:
     """Drop the loaded kernel so the next call builds or finds it again (tests change the settings)."""
     global _kernel, _problem, _tried
-    _kernel, _problem, _tried = None, None, False
-
-
-class NativeUnavailable(Exception):
-    pass
+    with _lock:
+        _kernel, _problem, _tried = None, None, False
 
 
 def cache_dir() -> Path:
@@ -106,48 +119,62 @@ def _build_and_load() -> VectorLinear:
         raise NativeUnavailable("turned off by TFCLI_NATIVE_KERNELS")
     if os.name != "posix":
         raise NativeUnavailable(f"not built on {platform.system()}")
-    compiler = os.environ.get("CC") or "cc"
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, compiler.encode(), " ".join(FLAGS).encode(), _processor().encode()])).hexdigest()[:16]
-    name = f"vector_linear-{key}.so"
+    compiler = shlex.split(os.environ.get("CC") or "cc") or ["cc"]
+    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(compiler).encode(), " ".join(FLAGS).encode(),
+                                      _processor().encode()]))
+    name = f"vector_linear-{key.hexdigest()[:16]}.so"
     try:
         folder: Path | None = cache_dir() / "kernels"
         folder.mkdir(parents=True, exist_ok=True)
-        writable = os.access(folder, os.W_OK)
+        usable = _private(folder) and os.access(folder, os.W_OK)
     except (OSError, RuntimeError):  # RuntimeError: no home folder to hold the cache
-        folder, writable = None, False
-    if folder is not None and (folder / name).exists():
-        try:
-            return _checked(_open(folder / name))
-        except NativeUnavailable:
-            if not writable:
-                raise
+        folder, usable = None, False
+    if folder is not None and usable:
+        library = folder / name
+        if library.exists():
+            if _private(library):
+                try:
+                    return _checked(_open(library))
+                except NativeUnavailable:
+                    pass
             with contextlib.suppress(OSError):
-                (folder / name).unlink()  # damaged: build it again
-    if folder is not None and writable:
-        _compile(compiler, folder / name)
-        return _checked(_open(folder / name))
-    with tempfile.TemporaryDirectory(prefix="tfcli-kernel-") as scratch:  # no cache: build for this process
+                library.unlink()  # damaged, or not ours: build it again
+        _compile(compiler, library)
+        return _checked(_open(library))
+    with tempfile.TemporaryDirectory(prefix="tfcli-kernel-") as scratch:  # no cache of our own: for this process
         library = Path(scratch) / name
         _compile(compiler, library)
         return _checked(_open(library))  # the loaded library outlives its file
 
 
-def _compile(compiler: str, library: Path) -> None:
+def _private(path: Path) -> bool:
+    """Ours and not writable by everyone: no other user can have put a library there for us to load."""
+    info = path.stat()
+    return info.st_uid == os.getuid() and not info.st_mode & stat.S_IWOTH
+
+
+def _compile(compiler: list[str], library: Path) -> None:
     """Compile into a private file, then move it into place, so a concurrent build never loads half a file."""
     fd, partial = tempfile.mkstemp(dir=library.parent, prefix=library.stem, suffix=".partial")
     os.close(fd)
     try:
         try:
-            done = subprocess.run([compiler, *FLAGS, "-o", partial, str(SOURCE)], capture_output=True, text=True,
-                                  timeout=BUILD_TIMEOUT_S)
+            process = subprocess.Popen([*compiler, *FLAGS, "-o", partial, str(SOURCE)], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, start_new_session=True)
         except FileNotFoundError:
-            raise NativeUnavailable(f"no C compiler {compiler!r}; set CC to one") from None
-        except (OSError, subprocess.TimeoutExpired) as error:
-            raise NativeUnavailable(f"{compiler} failed: {error}") from None
-        if done.returncode != 0:
-            first = next((line for line in done.stderr.splitlines() if line.strip()), f"exit code {done.returncode}")
-            raise NativeUnavailable(f"{compiler} could not build it: {first.strip()}")
+            raise NativeUnavailable(f"no C compiler {compiler[0]!r}; set CC to one") from None
+        except OSError as error:
+            raise NativeUnavailable(f"{compiler[0]} could not start: {error}") from None
+        try:
+            _, stderr = process.communicate(timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # the compiler and whatever it started
+            process.communicate()
+            raise NativeUnavailable(f"{compiler[0]} took more than {BUILD_TIMEOUT_S} s") from None
+        if process.returncode != 0:
+            first = next((line for line in stderr.splitlines() if line.strip()), f"exit code {process.returncode}")
+            raise NativeUnavailable(f"{compiler[0]} could not build it: {first.strip()}")
+        os.chmod(partial, 0o755)  # the compiler made it private to this user; loading needs read access
         os.replace(partial, library)
     finally:
         if os.path.exists(partial):
@@ -161,7 +188,19 @@ def _open(library: Path) -> VectorLinear:
         raise NativeUnavailable(f"could not load {library.name}: {error}") from None
     function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_long, ctypes.c_int, ctypes.c_long]
     function.restype = None
+    runtimes = _openmp_runtimes()
+    if len(runtimes) > 1:  # its threads would compete with PyTorch's for the cores
+        raise NativeUnavailable(f"two OpenMP runtimes are loaded ({', '.join(sorted(runtimes))})")
     return VectorLinear(function)
+
+
+def _openmp_runtimes() -> set[str]:
+    """The OpenMP libraries mapped into this process (Linux; elsewhere none are seen)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return set()
+    return {os.path.realpath(path) for path in re.findall(r"(/\S*/lib(?:g|i|i5)?omp[\w.-]*\.so[\w.]*)", maps)}
 
 
 def _checked(kernel: VectorLinear) -> VectorLinear:
