@@ -145,6 +145,7 @@ def test_truncated_and_corrupted_weights(run):
     (lambda c: c["model"].update(d_model=1 << 20, n_heads=1), "absurd"),
     (lambda c: c["model"].update(n_layers=1000, d_model=16384, n_heads=16, d_ff=65536), "parameters"),
     (lambda c: c.update(format_version=99), "checkpoint format 99"),
+    (lambda c: c.update(training={"labels": ["good", "bad"]}), "has training.labels but no classifier"),
 ])
 def test_bad_configs_are_refused_by_name(run, edit, message):
     config = json.loads((run / CONFIG_FILE).read_text())
@@ -152,6 +153,24 @@ def test_bad_configs_are_refused_by_name(run, edit, message):
     (run / CONFIG_FILE).write_text(json.dumps(config))
     with pytest.raises(TfcliError, match=message):
         load_checkpoint(run)
+
+
+@pytest.mark.parametrize("labels", [[1, 2], ["good"], "ab", ["good", "good"], ["good", "bad", "ugly"]])
+def test_class_names_must_name_each_class_once(tmp_path, tokenizer, labels):
+    save_checkpoint(tmp_path / "run", _model(tokenizer, n_classes=2), tokenizer, training={"task": "classify", "labels": ["good", "bad"]})
+    load_checkpoint(tmp_path / "run")
+    config = json.loads((tmp_path / "run" / CONFIG_FILE).read_text())
+    config["training"]["labels"] = labels
+    (tmp_path / "run" / CONFIG_FILE).write_text(json.dumps(config))
+    with pytest.raises(TfcliError, match="which is not a list of the 2 distinct class names"):
+        load_checkpoint(tmp_path / "run")
+
+
+def test_a_hugging_face_folder_is_named_as_one(run):
+    (run / CONFIG_FILE).write_text(json.dumps({"model_type": "gpt2", "n_embd": 32, "activation_function": "gelu_new"}))
+    with pytest.raises(TfcliError, match="is a Hugging Face model folder, not a tfcli run directory") as caught:
+        load_checkpoint(run)
+    assert "tfcli import" in caught.value.hint
 
 
 def test_a_tokenizer_that_does_not_match(run, tmp_path, tiny_corpus):

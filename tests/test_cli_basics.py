@@ -99,6 +99,28 @@ def test_a_reader_that_stops_early_is_not_an_error():
     assert "Traceback" not in done.stderr
 
 
+def test_a_reader_that_stops_early_is_not_an_error_for_streamed_text(tmp_path, trained_tokenizer):
+    """`tfcli generate ... | head -c 20`: the streamed text meets the closed pipe, not rich."""
+    import os
+
+    from tfcli.checkpoint import save_checkpoint
+    from tfcli.model.config import ModelConfig
+    from tfcli.model.transformer import Transformer
+    from tfcli.tokenizer.core import TextTokenizer
+
+    tokenizer = TextTokenizer.load(trained_tokenizer)
+    save_checkpoint(tmp_path / "run", Transformer(ModelConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layers=1, n_heads=2,
+                                                              d_model=16)), tokenizer)
+    for extra in ([], ["--json"]):
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        done = subprocess.run([sys.executable, "-m", "tfcli", "generate", str(tmp_path / "run"), "-p", "The fox", "-n", "40",
+                               "--ignore-eos", *extra], stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        os.close(write_end)
+        assert done.returncode == 0, done.stderr
+        assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+
+
 @pytest.mark.parametrize("group", [[], ["train"], ["tokenize"], ["bench"]])
 def test_a_group_without_a_command_shows_its_help(cli, group):
     result = cli(*group)

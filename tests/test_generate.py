@@ -409,7 +409,7 @@ def test_cli_sampling_options_imply_sampling_and_a_seed_is_reported(cli, runs):
 
 def test_cli_prompt_file_batches_and_matches_one_by_one(cli, runs, tmp_path):
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("\n".join(PROMPTS) + "\n\n", encoding="utf-8")
+    prompts.write_text("\ufeff" + "\n".join(PROMPTS) + "\n\n", encoding="utf-8")  # a byte-order mark is not text
     batched = json.loads(cli("generate", runs["decoder"], "--prompt-file", prompts, "-n", "10", "--json").stdout)
     assert [c["prompt"] for c in batched["completions"]] == PROMPTS
     for prompt, completion in zip(PROMPTS, batched["completions"]):
@@ -510,11 +510,13 @@ def test_cli_long_prompt_warns_on_stderr(cli, runs):
 
 
 def test_cli_interactive_conversation_on_stdin(cli, runs, monkeypatch):
-    monkeypatch.setattr(sys, "stdin", io.StringIO("Hello fox\n\n/reset\nWhere is the ball?\n/quit\nnot read\n"))
+    typed = b"Hello fox\n\ncaf\xe9\n/reset\nWhere is the ball?\n/quit\nnot read\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(typed)))
     result = cli("generate", runs["decoder"], "--interactive", "-n", "5", "--stop", "zzz")
     assert result.code == 0, result.stderr
-    assert result.stdout.count("\n") == 2  # two replies; the blank line and the commands get none
+    assert result.stdout.count("\n") == 2  # two replies; the blank line, the line that is not UTF-8 and the commands get none
     assert "forgotten" in result.stderr
+    assert "that line is not UTF-8 text (byte 3); type it again" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_cli_fill_mask(cli, runs):
@@ -561,6 +563,8 @@ def test_cli_classify(cli, runs, run, labels):
     (["--prompt", "hi", "--num-beams", "2", "--length-penalty", "nan"], "--length-penalty must be between -10 and 10"),
     (["--prompt", "hi", "--num-beams", "2", "--length-penalty", "inf", "--json"], "--length-penalty must be between -10 and 10"),
     (["--prompt", "hi", "--device", "tpu"], "unknown device"),
+    (["--prompt", "hi", "--seed", str(2**64)], "--seed must fit in 64 bits"),
+    (["--prompt", "caf\udce9"], "the prompt is not UTF-8 text"),  # how a Latin-1 byte in argv arrives
 ])
 def test_cli_bad_inputs_are_one_line(cli, runs, args, message):
     result = cli("generate", runs["decoder"], *args)
@@ -579,6 +583,8 @@ def test_cli_bad_inputs_are_one_line(cli, runs, args, message):
     ("encoder", ["--fill-mask", "The [MASK] sat", "--num-beams", "3"], "--num-beams does not apply to --fill-mask"),
     ("classifier", ["--classify", "nice", "--top-k", "3"], "--top-k does not apply to --classify"),
     ("classifier", ["--classify", " "], "pass some text with --classify"),
+    ("classifier", ["--classify", "caf\udce9"], "--classify's text is not UTF-8 text"),
+    ("encoder", ["--fill-mask", "The [MASK] caf\udce9"], "--fill-mask's text is not UTF-8 text"),
 ])
 def test_cli_bad_runs_are_one_line(cli, runs, tmp_path, monkeypatch, run, args, message):
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))

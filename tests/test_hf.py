@@ -114,11 +114,42 @@ def test_import_bad_folders(cli, tmp_path, trained_tokenizer):
     (tmp_path / "gpt2" / "config.json").write_text(json.dumps(config))
     result = cli("import", tmp_path / "gpt2", "-o", tmp_path / "run")
     assert result.code == 2 and "not gpt2" in result.stderr
+    config.update(model_type="gpt2", n_embd="48")
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps(config))
+    result = cli("import", tmp_path / "gpt2", "-o", tmp_path / "run")
+    assert result.code == 2 and 'has n_embd "48", which is not a whole number' in result.stderr
     _hub_style_gpt2(tmp_path / "no-tokenizer", trained_tokenizer, vocab, True)
     (tmp_path / "no-tokenizer" / "tokenizer.json").unlink()
     result = cli("import", tmp_path / "no-tokenizer", "-o", tmp_path / "run")
     assert result.code == 2 and "tokenizer" in result.stderr
     assert not (tmp_path / "run").exists()  # a failed import leaves no folder behind
+    _hub_style_gpt2(tmp_path / "padded", trained_tokenizer, vocab + 64, True)  # the tokenizer is written before this check
+    result = cli("import", tmp_path / "padded", "-o", tmp_path / "run")
+    assert result.code == 2 and "tokens but the model" in result.stderr
+    assert not (tmp_path / "run").exists()
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    assert cli("import", tmp_path / "padded", "-o", tmp_path / "kept").code == 2
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["notes.txt"]  # only what it added is gone
+
+
+def test_a_full_disk_during_export_or_import_is_one_line_and_leaves_nothing(cli, tmp_path, trained_tokenizer, monkeypatch):
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    tokenizer = TextTokenizer.load(trained_tokenizer)
+    save_checkpoint(tmp_path / "run", Transformer(_gpt2_shaped(tokenizer.vocab_size)), tokenizer)
+    assert cli("export", tmp_path / "run", "-o", tmp_path / "hf").code == 0
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: \"No space left on device\" })")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    for command in (["export", tmp_path / "run", "-o", tmp_path / "hf2"], ["import", tmp_path / "hf", "-o", tmp_path / "run2"]):
+        result = cli(*command)
+        assert result.code == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert "could not finish" in result.stderr and "No space left" in result.stderr
+        assert not (tmp_path / str(command[-1])).exists()
 
 
 def test_import_and_export_never_overwrite(cli, tmp_path, trained_tokenizer):
@@ -130,7 +161,9 @@ def test_import_and_export_never_overwrite(cli, tmp_path, trained_tokenizer):
     result = cli("export", tmp_path / "run", "-o", tmp_path / "hf")
     assert result.code == 2 and "already holds an exported model" in result.stderr
     result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")  # onto the run it came from
-    assert result.code == 2 and "already holds a run" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert result.code == 2 and "already holds a tfcli run" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    result = cli("export", tmp_path / "run", "-o", tmp_path / "run")  # onto a run, not an export
+    assert result.code == 2 and "already holds a tfcli run" in result.stderr
     assert (tmp_path / "run" / "model.safetensors").read_bytes() == before
     assert (tmp_path / "hf" / "model.safetensors").read_bytes() == exported
     assert cli("import", tmp_path / "hf", "-o", tmp_path / "again").code == 0

@@ -686,6 +686,8 @@ def test_eval_scores_shards_text_and_labeled_sets(cli, shards, reviews, tmp_path
         assert result.code == 2 and needle in result.stderr, result.stderr
     result = cli("eval", run, "--data", shards, "--device", "tpu")
     assert result.code == 2 and "unknown device 'tpu'" in result.stderr and "Traceback" not in result.stderr
+    result = cli("eval", run, "--data", tiny_corpus, "--split", "train")  # a text file has no splits to choose
+    assert result.code == 2 and "chooses a split of a shard folder" in result.stderr
 
 
 def test_eval_scores_an_encoder_with_its_own_masking_reading_each_token_once(cli, shards, tmp_path, monkeypatch):

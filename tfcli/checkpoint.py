@@ -11,6 +11,7 @@ non-finite values.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 from pathlib import Path
@@ -154,10 +155,29 @@ def read_run_config(run_dir: Path) -> RunConfig:
             _refuse_pickle(run_dir / pickles[0])
     if not (run_dir / CONFIG_FILE).is_file():
         raise TfcliError(f"{run_dir} has no {CONFIG_FILE}; it is not a tfcli run directory", hint="for a Hugging Face GPT-2 folder use `tfcli import`")
+    _refuse_hugging_face_folder(run_dir)
     config = RunConfig.load(run_dir / CONFIG_FILE)
     if config.format_version != CHECKPOINT_FORMAT:
         raise TfcliError(f"{run_dir / CONFIG_FILE} has checkpoint format {config.format_version}; this tfcli reads {CHECKPOINT_FORMAT}")
+    labels = (config.training or {}).get("labels")
+    n_classes = config.model.n_classes
+    if labels is not None and (not isinstance(labels, list) or not all(isinstance(name, str) for name in labels)
+                               or len(labels) != n_classes or len(set(labels)) != len(labels)):
+        raise TfcliError(f"{run_dir / CONFIG_FILE} has training.labels {json.dumps(labels)}, which is not a list of the "
+                         f"{n_classes} distinct class names" if n_classes else f"{run_dir / CONFIG_FILE} has training.labels but no classifier",
+                         hint="fix it, or remove it to call the classes class 0, class 1, ...")
     return config
+
+
+def _refuse_hugging_face_folder(run_dir: Path) -> None:
+    """An exported or downloaded transformers folder has a config.json too, in another format."""
+    try:
+        data = json.loads((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # RunConfig.load says what is wrong with it
+    if isinstance(data, dict) and "format_version" not in data and ("model_type" in data or "architectures" in data):
+        raise TfcliError(f"{run_dir} is a Hugging Face model folder, not a tfcli run directory",
+                         hint=f"import it first: tfcli import {run_dir} -o RUN")
 
 
 def run_file_problems(run_dir: Path, config: RunConfig, tokenizer: TextTokenizer) -> list[TfcliError]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -172,3 +173,32 @@ def no_empty_folder_left(folder: Path) -> Iterator[None]:
             (folder / LOCK_FILE).unlink(missing_ok=True)
             folder.rmdir()
         raise
+
+
+@contextlib.contextmanager
+def nothing_left_on_failure(folder: Path, doing: str) -> Iterator[None]:
+    """For a command that makes FOLDER's whole content at once (import, export): if it fails or is
+    interrupted, every entry it added is removed, and the folder too if it made it. A write error (a
+    full disk, a read-only folder) becomes one line."""
+    from safetensors import SafetensorError
+
+    folder = Path(folder)
+    existed = folder.exists()
+    before = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+    try:
+        yield
+    except BaseException as exc:
+        if folder.is_dir():
+            for entry in folder.iterdir():
+                if entry.name not in before:
+                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
+            if not existed and not any(folder.iterdir()):
+                folder.rmdir()
+        if isinstance(exc, (OSError, SafetensorError)):
+            raise TfcliError(f"could not finish {doing} {folder}: {_reason(exc)}",
+                             hint="check the free space and the folder's permissions, or choose another -o") from exc
+        raise
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

@@ -98,7 +98,8 @@ def gpt2_config(config: ModelConfig, eos_id: int | None) -> dict[str, Any]:
 def _refuse_to_overwrite(folder: Path, what: str, verb: str) -> None:
     """Both directions write config.json and model.safetensors; what is already there is never replaced."""
     if any((folder / name).exists() for name in ("config.json", WEIGHTS_FILE)):
-        raise TfcliError(f"{folder} already holds {what}", hint=f"{verb} into another folder with -o, or delete that one first")
+        held = "a tfcli run" if _is_tfcli_run(folder) else what
+        raise TfcliError(f"{folder} already holds {held}", hint=f"{verb} into another folder with -o, or delete that one first")
 
 
 def export_gpt2(run_dir: Path, out_dir: Path) -> dict[str, Any]:
@@ -152,6 +153,10 @@ def _read_gpt2_config(src: Path) -> tuple[ModelConfig, dict[str, Any]]:
         raise TfcliError(f"GPT-2 activation_function {hf.get('activation_function')!r} has no tfcli equivalent")
     if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("scale_attn_weights") is False or hf.get("add_cross_attention"):
         raise TfcliError("this GPT-2 config scales or extends attention in a way tfcli does not implement")
+    for key in ("vocab_size", "n_positions", "n_layer", "n_head", "n_embd", "n_inner"):
+        value = hf.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TfcliError(f"{path} has {key} {json.dumps(value)}, which is not a whole number")
     try:
         config = ModelConfig(
             arch="decoder", vocab_size=hf["vocab_size"], block_size=hf["n_positions"], n_layers=hf["n_layer"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import Annotated
 
@@ -58,6 +59,15 @@ def main(argv: list[str] | None = None) -> None:
         _run(args)
 
 
+def _stop_writing_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush does not meet the closed pipe again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 @contextlib.contextmanager
 def _sigterm_unwinds():
     """SIGTERM ends a command the way Ctrl-C does, through its `finally` blocks (a bench removes its scratch
@@ -80,6 +90,7 @@ def _sigterm_unwinds():
 
 
 def _run(args: list[str]) -> None:
+    from tfcli.cli.common import StdoutClosed
     from tfcli.errors import Interrupted, TfcliError
 
     try:
@@ -105,7 +116,8 @@ def _run(args: list[str]) -> None:
         if exc.exit_code == 130:  # typer turns Ctrl-C into Exit(130)
             print_error("interrupted")
         sys.exit(exc.exit_code)
-    except BrokenPipeError:
+    except (BrokenPipeError, StdoutClosed):
+        _stop_writing_stdout()
         sys.exit(0)
     except Exception as exc:
         # click's usage errors (typer vendors click from 0.26 on, so match the shape, not the class)

@@ -71,8 +71,22 @@ def stdout_console() -> Console:
     return console
 
 
+class StdoutClosed(Exception):
+    """The reader of stdout went away (`| head`). Not an OSError, which click would turn into exit 1: the
+    CLI exits 0 (see app._run)."""
+
+
 def _raise_broken_pipe() -> None:
-    raise BrokenPipeError
+    raise StdoutClosed
+
+
+def write_stdout(text: str) -> None:
+    """Text to stdout, flushed (streamed text, JSON)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise StdoutClosed from None
 
 
 def print_error(message: str) -> None:
@@ -83,8 +97,7 @@ def print_error(message: str) -> None:
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
-    sys.stdout.flush()
+    write_stdout(json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
 
 
 def make_progress(console: Console, *, tokens: bool = False) -> Progress:

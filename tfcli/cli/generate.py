@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, print_json, stderr_console
+from tfcli.cli.common import JsonFlag, print_json, stderr_console, write_stdout
 
 _BIDI_CONTROLS = set(range(0x202A, 0x202F)) | set(range(0x2066, 0x206A)) | {0x200E, 0x200F, 0x061C}
 
@@ -36,8 +36,18 @@ class _Writer:
         self.terminal = sys.stdout.isatty()
 
     def write(self, text: str) -> None:
-        sys.stdout.write(terminal_safe(text) if self.terminal else text)
-        sys.stdout.flush()
+        write_stdout(terminal_safe(text) if self.terminal else text)
+
+
+def require_utf8(text: str, what: str) -> None:
+    """Text from the command line that was not UTF-8 arrives holding lone surrogates (Python's escape for
+    the bytes it could not decode); refuse it, as a file that is not UTF-8 is refused."""
+    from tfcli.errors import TfcliError
+
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise TfcliError(f"{what} is not UTF-8 text (character {exc.start + 1})", hint="pass it in UTF-8, or in a UTF-8 file with --prompt-file") from exc
 
 
 def _read_prompts(prompt: str | None, prompt_file: Path | None) -> list[str]:
@@ -46,6 +56,7 @@ def _read_prompts(prompt: str | None, prompt_file: Path | None) -> list[str]:
     if prompt is not None and prompt_file is not None:
         raise TfcliError("pass --prompt or --prompt-file, not both")
     if prompt is not None:
+        require_utf8(prompt, "the prompt")
         if not prompt.strip():
             raise TfcliError("the prompt is empty", hint='pass some text to continue, e.g. --prompt "Once upon a time"')
         return [prompt]
@@ -64,7 +75,7 @@ def _read_prompts(prompt: str | None, prompt_file: Path | None) -> list[str]:
             raise TfcliError(f"cannot read prompt file {prompt_file}: {exc.strerror}") from exc
         where = str(prompt_file)
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the first prompt
     except UnicodeDecodeError as exc:
         raise TfcliError(f"{where} is not UTF-8 text (byte {exc.start})") from exc
     prompts = [line.rstrip("\r") for line in text.split("\n")]
@@ -205,6 +216,10 @@ def _load(run: Path, device: str, threads: int = 0):
         torch.set_num_threads(1)  # a small model's steps are too short to share between threads
     if device.startswith("cuda") and torch.cuda.is_bf16_supported():
         checkpoint.model.to(torch.bfloat16)  # decoding reads every weight per token: half the bytes, twice the speed
+    if device == "cpu":
+        from tfcli.model import native
+
+        native.vector_linear()  # built (the first time on a machine) before the clock starts, not in the prefill's time
     return checkpoint
 
 
@@ -220,8 +235,7 @@ def _render(generator, prompts: list[str], *, stream: bool, json_output: bool, r
     single = n_completions == 1 and settings.strategy != "beam"
     streaming = stream and single and not json_output
     if streaming and out.terminal:
-        sys.stdout.write(terminal_safe(prompts[0]) if generator.model.config.arch == "decoder" else "")
-        sys.stdout.flush()
+        write_stdout(terminal_safe(prompts[0]) if generator.model.config.arch == "decoder" else "")
     finished: dict[int, object] = {}
     next_to_print = 0
     done = None
@@ -287,10 +301,14 @@ def _interactive(generator) -> None:
     while True:
         if sys.stdin.isatty():
             errors.print(Text("> ", style="bold"), end="")
-        line = sys.stdin.readline()
-        if not line:
+        raw = sys.stdin.buffer.readline()
+        if not raw:
             break
-        line = line.rstrip("\r\n")
+        try:
+            line = raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as exc:
+            errors.print(Text(f"error: that line is not UTF-8 text (byte {exc.start}); type it again", style="bold red"), soft_wrap=True)
+            continue
         command = line.strip()
         if command in ("/quit", "/exit"):
             break
@@ -326,6 +344,7 @@ def _masked_or_classify(run: Path, fill_mask: str | None, classify: str | None, 
     from tfcli.generate.masked import label_names
     from tfcli.tokenizer.show import visible
 
+    require_utf8(fill_mask if fill_mask is not None else classify, "--fill-mask's text" if fill_mask is not None else "--classify's text")
     checkpoint = _load(run, device, threads)
     console = stdout_console()
     if fill_mask is not None:

@@ -27,9 +27,9 @@ def export(
 
     if to != "hf":
         raise TfcliError(f"unknown export format {to!r}", hint="use --to hf")
-    from tfcli.fsutil import no_empty_folder_left
+    from tfcli.fsutil import nothing_left_on_failure
 
-    with no_empty_folder_left(output):
+    with nothing_left_on_failure(output, "exporting to"):
         config = export_gpt2(run, output)
     stdout_console().print(f"exported {run} to {output} (GPT2LMHeadModel, {config['n_layer']} layers, vocab {config['vocab_size']:,})")
 
@@ -47,8 +47,8 @@ def import_(
     """
     from tfcli.hf import import_gpt2
 
-    from tfcli.fsutil import no_empty_folder_left
+    from tfcli.fsutil import nothing_left_on_failure
 
-    with no_empty_folder_left(output):
+    with nothing_left_on_failure(output, "importing into"):
         config = import_gpt2(source, output)
     stdout_console().print(f"imported {source} into {output} ({config.parameter_estimate():,} parameters)")

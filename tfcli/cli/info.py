@@ -63,7 +63,7 @@ def info(
     table.add_row("tokenizer", f"{tok['vocab_size']:,} tokens, {tok['pre_tokenizer']}, specials {' '.join(tok['special_tokens'].values())}")
     history = data["history"]
     if history:
-        table.add_row("history", f"{history['records']} records, steps {history['first_step']}..{history['last_step']}, "
+        table.add_row("history", f"{counted(history['records'], 'record')}, steps {history['first_step']}..{history['last_step']}, "
                                  f"last loss {_loss(history['last_loss'])}, best val loss {_loss(history['best_val_loss'])}")
     for problem in data["problems"]:
         table.add_row(Text("problem", style="bold red"), Text(problem, style="red"))

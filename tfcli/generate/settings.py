@@ -53,6 +53,8 @@ class GenerationSettings:
             raise TfcliError(f"--num-beams must be between 1 and 1024, not {self.num_beams}")
         if self.num_samples < 1 or self.num_samples > 1024:
             raise TfcliError(f"--num-samples must be between 1 and 1024, not {self.num_samples}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise TfcliError(f"--seed must fit in 64 bits, not {self.seed}")
         if any(not s for s in self.stop):
             raise TfcliError("a --stop string is empty", hint="pass the text to stop at, e.g. --stop '\\n\\n'")
         sampling_knobs = [name for name, on in (("--temperature", self.temperature != 1.0), ("--top-k", self.top_k > 0),

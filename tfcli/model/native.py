@@ -132,7 +132,7 @@ def _build_and_load() -> VectorLinear:
     if folder is not None and usable:
         library = folder / name
         if library.exists():
-            if _private(library):
+            if _private(library) and _intact(library):
                 try:
                     return _checked(_open(library))
                 except NativeUnavailable:
@@ -145,6 +145,20 @@ def _build_and_load() -> VectorLinear:
         library = Path(scratch) / name
         _compile(compiler, library)
         return _checked(_open(library))  # the loaded library outlives its file
+
+
+def _digest_file(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
+
+
+def _intact(library: Path) -> bool:
+    """The library is byte for byte what its build wrote. A cut-off or damaged one is never loaded: the
+    loader can crash the process on it before saying anything."""
+    try:
+        recorded = _digest_file(library).read_text().strip()
+        return recorded == hashlib.sha256(library.read_bytes()).hexdigest()
+    except OSError:
+        return False
 
 
 def _private(path: Path) -> bool:
@@ -174,8 +188,15 @@ def _compile(compiler: list[str], library: Path) -> None:
         if process.returncode != 0:
             first = next((line for line in stderr.splitlines() if line.strip()), f"exit code {process.returncode}")
             raise NativeUnavailable(f"{compiler[0]} could not build it: {first.strip()}")
+        with open(partial, "rb") as built:
+            digest = hashlib.sha256(built.read()).hexdigest()
+            os.fsync(built.fileno())
         os.chmod(partial, 0o755)  # the compiler made it private to this user; loading needs read access
         os.replace(partial, library)
+        fd, digest_partial = tempfile.mkstemp(dir=library.parent, prefix=library.stem, suffix=".partial")
+        with os.fdopen(fd, "w") as record:
+            record.write(digest + "\n")
+        os.replace(digest_partial, _digest_file(library))  # written last: a library without it is rebuilt
     finally:
         if os.path.exists(partial):
             os.remove(partial)

@@ -47,6 +47,9 @@ def evaluate_run(run: Path, data: Path, *, split: str = "val", batch_size: int =
     model = checkpoint.model.to(target)
     data = Path(data)
     result: dict[str, Any] = {"run": str(run), "data": str(data)}
+    if split != "val" and not (data.is_dir() and (data / "meta.json").is_file()):
+        raise TfcliError(f"--split {split} chooses a split of a shard folder, and {data} is not one",
+                         hint="drop --split: a text file or a JSONL set is scored whole")
     if data.suffix == ".jsonl":
         if config.n_classes:
             task = "classify"
