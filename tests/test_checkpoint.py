@@ -232,6 +232,14 @@ def test_info_kv_cache_shrinks_with_grouped_query_attention(cli, tmp_path, token
         save_checkpoint(tmp_path / f"kv{kv}", _model(tokenizer, n_kv_heads=kv), tokenizer)
         sizes[kv] = json.loads(cli("info", tmp_path / f"kv{kv}", "--json").stdout)["kv_cache_bytes_per_token"]["bf16"]
     assert sizes[4] == 2 * sizes[2] == 4 * sizes[1]
+    assert json.loads(cli("info", tmp_path / "kv4", "--json").stdout)["kv_cache_bytes_per_token"]["cross_attention_per_source_token_bf16"] == 0
+
+
+def test_info_counts_an_encoder_decoders_cross_attention_cache(cli, tmp_path, tokenizer):
+    save_checkpoint(tmp_path / "seq2seq", _model(tokenizer, arch="encoder-decoder", positions="sinusoidal"), tokenizer)
+    kv = json.loads(cli("info", tmp_path / "seq2seq", "--json").stdout)["kv_cache_bytes_per_token"]
+    assert kv["cross_attention_per_source_token_bf16"] == kv["bf16"] > 0  # every decoder layer keeps the source's keys and values
+    assert "per source token for cross-attention" in cli("info", tmp_path / "seq2seq").stdout
 
 
 @pytest.mark.parametrize("make, message", [

@@ -337,6 +337,10 @@ def test_a_conversation_keeps_every_turn_in_context_and_reuses_the_cache(tokeniz
     assert second.tokens == fresh.completions[0].tokens  # the same reply as from the whole history at once
     conversation.reset()
     assert conversation.history == []
+    assert not [e for e in conversation.reply("Hello fox") if isinstance(e, Notice)]
+    long_line = "The fox found a red ball in the park. " * 20
+    notices = [e.message for e in conversation.reply(long_line) if isinstance(e, Notice)]
+    assert len(notices) == 1 and "more than the context keeps (96)" in notices[0]  # the window keeps 3/4 of 128 after a slide
 
 
 # -- fill-mask and classify (library) ----------------------------------------------------------------------

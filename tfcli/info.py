@@ -33,6 +33,8 @@ def run_info(run_dir: Path) -> dict[str, Any]:
             "multi_head_equivalent_bf16": 2 * model.decoder_layers * model.n_heads * model.head_dim * 2 if model.has_decoder else 0,
             "kv_heads": model.kv_heads,
             "query_heads": model.n_heads,
+            # an encoder-decoder also caches every decoder layer's cross-attention keys/values of the source
+            "cross_attention_per_source_token_bf16": model.kv_cache_bytes_per_token(2) if model.arch == "encoder-decoder" else 0,
         },
         "tokenizer": {
             "vocab_size": tokenizer.vocab_size,

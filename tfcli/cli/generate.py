@@ -291,7 +291,7 @@ def _interactive(generator) -> None:
     from rich.text import Text
 
     from tfcli.errors import TfcliError
-    from tfcli.generate.decoding import Chunk, Conversation
+    from tfcli.generate.decoding import Chunk, Conversation, Notice
 
     conversation = Conversation(generator)
     errors = stderr_console()
@@ -322,6 +322,8 @@ def _interactive(generator) -> None:
             for event in conversation.reply(line):
                 if isinstance(event, Chunk):
                     out.write(event.text)
+                elif isinstance(event, Notice):
+                    errors.print(Text(f"warning: {event.message}", style="yellow"), soft_wrap=True)
         except TfcliError as exc:
             errors.print(Text(f"error: {exc}", style="bold red"), soft_wrap=True)
             continue

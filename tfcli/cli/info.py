@@ -58,7 +58,10 @@ def info(
     kv = data["kv_cache_bytes_per_token"]
     if kv["bf16"]:
         saving = f", {kv['multi_head_equivalent_bf16'] // kv['bf16']}x less than multi-head" if kv["kv_heads"] < kv["query_heads"] else ""
-        table.add_row("KV cache", f"{human_bytes(kv['bf16'])} per token bf16 ({human_bytes(kv['fp32'])} fp32; {kv['kv_heads']} kv heads{saving})")
+        cross = kv["cross_attention_per_source_token_bf16"]
+        cross_text = f", plus {human_bytes(cross)} per source token for cross-attention" if cross else ""
+        table.add_row("KV cache", f"{human_bytes(kv['bf16'])} per token bf16 ({human_bytes(kv['fp32'])} fp32; {kv['kv_heads']} kv heads{saving})"
+                                  f"{cross_text}")
     tok = data["tokenizer"]
     table.add_row("tokenizer", f"{tok['vocab_size']:,} tokens, {tok['pre_tokenizer']}, specials {' '.join(tok['special_tokens'].values())}")
     history = data["history"]

@@ -571,10 +571,14 @@ class Conversation:
         if not line.strip():
             raise TfcliError("the line is empty", hint="type some text; /reset forgets the conversation, /quit leaves")
         started = time.perf_counter()
-        self.history += g.tokenizer.encode(line + "\n")
+        turn = g.tokenizer.encode(line + "\n")
+        self.history += turn
         block = g.model.config.block_size
         window_keep = max(1, block - block // 4) if s.slide_keep is None else min(block, s.slide_keep)
         context = self.history if len(self.history) <= block else self.history[-window_keep:]
+        if len(turn) > len(context):
+            yield Notice(f"the line has {len(turn):,} tokens, more than the context keeps ({len(context):,}); "
+                         f"the model sees its last {len(context):,}")
         logits = self._prime(context)
         g.timing.prefill_seconds += time.perf_counter() - started
         started = time.perf_counter()
