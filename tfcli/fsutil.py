@@ -195,10 +195,14 @@ def nothing_left_on_failure(folder: Path, doing: str) -> Iterator[None]:
             if not existed and not any(folder.iterdir()):
                 folder.rmdir()
         if isinstance(exc, (OSError, SafetensorError)):
-            raise TfcliError(f"could not finish {doing} {folder}: {_reason(exc)}",
+            raise TfcliError(f"could not finish {doing} {folder}: {describe_write_error(exc)}",
                              hint="check the free space and the folder's permissions, or choose another -o") from exc
         raise
 
 
-def _reason(exc: BaseException) -> str:
-    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+def describe_write_error(exc: BaseException) -> str:
+    """What went wrong, in a line: OSError's own words, or safetensors' (it reports a full disk as its own error)."""
+    if isinstance(exc, OSError):
+        return str(exc.strerror or exc)
+    text = str(exc)
+    return text.split("I/O error: ", 1)[-1] if "I/O error: " in text else text

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from typing import Annotated
 
@@ -59,15 +58,6 @@ def main(argv: list[str] | None = None) -> None:
         _run(args)
 
 
-def _stop_writing_stdout() -> None:
-    """Point stdout at /dev/null, so the interpreter's last flush does not meet the closed pipe again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
 @contextlib.contextmanager
 def _sigterm_unwinds():
     """SIGTERM ends a command the way Ctrl-C does, through its `finally` blocks (a bench removes its scratch
@@ -90,7 +80,7 @@ def _sigterm_unwinds():
 
 
 def _run(args: list[str]) -> None:
-    from tfcli.cli.common import StdoutClosed
+    from tfcli.cli.common import StdoutClosed, point_at_devnull
     from tfcli.errors import Interrupted, TfcliError
 
     try:
@@ -117,7 +107,7 @@ def _run(args: list[str]) -> None:
             print_error("interrupted")
         sys.exit(exc.exit_code)
     except (BrokenPipeError, StdoutClosed):
-        _stop_writing_stdout()
+        point_at_devnull(sys.stdout)
         sys.exit(0)
     except Exception as exc:
         # click's usage errors (typer vendors click from 0.26 on, so match the shape, not the class)

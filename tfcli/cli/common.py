@@ -55,9 +55,15 @@ def stderr_console() -> Console:
 
 def _stop_writing_stderr(console: Console) -> None:
     console.quiet = True
+    point_at_devnull(sys.stderr)
+
+
+def point_at_devnull(stream) -> None:
+    """Send what is still written to a stream whose reader went away to /dev/null (the interpreter's last
+    flush included), so it never meets the closed pipe again."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stderr.fileno())
+        os.dup2(devnull, stream.fileno())
     except (OSError, ValueError, AttributeError):
         pass
 

@@ -24,7 +24,7 @@ import torch
 from safetensors import SafetensorError
 
 from tfcli.errors import Interrupted, TfcliError
-from tfcli.fsutil import exclusive_lock
+from tfcli.fsutil import describe_write_error, exclusive_lock
 from tfcli.runtime import keep_freed_memory, resolve_device
 from tfcli.train.data import Slot, derived_seed
 from tfcli.train.distributed import World, agree, join_world, leave_world
@@ -184,7 +184,7 @@ def _save(job: TrainingJob, model, tensors: dict[str, torch.Tensor], state: Trai
                         before_commit=lambda weights: stage_trainer_state(job.run_dir, state, tensors, weights))
         commit_trainer_state(job.run_dir)
     except WRITE_ERRORS as exc:
-        raise TfcliError(f"cannot write the checkpoint in {job.run_dir}: {_write_error(exc)}",
+        raise TfcliError(f"cannot write the checkpoint in {job.run_dir}: {describe_write_error(exc)}",
                          hint="free some space or fix the folder's permissions; the previous checkpoint is intact") from exc
     return job.run_dir
 
@@ -195,7 +195,7 @@ def _save_best(job: TrainingJob, model, step: int, val_loss: float) -> Path:
     try:
         save_checkpoint(job.run_dir / BEST_DIR, model, job.tokenizer, training={**job.training_record(step), "val_loss": val_loss})
     except WRITE_ERRORS as exc:
-        raise TfcliError(f"cannot write the best checkpoint in {job.run_dir / BEST_DIR}: {_write_error(exc)}",
+        raise TfcliError(f"cannot write the best checkpoint in {job.run_dir / BEST_DIR}: {describe_write_error(exc)}",
                          hint="free some space or fix the folder's permissions; the previous best checkpoint is intact") from exc
     return job.run_dir / BEST_DIR
 
@@ -225,14 +225,6 @@ def _best_saved_val_loss(run_dir: Path) -> float | None:
 
 def _lowest(a: float | None, b: float | None) -> float | None:
     return b if a is None else a if b is None else min(a, b)
-
-
-def _write_error(exc: Exception) -> str:
-    """What went wrong, in a line: OSError's own words, or safetensors' (it reports a full disk as its own error)."""
-    if isinstance(exc, OSError):
-        return str(exc.strerror or exc)
-    text = str(exc)
-    return text.split("I/O error: ", 1)[-1] if "I/O error: " in text else text
 
 
 def build_source(job: TrainingJob, world: World):
