@@ -21,9 +21,9 @@ def test_bench_generate_compares_with_transformers_on_the_same_weights(cli, tmp_
     assert jobs["tfcli"]["first_tokens"] == jobs["tfcli-no-cache"]["first_tokens"]
     assert bench["bandwidth_gb_s"] > 0 and bench["floor_ms_per_token"] > 0
     assert bench["speedup_vs_transformers"] > 0 and bench["speedup_vs_no_cache"] > 0
-    from tfcli.model import native
+    from tfcli.model import decode_step
 
-    assert jobs["tfcli"]["kernel"] == native.describe() and jobs["transformers"]["kernel"] == ""  # what tfcli multiplied with
+    assert jobs["tfcli"]["kernel"] == decode_step.describe() and jobs["transformers"]["kernel"] == ""  # what decoded tfcli's row
 
 
 def test_bench_generate_bad_options(cli):

@@ -1,4 +1,4 @@
-"""The C matrix-vector kernel: its values, when linear layers use it, and how it is built, cached and
+"""The C matrix-vector kernel (native.c): its values, when linear layers use it, and how it is built, cached and
 refused (no compiler, a failed build, a damaged cache, a wrong result)."""
 
 import os
@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tfcli.model import kernels, native
+from tfcli.model import decode_step, kernels, native
 from tfcli.model.attention import KVCache
 from tfcli.model.config import ModelConfig
 from tfcli.model.transformer import Transformer
@@ -188,7 +188,7 @@ def test_no_compiler_keeps_onednn(fresh, monkeypatch):
     monkeypatch.setenv("CC", str(fresh / "no-such-compiler"))
     assert native.vector_linear() is None
     assert "no C compiler" in native.problem() and "set CC" in native.problem()
-    assert native.describe().startswith("oneDNN (no C compiler")
+    assert decode_step.describe().startswith("PyTorch and oneDNN (no C compiler")
     x, weight = torch.randn(1, 256), torch.randn(512, 256)
     assert torch.allclose(kernels.linear(x, weight), F.linear(x, weight), atol=1e-4)
     assert not (fresh / "kernels").exists() or not any((fresh / "kernels").iterdir())  # no partial file left
@@ -214,6 +214,8 @@ def test_a_build_that_disagrees_with_torch_is_refused(buildable, fresh, monkeypa
         "void vector_linear(const float *w, const float *x, const float *bias, float *y, long n, long k, int threads, long from) {\n"
         "    for (long i = 0; i < n; i++) y[i] = 0.0f;\n"
         "}\n"
+        "long decoder_workspace(const void *m) { return 1; }\n"
+        "void decoder_step(const void *m, long token, long position, float *logits, float *workspace, int threads, long from) {}\n"
     )
     monkeypatch.setattr(native, "SOURCE", wrong)
     assert native.vector_linear() is None
@@ -252,7 +254,7 @@ def test_any_failure_leaves_decoding_to_onednn_with_a_reason(fresh, monkeypatch)
     monkeypatch.setattr(native, "_build_and_load", broken)
     assert native.vector_linear() is None and native.vector_linear() is None
     assert native.problem().startswith("PermissionError")
-    assert native.describe().startswith("oneDNN (PermissionError")
+    assert decode_step.describe().startswith("PyTorch and oneDNN (PermissionError")
 
 
 def test_a_second_openmp_runtime_is_refused(buildable, fresh, monkeypatch):

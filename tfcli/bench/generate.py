@@ -31,7 +31,7 @@ class DecodeMeasurement:
     new_tokens: int
     peak_rss_mb: float
     first_tokens: list[int]  # the first generated ids, to check both sides decode the same model
-    kernel: str = ""  # tfcli on the CPU: which one-row matrix product decoding used (`native.describe`)
+    kernel: str = ""  # tfcli on the CPU: what decoded the one row (`decode_step.describe`)
 
     @property
     def tokens_per_second(self) -> float:
@@ -223,9 +223,9 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
         seconds = min(seconds, time.perf_counter() - started)
     kernel = ""
     if job != "transformers" and device == "cpu":
-        from tfcli.model import native
+        from tfcli.model import decode_step
 
-        kernel = native.describe()
+        kernel = decode_step.describe()
     return DecodeMeasurement(job, seconds, len(tokens), peak_rss_mb(), tokens[:32], kernel)
 
 

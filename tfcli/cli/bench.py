@@ -217,7 +217,7 @@ def generate(
         table.add_row("floor (weights / bandwidth)", "", "", f"{b.floor_seconds_per_token * 1e3:.2f}", "")
         out.print(table)
         if b.results.get("tfcli") and b.results["tfcli"].kernel:
-            out.print(f"tfcli's one-row products (batch 1 decoding): {b.results['tfcli'].kernel}")
+            out.print(f"tfcli's batch-1 decoding on the CPU: {b.results['tfcli'].kernel}")
         versus_peer = b.ratio("tfcli", "transformers")
         target = 1.5 if b.parameters < 20_000_000 else 1.1
         if versus_peer is not None:

@@ -217,9 +217,9 @@ def _load(run: Path, device: str, threads: int = 0):
     if device.startswith("cuda") and torch.cuda.is_bf16_supported():
         checkpoint.model.to(torch.bfloat16)  # decoding reads every weight per token: half the bytes, twice the speed
     if device == "cpu":
-        from tfcli.model import native
+        from tfcli.model import decode_step
 
-        native.vector_linear()  # built (the first time on a machine) before the clock starts, not in the prefill's time
+        decode_step.describe()  # the C code built (the first time on a machine) and checked before the clock starts
     return checkpoint
 
 

@@ -24,6 +24,7 @@ from tfcli.generate.sampling import apply_repetition_penalty, choose_next
 from tfcli.generate.settings import GenerationSettings
 from tfcli.generate.stream import CompletionText, TokenBytes, text_of
 from tfcli.model.attention import KVCache
+from tfcli.model.decode_step import NativeDecoderStep
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
 
@@ -132,6 +133,8 @@ class DecoderWindow:
         self.cache = KVCache(config, batch, self.block, dtype, device) if use_cache else None
         self.memory, self.memory_padding = memory, memory_padding
         self.slides = 0
+        # One row on the CPU: each step is one call into tfcli's C code instead of PyTorch's hundred-odd calls.
+        self.native_step = NativeDecoderStep.bind(model, self.cache) if self.cache is not None and batch == 1 else None
         if vocab.suppressed:
             self._suppressed: torch.Tensor | None = torch.tensor(vocab.suppressed, dtype=torch.long, device=device)
         else:
@@ -164,6 +167,8 @@ class DecoderWindow:
         if self.cache is None:
             return self._run_window()
         L = self.length
+        if self.native_step is not None and not self.padded:
+            return self._scores(self.native_step(int(next_ids[0])))
         if self.padded:
             hidden = self.model.decode(self.ids[:, L - 1:L], self.real[:, :L], memory=self.memory,
                                        memory_padding=self.memory_padding, cache=self.cache,
@@ -233,8 +238,12 @@ class DecoderWindow:
         return self._logits(hidden[:, -1])
 
     def _logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
-        """Next-token scores (B, vocab limit) from the last hidden state; specials other than eos at -inf."""
-        logits = self.model.lm_head(last_hidden)[:, :self.vocab.limit]  # (B, V)
+        """Next-token scores (B, vocab limit) from the last hidden state."""
+        return self._scores(self.model.lm_head(last_hidden))
+
+    def _scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """The model's logits (B, vocab) cut to the tokenizer's vocabulary, specials other than eos at -inf."""
+        logits = logits[:, :self.vocab.limit]  # (B, V)
         if logits.dtype != torch.float32:
             logits = logits.float()
         if self._suppressed is not None:

@@ -1,12 +1,14 @@
-"""A matrix-vector product in C (`vector_linear.c`), compiled on first use, for decoding on the CPU.
+"""tfcli's C code for decoding on the CPU (`native.c`), compiled on first use: a matrix-vector product and a
+whole decoder step (`decode_step.py` binds a model to it).
 
 At batch 1 a linear layer reads its whole weight to make one output row, so a decoding step costs the time
 to stream every weight from memory. On a 2-core AMD EPYC where a plain sum read 65-75 GB/s, oneDNN's
-product streamed weights at 33-38 GB/s and MKL's at 17; the C loop reaches about 57 GB/s there. It is
-built with the machine's C compiler (`$CC`, else `cc`) once per source, compiler and processor, into
+product streamed weights at 33-38 GB/s and MKL's at 17; the C loop reaches about 57 GB/s there. A small
+model's step is instead the fixed cost of its hundred-odd PyTorch calls, which one C call removes. The code
+is built with the machine's C compiler (`$CC`, else `cc`) once per source, compiler and processor, into
 tfcli's cache folder (`$TFCLI_CACHE_DIR`, else `$XDG_CACHE_HOME/tfcli` or `~/.cache/tfcli`, in `kernels/`).
 Where there is no compiler or no OpenMP, the build or its check against PyTorch fails, or the kernel's
-OpenMP runtime is not PyTorch's, the linear layers keep oneDNN; `TFCLI_NATIVE_KERNELS=0` turns it off.
+OpenMP runtime is not PyTorch's, decoding keeps PyTorch and oneDNN; `TFCLI_NATIVE_KERNELS=0` turns it off.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-SOURCE = Path(__file__).with_name("vector_linear.c")
+SOURCE = Path(__file__).with_name("native.c")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+LIBRARIES = ["-lm"]  # after the source, so the linker keeps them
 PARALLEL_FROM = 1 << 15  # weight elements from which a product is split between threads
 BUILD_TIMEOUT_S = 60
 
@@ -51,50 +54,69 @@ class VectorLinear:
         return y
 
 
+class NativeLibrary:
+    """The built library: `vector_linear` (a VectorLinear) and the C functions `decoder_step` and
+    `decoder_workspace`, which `decode_step.py` calls."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        function = library.vector_linear
+        function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_long, ctypes.c_int, ctypes.c_long]
+        function.restype = None
+        self.vector_linear = VectorLinear(function)
+        self.decoder_step = library.decoder_step
+        self.decoder_step.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+                                      ctypes.c_int, ctypes.c_long]
+        self.decoder_step.restype = None
+        self.decoder_workspace = library.decoder_workspace
+        self.decoder_workspace.argtypes = [ctypes.c_void_p]
+        self.decoder_workspace.restype = ctypes.c_long
+        self.step_verified: bool | None = None  # decode_step.py's check against PyTorch, once a process
+
+
 class NativeUnavailable(Exception):
     pass
 
 
 _lock = threading.Lock()
-_kernel: VectorLinear | None = None
-_problem: str | None = None  # why there is no kernel
+_library: NativeLibrary | None = None
+_problem: str | None = None  # why there is no library
 _tried = False
 
 
-def vector_linear() -> VectorLinear | None:
-    """The compiled kernel, building it the first time; None where it cannot be had (see `problem()`)."""
-    global _kernel, _problem, _tried
+def library() -> NativeLibrary | None:
+    """The compiled library, building it the first time; None where it cannot be had (see `problem()`)."""
+    global _library, _problem, _tried
     if _tried:
-        return _kernel
+        return _library
     with _lock:
         if not _tried:
             try:
-                _kernel = _build_and_load()
+                _library = _build_and_load()
             except NativeUnavailable as reason:
-                _kernel, _problem = None, str(reason)
-            except Exception as error:  # whatever goes wrong, decoding goes on without the kernel
-                _kernel, _problem = None, f"{type(error).__name__}: {error}"
+                _library, _problem = None, str(reason)
+            except Exception as error:  # whatever goes wrong, decoding goes on without the C code
+                _library, _problem = None, f"{type(error).__name__}: {error}"
             _tried = True
-    return _kernel
+    return _library
+
+
+def vector_linear() -> VectorLinear | None:
+    """The compiled matrix-vector product, building it the first time; None where it cannot be had."""
+    built = library()
+    return built.vector_linear if built is not None else None
 
 
 def problem() -> str | None:
-    """Why linear layers keep oneDNN at batch 1, or None when the kernel is in use."""
-    vector_linear()
+    """Why decoding keeps PyTorch's and oneDNN's kernels at batch 1, or None when the C code is in use."""
+    library()
     return _problem
 
 
-def describe() -> str:
-    """One line for benchmark reports: which product batch-1 decoding uses for weights from 2 MB."""
-    reason = problem()
-    return "tfcli's C kernel (vector_linear.c)" if reason is None else f"oneDNN ({reason})"
-
-
 def forget() -> None:
-    """Drop the loaded kernel so the next call builds or finds it again (tests change the settings)."""
-    global _kernel, _problem, _tried
+    """Drop the loaded library so the next call builds or finds it again (tests change the settings)."""
+    global _library, _problem, _tried
     with _lock:
-        _kernel, _problem, _tried = None, None, False
+        _library, _problem, _tried = None, None, False
 
 
 def cache_dir() -> Path:
@@ -114,15 +136,15 @@ def _processor() -> str:
     return "\n".join([platform.machine(), platform.processor(), *dict.fromkeys(described)])
 
 
-def _build_and_load() -> VectorLinear:
+def _build_and_load() -> NativeLibrary:
     if os.environ.get("TFCLI_NATIVE_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
         raise NativeUnavailable("turned off by TFCLI_NATIVE_KERNELS")
     if os.name != "posix":
         raise NativeUnavailable(f"not built on {platform.system()}")
     compiler = shlex.split(os.environ.get("CC") or "cc") or ["cc"]
-    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(compiler).encode(), " ".join(FLAGS).encode(),
+    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(compiler).encode(), " ".join(FLAGS + LIBRARIES).encode(),
                                       _processor().encode()]))
-    name = f"vector_linear-{key.hexdigest()[:16]}.so"
+    name = f"native-{key.hexdigest()[:16]}.so"
     try:
         folder: Path | None = cache_dir() / "kernels"
         folder.mkdir(parents=True, exist_ok=True)
@@ -173,7 +195,7 @@ def _compile(compiler: list[str], library: Path) -> None:
     os.close(fd)
     try:
         try:
-            process = subprocess.Popen([*compiler, *FLAGS, "-o", partial, str(SOURCE)], stdout=subprocess.PIPE,
+            process = subprocess.Popen([*compiler, *FLAGS, "-o", partial, str(SOURCE), *LIBRARIES], stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True, start_new_session=True)
         except FileNotFoundError:
             raise NativeUnavailable(f"no C compiler {compiler[0]!r}; set CC to one") from None
@@ -202,17 +224,15 @@ def _compile(compiler: list[str], library: Path) -> None:
             os.remove(partial)
 
 
-def _open(library: Path) -> VectorLinear:
+def _open(path: Path) -> NativeLibrary:
     try:
-        function = ctypes.CDLL(str(library)).vector_linear
+        loaded = NativeLibrary(ctypes.CDLL(str(path)))
     except (OSError, AttributeError) as error:
-        raise NativeUnavailable(f"could not load {library.name}: {error}") from None
-    function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long, ctypes.c_long, ctypes.c_int, ctypes.c_long]
-    function.restype = None
+        raise NativeUnavailable(f"could not load {path.name}: {error}") from None
     runtimes = _openmp_runtimes()
     if len(runtimes) > 1:  # its threads would compete with PyTorch's for the cores
         raise NativeUnavailable(f"two OpenMP runtimes are loaded ({', '.join(sorted(runtimes))})")
-    return VectorLinear(function)
+    return loaded
 
 
 def _openmp_runtimes() -> set[str]:
@@ -224,14 +244,15 @@ def _openmp_runtimes() -> set[str]:
     return {os.path.realpath(path) for path in re.findall(r"(/\S*/lib(?:g|i|i5)?omp[\w.-]*\.so[\w.]*)", maps)}
 
 
-def _checked(kernel: VectorLinear) -> VectorLinear:
-    """Compare with PyTorch on a few shapes (odd sizes, with and without bias, one thread and several)."""
+def _checked(built: NativeLibrary) -> NativeLibrary:
+    """Compare the product with PyTorch on a few shapes (odd sizes, with and without bias, one thread and
+    several); `decode_step.py` checks the decoder step the first time it binds a model."""
     generator = torch.Generator().manual_seed(0)
     for n, k, with_bias, parallel_from in [(203, 77, True, 0), (64, 64, False, PARALLEL_FROM), (9, 3, True, 0)]:
         weight = torch.randn(n, k, generator=generator)
         x = torch.randn(1, k, generator=generator)
         bias = torch.randn(n, generator=generator) if with_bias else None
-        got = kernel(x, weight, bias, parallel_from=parallel_from)
+        got = built.vector_linear(x, weight, bias, parallel_from=parallel_from)
         if not torch.allclose(got, F.linear(x, weight, bias), rtol=1e-4, atol=1e-4):
             raise NativeUnavailable("the built kernel disagreed with PyTorch")
-    return kernel
+    return built

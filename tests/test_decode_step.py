@@ -1,0 +1,214 @@
+"""The C decoder step (native.c's decoder_step, bound by decode_step.py): it computes what
+`Transformer.decode` and the output head compute, for every decoder the config can describe; the
+generator uses it for one row on the CPU and gives the same text; anything it cannot run keeps PyTorch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tfcli.generate.decoding import DecoderWindow, Done, Generator, Vocabulary
+from tfcli.generate.settings import GenerationSettings
+from tfcli.model import decode_step, native
+from tfcli.model.attention import KVCache
+from tfcli.model.config import ModelConfig
+from tfcli.model.transformer import Transformer
+from tfcli.tokenizer.core import TextTokenizer
+
+
+@pytest.fixture
+def library(build_problem, monkeypatch):
+    if build_problem is not None:
+        pytest.skip(f"the C code cannot be built here: {build_problem}")
+    monkeypatch.delenv("TFCLI_NATIVE_KERNELS", raising=False)
+    native.forget()
+    built = native.library()
+    assert built is not None, native.problem()
+    yield built
+    native.forget()
+
+
+@pytest.fixture(scope="session")
+def build_problem(kernel_cache):
+    native.forget()
+    reason = native.problem()
+    native.forget()
+    return reason
+
+
+def model_of(seed: int = 0, **overrides) -> Transformer:
+    settings = dict(vocab_size=97, block_size=24, n_layers=2, n_heads=4, d_model=32, d_ff=48)
+    torch.manual_seed(seed)
+    model = Transformer(ModelConfig(**{**settings, **overrides})).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.3)  # larger than the initial 0.02, so every part of the step matters
+    return model
+
+
+VARIANTS = [
+    dict(),  # rotary, RMSNorm, pre-norm, SwiGLU: the defaults
+    dict(positions="learned", norm="layernorm", activation="gelu", bias=True, tie_embeddings=True),
+    dict(positions="sinusoidal", norm="layernorm", norm_placement="post", activation="gelu_tanh", bias=True),
+    dict(positions="learned", norm="rmsnorm", norm_placement="post", activation="relu"),
+    dict(n_kv_heads=2),  # grouped-query
+    dict(n_kv_heads=1, positions="learned", bias=True),  # multi-query
+    dict(d_model=24, n_heads=4, d_ff=40, norm="layernorm", bias=False),  # head size 6, widths no vector divides
+    dict(d_model=130, n_heads=2, d_ff=70, positions="sinusoidal", activation="gelu"),  # rows longer than 4 vectors, with a tail
+    dict(n_layers=1, norm_eps=1e-2),
+]
+
+
+@pytest.mark.parametrize("overrides", VARIANTS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "defaults")
+def test_the_c_step_computes_what_the_model_computes(library, overrides):
+    model = model_of(**overrides)
+    config = model.config
+    ids = torch.randint(0, config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        torch_cache = KVCache(config, 1, config.block_size, torch.float32)
+        c_cache = KVCache(config, 1, config.block_size, torch.float32)
+        model.decode(ids[:, :5], cache=torch_cache)
+        model.decode(ids[:, :5], cache=c_cache)
+        step = decode_step.NativeDecoderStep.bind(model, c_cache)
+        assert step is not None, decode_step.unsupported(model, c_cache)
+        for t in range(5, 20):
+            expected = model.lm_head(model.decode(ids[:, t:t + 1], cache=torch_cache))[:, -1]
+            got = step(int(ids[0, t]))
+            assert got.shape == (1, config.vocab_size)
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+        assert c_cache.length == torch_cache.length == 20
+        torch.testing.assert_close(c_cache.keys[:, :, :, :20], torch_cache.keys[:, :, :, :20], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(c_cache.values[:, :, :, :20], torch_cache.values[:, :, :, :20], rtol=1e-5, atol=1e-5)
+
+
+def test_the_c_step_runs_on_several_threads_and_one(library):
+    model = model_of(d_model=256, n_heads=4, d_ff=512, vocab_size=300)  # products past PARALLEL_FROM
+    ids = torch.randint(0, 300, (1, 8), generator=torch.Generator().manual_seed(2))
+    threads = torch.get_num_threads()
+    outputs = []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            with torch.inference_mode():
+                cache = KVCache(model.config, 1, 24, torch.float32)
+                model.decode(ids[:, :1], cache=cache)
+                step = decode_step.NativeDecoderStep.bind(model, cache)
+                outputs.append(torch.cat([step(int(t)) for t in ids[0, 1:]]))
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-5, atol=1e-5)
+
+
+def test_a_token_outside_the_vocabulary_or_a_full_cache_is_refused(library):
+    model = model_of(block_size=8)
+    with torch.inference_mode():
+        cache = KVCache(model.config, 1, 8, torch.float32)
+        step = decode_step.NativeDecoderStep.bind(model, cache)
+        with pytest.raises(ValueError, match="outside"):
+            step(97)
+        with pytest.raises(ValueError, match="outside"):
+            step(-1)
+        for token in range(8):
+            step(token)
+        with pytest.raises(ValueError, match="outside"):
+            step(0)
+    assert cache.length == 8
+
+
+def test_what_the_c_step_leaves_to_pytorch(library):
+    decoder = model_of()
+    with torch.inference_mode():
+        one_row = KVCache(decoder.config, 1, 24, torch.float32)
+        assert decode_step.unsupported(decoder, one_row) is None
+        assert "one row" in decode_step.unsupported(decoder, KVCache(decoder.config, 2, 24, torch.float32))
+        assert "one row" in decode_step.unsupported(decoder, None)
+        assert "longer than the model's context" in decode_step.unsupported(decoder, KVCache(decoder.config, 1, 25, torch.float32))
+        seq2seq = model_of(arch="encoder-decoder")
+        assert "not encoder-decoder" in decode_step.unsupported(seq2seq, KVCache(seq2seq.config, 1, 24, torch.float32))
+        assert "training mode" in decode_step.unsupported(model_of().train(), one_row)
+        half = model_of().to(torch.bfloat16)
+        assert "fp32" in decode_step.unsupported(half, KVCache(half.config, 1, 24, torch.bfloat16))
+        strided = model_of()
+        weight = strided.decoder.blocks[0].mlp.fc.weight
+        strided.decoder.blocks[0].mlp.fc.weight = torch.nn.Parameter(weight.detach().t().contiguous().t())
+        assert "contiguous" in decode_step.unsupported(strided, one_row)
+        swapped = model_of()
+        swapped.decoder.blocks[1].mlp = torch.nn.Sequential()
+        assert "modules or hooks" in decode_step.unsupported(swapped, one_row)
+        hooked = model_of()
+        hooked.decoder.blocks[0].attn.register_forward_hook(lambda *args: None)
+        assert "modules or hooks" in decode_step.unsupported(hooked, one_row)
+        assert decode_step.NativeDecoderStep.bind(hooked, one_row) is None
+    with torch.enable_grad():
+        assert "gradients" in decode_step.unsupported(decoder, one_row)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(trained_tokenizer) -> TextTokenizer:
+    return TextTokenizer.load(trained_tokenizer)
+
+
+def generate(model, tokenizer, prompt="Once upon a time", **settings):
+    generator = Generator(model, tokenizer, GenerationSettings(**{"max_new_tokens": 40, "logprobs": True, **settings}), batch_size=1)
+    (done,) = [event for event in generator.run([prompt]) if isinstance(event, Done)]
+    return done.completions[0]
+
+
+@pytest.mark.parametrize("settings", [dict(), dict(strategy="sample", temperature=0.8, top_k=20, seed=3), dict(repetition_penalty=1.3)])
+def test_the_generator_uses_the_c_step_and_writes_the_same_text(library, tokenizer, monkeypatch, settings):
+    model = model_of(vocab_size=tokenizer.vocab_size, block_size=32)
+    calls = []
+    original = decode_step.NativeDecoderStep.__call__
+    monkeypatch.setattr(decode_step.NativeDecoderStep, "__call__", lambda self, token: calls.append(token) or original(self, token))
+    with_c = generate(model, tokenizer, stop_at_eos=False, **settings)  # 40 tokens: past the 32-token window, which slides
+    assert len(calls) > 20
+    monkeypatch.setenv("TFCLI_NATIVE_KERNELS", "0")
+    native.forget()
+    without = generate(model, tokenizer, stop_at_eos=False, **settings)
+    assert with_c.tokens == without.tokens and with_c.text == without.text
+    assert with_c.logprobs == pytest.approx(without.logprobs, abs=1e-4)
+
+
+def test_a_conversation_mixes_pytorch_turns_and_c_steps(library, tokenizer):
+    model = model_of(vocab_size=tokenizer.vocab_size, block_size=32)
+    vocab = Vocabulary.of(tokenizer, model.config.vocab_size)
+    with torch.inference_mode():
+        window = DecoderWindow(model, 1, vocab)
+        assert window.native_step is not None
+        window.start(torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.bool))
+        window.push(torch.tensor([8]))
+        window.extend([9, 10, 11])  # the next turn: PyTorch runs several tokens at once
+        window.truncate(5)  # forget the last two, as a cut-off turn does
+        got = window.push(torch.tensor([12]))
+        expected = window._scores(model(torch.tensor([[5, 6, 7, 8, 9, 12]])).logits[:, -1])  # specials at -inf on both
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_c_step_that_disagrees_with_pytorch_is_never_used(library, tokenizer, monkeypatch):
+    monkeypatch.setattr(decode_step, "_agrees", lambda *args: False)
+    model = model_of(vocab_size=tokenizer.vocab_size)
+    with torch.inference_mode():
+        assert decode_step.NativeDecoderStep.bind(model, KVCache(model.config, 1, 24, torch.float32)) is None
+    assert "disagreed with PyTorch" in decode_step.describe()
+    assert len(generate(model, tokenizer, stop_at_eos=False, max_new_tokens=5).tokens) == 5
+
+
+def test_the_check_models_pass_and_describe_names_the_c_step(library):
+    assert all(decode_step._agrees(library, settings) for settings in decode_step.CHECK_MODELS)
+    assert decode_step.describe() == "tfcli's C decoder step (native.c)"
+    state = torch.random.get_rng_state()
+    library.step_verified = None
+    decode_step._verified(library)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the check leaves the caller's random numbers alone
+
+
+def test_turned_off_the_generator_keeps_pytorch(monkeypatch, tokenizer):
+    monkeypatch.setenv("TFCLI_NATIVE_KERNELS", "0")
+    native.forget()
+    try:
+        model = model_of(vocab_size=tokenizer.vocab_size)
+        with torch.inference_mode():
+            assert DecoderWindow(model, 1, Vocabulary.of(tokenizer, model.config.vocab_size)).native_step is None
+        assert decode_step.describe() == "PyTorch and oneDNN (turned off by TFCLI_NATIVE_KERNELS)"
+    finally:
+        native.forget()

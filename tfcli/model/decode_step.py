@@ -1,0 +1,241 @@
+"""A decoder's whole decoding step in one C call (`native.c`'s decoder_step), for one row on the CPU.
+
+A small model's step through PyTorch is about a hundred calls of a few microseconds each, which cost more
+than the arithmetic; one C call does the same step (the token's embedding, every block with its KV cache
+entry, the final norm and the output head) in a fraction of that time, and for a large model it saves the
+calls' overhead around weights that it streams as `vector_linear` does. `NativeDecoderStep.bind` hands a
+model and its KV cache to the C code where it computes exactly what `Transformer.decode` does: a decoder
+in eval mode, fp32 weights on the CPU, a cache for one row. Anything else, or a build of the C code that
+fails its check against PyTorch on small models, keeps the PyTorch step.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+import torch.nn.modules.module as module_hooks
+from torch import nn
+
+from tfcli.model import native
+from tfcli.model.attention import Attention, KVCache
+from tfcli.model.config import ModelConfig
+from tfcli.model.kernels import Linear
+from tfcli.model.layers import MLP, RMSNorm, RotaryEmbedding
+from tfcli.model.transformer import Block, Stack, Transformer
+
+NORMS = {"layernorm": 0, "rmsnorm": 1}
+ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "relu": 2, "swiglu": 3}
+LAYER_TENSORS = ("attn_norm_weight", "attn_norm_bias", "qkv_weight", "qkv_bias", "out_weight", "out_bias",
+                 "mlp_norm_weight", "mlp_norm_bias", "fc_weight", "fc_bias", "proj_weight", "proj_bias", "keys", "values")
+
+
+class DecoderLayer(ctypes.Structure):
+    """native.c's decoder_layer: one block's tensors, by address (0 for a missing bias)."""
+
+    _fields_ = [(name, ctypes.c_void_p) for name in LAYER_TENSORS]
+
+
+class Decoder(ctypes.Structure):
+    """native.c's decoder: the shape, the settings and the tensors every step reads."""
+
+    _fields_ = [
+        *((name, ctypes.c_long) for name in ("d_model", "n_heads", "n_kv_heads", "head_dim", "hidden", "vocab", "capacity", "n_layers")),
+        ("norm", ctypes.c_int), ("pre_norm", ctypes.c_int), ("activation", ctypes.c_int), ("norm_eps", ctypes.c_float),
+        *((name, ctypes.c_void_p) for name in ("token_embedding", "position_table", "rotary_cos", "rotary_sin",
+                                                "final_norm_weight", "final_norm_bias", "head_weight")),
+        ("layers", ctypes.POINTER(DecoderLayer)),
+    ]
+
+
+class NativeDecoderStep:
+    """Runs one token through `model`, after the tokens in `cache`, writing its keys and values there."""
+
+    def __init__(self, library: native.NativeLibrary, model: Transformer, cache: KVCache) -> None:
+        config = model.config
+        self.library, self.model, self.cache = library, model, cache
+        self.vocab = config.vocab_size
+        self.tensors: list[torch.Tensor] = []  # every tensor whose address the C code holds, kept alive here
+        layers = (DecoderLayer * config.decoder_layers)()
+        for i, block in enumerate(model.decoder.blocks):
+            parts = {
+                "attn_norm": block.attn_norm, "qkv": block.attn.qkv, "out": block.attn.out,
+                "mlp_norm": block.mlp_norm, "fc": block.mlp.fc, "proj": block.mlp.proj,
+            }
+            for name, module in parts.items():
+                setattr(layers[i], f"{name}_weight", self._address(module.weight))
+                setattr(layers[i], f"{name}_bias", self._address(getattr(module, "bias", None)))
+            layers[i].keys = self._address(cache.keys[i, 0])
+            layers[i].values = self._address(cache.values[i, 0])
+        final_norm = model.decoder.norm
+        pre_norm = config.norm_placement == "pre"
+        self.decoder = Decoder(
+            d_model=config.d_model, n_heads=config.n_heads, n_kv_heads=config.kv_heads, head_dim=config.head_dim,
+            hidden=config.hidden_dim, vocab=config.vocab_size, capacity=cache.capacity, n_layers=config.decoder_layers,
+            norm=NORMS[config.norm], pre_norm=int(pre_norm), activation=ACTIVATIONS[config.activation],
+            norm_eps=config.norm_eps,
+            token_embedding=self._address(model.tok_emb.weight),
+            position_table=self._address(_position_table(model)),
+            rotary_cos=self._address(model.rotary.cos if model.rotary is not None else None),
+            rotary_sin=self._address(model.rotary.sin if model.rotary is not None else None),
+            final_norm_weight=self._address(final_norm.weight if pre_norm else None),
+            final_norm_bias=self._address(getattr(final_norm, "bias", None) if pre_norm else None),
+            head_weight=self._address(model.lm_head.weight),
+            layers=layers,
+        )
+        self.layers = layers
+        self.workspace = torch.empty(library.decoder_workspace(ctypes.byref(self.decoder)), dtype=torch.float32)
+        self.address = ctypes.addressof(self.decoder)
+
+    def _address(self, tensor: torch.Tensor | None) -> int | None:
+        if tensor is None:
+            return None
+        self.tensors.append(tensor)
+        return tensor.data_ptr()
+
+    @classmethod
+    def bind(cls, model: Transformer, cache: KVCache) -> NativeDecoderStep | None:
+        """The C step for this model and cache, or None where it does not apply (`unsupported` says why)."""
+        if unsupported(model, cache) is not None:
+            return None
+        library = native.library()
+        if library is None or not _verified(library):
+            return None
+        return cls(library, model, cache)
+
+    def __call__(self, token: int) -> torch.Tensor:
+        """The next-token logits (1, vocab) after `token`; the cache grows by one position."""
+        position = self.cache.length
+        if not 0 <= token < self.vocab or position >= self.cache.capacity:
+            raise ValueError(f"token {token} at position {position} is outside the model's vocabulary or the cache")
+        logits = torch.empty(1, self.vocab, dtype=torch.float32)
+        self.library.decoder_step(self.address, token, position, logits.data_ptr(), self.workspace.data_ptr(),
+                                  torch.get_num_threads(), native.PARALLEL_FROM)
+        self.cache.advance(1)
+        return logits
+
+
+def _position_table(model: Transformer) -> torch.Tensor | None:
+    if model.config.positions == "learned":
+        return model.pos_emb.weight
+    if model.config.positions == "sinusoidal":
+        return model.sinusoid
+    return None
+
+
+def unsupported(model: Transformer, cache: KVCache | None) -> str | None:
+    """Why the C step cannot stand in for `model.decode` over this cache, or None when it can."""
+    config: ModelConfig = model.config
+    if config.arch != "decoder":
+        return f"the C step runs decoders, not {config.arch} models"
+    if model.training:
+        return "the model is in training mode"
+    if cache is None or cache.keys.shape[1] != 1:
+        return "the C step decodes one row with a KV cache"
+    if cache.capacity > config.block_size:
+        return "the cache is longer than the model's context"
+    if torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return "gradients, torch.compile and torch.jit need PyTorch's step"
+    if not _standard(model):
+        return "the model has modules or hooks of its own, which only PyTorch's step runs"
+    if config.norm not in NORMS or config.activation not in ACTIVATIONS:
+        return f"the C step has no {config.norm} or {config.activation}"
+    d, hidden = config.d_model, config.hidden_dim
+    kv_width = config.kv_heads * config.head_dim
+    up = 2 * hidden if config.activation == "swiglu" else hidden
+    expected: list[tuple[torch.Tensor | None, tuple[int, ...] | None]] = [
+        (model.tok_emb.weight, (config.vocab_size, d)), (model.lm_head.weight, (config.vocab_size, d)),
+        (model.lm_head.bias, None), (_position_table(model), (config.block_size, d) if config.positions != "rotary" else None),
+        (cache.keys, cache.keys.shape), (cache.values, cache.keys.shape),
+    ]
+    if model.rotary is not None:
+        expected += [(model.rotary.cos, (config.block_size, config.head_dim)), (model.rotary.sin, (config.block_size, config.head_dim))]
+    if config.norm_placement == "pre":
+        expected += _norm_tensors(model.decoder.norm, config)
+    for block in model.decoder.blocks:
+        expected += _norm_tensors(block.attn_norm, config) + _norm_tensors(block.mlp_norm, config)
+        for linear, shape in ((block.attn.qkv, (d + 2 * kv_width, d)), (block.attn.out, (d, d)), (block.mlp.fc, (up, d)),
+                              (block.mlp.proj, (d, hidden))):
+            expected += [(linear.weight, shape), (linear.bias, (shape[0],) if config.bias else None)]
+    for tensor, shape in expected:
+        if (tensor is None) != (shape is None):
+            return "the model's tensors are not the ones its config describes"
+        if tensor is not None and (tensor.device.type != "cpu" or tensor.dtype != torch.float32 or not tensor.is_contiguous()
+                                   or tuple(tensor.shape) != tuple(shape)):
+            return "the C step needs contiguous fp32 tensors on the CPU"
+    return None
+
+
+def _standard(model: Transformer) -> bool:
+    """Every module is one of the model's own classes (none swapped for another) and no hook watches them."""
+    known = (Transformer, Stack, Block, Attention, MLP, Linear, nn.Embedding, nn.LayerNorm, RMSNorm, RotaryEmbedding,
+             nn.Dropout, nn.Identity, nn.ModuleList)
+    if type(model) is not Transformer or type(model.lm_head) is not Linear:
+        return False
+    for module in model.modules():
+        if type(module) not in known or module._forward_hooks or module._forward_pre_hooks:
+            return False
+    return not (module_hooks._global_forward_hooks or module_hooks._global_forward_pre_hooks)
+
+
+def _norm_tensors(norm: torch.nn.Module, config: ModelConfig) -> list:
+    d = config.d_model
+    if isinstance(norm, RMSNorm):
+        return [(norm.weight, (d,))]
+    if isinstance(norm, torch.nn.LayerNorm) and norm.elementwise_affine:
+        return [(norm.weight, (d,)), (norm.bias, (d,) if config.bias else None)]
+    return [(None, (d,))]  # a norm the C step does not know
+
+
+# Small models that between them take every branch of the C step, checked against PyTorch once a process.
+CHECK_MODELS = (
+    dict(d_model=32, n_heads=4, n_kv_heads=2, positions="rotary", norm="rmsnorm", activation="swiglu", bias=False, tie_embeddings=False),
+    dict(d_model=24, n_heads=4, positions="learned", norm="layernorm", norm_placement="post", activation="gelu", bias=True),
+    dict(d_model=20, n_heads=2, n_kv_heads=1, positions="sinusoidal", activation="gelu_tanh", bias=True, tie_embeddings=False),
+    dict(d_model=16, n_heads=2, positions="rotary", norm="layernorm", activation="relu", bias=False),
+)
+
+
+_check_lock = threading.Lock()
+
+
+def _verified(library: native.NativeLibrary) -> bool:
+    """Whether this build of the C step agrees with PyTorch on CHECK_MODELS (checked once a process)."""
+    with _check_lock:
+        if library.step_verified is None:
+            try:
+                library.step_verified = all(_agrees(library, settings) for settings in CHECK_MODELS)
+            except Exception:  # whatever goes wrong, decoding goes on with PyTorch's step
+                library.step_verified = False
+        return library.step_verified
+
+
+def describe() -> str:
+    """One line for benchmark reports: what decodes one row on the CPU. Builds and checks the C code now,
+    so that its first use is not inside a timed step."""
+    library = native.library()
+    if library is None:
+        return f"PyTorch and oneDNN ({native.problem()})"
+    if not _verified(library):
+        return "PyTorch, with tfcli's C matrix-vector product (native.c; its decoder step disagreed with PyTorch)"
+    return "tfcli's C decoder step (native.c)"
+
+
+def _agrees(library: native.NativeLibrary, settings: dict) -> bool:
+    """Four tokens after a three-token prefix: the C step's logits against the same model's full forward."""
+    from tfcli.model.config import preset
+
+    config = preset("tiny", vocab_size=37, block_size=12, n_layers=2, d_ff=40, **settings)
+    with torch.random.fork_rng(devices=[]), torch.inference_mode():
+        torch.manual_seed(0)
+        model = Transformer(config).eval()
+        for parameter in model.parameters():  # a trained model's scale, not the initial 0.02
+            parameter.normal_(0.0, 0.3)
+        ids = torch.randint(0, config.vocab_size, (1, 7))
+        expected = model(ids).logits[0, 3:]  # (4, vocab)
+        cache = KVCache(config, 1, config.block_size, torch.float32)
+        model.decode(ids[:, :3], cache=cache)
+        step = NativeDecoderStep(library, model, cache)
+        got = torch.cat([step(int(token)) for token in ids[0, 3:]])
+        return bool(torch.allclose(got, expected, rtol=1e-3, atol=1e-3))

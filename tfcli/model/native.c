@@ -1,0 +1,216 @@
+/* tfcli's C code for decoding on the CPU, built by tfcli/model/native.py with -O3 -march=native -fopenmp.
+ *
+ * At batch 1 a decoding step multiplies one row by every weight, so its cost is reading the weights once
+ * from memory, plus, for a small model, the fixed cost of each of the step's hundred-odd PyTorch calls.
+ * - vector_linear: y = W x + b for one row. Each weight row is streamed front to back against x, which
+ *   stays in the L1 cache, into four independent vector accumulators; the rows are split between OpenMP
+ *   threads. The `lanes` type becomes whatever vectors the processor has (AVX-512, AVX2, NEON).
+ * - decoder_step: one token through a whole decoder (transformer.py's Transformer.decode and lm_head, for
+ *   one unpadded row with a KV cache) in one call, the same arithmetic in the same order of operations.
+ * When tfcli is loaded the OpenMP runtime is PyTorch's own, so these threads are its threads.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stddef.h>
+
+#define LANES 16
+typedef float lanes __attribute__((vector_size(LANES * sizeof(float)), aligned(sizeof(float))));
+
+static float total(lanes v) {
+    float sum = 0.0f;
+    for (int i = 0; i < LANES; i++) sum += v[i];
+    return sum;
+}
+
+static float row_dot(const float *row, const float *x, long k) {
+    lanes a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    long j = 0;
+    for (; j + 4 * LANES <= k; j += 4 * LANES) {
+        a0 += *(const lanes *)(row + j) * *(const lanes *)(x + j);
+        a1 += *(const lanes *)(row + j + LANES) * *(const lanes *)(x + j + LANES);
+        a2 += *(const lanes *)(row + j + 2 * LANES) * *(const lanes *)(x + j + 2 * LANES);
+        a3 += *(const lanes *)(row + j + 3 * LANES) * *(const lanes *)(x + j + 3 * LANES);
+    }
+    for (; j + LANES <= k; j += LANES) a0 += *(const lanes *)(row + j) * *(const lanes *)(x + j);
+    float sum = total((a0 + a1) + (a2 + a3));
+    for (; j < k; j++) sum += row[j] * x[j];
+    return sum;
+}
+
+/* w: (n, k) row-major, x: (k,), bias: (n,) or NULL, y: (n,). Uses `threads` threads once the weight has
+ * at least `parallel_from` elements (below that, starting them costs more than they save). */
+void vector_linear(const float *w, const float *x, const float *bias, float *y, long n, long k, int threads, long parallel_from) {
+    #pragma omp parallel num_threads(threads) if (n * k >= parallel_from)
+    {
+        long count = omp_get_num_threads(), index = omp_get_thread_num();
+        long share = (n + count - 1) / count;
+        long first = index * share, last = first + share < n ? first + share : n;
+        for (long i = first; i < last; i++) {
+            float value = row_dot(w + i * k, x, k);
+            y[i] = bias ? value + bias[i] : value;
+        }
+    }
+}
+
+/* ---- one decoding step ------------------------------------------------------------------------------ */
+
+enum { NORM_LAYER = 0, NORM_RMS = 1 };
+enum { ACTIVATION_GELU = 0, ACTIVATION_GELU_TANH = 1, ACTIVATION_RELU = 2, ACTIVATION_SWIGLU = 3 };
+
+/* One block's weights (NULL for a missing bias) and its slice of the KV cache for the one row. The
+ * field order matches native.py's DecoderLayer. */
+typedef struct {
+    const float *attn_norm_weight, *attn_norm_bias;
+    const float *qkv_weight, *qkv_bias;  /* (d + 2 * n_kv * hs, d): queries, then keys, then values */
+    const float *out_weight, *out_bias;  /* (d, d) */
+    const float *mlp_norm_weight, *mlp_norm_bias;
+    const float *fc_weight, *fc_bias;  /* (up, d), up = hidden (2 * hidden for SwiGLU: gate, then up) */
+    const float *proj_weight, *proj_bias;  /* (d, hidden) */
+    float *keys, *values;  /* (n_kv, capacity, hs) */
+} decoder_layer;
+
+/* The model's shape and the tensors every step reads. The field order matches native.py's Decoder. */
+typedef struct {
+    long d_model, n_heads, n_kv_heads, head_dim, hidden, vocab, capacity, n_layers;
+    int norm, pre_norm, activation;
+    float norm_eps;
+    const float *token_embedding;  /* (vocab, d) */
+    const float *position_table;  /* (block, d): learned or sinusoidal positions, added; NULL otherwise */
+    const float *rotary_cos, *rotary_sin;  /* (block, hs): rotary positions; NULL otherwise */
+    const float *final_norm_weight, *final_norm_bias;  /* pre-norm only: NULL weight means no final norm */
+    const float *head_weight;  /* (vocab, d) */
+    const decoder_layer *layers;
+} decoder;
+
+/* Floats of scratch memory decoder_step needs. */
+long decoder_workspace(const decoder *m) {
+    long kv_width = m->n_kv_heads * m->head_dim;
+    long up = m->activation == ACTIVATION_SWIGLU ? 2 * m->hidden : m->hidden;
+    return 3 * m->d_model + (m->d_model + 2 * kv_width) + up + m->capacity;
+}
+
+static void norm(const decoder *m, const float *weight, const float *bias, const float *x, float *y) {
+    long d = m->d_model;
+    float mean = 0.0f, square = 0.0f;
+    if (m->norm == NORM_LAYER) {
+        for (long i = 0; i < d; i++) mean += x[i];
+        mean /= d;
+        for (long i = 0; i < d; i++) square += (x[i] - mean) * (x[i] - mean);
+    } else {
+        for (long i = 0; i < d; i++) square += x[i] * x[i];
+    }
+    float scale = 1.0f / sqrtf(square / d + m->norm_eps);
+    for (long i = 0; i < d; i++) y[i] = (x[i] - mean) * scale * weight[i] + (bias ? bias[i] : 0.0f);
+}
+
+/* RoPE on one head's vector: each (i, i + hs/2) pair turned by the angle of `position`. */
+static void rotate(const decoder *m, float *x, long position) {
+    long half = m->head_dim / 2;
+    const float *cos = m->rotary_cos + position * m->head_dim, *sin = m->rotary_sin + position * m->head_dim;
+    for (long i = 0; i < half; i++) {
+        float a = x[i], b = x[i + half];
+        x[i] = a * cos[i] - b * sin[i];
+        x[i + half] = b * cos[i + half] + a * sin[i + half];
+    }
+}
+
+/* Softmax attention of one query per head over keys 0..last of the cache (all of them: the new token
+ * comes after every cached one). Query head h reads key/value head h / (n_heads / n_kv_heads). */
+static void attend(const decoder *m, const decoder_layer *layer, const float *q, long last, float *scores, float *y) {
+    long hs = m->head_dim, group = m->n_heads / m->n_kv_heads;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (long h = 0; h < m->n_heads; h++) {
+        const float *keys = layer->keys + (h / group) * m->capacity * hs;
+        const float *values = layer->values + (h / group) * m->capacity * hs;
+        float top = -INFINITY, sum = 0.0f;
+        for (long j = 0; j <= last; j++) {
+            scores[j] = row_dot(keys + j * hs, q + h * hs, hs) * scale;
+            top = scores[j] > top ? scores[j] : top;
+        }
+        for (long j = 0; j <= last; j++) {
+            scores[j] = expf(scores[j] - top);
+            sum += scores[j];
+        }
+        float *out = y + h * hs;
+        for (long i = 0; i < hs; i++) out[i] = 0.0f;
+        for (long j = 0; j <= last; j++) {
+            float p = scores[j] / sum;
+            const float *v = values + j * hs;
+            for (long i = 0; i < hs; i++) out[i] += p * v[i];
+        }
+    }
+}
+
+static void activate(const decoder *m, float *h) {
+    long n = m->hidden;
+    switch (m->activation) {
+    case ACTIVATION_SWIGLU:  /* silu(gate) * up */
+        for (long i = 0; i < n; i++) h[i] = h[i] / (1.0f + expf(-h[i])) * h[n + i];
+        break;
+    case ACTIVATION_RELU:
+        for (long i = 0; i < n; i++) h[i] = h[i] > 0.0f ? h[i] : 0.0f;
+        break;
+    case ACTIVATION_GELU_TANH:
+        for (long i = 0; i < n; i++) {
+            float x = h[i];
+            h[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+        }
+        break;
+    default:
+        for (long i = 0; i < n; i++) h[i] = 0.5f * h[i] * (1.0f + erff(h[i] * 0.7071067811865476f));
+    }
+}
+
+/* A sublayer's output y joins the residual stream x: pre-norm x + y, post-norm norm(x + y). */
+static void residual(const decoder *m, float *x, const float *y, const float *weight, const float *bias, float *scratch) {
+    for (long i = 0; i < m->d_model; i++) x[i] += y[i];
+    if (!m->pre_norm) {
+        norm(m, weight, bias, x, scratch);
+        for (long i = 0; i < m->d_model; i++) x[i] = scratch[i];
+    }
+}
+
+/* Token `token` at `position`, after `position` cached tokens: writes its keys and values into the cache
+ * at that position and the next-token scores into logits (vocab,). The caller checks every shape and
+ * that position < capacity; workspace holds decoder_workspace(m) floats. */
+void decoder_step(const decoder *m, long token, long position, float *logits, float *workspace, int threads, long parallel_from) {
+    long d = m->d_model, hs = m->head_dim, kv_width = m->n_kv_heads * hs;
+    float *x = workspace, *h = x + d, *y = h + d, *qkv = y + d, *up = qkv + d + 2 * kv_width;
+    float *scores = up + (m->activation == ACTIVATION_SWIGLU ? 2 * m->hidden : m->hidden);
+    const float *embedding = m->token_embedding + token * d;
+    for (long i = 0; i < d; i++) x[i] = embedding[i] + (m->position_table ? m->position_table[position * d + i] : 0.0f);
+    for (long l = 0; l < m->n_layers; l++) {
+        const decoder_layer *layer = m->layers + l;
+        /* attention */
+        if (m->pre_norm) norm(m, layer->attn_norm_weight, layer->attn_norm_bias, x, h);
+        vector_linear(layer->qkv_weight, m->pre_norm ? h : x, layer->qkv_bias, qkv, d + 2 * kv_width, d, threads, parallel_from);
+        float *q = qkv, *k = qkv + d, *v = qkv + d + kv_width;
+        if (m->rotary_cos) {
+            for (long head = 0; head < m->n_heads; head++) rotate(m, q + head * hs, position);
+            for (long head = 0; head < m->n_kv_heads; head++) rotate(m, k + head * hs, position);
+        }
+        for (long head = 0; head < m->n_kv_heads; head++) {
+            float *key_slot = layer->keys + (head * m->capacity + position) * hs;
+            float *value_slot = layer->values + (head * m->capacity + position) * hs;
+            for (long i = 0; i < hs; i++) {
+                key_slot[i] = k[head * hs + i];
+                value_slot[i] = v[head * hs + i];
+            }
+        }
+        attend(m, layer, q, position, scores, h);
+        vector_linear(layer->out_weight, h, layer->out_bias, y, d, d, threads, parallel_from);
+        residual(m, x, y, layer->attn_norm_weight, layer->attn_norm_bias, h);
+        /* MLP */
+        if (m->pre_norm) norm(m, layer->mlp_norm_weight, layer->mlp_norm_bias, x, h);
+        long width = m->activation == ACTIVATION_SWIGLU ? 2 * m->hidden : m->hidden;
+        vector_linear(layer->fc_weight, m->pre_norm ? h : x, layer->fc_bias, up, width, d, threads, parallel_from);
+        activate(m, up);
+        vector_linear(layer->proj_weight, up, layer->proj_bias, y, d, m->hidden, threads, parallel_from);
+        residual(m, x, y, layer->mlp_norm_weight, layer->mlp_norm_bias, h);
+    }
+    if (m->final_norm_weight) {
+        norm(m, m->final_norm_weight, m->final_norm_bias, x, h);
+        x = h;
+    }
+    vector_linear(m->head_weight, x, NULL, logits, m->vocab, d, threads, parallel_from);
+}
