@@ -36,6 +36,33 @@ def kernel_cache(tmp_path_factory):
         os.environ["TFCLI_CACHE_DIR"] = before
 
 
+@pytest.fixture(scope="session")
+def build_problem(kernel_cache):
+    """Why this machine cannot build tfcli's C code (no compiler, no OpenMP, ...), or None: tests that need a
+    real build are skipped where it cannot be had, and only there."""
+    from tfcli.model import native
+
+    before = os.environ.pop("TFCLI_NATIVE_KERNELS", None)
+    native.forget()
+    reason = native.problem()
+    native.forget()
+    if before is not None:
+        os.environ["TFCLI_NATIVE_KERNELS"] = before
+    return reason
+
+
+@pytest.fixture
+def buildable(build_problem, monkeypatch):
+    if build_problem is not None:
+        pytest.skip(f"the C code cannot be built here: {build_problem}")
+    from tfcli.model import native
+
+    monkeypatch.delenv("TFCLI_NATIVE_KERNELS", raising=False)
+    native.forget()
+    yield
+    native.forget()
+
+
 @dataclasses.dataclass
 class CliResult:
     code: int

@@ -17,23 +17,10 @@ from tfcli.tokenizer.core import TextTokenizer
 
 
 @pytest.fixture
-def library(build_problem, monkeypatch):
-    if build_problem is not None:
-        pytest.skip(f"the C code cannot be built here: {build_problem}")
-    monkeypatch.delenv("TFCLI_NATIVE_KERNELS", raising=False)
-    native.forget()
+def library(buildable):
     built = native.library()
     assert built is not None, native.problem()
-    yield built
-    native.forget()
-
-
-@pytest.fixture(scope="session")
-def build_problem(kernel_cache):
-    native.forget()
-    reason = native.problem()
-    native.forget()
-    return reason
+    return built
 
 
 def model_of(seed: int = 0, **overrides) -> Transformer:
@@ -123,6 +110,8 @@ def test_what_the_c_step_leaves_to_pytorch(library):
         assert "one row" in decode_step.unsupported(decoder, KVCache(decoder.config, 2, 24, torch.float32))
         assert "one row" in decode_step.unsupported(decoder, None)
         assert "longer than the model's context" in decode_step.unsupported(decoder, KVCache(decoder.config, 1, 25, torch.float32))
+        other = model_of(n_kv_heads=2)
+        assert "not the ones its config describes" in decode_step.unsupported(decoder, KVCache(other.config, 1, 24, torch.float32))
         seq2seq = model_of(arch="encoder-decoder")
         assert "not encoder-decoder" in decode_step.unsupported(seq2seq, KVCache(seq2seq.config, 1, 24, torch.float32))
         assert "training mode" in decode_step.unsupported(model_of().train(), one_row)

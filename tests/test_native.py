@@ -16,18 +16,6 @@ from tfcli.model.attention import KVCache
 from tfcli.model.config import ModelConfig
 from tfcli.model.transformer import Transformer
 
-@pytest.fixture(scope="session")
-def build_problem(kernel_cache):
-    """Why this machine cannot build the kernel (no compiler, no OpenMP, ...), or None: tests that need a
-    real build are skipped where it cannot be had, and only there."""
-    before = os.environ.pop("TFCLI_NATIVE_KERNELS", None)
-    native.forget()
-    reason = native.problem()
-    native.forget()
-    if before is not None:
-        os.environ["TFCLI_NATIVE_KERNELS"] = before
-    return reason
-
 
 @pytest.fixture
 def fresh(monkeypatch, tmp_path):
@@ -37,16 +25,6 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.delenv("TFCLI_NATIVE_KERNELS", raising=False)
     native.forget()
     yield cache
-    native.forget()
-
-
-@pytest.fixture
-def buildable(build_problem, monkeypatch):
-    if build_problem is not None:
-        pytest.skip(f"the kernel cannot be built here: {build_problem}")
-    monkeypatch.delenv("TFCLI_NATIVE_KERNELS", raising=False)
-    native.forget()
-    yield
     native.forget()
 
 

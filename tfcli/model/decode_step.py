@@ -144,10 +144,11 @@ def unsupported(model: Transformer, cache: KVCache | None) -> str | None:
     d, hidden = config.d_model, config.hidden_dim
     kv_width = config.kv_heads * config.head_dim
     up = 2 * hidden if config.activation == "swiglu" else hidden
+    cache_shape = (config.decoder_layers, 1, config.kv_heads, cache.capacity, config.head_dim)  # (L, B, n_kv, S, hs)
     expected: list[tuple[torch.Tensor | None, tuple[int, ...] | None]] = [
         (model.tok_emb.weight, (config.vocab_size, d)), (model.lm_head.weight, (config.vocab_size, d)),
         (model.lm_head.bias, None), (_position_table(model), (config.block_size, d) if config.positions != "rotary" else None),
-        (cache.keys, cache.keys.shape), (cache.values, cache.keys.shape),
+        (cache.keys, cache_shape), (cache.values, cache_shape),
     ]
     if model.rotary is not None:
         expected += [(model.rotary.cos, (config.block_size, config.head_dim)), (model.rotary.sin, (config.block_size, config.head_dim))]
@@ -159,10 +160,9 @@ def unsupported(model: Transformer, cache: KVCache | None) -> str | None:
                               (block.mlp.proj, (d, hidden))):
             expected += [(linear.weight, shape), (linear.bias, (shape[0],) if config.bias else None)]
     for tensor, shape in expected:
-        if (tensor is None) != (shape is None):
-            return "the model's tensors are not the ones its config describes"
-        if tensor is not None and (tensor.device.type != "cpu" or tensor.dtype != torch.float32 or not tensor.is_contiguous()
-                                   or tuple(tensor.shape) != tuple(shape)):
+        if (tensor is None) != (shape is None) or (tensor is not None and tuple(tensor.shape) != tuple(shape)):
+            return "the model's tensors or its cache are not the ones its config describes"
+        if tensor is not None and (tensor.device.type != "cpu" or tensor.dtype != torch.float32 or not tensor.is_contiguous()):
             return "the C step needs contiguous fp32 tensors on the CPU"
     return None
 
