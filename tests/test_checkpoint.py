@@ -146,6 +146,12 @@ def test_truncated_and_corrupted_weights(run):
     (lambda c: c["model"].update(n_layers=1000, d_model=16384, n_heads=16, d_ff=65536), "parameters"),
     (lambda c: c.update(format_version=99), "checkpoint format 99"),
     (lambda c: c.update(training={"labels": ["good", "bad"]}), "has training.labels but no classifier"),
+    (lambda c: c.update(training={"config": {"max_steps": "abc"}}), r"config.json: training.config.max_steps must be an integer"),
+    (lambda c: c.update(training={"config": {"foo": 1}}), r"config.json: training.config has unknown key 'foo'"),
+    (lambda c: c.update(training={"config": {"mask_prob": 2.0}}), "training setting mask_prob must be in"),
+    (lambda c: c.update(training={"step": "x"}), r"training.step must be an integer"),
+    (lambda c: c.update(training={"steps": 3}), r"training has unknown key 'steps'"),
+    (lambda c: c.update(training=[1, 2]), "must be"),
 ])
 def test_bad_configs_are_refused_by_name(run, edit, message):
     config = json.loads((run / CONFIG_FILE).read_text())
@@ -153,6 +159,13 @@ def test_bad_configs_are_refused_by_name(run, edit, message):
     (run / CONFIG_FILE).write_text(json.dumps(config))
     with pytest.raises(TfcliError, match=message):
         load_checkpoint(run)
+
+
+def test_a_training_section_written_by_hand_may_hold_part_of_the_record(run):
+    config = json.loads((run / CONFIG_FILE).read_text())
+    config["training"] = {"task": "lm", "data": "somewhere", "step": 5}
+    (run / CONFIG_FILE).write_text(json.dumps(config))
+    assert load_checkpoint(run).config.training["step"] == 5
 
 
 @pytest.mark.parametrize("labels", [[1, 2], ["good"], "ab", ["good", "good"], ["good", "bad", "ugly"]])

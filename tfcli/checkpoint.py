@@ -24,6 +24,7 @@ from tfcli.fsutil import artifact_kind, fsync_dir, fsync_file, prepare_output_di
 from tfcli.model.config import ModelConfig
 from tfcli.schema import JsonRecord
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
+from tfcli.train.config import TrainConfig
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +49,22 @@ class RunConfig(JsonRecord):
     tfcli_version: str = ""
     training: dict[str, Any] | None = None  # the resolved training config, for runs that were trained
     source: str | None = None  # where the weights came from (e.g. an imported GPT-2 folder)
+
+
+@dataclasses.dataclass
+class TrainingRecord(JsonRecord):
+    """What config.json keeps under "training" for a trained run (`TrainingJob.training_record`; a section
+    written by hand may hold only some of it, such as the labels). Read to check it; RunConfig keeps it as
+    the plain dictionary the commands read."""
+
+    config: TrainConfig | None = None
+    task: str | None = None
+    step: int | None = None
+    labels: list[str] | None = None
+    data: str | None = None
+    val_data: str | None = None
+    init_from: str | None = None
+    val_loss: float | None = None  # the best checkpoint's validation loss
 
 
 @dataclasses.dataclass
@@ -166,6 +183,12 @@ def read_run_config(run_dir: Path) -> RunConfig:
         raise TfcliError(f"{run_dir / CONFIG_FILE} has training.labels {json.dumps(labels)}, which is not a list of the "
                          f"{n_classes} distinct class names" if n_classes else f"{run_dir / CONFIG_FILE} has training.labels but no classifier",
                          hint="fix it, or remove it to call the classes class 0, class 1, ...")
+    if config.training is not None:
+        try:
+            TrainingRecord.from_json(config.training, where="training")
+        except TfcliError as error:
+            raise TfcliError(f"{run_dir / CONFIG_FILE}: {error.message}",
+                             hint="restore the run's own config.json, or remove the training section") from None
     return config
 
 
