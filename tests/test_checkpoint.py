@@ -190,10 +190,11 @@ def test_a_tokenizer_that_does_not_match(run, tmp_path, tiny_corpus):
     from tfcli.data.corpus import resolve_corpus
     from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
 
-    train_tokenizer(resolve_corpus([tiny_corpus]), tmp_path / "other", TokenizerTrainingConfig(vocab_size=290))
-    (run / "tokenizer.json").write_bytes((tmp_path / "other" / "tokenizer.json").read_bytes())
-    with pytest.raises(TfcliError, match="has 290 tokens but the model's vocabulary is 320"):
-        load_checkpoint(run)
+    for size, message in [(350, "has 350 tokens but the model's vocabulary only 320"), (290, "not the tokenizer this model was saved with")]:
+        train_tokenizer(resolve_corpus([tiny_corpus]), tmp_path / f"other-{size}", TokenizerTrainingConfig(vocab_size=size, min_frequency=1))
+        (run / "tokenizer.json").write_bytes((tmp_path / f"other-{size}" / "tokenizer.json").read_bytes())
+        with pytest.raises(TfcliError, match=message):
+            load_checkpoint(run)
 
 
 def test_non_finite_weights_are_named(run):

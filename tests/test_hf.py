@@ -123,14 +123,39 @@ def test_import_bad_folders(cli, tmp_path, trained_tokenizer):
     result = cli("import", tmp_path / "no-tokenizer", "-o", tmp_path / "run")
     assert result.code == 2 and "tokenizer" in result.stderr
     assert not (tmp_path / "run").exists()  # a failed import leaves no folder behind
-    _hub_style_gpt2(tmp_path / "padded", trained_tokenizer, vocab + 64, True)  # the tokenizer is written before this check
-    result = cli("import", tmp_path / "padded", "-o", tmp_path / "run")
-    assert result.code == 2 and "tokens but the model" in result.stderr
+    _hub_style_gpt2(tmp_path / "short", trained_tokenizer, vocab - 64, True)  # the tokenizer is written before this check
+    result = cli("import", tmp_path / "short", "-o", tmp_path / "run")
+    assert result.code == 2 and "tokens but the model only" in result.stderr
     assert not (tmp_path / "run").exists()
     (tmp_path / "kept").mkdir()
     (tmp_path / "kept" / "notes.txt").write_text("mine")
-    assert cli("import", tmp_path / "padded", "-o", tmp_path / "kept").code == 2
+    assert cli("import", tmp_path / "short", "-o", tmp_path / "kept").code == 2
     assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["notes.txt"]  # only what it added is gone
+
+
+def test_a_vocabulary_padded_past_the_tokenizer_imports_and_is_never_generated(cli, tmp_path, trained_tokenizer, tiny_corpus):
+    vocab = TextTokenizer.load(trained_tokenizer).vocab_size
+    padded = vocab + 64 - vocab % 64  # as nanoGPT pads GPT-2's 50,257 to 50,304
+    hf = _hub_style_gpt2(tmp_path / "gpt2", trained_tokenizer, padded, True)
+    with torch.no_grad():
+        hf.lm_head.weight[vocab:] = 5.0  # the padding rows would win every step if they were ever chosen
+    hf.save_pretrained(str(tmp_path / "gpt2"), safe_serialization=True)
+    result = cli("import", tmp_path / "gpt2", "-o", tmp_path / "run")
+    assert result.code == 0, result.stderr
+    ours = load_checkpoint(tmp_path / "run")
+    assert ours.config.model.vocab_size == padded and ours.tokenizer.vocab_size == vocab
+    ids = torch.randint(0, vocab, (1, 20))
+    with torch.no_grad():
+        assert (hf(ids).logits - ours.model(ids).logits).abs().max().item() < 1e-4
+    result = cli("generate", tmp_path / "run", "-p", "Once upon a time", "--max-new-tokens", "12", "--json")
+    assert result.code == 0, result.stderr
+    (completion,) = json.loads(result.stdout)["completions"]
+    assert completion["tokens"] and max(completion["tokens"]) < vocab
+    info = cli("info", tmp_path / "run")
+    assert info.code == 0 and f"model vocabulary {padded:,}" in info.stdout and "problem" not in info.stdout
+    assert cli("eval", tmp_path / "run", "--data", tiny_corpus).code == 0
+    assert cli("export", tmp_path / "run", "--to", "hf", "-o", tmp_path / "again").code == 0
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["vocab_size"] == padded
 
 
 def test_a_full_disk_during_export_or_import_is_one_line_and_leaves_nothing(cli, tmp_path, trained_tokenizer, monkeypatch):

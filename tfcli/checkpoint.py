@@ -104,8 +104,8 @@ def save_checkpoint(
 
     from safetensors.torch import save_file
 
-    if tokenizer.vocab_size != model.config.vocab_size:
-        raise TfcliError(f"the tokenizer has {tokenizer.vocab_size:,} tokens but the model {model.config.vocab_size:,}")
+    if tokenizer.vocab_size > model.config.vocab_size:  # a larger model vocabulary is padding (nanoGPT's 50,304)
+        raise TfcliError(f"the tokenizer has {tokenizer.vocab_size:,} tokens but the model only {model.config.vocab_size:,}")
     run_dir = prepare_output_dir(Path(run_dir), "run")
     staged: list[tuple[Path, Path]] = []  # (temp, final), renamed in this order
     try:
@@ -213,8 +213,8 @@ def run_file_problems(run_dir: Path, config: RunConfig, tokenizer: TextTokenizer
     elif (size := weights.stat().st_size) != config.weights_bytes:
         problems.append(TfcliError(f"{weights} holds {size:,} bytes but {CONFIG_FILE} expects {config.weights_bytes:,}",
                                    hint="the checkpoint is truncated or from another save; use an intact run directory"))
-    if tokenizer.vocab_size != config.model.vocab_size:
-        problems.append(TfcliError(f"{run_dir / TOKENIZER_FILE} has {tokenizer.vocab_size:,} tokens but the model's vocabulary is "
+    if tokenizer.vocab_size > config.model.vocab_size:
+        problems.append(TfcliError(f"{run_dir / TOKENIZER_FILE} has {tokenizer.vocab_size:,} tokens but the model's vocabulary only "
                                    f"{config.model.vocab_size:,}", hint="use the tokenizer the model was trained with"))
     elif tokenizer.sha256 != config.tokenizer_sha256:
         problems.append(TfcliError(f"{run_dir / TOKENIZER_FILE} is not the tokenizer this model was saved with (sha256 differs)",

@@ -244,8 +244,8 @@ def import_gpt2(src: Path, run_dir: Path) -> ModelConfig:
         state["lm_head.weight"] = state["tok_emb.weight"]
     run_dir = prepare_output_dir(run_dir, "run")
     tokenizer = _import_tokenizer(src, run_dir)
-    if tokenizer.vocab_size != config.vocab_size:
-        raise TfcliError(f"the tokenizer in {src} has {tokenizer.vocab_size:,} tokens but the model {config.vocab_size:,}")
+    if tokenizer.vocab_size > config.vocab_size:  # fewer is fine: the model's vocabulary was padded (nanoGPT: 50,304)
+        raise TfcliError(f"the tokenizer in {src} has {tokenizer.vocab_size:,} tokens but the model only {config.vocab_size:,}")
     model = Transformer(config)
     model.load_state_dict(state, strict=True)
     save_checkpoint(run_dir, model, tokenizer, source=str(src))

@@ -63,7 +63,8 @@ def info(
         table.add_row("KV cache", f"{human_bytes(kv['bf16'])} per token bf16 ({human_bytes(kv['fp32'])} fp32; {kv['kv_heads']} kv heads{saving})"
                                   f"{cross_text}")
     tok = data["tokenizer"]
-    table.add_row("tokenizer", f"{tok['vocab_size']:,} tokens, {tok['pre_tokenizer']}, specials {' '.join(tok['special_tokens'].values())}")
+    padding = f" (model vocabulary {model['vocab_size']:,}: never generated past the tokenizer's)" if model["vocab_size"] > tok["vocab_size"] else ""
+    table.add_row("tokenizer", f"{tok['vocab_size']:,} tokens{padding}, {tok['pre_tokenizer']}, specials {' '.join(tok['special_tokens'].values())}")
     history = data["history"]
     if history:
         table.add_row("history", f"{counted(history['records'], 'record')}, steps {history['first_step']}..{history['last_step']}, "
