@@ -12,6 +12,7 @@ from tfcli.generate.settings import GenerationSettings
 from tfcli.model import decode_step, native
 from tfcli.model.attention import KVCache
 from tfcli.model.config import ModelConfig
+from tfcli.model.layers import RMSNorm
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
 
@@ -34,8 +35,9 @@ def model_of(seed: int = 0, **overrides) -> Transformer:
 
 
 VARIANTS = [
-    dict(),  # rotary, RMSNorm, pre-norm, SwiGLU: the defaults
-    dict(positions="learned", norm="layernorm", activation="gelu", bias=True, tie_embeddings=True),
+    dict(),  # the defaults: learned positions, pre-norm LayerNorm, GELU, biases, tied embeddings
+    dict(positions="rotary", norm="rmsnorm", activation="swiglu", bias=False, tie_embeddings=False),  # llama's choices
+    dict(positions="rotary", n_kv_heads=2, rope_base=500.0, activation="swiglu", d_ff=40),
     dict(positions="sinusoidal", norm="layernorm", norm_placement="post", activation="gelu_tanh", bias=True),
     dict(positions="learned", norm="rmsnorm", norm_placement="post", activation="relu"),
     dict(n_kv_heads=2),  # grouped-query
@@ -121,15 +123,133 @@ def test_what_the_c_step_leaves_to_pytorch(library):
         weight = strided.decoder.blocks[0].mlp.fc.weight
         strided.decoder.blocks[0].mlp.fc.weight = torch.nn.Parameter(weight.detach().t().contiguous().t())
         assert "contiguous" in decode_step.unsupported(strided, one_row)
-        swapped = model_of()
-        swapped.decoder.blocks[1].mlp = torch.nn.Sequential()
-        assert "modules or hooks" in decode_step.unsupported(swapped, one_row)
+        one_block_training = model_of(dropout=0.5)
+        one_block_training.decoder.blocks[1].train()
+        assert "training mode" in decode_step.unsupported(one_block_training, one_row)
         hooked = model_of()
         hooked.decoder.blocks[0].attn.register_forward_hook(lambda *args: None)
-        assert "modules or hooks" in decode_step.unsupported(hooked, one_row)
+        assert "of its own" in decode_step.unsupported(hooked, one_row)
         assert decode_step.NativeDecoderStep.bind(hooked, one_row) is None
     with torch.enable_grad():
         assert "gradients" in decode_step.unsupported(decoder, one_row)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert "autocast" in decode_step.unsupported(decoder, one_row)
+
+
+def _swap_norm(model, kind):
+    block = model.decoder.blocks[0]
+    block.mlp_norm = RMSNorm(model.config.d_model, model.config.norm_eps) if kind == "rms" else torch.nn.LayerNorm(model.config.d_model)
+
+
+def _patch_forward(model):
+    model.decoder.blocks[0].mlp.forward = lambda x: x
+
+
+RESHAPED = {
+    "a Linear swapped for Identity": lambda m: setattr(m.decoder.blocks[0].attn, "out", torch.nn.Identity()),
+    "an MLP swapped for Sequential": lambda m: setattr(m.decoder.blocks[1], "mlp", torch.nn.Sequential()),
+    "a LayerNorm swapped for RMSNorm": lambda m: _swap_norm(m, "rms"),
+    "a LayerNorm with its own eps": lambda m: setattr(m.decoder.blocks[0].attn_norm, "eps", 1e-2),
+    "an MLP with another activation": lambda m: setattr(m.decoder.blocks[0].mlp, "activation", "relu"),
+    "a block switched to post-norm": lambda m: setattr(m.decoder.blocks[0], "pre_norm", False),
+    "a final norm removed": lambda m: setattr(m.decoder, "norm", torch.nn.Identity()),
+    "attention with fewer heads": lambda m: setattr(m.decoder.blocks[0].attn, "n_heads", 2),
+    "a forward patched on an instance": _patch_forward,
+    "an embedding with max_norm": lambda m: setattr(m.tok_emb, "max_norm", 1.0),
+}
+
+
+@pytest.mark.parametrize("change", RESHAPED.values(), ids=RESHAPED.keys())
+def test_a_model_changed_from_what_its_config_builds_keeps_pytorch(library, change):
+    model = model_of()
+    change(model)
+    model.eval()  # a module made by the change starts in training mode
+    with torch.inference_mode():
+        cache = KVCache(model.config, 1, 24, torch.float32)
+        assert "of its own" in decode_step.unsupported(model, cache)
+        assert decode_step.NativeDecoderStep.bind(model, cache) is None
+
+
+def test_a_method_patched_on_the_class_keeps_pytorch(library, monkeypatch):
+    from tfcli.model.attention import Attention
+
+    model = model_of()
+    monkeypatch.setattr(Attention, "forward", lambda self, *args, **kwargs: None)
+    with torch.inference_mode():
+        assert "of its own" in decode_step.unsupported(model, KVCache(model.config, 1, 24, torch.float32))
+
+
+def test_a_post_norm_stack_given_a_final_norm_keeps_pytorch(library):
+    model = model_of(norm_placement="post")
+    model.decoder.norm = torch.nn.LayerNorm(model.config.d_model).eval()
+    with torch.inference_mode():
+        assert "of its own" in decode_step.unsupported(model, KVCache(model.config, 1, 24, torch.float32))
+
+
+def test_a_model_converted_after_binding_is_never_read_from_freed_memory(library):
+    model = model_of()
+    with torch.inference_mode():
+        cache = KVCache(model.config, 1, 24, torch.float32)
+        model.decode(torch.tensor([[1, 2]]), cache=cache)
+        step = decode_step.NativeDecoderStep.bind(model, cache)
+        before = step(3)
+        cache.length = 2
+        model.to(torch.bfloat16)  # frees the fp32 parameters' memory, but the binding still holds it
+        torch.randn(1 << 20).fill_(float("nan"))  # whatever might reuse freed memory
+        torch.testing.assert_close(step(3), before)  # the model as bound: stale, never garbage
+
+
+def test_a_negative_position_is_refused(library):
+    model = model_of()
+    with torch.inference_mode():
+        cache = KVCache(model.config, 1, 24, torch.float32)
+        step = decode_step.NativeDecoderStep.bind(model, cache)
+        cache.length = -1
+        with pytest.raises(ValueError, match="outside"):
+            step(3)
+
+
+def test_the_window_keeps_pytorch_for_a_step_under_autocast(library, tokenizer, monkeypatch):
+    model = model_of(vocab_size=tokenizer.vocab_size)
+    calls = []
+    with torch.inference_mode():
+        window = DecoderWindow(model, 1, Vocabulary.of(tokenizer, model.config.vocab_size))
+        assert window.native_step is not None
+        monkeypatch.setattr(decode_step.NativeDecoderStep, "__call__", lambda self, token: calls.append(token))
+        window.start(torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.bool))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            window.push(torch.tensor([8]))
+    assert calls == []  # PyTorch's step, in autocast as asked
+
+
+def test_the_first_check_in_autocast_or_a_float64_default_still_passes(library):
+    library.step_verified = None
+    default = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert decode_step._verified(library)
+    finally:
+        torch.set_default_dtype(default)
+    native.forget()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert native.vector_linear() is not None, native.problem()
+
+
+def test_a_residual_stream_far_from_zero_keeps_its_precision(library):
+    model = model_of(n_layers=1)
+    with torch.no_grad():
+        model.tok_emb.weight.add_(300.0)  # every hidden state sits near 300: a naive float mean loses digits
+    ids = torch.randint(0, 97, (1, 10), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        exact = model.double()(ids).logits[0, 4:].float()
+        model.float()
+        cache = KVCache(model.config, 1, 24, torch.float32)
+        model.decode(ids[:, :4], cache=cache)
+        step = decode_step.NativeDecoderStep.bind(model, cache)
+        got = torch.cat([step(int(t)) for t in ids[0, 4:]])
+        ours = model(ids).logits[0, 4:]
+    assert (got - exact).abs().max() <= 2 * (ours - exact).abs().max() + 1e-5
 
 
 @pytest.fixture(scope="module")

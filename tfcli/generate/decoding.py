@@ -24,7 +24,7 @@ from tfcli.generate.sampling import apply_repetition_penalty, choose_next
 from tfcli.generate.settings import GenerationSettings
 from tfcli.generate.stream import CompletionText, TokenBytes, text_of
 from tfcli.model.attention import KVCache
-from tfcli.model.decode_step import NativeDecoderStep
+from tfcli.model.decode_step import NativeDecoderStep, plain_mode
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
 
@@ -167,7 +167,7 @@ class DecoderWindow:
         if self.cache is None:
             return self._run_window()
         L = self.length
-        if self.native_step is not None and not self.padded:
+        if self.native_step is not None and not self.padded and plain_mode():
             return self._scores(self.native_step(int(next_ids[0])))
         if self.padded:
             hidden = self.model.decode(self.ids[:, L - 1:L], self.real[:, :L], memory=self.memory,

@@ -50,13 +50,15 @@ class Decoder(ctypes.Structure):
 
 
 class NativeDecoderStep:
-    """Runs one token through `model`, after the tokens in `cache`, writing its keys and values there."""
+    """Runs one token through `model`, after the tokens in `cache`, writing its keys and values there. It
+    reads the model as it was when bound (DecoderWindow binds once per generation): bind again after
+    changing the model."""
 
     def __init__(self, library: native.NativeLibrary, model: Transformer, cache: KVCache) -> None:
         config = model.config
         self.library, self.model, self.cache = library, model, cache
         self.vocab = config.vocab_size
-        self.tensors: list[torch.Tensor] = []  # every tensor whose address the C code holds, kept alive here
+        self.storages: list[torch.UntypedStorage] = []  # the memory of every tensor whose address the C code holds
         layers = (DecoderLayer * config.decoder_layers)()
         for i, block in enumerate(model.decoder.blocks):
             parts = {
@@ -91,7 +93,9 @@ class NativeDecoderStep:
     def _address(self, tensor: torch.Tensor | None) -> int | None:
         if tensor is None:
             return None
-        self.tensors.append(tensor)
+        # The storage, not only the tensor: a parameter whose data is replaced (model.to(...)) keeps the
+        # memory the C code reads alive, so a step after that is stale, never a read of freed memory.
+        self.storages.append(tensor.untyped_storage())
         return tensor.data_ptr()
 
     @classmethod
@@ -107,7 +111,7 @@ class NativeDecoderStep:
     def __call__(self, token: int) -> torch.Tensor:
         """The next-token logits (1, vocab) after `token`; the cache grows by one position."""
         position = self.cache.length
-        if not 0 <= token < self.vocab or position >= self.cache.capacity:
+        if not 0 <= token < self.vocab or not 0 <= position < self.cache.capacity:
             raise ValueError(f"token {token} at position {position} is outside the model's vocabulary or the cache")
         logits = torch.empty(1, self.vocab, dtype=torch.float32)
         self.library.decoder_step(self.address, token, position, logits.data_ptr(), self.workspace.data_ptr(),
@@ -129,18 +133,16 @@ def unsupported(model: Transformer, cache: KVCache | None) -> str | None:
     config: ModelConfig = model.config
     if config.arch != "decoder":
         return f"the C step runs decoders, not {config.arch} models"
-    if model.training:
-        return "the model is in training mode"
     if cache is None or cache.keys.shape[1] != 1:
         return "the C step decodes one row with a KV cache"
     if cache.capacity > config.block_size:
         return "the cache is longer than the model's context"
-    if torch.is_grad_enabled() or torch.compiler.is_compiling() or torch.jit.is_tracing():
-        return "gradients, torch.compile and torch.jit need PyTorch's step"
-    if not _standard(model):
-        return "the model has modules or hooks of its own, which only PyTorch's step runs"
-    if config.norm not in NORMS or config.activation not in ACTIVATIONS:
-        return f"the C step has no {config.norm} or {config.activation}"
+    if not plain_mode():
+        return "gradients, autocast, torch.compile and torch.jit need PyTorch's step"
+    if any(module.training for module in model.modules()):
+        return "the model is in training mode"
+    if not _as_built(model):
+        return "the model has modules, settings or hooks of its own, which only PyTorch's step runs"
     d, hidden = config.d_model, config.hidden_dim
     kv_width = config.kv_heads * config.head_dim
     up = 2 * hidden if config.activation == "swiglu" else hidden
@@ -152,10 +154,10 @@ def unsupported(model: Transformer, cache: KVCache | None) -> str | None:
     ]
     if model.rotary is not None:
         expected += [(model.rotary.cos, (config.block_size, config.head_dim)), (model.rotary.sin, (config.block_size, config.head_dim))]
-    if config.norm_placement == "pre":
-        expected += _norm_tensors(model.decoder.norm, config)
+    norms = [block_norm for block in model.decoder.blocks for block_norm in (block.attn_norm, block.mlp_norm)]
+    for norm in norms + ([model.decoder.norm] if config.norm_placement == "pre" else []):
+        expected += [(norm.weight, (d,)), (getattr(norm, "bias", None), (d,) if config.norm == "layernorm" and config.bias else None)]
     for block in model.decoder.blocks:
-        expected += _norm_tensors(block.attn_norm, config) + _norm_tensors(block.mlp_norm, config)
         for linear, shape in ((block.attn.qkv, (d + 2 * kv_width, d)), (block.attn.out, (d, d)), (block.mlp.fc, (up, d)),
                               (block.mlp.proj, (d, hidden))):
             expected += [(linear.weight, shape), (linear.bias, (shape[0],) if config.bias else None)]
@@ -167,25 +169,61 @@ def unsupported(model: Transformer, cache: KVCache | None) -> str | None:
     return None
 
 
-def _standard(model: Transformer) -> bool:
-    """Every module is one of the model's own classes (none swapped for another) and no hook watches them."""
-    known = (Transformer, Stack, Block, Attention, MLP, Linear, nn.Embedding, nn.LayerNorm, RMSNorm, RotaryEmbedding,
-             nn.Dropout, nn.Identity, nn.ModuleList)
-    if type(model) is not Transformer or type(model.lm_head) is not Linear:
+def plain_mode() -> bool:
+    """No gradient, autocast, compiling or tracing: the modes in which PyTorch's step computes what the C
+    step computes. Checked at every step too, since they can change between steps."""
+    return not (torch.is_grad_enabled() or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling()
+                or torch.jit.is_tracing())
+
+
+# The methods the C step stands in for, as this module first saw them: one patched since is not ours to copy.
+_METHODS = {(cls, "forward"): cls.forward for cls in (Transformer, Stack, Block, Attention, MLP, Linear, nn.Embedding, nn.LayerNorm,
+                                                      RMSNorm, RotaryEmbedding)}
+_METHODS.update({(Transformer, name): getattr(Transformer, name) for name in ("decode", "_embed", "_run")})
+
+
+def _as_built(model: Transformer) -> bool:
+    """The model is laid out and set up as `Transformer(model.config)` builds it: each module of the class
+    and settings the config implies (none swapped, patched or reconfigured), and no hook on any of them."""
+    config = model.config
+    norm_class = RMSNorm if config.norm == "rmsnorm" else nn.LayerNorm
+    pre_norm = config.norm_placement == "pre"
+
+    def is_norm(module: nn.Module) -> bool:
+        if type(module) is not norm_class or module.eps != config.norm_eps:
+            return False
+        return norm_class is RMSNorm or (module.elementwise_affine and tuple(module.normalized_shape) == (config.d_model,))
+
+    def of_class(module: object, cls: type) -> bool:
+        return type(module) is cls
+
+    if not (of_class(model, Transformer) and of_class(model.tok_emb, nn.Embedding) and of_class(model.lm_head, Linear)
+            and of_class(model.decoder, Stack) and model.tok_emb.max_norm is None):
+        return False
+    if config.positions == "learned" and not (of_class(model.pos_emb, nn.Embedding) and model.pos_emb.max_norm is None):
+        return False
+    if config.positions == "rotary" and not of_class(model.rotary, RotaryEmbedding):
+        return False
+    if not (is_norm(model.decoder.norm) if pre_norm else of_class(model.decoder.norm, nn.Identity)):
+        return False
+    for block in model.decoder.blocks:
+        if not (of_class(block, Block) and block.pre_norm == pre_norm and is_norm(block.attn_norm) and is_norm(block.mlp_norm)):
+            return False
+        attention, mlp = block.attn, block.mlp
+        if not (of_class(attention, Attention) and not attention.cross and attention.causal
+                and of_class(attention.qkv, Linear) and of_class(attention.out, Linear)
+                and (attention.n_heads, attention.n_kv_heads, attention.head_dim) == (config.n_heads, config.kv_heads, config.head_dim)):
+            return False
+        if not (of_class(mlp, MLP) and of_class(mlp.fc, Linear) and of_class(mlp.proj, Linear) and mlp.activation == config.activation):
+            return False
+    if any(getattr(cls, name) is not method for (cls, name), method in _METHODS.items()):
+        return False
+    if any(name in model.__dict__ for _, name in _METHODS):
         return False
     for module in model.modules():
-        if type(module) not in known or module._forward_hooks or module._forward_pre_hooks:
+        if module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__:
             return False
     return not (module_hooks._global_forward_hooks or module_hooks._global_forward_pre_hooks)
-
-
-def _norm_tensors(norm: torch.nn.Module, config: ModelConfig) -> list:
-    d = config.d_model
-    if isinstance(norm, RMSNorm):
-        return [(norm.weight, (d,))]
-    if isinstance(norm, torch.nn.LayerNorm) and norm.elementwise_affine:
-        return [(norm.weight, (d,)), (norm.bias, (d,) if config.bias else None)]
-    return [(None, (d,))]  # a norm the C step does not know
 
 
 # Small models that between them take every branch of the C step, checked against PyTorch once a process.
@@ -223,16 +261,17 @@ def describe() -> str:
 
 
 def _agrees(library: native.NativeLibrary, settings: dict) -> bool:
-    """Four tokens after a three-token prefix: the C step's logits against the same model's full forward."""
+    """Four tokens after a three-token prefix: the C step's logits against the same model's full forward,
+    in fp32 whatever the caller's default dtype or autocast, and without touching its random numbers."""
     from tfcli.model.config import preset
 
     config = preset("tiny", vocab_size=37, block_size=12, n_layers=2, d_ff=40, **settings)
-    with torch.random.fork_rng(devices=[]), torch.inference_mode():
-        torch.manual_seed(0)
-        model = Transformer(config).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.random.fork_rng(devices=[]), torch.inference_mode(), torch.autocast("cpu", enabled=False):
+        model = Transformer(config).float().eval()
         for parameter in model.parameters():  # a trained model's scale, not the initial 0.02
-            parameter.normal_(0.0, 0.3)
-        ids = torch.randint(0, config.vocab_size, (1, 7))
+            parameter.normal_(0.0, 0.3, generator=generator)
+        ids = torch.randint(0, config.vocab_size, (1, 7), generator=generator)
         expected = model(ids).logits[0, 3:]  # (4, vocab)
         cache = KVCache(config, 1, config.block_size, torch.float32)
         model.decode(ids[:, :3], cache=cache)

@@ -89,18 +89,19 @@ long decoder_workspace(const decoder *m) {
     return 3 * m->d_model + (m->d_model + 2 * kv_width) + up + m->capacity;
 }
 
+/* Sums in double: a residual stream far from zero loses no more precision here than in PyTorch's norms. */
 static void norm(const decoder *m, const float *weight, const float *bias, const float *x, float *y) {
     long d = m->d_model;
-    float mean = 0.0f, square = 0.0f;
+    double mean = 0.0, square = 0.0;
     if (m->norm == NORM_LAYER) {
         for (long i = 0; i < d; i++) mean += x[i];
         mean /= d;
         for (long i = 0; i < d; i++) square += (x[i] - mean) * (x[i] - mean);
     } else {
-        for (long i = 0; i < d; i++) square += x[i] * x[i];
+        for (long i = 0; i < d; i++) square += (double)x[i] * x[i];
     }
-    float scale = 1.0f / sqrtf(square / d + m->norm_eps);
-    for (long i = 0; i < d; i++) y[i] = (x[i] - mean) * scale * weight[i] + (bias ? bias[i] : 0.0f);
+    float scale = (float)(1.0 / sqrt(square / d + m->norm_eps));
+    for (long i = 0; i < d; i++) y[i] = (float)(x[i] - mean) * scale * weight[i] + (bias ? bias[i] : 0.0f);
 }
 
 /* RoPE on one head's vector: each (i, i + hs/2) pair turned by the angle of `position`. */

@@ -248,11 +248,12 @@ def _checked(built: NativeLibrary) -> NativeLibrary:
     """Compare the product with PyTorch on a few shapes (odd sizes, with and without bias, one thread and
     several); `decode_step.py` checks the decoder step the first time it binds a model."""
     generator = torch.Generator().manual_seed(0)
-    for n, k, with_bias, parallel_from in [(203, 77, True, 0), (64, 64, False, PARALLEL_FROM), (9, 3, True, 0)]:
-        weight = torch.randn(n, k, generator=generator)
-        x = torch.randn(1, k, generator=generator)
-        bias = torch.randn(n, generator=generator) if with_bias else None
-        got = built.vector_linear(x, weight, bias, parallel_from=parallel_from)
-        if not torch.allclose(got, F.linear(x, weight, bias), rtol=1e-4, atol=1e-4):
-            raise NativeUnavailable("the built kernel disagreed with PyTorch")
+    with torch.autocast("cpu", enabled=False):  # fp32 on both sides, whatever mode the first caller is in
+        for n, k, with_bias, parallel_from in [(203, 77, True, 0), (64, 64, False, PARALLEL_FROM), (9, 3, True, 0)]:
+            weight = torch.randn(n, k, generator=generator, dtype=torch.float32)
+            x = torch.randn(1, k, generator=generator, dtype=torch.float32)
+            bias = torch.randn(n, generator=generator, dtype=torch.float32) if with_bias else None
+            got = built.vector_linear(x, weight, bias, parallel_from=parallel_from)
+            if not torch.allclose(got, F.linear(x, weight, bias), rtol=1e-4, atol=1e-4):
+                raise NativeUnavailable("the built kernel disagreed with PyTorch")
     return built
