@@ -36,16 +36,26 @@ def kernel_cache(tmp_path_factory):
         os.environ["TFCLI_CACHE_DIR"] = before
 
 
+def forget_accel() -> None:
+    """Drop what tfcli.accel loaded and decided in this process, so the next use builds, checks or reads
+    its files again (tests change the settings between uses)."""
+    from tfcli.accel import choices, native, products
+
+    native._library, native._problem, native._tried = None, None, False
+    products._checked.clear()
+    choices._choices = None
+
+
 @pytest.fixture(scope="session")
 def build_problem(kernel_cache):
     """Why this machine cannot build tfcli's C code (no compiler, no OpenMP, ...), or None: tests that need a
     real build are skipped where it cannot be had, and only there."""
-    from tfcli.model import native
+    from tfcli.accel import native
 
     before = os.environ.pop("TFCLI_NATIVE_KERNELS", None)
-    native.forget()
+    forget_accel()
     reason = native.problem()
-    native.forget()
+    forget_accel()
     if before is not None:
         os.environ["TFCLI_NATIVE_KERNELS"] = before
     return reason
@@ -55,12 +65,11 @@ def build_problem(kernel_cache):
 def buildable(build_problem, monkeypatch):
     if build_problem is not None:
         pytest.skip(f"the C code cannot be built here: {build_problem}")
-    from tfcli.model import native
-
     monkeypatch.delenv("TFCLI_NATIVE_KERNELS", raising=False)
-    native.forget()
+    monkeypatch.delenv("TFCLI_ACCEL", raising=False)
+    forget_accel()
     yield
-    native.forget()
+    forget_accel()
 
 
 @dataclasses.dataclass

@@ -9,16 +9,20 @@ import torch
 
 from tfcli.generate.decoding import DecoderWindow, Done, Generator, Vocabulary
 from tfcli.generate.settings import GenerationSettings
-from tfcli.model import decode_step, native
+from tfcli.accel import accelerate, decode_step, native
 from tfcli.model.attention import KVCache
 from tfcli.model.config import ModelConfig
 from tfcli.model.layers import RMSNorm
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
+from tests.conftest import forget_accel
 
 
 @pytest.fixture
-def library(buildable):
+def library(buildable, monkeypatch):
+    """The C library, with the C step taken wherever it applies (what a measurement that finds it faster
+    decides; `test_the_measured_choice_*` measures for real)."""
+    monkeypatch.setattr(decode_step, "choose", lambda library, model: decode_step.NATIVE)
     built = native.library()
     assert built is not None, native.problem()
     return built
@@ -27,7 +31,7 @@ def library(buildable):
 def model_of(seed: int = 0, **overrides) -> Transformer:
     settings = dict(vocab_size=97, block_size=24, n_layers=2, n_heads=4, d_model=32, d_ff=48)
     torch.manual_seed(seed)
-    model = Transformer(ModelConfig(**{**settings, **overrides})).eval()
+    model = accelerate(Transformer(ModelConfig(**{**settings, **overrides})).eval())
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.normal_(0.0, 0.3)  # larger than the initial 0.02, so every part of the step matters
@@ -214,7 +218,7 @@ def test_the_window_keeps_pytorch_for_a_step_under_autocast(library, tokenizer, 
     calls = []
     with torch.inference_mode():
         window = DecoderWindow(model, 1, Vocabulary.of(tokenizer, model.config.vocab_size))
-        assert window.native_step is not None
+        assert window.fast_step is not None
         monkeypatch.setattr(decode_step.NativeDecoderStep, "__call__", lambda self, token: calls.append(token))
         window.start(torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.bool))
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -231,7 +235,7 @@ def test_the_first_check_in_autocast_or_a_float64_default_still_passes(library):
             assert decode_step._verified(library)
     finally:
         torch.set_default_dtype(default)
-    native.forget()
+    forget_accel()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert native.vector_linear() is not None, native.problem()
 
@@ -272,7 +276,7 @@ def test_the_generator_uses_the_c_step_and_writes_the_same_text(library, tokeniz
     with_c = generate(model, tokenizer, stop_at_eos=False, **settings)  # 40 tokens: past the 32-token window, which slides
     assert len(calls) > 20
     monkeypatch.setenv("TFCLI_NATIVE_KERNELS", "0")
-    native.forget()
+    forget_accel()
     without = generate(model, tokenizer, stop_at_eos=False, **settings)
     assert with_c.tokens == without.tokens and with_c.text == without.text
     assert with_c.logprobs == pytest.approx(without.logprobs, abs=1e-4)
@@ -283,7 +287,7 @@ def test_a_conversation_mixes_pytorch_turns_and_c_steps(library, tokenizer):
     vocab = Vocabulary.of(tokenizer, model.config.vocab_size)
     with torch.inference_mode():
         window = DecoderWindow(model, 1, vocab)
-        assert window.native_step is not None
+        assert window.fast_step is not None
         window.start(torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.bool))
         window.push(torch.tensor([8]))
         window.extend([9, 10, 11])  # the next turn: PyTorch runs several tokens at once
@@ -304,7 +308,7 @@ def test_a_c_step_that_disagrees_with_pytorch_is_never_used(library, tokenizer, 
 
 def test_the_check_models_pass_and_describe_names_the_c_step(library):
     assert all(decode_step._agrees(library, settings) for settings in decode_step.CHECK_MODELS)
-    assert decode_step.describe() == "tfcli's C decoder step (native.c)"
+    assert decode_step.describe() == "tfcli's C decoder step (native.c), where a model's shape measures faster with it"
     state = torch.random.get_rng_state()
     library.step_verified = None
     decode_step._verified(library)
@@ -313,11 +317,55 @@ def test_the_check_models_pass_and_describe_names_the_c_step(library):
 
 def test_turned_off_the_generator_keeps_pytorch(monkeypatch, tokenizer):
     monkeypatch.setenv("TFCLI_NATIVE_KERNELS", "0")
-    native.forget()
+    forget_accel()
     try:
         model = model_of(vocab_size=tokenizer.vocab_size)
         with torch.inference_mode():
-            assert DecoderWindow(model, 1, Vocabulary.of(tokenizer, model.config.vocab_size)).native_step is None
-        assert decode_step.describe() == "PyTorch and oneDNN (turned off by TFCLI_NATIVE_KERNELS)"
+            assert DecoderWindow(model, 1, Vocabulary.of(tokenizer, model.config.vocab_size)).fast_step is None
+        assert decode_step.describe() == "PyTorch's step (turned off by TFCLI_NATIVE_KERNELS)"
     finally:
-        native.forget()
+        forget_accel()
+
+
+def test_the_measured_choice_times_both_steps_on_the_model_and_is_remembered(buildable):
+    model = model_of()
+    library = native.library()
+    choice = decode_step.choose(library, model)
+    decision = decode_step.choices.choices().decisions[decode_step._shape_key(model.config)]
+    assert choice == decision.choice and set(decision.seconds) == {"torch", "native"} and decision.note == ""
+    record = decode_step.choices.ChoicesFile.load(decode_step.choices.choices().path)
+    assert record.decisions[decode_step._shape_key(model.config)].choice == choice  # in the machine's file
+    described = decode_step.describe(model)
+    assert ("tfcli's C decoder step" in described) == (choice == "native") and "speed" in described
+
+
+def test_a_c_step_slower_than_pytorch_is_not_bound(buildable, monkeypatch):
+    model = model_of()
+    monkeypatch.setattr(decode_step, "choose", lambda library, model: decode_step.TORCH)
+    with torch.inference_mode():
+        assert decode_step.NativeDecoderStep.bind(model, KVCache(model.config, 1, 24, torch.float32)) is None
+
+
+def test_a_setting_the_c_step_does_not_know_keeps_pytorch(library, tokenizer):
+    import dataclasses
+
+    @dataclasses.dataclass
+    class SoftcapConfig(ModelConfig):
+        logit_softcap: float = 30.0  # a new model option: the C code knows nothing of it
+
+    config = SoftcapConfig(**ModelConfig(vocab_size=tokenizer.vocab_size, block_size=24, n_layers=2, n_heads=4, d_model=32,
+                                         d_ff=48).to_json())
+    model = accelerate(Transformer(config).eval())
+    with torch.inference_mode():
+        assert "does not know the setting 'logit_softcap'" in decode_step.unsupported(model, KVCache(config, 1, 24, torch.float32))
+        assert DecoderWindow(model, 1, Vocabulary.of(tokenizer, config.vocab_size)).fast_step is None
+        known = model_of(vocab_size=tokenizer.vocab_size)
+        assert DecoderWindow(known, 1, Vocabulary.of(tokenizer, config.vocab_size)).fast_step is not None
+    assert "implement positions" not in (decode_step.unknown_setting(known.config) or "")
+    assert decode_step.unknown_setting(ModelConfig(arch="encoder")) == "the C step does not implement arch = 'encoder'"
+
+
+def test_a_plain_model_has_no_fast_step(library, tokenizer):
+    plain = Transformer(ModelConfig(vocab_size=tokenizer.vocab_size, block_size=24, n_layers=1, n_heads=2, d_model=16)).eval()
+    with torch.inference_mode():
+        assert DecoderWindow(plain, 1, Vocabulary.of(tokenizer, plain.config.vocab_size)).fast_step is None

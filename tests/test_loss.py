@@ -1,5 +1,6 @@
-"""The fused projection + cross-entropy: the same loss and gradients as the plain logits path, in every
-block layout, with bias, label smoothing and ignored targets, and through the model's `targets=`."""
+"""The fused projection + cross-entropy (tfcli.accel): the same loss and gradients as the plain logits path,
+in every block layout, with bias, label smoothing and ignored targets, and through the model's `targets=`,
+plain or accelerated."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tfcli.accel import accelerate
+from tfcli.accel.fused_loss import _block_rows, linear_cross_entropy
 from tfcli.model.config import ModelConfig
-from tfcli.model.loss import IGNORE_INDEX, _block_rows, linear_cross_entropy
+from tfcli.model.loss import IGNORE_INDEX, vocabulary_cross_entropy
 from tfcli.model.transformer import Transformer
 
 
@@ -25,7 +28,7 @@ def _reference(hidden, weight, bias, targets, smoothing):
 ])
 def test_fused_loss_equals_cross_entropy_of_the_logits(rows, vocab, width, bias, smoothing, ignored, block, monkeypatch):
     if block:
-        monkeypatch.setattr("tfcli.model.loss._block_rows", lambda n, v: block)
+        monkeypatch.setattr("tfcli.accel.fused_loss._block_rows", lambda n, v: block)
     torch.manual_seed(0)
     hidden = torch.randn(rows, width, requires_grad=True)
     weight = (torch.randn(vocab, width) * 0.3).requires_grad_()
@@ -77,12 +80,22 @@ def test_bf16_autocast_keeps_fp32_gradients():
     assert loss.item() == pytest.approx(_reference(hidden, weight, None, targets, 0.0).item(), rel=2e-2)
 
 
+def test_the_plain_loss_is_the_cross_entropy_of_the_logits():
+    torch.manual_seed(0)
+    hidden, weight, bias = torch.randn(30, 8), torch.randn(50, 8), torch.randn(50)
+    targets = torch.randint(0, 50, (30,))
+    targets[::4] = IGNORE_INDEX
+    expected = _reference(hidden, weight, bias, targets, 0.1)
+    assert vocabulary_cross_entropy(hidden, weight, bias, targets, 0.1).item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("accelerated", [False, True], ids=["plain", "accelerated"])
 @pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder-decoder"])
-def test_model_targets_give_the_loss_of_its_logits(arch):
+def test_model_targets_give_the_loss_of_its_logits(arch, accelerated):
     torch.manual_seed(0)
     config = ModelConfig(arch=arch, vocab_size=97, block_size=32, n_layers=2, n_heads=4, d_model=32, d_ff=64,
                          tie_embeddings=arch != "encoder")
-    model = Transformer(config)
+    model = accelerate(Transformer(config)) if accelerated else Transformer(config)
     ids = torch.randint(0, 97, (3, 12))
     targets = torch.randint(0, 97, (3, 12))
     targets[:, :4] = IGNORE_INDEX
@@ -99,3 +112,12 @@ def test_model_targets_give_the_loss_of_its_logits(arch):
     for name, p in model.named_parameters():
         if name in expected_grads:
             assert torch.allclose(p.grad, expected_grads[name], atol=1e-5), name
+
+
+def test_no_scored_target_is_a_zero_loss_still_in_the_graph():
+    model = Transformer(ModelConfig(vocab_size=50, block_size=8, n_layers=1, n_heads=2, d_model=16))
+    ids = torch.randint(0, 50, (2, 8))
+    loss = model(ids, targets=torch.full((2, 8), IGNORE_INDEX)).loss
+    assert loss.item() == 0.0
+    loss.backward()
+    assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() == 0

@@ -10,8 +10,9 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.conftest import forget_accel
 
-from tfcli.model import decode_step, kernels, native
+from tfcli.accel import accelerate, decode_step, native, products
 from tfcli.model.attention import KVCache
 from tfcli.model.config import ModelConfig
 from tfcli.model.transformer import Transformer
@@ -23,9 +24,9 @@ def fresh(monkeypatch, tmp_path):
     cache = tmp_path / "cache"
     monkeypatch.setenv("TFCLI_CACHE_DIR", str(cache))
     monkeypatch.delenv("TFCLI_NATIVE_KERNELS", raising=False)
-    native.forget()
+    forget_accel()
     yield cache
-    native.forget()
+    forget_accel()
 
 
 @pytest.fixture
@@ -64,7 +65,12 @@ def test_kernel_reads_a_strided_row(kernel):
     assert torch.allclose(kernel(x, weight), F.linear(x, weight), atol=1e-4)
 
 
-def test_linear_sends_one_row_of_a_large_weight_to_the_kernel(monkeypatch):
+def native_for_one_row(direction, m, n, k, with_bias=False):
+    """The choice the measurement makes where the C loop wins: one row, forward."""
+    return products.NATIVE if direction == "forward" and m == 1 else products.TORCH
+
+
+def test_linear_sends_one_row_to_the_kernel_where_it_was_chosen(monkeypatch):
     calls = []
 
     def counted(x, weight, bias=None):
@@ -72,33 +78,33 @@ def test_linear_sends_one_row_of_a_large_weight_to_the_kernel(monkeypatch):
         return F.linear(x, weight, bias)
 
     monkeypatch.setattr(native, "vector_linear", lambda: counted)
+    monkeypatch.setattr(products, "choose", native_for_one_row)
     weight = torch.randn(2048, 256)
-    kernels.linear(torch.randn(1, 256), weight)
-    kernels.linear(torch.randn(1, 1, 256), weight, torch.randn(2048))
+    products.linear(torch.randn(1, 256), weight)
+    products.linear(torch.randn(1, 1, 256), weight, torch.randn(2048))
     assert calls == [(1, 256), (1, 1, 256)]
-    kernels.linear(torch.randn(2, 256), weight)  # two rows
-    kernels.linear(torch.randn(1, 256), torch.randn(1024, 256))  # a weight that fits in a core's cache
-    kernels.linear(torch.randn(1, 256).double(), weight.double())
-    kernels.linear(torch.randn(1, 256, requires_grad=True), weight)  # a gradient is asked for
-    kernels.linear(torch.randn(1, 256), torch.randn(256, 2048).t())  # a transposed (strided) weight
+    products.linear(torch.randn(2, 256), weight)  # two rows
+    products.linear(torch.randn(1, 256).double(), weight.double())
+    products.linear(torch.randn(1, 256, requires_grad=True), weight)  # a gradient is asked for
+    products.linear(torch.randn(1, 256), torch.randn(256, 2048).t())  # a transposed (strided) weight
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        kernels.linear(torch.randn(1, 256), weight)
+        products.linear(torch.randn(1, 256), weight)
     assert len(calls) == 2
     with torch.no_grad():
-        kernels.linear(torch.randn(1, 256, requires_grad=True), weight)
+        products.linear(torch.randn(1, 256, requires_grad=True), weight)
     assert len(calls) == 3
 
 
 def test_linear_without_the_kernel_is_still_right(monkeypatch):
     monkeypatch.setattr(native, "vector_linear", lambda: None)
     x, weight, bias = torch.randn(1, 256), torch.randn(512, 256), torch.randn(512)
-    assert torch.allclose(kernels.linear(x, weight, bias), F.linear(x, weight, bias), atol=1e-4)
+    assert torch.allclose(products.linear(x, weight, bias), F.linear(x, weight, bias), atol=1e-4)
 
 
 def test_cached_decoding_gives_the_same_logits_with_and_without_the_kernel(kernel, monkeypatch):
     config = ModelConfig(vocab_size=4096, block_size=32, n_layers=2, n_heads=4, d_model=128, d_ff=4096, dropout=0.0)
     torch.manual_seed(0)
-    model = Transformer(config).eval()
+    model = accelerate(Transformer(config).eval())
     ids = torch.randint(0, 4096, (1, 12))
 
     def decode_one_by_one():
@@ -114,9 +120,10 @@ def test_cached_decoding_gives_the_same_logits_with_and_without_the_kernel(kerne
         return kernel(*args, **kwargs)
 
     monkeypatch.setattr(native, "vector_linear", lambda: counted)
+    monkeypatch.setattr(products, "choose", native_for_one_row)
     with_kernel = decode_one_by_one()
-    assert len(calls) == 8 * 5  # per token: both layers' MLP projections and the output layer (512K elements each)
-    monkeypatch.setattr(native, "vector_linear", lambda: None)
+    assert len(calls) == 8 * 9  # per token: both layers' four projections and the output layer
+    monkeypatch.setattr(products, "choose", lambda *args, **kwargs: products.TORCH)
     without = decode_one_by_one()
     assert torch.allclose(with_kernel, without, rtol=1e-5, atol=1e-5)
     assert torch.equal(with_kernel.argmax(-1), without.argmax(-1))
@@ -127,7 +134,7 @@ def test_the_build_is_cached_and_reused(buildable, fresh, monkeypatch):
     built = sorted((fresh / "kernels").iterdir())
     assert [p.suffix for p in built] == [".so", ".sha256"]  # no partial file left beside them
     assert built[0].stat().st_mode & 0o777 == 0o755  # other users may load it too
-    native.forget()
+    forget_accel()
 
     def no_compiling(*args, **kwargs):
         raise AssertionError("the cached build should have been used")
@@ -143,7 +150,7 @@ def test_a_damaged_build_is_made_again(buildable, fresh):
     damaged.write_bytes(library.read_bytes()[:8000])  # cut off: loading it would crash with a bus error
     os.replace(damaged, library)  # a new file: the one this process loaded stays mapped as it was
     # A new process (this one would reuse the library it has loaded under that name):
-    check = "from tfcli.model import native; print(native.problem())"
+    check = "from tfcli.accel import native; print(native.problem())"
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=os.environ.copy(), timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr
     assert library.read_bytes()[:4] == b"\x7fELF"
@@ -166,18 +173,55 @@ def test_no_compiler_keeps_onednn(fresh, monkeypatch):
     monkeypatch.setenv("CC", str(fresh / "no-such-compiler"))
     assert native.vector_linear() is None
     assert "no C compiler" in native.problem() and "set CC" in native.problem()
-    assert decode_step.describe().startswith("PyTorch and oneDNN (no C compiler")
+    assert decode_step.describe().startswith("PyTorch's step (no C code: no C compiler")
     x, weight = torch.randn(1, 256), torch.randn(512, 256)
-    assert torch.allclose(kernels.linear(x, weight), F.linear(x, weight), atol=1e-4)
+    assert torch.allclose(products.linear(x, weight), F.linear(x, weight), atol=1e-4)
     assert not (fresh / "kernels").exists() or not any((fresh / "kernels").iterdir())  # no partial file left
 
 
 @pytest.mark.skipif(shutil.which("false") is None, reason="no `false` program")
-def test_a_failed_build_keeps_onednn(fresh, monkeypatch):
+def test_a_failed_build_is_remembered_and_not_tried_again(fresh, monkeypatch):
     monkeypatch.setenv("CC", shutil.which("false"))
     assert native.vector_linear() is None
     assert "could not build it" in native.problem()
-    assert not any((fresh / "kernels").iterdir())
+    (failed,) = (fresh / "kernels").iterdir()  # the reason, and no partial library
+    assert failed.suffix == ".failed"
+    forget_accel()  # as a new process would start
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("a build that failed must not run the compiler again")
+
+    monkeypatch.setattr(native.subprocess, "Popen", no_compiling)
+    assert native.vector_linear() is None
+    assert "could not build it" in native.problem() and "remembered" in native.problem() and str(failed) in native.problem()
+    failed.unlink()  # what the message says to do to try again
+    forget_accel()
+    assert native.vector_linear() is None and "AssertionError" in native.problem()
+
+
+def test_a_compiler_without_openmp_builds_the_serial_version(buildable, fresh, monkeypatch, tmp_path):
+    compiler = tmp_path / "cc-without-openmp"
+    real = shutil.which(os.environ.get("CC") or "cc") or "cc"
+    compiler.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && {{ echo "unsupported option -fopenmp" >&2; exit 1; }}; done\n'
+                        f'exec {real} "$@"\n')
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    assert native.vector_linear() is not None, native.problem()
+    (library,) = (fresh / "kernels").glob("*.so")
+    assert not any(name.startswith("libgomp") for name in native.elf_names(library)[1])  # no OpenMP runtime needed
+    x, weight = torch.randn(1, 300), torch.randn(700, 300)
+    assert torch.allclose(native.vector_linear()(x, weight, parallel_from=0), F.linear(x, weight), atol=1e-4)
+
+
+def test_an_openmp_runtime_other_than_pytorchs_is_refused_before_loading(buildable, fresh, monkeypatch):
+    monkeypatch.setattr(native, "openmp_runtimes", lambda: {"/opt/intel/lib/libiomp5.so"})
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the library must not be loaded")
+
+    monkeypatch.setattr(native.ctypes, "CDLL", no_loading)
+    assert native.vector_linear() is None
+    assert "needs libgomp.so.1 while PyTorch runs libiomp5.so" in native.problem()
 
 
 def test_turned_off_by_the_environment(fresh, monkeypatch):
@@ -232,11 +276,11 @@ def test_any_failure_leaves_decoding_to_onednn_with_a_reason(fresh, monkeypatch)
     monkeypatch.setattr(native, "_build_and_load", broken)
     assert native.vector_linear() is None and native.vector_linear() is None
     assert native.problem().startswith("PermissionError")
-    assert decode_step.describe().startswith("PyTorch and oneDNN (PermissionError")
+    assert decode_step.describe().startswith("PyTorch's step (no C code: PermissionError")
 
 
 def test_a_second_openmp_runtime_is_refused(buildable, fresh, monkeypatch):
-    monkeypatch.setattr(native, "_openmp_runtimes", lambda: {"/torch/lib/libgomp.so.1", "/usr/lib/libiomp5.so"})
+    monkeypatch.setattr(native, "openmp_runtimes", lambda: {"/torch/lib/libgomp.so.1", "/usr/lib/libiomp5.so"})
     assert native.vector_linear() is None
     assert native.problem().startswith("two OpenMP runtimes are loaded")
 
@@ -245,14 +289,15 @@ def test_a_second_openmp_runtime_is_refused(buildable, fresh, monkeypatch):
 def test_only_products_torch_would_accept_reach_the_kernel(monkeypatch):
     calls = []
     monkeypatch.setattr(native, "vector_linear", lambda: lambda *args: calls.append(1))
+    monkeypatch.setattr(products, "choose", native_for_one_row)
     weight = torch.randn(2048, 256)
     with pytest.raises(RuntimeError):
-        kernels.linear(torch.randn(1, 128), weight)  # the shapes do not fit: PyTorch's own error
+        products.linear(torch.randn(1, 128), weight)  # the shapes do not fit: PyTorch's own error
     x, bias = torch.randn(1, 256), torch.randn(1)
-    assert torch.allclose(kernels.linear(x, weight, bias), F.linear(x, weight, bias), atol=1e-4)  # a broadcast bias
+    assert torch.allclose(products.linear(x, weight, bias), F.linear(x, weight, bias), atol=1e-4)  # a broadcast bias
     with pytest.raises((RuntimeError, NotImplementedError)):
-        kernels.linear(x, weight, torch.randn(2048, device="meta"))
-    traced = torch.jit.trace(lambda a: kernels.linear(a, weight), (torch.randn(1, 256),), check_trace=False)
+        products.linear(x, weight, torch.randn(2048, device="meta"))
+    traced = torch.jit.trace(lambda a: products.linear(a, weight), (torch.randn(1, 256),), check_trace=False)
     other = torch.randn(1, 256)
     assert torch.allclose(traced(other), F.linear(other, weight), atol=1e-4)  # traced as PyTorch's product
     assert calls == []

@@ -4,8 +4,11 @@ every weight once per token at the memory bandwidth this machine measures.
 
 The weights are made once (seeded), saved as a run directory and exported with `tfcli export`'s code, so
 both sides decode the same model; a synthetic byte-level tokenizer of exactly the model's vocabulary size
-stands in for a trained one. Every measurement runs in a fresh subprocess; rounds are interleaved and each
-job keeps its best time.
+stands in for a trained one. tfcli's side is loaded exactly as `tfcli generate` loads a run (the same
+loader, thread count and accelerated paths). Every measurement runs in a fresh subprocess; rounds are
+interleaved and each job keeps its best time. The bandwidth is probed right before and right after each
+timed call of the cached job, in the same process, so each call's time per token is set against the floor
+of its own seconds: the machine's bandwidth moves from one second to the next.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from tfcli.errors import TfcliError
 
 JOBS = ("tfcli", "transformers", "tfcli-no-cache")
 PROBE_BYTES = 256 * 1024 * 1024  # the bandwidth probe reads a tensor this large (far beyond any cache) ...
-PROBE_SECONDS = 1.0  # ... again and again for this long: a sustained rate, as decoding needs, not a burst
+PROBE_SECONDS = 0.5  # ... again and again for this long, before and after each timed call
 
 
 @dataclasses.dataclass
@@ -32,6 +35,8 @@ class DecodeMeasurement:
     peak_rss_mb: float
     first_tokens: list[int]  # the first generated ids, to check both sides decode the same model
     kernel: str = ""  # tfcli on the CPU: what decoded the one row (`decode_step.describe`)
+    bandwidth_gb_s: float = 0.0  # the cached tfcli job: read bandwidth probed beside its median call
+    floor_ratio: float = 0.0  # ... and the median over its calls of time per token / that call's own floor
 
     @property
     def tokens_per_second(self) -> float:
@@ -48,9 +53,12 @@ class GenerateBench:
     block_size: int
     parameters: int
     weight_bytes: int  # bytes read per token: every weight once (the tied embedding once, position table not)
-    bandwidth_gb_s: float
     repeat: int
     results: dict[str, DecodeMeasurement]
+
+    @property
+    def bandwidth_gb_s(self) -> float:
+        return self.results["tfcli"].bandwidth_gb_s if "tfcli" in self.results else 0.0
 
     @property
     def floor_seconds_per_token(self) -> float:
@@ -63,8 +71,8 @@ class GenerateBench:
 
     @property
     def floor_ratio(self) -> float:
-        """tfcli's time per token / the floor (target <= 1.5)."""
-        return (self.results["tfcli"].seconds / self.new_tokens) / self.floor_seconds_per_token
+        """tfcli's time per token / the floor measured beside it (the median over its calls)."""
+        return self.results["tfcli"].floor_ratio if "tfcli" in self.results else 0.0
 
     @property
     def same_tokens(self) -> bool | None:
@@ -160,17 +168,12 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_tokens: int, threads: int, device: str) -> DecodeMeasurement:
-    """One measurement, inside the worker subprocess: a short warm-up call, then the best of three timed
-    calls (two for models over 20M parameters)."""
+def _probe_bandwidth(device: str, buffer) -> float:
+    """GB/s of reading `buffer` over and over for PROBE_SECONDS. Decoding reads the weights and writes
+    almost nothing, so the probe only reads: a sum over the buffer."""
     import torch
 
-    if threads:
-        torch.set_num_threads(threads)
-    if job == "bandwidth":
-        # Decoding reads the weights and writes almost nothing, so the probe only reads: a sum over the
-        # buffer, repeated for PROBE_SECONDS. `seconds` is the time of one read of PROBE_BYTES.
-        buffer = torch.rand(PROBE_BYTES // 4, device=device)
+    with torch.inference_mode():
         buffer.sum()
         _sync(device)
         passes, started = 0, time.perf_counter()
@@ -181,13 +184,24 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
             _sync(device)
             elapsed = time.perf_counter() - started
             if elapsed >= PROBE_SECONDS:
-                return DecodeMeasurement(job, elapsed / passes, 0, peak_rss_mb(), [])
+                return buffer.numel() * buffer.element_size() * passes / elapsed / 1e9
+
+
+def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_tokens: int, threads: int, device: str,
+                weight_bytes: int) -> DecodeMeasurement:
+    """One measurement, inside the worker subprocess: a short warm-up call, then the best of three timed
+    calls (two for models over 20M parameters); the cached tfcli job probes the bandwidth around each."""
+    import torch
+
+    machine_threads = torch.get_num_threads()
     if job in ("tfcli", "tfcli-no-cache"):
-        from tfcli.checkpoint import load_checkpoint
+        from tfcli.accel import decode_step
         from tfcli.generate.decoding import Done, Generator
+        from tfcli.generate.loading import load_for_decoding
         from tfcli.generate.settings import GenerationSettings
 
-        checkpoint = load_checkpoint(run_dir, device)
+        checkpoint = load_for_decoding(run_dir, device, threads)  # as `tfcli generate` loads it
+        model = checkpoint.model
         prompt = _prompt(checkpoint.config.model.vocab_size, prompt_tokens)
 
         def decode(n: int) -> list[int]:
@@ -200,6 +214,8 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
     else:
         import transformers
 
+        if threads:
+            torch.set_num_threads(threads)
         transformers.logging.set_verbosity_error()
         model = transformers.GPT2LMHeadModel.from_pretrained(str(hf_dir)).to(device).eval()
         model.generation_config.eos_token_id = None  # decode every token, as tfcli does here
@@ -213,20 +229,39 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
                 out = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=n, do_sample=False, use_cache=True)
             return out[0, prompt_tokens:].tolist()
     decode(min(new_tokens, 32))  # warm-up: allocators, kernels, caches
-    small = sum(p.numel() for p in (checkpoint.model if job != "transformers" else model).parameters()) < 20_000_000
-    seconds, tokens = float("inf"), []
+    small = sum(p.numel() for p in model.parameters()) < 20_000_000
+    probing = job == "tfcli"
+    buffer = torch.rand(PROBE_BYTES // 4, device=device) if probing else None
+    calls: list[tuple[float, float]] = []  # (seconds, GB/s around the call)
+    tokens: list[int] = []
     for _ in range(3 if small else 2):  # the best of three calls (two for large models) in this process too
+        before = _probe_with_threads(device, buffer, machine_threads) if probing else 0.0
         _sync(device)
         started = time.perf_counter()
         tokens = decode(new_tokens)
         _sync(device)
-        seconds = min(seconds, time.perf_counter() - started)
-    kernel = ""
-    if job != "transformers" and device == "cpu":
-        from tfcli.model import decode_step
+        seconds = time.perf_counter() - started
+        after = _probe_with_threads(device, buffer, machine_threads) if probing else 0.0
+        calls.append((seconds, (before + after) / 2))
+    seconds = min(call[0] for call in calls)
+    bandwidth = ratio = 0.0
+    if probing:  # the median call: its time per token over the floor of its own seconds, and that bandwidth
+        ratios = sorted(((s / len(tokens)) / (weight_bytes / (gb_s * 1e9)), gb_s) for s, gb_s in calls)
+        ratio, bandwidth = ratios[(len(ratios) - 1) // 2]
+    kernel = decode_step.describe(model) if job != "transformers" and device == "cpu" else ""
+    return DecodeMeasurement(job, seconds, len(tokens), peak_rss_mb(), tokens[:32], kernel, bandwidth, ratio)
 
-        kernel = decode_step.describe()
-    return DecodeMeasurement(job, seconds, len(tokens), peak_rss_mb(), tokens[:32], kernel)
+
+def _probe_with_threads(device: str, buffer, threads: int) -> float:
+    """The probe on every thread the machine gives PyTorch (a small model decodes on one), then back."""
+    import torch
+
+    decoding_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _probe_bandwidth(device, buffer)
+    finally:
+        torch.set_num_threads(decoding_threads)
 
 
 def run_generate_bench(work: Path, preset_name: str = "tiny", *, prompt_tokens: int = 16, new_tokens: int = 256, repeat: int = 3,
@@ -252,23 +287,18 @@ def run_generate_bench(work: Path, preset_name: str = "tiny", *, prompt_tokens: 
     run_dir, hf_dir, parameters, weight_bytes = Path(made["run"]), Path(made["hf"]), made["parameters"], made["weight_bytes"]
     block = config.block_size
     results: dict[str, DecodeMeasurement] = {}
-    bandwidth = 0.0
-    args = [str(run_dir), str(hf_dir), str(prompt_tokens), str(new_tokens), str(threads), device]
+    args = [str(run_dir), str(hf_dir), str(prompt_tokens), str(new_tokens), str(threads), device, str(weight_bytes)]
     for round_number in range(1, repeat + 1):
-        for job in ("bandwidth", *JOBS):
+        for job in JOBS:
             if job == "transformers" and not peer:
                 continue
             if job == "tfcli-no-cache" and (no_cache is False or (no_cache is None and round_number > 1 and parameters > 20_000_000)):
                 continue
             if progress:
                 progress(f"{job} (round {round_number} of {repeat})")
-            measured = DecodeMeasurement(**run_worker("tfcli.bench.generate", [job, *args]))
-            if job == "bandwidth":
-                bandwidth = max(bandwidth, PROBE_BYTES / measured.seconds / 1e9)
-                continue
-            keep_fastest(results, job, measured)
+            keep_fastest(results, job, DecodeMeasurement(**run_worker("tfcli.bench.generate", [job, *args])))
     return GenerateBench(preset=preset_name, device=device, threads=threads, prompt_tokens=prompt_tokens, new_tokens=new_tokens,
-                         block_size=block, parameters=parameters, weight_bytes=weight_bytes, bandwidth_gb_s=bandwidth,
+                         block_size=block, parameters=parameters, weight_bytes=weight_bytes,
                          repeat=repeat, results=results)
 
 
@@ -278,6 +308,7 @@ if __name__ == "__main__":
         run_path, hf_path, n_parameters, n_bytes = prepare(Path(work_arg), preset_arg, int(prompt_arg), int(new_arg))
         print(json.dumps({"run": str(run_path), "hf": str(hf_path), "parameters": n_parameters, "weight_bytes": n_bytes}))
         sys.exit(0)
-    job_name, run_arg, hf_arg, prompt_arg, new_arg, threads_arg, device_arg = sys.argv[1:]
-    measured = _decode_job(job_name, Path(run_arg), Path(hf_arg), int(prompt_arg), int(new_arg), int(threads_arg), device_arg)
+    job_name, run_arg, hf_arg, prompt_arg, new_arg, threads_arg, device_arg, bytes_arg = sys.argv[1:]
+    measured = _decode_job(job_name, Path(run_arg), Path(hf_arg), int(prompt_arg), int(new_arg), int(threads_arg), device_arg,
+                           int(bytes_arg))
     print(json.dumps(dataclasses.asdict(measured)))

@@ -16,6 +16,40 @@ app = typer.Typer(help="Measure tfcli's speed beside its peers (ratios from one 
 MAX_BENCH_TOKENS = 8192  # prompt + new tokens in `bench generate` (the uncached job re-runs all of them per token)
 
 
+def _machine() -> str:
+    """The processor as lscpu names it, its vector extensions, cores, Python and torch: beside every table."""
+    import os
+
+    from tfcli.accel.machine import processor_name, vector_extensions
+
+    torch_version = ""
+    try:
+        from importlib.metadata import version
+
+        torch_version = f", torch {version('torch')}"
+    except Exception:  # no metadata: leave it out
+        pass
+    return (f"{processor_name()} ({' '.join(vector_extensions()) or 'no vector extensions listed'}), {os.cpu_count()} cores, "
+            f"Python {platform.python_version()}{torch_version}")
+
+
+def accel_summary() -> str:
+    """What tfcli.accel chose on this machine so far, kind by kind (`tfcli info --device` lists each)."""
+    from collections import Counter
+
+    from tfcli.accel import enabled, report
+
+    if not enabled():
+        return "none (TFCLI_ACCEL=0: plain PyTorch)"
+    counts: Counter = Counter()
+    for key, decision in report()["decisions"].items():
+        counts[(key.split()[0], decision["choice"])] += 1
+    kinds = {}
+    for (kind, choice), count in sorted(counts.items()):
+        kinds.setdefault(kind, []).append(f"{choice} {count}")
+    return "; ".join(f"{kind}: {', '.join(parts)}" for kind, parts in kinds.items()) or "nothing measured yet"
+
+
 def _scratch_folder(workdir: Path | None, name: str = "") -> Path:
     """Where a bench writes: a new temporary folder (removed afterwards), or --workdir (made if need be)."""
     import tempfile
@@ -62,7 +96,7 @@ def tokenize(
     finally:
         if workdir is None:
             shutil.rmtree(scratch, ignore_errors=True)
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    machine = _machine()
     if json_output:
         print_json({"machine": machine, **result.to_json()})
         return
@@ -96,7 +130,8 @@ def model(
     """Time one training step (forward + backward, fp32 on CPU) of tfcli's model beside transformers' GPT-2.
 
     Both build the same shape from the preset (which must be GPT-2-expressible), each in its own
-    process; the table gives seconds per step and peak memory. Target: tfcli <= 0.8x the time.
+    process; the table gives seconds per step and peak memory. Targets: tfcli <= 1.0x the time on every
+    machine (0.8x where a library faster than PyTorch's default was measured), <= 0.6x the memory.
 
     Example: tfcli bench model --preset gpt2-small --batch 4 --length 256 --repeat 3
     """
@@ -125,7 +160,7 @@ def model(
         results = run_model_bench(preset, batch, length, steps, repeat=repeat)
     ours, theirs = results
     ratio = ours.seconds_per_step / theirs.seconds_per_step
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    machine = _machine()
     if json_output:
         print_json({"machine": machine, "preset": preset, "batch": batch, "length": length,
                     "results": [r.__dict__ for r in results], "time_ratio": round(ratio, 4),
@@ -140,8 +175,10 @@ def model(
         table.add_row(r.implementation, f"{r.seconds_per_step:.3f}", f"{r.peak_rss_mb:,.0f} MB", f"{r.parameters:,}")
     console = stdout_console()
     console.print(table)
-    console.print(f"time ratio tfcli/transformers: {ratio:.3f} (target <= 0.80: {'ok' if ratio <= 0.8 else 'MISSED'})")
-    console.print(f"peak memory ratio tfcli/transformers: {ours.peak_rss_mb / theirs.peak_rss_mb:.3f} (target <= 1.00)")
+    console.print(f"time ratio tfcli/transformers: {ratio:.3f} (target <= 1.0: {'ok' if ratio <= 1.0 else 'MISSED'}; "
+                  "0.8 where a library faster than PyTorch's default was chosen)")
+    console.print(f"peak memory ratio tfcli/transformers: {ours.peak_rss_mb / theirs.peak_rss_mb:.3f} (target <= 0.6)")
+    console.print(f"tfcli's choices on this machine: {accel_summary()}")
 
 
 @app.command("generate")
@@ -159,9 +196,10 @@ def generate(
     """Time batch-1 greedy decoding: tfcli's generator (with and without its KV cache) beside
     transformers' GPT2LMHeadModel.generate on the same random weights, and the memory-bandwidth floor.
 
-    Targets: tiny >= 1.5x transformers' tokens/s; gpt2-small >= 1.1x and time per token within 1.5x the
-    floor (every weight read once per token at the read bandwidth measured here: a 256 MB tensor summed
-    again and again for a second); cached >= 5x uncached.
+    Targets: tiny >= 2x transformers' tokens/s; gpt2-small >= 1.5x and time per token within 1.3x the
+    floor (every weight read once per token at the read bandwidth measured right before and after each
+    call: a 256 MB tensor summed again and again for half a second); cached >= 5x uncached. tfcli's side
+    is loaded as `tfcli generate` loads a run: the same threads and accelerated paths.
     The context is widened to hold prompt + new tokens, since GPT-2 cannot slide a window.
 
     Example: tfcli bench generate --preset tiny --preset gpt2-small --repeat 3
@@ -188,7 +226,7 @@ def generate(
         import transformers  # noqa: F401
     except ImportError as exc:
         raise TfcliError("bench generate compares against transformers, which is not installed", hint="pip install transformers") from exc
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    machine = _machine()
     benches = []
     console = stderr_console()
     for name in preset:
@@ -219,7 +257,7 @@ def generate(
         if b.results.get("tfcli") and b.results["tfcli"].kernel:
             out.print(f"tfcli's batch-1 decoding on the CPU: {b.results['tfcli'].kernel}")
         versus_peer = b.ratio("tfcli", "transformers")
-        target = 1.5 if b.parameters < 20_000_000 else 1.1
+        target = 2.0 if b.parameters < 20_000_000 else 1.5
         if versus_peer is not None:
             out.print(f"tokens/s tfcli / transformers: {versus_peer:.3f} (target >= {target}: {'ok' if versus_peer >= target else 'MISSED'}); "
                       f"same greedy tokens: {'yes' if b.same_tokens else 'no'}")
@@ -227,9 +265,10 @@ def generate(
         if versus_uncached is not None:
             out.print(f"cached / uncached: {versus_uncached:.2f}x (target >= 5: {'ok' if versus_uncached >= 5 else 'MISSED'}"
                       f"{'; at this size per-step overhead, not compute, sets both' if b.parameters < 20_000_000 else ''})")
-        floor_target = "" if b.parameters < 20_000_000 else f"; target <= 1.5: {'ok' if b.floor_ratio <= 1.5 else 'MISSED'}"
-        out.print(f"time per token / floor: {b.floor_ratio:.3f} (memory bandwidth {b.bandwidth_gb_s:.1f} GB/s, "
+        floor_target = "" if b.parameters < 20_000_000 else f"; target <= 1.3: {'ok' if b.floor_ratio <= 1.3 else 'MISSED'}"
+        out.print(f"time per token / floor: {b.floor_ratio:.3f} (median call; memory bandwidth beside it {b.bandwidth_gb_s:.1f} GB/s, "
                   f"{human_bytes(b.weight_bytes)} of weights per token{floor_target})")
+    out.print(f"tfcli's choices on this machine: {accel_summary()}")
 
 
 @app.command("train")
@@ -245,8 +284,9 @@ def train(
     """Training throughput: tfcli's training loop beside a plain loop over transformers' GPT-2 of the same
     shape, batch and optimizer (AdamW, clipping), on the same random token shards, each in its own process.
 
-    Reports tokens/s and MFU, the model FLOPs per second over the matmul rate measured on the same device.
-    Target: tfcli >= 1.3x the peer's tokens/s.
+    Reports tokens/s and MFU, the model FLOPs per second over the fastest matmul rate measured on the same
+    device. Targets: tfcli >= 1.0x the peer's tokens/s on every machine, 1.3x where a library faster than
+    PyTorch's default was measured; MFU at small >= 80%.
 
     Example: tfcli bench train --presets tiny,small --batch 16
     """
@@ -277,7 +317,7 @@ def train(
         raise TfcliError("bench train compares against transformers, which is not installed", hint="pip install transformers") from exc
     with stderr_console().status(f"benchmarking training of {', '.join(names)} at batch {batch}"):
         results = run_train_bench(names, batch, steps, repeat=repeat, device=device, precision=precision)
-    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, device {device}"
+    machine = f"{_machine()}, device {device}"
     ratios = {name: next(r for r in results if r.preset == name and r.implementation == "tfcli").tokens_per_sec
               / next(r for r in results if r.preset == name and r.implementation == "transformers").tokens_per_sec for name in names}
     if json_output:
@@ -297,4 +337,6 @@ def train(
     peak = results[0].peak_flops
     console.print(f"peak matmul rate measured: {peak / 1e9:,.1f} GFLOP/s")
     for name, ratio in ratios.items():
-        console.print(f"{name}: tokens/s ratio tfcli/transformers {ratio:.3f} (target >= 1.30: {'ok' if ratio >= 1.3 else 'MISSED'})")
+        console.print(f"{name}: tokens/s ratio tfcli/transformers {ratio:.3f} (target >= 1.0: {'ok' if ratio >= 1.0 else 'MISSED'}; "
+                      "1.3 where a library faster than PyTorch's default was chosen)")
+    console.print(f"tfcli's choices on this machine: {accel_summary()}")

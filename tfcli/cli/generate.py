@@ -203,24 +203,9 @@ def _generate(run, prompt, prompt_file, max_new_tokens, strategy, temperature, t
 
 
 def _load(run: Path, device: str, threads: int = 0):
-    import torch
+    from tfcli.generate.loading import load_for_decoding
 
-    from tfcli.checkpoint import load_checkpoint
-    from tfcli.runtime import resolve_device
-
-    device = resolve_device(device)
-    checkpoint = load_checkpoint(run, device)
-    if threads:
-        torch.set_num_threads(threads)
-    elif device == "cpu" and checkpoint.model.parameter_count() < 5_000_000:
-        torch.set_num_threads(1)  # a small model's steps are too short to share between threads
-    if device.startswith("cuda") and torch.cuda.is_bf16_supported():
-        checkpoint.model.to(torch.bfloat16)  # decoding reads every weight per token: half the bytes, twice the speed
-    if device == "cpu":
-        from tfcli.model import decode_step
-
-        decode_step.describe()  # the C code built (the first time on a machine) and checked before the clock starts
-    return checkpoint
+    return load_for_decoding(run, device, threads)
 
 
 def _render(generator, prompts: list[str], *, stream: bool, json_output: bool, run: Path) -> None:

@@ -24,7 +24,6 @@ from tfcli.generate.sampling import apply_repetition_penalty, choose_next
 from tfcli.generate.settings import GenerationSettings
 from tfcli.generate.stream import CompletionText, TokenBytes, text_of
 from tfcli.model.attention import KVCache
-from tfcli.model.decode_step import NativeDecoderStep, plain_mode
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
 
@@ -133,8 +132,9 @@ class DecoderWindow:
         self.cache = KVCache(config, batch, self.block, dtype, device) if use_cache else None
         self.memory, self.memory_padding = memory, memory_padding
         self.slides = 0
-        # One row on the CPU: each step is one call into tfcli's C code instead of PyTorch's hundred-odd calls.
-        self.native_step = NativeDecoderStep.bind(model, self.cache) if self.cache is not None and batch == 1 else None
+        # One row: a faster step that tfcli.accel attached to the model, where it has one for it (the C step).
+        bind = getattr(model, "fast_decode_step", None)
+        self.fast_step = bind(model, self.cache) if bind is not None and self.cache is not None and batch == 1 else None
         if vocab.suppressed:
             self._suppressed: torch.Tensor | None = torch.tensor(vocab.suppressed, dtype=torch.long, device=device)
         else:
@@ -167,8 +167,8 @@ class DecoderWindow:
         if self.cache is None:
             return self._run_window()
         L = self.length
-        if self.native_step is not None and not self.padded and plain_mode():
-            return self._scores(self.native_step(int(next_ids[0])))
+        if self.fast_step is not None and not self.padded and self.fast_step.usable():
+            return self._scores(self.fast_step(int(next_ids[0])))
         if self.padded:
             hidden = self.model.decode(self.ids[:, L - 1:L], self.real[:, :L], memory=self.memory,
                                        memory_padding=self.memory_padding, cache=self.cache,

@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfcli.model.config import ModelConfig
-from tfcli.model.kernels import Linear
 from tfcli.model.layers import RotaryEmbedding
 
 
@@ -110,11 +109,11 @@ class Attention(nn.Module):
         self.dropout = config.dropout
         kv_width = 2 * self.n_kv_heads * self.head_dim
         if cross:
-            self.q = Linear(config.d_model, config.d_model, bias=config.bias)
-            self.kv = Linear(config.d_model, kv_width, bias=config.bias)
+            self.q = nn.Linear(config.d_model, config.d_model, bias=config.bias)
+            self.kv = nn.Linear(config.d_model, kv_width, bias=config.bias)
         else:
-            self.qkv = Linear(config.d_model, config.d_model + kv_width, bias=config.bias)
-        self.out = Linear(config.d_model, config.d_model, bias=config.bias)
+            self.qkv = nn.Linear(config.d_model, config.d_model + kv_width, bias=config.bias)
+        self.out = nn.Linear(config.d_model, config.d_model, bias=config.bias)
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         B, T, _ = x.shape

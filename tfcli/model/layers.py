@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfcli.model.config import ModelConfig
-from tfcli.model.kernels import Linear
 
 
 class RMSNorm(nn.Module):
@@ -72,8 +71,8 @@ class MLP(nn.Module):
         hidden = config.hidden_dim
         self.activation = config.activation
         up = 2 * hidden if config.activation == "swiglu" else hidden
-        self.fc = Linear(config.d_model, up, bias=config.bias)
-        self.proj = Linear(hidden, config.d_model, bias=config.bias)
+        self.fc = nn.Linear(config.d_model, up, bias=config.bias)
+        self.proj = nn.Linear(hidden, config.d_model, bias=config.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc(x)

@@ -13,9 +13,8 @@ from torch import nn
 from tfcli.errors import TfcliError
 from tfcli.model.attention import Attention, AttentionMask, KVCache, LayerKVCache
 from tfcli.model.config import ModelConfig
-from tfcli.model.kernels import Linear
 from tfcli.model.layers import MLP, RotaryEmbedding, make_norm, sinusoidal_table
-from tfcli.model.loss import IGNORE_INDEX, linear_cross_entropy
+from tfcli.model.loss import IGNORE_INDEX, vocabulary_cross_entropy
 
 
 class Block(nn.Module):
@@ -90,13 +89,13 @@ class Transformer(nn.Module):
             self.decoder = Stack(config, config.decoder_layers, causal=True, cross=config.arch == "encoder-decoder")
         if config.arch == "encoder":
             # BERT's masked-LM head: a transform, then scores over the vocabulary.
-            self.mlm_transform = Linear(d, d, bias=config.bias)
+            self.mlm_transform = nn.Linear(d, d, bias=config.bias)
             self.mlm_norm = make_norm(config)
-            self.lm_head = Linear(d, config.vocab_size, bias=True)
+            self.lm_head = nn.Linear(d, config.vocab_size, bias=True)
         else:
-            self.lm_head = Linear(d, config.vocab_size, bias=False)
+            self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
         if config.n_classes:
-            self.classifier = Linear(d, config.n_classes)
+            self.classifier = nn.Linear(d, config.n_classes)
         self.apply(self._init_weights)
         residual_std = config.init_std / math.sqrt(2 * (config.n_layers * config.has_encoder + config.decoder_layers * config.has_decoder))
         for name, parameter in self.named_parameters():
@@ -104,6 +103,9 @@ class Transformer(nn.Module):
                 nn.init.normal_(parameter, mean=0.0, std=residual_std)  # GPT-2: scaled residual projections
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
+        # The loss over the vocabulary, (hidden, weight, bias, targets, label_smoothing) -> summed loss.
+        # The plain one holds every logit; tfcli.accel may put a fused one here that never does.
+        self.vocabulary_loss = vocabulary_cross_entropy
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -183,8 +185,7 @@ class Transformer(nn.Module):
         (`memory`, the encoded source, can be passed instead to skip the encoder, as decoding does).
         logits_at (B, T) bool: score only those positions; logits is then (N, vocab), N = logits_at.sum().
         targets (B, T) long, the token each position should predict (IGNORE_INDEX: none): the output's
-        `loss` is then the cross-entropy summed over them (divide by their count for the mean), computed
-        block by block without ever holding the logits, and `logits` is left out."""
+        `loss` is then the cross-entropy summed over them (divide by their count for the mean), and `logits` is left out."""
         attentions: dict[str, list[torch.Tensor]] = {}
         arch = self.config.arch
         if arch == "decoder":
@@ -202,9 +203,7 @@ class Transformer(nn.Module):
         if targets is not None:
             out.loss = self._vocabulary_loss(hidden, targets, label_smoothing)
         elif logits:
-            head_input = hidden if logits_at is None else hidden[logits_at]  # (B, T, d) or (N, d)
-            if arch == "encoder":
-                head_input = self.mlm_norm(F.gelu(self.mlm_transform(head_input)))
+            head_input = self._head_input(hidden if logits_at is None else hidden[logits_at])  # (B, T, d) or (N, d)
             out.logits = self.lm_head(head_input)  # (B, T, vocab) or (N, vocab)
         if self.config.n_classes:
             out.class_logits = self.classifier(self._pooled(hidden, padding))
@@ -215,9 +214,15 @@ class Transformer(nn.Module):
         scored = targets != IGNORE_INDEX
         if not bool(scored.all()):
             rows, targets = rows[scored], targets[scored]
+        if targets.numel() == 0:
+            return (rows.sum() + self.lm_head.weight.sum()) * 0.0  # nothing scored: zero, still in the graph
+        return self.vocabulary_loss(self._head_input(rows), self.lm_head.weight, self.lm_head.bias, targets, label_smoothing)
+
+    def _head_input(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What the vocabulary head reads: the hidden states, through BERT's transform for an encoder."""
         if self.config.arch == "encoder":
-            rows = self.mlm_norm(F.gelu(self.mlm_transform(rows)))
-        return linear_cross_entropy(rows, self.lm_head.weight, self.lm_head.bias, targets, label_smoothing)
+            return self.mlm_norm(F.gelu(self.mlm_transform(hidden)))
+        return hidden
 
     def _pooled(self, hidden: torch.Tensor, padding: torch.Tensor | None) -> torch.Tensor:
         """The state a classifier reads: the first (classification) token for an encoder, the last real

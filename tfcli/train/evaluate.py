@@ -33,6 +33,7 @@ def _text_tokens(path: Path, tokenizer) -> np.ndarray:
 
 def evaluate_run(run: Path, data: Path, *, split: str = "val", batch_size: int = 16, max_batches: int | None = None,
                  device: str = "auto", seed: int = 0) -> dict[str, Any]:
+    from tfcli.accel import accelerate
     from tfcli.checkpoint import load_checkpoint
     from tfcli.data.labeled import load_labeled
     from tfcli.data.shards import load_shard_meta, open_shard
@@ -44,7 +45,7 @@ def evaluate_run(run: Path, data: Path, *, split: str = "val", batch_size: int =
     checkpoint = load_checkpoint(run)
     tokenizer, config = checkpoint.tokenizer, checkpoint.config.model
     target = pick_device(device)
-    model = checkpoint.model.to(target)
+    model = accelerate(checkpoint.model.to(target))
     data = Path(data)
     result: dict[str, Any] = {"run": str(run), "data": str(data)}
     if split != "val" and not (data.is_dir() and (data / "meta.json").is_file()):

@@ -21,25 +21,32 @@ def training_flops_per_token(config: ModelConfig, tokens_per_row: int) -> float:
 
 
 def measure_matmul_flops(device: torch.device, dtype: torch.dtype, size: int | None = None, seconds: float = 0.3) -> float:
-    """The FLOP/s of a square matmul on `device` in `dtype`, through the kernel tfcli's layers use (oneDNN
-    for fp32 on the CPU where PyTorch has it): the peak MFU is measured against."""
-    from tfcli.model.kernels import matmul
+    """The FLOP/s of a square matmul on `device` in `dtype`, through the fastest library tfcli can use there
+    (PyTorch's own, or oneDNN for fp32 on the CPU where it is available): the peak MFU is measured against."""
+    from tfcli.accel import products
 
     size = size or (4096 if device.type == "cuda" else 1024)
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
+    backends = [products.TORCH]
+    if products.plain_cpu_fp32(a, b) and products.available(products.ONEDNN):
+        backends.append(products.ONEDNN)
+    return max(_rate(lambda: products.product(backend, a, b.t()), device, 2 * size**3, seconds) for backend in backends)
+
+
+def _rate(multiply, device: torch.device, flops: int, seconds: float) -> float:
     for _ in range(2):
-        matmul(a, b)
+        multiply()
     _sync(device)
     runs, start = 0, time.perf_counter()
     while True:
-        matmul(a, b)
+        multiply()
         runs += 1
         if runs % 4 == 0:
             _sync(device)
             elapsed = time.perf_counter() - start
             if elapsed >= seconds:
-                return 2 * size**3 * runs / elapsed
+                return flops * runs / elapsed
 
 
 def _sync(device: torch.device) -> None:

@@ -281,6 +281,7 @@ def train(job: TrainingJob) -> Iterator[Any]:
 
 
 def _train(job: TrainingJob, world: World) -> Iterator[Any]:
+    from tfcli.accel import accelerate
     from tfcli.train.distributed import all_sum
     from tfcli.train.flops import measure_matmul_flops, training_flops_per_token
     from tfcli.train.objectives import evaluate, loss_sum
@@ -315,7 +316,7 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
 
     model = _initial_model(job)
     _freeze(model, cfg.freeze, cfg.task)
-    model.to(device).train()
+    accelerate(model.to(device).train())
     fsdp = cfg.fsdp
     if fsdp:
         sharding.shard_model(model, device, world)

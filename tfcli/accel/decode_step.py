@@ -4,49 +4,43 @@ A small model's step through PyTorch is about a hundred calls of a few microseco
 than the arithmetic; one C call does the same step (the token's embedding, every block with its KV cache
 entry, the final norm and the output head) in a fraction of that time, and for a large model it saves the
 calls' overhead around weights that it streams as `vector_linear` does. `NativeDecoderStep.bind` hands a
-model and its KV cache to the C code where it computes exactly what `Transformer.decode` does: a decoder
-in eval mode, fp32 weights on the CPU, a cache for one row. Anything else, or a build of the C code that
-fails its check against PyTorch on small models, keeps the PyTorch step.
+model and its KV cache to the C code only where it is known to compute exactly what `Transformer.decode`
+does: every config setting is one the C step implements (`KNOWN_SETTINGS`, an allow-list: a setting added
+to the model later runs in PyTorch until the C code learns it), the model is laid out as its config builds
+it, in eval mode, with fp32 weights on the CPU and a cache for one row; the C code has passed its check
+against PyTorch on small models in this process; and, for this shape on this machine, it was measured
+faster than PyTorch's step (and gave its logits). Anything else keeps the PyTorch step.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import threading
 
 import torch
 import torch.nn.modules.module as module_hooks
 from torch import nn
 
-from tfcli.model import native
+from tfcli.accel import choices, native, products
+from tfcli.accel.layout import ACTIVATIONS, NORMS, Decoder, DecoderLayer
 from tfcli.model.attention import Attention, KVCache
 from tfcli.model.config import ModelConfig
-from tfcli.model.kernels import Linear
 from tfcli.model.layers import MLP, RMSNorm, RotaryEmbedding
 from tfcli.model.transformer import Block, Stack, Transformer
 
-NORMS = {"layernorm": 0, "rmsnorm": 1}
-ACTIVATIONS = {"gelu": 0, "gelu_tanh": 1, "relu": 2, "swiglu": 3}
-LAYER_TENSORS = ("attn_norm_weight", "attn_norm_bias", "qkv_weight", "qkv_bias", "out_weight", "out_bias",
-                 "mlp_norm_weight", "mlp_norm_bias", "fc_weight", "fc_bias", "proj_weight", "proj_bias", "keys", "values")
-
-
-class DecoderLayer(ctypes.Structure):
-    """native.c's decoder_layer: one block's tensors, by address (0 for a missing bias)."""
-
-    _fields_ = [(name, ctypes.c_void_p) for name in LAYER_TENSORS]
-
-
-class Decoder(ctypes.Structure):
-    """native.c's decoder: the shape, the settings and the tensors every step reads."""
-
-    _fields_ = [
-        *((name, ctypes.c_long) for name in ("d_model", "n_heads", "n_kv_heads", "head_dim", "hidden", "vocab", "capacity", "n_layers")),
-        ("norm", ctypes.c_int), ("pre_norm", ctypes.c_int), ("activation", ctypes.c_int), ("norm_eps", ctypes.c_float),
-        *((name, ctypes.c_void_p) for name in ("token_embedding", "position_table", "rotary_cos", "rotary_sin",
-                                                "final_norm_weight", "final_norm_bias", "head_weight")),
-        ("layers", ctypes.POINTER(DecoderLayer)),
-    ]
+ANY = None
+# Every ModelConfig setting, with the values the C step implements (ANY: every value the config accepts).
+# A setting missing here, or a value outside its set, leaves decoding to PyTorch's step.
+KNOWN_SETTINGS: dict[str, set | None] = {
+    "arch": {"decoder"}, "vocab_size": ANY, "block_size": ANY, "n_layers": ANY, "n_decoder_layers": {None},
+    "n_heads": ANY, "n_kv_heads": ANY, "d_model": ANY, "d_ff": ANY, "positions": {"learned", "sinusoidal", "rotary"},
+    "rope_base": ANY, "norm": set(NORMS), "norm_placement": {"pre", "post"}, "norm_eps": ANY,
+    "activation": set(ACTIVATIONS), "dropout": ANY,  # the step runs in eval mode only: no dropout
+    "bias": ANY, "tie_embeddings": ANY, "n_classes": ANY,  # a classification head plays no part in decoding
+    "init_std": ANY,
+}
+LINEARS = (nn.Linear, products.Linear)  # the plain model's and the one `accelerate` turns it into
 
 
 class NativeDecoderStep:
@@ -75,7 +69,7 @@ class NativeDecoderStep:
         self.decoder = Decoder(
             d_model=config.d_model, n_heads=config.n_heads, n_kv_heads=config.kv_heads, head_dim=config.head_dim,
             hidden=config.hidden_dim, vocab=config.vocab_size, capacity=cache.capacity, n_layers=config.decoder_layers,
-            norm=NORMS[config.norm], pre_norm=int(pre_norm), activation=ACTIVATIONS[config.activation],
+            norm=NORMS.index(config.norm), pre_norm=int(pre_norm), activation=ACTIVATIONS.index(config.activation),
             norm_eps=config.norm_eps,
             token_embedding=self._address(model.tok_emb.weight),
             position_table=self._address(_position_table(model)),
@@ -100,13 +94,19 @@ class NativeDecoderStep:
 
     @classmethod
     def bind(cls, model: Transformer, cache: KVCache) -> NativeDecoderStep | None:
-        """The C step for this model and cache, or None where it does not apply (`unsupported` says why)."""
+        """The C step for this model and cache, or None where it does not apply (`unsupported` says why) or
+        PyTorch's step was measured as fast on this machine (`choose`)."""
         if unsupported(model, cache) is not None:
             return None
         library = native.library()
-        if library is None or not _verified(library):
+        if library is None or not _verified(library) or choose(library, model) != NATIVE:
             return None
         return cls(library, model, cache)
+
+    @staticmethod
+    def usable() -> bool:
+        """Whether this step may run now (the modes can change between steps)."""
+        return plain_mode()
 
     def __call__(self, token: int) -> torch.Tensor:
         """The next-token logits (1, vocab) after `token`; the cache grows by one position."""
@@ -128,11 +128,25 @@ def _position_table(model: Transformer) -> torch.Tensor | None:
     return None
 
 
+def unknown_setting(config: ModelConfig) -> str | None:
+    """The first setting of `config` that the C step does not implement, described, or None."""
+    for field in dataclasses.fields(config):
+        if field.name not in KNOWN_SETTINGS:
+            return f"the C step does not know the setting {field.name!r}"
+        allowed, value = KNOWN_SETTINGS[field.name], getattr(config, field.name)
+        if allowed is not ANY and value not in allowed:
+            return f"the C step does not implement {field.name} = {value!r}"
+    return None
+
+
 def unsupported(model: Transformer, cache: KVCache | None) -> str | None:
     """Why the C step cannot stand in for `model.decode` over this cache, or None when it can."""
     config: ModelConfig = model.config
     if config.arch != "decoder":
         return f"the C step runs decoders, not {config.arch} models"
+    unknown = unknown_setting(config)
+    if unknown is not None:
+        return unknown
     if cache is None or cache.keys.shape[1] != 1:
         return "the C step decodes one row with a KV cache"
     if cache.capacity > config.block_size:
@@ -177,9 +191,9 @@ def plain_mode() -> bool:
 
 
 # The methods the C step stands in for, as this module first saw them: one patched since is not ours to copy.
-_METHODS = {(cls, "forward"): cls.forward for cls in (Transformer, Stack, Block, Attention, MLP, Linear, nn.Embedding, nn.LayerNorm,
-                                                      RMSNorm, RotaryEmbedding)}
-_METHODS.update({(Transformer, name): getattr(Transformer, name) for name in ("decode", "_embed", "_run")})
+_METHODS = {(cls, "forward"): cls.forward for cls in (Transformer, Stack, Block, Attention, MLP, *LINEARS, nn.Embedding,
+                                                      nn.LayerNorm, RMSNorm, RotaryEmbedding)}
+_METHODS.update({(Transformer, name): getattr(Transformer, name) for name in ("decode", "_embed", "_run", "_head_input")})
 
 
 def _as_built(model: Transformer) -> bool:
@@ -194,10 +208,10 @@ def _as_built(model: Transformer) -> bool:
             return False
         return norm_class is RMSNorm or (module.elementwise_affine and tuple(module.normalized_shape) == (config.d_model,))
 
-    def of_class(module: object, cls: type) -> bool:
-        return type(module) is cls
+    def of_class(module: object, cls: type | tuple[type, ...]) -> bool:
+        return type(module) in (cls if isinstance(cls, tuple) else (cls,))
 
-    if not (of_class(model, Transformer) and of_class(model.tok_emb, nn.Embedding) and of_class(model.lm_head, Linear)
+    if not (of_class(model, Transformer) and of_class(model.tok_emb, nn.Embedding) and of_class(model.lm_head, LINEARS)
             and of_class(model.decoder, Stack) and model.tok_emb.max_norm is None):
         return False
     if config.positions == "learned" and not (of_class(model.pos_emb, nn.Embedding) and model.pos_emb.max_norm is None):
@@ -211,10 +225,10 @@ def _as_built(model: Transformer) -> bool:
             return False
         attention, mlp = block.attn, block.mlp
         if not (of_class(attention, Attention) and not attention.cross and attention.causal
-                and of_class(attention.qkv, Linear) and of_class(attention.out, Linear)
+                and of_class(attention.qkv, LINEARS) and of_class(attention.out, LINEARS)
                 and (attention.n_heads, attention.n_kv_heads, attention.head_dim) == (config.n_heads, config.kv_heads, config.head_dim)):
             return False
-        if not (of_class(mlp, MLP) and of_class(mlp.fc, Linear) and of_class(mlp.proj, Linear) and mlp.activation == config.activation):
+        if not (of_class(mlp, MLP) and of_class(mlp.fc, LINEARS) and of_class(mlp.proj, LINEARS) and mlp.activation == config.activation):
             return False
     if any(getattr(cls, name) is not method for (cls, name), method in _METHODS.items()):
         return False
@@ -249,15 +263,69 @@ def _verified(library: native.NativeLibrary) -> bool:
         return library.step_verified
 
 
-def describe() -> str:
-    """One line for benchmark reports: what decodes one row on the CPU. Builds and checks the C code now,
-    so that its first use is not inside a timed step."""
+TORCH, NATIVE = "torch", "native"
+TIMED_STEPS = 8  # each candidate decodes this many tokens from an empty cache, in turns
+
+
+def _shape_key(config: ModelConfig) -> str:
+    return (f"decoder-step t{torch.get_num_threads()} L{config.decoder_layers} d{config.d_model} h{config.n_heads}/{config.kv_heads} "
+            f"ff{config.hidden_dim} v{config.vocab_size} {config.positions} {config.norm_placement}-{config.norm} "
+            f"{config.activation}{' bias' if config.bias else ''}")
+
+
+def choose(library: native.NativeLibrary, model: Transformer) -> str:
+    """TORCH or NATIVE: which step decodes this model's shape faster on this machine (measured on the model
+    itself the first time, its logits compared with PyTorch's; remembered in the decisions file)."""
+    config = model.config
+    key = _shape_key(config)
+    known = choices.choices().get(key, (TORCH, NATIVE))
+    if known is not None:
+        return known.choice
+    capacity = min(config.block_size, TIMED_STEPS)
+    tokens = [(7 * i + 1) % config.vocab_size for i in range(capacity)]
+
+    def pytorch_steps() -> torch.Tensor:
+        cache = KVCache(config, 1, capacity, torch.float32)
+        return torch.cat([model.lm_head(model._head_input(model.decode(torch.tensor([[token]]), cache=cache)[:, -1]))
+                          for token in tokens])
+
+    def c_steps() -> torch.Tensor:
+        step = NativeDecoderStep(library, model, KVCache(config, 1, capacity, torch.float32))
+        return torch.cat([step(token) for token in tokens])
+
+    with torch.inference_mode():
+        return choices.choices().decide(key, {TORCH: pytorch_steps, NATIVE: c_steps}, _same_logits)
+
+
+def _same_logits(expected: torch.Tensor, got: torch.Tensor) -> bool:
+    return bool(torch.isfinite(got).all() and (expected - got).abs().max() <= 1e-3 * expected.abs().max() + 1e-4)
+
+
+def describe(model: Transformer | None = None) -> str:
+    """One line: what decodes one row of `model` on the CPU (or, without a model, whether the C step can
+    run here at all). Builds, checks and measures now, so that none of it happens inside a timed step."""
+    off = native.turned_off()
+    if off:
+        return f"PyTorch's step ({off})"
     library = native.library()
     if library is None:
-        return f"PyTorch and oneDNN ({native.problem()})"
+        return f"PyTorch's step (no C code: {native.problem()})"
     if not _verified(library):
-        return "PyTorch, with tfcli's C matrix-vector product (native.c; its decoder step disagreed with PyTorch)"
-    return "tfcli's C decoder step (native.c)"
+        return "PyTorch's step (the C decoder step disagreed with PyTorch on the check models)"
+    if model is None:
+        return "tfcli's C decoder step (native.c), where a model's shape measures faster with it"
+    with torch.inference_mode():
+        reason = unsupported(model, KVCache(model.config, 1, min(model.config.block_size, TIMED_STEPS), torch.float32))
+    if reason is not None:
+        return f"PyTorch's step ({reason})"
+    choice = choose(library, model)
+    seconds = choices.choices().decisions[_shape_key(model.config)].seconds
+    if TORCH in seconds and NATIVE in seconds:
+        ratio = seconds[TORCH] / seconds[NATIVE]
+        measured = f"{ratio:.2f}x PyTorch's speed" if choice == NATIVE else f"the C step ran at {ratio:.2f}x its speed"
+    else:
+        measured = choices.choices().decisions[_shape_key(model.config)].note or "not measured"
+    return f"tfcli's C decoder step (native.c; {measured})" if choice == NATIVE else f"PyTorch's step ({measured})"
 
 
 def _agrees(library: native.NativeLibrary, settings: dict) -> bool:

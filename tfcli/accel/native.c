@@ -1,4 +1,5 @@
-/* tfcli's C code for decoding on the CPU, built by tfcli/model/native.py with -O3 -march=native -fopenmp.
+/* tfcli's C code for decoding on the CPU, built by tfcli/accel/native.py with -O3 -march=native -fopenmp
+ * (or without -fopenmp where the compiler has no OpenMP: then one thread does all the rows).
  *
  * At batch 1 a decoding step multiplies one row by every weight, so its cost is reading the weights once
  * from memory, plus, for a small model, the fixed cost of each of the step's hundred-odd PyTorch calls.
@@ -8,9 +9,14 @@
  * - decoder_step: one token through a whole decoder (transformer.py's Transformer.decode and lm_head, for
  *   one unpadded row with a KV cache) in one call, the same arithmetic in the same order of operations.
  * When tfcli is loaded the OpenMP runtime is PyTorch's own, so these threads are its threads.
+ * The structs decoder_layer and decoder come from layout.h, which native.py writes from layout.py, the one
+ * description of their fields that the Python side uses too.
  */
 #include <math.h>
+#ifdef _OPENMP
 #include <omp.h>
+#endif
+#include "layout.h"
 #include <stddef.h>
 
 #define LANES 16
@@ -42,7 +48,12 @@ static float row_dot(const float *row, const float *x, long k) {
 void vector_linear(const float *w, const float *x, const float *bias, float *y, long n, long k, int threads, long parallel_from) {
     #pragma omp parallel num_threads(threads) if (n * k >= parallel_from)
     {
+#ifdef _OPENMP
         long count = omp_get_num_threads(), index = omp_get_thread_num();
+#else
+        long count = 1, index = 0;
+        (void)threads, (void)parallel_from;
+#endif
         long share = (n + count - 1) / count;
         long first = index * share, last = first + share < n ? first + share : n;
         for (long i = first; i < last; i++) {
@@ -53,34 +64,6 @@ void vector_linear(const float *w, const float *x, const float *bias, float *y, 
 }
 
 /* ---- one decoding step ------------------------------------------------------------------------------ */
-
-enum { NORM_LAYER = 0, NORM_RMS = 1 };
-enum { ACTIVATION_GELU = 0, ACTIVATION_GELU_TANH = 1, ACTIVATION_RELU = 2, ACTIVATION_SWIGLU = 3 };
-
-/* One block's weights (NULL for a missing bias) and its slice of the KV cache for the one row. The
- * field order matches native.py's DecoderLayer. */
-typedef struct {
-    const float *attn_norm_weight, *attn_norm_bias;
-    const float *qkv_weight, *qkv_bias;  /* (d + 2 * n_kv * hs, d): queries, then keys, then values */
-    const float *out_weight, *out_bias;  /* (d, d) */
-    const float *mlp_norm_weight, *mlp_norm_bias;
-    const float *fc_weight, *fc_bias;  /* (up, d), up = hidden (2 * hidden for SwiGLU: gate, then up) */
-    const float *proj_weight, *proj_bias;  /* (d, hidden) */
-    float *keys, *values;  /* (n_kv, capacity, hs) */
-} decoder_layer;
-
-/* The model's shape and the tensors every step reads. The field order matches native.py's Decoder. */
-typedef struct {
-    long d_model, n_heads, n_kv_heads, head_dim, hidden, vocab, capacity, n_layers;
-    int norm, pre_norm, activation;
-    float norm_eps;
-    const float *token_embedding;  /* (vocab, d) */
-    const float *position_table;  /* (block, d): learned or sinusoidal positions, added; NULL otherwise */
-    const float *rotary_cos, *rotary_sin;  /* (block, hs): rotary positions; NULL otherwise */
-    const float *final_norm_weight, *final_norm_bias;  /* pre-norm only: NULL weight means no final norm */
-    const float *head_weight;  /* (vocab, d) */
-    const decoder_layer *layers;
-} decoder;
 
 /* Floats of scratch memory decoder_step needs. */
 long decoder_workspace(const decoder *m) {

@@ -1,0 +1,183 @@
+"""Which candidate does each kind of work on this machine: timed on first use, checked against PyTorch,
+remembered.
+
+Each kind of work (a linear layer's product in one direction for one class of shapes, the loss over the
+vocabulary, a decoding step) has candidates, PyTorch's own first. On first use the candidates run on inputs
+of that shape; one whose result differs from PyTorch's is dropped, the others are timed in turns, and the
+fastest is kept, but another candidate replaces PyTorch's only when it takes at most MARGIN of its time, so
+noise never turns a tie into a slow-down. Decisions go into one small JSON file per processor and torch
+version, beside the compiled C code; each decision's name holds the thread count it was measured at.
+A file that cannot be read is set aside with a note and the decisions are measured again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tfcli.accel.machine import cache_dir, machine_digest, processor_name
+from tfcli.errors import TfcliError
+from tfcli.schema import JsonRecord
+
+VERSION = 1
+MARGIN = 0.97  # another candidate replaces PyTorch's own only when it takes at most 97% of its time
+BUDGET_S = 0.15  # each candidate is timed at least 3 times and until it has run this long (at most 20 times)
+
+
+@dataclasses.dataclass
+class Decision(JsonRecord):
+    choice: str  # the candidate that does this work
+    seconds: dict[str, float]  # each candidate's best time on the measured shape
+    note: str = ""  # candidates left out, and why
+
+
+@dataclasses.dataclass
+class ChoicesFile(JsonRecord):
+    version: int
+    processor: str
+    torch: str
+    decisions: dict[str, Decision]
+
+
+def measure(candidates: dict[str, Callable[[], Any]], same: Callable[[Any, Any], bool], *,
+            sync: Callable[[], None] = lambda: None, budget_s: float = BUDGET_S) -> Decision:
+    """Run each candidate once and compare its result with the first's, then time the ones that agree in
+    turns and keep the fastest. The first candidate is the default (PyTorch's own, for products): another
+    replaces it only when it takes at most MARGIN of its time."""
+    notes: list[str] = []
+    usable: dict[str, Callable[[], Any]] = {}
+    reference: Any = None
+    for name, run in candidates.items():
+        try:
+            result = run()
+            sync()
+        except Exception as error:  # a candidate that fails is simply not used
+            notes.append(f"{name} failed ({type(error).__name__}: {error})")
+            continue
+        if not usable:
+            reference = result
+        elif not same(reference, result):
+            notes.append(f"{name} disagreed with PyTorch")
+            continue
+        usable[name] = run
+    if not usable:
+        raise RuntimeError("no candidate ran: " + "; ".join(notes))
+    best = dict.fromkeys(usable, math.inf)
+    spent = dict.fromkeys(usable, 0.0)
+    for turn in range(20):
+        for name, run in usable.items():
+            sync()
+            started = time.perf_counter()
+            run()
+            sync()
+            elapsed = time.perf_counter() - started
+            best[name], spent[name] = min(best[name], elapsed), spent[name] + elapsed
+        if min(spent.values()) >= budget_s and (turn >= 2 or min(spent.values()) >= 1.0):
+            break  # three turns, or one for work that takes a second a run
+    baseline = next(iter(usable))
+    choice = min(usable, key=best.__getitem__)
+    if best[choice] > MARGIN * best[baseline]:
+        choice = baseline
+    return Decision(choice, {name: float(f"{seconds:.6g}") for name, seconds in best.items()}, "; ".join(notes))
+
+
+class Choices:
+    """This process's decisions: those in the machine's file, and those measured since (added to it)."""
+
+    def __init__(self, path: Path | None, torch_version: str) -> None:
+        self.path, self.torch_version = path, torch_version
+        self.decisions: dict[str, Decision] = {}
+        self.notes: list[str] = []
+        self._lock = threading.RLock()
+        if path is None:
+            self.notes.append("no private cache folder: decisions are measured for this process only")
+        else:
+            self.decisions = self._read()
+
+    def _read(self) -> dict[str, Decision]:
+        assert self.path is not None
+        if not self.path.exists():
+            return {}
+        try:
+            record = ChoicesFile.load(self.path)
+            if record.version != VERSION or record.torch != self.torch_version:
+                raise TfcliError(f"it was written for torch {record.torch}, format {record.version}")
+            return record.decisions
+        except TfcliError as problem:
+            self.notes.append(f"{self.path.name} could not be used ({problem}); measuring again")
+            return {}
+
+    def get(self, key: str, allowed: tuple[str, ...]) -> Decision | None:
+        decision = self.decisions.get(key)
+        return decision if decision is not None and decision.choice in allowed else None
+
+    def decide(self, key: str, candidates: dict[str, Callable[[], Any]], same: Callable[[Any, Any], bool], *,
+               sync: Callable[[], None] = lambda: None) -> str:
+        """The candidate for `key`: the remembered one if it is still a candidate, else measured now."""
+        with self._lock:
+            known = self.get(key, tuple(candidates))
+            if known is not None:
+                return known.choice
+            decision = measure(candidates, same, sync=sync)
+            self.decisions[key] = decision
+            self._write(key, decision)
+            return decision.choice
+
+    def _write(self, key: str, decision: Decision) -> None:
+        """Add the decision to the file as it is on disk now (another process may have added others)."""
+        if self.path is None:
+            return
+        from tfcli.fsutil import atomic_write_json
+
+        on_disk = {}
+        if self.path.exists():
+            try:
+                on_disk = {k: v for k, v in json.loads(self.path.read_text()).get("decisions", {}).items() if isinstance(v, dict)}
+                on_disk = {k: Decision.from_json(v).to_json() for k, v in on_disk.items()}
+            except (OSError, ValueError, AttributeError, TfcliError):
+                on_disk = {}
+        on_disk[key] = decision.to_json()
+        record = {"version": VERSION, "processor": processor_name(), "torch": self.torch_version, "decisions": on_disk}
+        try:
+            atomic_write_json(self.path, record)
+        except OSError as error:
+            self.notes.append(f"could not save the decisions to {self.path} ({error})")
+
+
+_choices: Choices | None = None
+_choices_lock = threading.Lock()
+
+
+def choices_path() -> Path | None:
+    """The decisions file for this processor and torch version, or None where no private folder can hold it."""
+    import torch
+
+    from tfcli.accel.native import private
+
+    folder = cache_dir() / "kernels"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not (private(folder) and os.access(folder, os.W_OK)):
+            return None
+    except (OSError, RuntimeError):  # RuntimeError: no home folder to hold the cache
+        return None
+    return folder / f"choices-{machine_digest(torch.__version__)}.json"
+
+
+def choices() -> Choices:
+    """This process's decisions (read from the machine's file the first time)."""
+    global _choices
+    with _choices_lock:
+        if _choices is None:
+            import torch
+
+            _choices = Choices(choices_path(), torch.__version__)
+        return _choices
+

@@ -1,0 +1,174 @@
+"""Cross-entropy over the vocabulary fused with the output projection that produces the logits.
+
+The plain way (`tfcli.model.loss`), `F.cross_entropy(hidden @ W.T, targets)`, holds the whole (tokens,
+vocab) logits, their log-softmax and then their gradient in memory, and walks them several times. Here the
+logits are made a block of rows at a time, the softmax is taken in place and turned straight into its
+gradient (softmax - target distribution), and the gradients of the hidden states, the weight and the bias
+are computed from it on the spot. Backward then only scales them. The same function, mathematically; less
+memory traffic, and a fraction of the memory. `VocabularyLoss` times both on this machine for each class
+of shapes and keeps the fused one unless the plain one is clearly faster.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tfcli.accel import choices
+from tfcli.accel.products import close, forward_product, input_gradient, rows_class, weight_gradient
+from tfcli.model.loss import IGNORE_INDEX, vocabulary_cross_entropy
+
+
+def _block_rows(n_rows: int, vocab: int) -> int:
+    """Rows of logits per block: as many as a 256 MB (fp32) budget holds, in blocks of equal size. Large
+    blocks keep the matrix multiplies efficient and add into the weight gradient only a few times; on
+    the CPUs we measured, smaller blocks were no faster inside a whole training step."""
+    rows = max(64, (1 << 26) // vocab)
+    blocks = math.ceil(n_rows / rows)
+    return math.ceil(n_rows / max(blocks, 1))
+
+
+def _block_loss(z: torch.Tensor, targets: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+    """Summed loss of a block of fp32 logits z (n, vocab), leaving z untouched."""
+    lse = torch.logsumexp(z, dim=-1)  # (n,)
+    picked = z.gather(1, targets[:, None]).squeeze(1)
+    if not label_smoothing:
+        return (lse - picked).sum()
+    return (lse - (1 - label_smoothing) * picked - label_smoothing * z.mean(dim=-1)).sum()
+
+
+def _block_loss_and_grad(z: torch.Tensor, targets: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+    """Summed loss of a block of fp32 logits z (n, vocab); z becomes d(loss)/dz in place:
+    softmax(z) - ((1 - e) one_hot(target) + e / vocab)."""
+    row_max = z.amax(dim=-1)  # (n,)
+    picked = z.gather(1, targets[:, None]).squeeze(1)
+    mean = z.mean(dim=-1) if label_smoothing else None
+    torch.softmax(z, dim=-1, out=z)
+    # The largest probability is exp(max - max) / sum = 1 / sum and never underflows, so
+    # logsumexp = max + log(sum) = max - log(largest probability).
+    lse = row_max - z.amax(dim=-1).log()
+    z.scatter_add_(1, targets[:, None], torch.full((len(targets), 1), label_smoothing - 1.0, device=z.device))
+    if not label_smoothing:
+        return (lse - picked).sum()
+    z.sub_(label_smoothing / z.shape[1])
+    return (lse - (1 - label_smoothing) * picked - label_smoothing * mean).sum()
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, label_smoothing):
+        device_type = hidden.device.type
+        autocast = torch.is_autocast_enabled(device_type)
+        dtype = torch.get_autocast_dtype(device_type) if autocast else hidden.dtype
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        with torch.autocast(device_type, enabled=False):
+            h, w = hidden.to(dtype), weight.to(dtype)
+            b = bias.to(dtype) if bias is not None else None
+            n = h.shape[0]
+            grad_hidden = torch.empty_like(h) if need_hidden else None
+            grad_weight = grad_bias = None
+            total = torch.zeros((), dtype=torch.float32, device=h.device)
+            rows = _block_rows(n, w.shape[0])
+            for start in range(0, n, rows):
+                h_block, t_block = h[start:start + rows], targets[start:start + rows]
+                z = forward_product(h_block, w, b).float()  # (rows, vocab)
+                total += _block_loss_and_grad(z, t_block, label_smoothing)
+                g = z.to(dtype)
+                if need_hidden:
+                    grad_hidden[start:start + rows] = input_gradient(g, w)
+                if need_weight:
+                    part = weight_gradient(g, h_block)  # (vocab, d)
+                    grad_weight = part if grad_weight is None else grad_weight.add_(part)
+                if need_bias:
+                    part = z.sum(dim=0)
+                    grad_bias = part if grad_bias is None else grad_bias.add_(part)
+        ctx.grads = (grad_hidden, grad_weight, grad_bias)
+        ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):
+        grads = []
+        for grad, dtype in zip(ctx.grads, ctx.dtypes):
+            grads.append(None if grad is None else grad.mul_(grad_total).to(dtype))
+        ctx.grads = None
+        return (*grads, None, None)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+                         label_smoothing: float = 0.0) -> torch.Tensor:
+    """sum_i cross_entropy(hidden[i] @ weight.T + bias, targets[i]) over the rows whose target is not
+    IGNORE_INDEX, without holding all the logits; the same value and gradients as
+    `F.cross_entropy(F.linear(hidden, weight, bias), targets, reduction="sum", label_smoothing=...)`.
+    hidden (N, d), weight (vocab, d), bias (vocab,) or None, targets (N,) long."""
+    scored = targets != IGNORE_INDEX
+    if not bool(scored.all()):
+        hidden, targets = hidden[scored], targets[scored]
+    if targets.numel() == 0:
+        return (hidden.sum() + weight.sum()) * 0.0  # no targets: zero, still connected to the graph
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+        return _LinearCrossEntropy.apply(hidden, weight, bias, targets, label_smoothing)
+    return _loss_only(hidden, weight, bias, targets, label_smoothing)
+
+
+def _loss_only(hidden, weight, bias, targets, label_smoothing) -> torch.Tensor:
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    rows = _block_rows(hidden.shape[0], weight.shape[0])
+    for start in range(0, hidden.shape[0], rows):
+        z = forward_product(hidden[start:start + rows], weight, bias).float()
+        total += _block_loss(z, targets[start:start + rows], label_smoothing)
+    return total
+
+
+FUSED, PLAIN = "fused", "plain"
+
+
+class VocabularyLoss:
+    """The model's loss over the vocabulary (`Transformer.vocabulary_loss`), fused or plain: for each class
+    of shapes, both are timed on this machine (value and gradients, or the value alone where no gradient is
+    asked for), and the fused one, which holds a fraction of the memory, is kept unless the plain one takes
+    at most choices.MARGIN of its time."""
+
+    def __call__(self, hidden, weight, bias, targets, label_smoothing: float = 0.0) -> torch.Tensor:
+        if torch.compiler.is_compiling() or self.choice(hidden, weight, bias, label_smoothing) == PLAIN:  # compiled: fused by inductor
+            return vocabulary_cross_entropy(hidden, weight, bias, targets, label_smoothing)
+        return linear_cross_entropy(hidden, weight, bias, targets, label_smoothing)
+
+    def choice(self, hidden, weight, bias, label_smoothing: float) -> str:
+        device = hidden.device
+        autocast = torch.is_autocast_enabled(device.type)
+        dtype = torch.get_autocast_dtype(device.type) if autocast else hidden.dtype
+        grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+        rows, (vocab, width) = rows_class(hidden.shape[0]), weight.shape
+        key = (f"loss t{torch.get_num_threads()} {device.type} {str(dtype).removeprefix('torch.')} {rows}x{vocab}x{width}"
+               f"{' bias' if bias is not None else ''}{' smoothing' if label_smoothing else ''} {'gradients' if grad else 'value'}")
+        known = choices.choices().get(key, (FUSED, PLAIN))
+        if known is not None:
+            return known.choice
+        generator = torch.Generator(device=device).manual_seed(0)
+        h = torch.randn(rows, width, device=device, dtype=hidden.dtype, generator=generator).requires_grad_(grad)
+        w = torch.randn(vocab, width, device=device, dtype=weight.dtype, generator=generator).mul_(0.05).requires_grad_(grad)
+        b = torch.zeros(vocab, device=device, dtype=weight.dtype).requires_grad_(grad) if bias is not None else None
+        t = torch.randint(0, vocab, (rows,), device=device, generator=generator)
+
+        def run(loss_function):
+            def once():
+                for tensor in (h, w, b):
+                    if tensor is not None:
+                        tensor.grad = None
+                with torch.autocast(device.type, dtype=dtype, enabled=autocast):
+                    loss = loss_function(h, w, b, t, label_smoothing)
+                if grad:
+                    loss.backward()
+                    return loss.detach(), h.grad, w.grad
+                return loss.detach(), h, w  # no gradients: the value is what is compared
+            return once
+
+        def same(expected, got) -> bool:
+            return all(close(a.float(), b.float()) for a, b in zip(expected, got))
+
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        with torch.set_grad_enabled(grad):
+            return choices.choices().decide(key, {FUSED: run(linear_cross_entropy), PLAIN: run(vocabulary_cross_entropy)},
+                                            same, sync=sync)
