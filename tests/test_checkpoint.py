@@ -233,11 +233,41 @@ def test_info_names_a_truncated_weights_file_and_a_foreign_tokenizer(cli, run, t
     assert cli("tokenize", "train", tiny_corpus, "-o", tmp_path / "other", "--vocab-size", "300", "--min-frequency", "3").code == 0
     (run / "tokenizer.json").write_bytes((tmp_path / "other" / "tokenizer.json").read_bytes())
     result = cli("info", run, "--json")
-    assert result.code == 0
+    assert result.code == 1
     problems = json.loads(result.stdout)["problems"]
     assert len(problems) == 2 and "holds 1,000 bytes but config.json expects" in problems[0], problems
     assert "is not the tokenizer this model was saved with" in problems[1] or "tokens but the model's vocabulary" in problems[1]
     assert "problem" in cli("info", run).stdout
+
+
+def _truncate(path):
+    with open(path, "r+b") as handle:
+        handle.truncate(1000)
+
+
+def _replace_with_a_pickle(path):
+    path.write_bytes(pickle.dumps({"tok_emb.weight": [0.0] * 64}))
+
+
+@pytest.mark.parametrize("damage, message", [(_truncate, "holds 1,000 bytes but config.json expects"),
+                                             (_replace_with_a_pickle, "but config.json expects"),
+                                             (lambda path: path.unlink(), f"has no {WEIGHTS_FILE}")])
+def test_info_exits_1_on_a_broken_run_and_still_shows_it(cli, run, damage, message):
+    for args in ((), ("--json",)):
+        assert cli("info", run, *args).code == 0
+    damage(run / WEIGHTS_FILE)
+    table = cli("info", run)
+    assert table.code == 1 and "parameters" in table.stdout and "tokenizer" in table.stdout
+    assert "problem" in table.stdout and message in " ".join(table.stdout.split())
+    result = cli("info", run, "--json")
+    assert result.code == 1
+    data = json.loads(result.stdout)
+    assert data["parameters"]["total"] > 0 and len(data["problems"]) == 1 and message in data["problems"][0]
+
+
+def test_info_help_tells_the_exit_codes(cli):
+    shown = " ".join(cli("info", "--help").stdout.split())
+    assert "Exit code 1 when it finds such a problem" in shown
 
 
 def test_info_kv_cache_shrinks_with_grouped_query_attention(cli, tmp_path, tokenizer):

@@ -3,6 +3,7 @@ escaped, its script run under node against a stand-in DOM when node is installed
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import struct
@@ -13,10 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
 from tfcli.inspect.capture import capture_attention
 from tfcli.inspect.html import json_for_script, pack_weights, unpack_weights
+from tfcli.inspect.session import StreamedArray, write_document
 from tfcli.model.config import preset
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
@@ -273,6 +277,91 @@ def test_json_export_has_every_layer_and_head(cli, runs, tmp_path):
     assert np.array(json.loads(stdout.stdout)["captures"][0]["weights"]).shape[:2] == (1, 1)
     some = cli("inspect-attention", runs["decoder"], "--text", "The fox ran.", "--format", "json", "--layer", "1", "--head", "all")
     assert json.loads(some.stdout)["layers"] == [1]
+
+
+# Texts that spell, or nearly spell, the "@@weights-N@@" strings the JSON writer once spliced arrays in by.
+MARKERS = ["@@weights-0@@", '"@@weights-0@@"', "@@weights-1@@", "@@weights-5@@", "@@weights-99@@", "@@weights-@@",
+           'a "@@weights-0@@", "@@weights-1@@" b', '\\"@@weights-0@@\\"', "@@weights-0@@\n@@weights-0@@"]
+
+
+def _rounded(weights: np.ndarray) -> list:
+    return np.round(weights.astype(np.float64), 6).tolist()
+
+
+@pytest.mark.parametrize("text", MARKERS)
+def test_json_text_that_spells_a_weights_marker_stays_text(cli, runs, tmp_path, text):
+    run = tmp_path / "@@weights-1@@"
+    run.symlink_to(runs["decoder"])
+    other = "@@weights-0@@ @@weights-1@@"
+    out = tmp_path / "w.json"
+    result = cli("inspect-attention", run, "--text", text, "--compare", other, "--format", "json", "-o", out)
+    assert result.code == 0, result.stderr
+    data = json.loads(out.read_text(encoding="utf-8"))
+    checkpoint = load_checkpoint(runs["decoder"])
+    for entry, source in zip(data["captures"], (text, other), strict=True):
+        assert entry["text"] == source and entry["run"] == str(run) and "@@weights-" in entry["title"]
+        assert all(isinstance(view["text"], str) for view in entry["queries"])
+        assert np.allclose(entry["weights"], _rounded(capture_attention(checkpoint, source).weights), atol=1e-6)
+    screen = json.loads(cli("inspect-attention", run, "--text", text, "--json").stdout)  # the terminal's head
+    assert screen["captures"][0]["text"] == text
+    assert screen["captures"][0]["weights"] == [[data["captures"][0]["weights"][0][0]]]
+
+
+def test_json_target_that_spells_a_weights_marker_stays_text(cli, runs):
+    result = cli("inspect-attention", runs["seq2seq"], "--text", "@@weights-0@@", "--target", '"@@weights-0@@"', "--format", "json")
+    assert result.code == 0, result.stderr
+    capture = json.loads(result.stdout)["captures"][0]
+    assert (capture["text"], capture["target"]) == ("@@weights-0@@", '"@@weights-0@@"')
+    expected = capture_attention(load_checkpoint(runs["seq2seq"]), "@@weights-0@@", target='"@@weights-0@@"', kind="cross")
+    assert np.allclose(capture["weights"], _rounded(expected.weights), atol=1e-6)
+
+
+def test_write_document_finds_arrays_by_type_never_by_text():
+    rng = np.random.default_rng(0)
+    arrays = [rng.random((2, 3, 4, 5)).astype(np.float32), rng.random((1, 1, 2, 2))]
+    tokens = [{"id": i, "token": marker, "text": marker} for i, marker in enumerate(MARKERS)]
+    document = {"text": "@@weights-0@@", "@@weights-1@@": MARKERS, "captures": [
+        {"queries": tokens, "weights": StreamedArray(arrays[0])},
+        {"title": '"@@weights-1@@"', "weights": StreamedArray(arrays[1]), "after": "@@weights-0@@"}]}
+    handle = io.StringIO()
+    write_document(handle, document)
+    expected = {**document, "captures": [{**document["captures"][0], "weights": _rounded(arrays[0])},
+                                         {**document["captures"][1], "weights": _rounded(arrays[1])}]}
+    assert json.loads(handle.getvalue()) == expected
+
+
+_JSON_TEXT = st.one_of(st.text(), st.sampled_from(MARKERS))
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | _JSON_TEXT,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(_JSON_TEXT, children, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(_JSON_TEXT, _JSON_VALUES, max_size=5))
+def test_write_document_lays_out_json_as_json_dumps_does(document):
+    handle = io.StringIO()
+    write_document(handle, document)
+    assert handle.getvalue() == json.dumps(document, indent=1, ensure_ascii=False) + "\n"
+
+
+class _RecordingText(io.StringIO):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def write(self, text: str) -> int:
+        self.sizes.append(len(text))
+        return super().write(text)
+
+
+def test_weights_are_streamed_one_head_at_a_time():
+    weights = np.random.default_rng(1).random((3, 4, 24, 24)).astype(np.float32)  # (layers, heads, T, S)
+    handle = _RecordingText()
+    write_document(handle, {"weights": StreamedArray(weights)})
+    assert json.loads(handle.getvalue()) == {"weights": _rounded(weights)}
+    one_head = max(len(json.dumps(_rounded(head))) for head in weights.reshape(-1, 24, 24))
+    assert max(handle.sizes) <= one_head and len(handle.getvalue()) > 10 * one_head
 
 
 def test_encoder_decoder_outputs(cli, runs, tmp_path):

@@ -52,7 +52,8 @@ def _root(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the command line; exit 0 on success, 2 on a user error, 130 on Ctrl-C, 143 on SIGTERM."""
+    """Run the command line; exit 0 on success, 1 when `tfcli info` finds a problem in a run, 2 on a user
+    error, 130 on Ctrl-C, 143 on SIGTERM."""
     args = sys.argv[1:] if argv is None else list(argv)
     with _sigterm_unwinds():
         _run(args)

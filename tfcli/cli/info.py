@@ -20,17 +20,26 @@ def info(
     generated token (grouped- and multi-query attention shrink it), the tokenizer and the training history,
     and flags a weights file or tokenizer that does not match config.json.
 
+    Exit code 1 when it finds such a problem: all it can read is still shown, the problems as `problem`
+    rows (under `problems` with --json). 0 for an intact run, 2 when the run cannot be read at all.
+
     Example: tfcli info runs/gpt2
     """
-    from rich.table import Table
-    from rich.text import Text
-
     from tfcli.info import run_info
 
     data = run_info(run)
     if json_output:
         print_json(data)
-        return
+    else:
+        _print_table(data)
+    if data["problems"]:
+        raise typer.Exit(code=1)
+
+
+def _print_table(data: dict) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
     console = stdout_console()
     model = data["model"]
     table = Table(show_header=False, box=None, pad_edge=False)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 from pathlib import Path
 from typing import IO, Any
 
@@ -204,7 +203,7 @@ def attention_document(inspection: Inspection, *, weights: bool = True) -> dict[
             entry["keys"] = _views(capture.keys)
         selected = capture.weights[sub]  # (layers, heads, T, S)
         if weights:
-            entry["weights"] = _WeightsPlaceholder(selected)
+            entry["weights"] = StreamedArray(selected)
         if inspection.focus is not None:
             position = inspection.focus[index]
             entry["focus"] = {"position": position, "text": capture.queries[position].text,
@@ -217,44 +216,74 @@ def attention_document(inspection: Inspection, *, weights: bool = True) -> dict[
     return doc
 
 
-class _WeightsPlaceholder:
-    """Stands for a (layers, heads, T, S) array in a document until `write_document` streams it."""
+@dataclasses.dataclass(frozen=True)
+class StreamedArray:
+    """An array in a document that `write_document` streams into the file where it stands, one 2-D slice
+    at a time, each number rounded to `decimals`: it never exists as one Python list or string.
 
-    def __init__(self, weights: np.ndarray) -> None:
-        self.weights = weights
+    Example: StreamedArray(np.array([[[0.1234567, 1.0]], [[0.5, 0.5]]])) -> '[[[0.123457, 1.0]],\n[[0.5, 0.5]]]'
+    """
+
+    array: np.ndarray
+    decimals: int = 6
+
+    def write(self, handle: IO[str]) -> None:
+        _write_slices(handle, self.array, self.decimals)
+
+
+def _write_slices(handle: IO[str], array: np.ndarray, decimals: int) -> None:
+    if array.ndim <= 2:
+        handle.write(json.dumps(np.round(array.astype(np.float64), decimals).tolist(), allow_nan=False))
+        return
+    handle.write("[")
+    for index in range(array.shape[0]):
+        if index:
+            handle.write(",\n")
+        _write_slices(handle, array[index], decimals)
+    handle.write("]")
+
+
+JSON_INDENT = 1
 
 
 def write_document(handle: IO[str], document: dict[str, Any]) -> None:
-    """Write the JSON document, streaming each weights array head by head: a big export (all 144 heads
-    of a 512-token gpt2-small capture are 37.7M numbers) never exists as one Python list or string."""
-    arrays: list[np.ndarray] = []
-
-    def mark(value: Any) -> Any:
-        if isinstance(value, _WeightsPlaceholder):
-            arrays.append(value.weights)
-            return f"@@weights-{len(arrays) - 1}@@"
-        if isinstance(value, dict):
-            return {k: mark(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [mark(v) for v in value]
-        return value
-
-    text = json.dumps(mark(document), indent=1, ensure_ascii=False, allow_nan=False)
-    pieces = re.split(r'"@@weights-(\d+)@@"', text)
-    handle.write(pieces[0])
-    for index, after in zip(pieces[1::2], pieces[2::2]):
-        weights = arrays[int(index)]
-        handle.write("[")
-        for layer in range(weights.shape[0]):
-            handle.write("[" if layer == 0 else ",\n[")
-            for head in range(weights.shape[1]):
-                if head:
-                    handle.write(",\n")
-                handle.write(json.dumps(np.round(weights[layer, head].astype(np.float64), 6).tolist(), allow_nan=False))
-            handle.write("]")
-        handle.write("]")
-        handle.write(after)
+    """Write the document as JSON text, streaming each `StreamedArray` in place and laying out the rest as
+    `json.dumps(document, indent=1, ensure_ascii=False)` would: a big export (all 144 heads of a 512-token
+    gpt2-small capture are 37.7M numbers) never exists as one Python list or string. The arrays are found
+    by their type as the document is walked, so no text in it (a user's, a token's, a path) can stand for one."""
+    _write_value(handle, document, level=0)
     handle.write("\n")
+
+
+def _write_value(handle: IO[str], value: Any, level: int) -> None:
+    if isinstance(value, StreamedArray):
+        value.write(handle)
+    elif isinstance(value, dict) and value:
+        _write_items(handle, "{", "}", [(_json_key(key) + ": ", item) for key, item in value.items()], level)
+    elif isinstance(value, (list, tuple)) and value:
+        _write_items(handle, "[", "]", [("", item) for item in value], level)
+    else:
+        handle.write(_json_scalar(value))
+
+
+def _write_items(handle: IO[str], opening: str, closing: str, items: list[tuple[str, Any]], level: int) -> None:
+    inner = "\n" + " " * (JSON_INDENT * (level + 1))
+    handle.write(opening)
+    for index, (prefix, item) in enumerate(items):
+        handle.write(("," if index else "") + inner + prefix)
+        _write_value(handle, item, level + 1)
+    handle.write("\n" + " " * (JSON_INDENT * level) + closing)
+
+
+def _json_key(key: Any) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"document keys must be str, not {type(key).__name__} ({key!r})")
+    return _json_scalar(key)
+
+
+def _json_scalar(value: Any) -> str:
+    """A string, number, bool or None (or an empty list or dict) as JSON; anything else is a TypeError."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
 
 def save_document(path: Path, document: dict[str, Any]) -> None:
