@@ -43,6 +43,7 @@ def forget_accel() -> None:
 
     native._library, native._problem, native._tried = None, None, False
     products._checked.clear()
+    products._decided.clear()
     choices._choices = None
 
 

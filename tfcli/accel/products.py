@@ -120,9 +120,20 @@ def _inputs(direction: str, m: int, n: int, k: int, with_bias: bool):
     return a, w, bias
 
 
+_decided: dict[tuple, str] = {}  # this process's answers of `choose`, so that a call costs one look-up
+
+
 def choose(direction: str, m: int, n: int, k: int, with_bias: bool = False) -> str:
     """The backend for a product of this direction and shape class: m rows of output, n columns, k inner
     (in the forward direction's terms: x (m, k), W (n, k))."""
+    memo = (direction, rows_class(m), n, k, with_bias, torch.get_num_threads())
+    backend = _decided.get(memo)
+    if backend is None:
+        backend = _decided[memo] = _choose(direction, m, n, k, with_bias)
+    return backend
+
+
+def _choose(direction: str, m: int, n: int, k: int, with_bias: bool) -> str:
     rows = rows_class(m)
     if rows * n * k < MIN_TIMED_MACS:
         return TORCH
