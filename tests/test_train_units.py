@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from tfcli.errors import TfcliError
-from tfcli.train.config import TrainConfig, parse_duration, parse_value, resolve_configs
+from tfcli.train.config import parse_duration, parse_value, resolve_configs
+from tfcli.training_config import TrainConfig
 from tfcli.train.optim import lr_factor
 
 

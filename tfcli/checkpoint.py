@@ -24,7 +24,7 @@ from tfcli.fsutil import artifact_kind, fsync_dir, fsync_file, prepare_output_di
 from tfcli.model.config import ModelConfig
 from tfcli.schema import JsonRecord
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
-from tfcli.train.config import TrainConfig
+from tfcli.training_config import TrainConfig
 
 if TYPE_CHECKING:
     import torch

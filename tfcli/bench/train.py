@@ -61,7 +61,7 @@ def _job(implementation: str, preset_name: str, batch: int, steps: int, threads:
     import torch
 
     from tfcli.model.config import preset
-    from tfcli.train.config import TrainConfig
+    from tfcli.training_config import TrainConfig
     from tfcli.train.flops import measure_matmul_flops, training_flops_per_token
     from tfcli.train.loop import pick_device, use_bf16
 

@@ -140,7 +140,7 @@ def finetune(
 
     Example: tfcli train finetune --init-from runs/tiny --task classify --data sample_data/reviews.jsonl -o runs/reviews
     """
-    from tfcli.train.config import TASKS
+    from tfcli.training_config import TASKS
     from tfcli.train.job import finetune_job
 
     _check_choice("--task", task, tuple(t for t in TASKS if t in ("lm", "mlm", "denoise", "classify", "seq2seq")))

@@ -1,5 +1,5 @@
-"""The training configuration: a torch-free, JSON-serialisable dataclass, and how a command line becomes one
-(a preset, a TOML file, `--set key=value` overrides, then the everyday options)."""
+"""How a command line becomes the training settings (`TrainConfig`, in `tfcli/training_config.py`): a
+preset, a TOML file, `--set key=value` overrides, then the everyday options."""
 
 from __future__ import annotations
 
@@ -10,86 +10,7 @@ from typing import Any
 
 from tfcli.errors import TfcliError
 from tfcli.model.config import ModelConfig, preset
-from tfcli.schema import JsonRecord
-
-TASKS = ("lm", "mlm", "denoise", "classify", "seq2seq")
-PRETRAIN_TASK = {"decoder": "lm", "encoder": "mlm", "encoder-decoder": "denoise"}
-SCHEDULES = ("cosine", "linear", "constant")
-DEVICES = ("auto", "cpu", "cuda", "mps")
-PRECISIONS = ("auto", "fp32", "bf16")
-FREEZE = ("none", "embeddings", "body")
-# Settings a resumed run may change: they do not alter what the finished steps computed.
-RESUMABLE_CHANGES = ("max_steps", "time_budget", "eval_every", "eval_batches", "log_every", "save_every", "device", "compile", "fsdp")
-
-
-@dataclasses.dataclass
-class TrainConfig(JsonRecord):
-    task: str = "lm"  # lm (decoder) | mlm (encoder) | denoise (encoder-decoder on text) | classify | seq2seq
-    max_steps: int = 1000  # optimizer updates (ignored when time_budget is set)
-    time_budget: float | None = None  # seconds of training; the schedule is laid over the budget
-    batch_size: int = 16  # sequences per micro-batch, per process
-    grad_accum: int = 1  # micro-batches per optimizer update
-    block_size: int | None = None  # tokens per training window (default: the model's block size)
-    lr: float = 1e-3  # peak learning rate
-    min_lr_ratio: float = 0.1  # the schedule decays to lr * min_lr_ratio
-    schedule: str = "cosine"  # cosine | linear | constant, after the warm-up
-    warmup_steps: int | None = None  # linear warm-up (default: the first 5% of the run)
-    weight_decay: float = 0.1  # AdamW's decoupled decay, on matrices only (not norms, biases, embeddings)
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # clip the global gradient norm to this (0: no clipping)
-    label_smoothing: float = 0.0
-    seed: int = 1337  # every random draw (data windows, masks, dropout) derives from (seed, step, rank)
-    eval_every: int = 100  # steps between evaluations on the validation split (0: only at the end)
-    eval_batches: int = 20  # batches per evaluation
-    log_every: int = 10  # steps between records in metrics.jsonl
-    save_every: int = 500  # steps between checkpoints (0: only at the end)
-    device: str = "auto"  # auto | cpu | cuda | mps
-    precision: str = "auto"  # auto (bf16 autocast on a GPU that has it, else fp32) | fp32 | bf16
-    compile: bool = False  # torch.compile the model
-    fsdp: bool = False  # under torchrun: shard parameters, gradients and optimizer state across the processes
-    mask_prob: float = 0.15  # mlm: fraction of tokens to predict (80% masked, 10% random, 10% kept)
-    noise_density: float = 0.3  # denoise: fraction of source tokens inside masked spans
-    mean_span: float = 3.0  # denoise: mean span length (each span becomes one mask token)
-    val_fraction: float = 0.1  # labeled data without --val-data: the share held out for validation
-    freeze: str = "none"  # finetune: none | embeddings | body (train only the new head)
-    labels: list[str] | None = None  # classify: class names, index = class id (read from the data)
-
-    def __post_init__(self) -> None:
-        checks = [
-            ("task", self.task in TASKS, f"one of {', '.join(TASKS)}"),
-            ("schedule", self.schedule in SCHEDULES, f"one of {', '.join(SCHEDULES)}"),
-            ("device", self.device in DEVICES, f"one of {', '.join(DEVICES)}"),
-            ("precision", self.precision in PRECISIONS, f"one of {', '.join(PRECISIONS)}"),
-            ("freeze", self.freeze in FREEZE, f"one of {', '.join(FREEZE)}"),
-            ("max_steps", self.max_steps >= 1, "at least 1"),
-            ("batch_size", self.batch_size >= 1, "at least 1"),
-            ("grad_accum", self.grad_accum >= 1, "at least 1"),
-            ("block_size", self.block_size is None or self.block_size >= 2, "at least 2"),
-            ("lr", 0 < self.lr <= 10, "positive and at most 10"),
-            ("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "between 0 and 1"),
-            ("warmup_steps", self.warmup_steps is None or self.warmup_steps >= 0, "0 or more"),
-            ("weight_decay", self.weight_decay >= 0, "0 or more"),
-            ("beta1", 0 <= self.beta1 < 1, "in [0, 1)"),
-            ("beta2", 0 <= self.beta2 < 1, "in [0, 1)"),
-            ("eps", self.eps > 0, "positive"),
-            ("grad_clip", self.grad_clip >= 0, "0 or more"),
-            ("label_smoothing", 0 <= self.label_smoothing < 1, "in [0, 1)"),
-            ("time_budget", self.time_budget is None or self.time_budget > 0, "positive"),
-            ("eval_every", self.eval_every >= 0, "0 or more"),
-            ("eval_batches", self.eval_batches >= 1, "at least 1"),
-            ("log_every", self.log_every >= 1, "at least 1"),
-            ("save_every", self.save_every >= 0, "0 or more"),
-            ("mask_prob", 0 < self.mask_prob < 1, "in (0, 1)"),
-            ("noise_density", 0 < self.noise_density < 1, "in (0, 1)"),
-            ("mean_span", self.mean_span >= 1, "at least 1"),
-            ("val_fraction", 0 <= self.val_fraction < 1, "in [0, 1)"),
-        ]
-        for name, ok, expected in checks:
-            if not ok:
-                raise TfcliError(f"training setting {name} must be {expected}, not {getattr(self, name)!r}")
-
+from tfcli.training_config import TrainConfig
 
 # Settings that only one objective (or data layout) reads; anything else given a non-default value is an error.
 TASK_SETTINGS = {"mask_prob": ("mlm",), "noise_density": ("denoise",), "mean_span": ("denoise",), "val_fraction": ("classify", "seq2seq")}

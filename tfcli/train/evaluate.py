@@ -122,7 +122,7 @@ def evaluate_run(run: Path, data: Path, *, split: str = "val", batch_size: int =
 
 
 def _default_train_config():
-    from tfcli.train.config import TrainConfig
+    from tfcli.training_config import TrainConfig
 
     return TrainConfig()
 

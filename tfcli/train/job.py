@@ -12,7 +12,8 @@ from typing import Any
 from tfcli.errors import TfcliError, a_or_an
 from tfcli.model.config import ModelConfig
 from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
-from tfcli.train.config import PRETRAIN_TASK, RESUMABLE_CHANGES, TrainConfig, check_settings_apply, resolve_configs
+from tfcli.train.config import check_settings_apply, resolve_configs
+from tfcli.training_config import PRETRAIN_TASK, RESUMABLE_CHANGES, TrainConfig
 
 DEFAULT_PRESET = {"decoder": "tiny", "encoder": "tiny", "encoder-decoder": "seq2seq-tiny"}
 LABELED_TASKS = ("classify", "seq2seq")

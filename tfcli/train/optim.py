@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from tfcli.errors import TfcliError
-from tfcli.train.config import TrainConfig
+from tfcli.training_config import TrainConfig
 
 EMBEDDING_SUFFIXES = ("tok_emb.weight", "pos_emb.weight")
 
