@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tfcli.generate.decoding import DecoderWindow, Done, Generator, Vocabulary
+from tfcli.generate.decoding import Generator
+from tfcli.generate.events import Done
+from tfcli.generate.window import DecoderWindow, Vocabulary
 from tfcli.generate.settings import GenerationSettings
 from tfcli.accel import accelerate, decode_step, native
 from tfcli.model.attention import KVCache

@@ -13,7 +13,10 @@ import pytest
 import torch
 
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
-from tfcli.generate.decoding import Chunk, Conversation, DecoderWindow, Done, Finished, Generator, Notice, Vocabulary
+from tfcli.generate.conversation import Conversation
+from tfcli.generate.decoding import Generator
+from tfcli.generate.events import Chunk, Done, Finished, Notice
+from tfcli.generate.window import DecoderWindow, Vocabulary
 from tfcli.generate.settings import GenerationSettings
 from tfcli.generate.stream import CompletionText, TokenBytes
 from tfcli.model.config import ModelConfig

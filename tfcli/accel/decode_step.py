@@ -193,7 +193,7 @@ def plain_mode() -> bool:
 # The methods the C step stands in for, as this module first saw them: one patched since is not ours to copy.
 _METHODS = {(cls, "forward"): cls.forward for cls in (Transformer, Stack, Block, Attention, MLP, *LINEARS, nn.Embedding,
                                                       nn.LayerNorm, RMSNorm, RotaryEmbedding)}
-_METHODS.update({(Transformer, name): getattr(Transformer, name) for name in ("decode", "_embed", "_run", "_head_input")})
+_METHODS.update({(Transformer, name): getattr(Transformer, name) for name in ("decode", "_embed", "_head_input")})
 
 
 def _as_built(model: Transformer) -> bool:

@@ -200,7 +200,8 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
     machine_threads = torch.get_num_threads()
     if job in ("tfcli", "tfcli-no-cache"):
         from tfcli.accel import decode_step
-        from tfcli.generate.decoding import Done, Generator
+        from tfcli.generate.decoding import Generator
+        from tfcli.generate.events import Done
         from tfcli.generate.loading import load_for_decoding
         from tfcli.generate.settings import GenerationSettings
 

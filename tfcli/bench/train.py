@@ -63,8 +63,11 @@ def _job(implementation: str, preset_name: str, batch: int, steps: int, threads:
     from tfcli.model.config import preset
     from tfcli.training_config import TrainConfig
     from tfcli.train.flops import measure_matmul_flops, training_flops_per_token
-    from tfcli.train.loop import pick_device, use_bf16
+    from tfcli.train.setup import pick_device, use_bf16
 
+    from tfcli.runtime import keep_freed_memory
+
+    keep_freed_memory()  # as `tfcli train` sets it, for both loops, so they differ only in their own work
     if threads:
         torch.set_num_threads(threads)
     model_config = preset(preset_name)
@@ -90,7 +93,8 @@ def _job(implementation: str, preset_name: str, batch: int, steps: int, threads:
 def _time_tfcli(model_config, config, tokenizer, shard_dir, run_dir, warmup: int, steps: int) -> tuple[float, int]:
     """Seconds per step of the real training loop (data, schedule, forward, backward, clipping, AdamW)."""
     from tfcli.train.job import TrainingJob, shard_fingerprint
-    from tfcli.train.loop import Started, StepDone, train
+    from tfcli.train.events import Started, StepDone
+    from tfcli.train.loop import train
 
     job = TrainingJob(run_dir, model_config, config, tokenizer, shard_dir, data_fingerprint=shard_fingerprint(shard_dir))
     run_dir.mkdir()
@@ -119,11 +123,9 @@ def _time_transformers(model_config, config, shard_dir, device, bf16: bool, warm
 
     from tfcli.data.shards import open_shard
     from tfcli.hf import gpt2_config
-    from tfcli.runtime import keep_freed_memory
     from tfcli.train.data import LMSource, Slot
     from tfcli.train.optim import make_optimizer
 
-    keep_freed_memory()  # as tfcli's loop does on CPU, so the loops differ only in their own work
     torch.manual_seed(0)
     hf_config = transformers.GPT2Config(**{k: v for k, v in gpt2_config(model_config, 0).items() if k not in ("architectures", "model_type")})
     model = transformers.GPT2LMHeadModel(hf_config).to(device).train()

@@ -77,7 +77,6 @@ def tokenize(
 
     Example: tfcli bench tokenize --size-mb 50
     """
-    import os
     import shutil
 
     from tfcli.bench.tokenize import run_tokenize_bench
@@ -135,7 +134,6 @@ def model(
 
     Example: tfcli bench model --preset gpt2-small --batch 4 --length 256 --repeat 3
     """
-    import os
 
     from tfcli.bench.model import run_model_bench
     from tfcli.errors import TfcliError
@@ -204,7 +202,6 @@ def generate(
 
     Example: tfcli bench generate --preset tiny --preset gpt2-small --repeat 3
     """
-    import os
     import shutil
 
     from tfcli.bench.generate import run_generate_bench
@@ -242,33 +239,37 @@ def generate(
     if json_output:
         print_json({"machine": machine, "benches": [b.to_json() for b in benches]})
         return
-    from rich.table import Table
-
     out = stdout_console()
     for b in benches:
-        table = Table(title=f"{b.preset} ({b.parameters:,} parameters, context {b.block_size}), batch 1, {b.prompt_tokens}-token prompt, "
-                            f"{b.new_tokens} new tokens, greedy, fp32, {b.device}, best of {b.repeat}; {machine}")
-        for column in ("implementation", "seconds", "tokens/s", "ms / token", "peak RSS"):
-            table.add_column(column, justify="left" if column == "implementation" else "right")
-        for m in b.results.values():
-            table.add_row(m.job, f"{m.seconds:.3f}", f"{m.tokens_per_second:,.1f}", f"{m.seconds / m.new_tokens * 1e3:.2f}", f"{m.peak_rss_mb:,.0f} MB")
-        table.add_row("floor (weights / bandwidth)", "", "", f"{b.floor_seconds_per_token * 1e3:.2f}", "")
-        out.print(table)
-        if b.results.get("tfcli") and b.results["tfcli"].kernel:
-            out.print(f"tfcli's batch-1 decoding on the CPU: {b.results['tfcli'].kernel}")
-        versus_peer = b.ratio("tfcli", "transformers")
-        target = 2.0 if b.parameters < 20_000_000 else 1.5
-        if versus_peer is not None:
-            out.print(f"tokens/s tfcli / transformers: {versus_peer:.3f} (target >= {target}: {'ok' if versus_peer >= target else 'MISSED'}); "
-                      f"same greedy tokens: {'yes' if b.same_tokens else 'no'}")
-        versus_uncached = b.ratio("tfcli", "tfcli-no-cache")
-        if versus_uncached is not None:
-            out.print(f"cached / uncached: {versus_uncached:.2f}x (target >= 5: {'ok' if versus_uncached >= 5 else 'MISSED'}"
-                      f"{'; at this size per-step overhead, not compute, sets both' if b.parameters < 20_000_000 else ''})")
-        floor_target = "" if b.parameters < 20_000_000 else f"; target <= 1.3: {'ok' if b.floor_ratio <= 1.3 else 'MISSED'}"
-        out.print(f"time per token / floor: {b.floor_ratio:.3f} (median call; memory bandwidth beside it {b.bandwidth_gb_s:.1f} GB/s, "
-                  f"{human_bytes(b.weight_bytes)} of weights per token{floor_target})")
+        _print_generate_bench(out, b, machine)
     out.print(f"tfcli's choices on this machine: {accel_summary()}")
+
+
+def _print_generate_bench(out, b, machine: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{b.preset} ({b.parameters:,} parameters, context {b.block_size}), batch 1, {b.prompt_tokens}-token prompt, "
+                        f"{b.new_tokens} new tokens, greedy, fp32, {b.device}, best of {b.repeat}; {machine}")
+    for column in ("implementation", "seconds", "tokens/s", "ms / token", "peak RSS"):
+        table.add_column(column, justify="left" if column == "implementation" else "right")
+    for m in b.results.values():
+        table.add_row(m.job, f"{m.seconds:.3f}", f"{m.tokens_per_second:,.1f}", f"{m.seconds / m.new_tokens * 1e3:.2f}", f"{m.peak_rss_mb:,.0f} MB")
+    table.add_row("floor (weights / bandwidth)", "", "", f"{b.floor_seconds_per_token * 1e3:.2f}", "")
+    out.print(table)
+    if b.results.get("tfcli") and b.results["tfcli"].kernel:
+        out.print(f"tfcli's batch-1 decoding on the CPU: {b.results['tfcli'].kernel}")
+    versus_peer = b.ratio("tfcli", "transformers")
+    target = 2.0 if b.parameters < 20_000_000 else 1.5
+    if versus_peer is not None:
+        out.print(f"tokens/s tfcli / transformers: {versus_peer:.3f} (target >= {target}: {'ok' if versus_peer >= target else 'MISSED'}); "
+                  f"same greedy tokens: {'yes' if b.same_tokens else 'no'}")
+    versus_uncached = b.ratio("tfcli", "tfcli-no-cache")
+    if versus_uncached is not None:
+        out.print(f"cached / uncached: {versus_uncached:.2f}x (target >= 5: {'ok' if versus_uncached >= 5 else 'MISSED'}"
+                  f"{'; at this size per-step overhead, not compute, sets both' if b.parameters < 20_000_000 else ''})")
+    floor_target = "" if b.parameters < 20_000_000 else f"; target <= 1.3: {'ok' if b.floor_ratio <= 1.3 else 'MISSED'}"
+    out.print(f"time per token / floor: {b.floor_ratio:.3f} (median call; memory bandwidth beside it {b.bandwidth_gb_s:.1f} GB/s, "
+              f"{human_bytes(b.weight_bytes)} of weights per token{floor_target})")
 
 
 @app.command("train")
@@ -290,7 +291,6 @@ def train(
 
     Example: tfcli bench train --presets tiny,small --batch 16
     """
-    import os
 
     from tfcli.bench.train import run_train_bench
     from tfcli.errors import TfcliError

@@ -211,7 +211,7 @@ def _load(run: Path, device: str, threads: int = 0):
 def _render(generator, prompts: list[str], *, stream: bool, json_output: bool, run: Path) -> None:
     from rich.text import Text
 
-    from tfcli.generate.decoding import Chunk, Done, Finished, Notice
+    from tfcli.generate.events import Chunk, Done, Finished, Notice
 
     settings = generator.settings
     errors = stderr_console()
@@ -276,7 +276,8 @@ def _interactive(generator) -> None:
     from rich.text import Text
 
     from tfcli.errors import TfcliError
-    from tfcli.generate.decoding import Chunk, Conversation, Notice
+    from tfcli.generate.conversation import Conversation
+    from tfcli.generate.events import Chunk, Notice
 
     conversation = Conversation(generator)
     errors = stderr_console()

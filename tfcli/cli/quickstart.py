@@ -19,7 +19,7 @@ def quickstart(
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or mps.")] = "auto",
 ) -> None:
     """Run the whole chain on sample_data/: train a tokenizer, encode the stories into shards, pretrain the
-    tiny decoder on them, and fine-tune a review classifier from it: 25 to 40 seconds on 2 CPU cores.
+    tiny decoder on them, and fine-tune a review classifier from it: about a minute on 2 CPU cores.
 
     Steps whose output is already there are kept, so a second run is instant; --force redoes them. A
     training step that was interrupted resumes where it stopped.
@@ -29,8 +29,10 @@ def quickstart(
     from rich.text import Text
 
     from tfcli.quickstart import QuickstartStep, find_sample_data, run_quickstart
-    from tfcli.train.loop import Started, StepDone
+    from tfcli.runtime import keep_freed_memory
+    from tfcli.train.events import Started, StepDone
 
+    keep_freed_memory()  # as `tfcli train` sets it for its process
     console = stdout_console()
     data_dir = find_sample_data(data)
     with stderr_console().status("running the quickstart chain") as status:

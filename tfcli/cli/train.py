@@ -174,8 +174,11 @@ def _run(job, json_output: bool) -> None:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.text import Text
 
-    from tfcli.train.loop import Finished, Logged, Note, Saved, Started, StepDone, train
+    from tfcli.runtime import keep_freed_memory
+    from tfcli.train.events import Finished, Logged, Note, Saved, Started, StepDone
+    from tfcli.train.loop import train
 
+    keep_freed_memory()  # for this process: a training step's large blocks are reused, not mapped afresh
     console = stderr_console()
     is_main = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 speaks
     live = console.is_terminal and is_main

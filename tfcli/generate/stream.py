@@ -6,6 +6,7 @@ before they are shown. The chunks a completion streams concatenate to exactly it
 from __future__ import annotations
 
 import codecs
+import copy
 from collections.abc import Sequence
 
 from tfcli.tokenizer.core import TextTokenizer
@@ -54,6 +55,13 @@ class CompletionText:
         self.text = ""
         self.shown = 0  # characters of `text` already returned
         self.stopped = False
+
+    def fork(self) -> CompletionText:
+        """A copy that goes on independently (beam search extends one hypothesis into several)."""
+        twin = copy.copy(self)
+        twin._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        twin._utf8.setstate(self._utf8.getstate())
+        return twin
 
     def add(self, token_id: int) -> str:
         if self.stopped:

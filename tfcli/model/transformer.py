@@ -54,10 +54,27 @@ class Block(nn.Module):
 
 
 class Stack(nn.Module):
+    """The encoder's or the decoder's blocks, one after another on the residual stream, then the final norm
+    (pre-norm only: a post-norm block already ends in one)."""
+
     def __init__(self, config: ModelConfig, n_layers: int, *, causal: bool, cross: bool) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(Block(config, causal=causal, cross=cross) for _ in range(n_layers))
         self.norm = make_norm(config) if config.norm_placement == "pre" else nn.Identity()
+
+    def forward(self, x, mask, *, memory=None, memory_mask=None, rotary=None, cache: KVCache | None = None, need_weights=False,
+                attentions=None, name="", positions=None):
+        """x (B, T, d) through every block; with need_weights, each block's attention weights are appended to
+        attentions[name] (and attentions["cross"]). Returns (B, T, d)."""
+        for i, block in enumerate(self.blocks):
+            layer_cache: LayerKVCache | None = cache.layer(i) if cache is not None else None
+            x, self_w, cross_w = block(x, mask, memory=memory, memory_mask=memory_mask, rotary=rotary,
+                                       cache=layer_cache, need_weights=need_weights, positions=positions)
+            if need_weights:
+                attentions.setdefault(name, []).append(self_w)
+                if cross_w is not None:
+                    attentions.setdefault("cross", []).append(cross_w)
+        return self.norm(x)
 
 
 @dataclasses.dataclass
@@ -129,22 +146,10 @@ class Transformer(nn.Module):
             x = x + (self.sinusoid[positions] if positions is not None else self.sinusoid[offset:offset + T]).to(x.dtype)
         return self.drop(x) if self.drop.p and self.training else x
 
-    def _run(self, stack: Stack, x, mask, *, memory=None, memory_mask=None, cache: KVCache | None = None,
-             need_weights=False, attentions=None, name="", positions=None):
-        for i, block in enumerate(stack.blocks):
-            layer_cache: LayerKVCache | None = cache.layer(i) if cache is not None else None
-            x, self_w, cross_w = block(x, mask, memory=memory, memory_mask=memory_mask, rotary=self.rotary,
-                                       cache=layer_cache, need_weights=need_weights, positions=positions)
-            if need_weights:
-                attentions.setdefault(name, []).append(self_w)
-                if cross_w is not None:
-                    attentions.setdefault("cross", []).append(cross_w)
-        return stack.norm(x)
-
     def encode(self, ids: torch.Tensor, padding: torch.Tensor | None = None, *, need_weights=False, attentions=None) -> torch.Tensor:
         """The encoder stack over ids (B, S); padding (B, S) True = real token. Returns (B, S, d)."""
         mask = AttentionMask.build(ids.shape[1], ids.shape[1], causal=False, key_padding=padding)
-        return self._run(self.encoder, self._embed(ids, 0), mask, need_weights=need_weights, attentions=attentions, name="encoder")
+        return self.encoder(self._embed(ids, 0), mask, rotary=self.rotary, need_weights=need_weights, attentions=attentions, name="encoder")
 
     def decode(self, ids, padding=None, *, memory=None, memory_padding=None, cache: KVCache | None = None,
                need_weights=False, attentions=None, positions=None) -> torch.Tensor:
@@ -159,8 +164,8 @@ class Transformer(nn.Module):
         memory_mask = None
         if memory is not None:
             memory_mask = AttentionMask.build(T, memory.shape[1], causal=False, key_padding=memory_padding)
-        x = self._run(self.decoder, self._embed(ids, offset, positions), mask, memory=memory, memory_mask=memory_mask, cache=cache,
-                      need_weights=need_weights, attentions=attentions, name="decoder", positions=positions)
+        x = self.decoder(self._embed(ids, offset, positions), mask, memory=memory, memory_mask=memory_mask, rotary=self.rotary,
+                         cache=cache, need_weights=need_weights, attentions=attentions, name="decoder", positions=positions)
         if cache is not None:
             cache.advance(T)
         return x

@@ -35,12 +35,9 @@ def evaluate_run(run: Path, data: Path, *, split: str = "val", batch_size: int =
                  device: str = "auto", seed: int = 0) -> dict[str, Any]:
     from tfcli.accel import accelerate
     from tfcli.checkpoint import load_checkpoint
-    from tfcli.data.labeled import load_labeled
-    from tfcli.data.shards import load_shard_meta, open_shard
-    from tfcli.train import data as d
     from tfcli.train.job import TrainingJob
-    from tfcli.train.loop import pick_device, token_byte_lengths
     from tfcli.train.objectives import evaluate
+    from tfcli.train.setup import pick_device, token_byte_lengths
 
     checkpoint = load_checkpoint(run)
     tokenizer, config = checkpoint.tokenizer, checkpoint.config.model
@@ -52,73 +49,97 @@ def evaluate_run(run: Path, data: Path, *, split: str = "val", batch_size: int =
         raise TfcliError(f"--split {split} chooses a split of a shard folder, and {data} is not one",
                          hint="drop --split: a text file or a JSONL set is scored whole")
     if data.suffix == ".jsonl":
-        if config.n_classes:
-            task = "classify"
-            labels = (checkpoint.config.training or {}).get("labels") or [str(i) for i in range(config.n_classes)]
-        elif config.arch == "encoder-decoder":
-            task, labels = "seq2seq", None
-        else:
-            raise TfcliError(f"{run} has no classification head and is not an encoder-decoder; a JSONL set cannot score it",
-                             hint="evaluate a language model on shards or a text file")
-        labeled, _ = load_labeled(data, task, tokenizer, config.arch, config.block_size, labels=labels)
-        source = d.LabeledSource(task, labeled, labeled, batch_size, seed, pad_id=tokenizer.require("pad"),
-                                 eos_id=tokenizer.special_ids.get("eos", 0), accum=1)
-        batches = source.validation(0, batch_size)
-        if max_batches:
-            batches = batches[:max_batches]
-        result["examples"] = min(len(labeled), len(batches) * batch_size)
+        task, batches = _labeled_batches(checkpoint, run, data, batch_size, max_batches, seed, result)
     else:
-        task = {"decoder": "lm", "encoder": "mlm", "encoder-decoder": "denoise"}[config.arch]
-        if data.is_dir() and (data / "meta.json").is_file():
-            meta = load_shard_meta(data)
-            if meta.tokenizer_sha256 != tokenizer.sha256:
-                raise TfcliError(f"the shards in {data} were encoded with another tokenizer than {run}'s",
-                                 hint="encode the text with the run's tokenizer.json, or pass a text file")
-            tokens = open_shard(data, split)
-            if len(tokens) == 0:
-                other = "train" if split == "val" else "val"
-                raise TfcliError(f"the {split} split of {data} is empty", hint=f"evaluate on the other one with --split {other}")
-            result["split"] = split
-        elif data.exists():
-            kind = artifact_kind(data)
-            if kind:
-                where = f"the folder {data.parent}" if data.is_file() and kind.endswith("a token-shard folder") else "a shard folder"
-                raise TfcliError(f"{data} is {kind}, not data to evaluate", hint=f"pass {where}, a text file or a JSONL set")
-            tokens = _text_tokens(data, tokenizer)
-        else:
-            raise TfcliError(f"{data} does not exist", hint="pass a shard folder, a text file or a JSONL set")
-        block = config.block_size
-        window = block if task == "lm" else block - 2  # the masked and denoising windows leave room for [cls] / [eos]
-        trained = {**dataclasses.asdict(_default_train_config()), **((checkpoint.config.training or {}).get("config") or {})}
-        if len(tokens) < window + 1:
-            raise TfcliError(f"{data} holds {len(tokens):,} tokens, fewer than one window of {window + 1:,}",
-                             hint="evaluate on more text")
-        sources = {
-            "lm": lambda: d.LMSource(tokens, tokens, block, batch_size, seed),
-            "mlm": lambda: d.MLMSource(tokens, tokens, block, batch_size, seed, cls_id=tokenizer.require("cls"),
-                                       mask_id=tokenizer.require("mask"), vocab=tokenizer.vocab_size, prob=trained["mask_prob"]),
-            "denoise": lambda: d.DenoiseSource(tokens, tokens, block, batch_size, seed, pad_id=tokenizer.require("pad"),
-                                               mask_id=tokenizer.require("mask"), eos_id=tokenizer.require("eos"),
-                                               density=trained["noise_density"], mean_span=trained["mean_span"]),
-        }
-        source = sources[task]()
-        last = len(tokens) - window - 1
-        # back to back, every token read once: a next-token row's last token is the next row's first input
-        # (it is only a target here), a masked or denoising row uses all window + 1 of its tokens
-        stride = window if task == "lm" else window + 1
-        starts = torch.arange(0, last + 1, stride)
-        if max_batches:
-            starts = starts[: max_batches * batch_size]
-        gen = d.generator(seed, "eval")
-        make = (lambda rows: source._make(rows)) if task == "lm" else (lambda rows: source._make(rows, gen))
-        batches = [make(source.val.rows(chunk)) for chunk in starts.split(batch_size)]
-        result["tokens"] = int(starts.numel() * stride)
+        task, batches = _text_batches(checkpoint, run, data, split, batch_size, max_batches, seed, result)
     job = TrainingJob(Path(run), config, dataclasses.replace(_default_train_config(), task=task), tokenizer, data)
     byte_lengths = token_byte_lengths(job) if task == "lm" else None
     metrics = evaluate(model, batches, task, target, contextlib.nullcontext, byte_lengths)
     result["task"] = task
     result.update({k.removeprefix("val_"): v for k, v in metrics.items()})
     return result
+
+
+def _labeled_batches(checkpoint, run: Path, data: Path, batch_size: int, max_batches: int | None, seed: int, result: dict):
+    """(task, batches) of a JSONL set: classification for a run with a head, else sequence-to-sequence."""
+    from tfcli.data.labeled import load_labeled
+    from tfcli.train import data as d
+
+    tokenizer, config = checkpoint.tokenizer, checkpoint.config.model
+    if config.n_classes:
+        task = "classify"
+        labels = (checkpoint.config.training or {}).get("labels") or [str(i) for i in range(config.n_classes)]
+    elif config.arch == "encoder-decoder":
+        task, labels = "seq2seq", None
+    else:
+        raise TfcliError(f"{run} has no classification head and is not an encoder-decoder; a JSONL set cannot score it",
+                         hint="evaluate a language model on shards or a text file")
+    labeled, _ = load_labeled(data, task, tokenizer, config.arch, config.block_size, labels=labels)
+    source = d.LabeledSource(task, labeled, labeled, batch_size, seed, pad_id=tokenizer.require("pad"),
+                             eos_id=tokenizer.special_ids.get("eos", 0), accum=1)
+    batches = source.validation(0, batch_size)
+    if max_batches:
+        batches = batches[:max_batches]
+    result["examples"] = min(len(labeled), len(batches) * batch_size)
+    return task, batches
+
+
+def _tokens_to_score(checkpoint, run: Path, data: Path, split: str, result: dict):
+    """The token ids of a shard folder's split or of a text file, checked against the run's tokenizer."""
+    from tfcli.data.shards import load_shard_meta, open_shard
+
+    if data.is_dir() and (data / "meta.json").is_file():
+        meta = load_shard_meta(data)
+        if meta.tokenizer_sha256 != checkpoint.tokenizer.sha256:
+            raise TfcliError(f"the shards in {data} were encoded with another tokenizer than {run}'s",
+                             hint="encode the text with the run's tokenizer.json, or pass a text file")
+        tokens = open_shard(data, split)
+        if len(tokens) == 0:
+            other = "train" if split == "val" else "val"
+            raise TfcliError(f"the {split} split of {data} is empty", hint=f"evaluate on the other one with --split {other}")
+        result["split"] = split
+        return tokens
+    if data.exists():
+        kind = artifact_kind(data)
+        if kind:
+            where = f"the folder {data.parent}" if data.is_file() and kind.endswith("a token-shard folder") else "a shard folder"
+            raise TfcliError(f"{data} is {kind}, not data to evaluate", hint=f"pass {where}, a text file or a JSONL set")
+        return _text_tokens(data, checkpoint.tokenizer)
+    raise TfcliError(f"{data} does not exist", hint="pass a shard folder, a text file or a JSONL set")
+
+
+def _text_batches(checkpoint, run: Path, data: Path, split: str, batch_size: int, max_batches: int | None, seed: int, result: dict):
+    """(task, batches) covering the tokens with back-to-back windows of the run's own objective."""
+    from tfcli.train import data as d
+
+    tokenizer, config = checkpoint.tokenizer, checkpoint.config.model
+    task = {"decoder": "lm", "encoder": "mlm", "encoder-decoder": "denoise"}[config.arch]
+    tokens = _tokens_to_score(checkpoint, run, data, split, result)
+    block = config.block_size
+    window = block if task == "lm" else block - 2  # the masked and denoising windows leave room for [cls] / [eos]
+    trained = {**dataclasses.asdict(_default_train_config()), **((checkpoint.config.training or {}).get("config") or {})}
+    if len(tokens) < window + 1:
+        raise TfcliError(f"{data} holds {len(tokens):,} tokens, fewer than one window of {window + 1:,}", hint="evaluate on more text")
+    sources = {
+        "lm": lambda: d.LMSource(tokens, tokens, block, batch_size, seed),
+        "mlm": lambda: d.MLMSource(tokens, tokens, block, batch_size, seed, cls_id=tokenizer.require("cls"),
+                                   mask_id=tokenizer.require("mask"), vocab=tokenizer.vocab_size, prob=trained["mask_prob"]),
+        "denoise": lambda: d.DenoiseSource(tokens, tokens, block, batch_size, seed, pad_id=tokenizer.require("pad"),
+                                           mask_id=tokenizer.require("mask"), eos_id=tokenizer.require("eos"),
+                                           density=trained["noise_density"], mean_span=trained["mean_span"]),
+    }
+    source = sources[task]()
+    last = len(tokens) - window - 1
+    # back to back, every token read once: a next-token row's last token is the next row's first input
+    # (it is only a target here), a masked or denoising row uses all window + 1 of its tokens
+    stride = window if task == "lm" else window + 1
+    starts = torch.arange(0, last + 1, stride)
+    if max_batches:
+        starts = starts[: max_batches * batch_size]
+    gen = d.generator(seed, "eval")
+    make = (lambda rows: source._make(rows)) if task == "lm" else (lambda rows: source._make(rows, gen))
+    result["tokens"] = int(starts.numel() * stride)
+    return task, [make(source.val.rows(chunk)) for chunk in starts.split(batch_size)]
 
 
 def _default_train_config():

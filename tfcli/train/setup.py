@@ -1,0 +1,102 @@
+"""What a training run is made of before its first step: the device and precision, the model (fresh, a
+parent's weights or a checkpoint's) with what it freezes, and the data source for the task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tfcli.errors import TfcliError
+from tfcli.runtime import resolve_device
+from tfcli.train.data import derived_seed
+from tfcli.train.distributed import World
+from tfcli.train.job import TrainingJob
+
+
+def pick_device(name: str, world: World | None = None) -> torch.device:
+    """The device `resolve_device` checks; plain cuda means the local rank's GPU under torchrun."""
+    name = resolve_device(name)
+    if name == "cuda":
+        index = world.local_rank if world is not None and world.enabled else torch.cuda.current_device()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device(name)
+
+
+def use_bf16(precision: str, device: torch.device) -> bool:
+    if precision == "bf16":
+        return True
+    return precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
+
+
+def freeze(model, how: str, task: str) -> None:
+    if how == "embeddings":
+        for module in (model.tok_emb, getattr(model, "pos_emb", None)):
+            if module is not None:
+                module.weight.requires_grad_(False)
+    elif how == "body":
+        if task != "classify":
+            raise TfcliError("--freeze body leaves only the classification head to train; it needs --task classify")
+        for name, parameter in model.named_parameters():
+            parameter.requires_grad_(name.startswith("classifier."))
+
+
+def initial_model(job: TrainingJob):
+    """A fresh model, the parent's weights (finetune; a new head where the task needs one), or the
+    checkpoint's (resume)."""
+    from tfcli.checkpoint import load_checkpoint
+    from tfcli.model.transformer import Transformer
+
+    torch.manual_seed(derived_seed(job.config.seed, "init"))
+    if job.resume:
+        return load_checkpoint(job.run_dir).model
+    model = Transformer(job.model_config)
+    if job.init_from is not None:
+        parent = load_checkpoint(job.init_from).model
+        weights = parent.state_dict()
+        if job.config.task == "classify":
+            weights = {k: v for k, v in weights.items() if not k.startswith("classifier.")}
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        assert not unexpected and all(k.startswith("classifier.") for k in missing), (missing, unexpected)
+    return model
+
+
+def check_token_ids(batch, task: str, vocab_size: int, data: Path) -> None:
+    """Ids past the vocabulary would fail deep inside the embedding; shards that hold them are damaged."""
+    keys = ("ids", "decoder_ids") if task == "classify" else ("ids", "decoder_ids", "labels")
+    for key in keys:
+        tensor = batch.tensors.get(key)
+        if tensor is not None and tensor.numel() and int(tensor.max()) >= vocab_size:
+            raise TfcliError(f"{data} holds the token id {int(tensor.max())}, outside the model's vocabulary of {vocab_size:,}",
+                             hint="the data is damaged or from another tokenizer; encode it again with `tfcli tokenize encode`")
+
+
+def build_source(job: TrainingJob, world: World):
+    from tfcli.data.shards import open_shard
+    from tfcli.train import data as d
+
+    cfg, tok = job.config, job.tokenizer
+    per_rank, block = cfg.batch_size, job.block_size
+    if cfg.task in ("classify", "seq2seq"):
+        train_set, val_set = job.labeled
+        return d.LabeledSource(cfg.task, train_set, val_set, per_rank, cfg.seed, pad_id=tok.require("pad"),
+                               eos_id=tok.special_ids.get("eos", 0), accum=cfg.grad_accum)
+    train, val = open_shard(job.data, "train"), open_shard(job.data, "val")
+    if cfg.task == "lm":
+        return d.LMSource(train, val, block, per_rank, cfg.seed)
+    if cfg.task == "mlm":
+        return d.MLMSource(train, val, block, per_rank, cfg.seed, cls_id=tok.require("cls"), mask_id=tok.require("mask"),
+                           vocab=tok.vocab_size, prob=cfg.mask_prob)
+    return d.DenoiseSource(train, val, block, per_rank, cfg.seed, pad_id=tok.require("pad"), mask_id=tok.require("mask"),
+                           eos_id=tok.require("eos"), density=cfg.noise_density, mean_span=cfg.mean_span)
+
+
+def token_byte_lengths(job: TrainingJob) -> torch.Tensor:
+    """Bytes each token id stands for (special tokens count 0), for bits per byte."""
+    lengths = torch.zeros(job.model_config.vocab_size, dtype=torch.long)
+    specials = set(job.tokenizer.special_ids.values())
+    for i in range(job.tokenizer.vocab_size):
+        if i not in specials:
+            lengths[i] = len(job.tokenizer.token_bytes(i))
+    return lengths
