@@ -237,3 +237,16 @@ def test_report_lists_the_machine_and_the_decisions(fresh_choices):
     assert data["processor"] and data["torch"] == torch.__version__ and data["accel"] == "on"
     assert data["decisions_file"] == str(choices.choices_path())
     assert any(key.startswith("linear forward") for key in data["decisions"])
+
+
+def test_info_device_shows_the_machine_and_its_choices(cli, fresh_choices):
+    products.choose("forward", 300, 512, 256)
+    shown = cli("info", "--device")
+    assert shown.code == 0, shown.stderr
+    assert "processor" in shown.stdout and "linear forward" in shown.stdout and str(choices.choices_path()) in shown.stdout.replace("\n", "")
+    data = json.loads(cli("info", "--device", "--json").stdout)
+    assert data["accel"] == "on" and any(key.startswith("linear forward") for key in data["decisions"])
+    both = cli("info", "--device", str(fresh_choices))
+    assert both.code == 2 and "--device describes this machine, not a run" in both.stderr
+    neither = cli("info")
+    assert neither.code == 2 and "tfcli info --device" in neither.stderr
