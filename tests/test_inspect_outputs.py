@@ -1,5 +1,6 @@
 """The files `tfcli inspect-attention` writes: a self-contained HTML page (parsed, every piece of text
-escaped, its script run under node against a stand-in DOM when node is installed), PNG images, JSON."""
+escaped, its script, the package's assets/page.js, run under node against a stand-in DOM when node is
+installed), PNG images, JSON."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import shutil
 import struct
 import subprocess
 from html.parser import HTMLParser
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +19,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import REPO
+from tests.helpers import unpack_weights
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
 from tfcli.inspect.capture import capture_attention
-from tfcli.inspect.html import json_for_script, pack_weights, unpack_weights
+from tfcli.inspect.html import json_for_script, pack_weights
 from tfcli.inspect.session import StreamedArray, write_document
 from tfcli.model.config import preset
 from tfcli.model.transformer import Transformer
@@ -99,6 +103,21 @@ def test_packed_weights_round_trip_within_a_byte(causal):
         assert np.all(back[..., np.triu_indices(9, 1)[0], np.triu_indices(9, 1)[1]] == 0)
 
 
+def test_the_page_assets_are_package_data():
+    """A non-editable install carries only what pyproject.toml declares: every asset must match a pattern."""
+    import fnmatch
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["package-data"]["tfcli.inspect"]
+    assets = sorted(p.relative_to(REPO / "tfcli" / "inspect").as_posix() for p in (REPO / "tfcli" / "inspect" / "assets").iterdir())
+    assert {"assets/page.html", "assets/page.css", "assets/page.js"} <= set(assets)
+    assert all(any(fnmatch.fnmatch(a, pattern) for pattern in declared) for a in assets), (assets, declared)
+
+
 def test_html_page_is_self_contained_and_escapes_every_text(cli, runs, tmp_path):
     out = tmp_path / "attention.html"
     result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare", "<b>bold</b> & co", "-o", out)
@@ -173,7 +192,7 @@ byId["tfcli-data"] = new Element("script"); byId["tfcli-data"].textContent = pag
 global.document = { getElementById: (id) => byId[id], createElement: (tag) => new Element(tag), write() { throw new Error("document.write used"); } };
 function all(el, pred, out = []) { if (pred(el)) out.push(el); el.children.forEach((c) => all(c, pred, out)); return out; }
 const alpha = (s) => { const m = /rgba\(\d+,\d+,\d+,([0-9.]+)\)/.exec(s.style.background || ""); return m ? Number(m[1]) : 0; };
-eval(page.code);
+eval(fs.readFileSync(page.script, "utf8"));
 setTimeout(() => {
   const out = { problem: byId.problem.hidden ? null : byId.problem.textContent };
   const panels = byId.panels.children;
@@ -204,6 +223,22 @@ setTimeout(() => {
 """
 
 
+PAGE_SCRIPT = Path(str(resources.files("tfcli.inspect") / "assets" / "page.js"))  # the file itself, as installed
+
+
+def _run_page_script(parsed: PageParser, tmp_path: Path, hover: int) -> dict:
+    """Run the package's page.js (the file itself, which the page inlines as it is) under node against a
+    stand-in DOM holding the page's data; returns what the harness read off that DOM."""
+    assert parsed.scripts[1][1] == PAGE_SCRIPT.read_text(encoding="utf-8")  # the page carries the file unchanged
+    spec = tmp_path / "page.json"
+    spec.write_text(json.dumps({"data": parsed.scripts[0][1], "script": str(PAGE_SCRIPT), "hover": hover}))
+    harness = tmp_path / "harness.js"
+    harness.write_text(HARNESS)
+    done = subprocess.run(["node", str(harness), str(spec)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
 def test_the_page_script_runs_and_hover_shows_the_weights(cli, runs, tmp_path):
     out = tmp_path / "a.html"
@@ -211,13 +246,7 @@ def test_the_page_script_runs_and_hover_shows_the_weights(cli, runs, tmp_path):
     parsed = _parse(out.read_text(encoding="utf-8"))
     weights = capture_attention(load_checkpoint(runs["decoder"]), TEXT).weights
     hover = 5
-    spec = tmp_path / "page.json"
-    spec.write_text(json.dumps({"data": parsed.scripts[0][1], "code": parsed.scripts[1][1], "hover": hover}))
-    harness = tmp_path / "harness.js"
-    harness.write_text(HARNESS)
-    done = subprocess.run(["node", str(harness), str(spec)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    result = _run_page_script(parsed, tmp_path, hover)
     assert result["problem"] is None and result["panels"] == 1
     data = json.loads(parsed.scripts[0][1])
     assert result["keyTexts"] == data["panels"][0]["queries"]  # tokens set as text
@@ -384,13 +413,7 @@ def test_the_page_script_for_cross_attention(cli, runs, tmp_path):
     parsed = _parse(out.read_text(encoding="utf-8"))
     weights = capture_attention(load_checkpoint(runs["seq2seq"]), source, target=target, kind="cross").weights
     hover = 3  # a source token: colour the target tokens by how much each attends to it
-    spec = tmp_path / "page.json"
-    spec.write_text(json.dumps({"data": parsed.scripts[0][1], "code": parsed.scripts[1][1], "hover": hover}))
-    harness = tmp_path / "harness.js"
-    harness.write_text(HARNESS)
-    done = subprocess.run(["node", str(harness), str(spec)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    result = _run_page_script(parsed, tmp_path, hover)
     assert result["problem"] is None
     T, S = weights.shape[2:]
     assert result["mapSize"] == [S, T] and len(result["keyTexts"]) == S

@@ -15,6 +15,7 @@ import numpy as np
 
 from tfcli.errors import TfcliError
 from tfcli.inspect.capture import AttentionCapture, capture_attention, check_comparable, find_token, load_run, parse_index, probe
+from tfcli.inspect.labels import kind_label
 from tfcli.inspect.stats import HeadChange, HeadSummary, head_changes, summarize_heads
 from tfcli.tokenizer.show import visible
 
@@ -310,8 +311,6 @@ def png_image(inspection: Inspection) -> bytes:
     from tfcli.inspect import png
 
     first = inspection.first
-    from tfcli.inspect.terminal import kind_label
-
     kind = kind_label(first)
     pairs = [(layer, head) for layer in inspection.layers for head in inspection.heads]
     if inspection.focus is not None:
