@@ -18,6 +18,7 @@ from tests.conftest import REPO, snapshot
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.inspect.capture import capture_attention, find_token, parse_index
+from tfcli.inspect.labels import excerpts
 from tfcli.inspect.terminal import _short, fit
 from tfcli.model.config import preset
 from tfcli.model.transformer import Transformer
@@ -134,6 +135,30 @@ def test_find_token_reads_characters_split_over_byte_tokens():
     assert "'\\n'" in error.value.message and "\\\\" not in error.value.message  # escapes shown once, not doubled
 
 
+def test_excerpts_of_two_texts_never_look_the_same():
+    assert excerpts([TEXT, TEXT2]) == ["…because it was too tired", "…because it was too wide"]
+    assert excerpts([TEXT]) == ["The animal didn't cross the street because it w…"]  # one text: its beginning
+    assert excerpts(["A short one", "A short two"]) == ["A short one", "A short two"]  # whole when they fit
+    assert excerpts(["x " * 40, "x " * 40 + "y"], 20) == ["…x x x", "…x x x y"]  # one is the beginning of the other
+    assert excerpts(["a  b\n", "a b\n"]) == ["a  b\\n", "a b\\n"]  # only whitespace differs: kept (and escaped)
+    long_word = "w" * 60
+    first, second = excerpts([long_word + " one", long_word + " two"], 30)
+    assert first != second and len(first) <= 30 and first.endswith("one") and second.endswith("two")
+
+
+def test_compared_titles_differ_in_the_png(cli, runs, tmp_path, monkeypatch):
+    from tfcli.inspect import png
+
+    seen = {}
+    for name in ("heatmaps_png", "grid_png"):
+        monkeypatch.setattr(png, name, lambda *args, _name=name, **kwargs: seen.setdefault(_name, (args, kwargs)) and b"\x89PNG")
+    assert cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare", TEXT2, "-o", tmp_path / "a.png").code == 0
+    titles = [item[0] for item in seen["heatmaps_png"][0][0]]
+    assert titles == ["1: …because it was too tired · layer 0, head 0", "2: …because it was too wide · layer 0, head 0"]
+    assert cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare", TEXT2, "--head", "all", "-o", tmp_path / "b.png").code == 0
+    assert seen["grid_png"][1]["suptitle"] == "decoder self-attention · 1: …because it was too tired  |  2: …because it was too wide"
+
+
 def test_parse_index():
     assert parse_index("all", 3, "layer") == [0, 1, 2]
     assert parse_index("-1", 3, "layer") == [2]
@@ -242,7 +267,7 @@ def test_summary_table_and_json(cli, runs):
 def test_compare_two_texts_side_by_side(cli, runs):
     result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare", TEXT2, "--layer", "1", "--head", "3")
     assert result.code == 0 and _fits(result.stdout)
-    assert "1: The animal" in result.stdout and "2: The animal" in result.stdout
+    assert "1: …because it was too tired" in result.stdout and "2: …because it was too wide" in result.stdout  # never alike
     assert sum(line.count("layer 1, head 3") for line in _lines(result.stdout)) == 2  # two maps on the same lines
     bars = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare", TEXT2, "--token", "it")
     assert bars.code == 0 and _fits(bars.stdout)

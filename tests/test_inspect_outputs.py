@@ -399,6 +399,22 @@ def test_characters_on_the_page_in_a_browser(cli, runs, tmp_path):
     assert not seen["override"]  # the override is shown, never applied
 
 
+TITLES_PROBE = """
+  return { panels: Array.from(document.querySelectorAll(".panel h2")).map((h) => h.textContent),
+           about: Array.from(document.querySelectorAll("ul.about li")).map((li) => li.textContent) };
+"""
+
+
+@needs_chromium
+def test_compared_texts_get_different_titles_in_a_browser(cli, runs, tmp_path):
+    out = tmp_path / "compare.html"
+    first, second = "The animal didn't cross the street because it was too tired", "The animal didn't cross the street because it was too wide"
+    assert cli("inspect-attention", runs["decoder"], "--text", first, "--compare", second, "-o", out).code == 0
+    _, seen = browse(out, TITLES_PROBE)
+    assert seen["panels"] == ["1: …because it was too tired", "2: …because it was too wide"]
+    assert seen["about"][1].startswith("1: …because it was too tired") and seen["about"][2].startswith("2: …because it was too wide")
+
+
 def _png_size(path: Path) -> tuple[int, int]:
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
