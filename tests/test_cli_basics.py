@@ -55,6 +55,17 @@ def test_usage_error_is_one_line_exit_2(cli):
     assert "--vocab-size" in lines[0] and "--help" in lines[0]
 
 
+@pytest.mark.parametrize("args, line", [
+    (["eval", "RUN", "--data", "DATA", "--max-batches", "-1"], "error: --max-batches must be 1 or more, not -1"),
+    (["eval", "RUN", "--data", "DATA", "--batch-size", "0"], "error: --batch-size must be 1 or more, not 0"),
+    (["quickstart", "--steps", "0"], "error: --steps must be 1 or more, not 0"),
+    (["bench", "train", "--repeat", "0"], "error: --repeat must be 1 or more, not 0"),
+])
+def test_a_number_out_of_range_reads_like_every_tfcli_error(cli, tmp_path, args, line):
+    result = cli(*[str(tmp_path / a) if a in ("RUN", "DATA") else a for a in args])
+    assert result.code == 2 and result.stderr == line + "\n"  # not click's "Invalid value ...: not in the range x>=1"
+
+
 def test_user_error_is_one_line_without_traceback(cli, tmp_path):
     result = cli("tokenize", "train", str(tmp_path / "missing.txt"), "-o", str(tmp_path / "out"))
     assert result.code == 2

@@ -410,6 +410,8 @@ MISTAKES = [
     (["--text", TEXT, "--key-start", "2"], "--key-start moves the columns of a cross-attention map"),
     (["--text", TEXT, "--key-start", "-1"], "--key-start must be 0 or more"),
     (["--text-file", "OUT"], "is a folder"),
+    (["--text-file", "OUT/data.bin"], "data.bin looks like a binary file (it holds NUL bytes); pass text files only"),
+    (["--text", TEXT, "--target-file", "OUT/data.bin"], "data.bin looks like a binary file"),
 ]
 
 
@@ -419,6 +421,7 @@ def test_mistakes_are_one_line_and_write_nothing(cli, runs, tmp_path, args, mess
     out.mkdir()
     (out / "file.txt").write_text("x")
     (out / "x.txt").write_text("x")
+    (out / "data.bin").write_bytes(b"The fox\x00\x01\x02 ran")
     before = snapshot(tmp_path)
     args = [str(a).replace("OUT", str(out)).replace("RUN", str(runs["decoder2"])) for a in args]
     result = cli("inspect-attention", runs["decoder"], *args)
@@ -428,6 +431,15 @@ def test_mistakes_are_one_line_and_write_nothing(cli, runs, tmp_path, args, mess
     assert message in lines[0]
     assert "Traceback" not in result.stderr
     assert snapshot(tmp_path) == before
+
+
+def test_a_binary_text_file_gets_the_line_tokenize_gives(cli, runs, tmp_path):
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(b"\x00" * 16 + TEXT.encode())
+    inspected = cli("inspect-attention", runs["decoder"], "--text-file", binary)
+    tokenized = cli("tokenize", "train", binary, "-o", tmp_path / "tok")
+    assert inspected.code == tokenized.code == 2
+    assert inspected.stderr == tokenized.stderr == f"error: {binary} looks like a binary file (it holds NUL bytes); pass text files only\n"
 
 
 def test_missing_run_is_one_line(cli, tmp_path):

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, human_bytes, print_json, stderr_console, stdout_console
+from tfcli.cli.common import JsonFlag, at_least, human_bytes, print_json, stderr_console, stdout_console
 
 app = typer.Typer(help="Measure tfcli's speed beside its peers (ratios from one run, on this machine).", no_args_is_help=True, rich_markup_mode=None)
 
@@ -274,9 +274,9 @@ def generate(
 @app.command("train")
 def train(
     presets: Annotated[str, typer.Option("--presets", help="Comma-separated decoder presets to measure.")] = "tiny,small",
-    batch: Annotated[int, typer.Option(help="Sequences per step (each the preset's block size long).", min=1)] = 16,
-    steps: Annotated[int, typer.Option(help="Timed steps per run, after 3 warm-up steps.", min=1)] = 10,
-    repeat: Annotated[int, typer.Option(help="Interleaved rounds; the best of each is kept.", min=1)] = 1,
+    batch: Annotated[int, typer.Option(help="Sequences per step (each the preset's block size long).")] = 16,
+    steps: Annotated[int, typer.Option(help="Timed steps per run, after 3 warm-up steps.")] = 10,
+    repeat: Annotated[int, typer.Option(help="Interleaved rounds; the best of each is kept.")] = 1,
     device: Annotated[str, typer.Option(help="cpu, cuda, mps or auto.")] = "cpu",
     precision: Annotated[str, typer.Option(help="auto (bf16 on a GPU that has it, else fp32), fp32 or bf16.")] = "auto",
     json_output: JsonFlag = False,
@@ -292,6 +292,7 @@ def train(
     """
     import os
 
+    at_least(1, batch=batch, steps=steps, repeat=repeat)
     from tfcli.bench.train import run_train_bench
     from tfcli.errors import TfcliError
     from tfcli.hf import gpt2_incompatibility

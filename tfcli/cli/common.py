@@ -95,6 +95,18 @@ def write_stdout(text: str) -> None:
         raise StdoutClosed from None
 
 
+def at_least(minimum: int, **options: int | None) -> None:
+    """Refuse an option below `minimum` in tfcli's words (not click's range message); None is "not given".
+
+    Example: at_least(1, max_batches=-1) raises TfcliError("--max-batches must be 1 or more, not -1")
+    """
+    from tfcli.errors import TfcliError
+
+    for name, value in options.items():
+        if value is not None and value < minimum:
+            raise TfcliError(f"--{name.replace('_', '-')} must be {minimum} or more, not {value}")
+
+
 def print_error(message: str) -> None:
     """One red line on stderr. The message is data: rich markup in it is printed, not interpreted."""
     from rich.text import Text

@@ -7,15 +7,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, print_json, stdout_console
+from tfcli.cli.common import JsonFlag, at_least, print_json, stdout_console
 
 
 def evaluate(
     run: Annotated[Path, typer.Argument(help="The run directory to score.", show_default=False)],
     data: Annotated[Path, typer.Option("--data", help="A shard folder, a text file (or folder of them), or a labeled JSONL set.", show_default=False)],
     split: Annotated[str, typer.Option("--split", help="Which shard split to score: val or train.")] = "val",
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Windows or examples per forward pass.", min=1)] = 16,
-    max_batches: Annotated[Optional[int], typer.Option("--max-batches", help="Stop after this many batches [default: all the data].", min=1, show_default=False)] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Windows or examples per forward pass.")] = 16,
+    max_batches: Annotated[Optional[int], typer.Option("--max-batches", help="Stop after this many batches [default: all the data].", show_default=False)] = None,
     device: Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu, cuda, cuda:N or mps.")] = "auto",
     json_output: JsonFlag = False,
 ) -> None:
@@ -29,6 +29,7 @@ def evaluate(
     from tfcli.errors import TfcliError
     from tfcli.train.evaluate import evaluate_run
 
+    at_least(1, batch_size=batch_size, max_batches=max_batches)
     if split not in ("val", "train"):
         raise TfcliError(f"--split must be val or train, not {split!r}")
     result = evaluate_run(run, data, split=split, batch_size=batch_size, max_batches=max_batches, device=device)

@@ -226,7 +226,7 @@ def _render(generator, prompts: list[str], *, stream: bool, json_output: bool, r
     done = None
     for event in generator.run(prompts):
         if isinstance(event, Notice):
-            errors.print(Text(f"warning: {event.message}", style="yellow"), soft_wrap=True)
+            errors.print(Text(f"{event.level}: {event.message}", style="yellow"), soft_wrap=True)
         elif isinstance(event, Chunk):
             if streaming:
                 out.write(event.text)
@@ -281,6 +281,9 @@ def _interactive(generator) -> None:
     conversation = Conversation(generator)
     errors = stderr_console()
     out = _Writer()
+    long_run = generator.length_notice()
+    if long_run is not None:  # each reply may run that long
+        errors.print(Text(f"{long_run.level}: {long_run.message}", style="yellow"), soft_wrap=True)
     if sys.stdin.isatty():
         errors.print(Text("a conversation: type a line and press enter; /reset forgets it, /quit (or Ctrl-D) leaves", style="dim"))
     while True:
@@ -308,7 +311,7 @@ def _interactive(generator) -> None:
                 if isinstance(event, Chunk):
                     out.write(event.text)
                 elif isinstance(event, Notice):
-                    errors.print(Text(f"warning: {event.message}", style="yellow"), soft_wrap=True)
+                    errors.print(Text(f"{event.level}: {event.message}", style="yellow"), soft_wrap=True)
         except TfcliError as exc:
             errors.print(Text(f"error: {exc}", style="bold red"), soft_wrap=True)
             continue
