@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, at_least, print_json, stdout_console
+from tfcli.cli.common import JsonFlag, at_least, print_json, print_table, stdout_console
 
 
 def evaluate(
@@ -22,6 +22,7 @@ def evaluate(
     """Loss, perplexity and bits per byte of a language model on shards or text; accuracy and macro-F1 of
     a classifier (or the loss of an encoder-decoder) on a labeled JSONL set.
 
+    \b
     Example: tfcli eval runs/quickstart/model --data runs/quickstart/shards
     """
     from rich.table import Table
@@ -46,4 +47,4 @@ def evaluate(
     for key, name in names.items():
         if key in result:
             table.add_row(name, f"{result[key]:.4f}")
-    stdout_console().print(table)
+    print_table(stdout_console(), table)

@@ -124,6 +124,7 @@ def generate(
     the window: the last 3/4 of the context is run again and decoding goes on. Text stops at the
     end-of-text token (unless --ignore-eos), a --stop string (not kept) or --max-new-tokens.
 
+    \b
     Example: tfcli generate runs/story --prompt "Once upon a time" --strategy sample --top-p 0.9 --seed 1
     """
     from tfcli.errors import TfcliError
@@ -328,7 +329,7 @@ def _masked_or_classify(run: Path, fill_mask: str | None, classify: str | None, 
     from rich.table import Table
     from rich.text import Text
 
-    from tfcli.cli.common import stderr_console, stdout_console
+    from tfcli.cli.common import print_table, stderr_console, stdout_console
     from tfcli.generate.masked import classify as classify_texts
     from tfcli.generate.masked import fill_mask as fill_masks
     from tfcli.generate.masked import label_names
@@ -350,7 +351,7 @@ def _masked_or_classify(run: Path, fill_mask: str | None, classify: str | None, 
                 table.add_column(column, justify="right" if column == "probability" else "left")
             for f in p.fillers:
                 table.add_row(f'"{visible(f.token)}"', f"{f.probability:.4f}", visible(f.text))
-            console.print(table)
+            print_table(console, table)
         return
     assert classify is not None
     model = checkpoint.model
@@ -370,4 +371,4 @@ def _masked_or_classify(run: Path, fill_mask: str | None, classify: str | None, 
     table.add_column("probability", justify="right")
     for label, p in ranked:
         table.add_row(visible(label), f"{p:.4f}")
-    console.print(table)
+    print_table(console, table)

@@ -70,6 +70,7 @@ def inspect_attention(
     page with a layer/head picker where hovering a token shows what it attends to and what attends to it.
     A text longer than the model's block size is an error unless --crop.
 
+    \b
     Example: tfcli inspect-attention runs/gpt2 --text "The animal didn't cross the street because it was too tired" --token it
 
     More: --head all; --summary; --compare "...because it was too wide"; --compare-run runs/child;

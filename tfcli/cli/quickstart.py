@@ -24,6 +24,7 @@ def quickstart(
     Steps whose output is already there are kept, so a second run is instant; --force redoes them. A
     training step that was interrupted resumes where it stopped.
 
+    \b
     Example: tfcli quickstart
     """
     at_least(1, steps=steps, classifier_steps=classifier_steps)
