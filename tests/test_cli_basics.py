@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -11,8 +12,29 @@ from tests.conftest import REPO
 
 COMMANDS = [
     ["tokenize", "train"], ["tokenize", "encode"], ["tokenize", "show"], ["tokenize", "trace"],
-    ["quickstart"], ["bench", "tokenize"],
+    ["quickstart"], ["bench", "tokenize"], ["tokenize"], ["train"], ["bench"],
 ]
+
+
+def _command_tree() -> list[tuple[list[str], object]]:
+    """Every command and group under `tfcli` (its words after `tfcli`), with its click command."""
+    import typer
+
+    from tfcli.cli.app import app
+
+    found = []
+
+    def walk(command, path):
+        if path:
+            found.append((path, command))
+        for name, sub in sorted(getattr(command, "commands", {}).items()):
+            walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+TREE = _command_tree()
 
 
 @pytest.mark.parametrize("args", [["--help"], ["tokenize", "--help"], ["tokenize", "train", "--help"]])
@@ -47,12 +69,88 @@ def test_every_command_help_has_an_example(cli, command):
     assert "Example: tfcli " + command[0] in " ".join(result.stdout.split())
 
 
+@pytest.mark.parametrize("path, command", TREE, ids=[" ".join(p) for p, _ in TREE])
+def test_each_example_is_one_line_that_parses(cli, monkeypatch, path, command):
+    """The example in the help is printed unwrapped, even at 80 columns, and is a command line tfcli accepts."""
+    import shlex
+
+    examples = [line.strip() for line in command.help.splitlines() if line.strip().startswith("Example: tfcli ")]
+    assert len(examples) == 1, command.help
+    monkeypatch.setenv("COLUMNS", "80")
+    shown = cli(*path, "--help")
+    assert shown.code == 0 and examples[0] in [line.strip() for line in shown.stdout.splitlines()]
+    words = shlex.split(examples[0][len("Example: "):])
+    assert words[:1 + len(path)] == ["tfcli", *path]
+    parsed = cli(*words[1:], "--help")  # parsing stops at --help: an unknown option or a stray argument still fails
+    assert parsed.code == 0, parsed.stderr
+    assert parsed.stdout.startswith(f"Usage: tfcli {' '.join(words[1:1 + len(path)])}")
+
+
+@pytest.mark.parametrize("path, command", [(p, c) for p, c in TREE if not hasattr(c, "commands")], ids=lambda x: " ".join(x) if isinstance(x, list) else "")
+def test_arguments_read_like_the_options_in_usage_and_help(cli, path, command):
+    usage = cli(*path, "--help").stdout
+    first = usage.splitlines()[0]
+    assert "{" not in first
+    for param in command.params:
+        if param.param_type_name == "argument":
+            assert f"<{param.name}>" in first  # `<text>`, as the options read `<path>`
+            assert f"  <{param.name}>  " in usage  # the same in the Arguments list
+
+
+def test_shell_completion_is_on_and_does_not_import_torch(cli):
+    shown = cli("--show-completion", "bash")
+    assert shown.code == 0 and "_TFCLI_COMPLETE=complete_bash" in shown.stdout and "complete -o default -F" in shown.stdout
+    assert "--install-completion" in cli("--help").stdout
+    code = (
+        "import sys\n"
+        "from tfcli.cli.app import main\n"
+        "try:\n"
+        "    main([])\n"
+        "except SystemExit as e:\n"
+        "    assert e.code in (0, None), e.code\n"
+        "print('HEAVY=' + ','.join(m for m in ('torch', 'tokenizers', 'numpy') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "_TFCLI_COMPLETE": "complete_bash", "COMP_WORDS": "tfcli tokenize sh", "COMP_CWORD": "2"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["show", "HEAVY="]
+
+
+def test_tables_have_no_trailing_spaces(cli, tmp_path, tiny_corpus, trained_tokenizer):
+    from tfcli.checkpoint import save_checkpoint
+    from tfcli.model.config import ModelConfig
+    from tfcli.model.transformer import Transformer
+    from tfcli.tokenizer.core import TextTokenizer
+
+    tokenizer = TextTokenizer.load(trained_tokenizer)
+    save_checkpoint(tmp_path / "run", Transformer(ModelConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layers=1, n_heads=2,
+                                                              d_model=16)), tokenizer)
+    outputs = [cli("tokenize", "train", tiny_corpus, "-o", tmp_path / "tok", "--vocab-size", "300"),
+               cli("tokenize", "encode", tiny_corpus, "-t", tmp_path / "tok", "-o", tmp_path / "shards"),
+               cli("info", tmp_path / "run"), cli("eval", tmp_path / "run", "--data", tiny_corpus, "--max-batches", "1")]
+    for result in outputs:
+        assert result.code == 0, result.stderr
+        lines = result.stdout.splitlines()
+        assert len(lines) >= 4 and all(line == line.rstrip() for line in lines), [line for line in lines if line != line.rstrip()]
+
+
 def test_usage_error_is_one_line_exit_2(cli):
     result = cli("tokenize", "train", "x.txt", "--vocab-size", "lots", "-o", "out")
     assert result.code == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ")
     assert "--vocab-size" in lines[0] and "--help" in lines[0]
+
+
+@pytest.mark.parametrize("args, line", [
+    (["eval", "RUN", "--data", "DATA", "--max-batches", "-1"], "error: --max-batches must be at least 1, not -1"),
+    (["eval", "RUN", "--data", "DATA", "--batch-size", "0"], "error: --batch-size must be at least 1, not 0"),
+    (["quickstart", "--steps", "0"], "error: --steps must be at least 1, not 0"),
+    (["bench", "train", "--repeat", "0"], "error: --repeat must be at least 1, not 0"),
+])
+def test_a_number_out_of_range_reads_like_every_tfcli_error(cli, tmp_path, args, line):
+    result = cli(*[str(tmp_path / a) if a in ("RUN", "DATA") else a for a in args])
+    assert result.code == 2 and result.stderr == line + "\n"  # not click's "Invalid value ...: not in the range x>=1"
 
 
 def test_user_error_is_one_line_without_traceback(cli, tmp_path):

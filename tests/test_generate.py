@@ -393,6 +393,17 @@ def test_cli_streams_the_text_and_no_stream_prints_the_same(cli, runs):
     assert "tokens/s" in streamed.stderr
 
 
+def test_cli_says_up_front_when_asked_for_more_than_ten_contexts(cli, runs):
+    """Allowed (the window slides for as long as asked), but a typo in --max-new-tokens shows before it runs."""
+    many = cli("generate", runs["decoder"], "-p", "The fox", "-n", "321", "--ignore-eos", "--json")  # the context is 32 tokens
+    assert many.code == 0, many.stderr
+    assert many.stderr.splitlines()[0] == ("note: --max-new-tokens 321 is 10x the context (32 tokens): past the context the window "
+                                           "slides and decoding goes on for as long as asked (Ctrl-C stops it)")
+    assert len(json.loads(many.stdout)["completions"][0]["tokens"]) == 321
+    enough = cli("generate", runs["decoder"], "-p", "The fox", "-n", "320", "--ignore-eos", "--json")
+    assert enough.code == 0 and "note:" not in enough.stderr
+
+
 def test_cli_json_gives_text_ids_logprobs_and_timing(cli, runs, tokenizer):
     result = cli("generate", runs["decoder"], "-p", "The fox", "-n", "8", "--strategy", "sample", "--seed", "3", "--json")
     assert result.code == 0, result.stderr

@@ -18,6 +18,7 @@ from tests.conftest import REPO, snapshot
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.inspect.capture import capture_attention, find_token, parse_index
+from tfcli.inspect.labels import excerpts
 from tfcli.inspect.terminal import _short, fit
 from tfcli.model.config import preset
 from tfcli.model.transformer import Transformer
@@ -134,6 +135,30 @@ def test_find_token_reads_characters_split_over_byte_tokens():
     assert "'\\n'" in error.value.message and "\\\\" not in error.value.message  # escapes shown once, not doubled
 
 
+def test_excerpts_of_two_texts_never_look_the_same():
+    assert excerpts([TEXT, TEXT2]) == ["…because it was too tired", "…because it was too wide"]
+    assert excerpts([TEXT]) == ["The animal didn't cross the street because it w…"]  # one text: its beginning
+    assert excerpts(["A short one", "A short two"]) == ["A short one", "A short two"]  # whole when they fit
+    assert excerpts(["x " * 40, "x " * 40 + "y"], 20) == ["…x x x", "…x x x y"]  # one is the beginning of the other
+    assert excerpts(["a  b\n", "a b\n"]) == ["a  b\\n", "a b\\n"]  # only whitespace differs: kept (and escaped)
+    long_word = "w" * 60
+    first, second = excerpts([long_word + " one", long_word + " two"], 30)
+    assert first != second and len(first) <= 30 and first.endswith("one") and second.endswith("two")
+
+
+def test_compared_titles_differ_in_the_png(cli, runs, tmp_path, monkeypatch):
+    from tfcli.inspect import png
+
+    seen = {}
+    for name in ("heatmaps_png", "grid_png"):
+        monkeypatch.setattr(png, name, lambda *args, _name=name, **kwargs: seen.setdefault(_name, (args, kwargs)) and b"\x89PNG")
+    assert cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare", TEXT2, "-o", tmp_path / "a.png").code == 0
+    titles = [item[0] for item in seen["heatmaps_png"][0][0]]
+    assert titles == ["1: …because it was too tired · layer 0, head 0", "2: …because it was too wide · layer 0, head 0"]
+    assert cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare", TEXT2, "--head", "all", "-o", tmp_path / "b.png").code == 0
+    assert seen["grid_png"][1]["suptitle"] == "decoder self-attention · 1: …because it was too tired  |  2: …because it was too wide"
+
+
 def test_parse_index():
     assert parse_index("all", 3, "layer") == [0, 1, 2]
     assert parse_index("-1", 3, "layer") == [2]
@@ -242,7 +267,7 @@ def test_summary_table_and_json(cli, runs):
 def test_compare_two_texts_side_by_side(cli, runs):
     result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare", TEXT2, "--layer", "1", "--head", "3")
     assert result.code == 0 and _fits(result.stdout)
-    assert "1: The animal" in result.stdout and "2: The animal" in result.stdout
+    assert "1: …because it was too tired" in result.stdout and "2: …because it was too wide" in result.stdout  # never alike
     assert sum(line.count("layer 1, head 3") for line in _lines(result.stdout)) == 2  # two maps on the same lines
     bars = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare", TEXT2, "--token", "it")
     assert bars.code == 0 and _fits(bars.stdout)
@@ -385,6 +410,8 @@ MISTAKES = [
     (["--text", TEXT, "--key-start", "2"], "--key-start moves the columns of a cross-attention map"),
     (["--text", TEXT, "--key-start", "-1"], "--key-start must be 0 or more"),
     (["--text-file", "OUT"], "is a folder"),
+    (["--text-file", "OUT/data.bin"], "data.bin looks like a binary file (it holds NUL bytes); pass text files only"),
+    (["--text", TEXT, "--target-file", "OUT/data.bin"], "data.bin looks like a binary file"),
 ]
 
 
@@ -394,6 +421,7 @@ def test_mistakes_are_one_line_and_write_nothing(cli, runs, tmp_path, args, mess
     out.mkdir()
     (out / "file.txt").write_text("x")
     (out / "x.txt").write_text("x")
+    (out / "data.bin").write_bytes(b"The fox\x00\x01\x02 ran")
     before = snapshot(tmp_path)
     args = [str(a).replace("OUT", str(out)).replace("RUN", str(runs["decoder2"])) for a in args]
     result = cli("inspect-attention", runs["decoder"], *args)
@@ -403,6 +431,15 @@ def test_mistakes_are_one_line_and_write_nothing(cli, runs, tmp_path, args, mess
     assert message in lines[0]
     assert "Traceback" not in result.stderr
     assert snapshot(tmp_path) == before
+
+
+def test_a_binary_text_file_gets_the_line_tokenize_gives(cli, runs, tmp_path):
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(b"\x00" * 16 + TEXT.encode())
+    inspected = cli("inspect-attention", runs["decoder"], "--text-file", binary)
+    tokenized = cli("tokenize", "train", binary, "-o", tmp_path / "tok")
+    assert inspected.code == tokenized.code == 2
+    assert inspected.stderr == tokenized.stderr == f"error: {binary} looks like a binary file (it holds NUL bytes); pass text files only\n"
 
 
 def test_missing_run_is_one_line(cli, tmp_path):

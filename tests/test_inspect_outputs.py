@@ -1,5 +1,6 @@
 """The files `tfcli inspect-attention` writes: a self-contained HTML page (parsed, every piece of text
-escaped, its script run under node against a stand-in DOM when node is installed), PNG images, JSON."""
+escaped, its script, the package's assets/page.js, run under node against a stand-in DOM when node is
+installed), PNG images, JSON."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import shutil
 import struct
 import subprocess
 from html.parser import HTMLParser
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -17,14 +19,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import REPO
+from tests.helpers import browse, needs_chromium, unpack_weights
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
 from tfcli.inspect.capture import capture_attention
-from tfcli.inspect.html import json_for_script, pack_weights, unpack_weights
+from tfcli.inspect.html import json_for_script, pack_weights, token_pieces
 from tfcli.inspect.session import StreamedArray, write_document
 from tfcli.model.config import preset
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
-from tfcli.tokenizer.show import token_views
+from tfcli.tokenizer.show import TokenView, token_views, visible
 
 HOSTILE = ["<script>alert(1)</script>", '"><img src=x onerror=alert(1)>', "</script><script>alert(2)</script>",
            "&lt;b&gt; \u2028 \u2029 <!-- x -->"]
@@ -36,9 +40,11 @@ def runs(tmp_path_factory, trained_tokenizer) -> dict[str, Path]:
     tokenizer = TextTokenizer.load(trained_tokenizer)
     root = tmp_path_factory.mktemp("inspect-out")
     out = {}
-    for name, overrides in (("decoder", {}), ("decoder2", {}), ("seq2seq", {"arch": "encoder-decoder", "positions": "sinusoidal"})):
+    for name, overrides in (("decoder", {}), ("decoder2", {}), ("seq2seq", {"arch": "encoder-decoder", "positions": "sinusoidal"}),
+                            ("long", {"block_size": 512})):
         torch.manual_seed(len(out))
-        config = preset("tiny", vocab_size=tokenizer.vocab_size, block_size=128, n_layers=2, n_heads=4, d_model=32, d_ff=64, init_std=0.3, **overrides)
+        config = preset("tiny", vocab_size=tokenizer.vocab_size, **{"block_size": 128, "n_layers": 2, "n_heads": 4, "d_model": 32, "d_ff": 64,
+                                                                    "init_std": 0.3, **overrides})
         save_checkpoint(root / name, Transformer(config), tokenizer)
         out[name] = root / name
     return out
@@ -72,6 +78,13 @@ class PageParser(HTMLParser):
             self.text.append(data)
 
 
+def _shown(pieces: list, parts: bool = True) -> str:
+    """The text a token shows on the page: its characters, and each badge's label (`parts`: also the
+    faint parts of a character that a later token completes)."""
+    return "".join(piece if isinstance(piece, str) else piece[1] for piece in pieces
+                   if parts or isinstance(piece, str) or piece[0] not in ("p", "pc"))
+
+
 def _parse(page: str) -> PageParser:
     parser = PageParser()
     parser.feed(page)
@@ -99,6 +112,21 @@ def test_packed_weights_round_trip_within_a_byte(causal):
         assert np.all(back[..., np.triu_indices(9, 1)[0], np.triu_indices(9, 1)[1]] == 0)
 
 
+def test_the_page_assets_are_package_data():
+    """A non-editable install carries only what pyproject.toml declares: every asset must match a pattern."""
+    import fnmatch
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["package-data"]["tfcli.inspect"]
+    assets = sorted(p.relative_to(REPO / "tfcli" / "inspect").as_posix() for p in (REPO / "tfcli" / "inspect" / "assets").iterdir())
+    assert {"assets/page.html", "assets/page.css", "assets/page.js"} <= set(assets)
+    assert all(any(fnmatch.fnmatch(a, pattern) for pattern in declared) for a in assets), (assets, declared)
+
+
 def test_html_page_is_self_contained_and_escapes_every_text(cli, runs, tmp_path):
     out = tmp_path / "attention.html"
     result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--compare", "<b>bold</b> & co", "-o", out)
@@ -117,8 +145,10 @@ def test_html_page_is_self_contained_and_escapes_every_text(cli, runs, tmp_path)
     assert "http://" not in page and "https://" not in page
     data = json.loads(data_body)
     tokenizer = TextTokenizer.load(runs["decoder"])
-    labels = data["panels"][0]["queries"]
-    assert labels == [v.text for v in token_views(tokenizer, TEXT)]  # every token, as its escaped text
+    labels = [_shown(pieces) for pieces in data["panels"][0]["queries"]]
+    assert len(labels) == len(token_views(tokenizer, TEXT))
+    whole = "".join(_shown(pieces, parts=False) for pieces in data["panels"][0]["queries"])
+    assert whole == TEXT.replace("\u2028", "U+2028").replace("\u2029", "U+2029")  # the characters, separators as badges
     for hostile in HOSTILE[:3]:
         assert hostile in "".join(labels)
     assert data["panels"][1]["title"].startswith("2: <b>bold</b>")  # text as data
@@ -134,7 +164,7 @@ def test_html_focus_is_each_texts_own_token(cli, runs, tmp_path):
     assert result.code == 0, result.stderr
     data = json.loads(_parse(out.read_text(encoding="utf-8")).scripts[0][1])
     for panel in data["panels"]:
-        assert panel["queries"][panel["focus"]].strip() == "it", panel["queries"]
+        assert _shown(panel["queries"][panel["focus"]]).strip() == "it", panel["queries"]
     assert data["panels"][0]["focus"] != data["panels"][1]["focus"]
 
 
@@ -167,13 +197,14 @@ class Element {
   getBoundingClientRect() { return { left: 0, top: 0, width: this.width * 10, height: this.height * 10 }; }
 }
 const byId = {};
-for (const id of ["layer", "head", "thumbs", "extra", "panels", "problem"]) byId[id] = new Element(id === "layer" || id === "head" ? "select" : "div");
+for (const id of ["layer", "head", "thumbs", "extra", "panels", "problem", "zoom-in", "zoom-out", "zoom-size"]) byId[id] = new Element(id === "layer" || id === "head" ? "select" : "div");
 byId.problem.hidden = true;
 byId["tfcli-data"] = new Element("script"); byId["tfcli-data"].textContent = page.data;
-global.document = { getElementById: (id) => byId[id], createElement: (tag) => new Element(tag), write() { throw new Error("document.write used"); } };
+const textNode = (t) => ({ nodeType: 3, textContent: String(t), children: [] });
+global.document = { getElementById: (id) => byId[id], createElement: (tag) => new Element(tag), createTextNode: textNode, write() { throw new Error("document.write used"); } };
 function all(el, pred, out = []) { if (pred(el)) out.push(el); el.children.forEach((c) => all(c, pred, out)); return out; }
 const alpha = (s) => { const m = /rgba\(\d+,\d+,\d+,([0-9.]+)\)/.exec(s.style.background || ""); return m ? Number(m[1]) : 0; };
-eval(page.code);
+eval(fs.readFileSync(page.script, "utf8"));
 setTimeout(() => {
   const out = { problem: byId.problem.hidden ? null : byId.problem.textContent };
   const panels = byId.panels.children;
@@ -181,8 +212,14 @@ setTimeout(() => {
   const blocks = all(panels[0], (e) => e._class === "tokens");
   const keySpans = blocks[0].children.slice(1), querySpans = blocks[1].children.slice(1);
   out.keyTexts = keySpans.map((s) => s.textContent);
+  out.keyMarks = keySpans.map((s) => s.children.filter((c) => c._class).map((c) => [c._class, c.textContent, c.title]));
+  const labels = (cls) => all(panels[0], (e) => e._class === cls).map((e) => e.textContent);
+  out.xLabels = labels("lab x"); out.yLabels = labels("lab y");
+  out.zoom = byId["zoom-size"].textContent;
   const q = page.hover;
   keySpans[q].fire("mouseenter");
+  const hot = (cls) => all(panels[0], (e) => e._class === cls).map((e) => e.hidden ? null : e.textContent)[0];
+  out.hotX = hot("lab x hot"); out.hotY = hot("lab y hot");
   out.toTitle = blocks[0].children[0].textContent;
   out.byTitle = blocks[1].children[0].textContent;
   out.keyAlpha = keySpans.map(alpha);
@@ -191,6 +228,9 @@ setTimeout(() => {
   out.layerOptions = byId.layer.children.length;
   const canvas = all(panels[0], (e) => e.tagName === "canvas")[0];
   out.mapSize = [canvas.width, canvas.height];
+  out.mapWidth = canvas.style.width;
+  byId["zoom-in"].fire("click");
+  out.mapWidthZoomed = canvas.style.width; out.zoomed = byId["zoom-size"].textContent;
   out.mapPixel = Array.from(canvas.image.data.slice(0, 4));
   byId.layer.fire("change", { target: { value: "1" } });
   byId.head.fire("change", { target: { value: "2" } });
@@ -204,6 +244,22 @@ setTimeout(() => {
 """
 
 
+PAGE_SCRIPT = Path(str(resources.files("tfcli.inspect") / "assets" / "page.js"))  # the file itself, as installed
+
+
+def _run_page_script(parsed: PageParser, tmp_path: Path, hover: int) -> dict:
+    """Run the package's page.js (the file itself, which the page inlines as it is) under node against a
+    stand-in DOM holding the page's data; returns what the harness read off that DOM."""
+    assert parsed.scripts[1][1] == PAGE_SCRIPT.read_text(encoding="utf-8")  # the page carries the file unchanged
+    spec = tmp_path / "page.json"
+    spec.write_text(json.dumps({"data": parsed.scripts[0][1], "script": str(PAGE_SCRIPT), "hover": hover}))
+    harness = tmp_path / "harness.js"
+    harness.write_text(HARNESS)
+    done = subprocess.run(["node", str(harness), str(spec)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
 def test_the_page_script_runs_and_hover_shows_the_weights(cli, runs, tmp_path):
     out = tmp_path / "a.html"
@@ -211,16 +267,11 @@ def test_the_page_script_runs_and_hover_shows_the_weights(cli, runs, tmp_path):
     parsed = _parse(out.read_text(encoding="utf-8"))
     weights = capture_attention(load_checkpoint(runs["decoder"]), TEXT).weights
     hover = 5
-    spec = tmp_path / "page.json"
-    spec.write_text(json.dumps({"data": parsed.scripts[0][1], "code": parsed.scripts[1][1], "hover": hover}))
-    harness = tmp_path / "harness.js"
-    harness.write_text(HARNESS)
-    done = subprocess.run(["node", str(harness), str(spec)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    result = _run_page_script(parsed, tmp_path, hover)
     assert result["problem"] is None and result["panels"] == 1
     data = json.loads(parsed.scripts[0][1])
-    assert result["keyTexts"] == data["panels"][0]["queries"]  # tokens set as text
+    labels = [_shown(pieces) for pieces in data["panels"][0]["queries"]]
+    assert result["keyTexts"] == labels  # tokens set as text
     T = weights.shape[2]
     # hovering token 5: keys coloured by what it attends to (row 5), queries by what attends to it (column 5)
     assert np.allclose(result["keyAlpha"], np.sqrt(weights[0, 0, hover]), atol=1.5 / 255)
@@ -230,14 +281,138 @@ def test_the_page_script_runs_and_hover_shows_the_weights(cli, runs, tmp_path):
     assert result["thumbs"] == 4 and result["layerOptions"] == 2 and result["mapSize"] == [T, T]
     v = np.sqrt(weights[0, 0, 0, 0])
     assert result["mapPixel"] == [round(255 - v * 225), round(255 - v * 175), round(255 - v * 95), 255]
+    # token labels along both axes of the map: every one that fits, and the hovered row and column
+    cell = max(8, min(64, 560 // T))
+    step = -(-12 // cell)
+    axis = [label if label.strip() else "␣" * len(label) for label in labels]
+    assert result["xLabels"] == axis[::step] and result["yLabels"] == axis[::step]
+    assert result["hotX"] == axis[hover] and result["hotY"] == axis[hover]
+    # a minimum cell size, and a zoom
+    assert result["zoom"] == f"{cell} px per token" and result["mapWidth"] == f"{T * cell}px"
+    bigger = next(z for z in (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64) if z > cell)
+    assert result["zoomed"] == f"{bigger} px per token" and result["mapWidthZoomed"] == f"{T * bigger}px"
     # after picking layer 1, head 2 and moving over the map's cell (hover, 0)
-    labels = data["panels"][0]["queries"]
     prefix = f"\u201c{labels[hover]}\u201d ({hover}) \u2192 \u201c{labels[0]}\u201d (0): "
     assert result["status"].startswith(prefix)
     shown = float(result["status"][len(prefix):].rstrip("%"))
     assert abs(shown - 100 * weights[1, 2, hover, 0]) <= 0.05 + 100 * 2 * np.sqrt(weights[1, 2, hover, 0]) / 255
     assert np.allclose(result["keyAlphaAfter"], np.sqrt(weights[1, 2, hover]), atol=1.5 / 255)
     assert "head summary" in result["extra"]
+
+
+def _views(chunks: list[bytes]) -> list[TokenView]:
+    return [TokenView(id=i, token="", text=visible(raw.decode("utf-8", "backslashreplace")), raw=raw) for i, raw in enumerate(chunks)]
+
+
+def test_token_pieces_show_characters_and_badge_what_would_act():
+    rlo = "\u202e".encode()
+    pieces = token_pieces(_views([b"a\xf0\x9f", b"\x98", b"\x80" + rlo[:1], rlo[1:] + b"b\n", b"\xff ok"]))
+    assert pieces[0] == ["a", ["p", "😀", "part of 😀 (U+1F600), completed by a later token"]]
+    assert pieces[1] == [["p", "😀", "part of 😀 (U+1F600), completed by a later token"]]
+    assert pieces[2][0] == "😀"  # the token that completes it shows it
+    assert pieces[2][1][:2] == ["pc", "U+202E"]  # a part of U+202E: its badge, never the character
+    assert pieces[3] == [["c", "U+202E", "RIGHT-TO-LEFT OVERRIDE (U+202E)"], "b", ["c", "\\n", "control character (U+000A)"]]
+    assert pieces[4] == [["x", "\\xff", "a byte that is not UTF-8"], " ok"]
+    assert "\u202e" not in json.dumps(pieces, ensure_ascii=False)
+    assert token_pieces([TokenView(id=0, token="<|endoftext|>", text="<|endoftext|>")]) == [["<|endoftext|>"]]  # a start token
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_the_page_shows_characters_not_byte_escapes(cli, runs, tmp_path):
+    text = "a fox 😀 saw \u202eevil\u202c and caf\u00e9"
+    out = tmp_path / "a.html"
+    assert cli("inspect-attention", runs["decoder"], "--text", text, "-o", out).code == 0
+    page = out.read_text(encoding="utf-8")
+    assert "\u202e" not in page and "\u202c" not in page  # no direction override anywhere on the page, only badges
+    result = _run_page_script(_parse(page), tmp_path, 0)
+    shown = "".join(result["keyTexts"])
+    assert "\\x" not in shown and "😀" in shown and "caf\u00e9" in shown
+    marks = [mark for marks in result["keyMarks"] for mark in marks]
+    assert ["badge", "U+202E", "RIGHT-TO-LEFT OVERRIDE (U+202E)"] in marks
+    assert ["badge", "U+202C", "POP DIRECTIONAL FORMATTING (U+202C)"] in marks
+    assert any(kind == "part" and char == "😀" for kind, char, _ in marks)  # the emoji's first bytes, marked
+
+
+# ---- the page in a browser: headless Chromium at 1400 x 1000, a screenshot and measurements (skipped without it)
+
+LONG_TEXT = " ".join((REPO / "sample_data" / "corpus" / "stories.txt").read_text(encoding="utf-8").split()[:600])  # > 512 tokens
+
+LAYOUT_PROBE = """
+  const panel = document.querySelector(".panel"), box = panel.querySelector(".mapbox"), canvas = panel.querySelector("canvas.map");
+  const spans = Array.from(panel.querySelector(".tokens").children).slice(1);
+  const tops = new Set(spans.map((s) => Math.round(s.getBoundingClientRect().top)));
+  const n = canvas.width, r = canvas.getBoundingClientRect();
+  const out = {
+    viewport: window.innerWidth, pageWidth: document.documentElement.scrollWidth,
+    stripRight: Math.max(...spans.map((s) => s.getBoundingClientRect().right)), stripLines: tops.size,
+    tokens: n, cell: r.width / n, boxRight: box.getBoundingClientRect().right,
+    boxScrolls: box.scrollWidth > box.clientWidth && box.scrollHeight > box.clientHeight,
+    xLabels: Array.from(panel.querySelectorAll(".lab.x:not(.hot)")).map((e) => e.textContent),
+    yLabels: Array.from(panel.querySelectorAll(".lab.y:not(.hot)")).map((e) => e.textContent),
+    labelFont: parseFloat(getComputedStyle(panel.querySelector(".lab.x")).fontSize),
+  };
+  canvas.dispatchEvent(new MouseEvent("mousemove", { clientX: r.left + 300.5 * out.cell, clientY: r.top + 401.5 * out.cell, bubbles: true }));
+  const hot = (sel) => { const e = panel.querySelector(sel); return e.hidden ? null : e.textContent; };
+  out.hotX = hot(".lab.x.hot"); out.hotY = hot(".lab.y.hot");
+  document.getElementById("zoom-in").click();
+  out.zoomedCell = canvas.getBoundingClientRect().width / n;
+  return out;
+"""
+
+
+@needs_chromium
+def test_a_512_token_page_in_a_browser(cli, runs, tmp_path):
+    """Strips wrap, the map keeps cells big enough to hover (scrolling in its own area), has token labels on
+    both axes, and zooms."""
+    out = tmp_path / "long.html"
+    assert cli("inspect-attention", runs["long"], "--text", LONG_TEXT, "--crop", "-o", out).code == 0
+    _, seen = browse(out, LAYOUT_PROBE)
+    data = json.loads(_parse(out.read_text(encoding="utf-8")).scripts[0][1])
+    labels = [_shown(pieces) or "␣" for pieces in data["panels"][0]["queries"]]
+    assert seen["tokens"] == 512
+    assert seen["pageWidth"] <= seen["viewport"]  # nothing runs off the right edge: no page-wide scrollbar
+    assert seen["stripRight"] <= seen["viewport"] and seen["stripLines"] > 2  # the strips wrap
+    assert seen["cell"] >= 8 and seen["boxScrolls"] and seen["boxRight"] <= seen["viewport"]
+    assert seen["zoomedCell"] > seen["cell"]
+    assert len(seen["xLabels"]) >= 512 // 2 and len(seen["yLabels"]) >= 512 // 2 and seen["labelFont"] >= 8
+    assert seen["xLabels"][:3] == [label.replace(" ", "␣") if not label.strip() else label for label in labels[0:6:2]]
+    assert (seen["hotX"], seen["hotY"]) == (labels[300], labels[401])  # the cell under the pointer: its key and its query
+
+
+CHARACTERS_PROBE = """
+  const strip = document.querySelector(".tokens");
+  const badges = Array.from(strip.querySelectorAll(".badge:not(.part)"));
+  const r = badges[0].getBoundingClientRect();
+  return { text: Array.from(strip.children).slice(1).map((s) => s.textContent).join(""), badges: badges.map((b) => b.textContent),
+           badgeSize: [r.width, r.height], override: document.body.innerText.includes("\u202e") };
+"""
+
+
+@needs_chromium
+def test_characters_on_the_page_in_a_browser(cli, runs, tmp_path):
+    out = tmp_path / "chars.html"
+    text = "The fox 😀 saw \u202eevil\u202c ideas in caf\u00e9 Zo\u00eb\ttoo."
+    assert cli("inspect-attention", runs["decoder"], "--text", text, "-o", out).code == 0
+    _, seen = browse(out, CHARACTERS_PROBE)
+    assert "😀 saw" in seen["text"] and "caf\u00e9" in seen["text"] and "\\x" not in seen["text"]
+    assert seen["badges"] == ["U+202E", "U+202C", "\\t"] and min(seen["badgeSize"]) > 5  # visible badges
+    assert not seen["override"]  # the override is shown, never applied
+
+
+TITLES_PROBE = """
+  return { panels: Array.from(document.querySelectorAll(".panel h2")).map((h) => h.textContent),
+           about: Array.from(document.querySelectorAll("ul.about li")).map((li) => li.textContent) };
+"""
+
+
+@needs_chromium
+def test_compared_texts_get_different_titles_in_a_browser(cli, runs, tmp_path):
+    out = tmp_path / "compare.html"
+    first, second = "The animal didn't cross the street because it was too tired", "The animal didn't cross the street because it was too wide"
+    assert cli("inspect-attention", runs["decoder"], "--text", first, "--compare", second, "-o", out).code == 0
+    _, seen = browse(out, TITLES_PROBE)
+    assert seen["panels"] == ["1: …because it was too tired", "2: …because it was too wide"]
+    assert seen["about"][1].startswith("1: …because it was too tired") and seen["about"][2].startswith("2: …because it was too wide")
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -384,13 +559,7 @@ def test_the_page_script_for_cross_attention(cli, runs, tmp_path):
     parsed = _parse(out.read_text(encoding="utf-8"))
     weights = capture_attention(load_checkpoint(runs["seq2seq"]), source, target=target, kind="cross").weights
     hover = 3  # a source token: colour the target tokens by how much each attends to it
-    spec = tmp_path / "page.json"
-    spec.write_text(json.dumps({"data": parsed.scripts[0][1], "code": parsed.scripts[1][1], "hover": hover}))
-    harness = tmp_path / "harness.js"
-    harness.write_text(HARNESS)
-    done = subprocess.run(["node", str(harness), str(spec)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    result = _run_page_script(parsed, tmp_path, hover)
     assert result["problem"] is None
     T, S = weights.shape[2:]
     assert result["mapSize"] == [S, T] and len(result["keyTexts"]) == S

@@ -280,6 +280,8 @@ def test_bad_inputs_are_one_line_errors(cli, shards, tmp_path):
     toml.write_text('[model]\narch = "encoder"\n')
     small = tmp_path / "small.toml"
     small.write_text('preset = "small"\n')
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[model]\nd_model = "abc"\n')
     cases = [
         (pretrain_args(shards, tmp_path / "a", "--block-size", "100000"), "the train split holds"),
         # longer than the validation split, not the train split: refused too, not trained without validation
@@ -294,7 +296,7 @@ def test_bad_inputs_are_one_line_errors(cli, shards, tmp_path):
         # what --arch, the tokenizer and the objective decide is never silently overridden by a file or --set
         (pretrain_args(shards, tmp_path / "h", "--config", toml, "--arch", "decoder"), "sets arch = 'encoder', but --arch decides it here"),
         (pretrain_args(shards, tmp_path / "i", "--set", "task=mlm"), "but a decoder's pretraining objective decides it"),
-        (pretrain_args(shards, tmp_path / "j", "--set", "vocab_size=abc"), "but the tokenizer decides it"),
+        (pretrain_args(shards, tmp_path / "j", "--set", "vocab_size=99"), "but the tokenizer decides it"),
         (pretrain_args(shards, tmp_path / "k", "--set", "train.block_size=64"), "set the context with --block-size"),
         (pretrain_args(shards, tmp_path / "l", "--block-size", "1"), "model block_size must be at least 2"),
         (pretrain_args(shards, tmp_path / "m", "--config", small, "--preset", "tiny"), "asks for preset 'small' and --preset for 'tiny'"),
@@ -303,13 +305,17 @@ def test_bad_inputs_are_one_line_errors(cli, shards, tmp_path):
         (pretrain_args(shards, tmp_path / "o", "--set", "n_decoder_layers=3"), "a decoder's depth is n_layers"),
         (pretrain_args(shards, tmp_path / "p", "--set", "noise_density=0.5"), "noise_density is for the denoise task; this run trains lm"),
         (pretrain_args(shards, tmp_path / "q", "--set", "freeze=body"), "freeze is for fine-tuning"),
+        # a value of the wrong type, named as it was typed
+        (pretrain_args(shards, tmp_path / "r", "--set", "d_model=abc"), "error: --set d_model: expected an integer, got 'abc'\n"),
+        (pretrain_args(shards, tmp_path / "s", "--set", "train.lr=fast"), "error: --set train.lr: expected a finite number, got 'fast'\n"),
+        (pretrain_args(shards, tmp_path / "t", "--config", bad), f"error: {bad}: model.d_model: expected an integer, got 'abc'\n"),
     ]
     for args, needle in cases:
         result = cli(*args)
         assert result.code == 2, (args, result.stderr)
         assert needle in result.stderr and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    for name in ("a", "a2", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q"):  # nothing written, not even the folder
+    for name in ("a", "a2", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q", "r", "s", "t"):  # nothing written, not even the folder
         assert not (tmp_path / name).exists(), name
     (tmp_path / "mine").mkdir()  # a folder that was there before stays, empty or not
     assert cli(*pretrain_args(shards, tmp_path / "mine", "--block-size", "100000")).code == 2 and (tmp_path / "mine").is_dir()

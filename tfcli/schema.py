@@ -77,6 +77,30 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     raise TypeError(f"unsupported annotation {_type_name(tp)} at {where}")  # a bug in a record, not user input
 
 
+def describe(tp: Any) -> str:
+    """An annotation in words, for messages. Example: describe(int | None) -> "an integer" """
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        return " or ".join(describe(a) for a in args if a is not type(None))  # a setting is never given as null
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(repr, args))
+    if origin in (list, tuple):
+        return "a list"
+    if origin is dict:
+        return "a table"
+    return {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}.get(tp, _type_name(tp))
+
+
+def expect(value: Any, tp: Any, what: str) -> Any:
+    """`value` checked against the annotation `tp` as `from_json` checks a field, for a setting the user typed:
+    the error names it as they wrote it. Example: expect("abc", int, "--set d_model") raises
+    TfcliError("--set d_model: expected an integer, got 'abc'")."""
+    try:
+        return _convert(value, tp, what)
+    except TfcliError:
+        raise TfcliError(f"{what}: expected {describe(tp)}, got {value!r}") from None
+
+
 def _to_plain(value: Any) -> Any:
     if isinstance(value, JsonRecord):
         return value.to_json()

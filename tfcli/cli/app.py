@@ -12,15 +12,15 @@ from tfcli import __version__
 from tfcli.cli import bench, evaluate, hf, info, quickstart, tokenize, train
 from tfcli.cli import generate
 from tfcli.cli import inspect as inspect_command
-from tfcli.cli.common import print_error, state
+from tfcli.cli.common import Typer, print_error, state
 
-app = typer.Typer(
+app = Typer(
     name="tfcli",
     help="From raw text to a trained transformer, and a look inside it.\n\n"
     "Start with `tfcli quickstart`, which runs the whole chain on sample_data/.",
     no_args_is_help=True,
     rich_markup_mode=None,
-    add_completion=False,
+    add_completion=True,  # --install-completion, --show-completion (bash, zsh, fish, PowerShell)
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )

@@ -8,9 +8,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, human_bytes, print_json, stderr_console, stdout_console
+from tfcli.cli.common import JsonFlag, Typer, at_least, human_bytes, print_json, print_table, stderr_console, stdout_console
 
-app = typer.Typer(help="Measure tfcli's speed beside its peers (ratios from one run, on this machine).", no_args_is_help=True, rich_markup_mode=None)
+app = Typer(help="Measure tfcli's speed beside its peers (ratios from one run, on this machine).\n\n"
+                  "\b\nExample: tfcli bench tokenize --size-mb 10 --repeat 1",
+                  no_args_is_help=True, rich_markup_mode=None)
 
 
 MAX_BENCH_TOKENS = 8192  # prompt + new tokens in `bench generate` (the uncached job re-runs all of them per token)
@@ -75,6 +77,7 @@ def tokenize(
     Targets: train time <= 1.10x raw BpeTrainer; encode throughput >= 0.9x raw encode_batch;
     encode peak RSS under 500 MB.
 
+    \b
     Example: tfcli bench tokenize --size-mb 50
     """
     import shutil
@@ -108,7 +111,7 @@ def tokenize(
     for m in (result.train_raw, result.train_tfcli, result.encode_raw, result.encode_tfcli):
         table.add_row(names[m.job], f"{m.seconds:.2f}", f"{m.mb_per_s:.2f}", f"{m.tokens:,}" if m.tokens else "", f"{m.peak_rss_mb:.0f} MB")
     console_out = stdout_console()
-    console_out.print(table)
+    print_table(console_out, table)
     train_ok = "ok" if result.train_ratio <= 1.10 else "MISSED"
     encode_ok = "ok" if result.encode_ratio >= 0.9 else "MISSED"
     rss_ok = "ok" if result.encode_tfcli.peak_rss_mb < 500 else "MISSED"
@@ -132,6 +135,7 @@ def model(
     process; the table gives seconds per step and peak memory. Targets: tfcli <= 1.0x the time on every
     machine (0.8x where a library faster than PyTorch's default was measured), <= 0.6x the memory.
 
+    \b
     Example: tfcli bench model --preset gpt2-small --batch 4 --length 256 --repeat 3
     """
 
@@ -172,7 +176,7 @@ def model(
     for r in results:
         table.add_row(r.implementation, f"{r.seconds_per_step:.3f}", f"{r.peak_rss_mb:,.0f} MB", f"{r.parameters:,}")
     console = stdout_console()
-    console.print(table)
+    print_table(console, table)
     console.print(f"time ratio tfcli/transformers: {ratio:.3f} (target <= 1.0: {'ok' if ratio <= 1.0 else 'MISSED'}; "
                   "0.8 where a library faster than PyTorch's default was chosen)")
     console.print(f"peak memory ratio tfcli/transformers: {ours.peak_rss_mb / theirs.peak_rss_mb:.3f} (target <= 0.6)")
@@ -200,6 +204,7 @@ def generate(
     is loaded as `tfcli generate` loads a run: the same threads and accelerated paths.
     The context is widened to hold prompt + new tokens, since GPT-2 cannot slide a window.
 
+    \b
     Example: tfcli bench generate --preset tiny --preset gpt2-small --repeat 3
     """
     import shutil
@@ -255,7 +260,7 @@ def _print_generate_bench(out, b, machine: str) -> None:
     for m in b.results.values():
         table.add_row(m.job, f"{m.seconds:.3f}", f"{m.tokens_per_second:,.1f}", f"{m.seconds / m.new_tokens * 1e3:.2f}", f"{m.peak_rss_mb:,.0f} MB")
     table.add_row("floor (weights / bandwidth)", "", "", f"{b.floor_seconds_per_token * 1e3:.2f}", "")
-    out.print(table)
+    print_table(out, table)
     if b.results.get("tfcli") and b.results["tfcli"].kernel:
         out.print(f"tfcli's batch-1 decoding on the CPU: {b.results['tfcli'].kernel}")
     versus_peer = b.ratio("tfcli", "transformers")
@@ -275,9 +280,9 @@ def _print_generate_bench(out, b, machine: str) -> None:
 @app.command("train")
 def train(
     presets: Annotated[str, typer.Option("--presets", help="Comma-separated decoder presets to measure.")] = "tiny,small",
-    batch: Annotated[int, typer.Option(help="Sequences per step (each the preset's block size long).", min=1)] = 16,
-    steps: Annotated[int, typer.Option(help="Timed steps per run, after 3 warm-up steps.", min=1)] = 10,
-    repeat: Annotated[int, typer.Option(help="Interleaved rounds; the best of each is kept.", min=1)] = 1,
+    batch: Annotated[int, typer.Option(help="Sequences per step (each the preset's block size long).")] = 16,
+    steps: Annotated[int, typer.Option(help="Timed steps per run, after 3 warm-up steps.")] = 10,
+    repeat: Annotated[int, typer.Option(help="Interleaved rounds; the best of each is kept.")] = 1,
     device: Annotated[str, typer.Option(help="cpu, cuda, mps or auto.")] = "cpu",
     precision: Annotated[str, typer.Option(help="auto (bf16 on a GPU that has it, else fp32), fp32 or bf16.")] = "auto",
     json_output: JsonFlag = False,
@@ -289,9 +294,11 @@ def train(
     device. Targets: tfcli >= 1.0x the peer's tokens/s on every machine, 1.3x where a library faster than
     PyTorch's default was measured; MFU at small >= 80%.
 
+    \b
     Example: tfcli bench train --presets tiny,small --batch 16
     """
 
+    at_least(1, batch=batch, steps=steps, repeat=repeat)
     from tfcli.bench.train import run_train_bench
     from tfcli.errors import TfcliError
     from tfcli.hf import gpt2_incompatibility
@@ -333,7 +340,7 @@ def train(
         table.add_row(r.preset, r.implementation, f"{r.tokens_per_sec:,.0f}", f"{r.mfu:.1%}", f"{r.seconds_per_step:.3f}",
                       f"{r.peak_rss_mb:,.0f} MB", f"{r.parameters:,}")
     console = stdout_console()
-    console.print(table)
+    print_table(console, table)
     peak = results[0].peak_flops
     console.print(f"peak matmul rate measured: {peak / 1e9:,.1f} GFLOP/s")
     for name, ratio in ratios.items():

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -21,6 +22,34 @@ class _State:
 
 
 state = _State()
+
+class Command(TyperCommand):
+    """A command whose arguments read `<text>` in the usage line and the Arguments list, in the style of the
+    options' `<path>` (typer writes `{text}` in one place and `text` in the other)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if param.param_type_name == "argument" and param.metavar is None:
+                param.metavar = f"<{param.name}>"
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name != "argument":
+                pieces.extend(param.get_usage_pieces(ctx))
+                continue
+            piece = f"{param.metavar}{'...' if param.nargs != 1 else ''}"
+            pieces.append(piece if param.required else f"[{piece}]")
+        return pieces
+
+
+class Typer(typer.Typer):
+    """typer.Typer whose commands are `Command`s."""
+
+    def command(self, *args: Any, cls: Any = None, **kwargs: Any) -> Any:
+        return super().command(*args, cls=cls or Command, **kwargs)
+
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout instead of a table.")]
 
@@ -95,11 +124,40 @@ def write_stdout(text: str) -> None:
         raise StdoutClosed from None
 
 
+def at_least(minimum: int, **options: int | None) -> None:
+    """Refuse an option below `minimum` in tfcli's words (not click's range message); None is "not given".
+
+    Example: at_least(1, max_batches=-1) raises TfcliError("--max-batches must be at least 1, not -1")
+    """
+    from tfcli.errors import TfcliError
+
+    for name, value in options.items():
+        if value is not None and value < minimum:
+            raise TfcliError(f"--{name.replace('_', '-')} must be at least {minimum}, not {value}")
+
+
 def print_error(message: str) -> None:
     """One red line on stderr. The message is data: rich markup in it is printed, not interpreted."""
     from rich.text import Text
 
     stderr_console().print(Text(f"error: {message}", style="bold red"), soft_wrap=True)
+
+
+def print_table(console: Console, table: Any) -> None:
+    """Print a rich table (or any renderable) without the spaces rich pads each line with to the table's
+    width: a table written to a file or a pipe has no trailing whitespace, and a terminal shows the same."""
+    from rich.segment import Segment, Segments
+
+    out: list[Segment] = []
+    for line in console.render_lines(table, console.options, pad=False):
+        while line and not line[-1].control and not line[-1].text.rstrip(" "):
+            line.pop()
+        if line and not line[-1].control:
+            last = line[-1]
+            line[-1] = Segment(last.text.rstrip(" "), last.style, last.control)
+        out.extend(line)
+        out.append(Segment.line())
+    console.print(Segments(out), end="")
 
 
 def print_json(data: Any) -> None:

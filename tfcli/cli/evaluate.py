@@ -7,21 +7,22 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, print_json, stdout_console
+from tfcli.cli.common import JsonFlag, at_least, print_json, print_table, stdout_console
 
 
 def evaluate(
     run: Annotated[Path, typer.Argument(help="The run directory to score.", show_default=False)],
     data: Annotated[Path, typer.Option("--data", help="A shard folder, a text file (or folder of them), or a labeled JSONL set.", show_default=False)],
     split: Annotated[str, typer.Option("--split", help="Which shard split to score: val or train.")] = "val",
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Windows or examples per forward pass.", min=1)] = 16,
-    max_batches: Annotated[Optional[int], typer.Option("--max-batches", help="Stop after this many batches [default: all the data].", min=1, show_default=False)] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Windows or examples per forward pass.")] = 16,
+    max_batches: Annotated[Optional[int], typer.Option("--max-batches", help="Stop after this many batches [default: all the data].", show_default=False)] = None,
     device: Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu, cuda, cuda:N or mps.")] = "auto",
     json_output: JsonFlag = False,
 ) -> None:
     """Loss, perplexity and bits per byte of a language model on shards or text; accuracy and macro-F1 of
     a classifier (or the loss of an encoder-decoder) on a labeled JSONL set.
 
+    \b
     Example: tfcli eval runs/quickstart/model --data runs/quickstart/shards
     """
     from rich.table import Table
@@ -29,6 +30,7 @@ def evaluate(
     from tfcli.errors import TfcliError
     from tfcli.train.evaluate import evaluate_run
 
+    at_least(1, batch_size=batch_size, max_batches=max_batches)
     if split not in ("val", "train"):
         raise TfcliError(f"--split must be val or train, not {split!r}")
     result = evaluate_run(run, data, split=split, batch_size=batch_size, max_batches=max_batches, device=device)
@@ -45,4 +47,4 @@ def evaluate(
     for key, name in names.items():
         if key in result:
             table.add_row(name, f"{result[key]:.4f}")
-    stdout_console().print(table)
+    print_table(stdout_console(), table)

@@ -124,6 +124,7 @@ def generate(
     the window: the last 3/4 of the context is run again and decoding goes on. Text stops at the
     end-of-text token (unless --ignore-eos), a --stop string (not kept) or --max-new-tokens.
 
+    \b
     Example: tfcli generate runs/story --prompt "Once upon a time" --strategy sample --top-p 0.9 --seed 1
     """
     from tfcli.errors import TfcliError
@@ -226,7 +227,7 @@ def _render(generator, prompts: list[str], *, stream: bool, json_output: bool, r
     done = None
     for event in generator.run(prompts):
         if isinstance(event, Notice):
-            errors.print(Text(f"warning: {event.message}", style="yellow"), soft_wrap=True)
+            errors.print(Text(f"{event.level}: {event.message}", style="yellow"), soft_wrap=True)
         elif isinstance(event, Chunk):
             if streaming:
                 out.write(event.text)
@@ -282,6 +283,9 @@ def _interactive(generator) -> None:
     conversation = Conversation(generator)
     errors = stderr_console()
     out = _Writer()
+    long_run = generator.length_notice()
+    if long_run is not None:  # each reply may run that long
+        errors.print(Text(f"{long_run.level}: {long_run.message}", style="yellow"), soft_wrap=True)
     if sys.stdin.isatty():
         errors.print(Text("a conversation: type a line and press enter; /reset forgets it, /quit (or Ctrl-D) leaves", style="dim"))
     while True:
@@ -309,7 +313,7 @@ def _interactive(generator) -> None:
                 if isinstance(event, Chunk):
                     out.write(event.text)
                 elif isinstance(event, Notice):
-                    errors.print(Text(f"warning: {event.message}", style="yellow"), soft_wrap=True)
+                    errors.print(Text(f"{event.level}: {event.message}", style="yellow"), soft_wrap=True)
         except TfcliError as exc:
             errors.print(Text(f"error: {exc}", style="bold red"), soft_wrap=True)
             continue
@@ -326,7 +330,7 @@ def _masked_or_classify(run: Path, fill_mask: str | None, classify: str | None, 
     from rich.table import Table
     from rich.text import Text
 
-    from tfcli.cli.common import stderr_console, stdout_console
+    from tfcli.cli.common import print_table, stderr_console, stdout_console
     from tfcli.generate.masked import classify as classify_texts
     from tfcli.generate.masked import fill_mask as fill_masks
     from tfcli.generate.masked import label_names
@@ -348,7 +352,7 @@ def _masked_or_classify(run: Path, fill_mask: str | None, classify: str | None, 
                 table.add_column(column, justify="right" if column == "probability" else "left")
             for f in p.fillers:
                 table.add_row(f'"{visible(f.token)}"', f"{f.probability:.4f}", visible(f.text))
-            console.print(table)
+            print_table(console, table)
         return
     assert classify is not None
     model = checkpoint.model
@@ -368,4 +372,4 @@ def _masked_or_classify(run: Path, fill_mask: str | None, classify: str | None, 
     table.add_column("probability", justify="right")
     for label, p in ranked:
         table.add_row(visible(label), f"{p:.4f}")
-    console.print(table)
+    print_table(console, table)

@@ -20,6 +20,7 @@ def export(
     The folder loads with transformers.GPT2LMHeadModel.from_pretrained(DIR); the model needs GPT-2's
     options (learned positions, pre-norm LayerNorm, multi-head attention, biases).
 
+    \b
     Example: tfcli export runs/mine --to hf -o exported/
     """
     from tfcli.errors import TfcliError
@@ -43,6 +44,7 @@ def import_(
     Reads config.json, model.safetensors (pickle files are refused) and tokenizer.json (or vocab.json
     and merges.txt), so GPT-2 weights on disk can be inspected and fine-tuned with tfcli.
 
+    \b
     Example: tfcli import ~/models/gpt2 -o runs/gpt2
     """
     from tfcli.hf import import_gpt2

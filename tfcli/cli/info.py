@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, counted, human_bytes, print_json, stdout_console
+from tfcli.cli.common import JsonFlag, counted, human_bytes, print_json, print_table, stdout_console
 
 
 def info(
@@ -29,6 +29,7 @@ def info(
     oneDNN and tfcli's C code are usable here, and every choice tfcli.accel measured on this machine so far
     (candidate times, what was kept, why a candidate was dropped) with the file that keeps them.
 
+    \b
     Example: tfcli info runs/gpt2
     """
     from tfcli.errors import TfcliError
@@ -95,7 +96,7 @@ def _print_table(data: dict) -> None:
                                  f"last loss {_loss(history['last_loss'])}, best val loss {_loss(history['best_val_loss'])}")
     for problem in data["problems"]:
         table.add_row(Text("problem", style="bold red"), Text(problem, style="red"))
-    console.print(table)
+    print_table(console, table)
 
 
 def _loss(value: float | None) -> str:
@@ -126,7 +127,7 @@ def _device(json_output: bool) -> None:
         table.add_row("decisions", Text(data["decisions_file"] or "kept for this process only"))
     for note in data.get("notes", []):
         table.add_row(Text("note", style="yellow"), Text(note))
-    console.print(table)
+    print_table(console, table)
     decisions = data.get("decisions", {})
     if not decisions:
         if data["accel"] == "on":
@@ -138,4 +139,4 @@ def _device(json_output: bool) -> None:
     for key, decision in decisions.items():
         times = ", ".join(f"{name} {seconds * 1e3:.3g} ms" for name, seconds in decision["seconds"].items())
         choices.add_row(Text(key), decision["choice"], times, Text(decision.get("note", "")))
-    console.print(choices)
+    print_table(console, choices)

@@ -26,6 +26,10 @@ def _read_text(value: str | None, file: Path | None, what: str, flag: str) -> st
         raw = file.read_bytes()
     except OSError as exc:
         raise TfcliError(f"cannot read {file}: {exc.strerror or exc}") from exc
+    from tfcli.data.corpus import binary_file_error, looks_binary
+
+    if looks_binary(raw):  # as `tokenize` and `eval` refuse it
+        raise binary_file_error(file)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -66,6 +70,7 @@ def inspect_attention(
     page with a layer/head picker where hovering a token shows what it attends to and what attends to it.
     A text longer than the model's block size is an error unless --crop.
 
+    \b
     Example: tfcli inspect-attention runs/gpt2 --text "The animal didn't cross the street because it was too tired" --token it
 
     More: --head all; --summary; --compare "...because it was too wide"; --compare-run runs/child;

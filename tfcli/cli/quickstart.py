@@ -7,15 +7,15 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import stderr_console, stdout_console
+from tfcli.cli.common import at_least, stderr_console, stdout_console
 
 
 def quickstart(
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for everything the chain makes.")] = Path("runs/quickstart"),
     data: Annotated[Optional[Path], typer.Option(help="The sample data folder (default: ./sample_data, else the one beside the tfcli sources).", show_default=False)] = None,
     force: Annotated[bool, typer.Option("--force", help="Redo every step, even those whose output is already there.")] = False,
-    steps: Annotated[int, typer.Option("--steps", help="Pretraining steps for the tiny decoder (fewer: faster and rougher).", min=1)] = 400,
-    classifier_steps: Annotated[int, typer.Option("--classifier-steps", help="Fine-tuning steps for the review classifier.", min=1)] = 200,
+    steps: Annotated[int, typer.Option("--steps", help="Pretraining steps for the tiny decoder (fewer: faster and rougher).")] = 400,
+    classifier_steps: Annotated[int, typer.Option("--classifier-steps", help="Fine-tuning steps for the review classifier.")] = 200,
     device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or mps.")] = "auto",
 ) -> None:
     """Run the whole chain on sample_data/: train a tokenizer, encode the stories into shards, pretrain the
@@ -24,8 +24,10 @@ def quickstart(
     Steps whose output is already there are kept, so a second run is instant; --force redoes them. A
     training step that was interrupted resumes where it stopped.
 
+    \b
     Example: tfcli quickstart
     """
+    at_least(1, steps=steps, classifier_steps=classifier_steps)
     from rich.text import Text
 
     from tfcli.quickstart import QuickstartStep, find_sample_data, run_quickstart

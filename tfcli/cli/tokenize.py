@@ -7,10 +7,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, counted, human_bytes, make_progress, print_json, stderr_console, stdout_console
+from tfcli.cli.common import JsonFlag, Typer, counted, human_bytes, make_progress, print_json, print_table, stderr_console, stdout_console
 
-app = typer.Typer(
-    help="Train a BPE tokenizer, encode text into token shards, and look at tokens and merges.",
+app = Typer(
+    help="Train a BPE tokenizer, encode text into token shards, and look at tokens and merges.\n\n"
+    "\b\nExample: tfcli tokenize train sample_data/corpus -o runs/tok --vocab-size 4096",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -49,6 +50,7 @@ def train(
     Reads the corpus as a stream (invalid UTF-8 replaced and counted), trains with Hugging Face
     `tokenizers`, and writes DIR/tokenizer.json and DIR/tokenizer_config.json atomically.
 
+    \b
     Example: tfcli tokenize train sample_data/corpus -o runs/tok --vocab-size 4096
     """
     from tfcli.data.corpus import resolve_corpus
@@ -108,7 +110,7 @@ def _render_train_summary(summary) -> None:
     if summary.skipped_binary:
         table.add_row("skipped", f"{counted(len(summary.skipped_binary), 'binary file')}")
     table.add_row("time", f"{summary.seconds:.2f} s")
-    stdout_console().print(table)
+    print_table(stdout_console(), table)
 
 
 @app.command("encode")
@@ -129,6 +131,7 @@ def encode(
     fits, else uint32; documents separated by the end-of-text id) and DIR/meta.json. Each document goes
     whole to train or validation, drawn with --seed.
 
+    \b
     Example: tfcli tokenize encode sample_data/corpus -t runs/tok -o runs/shards --val-fraction 0.1
     """
     from tfcli.data.corpus import DOCUMENT_BOUNDARIES, resolve_corpus
@@ -170,7 +173,7 @@ def encode(
     table.add_row("time", f"{meta.seconds:.2f} s ({rate:.1f} MB/s)")
     if meta.val_fraction > 0 and meta.val_documents == 0:
         table.add_row("warning", "no document went to validation; use more documents or a larger --val-fraction")
-    stdout_console().print(table)
+    print_table(stdout_console(), table)
 
 
 @app.command("show")
@@ -181,8 +184,9 @@ def show(
 ) -> None:
     """Show how a tokenizer cuts a text: each token coloured, its id beneath.
 
-    Control characters show escaped (\\n, \\x1b); special-token text in TEXT stays ordinary text.
+    Control characters show escaped (\\n, \\x1b); special-token text in <text> stays ordinary text.
 
+    \b
     Example: tfcli tokenize show "The cat sat on the mat." -t runs/quickstart/tokenizer
     """
     from tfcli.tokenizer.core import TextTokenizer
@@ -234,6 +238,7 @@ def trace(
     ends in _ is never merged. Each step merges the most frequent pair; a tie goes to the pair of older
     tokens (characters in code-point order, each merged token after all tokens before it).
 
+    \b
     Example: tfcli tokenize trace "a sailor went to sea sea sea " --merges 5
     """
     from tfcli.errors import TfcliError

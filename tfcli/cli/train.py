@@ -8,11 +8,12 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, counted, print_json, stderr_console, stdout_console
+from tfcli.cli.common import JsonFlag, Typer, counted, print_json, stderr_console, stdout_console
 from tfcli.fsutil import no_empty_folder_left
 
-app = typer.Typer(
-    help="Pretrain a model on token shards, or fine-tune a run directory on a new task.",
+app = Typer(
+    help="Pretrain a model on token shards, or fine-tune a run directory on a new task.\n\n"
+    "\b\nExample: tfcli train pretrain --data runs/quickstart/shards -o runs/tiny --preset tiny --max-steps 500",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -87,6 +88,7 @@ def pretrain(
     Many processes: torchrun --nproc-per-node N -m tfcli train pretrain ... (data-parallel; add --fsdp to
     shard a model too large for one device).
 
+    \b
     Example: tfcli train pretrain --data runs/quickstart/shards -o runs/tiny --preset tiny --max-steps 500
     """
     from tfcli.model.config import ARCHS
@@ -138,6 +140,7 @@ def finetune(
     data (reported with accuracy and macro-F1 on the validation split). The run directory has the same
     layout as a pretraining run.
 
+    \b
     Example: tfcli train finetune --init-from runs/tiny --task classify --data sample_data/reviews.jsonl -o runs/reviews
     """
     from tfcli.training_config import TASKS

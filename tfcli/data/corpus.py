@@ -70,9 +70,19 @@ def replace_lone_surrogates(text: str) -> str:
     return _LONE_SURROGATE.sub("\ufffd", text)
 
 
+def looks_binary(head: bytes) -> bool:
+    """What makes a file binary to every tfcli command: a NUL byte in its first BINARY_SNIFF_BYTES."""
+    return b"\x00" in head[:BINARY_SNIFF_BYTES]
+
+
+def binary_file_error(path: Path) -> TfcliError:
+    """The one line every command gives for a binary file where text was asked for."""
+    return TfcliError(f"{path} looks like a binary file (it holds NUL bytes)", hint="pass text files only")
+
+
 def _looks_binary(path: Path) -> bool:
     with open(path, "rb") as handle:
-        return b"\x00" in handle.read(BINARY_SNIFF_BYTES)
+        return looks_binary(handle.read(BINARY_SNIFF_BYTES))
 
 
 def _walk(folder: Path) -> list[Path]:
@@ -130,7 +140,7 @@ def resolve_corpus(inputs: Sequence[str | Path]) -> Corpus:
             raise TfcliError(f"cannot read {path}: {exc.strerror}", hint="check its permissions") from exc
         if binary:
             if explicit:
-                raise TfcliError(f"{path} looks like a binary file (it holds NUL bytes)", hint="pass text files only")
+                raise binary_file_error(path)
             corpus.skipped_binary.append(path)
             continue
         corpus.files.append(CorpusFile(path=path, size=size))

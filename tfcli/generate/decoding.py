@@ -86,8 +86,22 @@ class Generator:
 
     # -- the loops ---------------------------------------------------------------------------------------
 
+    LONG_RUN = 10  # --max-new-tokens above this many contexts is said up front (a typo shows before it runs)
+
+    def length_notice(self) -> Notice | None:
+        """A note when --max-new-tokens is more than LONG_RUN times the context: allowed (past the context the
+        window slides, for as long as asked), but said up front, so that a typo is seen."""
+        block, asked = self.model.config.block_size, self.settings.max_new_tokens
+        if asked <= self.LONG_RUN * block:
+            return None
+        return Notice(f"--max-new-tokens {asked:,} is {asked / block:,.0f}x the context ({block:,} tokens): past the context "
+                      "the window slides and decoding goes on for as long as asked (Ctrl-C stops it)", level="note")
+
     def run(self, prompts: Sequence[str]) -> Iterator[Event]:
-        """Decode text prompts (cropping a long one, with a Notice)."""
+        """Decode text prompts (a note first when asked for many contexts' worth; a long prompt cropped, with a Notice)."""
+        long_run = self.length_notice()
+        if long_run is not None:
+            yield long_run
         encoded, notices = self.encode_prompts(prompts)
         yield from notices
         yield from self.run_ids(encoded, prompts)

@@ -35,9 +35,10 @@ class Finished:
 
 @dataclasses.dataclass
 class Notice:
-    """Something the user should know (a cropped prompt); the CLI prints it on stderr."""
+    """Something the user should know (a cropped prompt); the CLI prints it on stderr as `level: message`."""
 
     message: str
+    level: str = "warning"  # warning | note
 
 
 @dataclasses.dataclass

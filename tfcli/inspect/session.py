@@ -15,8 +15,8 @@ import numpy as np
 
 from tfcli.errors import TfcliError
 from tfcli.inspect.capture import AttentionCapture, capture_attention, check_comparable, find_token, load_run, parse_index, probe
+from tfcli.inspect.labels import excerpts, kind_label
 from tfcli.inspect.stats import HeadChange, HeadSummary, head_changes, summarize_heads
-from tfcli.tokenizer.show import visible
 
 FORMATS: tuple[str, ...] = ("terminal", "html", "png", "json")
 SUFFIXES = {".html": "html", ".htm": "html", ".png": "png", ".json": "json"}
@@ -68,11 +68,6 @@ class Inspection:
         return seen
 
 
-def _excerpt(text: str, limit: int = 48) -> str:
-    shown = visible(" ".join(text.split()))
-    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
-
-
 def inspect_attention(request: InspectRequest) -> Inspection:
     """Load, capture and select; every user mistake is a TfcliError before anything is written."""
     if request.compare is not None and request.compare_run is not None:
@@ -85,16 +80,17 @@ def inspect_attention(request: InspectRequest) -> Inspection:
         raise TfcliError(f"--occurrence must be 1 or more, not {request.occurrence}")
     checkpoint = load_run(request.run, request.device)
     first = capture_attention(checkpoint, request.text, target=request.target, kind=request.attention, crop=request.crop)
-    captures, titles = [first], [_excerpt(request.text) if request.target is None else f"{_excerpt(request.text, 30)} → {_excerpt(request.target, 24)}"]
+    title = excerpts([request.text])[0] if request.target is None else f"{excerpts([request.text], 30)[0]} → {excerpts([request.target], 24)[0]}"
+    captures, titles = [first], [title]
     other_checkpoint = None
     if request.compare is not None:
         captures.append(capture_attention(checkpoint, request.compare, target=request.target, kind=first.kind, crop=request.crop))
-        titles = [f"1: {_excerpt(request.text)}", f"2: {_excerpt(request.compare)}"]
+        titles = [f"{n}: {excerpt}" for n, excerpt in enumerate(excerpts([request.text, request.compare]), 1)]  # never alike
     if request.compare_run is not None:
         other_checkpoint = load_run(request.compare_run, request.device)
         check_comparable(checkpoint, other_checkpoint)
         captures.append(capture_attention(other_checkpoint, request.text, target=request.target, kind=first.kind, crop=request.crop))
-        titles = [str(request.run), str(request.compare_run)]
+        titles = excerpts([str(request.run), str(request.compare_run)], 60)
 
     changes = head_changes(captures[0].weights, captures[1].weights) if request.compare_run is not None else None
     many = request.select_all_by_default or request.summary
@@ -310,8 +306,6 @@ def png_image(inspection: Inspection) -> bytes:
     from tfcli.inspect import png
 
     first = inspection.first
-    from tfcli.inspect.terminal import kind_label
-
     kind = kind_label(first)
     pairs = [(layer, head) for layer in inspection.layers for head in inspection.heads]
     if inspection.focus is not None:
@@ -334,5 +328,7 @@ def png_image(inspection: Inspection) -> bytes:
             maps.append((f"{prefix}L{layer} H{head}", capture.weights[layer, head]))
     per_layer = len(inspection.heads) * len(inspection.captures)
     columns = per_layer if len(inspection.layers) > 1 and per_layer <= 16 else min(len(maps), 6 if len(inspection.captures) > 1 else 4)
-    titles = "  |  ".join(f"{i + 1}: {t}" for i, t in enumerate(inspection.titles)) if len(inspection.captures) > 1 else inspection.titles[0]
+    titles = inspection.titles[0]
+    if len(inspection.captures) > 1:  # --compare's titles are numbered already, --compare-run's are the runs
+        titles = "  |  ".join(t if t.startswith(f"{n}: ") else f"{n}: {t}" for n, t in enumerate(inspection.titles, 1))
     return png.grid_png(maps, columns, suptitle=f"{kind} · {titles}")

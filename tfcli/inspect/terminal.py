@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tfcli.errors import TfcliError
+from tfcli.inspect.labels import kind_label
 from tfcli.inspect.stats import HeadChange, HeadSummary
 
 # Shade by the weight, drawn on a colour scale (viridis); with colour off the characters still tell.
@@ -265,11 +266,6 @@ def changes_table(changes: Sequence[HeadChange], top: int = 10) -> Table:
     for rank, c in enumerate(changes[:top], 1):
         table.add_row(str(rank), str(c.layer), str(c.head), f"{c.js:.4f}", f"{c.l1:.4f}")
     return table
-
-
-def kind_label(capture) -> str:
-    """Example: "decoder self-attention", "cross-attention" """
-    return f"{capture.kind} self-attention" if capture.self_attention else "cross-attention"
 
 
 def render_inspection(inspection, *, width: int = 80, start: int = 0, key_start: int = 0) -> list[RenderableType]:

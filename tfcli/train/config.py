@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
 from tfcli.errors import TfcliError
 from tfcli.model.config import ModelConfig, preset
+from tfcli.schema import expect
 from tfcli.training_config import TrainConfig
 
 # Settings that only one objective (or data layout) reads; anything else given a non-default value is an error.
@@ -68,15 +70,18 @@ def _split_settings(settings: dict[str, Any], where: str) -> tuple[dict[str, Any
     """Sort flat or dotted keys (`d_model`, `model.d_model`, `train.lr`) into model and training settings."""
     model_keys = {f.name for f in dataclasses.fields(ModelConfig)}
     train_keys = {f.name for f in dataclasses.fields(TrainConfig)} - {"labels"}
+    model_types, train_types = typing.get_type_hints(ModelConfig), typing.get_type_hints(TrainConfig)
     model, train = {}, {}
     for key, value in settings.items():
         section, _, name = key.rpartition(".")
+        what = f"{where} {key}" if where.startswith("--") else f"{where}: {key}"  # "--set d_model", "run.toml: d_model"
         if section in ("model", "") and name in model_keys and not (section == "" and name in train_keys):
-            model[name] = value
+            model[name] = expect(value, model_types[name], what)
         elif section in ("train", "") and name in train_keys:
-            train[name] = parse_duration(value) if name == "time_budget" and isinstance(value, str) else value  # "90s", as the option takes
+            value = parse_duration(value) if name == "time_budget" and isinstance(value, str) else value  # "90s", as the option takes
+            train[name] = expect(value, train_types[name], what)
         elif section == "" and name in model_keys:
-            model[name] = value
+            model[name] = expect(value, model_types[name], what)
         else:
             import difflib
 

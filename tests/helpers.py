@@ -1,0 +1,93 @@
+"""Helpers the tests share that the library has no use for: the page's weights unpacked as the browser
+does, and a headless Chromium to look at a page with."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+
+def unpack_weights(data: list[str], shape: tuple[int, int, int, int], causal: bool) -> np.ndarray:
+    """The inverse of `tfcli.inspect.html.pack_weights` (what the page does): float32 [L, H, T, S]."""
+    _, H, T, S = shape
+    out = np.zeros(shape, dtype=np.float32)
+    rows, cols = np.tril_indices(T)
+    for layer, chunk in enumerate(data):
+        raw = np.frombuffer(zlib.decompress(base64.b64decode(chunk)), dtype=np.uint8).astype(np.float32) / 255.0
+        raw = raw * raw
+        if causal and T == S:
+            out[layer][:, rows, cols] = raw.reshape(H, -1)
+        else:
+            out[layer] = raw.reshape(H, T, S)
+    return out
+
+
+def chromium() -> str | None:
+    """A headless-capable Chromium or Chrome on PATH, or None."""
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+needs_chromium = pytest.mark.skipif(chromium() is None, reason="Chromium is not installed")
+
+_PROBE = """<script>setTimeout(function () {
+  var result;
+  try { result = JSON.stringify((function () { %s })()); } catch (err) { result = JSON.stringify({ error: String(err) }); }
+  var out = document.createElement("pre");
+  out.id = "tfcli-probe";
+  out.textContent = result;
+  document.body.appendChild(out);
+}, 1500);</script>
+"""
+
+
+def browse(page: Path, probe: str, *, size: tuple[int, int] = (1400, 1000), timeout: float = 120) -> tuple[Path, Any]:
+    """Open `page` in headless Chromium at `size` (CSS pixels): take a screenshot beside it (PAGE.png), and
+    run `probe`, the body of a JavaScript function returning JSON-able data, once the page has drawn; returns
+    the screenshot and the probe's result. The probe runs in a copy of the page (the page stays as written).
+
+    Skips the calling test where Chromium is not installed. With TFCLI_SCREENSHOTS=DIR the screenshot is
+    also copied into DIR, for a person to look at.
+    """
+    browser = chromium()
+    if browser is None:
+        pytest.skip("Chromium is not installed")
+    profile = Path(tempfile.mkdtemp(prefix="tfcli-chromium-"))
+    base = [browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={profile}",
+            f"--window-size={size[0]},{size[1]}", "--virtual-time-budget=10000"]
+    try:
+        png = page.with_suffix(".png")
+        shot = subprocess.run([*base, f"--screenshot={png}", page.resolve().as_uri()], capture_output=True, text=True, timeout=timeout,
+                              check=False)
+        assert png.is_file(), shot.stderr[-2000:]
+        probed = page.with_name(page.stem + "-probe.html")
+        text = page.read_text(encoding="utf-8")
+        body, end, rest = text.rpartition("</body>")
+        probed.write_text(body + _PROBE % probe + end + rest, encoding="utf-8")
+        dump = subprocess.run([*base, "--dump-dom", probed.resolve().as_uri()], capture_output=True, text=True, timeout=timeout, check=False)
+        found = re.search(r'<pre id="tfcli-probe">(.*?)</pre>', dump.stdout, re.DOTALL)
+        assert found, dump.stderr[-2000:]
+        result = json.loads(html.unescape(found.group(1)))
+        assert not (isinstance(result, dict) and "error" in result and len(result) == 1), result
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    keep = os.environ.get("TFCLI_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(png, Path(keep) / png.name)
+    return png, result
