@@ -1,4 +1,5 @@
-"""`tfcli tokenize`: train a BPE tokenizer, encode corpora into shards, show tokens, trace BPE merges."""
+"""`tfcli tokenize`: train a tokenizer (BPE, WordPiece, Unigram, char), encode corpora into shards, show tokens,
+trace BPE merges."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import typer
 from tfcli.cli.common import JsonFlag, counted, human_bytes, make_progress, print_json, stderr_console, stdout_console
 
 app = typer.Typer(
-    help="Train a BPE tokenizer, encode text into token shards, and look at tokens and merges.",
+    help="Train a tokenizer (BPE, WordPiece, Unigram, char), encode text into token shards, and look at tokens and merges.",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -23,46 +24,63 @@ TokenizerFile = Annotated[Path, typer.Option("--tokenizer", "-t", help="A tokeni
 def train(
     corpus: Corpus,
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder to write tokenizer.json and tokenizer_config.json into.")],
-    vocab_size: Annotated[int, typer.Option(help="Tokens in the vocabulary, special tokens included.")] = 8192,
-    min_frequency: Annotated[int, typer.Option(help="A pair is merged only if it occurs at least this often.")] = 2,
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="bpe (byte-pair encoding, GPT-2 style), wordpiece (BERT's: ## continuations; also writes vocab.txt), "
+                          "unigram (SentencePiece-style, as T5 uses) or char (one token per character, as nanoGPT's shakespeare_char).")
+    ] = "bpe",
+    vocab_size: Annotated[int, typer.Option(help="Tokens in the vocabulary, special tokens included (for char: a cap; rarer characters become unk).")] = 8192,
+    min_frequency: Annotated[
+        Optional[int], typer.Option(help="bpe, wordpiece: a pair is merged only if it occurs at least this often (default 2). "
+                                    "char: a character seen fewer times becomes unk (default 1).", show_default=False)
+    ] = None,
     special_tokens: Annotated[
         Optional[list[str]],
         typer.Option(
             "--special-tokens",
             help="Repeatable. ROLE=TEXT renames a role's token (roles: eos, pad, unk, mask, cls); "
-            "a bare TEXT adds an extra special token. Defaults: <|endoftext|> <|pad|> <|unk|> <|mask|> <|cls|>.",
+            "a bare TEXT adds an extra special token. Defaults: <|endoftext|> <|pad|> <|unk|> <|mask|> <|cls|>; "
+            "for wordpiece BERT's [PAD] [UNK] [CLS] [SEP] (eos) [MASK].",
             show_default=False,
         ),
     ] = None,
     pre_tokenizer: Annotated[
-        str, typer.Option(help="byte-level (lossless, never unknown), whitespace (classic word-level BPE) or metaspace (SentencePiece-style).")
-    ] = "byte-level",
-    lowercase: Annotated[bool, typer.Option("--lowercase", help="Lowercase text before tokenizing.")] = False,
+        Optional[str], typer.Option(help="bpe only: byte-level (default; lossless, never unknown), whitespace (classic word-level BPE) "
+                                    "or metaspace (SentencePiece-style).", show_default=False)
+    ] = None,
+    lowercase: Annotated[bool, typer.Option("--lowercase", help="Lowercase text before tokenizing (wordpiece: as bert-base-uncased).")] = False,
+    strip_accents: Annotated[
+        Optional[bool], typer.Option("--strip-accents/--keep-accents", help="wordpiece only: strip accents (é -> e) or keep them. "
+                                     "Default: strip them when lowercasing, as BERT's normalizer does.", show_default=False)
+    ] = None,
     limit_alphabet: Annotated[
-        Optional[int], typer.Option(help="Keep at most this many initial characters (whitespace and metaspace only).", show_default=False)
+        Optional[int], typer.Option(help="Keep at most this many initial characters (bpe with whitespace or metaspace, wordpiece).", show_default=False)
     ] = None,
     max_length: Annotated[int, typer.Option(help="model_max_length written to tokenizer_config.json.")] = 1024,
     json_output: JsonFlag = False,
 ) -> None:
-    """Train a byte-pair-encoding tokenizer on text files.
+    """Train a tokenizer on text files: byte-pair encoding (default), WordPiece, Unigram or characters.
 
     Reads the corpus as a stream (invalid UTF-8 replaced and counted), trains with Hugging Face
-    `tokenizers`, and writes DIR/tokenizer.json and DIR/tokenizer_config.json atomically.
+    `tokenizers`, and writes DIR/tokenizer.json and DIR/tokenizer_config.json atomically (and BERT's
+    DIR/vocab.txt for wordpiece).
 
     Example: tfcli tokenize train sample_data/corpus -o runs/tok --vocab-size 4096
+    Example: tfcli tokenize train shakespeare.txt -o runs/tok-char --model char
     """
     from tfcli.data.corpus import resolve_corpus
-    from tfcli.tokenizer.specials import parse_special_tokens
+    from tfcli.tokenizer.specials import default_specials, parse_special_tokens
     from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
 
     config = TokenizerTrainingConfig(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=parse_special_tokens(special_tokens or []),
+        special_tokens=parse_special_tokens(special_tokens or [], default_specials(model)),
         pre_tokenizer=pre_tokenizer,  # type: ignore[arg-type]
         lowercase=lowercase,
         limit_alphabet=limit_alphabet,
         model_max_length=max_length,
+        model=model,  # type: ignore[arg-type]
+        strip_accents=strip_accents,
     )
     sources = resolve_corpus(corpus)
     console = stderr_console()
@@ -76,7 +94,7 @@ def train(
                 progress.update(reading, completed=done, total=max(total, 1))
             elif merging is None:
                 progress.update(reading, completed=sources.total_bytes)
-                merging = progress.add_task("computing merges", total=None)
+                merging = progress.add_task("computing merges" if model in ("bpe", "wordpiece") else "building the vocabulary", total=None)
             elif done:
                 progress.update(merging, total=1, completed=1)
 
@@ -87,6 +105,14 @@ def train(
     _render_train_summary(summary)
 
 
+_SHORT_OF_THE_ASK = {
+    "bpe": "the corpus has no more pairs at this --min-frequency",
+    "wordpiece": "the corpus has no more pairs at this --min-frequency",
+    "unigram": "the trainer kept no more pieces",
+    "char": "the corpus has no more characters",
+}
+
+
 def _render_train_summary(summary) -> None:
     from rich.table import Table
 
@@ -95,11 +121,17 @@ def _render_train_summary(summary) -> None:
     table.add_column()
     vocab = f"{summary.vocab_size:,}"
     if summary.vocab_size < summary.requested_vocab_size:
-        vocab += f" (asked {summary.requested_vocab_size:,}: the corpus has no more pairs at this --min-frequency)"
+        vocab += f" (asked {summary.requested_vocab_size:,}: {_SHORT_OF_THE_ASK.get(summary.model, 'the trainer made no more')})"
+    normalized = [name for name, on in (("lowercased", summary.lowercase), ("accents stripped", summary.strip_accents)) if on]
     table.add_row("tokenizer", str(summary.path))
+    table.add_row("model", f"{summary.model} ({summary.pre_tokenizer}{''.join(', ' + n for n in normalized)})")
     table.add_row("vocab size", vocab)
-    table.add_row("merges", f"{summary.merges:,}")
-    table.add_row("alphabet", f"{summary.alphabet_size:,} ({summary.pre_tokenizer})")
+    if summary.merges is not None:
+        table.add_row("merges", f"{summary.merges:,}")
+    table.add_row("alphabet", f"{summary.alphabet_size:,} " + ("bytes" if summary.pre_tokenizer == "byte-level" else "characters"))
+    if summary.unknown_characters:
+        table.add_row("unknown", f"{counted(summary.unknown_characters, 'rarer character')} of {summary.characters_seen:,} seen, "
+                                 f"{counted(summary.unknown_occurrences, 'occurrence')} in the corpus, encoded as {summary.unk_token}")
     table.add_row("special tokens", " ".join(summary.special_tokens))
     table.add_row("corpus", f"{counted(summary.files, 'file')}, {human_bytes(summary.bytes_read)}")
     table.add_row("bytes per token", f"{summary.bytes_per_token:.2f} (on {human_bytes(summary.sample_bytes)} of the training text)")
