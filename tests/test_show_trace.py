@@ -106,3 +106,101 @@ def test_trace_cli(cli):
 def test_trace_bad_input(cli, args, message):
     result = cli("tokenize", "trace", *args)
     assert result.code == 2 and message in result.stderr
+
+
+# -- WordPiece: show marks ## continuations; trace scores pairs --------------------------------------------
+
+HUGS = "hug hug hug pug pun bun hugs"
+
+
+@pytest.fixture(scope="module")
+def wordpiece_tokenizer(tmp_path_factory):
+    from tests.conftest import TINY_TEXT
+    from tfcli.data.corpus import resolve_corpus
+    from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
+
+    folder = tmp_path_factory.mktemp("wordpiece")
+    (folder / "c.txt").write_text(TINY_TEXT * 20, encoding="utf-8")
+    train_tokenizer(resolve_corpus([folder / "c.txt"]), folder / "tok", TokenizerTrainingConfig(vocab_size=120, model="wordpiece"))
+    return folder / "tok"
+
+
+def test_show_marks_wordpiece_continuations(cli, wordpiece_tokenizer):
+    tokenizer = TextTokenizer.load(wordpiece_tokenizer)
+    text = "The fox played happily."
+    tokens = [tokenizer.hf.id_to_token(i) for i in tokenizer.encode(text)]
+    continuations = [t for t in tokens if t.startswith("##")]
+    assert continuations  # "happily" is not one token of this small vocabulary
+    data = json.loads(cli("tokenize", "show", text, "-t", wordpiece_tokenizer, "--json").stdout)
+    assert [t["token"] for t in data["tokens"]] == tokens
+    for entry in data["tokens"]:
+        assert entry["continuation"] == entry["token"].startswith("##")
+        assert entry["text"] == entry["token"].removeprefix("##")  # the vocabulary entry, without the space before a word
+    result = cli("tokenize", "show", text, "-t", wordpiece_tokenizer)
+    assert result.code == 0
+    shown = result.stdout.splitlines()[0::2][:-1]
+    assert "".join(shown).split() == tokens  # each continuation printed with its ## in front
+
+
+def test_show_json_of_other_families_has_no_continuations(cli, trained_tokenizer):
+    data = json.loads(cli("tokenize", "show", "The fox", "-t", trained_tokenizer, "--json").stdout)
+    assert [t["continuation"] for t in data["tokens"]] == [False, False]
+
+
+def test_wordpiece_helpers():
+    from tfcli.tokenizer.trace import join_tokens, longest_match_first, wordpiece_split, wordpiece_words
+
+    assert wordpiece_words("the cat's_hat.") == ["the", "cat", "'", "s", "hat", "."]
+    assert wordpiece_split("hug") == ["h", "##u", "##g"]
+    assert (join_tokens("h", "##u", "##"), join_tokens("##g", "##s", "##"), join_tokens("a", "##", "")) == ("hu", "##gs", "a##")
+    vocab = {"h", "hu", "hug", "##s", "##g", "##gs"}
+    assert longest_match_first("hugs", vocab) == ["hug", "##s"]
+    assert longest_match_first("hugx", vocab) is None
+    assert merge_pair(["h", "##u", "##g"], ("h", "##u"), "##") == ["hu", "##g"]
+
+
+def test_wordpiece_trace_scores_pairs_where_bpe_counts_them():
+    from fractions import Fraction
+
+    from tfcli.tokenizer.trace import wordpiece_trace
+
+    bpe = bpe_trace(HUGS, max_merges=1)
+    assert (bpe.steps[0].token, bpe.steps[0].count) == ("ug", 5)
+    trace = wordpiece_trace(HUGS, max_merges=4)
+    assert trace.initial_table == [("##u", 7), ("##g", 5), ("h", 4), ("##n", 2), ("p", 2), ("b", 1), ("##s", 1)]
+    first = trace.steps[0]
+    # ##g + ##s: once, but ##s never occurs otherwise: 1 / (5 * 1) beats u + g's 5 / (7 * 5)
+    assert (first.left, first.right, first.token, first.count) == ("##g", "##s", "##gs", 1)
+    assert (first.left_count, first.right_count, first.score) == (5, 1, Fraction(1, 5))
+    # then every pair scores 1/7; the tie goes to the older tokens: b (first in code-point order) + ##u
+    assert [(s.token, s.score) for s in trace.steps[1:]] == [("bu", Fraction(1, 7)), ("bun", Fraction(1, 2)), ("hu", Fraction(1, 6))]
+    assert trace.tokens == ["hu", "##g", "hu", "##g", "hu", "##g", "p", "##u", "##g", "p", "##u", "##n", "bun", "hu", "##gs"]
+    assert trace.encoded == trace.tokens
+
+
+def test_wordpiece_encoding_can_differ_from_the_merges():
+    from tfcli.tokenizer.trace import wordpiece_trace
+
+    trace = wordpiece_trace("cb cbc", max_merges=2)
+    assert [s.token for s in trace.steps] == ["##bc", "cb"]
+    assert trace.tokens == ["cb", "c", "##bc"]  # the merges, in the order they were learned
+    assert trace.encoded == ["cb", "cb", "##c"]  # WordPiece's encoding: the longest entry from the start of the word
+
+
+def test_wordpiece_trace_cli(cli):
+    result = cli("tokenize", "trace", HUGS, "--model", "wordpiece", "--merges", "2")
+    assert result.code == 0, result.stderr
+    assert "merge 1: ##g + ##s -> ##gs (1x; score 1/(5*1) = 0.2)" in result.stdout
+    assert "merge 2: b + ##u -> bu (1x; score 1/(1*7) = 0.1429)" in result.stdout
+    assert "start (22 tokens): ##u 7, ##g 5, h 4" in result.stdout
+    data = json.loads(cli("tokenize", "trace", HUGS, "--model", "wordpiece", "--merges", "1", "--json").stdout)
+    assert data["model"] == "wordpiece"
+    assert data["merges"][0] | {"table": None} == {"merge": 1, "pair": ["##g", "##s"], "token": "##gs", "count": 1, "left_count": 5,
+                                                   "right_count": 1, "score": 0.2, "score_fraction": "1/5", "table": None}
+    assert data["text"] == HUGS and data["encoded"] == data["tokens"]
+    assert "score" not in json.loads(cli("tokenize", "trace", HUGS, "--json").stdout)["merges"][0]
+    # --min-count: a pair occurring fewer times is never merged, for WordPiece as for BPE
+    data = json.loads(cli("tokenize", "trace", HUGS, "--model", "wordpiece", "--min-count", "2", "--json").stdout)
+    assert all(m["count"] >= 2 for m in data["merges"]) and data["merges"]
+    result = cli("tokenize", "trace", "x", "--model", "unigram")
+    assert result.code == 2 and "trace replays merges of --model bpe or wordpiece" in result.stderr

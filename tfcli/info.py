@@ -38,6 +38,7 @@ def run_info(run_dir: Path) -> dict[str, Any]:
         },
         "tokenizer": {
             "vocab_size": tokenizer.vocab_size,
+            "model": tokenizer.family,
             "pre_tokenizer": tokenizer.pre_tokenizer_kind,
             "special_tokens": {role: tokenizer.hf.id_to_token(i) for role, i in tokenizer.special_ids.items()},
             "sha256": tokenizer.sha256,

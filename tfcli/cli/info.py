@@ -89,7 +89,7 @@ def _print_table(data: dict) -> None:
                                   f"{cross_text}")
     tok = data["tokenizer"]
     padding = f" (model vocabulary {model['vocab_size']:,}: never generated past the tokenizer's)" if model["vocab_size"] > tok["vocab_size"] else ""
-    table.add_row("tokenizer", f"{tok['vocab_size']:,} tokens{padding}, {tok['pre_tokenizer']}, specials {' '.join(tok['special_tokens'].values())}")
+    table.add_row("tokenizer", f"{tok['vocab_size']:,} tokens{padding}, {tok['model']} ({tok['pre_tokenizer']}), specials {' '.join(tok['special_tokens'].values())}")
     history = data["history"]
     if history:
         table.add_row("history", f"{counted(history['records'], 'record')}, steps {history['first_step']}..{history['last_step']}, "

@@ -1,4 +1,5 @@
-"""`tfcli tokenize`: train a BPE tokenizer, encode corpora into shards, show tokens, trace BPE merges."""
+"""`tfcli tokenize`: train a tokenizer (BPE, WordPiece, Unigram, char), encode corpora into shards, show tokens,
+trace BPE and WordPiece merges."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import typer
 from tfcli.cli.common import JsonFlag, Typer, counted, human_bytes, make_progress, print_json, print_table, stderr_console, stdout_console
 
 app = Typer(
-    help="Train a BPE tokenizer, encode text into token shards, and look at tokens and merges.\n\n"
+    help="Train a tokenizer (BPE, WordPiece, Unigram, char), encode text into token shards, and look at tokens and merges.\n\n"
     "\b\nExample: tfcli tokenize train sample_data/corpus -o runs/tok --vocab-size 4096",
     no_args_is_help=True,
     rich_markup_mode=None,
@@ -24,47 +25,64 @@ TokenizerFile = Annotated[Path, typer.Option("--tokenizer", "-t", help="A tokeni
 def train(
     corpus: Corpus,
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder to write tokenizer.json and tokenizer_config.json into.")],
-    vocab_size: Annotated[int, typer.Option(help="Tokens in the vocabulary, special tokens included.")] = 8192,
-    min_frequency: Annotated[int, typer.Option(help="A pair is merged only if it occurs at least this often.")] = 2,
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="bpe (byte-pair encoding, GPT-2 style), wordpiece (BERT's: ## continuations; also writes vocab.txt), "
+                          "unigram (SentencePiece-style, as T5 uses) or char (one token per character, as nanoGPT's shakespeare_char).")
+    ] = "bpe",
+    vocab_size: Annotated[int, typer.Option(help="Tokens in the vocabulary, special tokens included (for char: a cap; rarer characters become unk).")] = 8192,
+    min_frequency: Annotated[
+        Optional[int], typer.Option(help="bpe, wordpiece: a pair is merged only if it occurs at least this often (default 2). "
+                                    "char: a character seen fewer times becomes unk (default 1).", show_default=False)
+    ] = None,
     special_tokens: Annotated[
         Optional[list[str]],
         typer.Option(
             "--special-tokens",
             help="Repeatable. ROLE=TEXT renames a role's token (roles: eos, pad, unk, mask, cls); "
-            "a bare TEXT adds an extra special token. Defaults: <|endoftext|> <|pad|> <|unk|> <|mask|> <|cls|>.",
+            "a bare TEXT adds an extra special token. Defaults: <|endoftext|> <|pad|> <|unk|> <|mask|> <|cls|>; "
+            "for wordpiece BERT's [PAD] [UNK] [CLS] [SEP] (eos) [MASK].",
             show_default=False,
         ),
     ] = None,
     pre_tokenizer: Annotated[
-        str, typer.Option(help="byte-level (lossless, never unknown), whitespace (classic word-level BPE) or metaspace (SentencePiece-style).")
-    ] = "byte-level",
-    lowercase: Annotated[bool, typer.Option("--lowercase", help="Lowercase text before tokenizing.")] = False,
+        Optional[str], typer.Option(help="bpe only: byte-level (default; lossless, never unknown), whitespace (classic word-level BPE) "
+                                    "or metaspace (SentencePiece-style).", show_default=False)
+    ] = None,
+    lowercase: Annotated[bool, typer.Option("--lowercase", help="Lowercase text before tokenizing (wordpiece: as bert-base-uncased).")] = False,
+    strip_accents: Annotated[
+        Optional[bool], typer.Option("--strip-accents/--keep-accents", help="wordpiece only: strip accents (é -> e) or keep them. "
+                                     "Default: strip them when lowercasing, as BERT's normalizer does.", show_default=False)
+    ] = None,
     limit_alphabet: Annotated[
-        Optional[int], typer.Option(help="Keep at most this many initial characters (whitespace and metaspace only).", show_default=False)
+        Optional[int], typer.Option(help="Keep at most this many initial characters (bpe with whitespace or metaspace, wordpiece).", show_default=False)
     ] = None,
     max_length: Annotated[int, typer.Option(help="model_max_length written to tokenizer_config.json.")] = 1024,
     json_output: JsonFlag = False,
 ) -> None:
-    """Train a byte-pair-encoding tokenizer on text files.
+    """Train a tokenizer on text files: byte-pair encoding (default), WordPiece, Unigram or characters.
 
     Reads the corpus as a stream (invalid UTF-8 replaced and counted), trains with Hugging Face
-    `tokenizers`, and writes DIR/tokenizer.json and DIR/tokenizer_config.json atomically.
+    `tokenizers`, and writes DIR/tokenizer.json and DIR/tokenizer_config.json atomically (and BERT's
+    DIR/vocab.txt for wordpiece).
 
     \b
     Example: tfcli tokenize train sample_data/corpus -o runs/tok --vocab-size 4096
+    Example: tfcli tokenize train shakespeare.txt -o runs/tok-char --model char
     """
     from tfcli.data.corpus import resolve_corpus
-    from tfcli.tokenizer.specials import parse_special_tokens
+    from tfcli.tokenizer.specials import default_specials, parse_special_tokens
     from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
 
     config = TokenizerTrainingConfig(
         vocab_size=vocab_size,
         min_frequency=min_frequency,
-        special_tokens=parse_special_tokens(special_tokens or []),
+        special_tokens=parse_special_tokens(special_tokens or [], default_specials(model)),
         pre_tokenizer=pre_tokenizer,  # type: ignore[arg-type]
         lowercase=lowercase,
         limit_alphabet=limit_alphabet,
         model_max_length=max_length,
+        model=model,  # type: ignore[arg-type]
+        strip_accents=strip_accents,
     )
     sources = resolve_corpus(corpus)
     console = stderr_console()
@@ -78,7 +96,7 @@ def train(
                 progress.update(reading, completed=done, total=max(total, 1))
             elif merging is None:
                 progress.update(reading, completed=sources.total_bytes)
-                merging = progress.add_task("computing merges", total=None)
+                merging = progress.add_task("computing merges" if model in ("bpe", "wordpiece") else "building the vocabulary", total=None)
             elif done:
                 progress.update(merging, total=1, completed=1)
 
@@ -89,6 +107,14 @@ def train(
     _render_train_summary(summary)
 
 
+_SHORT_OF_THE_ASK = {
+    "bpe": "the corpus has no more pairs at this --min-frequency",
+    "wordpiece": "the corpus has no more pairs at this --min-frequency",
+    "unigram": "the trainer kept no more pieces",
+    "char": "the corpus has no more characters",
+}
+
+
 def _render_train_summary(summary) -> None:
     from rich.table import Table
 
@@ -97,11 +123,17 @@ def _render_train_summary(summary) -> None:
     table.add_column()
     vocab = f"{summary.vocab_size:,}"
     if summary.vocab_size < summary.requested_vocab_size:
-        vocab += f" (asked {summary.requested_vocab_size:,}: the corpus has no more pairs at this --min-frequency)"
+        vocab += f" (asked {summary.requested_vocab_size:,}: {_SHORT_OF_THE_ASK.get(summary.model, 'the trainer made no more')})"
+    normalized = [name for name, on in (("lowercased", summary.lowercase), ("accents stripped", summary.strip_accents)) if on]
     table.add_row("tokenizer", str(summary.path))
+    table.add_row("model", f"{summary.model} ({summary.pre_tokenizer}{''.join(', ' + n for n in normalized)})")
     table.add_row("vocab size", vocab)
-    table.add_row("merges", f"{summary.merges:,}")
-    table.add_row("alphabet", f"{summary.alphabet_size:,} ({summary.pre_tokenizer})")
+    if summary.merges is not None:
+        table.add_row("merges", f"{summary.merges:,}")
+    table.add_row("alphabet", f"{summary.alphabet_size:,} " + ("bytes" if summary.pre_tokenizer == "byte-level" else "characters"))
+    if summary.unknown_characters:
+        table.add_row("unknown", f"{counted(summary.unknown_characters, 'rarer character')} of {summary.characters_seen:,} seen, "
+                                 f"{counted(summary.unknown_occurrences, 'occurrence')} in the corpus, encoded as {summary.unk_token}")
     table.add_row("special tokens", " ".join(summary.special_tokens))
     table.add_row("corpus", f"{counted(summary.files, 'file')}, {human_bytes(summary.bytes_read)}")
     table.add_row("bytes per token", f"{summary.bytes_per_token:.2f} (on {human_bytes(summary.sample_bytes)} of the training text)")
@@ -185,6 +217,7 @@ def show(
     """Show how a tokenizer cuts a text: each token coloured, its id beneath.
 
     Control characters show escaped (\\n, \\x1b); special-token text in <text> stays ordinary text.
+    A WordPiece token that continues a word is marked with a dim ## in front.
 
     \b
     Example: tfcli tokenize show "The cat sat on the mat." -t runs/quickstart/tokenizer
@@ -211,13 +244,17 @@ def _render_tokens(console, views) -> None:
     width = max(console.width, 20)
     top, bottom, used = Text(), Text(), 0
     for i, view in enumerate(views):
-        cell = max(cell_len(view.text), len(str(view.id)))
+        mark = "##" if view.continuation else ""  # a WordPiece piece that continues the word before it
+        shown = cell_len(mark) + cell_len(view.text)
+        cell = max(shown, len(str(view.id)))
         if used and used + cell + 1 > width:
             console.print(top, soft_wrap=True)
             console.print(bottom, soft_wrap=True)
             top, bottom, used = Text(), Text(), 0
+        if mark:
+            top.append(mark, style="dim")
         top.append(view.text, style=colours[i % len(colours)])
-        top.append(" " * (cell - cell_len(view.text) + 1))
+        top.append(" " * (cell - shown + 1))
         bottom.append(str(view.id).ljust(cell + 1), style="dim")
         used += cell + 1
     if used:
@@ -229,28 +266,37 @@ def _render_tokens(console, views) -> None:
 def trace(
     text: Annotated[str, typer.Argument(help="A short text. Underscores count as spaces, so the blackboard form works too.", show_default=False)],
     merges: Annotated[Optional[int], typer.Option(help="Stop after this many merges (default: until no pair is left).", show_default=False)] = None,
-    min_count: Annotated[int, typer.Option(help="Stop when the best pair occurs fewer times than this (2: stop when every pair is unique).")] = 1,
+    min_count: Annotated[int, typer.Option(help="Merge only pairs that occur at least this often (2: stop when every pair is unique).")] = 1,
+    model: Annotated[str, typer.Option("--model", "-m", help="bpe (merge the most frequent pair) or wordpiece (the pair with the best score).")] = "bpe",
     json_output: JsonFlag = False,
 ) -> None:
-    """Replay byte-pair merges on a small text, step by step, as a lecture does.
+    """Replay byte-pair or WordPiece merges on a small text, step by step, as a lecture does.
 
-    Whitespace is shown as _ and attached to the end of the word before it; a pair whose first token
-    ends in _ is never merged. Each step merges the most frequent pair; a tie goes to the pair of older
-    tokens (characters in code-point order, each merged token after all tokens before it).
+    bpe: whitespace is shown as _ and attached to the end of the word before it; a pair whose first
+    token ends in _ is never merged. Each step merges the most frequent pair; a tie goes to the pair of
+    older tokens (characters in code-point order, each merged token after all tokens before it).
+
+    wordpiece: words are cut at spaces and punctuation as BERT does, a character that continues a word
+    is written ##c, and each step merges the pair with the best score count(ab) / (count(a) * count(b));
+    ties as for bpe. The end also shows the text encoded as WordPiece encodes, longest match first.
 
     \b
     Example: tfcli tokenize trace "a sailor went to sea sea sea " --merges 5
+    Example: tfcli tokenize trace "a sailor went to sea sea sea " --merges 5 --model wordpiece
     """
     from tfcli.errors import TfcliError
-    from tfcli.tokenizer.trace import bpe_trace
+    from tfcli.tokenizer.trace import bpe_trace, wordpiece_trace
 
+    if model not in ("bpe", "wordpiece"):
+        raise TfcliError(f"trace replays merges of --model bpe or wordpiece, not {model!r}",
+                         hint="unigram prunes a large vocabulary and char has nothing to merge; use --model bpe or --model wordpiece")
     if merges is not None and merges < 0:
         raise TfcliError(f"--merges must be 0 or more, not {merges}")
     if min_count < 1:
         raise TfcliError(f"--min-count must be at least 1, not {min_count}")
     if len(text) > 20_000:
         raise TfcliError(f"the text has {len(text):,} characters; trace is for small texts", hint="pass at most 20,000 characters")
-    result = bpe_trace(text, max_merges=merges, min_count=min_count)
+    result = (bpe_trace if model == "bpe" else wordpiece_trace)(text, max_merges=merges, min_count=min_count)
     if json_output:
         print_json(result.to_json())
         return
@@ -264,11 +310,17 @@ def trace(
         return Text(", ".join(f"{visible(token)} {count}" for token, count in table))
 
     console.print(Text("text: ", style="bold") + Text(visible(result.text)), soft_wrap=True)
-    console.print(Text(f"start ({counted(len(result.text), 'token')}): ", style="bold") + table_line(result.initial_table))
+    console.print(Text(f"start ({counted(sum(c for _, c in result.initial_table), 'token')}): ", style="bold") + table_line(result.initial_table))
     for step in result.steps:
         head = Text(f"merge {step.number}: ", style="bold")
         head.append(f"{visible(step.left)} + {visible(step.right)} -> {visible(step.token)}", style="cyan")
-        head.append(f" ({step.count}x)")
+        if step.score is None:
+            head.append(f" ({step.count}x)")
+        else:
+            head.append(f" ({step.count}x; score {step.count}/({step.left_count}*{step.right_count}) = {float(step.score):.4g})")
         console.print(head)
         console.print(Text("  ") + table_line(step.table))
     console.print(Text(f"end ({counted(len(result.tokens), 'token')}, {counted(len(result.steps), 'merge')}): ", style="bold") + Text(" ".join(visible(t) for t in result.tokens)))
+    if result.encoded is not None and result.encoded != result.tokens:
+        console.print(Text(f"encoded, longest match first ({counted(len(result.encoded), 'token')}): ", style="bold")
+                      + Text(" ".join(visible(t) for t in result.encoded)))

@@ -34,8 +34,9 @@ class MaskPrediction:
 def fill_mask(model: Transformer, tokenizer: TextTokenizer, text: str, *, top_k: int = 5) -> list[MaskPrediction]:
     """The top_k most likely tokens for each mask in `text`, written `[MASK]` (or as the tokenizer's own mask
     token). The text is encoded in pieces around the masks, with the mask id inserted by id and [cls] in
-    front, as masked-LM training reads it. With a byte-level or metaspace tokenizer, a space just before a
-    mask goes to the filler (words carry their leading space in those vocabularies).
+    front, as masked-LM training reads it. With a byte-level, metaspace or WordPiece tokenizer, a space just
+    before a mask goes to the filler (words carry their leading space in those vocabularies; a WordPiece
+    `##` piece continues the word before the mask).
 
     Example: "The [MASK] sat on the mat" -> [MaskPrediction(0, [Filler(" cat", 0.41, "The cat sat on the mat"), ...])]
     """
@@ -54,7 +55,7 @@ def fill_mask(model: Transformer, tokenizer: TextTokenizer, text: str, *, top_k:
         raise TfcliError(f"the text has no {MASK_PLACEHOLDER} to fill in", hint=f'write one where a word is missing: "The {MASK_PLACEHOLDER} sat on the mat"')
     n_masks = len(pieces) - 1
     written = pieces
-    if tokenizer.pre_tokenizer_kind in ("byte-level", "metaspace"):  # the filler brings its own space
+    if tokenizer.words_carry_their_space:  # the filler brings its own space (a WordPiece "##" filler none)
         pieces = [p[:-1] if p.endswith(" ") and i < n_masks else p for i, p in enumerate(pieces)]
     ids = [cls_id]
     mask_positions = []

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 MAX_VOCAB_SIZE = 1 << 22
+WORDPIECE_PREFIX = "##"  # a WordPiece token that continues the word before it
+# Tokens a WordPiece decoder glues to the word before them ("word ." reads "word."), as BERT's cleanup does.
+_NO_SPACE_BEFORE = frozenset({".", ",", "!", "?"})
+_MODEL_FAMILIES = {"BPE": "bpe", "WordPiece": "wordpiece", "Unigram": "unigram", "WordLevel": "wordlevel"}
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -90,11 +94,43 @@ class TextTokenizer:
         return self.hf.get_vocab_size(with_added_tokens=True)
 
     @cached_property
+    def _spec(self) -> dict[str, Any]:
+        return json.loads(self.hf.to_str())
+
+    @cached_property
     def pre_tokenizer_kind(self) -> str:
-        """"byte-level", "whitespace", "metaspace", or the library's type name for anything else."""
-        spec = json.loads(self.hf.to_str()).get("pre_tokenizer") or {}
-        kinds = {"ByteLevel": "byte-level", "Whitespace": "whitespace", "Metaspace": "metaspace"}
+        """"byte-level", "whitespace", "metaspace", "bert" (WordPiece's), "characters" (char's), or the
+        library's type name for anything else."""
+        spec = self._spec.get("pre_tokenizer") or {}
+        if self.family == "char":
+            return "characters"
+        kinds = {"ByteLevel": "byte-level", "Whitespace": "whitespace", "Metaspace": "metaspace", "BertPreTokenizer": "bert"}
         return kinds.get(spec.get("type"), spec.get("type") or "none")
+
+    @cached_property
+    def family(self) -> str:
+        """"bpe", "wordpiece", "unigram", "char" (a word-level vocabulary of single characters), "wordlevel",
+        or the library's model type for anything else."""
+        kind = (self._spec.get("model") or {}).get("type", "")
+        family = _MODEL_FAMILIES.get(kind, kind.lower() or "none")
+        if family == "wordlevel":
+            added = {token.content for token in self.hf.get_added_tokens_decoder().values()}
+            if all(len(token) == 1 for token in self.hf.get_vocab(with_added_tokens=False) if token not in added):
+                return "char"
+        return family
+
+    @cached_property
+    def continuation_prefix(self) -> str | None:
+        """WordPiece's mark of a token that continues a word ("##"), or None for other families."""
+        if self.family != "wordpiece":
+            return None
+        return (self._spec.get("model") or {}).get("continuing_subword_prefix") or WORDPIECE_PREFIX
+
+    @property
+    def words_carry_their_space(self) -> bool:
+        """Whether a word-initial token stands for the space before the word too (byte-level and metaspace
+        vocabularies, and WordPiece as tfcli spells its tokens), so a filler at a mask brings its own space."""
+        return self.pre_tokenizer_kind in ("byte-level", "metaspace") or self.family == "wordpiece"
 
     def require(self, role: str) -> int:
         """The id of the token playing `role`, or a clear error if this tokenizer has none."""
@@ -123,7 +159,9 @@ class TextTokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes a token stands for (special tokens: their text). A byte-level token may hold part of a
-        multi-byte character, so this is bytes, not str."""
+        multi-byte character, so this is bytes, not str. A WordPiece token that starts a word stands for the
+        space before it too (" walk"), one that continues a word for its text alone ("##ing" -> "ing"), and
+        `. , ! ?` for themselves, so joined tokens read as BERT's decoder writes them."""
         token = self.hf.id_to_token(token_id)
         if token is None:
             raise TfcliError(f"token id {token_id} is outside the vocabulary (size {self.vocab_size})")
@@ -133,6 +171,11 @@ class TextTokenizer:
             decoder = self._byte_decoder
             if all(ch in decoder for ch in token):
                 return bytes(decoder[ch] for ch in token)
+        prefix = self.continuation_prefix
+        if prefix is not None:
+            if token.startswith(prefix) and len(token) > len(prefix):
+                return token[len(prefix):].encode("utf-8")
+            return (token if token in _NO_SPACE_BEFORE else " " + token).encode("utf-8")
         if self.pre_tokenizer_kind == "metaspace":
             token = token.replace("\u2581", " ")
         if token.endswith("</w>"):

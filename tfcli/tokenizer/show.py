@@ -2,7 +2,7 @@
 
 Token text is data, never markup or terminal control: `visible` turns every control or format character
 into an escape (`\\x1b`, `\\n`, `\\u202e`), and bytes that are part of a character split across tokens
-show as `\\xe2`.
+show as `\\xe2`. A WordPiece token shows as its vocabulary entry, marked when it continues a word (`##ing`).
 """
 
 from __future__ import annotations
@@ -38,19 +38,25 @@ class TokenView:
     token: str  # the vocabulary entry, as stored (e.g. "Ġcat")
     text: str  # what it stands for, escaped for display (e.g. " cat")
     raw: bytes = dataclasses.field(default=b"", compare=False, repr=False)  # the bytes it stands for (part of a character, maybe)
+    continuation: bool = False  # a WordPiece token that continues the word before it (vocabulary entry "##ing", text "ing")
 
     def to_json(self) -> dict:
-        return {"id": self.id, "token": self.token, "text": self.text}
+        return {"id": self.id, "token": self.token, "text": self.text, "continuation": self.continuation}
 
 
 def token_views(tokenizer: TextTokenizer, text: str) -> list[TokenView]:
-    """The tokens of `text` (special-token text encoded as ordinary text), ready to display."""
-    return [
-        TokenView(
-            id=token_id,
-            token=tokenizer.hf.id_to_token(token_id) or "",
-            text=visible(raw.decode("utf-8", errors="backslashreplace")),
-            raw=raw,
-        )
-        for token_id, raw in ((i, tokenizer.token_bytes(i)) for i in tokenizer.encode(text))
-    ]
+    """The tokens of `text` (special-token text encoded as ordinary text), ready to display. A WordPiece
+    token's text is its vocabulary entry without the `##` (which `continuation` records) and without the
+    space `token_bytes` puts before a word."""
+    prefix = tokenizer.continuation_prefix
+    views = []
+    for token_id in tokenizer.encode(text):
+        token = tokenizer.hf.id_to_token(token_id) or ""
+        raw = tokenizer.token_bytes(token_id)
+        shown = raw.decode("utf-8", errors="backslashreplace")
+        continuation = False
+        if prefix is not None:
+            continuation = token.startswith(prefix) and len(token) > len(prefix)
+            shown = shown.removeprefix(" ")
+        views.append(TokenView(id=token_id, token=token, text=visible(shown), raw=raw, continuation=continuation))
+    return views

@@ -26,6 +26,14 @@ DEFAULT_SPECIALS = {
     "mask": "<|mask|>",
     "cls": "<|cls|>",
 }
+# WordPiece's defaults: BERT's names, in the order transformers' BertTokenizer gives them ids (0-4).
+BERT_SPECIALS = {
+    "pad": "[PAD]",
+    "unk": "[UNK]",
+    "cls": "[CLS]",
+    "eos": "[SEP]",
+    "mask": "[MASK]",
+}
 # Names other tokenizers use for a role, tried when a tokenizer.json comes without tokenizer_config.json.
 KNOWN_NAMES = {
     "eos": ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]"),
@@ -40,33 +48,39 @@ CONFIG_KEYS = {role: f"{role}_token" for role in ROLES}
 
 @dataclasses.dataclass(frozen=True)
 class SpecialTokens:
-    """Role -> token text, plus extra special tokens without a role, in vocabulary order."""
+    """Role -> token text (in vocabulary order), plus extra special tokens without a role."""
 
     roles: Mapping[str, str]
     extra: tuple[str, ...] = ()
 
     def all_tokens(self) -> list[str]:
-        """Every special token once: the roles in ROLES order, then the extras."""
-        ordered = [self.roles[r] for r in ROLES if r in self.roles] + list(self.extra)
+        """Every special token once: the roles in the mapping's order, then the extras."""
+        ordered = [self.roles[r] for r in self.roles if r in ROLES] + list(self.extra)
         return list(dict.fromkeys(ordered))
 
     def get(self, role: str) -> str | None:
         return self.roles.get(role)
 
 
-def parse_special_tokens(specs: Iterable[str]) -> SpecialTokens:
+def default_specials(model: str) -> dict[str, str]:
+    """The special tokens a tokenizer family starts from: BERT's for WordPiece, tfcli's for the others."""
+    return dict(BERT_SPECIALS if model == "wordpiece" else DEFAULT_SPECIALS)
+
+
+def parse_special_tokens(specs: Iterable[str], defaults: Mapping[str, str] = DEFAULT_SPECIALS) -> SpecialTokens:
     """Build the special tokens from command-line items: `ROLE=TEXT` renames a role's token,
-    a bare `TEXT` adds an extra special token. Roles not named keep their defaults.
+    a bare `TEXT` adds an extra special token. Roles not named keep their `defaults` (whose order is the
+    order of their ids).
 
     Example: ["eos=</s>", "<|user|>"] -> eos "</s>", the other roles default, extra ("<|user|>",)
     """
-    roles = dict(DEFAULT_SPECIALS)
+    roles = dict(defaults)
     extra: list[str] = []
     for spec in specs:
         role, sep, text = spec.partition("=")
         if sep and role in ROLES:
             if not text:
-                raise TfcliError(f"special token {spec!r} has no text", hint=f"write {role}=TEXT, e.g. {role}={DEFAULT_SPECIALS[role]}")
+                raise TfcliError(f"special token {spec!r} has no text", hint=f"write {role}=TEXT, e.g. {role}={defaults[role]}")
             roles[role] = text
         elif sep and role.isidentifier() and text:
             raise TfcliError(f"unknown special-token role {role!r}", hint=f"use one of {', '.join(ROLES)}, or pass the token alone")
@@ -74,7 +88,7 @@ def parse_special_tokens(specs: Iterable[str]) -> SpecialTokens:
             if not spec or spec.isspace():
                 raise TfcliError("a special token cannot be empty or blank", hint="pass its text, e.g. <|user|>")
             extra.append(spec)
-    tokens = [roles[r] for r in ROLES] + extra
+    tokens = list(roles.values()) + extra
     for token in tokens:
         if len(token) == 1:
             raise TfcliError(f"special token {token!r} is a single character, which would stand for that character in all text",
