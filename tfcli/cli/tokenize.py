@@ -65,9 +65,10 @@ def train(
     `tokenizers`, and writes DIR/tokenizer.json and DIR/tokenizer_config.json atomically (and BERT's
     DIR/vocab.txt for wordpiece).
 
+    A character-level tokenizer, as nanoGPT's shakespeare_char: --model char.
+
     \b
     Example: tfcli tokenize train sample_data/corpus -o runs/tok --vocab-size 4096
-    Example: tfcli tokenize train shakespeare.txt -o runs/tok-char --model char
     """
     from tfcli.data.corpus import resolve_corpus
     from tfcli.tokenizer.specials import default_specials, parse_special_tokens
@@ -280,9 +281,10 @@ def trace(
     is written ##c, and each step merges the pair with the best score count(ab) / (count(a) * count(b));
     ties as for bpe. The end also shows the text encoded as WordPiece encodes, longest match first.
 
+    The same text with --model wordpiece puts both algorithms side by side.
+
     \b
     Example: tfcli tokenize trace "a sailor went to sea sea sea " --merges 5
-    Example: tfcli tokenize trace "a sailor went to sea sea sea " --merges 5 --model wordpiece
     """
     from tfcli.errors import TfcliError
     from tfcli.tokenizer.trace import bpe_trace, wordpiece_trace
