@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.conftest import SAMPLE_DATA
 from tfcli.data.shards import load_shard_meta, open_shard
@@ -14,11 +19,27 @@ from tfcli.tokenizer.core import TextTokenizer
 QUICK = ("--steps", "4", "--classifier-steps", "4")
 
 
-def test_quickstart_runs_the_chain_then_keeps_it(cli, tmp_path):
-    out = tmp_path / "qs"
-    first = cli("quickstart", "-o", out, "--data", SAMPLE_DATA, *QUICK)
-    assert first.code == 0, first.stderr
-    assert first.stdout.count("made ") == 4 and "next:" in first.stdout
+@pytest.fixture(scope="module")
+def quick_chain(tmp_path_factory):
+    """One short quickstart, made once for the module (a tokenizer over the whole corpus is most of its
+    time); each test copies what it needs. Returns the folder and what the command printed."""
+    out = tmp_path_factory.mktemp("quick") / "qs"
+    done = subprocess.run([sys.executable, "-m", "tfcli", "quickstart", "-o", str(out), "--data", str(SAMPLE_DATA), *QUICK],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return out, done.stdout
+
+
+def copied(chain: Path, to: Path, parts: tuple[str, ...] = ("tokenizer", "shards", "model", "classifier")) -> Path:
+    for part in parts:
+        shutil.copytree(chain / part, to / part)
+    return to
+
+
+def test_quickstart_runs_the_chain_then_keeps_it(cli, tmp_path, quick_chain):
+    chain, printed = quick_chain
+    assert printed.count("made ") == 4 and "next:" in printed
+    out = copied(chain, tmp_path / "qs")
     assert (out / "model" / "model.safetensors").is_file() and (out / "classifier" / "loss.png").is_file()
 
     tokenizer = TextTokenizer.load(out / "tokenizer")
@@ -41,9 +62,8 @@ def test_quickstart_runs_the_chain_then_keeps_it(cli, tmp_path):
     assert TextTokenizer.load(out / "tokenizer").sha256 == tokenizer.sha256  # training is deterministic
 
 
-def test_quickstart_remakes_shards_when_the_tokenizer_changed(cli, tmp_path):
-    out = tmp_path / "qs"
-    assert cli("quickstart", "-o", out, "--data", SAMPLE_DATA, *QUICK).code == 0
+def test_quickstart_remakes_shards_when_the_tokenizer_changed(cli, tmp_path, quick_chain):
+    out = copied(quick_chain[0], tmp_path / "qs")
     assert cli("tokenize", "train", SAMPLE_DATA / "corpus", "-o", out / "tokenizer", "--vocab-size", "600").code == 0
     again = cli("quickstart", "-o", out, "--data", SAMPLE_DATA, *QUICK)
     said = " ".join(again.stdout.split())
@@ -57,14 +77,15 @@ def test_quickstart_without_sample_data(cli, tmp_path):
     assert result.code == 2 and "no corpus/ folder" in result.stderr
 
 
-def test_quickstart_learns_the_stories_and_the_reviews(cli, tmp_path):
+def test_quickstart_learns_the_stories_and_the_reviews(cli, tmp_path, quick_chain):
     """Quality, on a shortened schedule: the decoder's validation loss ends well below the unigram
-    entropy of the shards, and the classifier well above the majority-class baseline."""
+    entropy of the shards, and the classifier well above the majority-class baseline. (The tokenizer and
+    shards are the module's: the quickstart keeps them and trains both models.)"""
     from tfcli.quickstart import majority_baseline
     from tfcli.train.evaluate import unigram_entropy
     from tfcli.train.state import read_metrics
 
-    out = tmp_path / "qs"
+    out = copied(quick_chain[0], tmp_path / "qs", ("tokenizer", "shards"))
     result = cli("quickstart", "-o", out, "--data", SAMPLE_DATA, "--steps", "60", "--classifier-steps", "150")
     assert result.code == 0, result.stderr
     val_loss = [r["val_loss"] for r in read_metrics(out / "model" / "metrics.jsonl") if "val_loss" in r][-1]
