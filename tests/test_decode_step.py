@@ -7,17 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conftest import forget_accel
+from tfcli.accel import accelerate, decode_step, native
 from tfcli.generate.decoding import Generator
 from tfcli.generate.events import Done
-from tfcli.generate.window import DecoderWindow, Vocabulary
 from tfcli.generate.settings import GenerationSettings
-from tfcli.accel import accelerate, decode_step, native
+from tfcli.generate.window import DecoderWindow, Vocabulary
 from tfcli.model.attention import KVCache
 from tfcli.model.config import ModelConfig
 from tfcli.model.layers import RMSNorm
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
-from tests.conftest import forget_accel
 
 
 @pytest.fixture

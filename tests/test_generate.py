@@ -16,9 +16,9 @@ from tfcli.checkpoint import load_checkpoint, save_checkpoint
 from tfcli.generate.conversation import Conversation
 from tfcli.generate.decoding import Generator
 from tfcli.generate.events import Chunk, Done, Finished, Notice
-from tfcli.generate.window import DecoderWindow, Vocabulary
 from tfcli.generate.settings import GenerationSettings
 from tfcli.generate.stream import CompletionText, TokenBytes
+from tfcli.generate.window import DecoderWindow, Vocabulary
 from tfcli.model.config import ModelConfig
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer, _byte_decoder
@@ -270,13 +270,13 @@ def test_encoder_decoder_encodes_the_source_once_and_cross_keys_once(tokenizer):
         calls = {"encode": 0, "cross_kv": 0}
         encode = model.encode
 
-        def counting_encode(*args, **kwargs):
+        def counting_encode(*args, calls=calls, encode=encode, **kwargs):
             calls["encode"] += 1
             return encode(*args, **kwargs)
 
         model.encode = counting_encode
         for block in model.decoder.blocks:
-            block.cross_attn.kv.register_forward_hook(lambda *_: calls.__setitem__("cross_kv", calls["cross_kv"] + 1))
+            block.cross_attn.kv.register_forward_hook(lambda *_, calls=calls: calls.__setitem__("cross_kv", calls["cross_kv"] + 1))
         settings = GenerationSettings(strategy=strategy, num_beams=beams, max_new_tokens=12, stop_at_eos=False)
         _, done = run_all(Generator(model, tokenizer, settings), ["The fox found a ball"])
         assert len(done.completions[0].tokens) == 12
@@ -438,7 +438,7 @@ def test_cli_prompt_file_batches_and_matches_one_by_one(cli, runs, tmp_path):
 
 
 def test_cli_prompts_from_stdin_with_samples(cli, runs, monkeypatch):
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("The fox\nTom had\n".encode())))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"The fox\nTom had\n")))
     data = json.loads(cli("generate", runs["decoder"], "--prompt-file", "-", "-n", "5", "--num-samples", "2", "--seed", "1", "--json").stdout)
     assert [(c["prompt_index"], c["sample_index"]) for c in data["completions"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 

@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.conftest import forget_accel
 
+from tests.conftest import forget_accel
 from tfcli.accel import accelerate, decode_step, native, products
 from tfcli.model.attention import KVCache
 from tfcli.model.config import ModelConfig

@@ -15,7 +15,6 @@ from tests.conftest import SAMPLE_DATA
 from tfcli.data.shards import load_shard_meta, open_shard
 from tfcli.tokenizer.core import TextTokenizer
 
-
 QUICK = ("--steps", "4", "--classifier-steps", "4")
 
 

@@ -542,8 +542,8 @@ def test_finetune_refusals(cli, shards, reviews, tmp_path, trained_tokenizer):
     other = tmp_path / "other-shards"
     from tfcli.data.corpus import resolve_corpus
     from tfcli.data.shards import encode_corpus
-    from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
     from tfcli.tokenizer.core import TextTokenizer
+    from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
 
     corpus = tmp_path / "c.txt"
     corpus.write_text(TINY_TEXT * 10)

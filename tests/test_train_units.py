@@ -11,8 +11,8 @@ import torch
 
 from tfcli.errors import TfcliError
 from tfcli.train.config import parse_duration, parse_value, resolve_configs
-from tfcli.training_config import TrainConfig
 from tfcli.train.optim import lr_factor
+from tfcli.training_config import TrainConfig
 
 
 @pytest.mark.parametrize("text, seconds", [("90s", 90), ("3m", 180), ("1h30m", 5400), ("45", 45), ("1.5m", 90)])

@@ -14,8 +14,8 @@ import dataclasses
 import json
 import os
 import shutil
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tfcli import __version__

@@ -122,7 +122,7 @@ def majority_baseline(run_dir: Path) -> float:
     from collections import Counter
 
     from tfcli.checkpoint import read_run_config
-    from tfcli.data.labeled import read_jsonl, split_validation, LabeledSet
+    from tfcli.data.labeled import LabeledSet, read_jsonl, split_validation
 
     training = read_run_config(run_dir).training or {}
     config = training.get("config") or {}

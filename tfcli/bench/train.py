@@ -61,11 +61,10 @@ def _job(implementation: str, preset_name: str, batch: int, steps: int, threads:
     import torch
 
     from tfcli.model.config import preset
-    from tfcli.training_config import TrainConfig
+    from tfcli.runtime import keep_freed_memory
     from tfcli.train.flops import measure_matmul_flops, training_flops_per_token
     from tfcli.train.setup import pick_device, use_bf16
-
-    from tfcli.runtime import keep_freed_memory
+    from tfcli.training_config import TrainConfig
 
     keep_freed_memory()  # as `tfcli train` sets it, for both loops, so they differ only in their own work
     if threads:
@@ -92,8 +91,8 @@ def _job(implementation: str, preset_name: str, batch: int, steps: int, threads:
 
 def _time_tfcli(model_config, config, tokenizer, shard_dir, run_dir, warmup: int, steps: int) -> tuple[float, int]:
     """Seconds per step of the real training loop (data, schedule, forward, backward, clipping, AdamW)."""
-    from tfcli.train.job import TrainingJob, shard_fingerprint
     from tfcli.train.events import Started, StepDone
+    from tfcli.train.job import TrainingJob, shard_fingerprint
     from tfcli.train.loop import train
 
     job = TrainingJob(run_dir, model_config, config, tokenizer, shard_dir, data_fingerprint=shard_fingerprint(shard_dir))

@@ -9,8 +9,7 @@ from typing import Annotated
 import typer
 
 from tfcli import __version__
-from tfcli.cli import bench, evaluate, hf, info, quickstart, tokenize, train
-from tfcli.cli import generate
+from tfcli.cli import bench, evaluate, generate, hf, info, quickstart, tokenize, train
 from tfcli.cli import inspect as inspect_command
 from tfcli.cli.common import Typer, print_error, state
 

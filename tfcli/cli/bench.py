@@ -211,7 +211,6 @@ def generate(
 
     from tfcli.bench.generate import run_generate_bench
     from tfcli.errors import TfcliError
-
     from tfcli.runtime import resolve_device
 
     if device != "cpu" and not device.startswith("cuda"):

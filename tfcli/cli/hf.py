@@ -47,9 +47,8 @@ def import_(
     \b
     Example: tfcli import ~/models/gpt2 -o runs/gpt2
     """
-    from tfcli.hf import import_gpt2
-
     from tfcli.fsutil import nothing_left_on_failure
+    from tfcli.hf import import_gpt2
 
     with nothing_left_on_failure(output, "importing into"):
         config = import_gpt2(source, output)

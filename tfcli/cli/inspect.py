@@ -85,12 +85,14 @@ def inspect_attention(
         attention_document,
         check_output,
         html_page,
-        inspect_attention as run_inspection,
         png_image,
         resolve_format,
         save_document,
         write_document,
         write_output,
+    )
+    from tfcli.inspect.session import (
+        inspect_attention as run_inspection,
     )
 
     began = time.perf_counter()

@@ -143,8 +143,8 @@ def finetune(
     \b
     Example: tfcli train finetune --init-from runs/tiny --task classify --data sample_data/reviews.jsonl -o runs/reviews
     """
-    from tfcli.training_config import TASKS
     from tfcli.train.job import finetune_job
+    from tfcli.training_config import TASKS
 
     _check_choice("--task", task, tuple(t for t in TASKS if t in ("lm", "mlm", "denoise", "classify", "seq2seq")))
     options = _options(max_steps=max_steps, time_budget=time_budget, batch_size=batch_size, block_size=block_size, grad_accum=grad_accum,

@@ -31,7 +31,7 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype, size: int | N
     backends = [products.TORCH]
     if products.plain_cpu_fp32(a, b) and products.available(products.ONEDNN):
         backends.append(products.ONEDNN)
-    return max(_rate(lambda: products.product(backend, a, b.t()), device, 2 * size**3, seconds) for backend in backends)
+    return max(_rate(lambda backend=backend: products.product(backend, a, b.t()), device, 2 * size**3, seconds) for backend in backends)
 
 
 def _rate(multiply, device: torch.device, flops: int, seconds: float) -> float:
