@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import SAMPLE_DATA
+
+pytestmark = pytest.mark.slow  # the real commands end to end; `-m "not slow"` skips them
 
 
 def test_bench_tokenize_reports_every_job(cli, tmp_path):

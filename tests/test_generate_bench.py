@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the real commands end to end; `-m "not slow"` skips them
+
 
 def test_bench_generate_compares_with_transformers_on_the_same_weights(cli, tmp_path):
     pytest.importorskip("transformers")

@@ -15,6 +15,8 @@ from tests.conftest import SAMPLE_DATA
 from tfcli.data.shards import load_shard_meta, open_shard
 from tfcli.tokenizer.core import TextTokenizer
 
+pytestmark = pytest.mark.slow  # the real commands end to end; `-m "not slow"` skips them
+
 QUICK = ("--steps", "4", "--classifier-steps", "4")
 
 
