@@ -296,3 +296,18 @@ def test_info_counts_an_encoder_decoders_cross_attention_cache(cli, tmp_path, to
 def test_info_bad_run_dirs(cli, tmp_path, make, message):
     result = cli("info", make(tmp_path))
     assert result.code == 2 and message in result.stderr
+
+
+def test_info_reads_only_the_ends_of_a_huge_metrics_file(cli, run, monkeypatch):
+    import tfcli.info
+
+    monkeypatch.setattr(tfcli.info, "TAIL_BYTES", 4096)  # a "huge" file of a few hundred kilobytes, read at its ends
+    lines = ['{"step": 1, "loss": 9.0, "val_loss": 1.0}'] + [f'{{"step": {s}, "loss": {10 - s / 10000}}}' for s in range(2, 20000)]
+    lines.append('{"step": 20000, "loss": 2.5, "val_loss": 3.25}')
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    history = json.loads(cli("info", run, "--json").stdout)["history"]
+    assert history["tail_only"] and history["first_step"] == 1 and history["last_step"] == 20000 and history["last_loss"] == 2.5
+    assert 50 < history["records"] < 200  # the first record and the last 4 KB, not 20,000 records
+    assert history["best_val_loss"] == 1.0  # the first record's counts too
+    shown = cli("info", run)
+    assert "read from the first line and the end of a" in " ".join(shown.stdout.split())

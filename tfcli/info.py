@@ -52,21 +52,34 @@ def run_info(run_dir: Path) -> dict[str, Any]:
     return info
 
 
+TAIL_BYTES = 4 << 20  # a metrics file larger than this is summarised from its first line and its last 4 MB
+
+
 def training_history(path: Path) -> dict[str, Any] | None:
-    """A summary of metrics.jsonl: steps logged, the first and last step, last and best losses."""
+    """A summary of metrics.jsonl: records logged, the first and last step, last and best losses. A file of
+    gigabytes is not read whole: its first record and the records in its last TAIL_BYTES are (`tail_only`;
+    `records` then counts those read, and the best validation loss is the best among them)."""
     if not path.is_file():
         return None
+    size = path.stat().st_size
+    tail_only = size > 2 * TAIL_BYTES
+    with open(path, "rb") as handle:
+        if tail_only:
+            lines = [handle.readline()]
+            handle.seek(size - TAIL_BYTES)
+            lines += handle.read().split(b"\n")[1:]  # the first piece is the end of a line cut by the seek
+        else:
+            lines = handle.read().split(b"\n")
     records = []
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            line = line.strip()
-            if line:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(record, dict):  # anything else is not a metrics record
-                    records.append(record)
+    for line in lines:
+        line = line.strip()
+        if line:
+            try:
+                record = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if isinstance(record, dict):  # anything else is not a metrics record
+                records.append(record)
     if not records:
         return None
 
@@ -77,6 +90,8 @@ def training_history(path: Path) -> dict[str, Any] | None:
     train, val = finite("loss"), finite("val_loss")
     return {
         "records": len(records),
+        "tail_only": tail_only,
+        "file_bytes": size,
         "first_step": min(steps) if steps else None,
         "last_step": max(steps) if steps else None,
         "last_loss": train[-1] if train else None,

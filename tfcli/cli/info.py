@@ -92,7 +92,9 @@ def _print_table(data: dict) -> None:
     table.add_row("tokenizer", f"{tok['vocab_size']:,} tokens{padding}, {tok['model']} ({tok['pre_tokenizer']}), specials {' '.join(tok['special_tokens'].values())}")
     history = data["history"]
     if history:
-        table.add_row("history", f"{counted(history['records'], 'record')}, steps {history['first_step']}..{history['last_step']}, "
+        read = (f"{counted(history['records'], 'record')} read from the first line and the end of a {human_bytes(history['file_bytes'])} file"
+                if history["tail_only"] else counted(history["records"], "record"))
+        table.add_row("history", f"{read}, steps {history['first_step']}..{history['last_step']}, "
                                  f"last loss {_loss(history['last_loss'])}, best val loss {_loss(history['best_val_loss'])}")
     for problem in data["problems"]:
         table.add_row(Text("problem", style="bold red"), Text(problem, style="red"))
