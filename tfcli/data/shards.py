@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from tfcli.data.corpus import Corpus, DocumentBoundary, DocumentPiece, ReadStats, iter_document_pieces
+from tfcli.data.corpus import Corpus, DocumentBoundary, DocumentPiece, ReadStats, empty_corpus_error, iter_document_pieces
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json, prepare_output_dir
 from tfcli.schema import JsonRecord
@@ -66,6 +66,9 @@ class ShardMeta(JsonRecord):
     skipped_binary_files: list[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
     tokenizer_path: str = ""  # where the tokenizer.json was when encoding (absolute), for training to find it
+    field: str = ""  # the text field of JSON lines, CSV and Parquet sources ("" when all are plain text)
+    skipped_records: int = 0  # records whose field was missing or not a string
+    skipped_record_examples: list[str] = dataclasses.field(default_factory=list)  # the first few, by file and line or row
 
     def tokens(self, split: str) -> int:
         return self.train_tokens if split == "train" else self.val_tokens
@@ -149,7 +152,7 @@ def encode_corpus(
     """
     if not 0.0 <= val_fraction < 1.0:
         raise TfcliError(f"--val-fraction must be in [0, 1), not {val_fraction}")
-    if corpus.total_bytes == 0:
+    if corpus.total_bytes == 0 and not corpus.has_stdin:
         raise TfcliError("the corpus is empty (every file has 0 bytes)", hint="pass files that hold text")
     started = time.perf_counter()
     eos_id = tokenizer.require("eos")
@@ -177,7 +180,7 @@ def encode_corpus(
         if progress:
             progress(stats.bytes_read, corpus.total_bytes, writers["train"].tokens + writers["val"].tokens)
         if writers["train"].documents + writers["val"].documents == 0:
-            raise TfcliError("the corpus is empty (no text in any file)", hint="pass files that hold text")
+            raise empty_corpus_error(corpus, stats)
         if writers["train"].documents == 0:
             raise TfcliError(
                 f"every document went to validation ({writers['val'].documents} in all)",
@@ -197,7 +200,10 @@ def encode_corpus(
             val_fraction=val_fraction,
             seed=seed,
             document_boundary=boundary,
-            sources=[ShardSource(path=str(f.path), bytes=f.size) for f in corpus.files],
+            sources=[ShardSource(path=str(f.path), bytes=stats.stdin_bytes if f.is_stdin else f.size) for f in corpus.files],
+            field=corpus.field if any(f.format != "text" for f in corpus.files) else "",
+            skipped_records=stats.skipped_records,
+            skipped_record_examples=list(stats.skipped_examples),
             invalid_utf8_bytes=stats.invalid_bytes,
             invalid_utf8_files=len(stats.files_with_invalid_utf8),
             skipped_binary_files=[str(p) for p in corpus.skipped_binary],
