@@ -289,3 +289,37 @@ def test_memory_stays_flat_in_the_size_of_a_json_lines_file(tmp_path, trained_to
     size = (tmp_path / "x16.jsonl").stat().st_size
     assert peaks[2] < peaks[1] + size / 2, (peaks, size)  # holding the file would add more than its size
 
+
+def test_labeled_sets_in_every_format_with_renamed_fields(tmp_path, trained_tokenizer):
+    from tfcli.data.labeled import load_labeled, read_labeled
+
+    tokenizer = TextTokenizer.load(trained_tokenizer)
+    rows = [("the fox ran", "pos"), ("a sad, wet day", "neg"), ("sun\nand fun", "pos")]
+    csv_path = tmp_path / "reviews.csv.gz"
+    with gzip.open(csv_path, "wt", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["review", "stars"])
+        writer.writerows(rows)
+    examples = read_labeled(csv_path, "classify", {"text": "review", "label": "stars"})
+    assert [(e.input, e.output) for e in examples] == rows and [e.line for e in examples] == [2, 3, 4]
+    data, labels = load_labeled(csv_path, "classify", tokenizer, "decoder", 16, fields={"text": "review", "label": "stars"})
+    assert labels == ["neg", "pos"] and len(data) == 3
+
+    nested = tmp_path / "pairs.jsonl"
+    nested.write_text(_jsonl([{"q": {"en": "one"}, "a": "un"}, {"q": {"en": "two"}, "a": "deux"}]))
+    pairs = read_labeled(nested, "seq2seq", {"source": "q.en", "target": "a"})
+    assert [(e.input, e.output) for e in pairs] == [("one", "un"), ("two", "deux")]
+
+    with pytest.raises(TfcliError, match=r"reviews.csv.gz has no column 'text' \(its header: 'review', 'stars'\)"):
+        read_labeled(csv_path, "classify")
+    with pytest.raises(TfcliError, match="--source-field does not apply to --task classify"):
+        read_labeled(csv_path, "classify", {"source": "review"})
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    parquet = tmp_path / "reviews.parquet"
+    pq.write_table(pa.table({"text": ["a", "b", "c"], "label": [1, None, 0]}), parquet)
+    with pytest.raises(TfcliError, match=r"reviews.parquet row 2: 'label' must be a string or an integer, not None"):
+        read_labeled(parquet, "classify")
+    pq.write_table(pa.table({"text": ["a", "b"], "label": [1, 0]}), parquet)
+    data, labels = load_labeled(parquet, "classify", tokenizer, "decoder", 16)
+    assert labels == ["0", "1"] and data.targets == [1, 0]
