@@ -142,7 +142,8 @@ def encode(
 
     Writes DIR/train.bin and DIR/val.bin (flat little-endian token ids, uint16 when the vocabulary
     fits, else uint32; documents separated by the end-of-text id) and DIR/meta.json. Each document goes
-    whole to train or validation, drawn with --seed.
+    whole to train or validation, drawn with --seed. A byte-level BPE tokenizer with GPT-2's regex is run
+    by tiktoken where it is installed (the same ids, faster), else by tokenizers.
 
     Example: tfcli tokenize encode sample_data/corpus -t runs/tok -o runs/shards --val-fraction 0.1
     """
@@ -177,6 +178,7 @@ def encode(
     table.add_row("train", f"{meta.train_tokens:,} tokens in {meta.train_documents:,} documents")
     table.add_row("val", f"{meta.val_tokens:,} tokens in {meta.val_documents:,} documents")
     table.add_row("dtype", f"{meta.dtype} (vocab {meta.vocab_size:,})")
+    table.add_row("encoder", meta.encoder)
     table.add_row("corpus", f"{counted(len(meta.sources), 'file')}, {human_bytes(total_bytes)}")
     if meta.invalid_utf8_bytes:
         table.add_row("invalid UTF-8", f"{counted(meta.invalid_utf8_bytes, 'byte')} in {counted(meta.invalid_utf8_files, 'file')}, replaced with U+FFFD")
