@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -24,6 +25,10 @@ def test_bench_tokenize_reports_every_job(cli, tmp_path):
     # tfcli adds one end-of-text id per document and never splits special text, so counts are close
     assert abs(jobs["encode_tfcli"]["tokens"] - jobs["encode_raw"]["tokens"]) / jobs["encode_raw"]["tokens"] < 0.1
     assert data["train_time_ratio"] > 0 and data["encode_throughput_ratio"] > 0
+    # the target follows the encoder: tiktoken where installed (the synthesized tokenizer is byte-level BPE)
+    expected = "tiktoken" if importlib.util.find_spec("tiktoken") else "tokenizers"
+    assert jobs["encode_tfcli"]["encoder"] == expected
+    assert data["encode_throughput_target"] == (2.5 if expected == "tiktoken" else 0.9)
 
 
 def test_bench_bad_options(cli, tmp_path):

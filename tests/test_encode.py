@@ -125,22 +125,29 @@ def test_shard_dtype(vocab, dtype):
     assert shard_dtype_name(vocab) == dtype
 
 
-def test_batches_stay_bounded_however_large_the_corpus(tmp_path, trained_tokenizer, monkeypatch):
+@pytest.mark.parametrize("encoder", ["tokenizers", "tiktoken"])
+def test_batches_stay_bounded_however_large_the_corpus(tmp_path, trained_tokenizer, monkeypatch, encoder):
     import tfcli.data.shards as shards
+    from tfcli.tokenizer.fast import ENCODER_ENV, FastEncoder
 
+    if encoder == "tiktoken":
+        pytest.importorskip("tiktoken")
+    monkeypatch.setenv(ENCODER_ENV, encoder)
     monkeypatch.setattr(shards, "BATCH_CHARS", 20_000)
     path = tmp_path / "big.txt"
     path.write_text(("a line of text for the fox " * 30 + "\n") * 2000 + "x " * 300_000)  # and one huge line
     tokenizer = TextTokenizer.load(trained_tokenizer)
     sizes = []
-    original = TextTokenizer.encode_batch
+    spied = FastEncoder if encoder == "tiktoken" else TextTokenizer
+    original = spied.encode_batch
 
     def spy(self, texts):
         sizes.append(sum(map(len, texts)))
         return original(self, texts)
 
-    monkeypatch.setattr(TextTokenizer, "encode_batch", spy)
+    monkeypatch.setattr(spied, "encode_batch", spy)
     meta = encode_corpus(resolve_corpus([path]), tokenizer, tmp_path / "s", val_fraction=0.0)
+    assert meta.encoder == encoder
     assert len(sizes) >= 20  # ~1.9 MB of text
     assert max(sizes) <= 20_000 + (1 << 16)
     assert meta.train_documents == 1 and meta.train_tokens > 300_000

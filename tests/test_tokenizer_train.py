@@ -242,7 +242,7 @@ def test_a_line_of_megabytes_trains_in_bounded_pieces(tmp_path, monkeypatch):
     path = tmp_path / "oneline.txt"
     path.write_text("the quick brown fox jumps " * 80_000)  # ~2 MB, no newline
     longest = 0
-    original = train_module.iter_line_blocks
+    original = train_module.iter_text_batches
 
     def spy(*args, **kwargs):
         nonlocal longest
@@ -250,7 +250,7 @@ def test_a_line_of_megabytes_trains_in_bounded_pieces(tmp_path, monkeypatch):
             longest = max(longest, *map(len, lines))
             yield lines
 
-    monkeypatch.setattr(train_module, "iter_line_blocks", spy)
+    monkeypatch.setattr(train_module, "iter_text_batches", spy)
     summary = train_tokenizer(resolve_corpus([path]), tmp_path / "tok", TokenizerTrainingConfig(vocab_size=300))
     assert summary.merges > 0
     assert 0 < longest <= 1 << 16

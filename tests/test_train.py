@@ -505,6 +505,42 @@ def test_finetune_classifier_learns_and_records_labels(cli, shards, reviews, tmp
     assert not (parent_weights["tok_emb.weight"] == child_weights["tok_emb.weight"]).all()
 
 
+def test_finetune_reads_csv_and_parquet_with_renamed_fields(cli, shards, reviews, tmp_path):
+    import csv
+    import gzip
+
+    rows = [json.loads(line) for line in reviews.read_text().splitlines()]
+    table = tmp_path / "reviews.csv.gz"
+    with gzip.open(table, "wt", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["id", "review", "stars"])
+        writer.writerows([i, r["text"], r["label"]] for i, r in enumerate(rows))
+    parent = tmp_path / "parent"
+    assert cli(*pretrain_args(shards, parent, "--max-steps", "2")).code == 0
+    child = tmp_path / "child"
+    args = ["train", "finetune", "--init-from", parent, "--task", "classify", "--max-steps", "3", "--batch-size", "8"]
+    result = cli(*args, "--data", table, "-o", child, "--text-field", "review", "--label-field", "stars")
+    assert result.code == 0, result.stderr
+    from tfcli.checkpoint import read_run_config
+
+    training = read_run_config(child).training
+    assert training["labels"] == ["fox", "other"] and training["fields"] == {"text": "review", "label": "stars"}
+    scored = cli("eval", child, "--data", table, "--json")  # the run's own field names
+    assert scored.code == 0 and json.loads(scored.stdout)["examples"] == len(rows), scored.stderr
+    missing = cli(*args, "--data", table, "-o", tmp_path / "c2")
+    assert missing.code == 2 and "reviews.csv.gz has no column 'text'" in missing.stderr and "--text-field" in missing.stderr
+    wrong = cli(*args, "--data", table, "-o", tmp_path / "c3", "--source-field", "review")
+    assert wrong.code == 2 and "--source-field does not apply to --task classify" in wrong.stderr
+
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    parquet = tmp_path / "reviews.parquet"
+    pq.write_table(pa.table({"text": [r["text"] for r in rows], "label": [1 if r["label"] == "fox" else 0 for r in rows]}), parquet)
+    result = cli(*args, "--data", parquet, "-o", tmp_path / "c4", "--json")
+    assert result.code == 0, result.stderr
+    assert read_run_config(tmp_path / "c4").training["labels"] == ["0", "1"]
+
+
 def test_finetune_with_a_frozen_body_trains_only_the_head(cli, shards, reviews, tmp_path):
     parent = tmp_path / "parent"
     assert cli(*pretrain_args(shards, parent, "--arch", "encoder", "--max-steps", "3")).code == 0

@@ -65,6 +65,7 @@ class TrainingRecord(JsonRecord):
     val_data: str | None = None
     init_from: str | None = None
     val_loss: float | None = None  # the best checkpoint's validation loss
+    fields: dict[str, str] | None = None  # classify / seq2seq: the data's names of text, label, source, target, where renamed
 
 
 @dataclasses.dataclass

@@ -122,11 +122,11 @@ def majority_baseline(run_dir: Path) -> float:
     from collections import Counter
 
     from tfcli.checkpoint import read_run_config
-    from tfcli.data.labeled import LabeledSet, read_jsonl, split_validation
+    from tfcli.data.labeled import LabeledSet, read_labeled, split_validation
 
     training = read_run_config(run_dir).training or {}
     config = training.get("config") or {}
-    rows = read_jsonl(Path(training["data"]), "classify")
+    rows = read_labeled(Path(training["data"]), "classify", training.get("fields"))
     labels = LabeledSet([[0]] * len(rows), [str(r[1]) for r in rows], training["data"])
     _, val = split_validation(labels, config.get("val_fraction", 0.1), config.get("seed", 1337))
     return Counter(val.targets).most_common(1)[0][1] / len(val.targets)

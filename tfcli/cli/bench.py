@@ -74,8 +74,8 @@ def tokenize(
 ) -> None:
     """Time `tokenize train` and `tokenize encode` against raw `tokenizers` calls on the same text.
 
-    Targets: train time <= 1.10x raw BpeTrainer; encode throughput >= 0.9x raw encode_batch;
-    encode peak RSS under 500 MB.
+    Targets: train time <= 1.10x raw BpeTrainer; encode throughput >= 2.5x raw encode_batch where tfcli
+    encodes with tiktoken (installed, and a byte-level BPE tokenizer), else >= 0.9x; encode peak RSS under 500 MB.
 
     \b
     Example: tfcli bench tokenize --size-mb 50
@@ -108,15 +108,16 @@ def tokenize(
     for column in ("job", "seconds", "MB/s", "tokens", "peak RSS"):
         table.add_column(column, justify="left" if column == "job" else "right")
     names = {"train_raw": "train, raw tokenizers", "train_tfcli": "train, tfcli", "encode_raw": "encode, raw encode_batch", "encode_tfcli": "encode, tfcli (to shards)"}
+    names["encode_tfcli"] = f"encode, tfcli (to shards, {result.encode_tfcli.encoder})"
     for m in (result.train_raw, result.train_tfcli, result.encode_raw, result.encode_tfcli):
         table.add_row(names[m.job], f"{m.seconds:.2f}", f"{m.mb_per_s:.2f}", f"{m.tokens:,}" if m.tokens else "", f"{m.peak_rss_mb:.0f} MB")
     console_out = stdout_console()
     print_table(console_out, table)
     train_ok = "ok" if result.train_ratio <= 1.10 else "MISSED"
-    encode_ok = "ok" if result.encode_ratio >= 0.9 else "MISSED"
+    encode_ok = "ok" if result.encode_ratio >= result.encode_target else "MISSED"
     rss_ok = "ok" if result.encode_tfcli.peak_rss_mb < 500 else "MISSED"
     console_out.print(f"train time ratio tfcli/raw: {result.train_ratio:.3f} (target <= 1.10: {train_ok})")
-    console_out.print(f"encode throughput ratio tfcli/raw: {result.encode_ratio:.3f} (target >= 0.90: {encode_ok})")
+    console_out.print(f"encode throughput ratio tfcli/raw: {result.encode_ratio:.3f} (target >= {result.encode_target:.2f}: {encode_ok})")
     console_out.print(f"encode peak RSS: {result.encode_tfcli.peak_rss_mb:.0f} MB (target < 500 MB: {rss_ok})")
 
 

@@ -17,7 +17,15 @@ app = Typer(
     rich_markup_mode=None,
 )
 
-Corpus = Annotated[list[str], typer.Argument(help="Text files, folders (read recursively) or quoted globs.", show_default=False)]
+Corpus = Annotated[list[str], typer.Argument(
+    help="Files, folders (read recursively), quoted globs, or - for standard input: plain text, JSON lines (.jsonl, .json), "
+    "CSV / TSV or Parquet, each also compressed (.gz, .zst, .xz, .bz2).", show_default=False)]
+Field = Annotated[str, typer.Option(
+    "--field", help="The field that holds the text in JSON lines (a dotted path reaches into nested objects), "
+    "the column in CSV, TSV and Parquet. Records without a string there are skipped and counted.")]
+InputFormat = Annotated[str, typer.Option(
+    "--input-format", help="auto (by extension, then by the first bytes; standard input that starts with { is JSON lines), "
+    "text, jsonl, csv, tsv or parquet.")]
 TokenizerFile = Annotated[Path, typer.Option("--tokenizer", "-t", help="A tokenizer.json, or the folder holding it.", show_default=False)]
 
 
@@ -57,9 +65,11 @@ def train(
         Optional[int], typer.Option(help="Keep at most this many initial characters (bpe with whitespace or metaspace, wordpiece).", show_default=False)
     ] = None,
     max_length: Annotated[int, typer.Option(help="model_max_length written to tokenizer_config.json.")] = 1024,
+    field: Field = "text",
+    input_format: InputFormat = "auto",
     json_output: JsonFlag = False,
 ) -> None:
-    """Train a tokenizer on text files: byte-pair encoding (default), WordPiece, Unigram or characters.
+    """Train a tokenizer on text files, JSON lines, CSV or Parquet: byte-pair encoding (default), WordPiece, Unigram or characters.
 
     Reads the corpus as a stream (invalid UTF-8 replaced and counted), trains with Hugging Face
     `tokenizers`, and writes DIR/tokenizer.json and DIR/tokenizer_config.json atomically (and BERT's
@@ -85,16 +95,16 @@ def train(
         model=model,  # type: ignore[arg-type]
         strip_accents=strip_accents,
     )
-    sources = resolve_corpus(corpus)
+    sources = resolve_corpus(corpus, field=field, input_format=input_format)
     console = stderr_console()
     with make_progress(console) as progress:
-        reading = progress.add_task("reading corpus", total=max(sources.total_bytes, 1))
+        reading = progress.add_task("reading corpus", total=max(sources.total_bytes, 1) if not sources.has_stdin else None)
         merging = None
 
         def report(stage: str, done: int, total: int) -> None:
             nonlocal merging
             if stage == "read":
-                progress.update(reading, completed=done, total=max(total, 1))
+                progress.update(reading, completed=done, total=max(total, 1) if not sources.has_stdin else None)
             elif merging is None:
                 progress.update(reading, completed=sources.total_bytes)
                 merging = progress.add_task("computing merges" if model in ("bpe", "wordpiece") else "building the vocabulary", total=None)
@@ -142,6 +152,8 @@ def _render_train_summary(summary) -> None:
         table.add_row("invalid UTF-8", f"{counted(summary.invalid_bytes, 'byte')} in {counted(summary.files_with_invalid_utf8, 'file')}, replaced with U+FFFD")
     if summary.skipped_binary:
         table.add_row("skipped", f"{counted(len(summary.skipped_binary), 'binary file')}")
+    if summary.skipped_records:
+        table.add_row("skipped records", _skipped_records(summary.skipped_records, summary.skipped_examples))
     table.add_row("time", f"{summary.seconds:.2f} s")
     print_table(stdout_console(), table)
 
@@ -154,15 +166,19 @@ def encode(
     val_fraction: Annotated[float, typer.Option(help="Share of documents held out for validation.")] = 0.05,
     seed: Annotated[int, typer.Option(help="Seed of the train/validation draw.")] = 0,
     documents: Annotated[
-        str, typer.Option(help="What one document is: paragraph (ends at a blank line), line, or file.")
+        str, typer.Option(help="What one document of a plain text file is: paragraph (ends at a blank line), line, or file. "
+                          "In JSON lines, CSV and Parquet each record is one.")
     ] = "paragraph",
+    field: Field = "text",
+    input_format: InputFormat = "auto",
     json_output: JsonFlag = False,
 ) -> None:
-    """Encode text files into token shards for training.
+    """Encode text files, JSON lines, CSV or Parquet into token shards for training.
 
     Writes DIR/train.bin and DIR/val.bin (flat little-endian token ids, uint16 when the vocabulary
     fits, else uint32; documents separated by the end-of-text id) and DIR/meta.json. Each document goes
-    whole to train or validation, drawn with --seed.
+    whole to train or validation, drawn with --seed. A byte-level BPE tokenizer with GPT-2's regex is run
+    by tiktoken where it is installed (the same ids, faster), else by tokenizers.
 
     \b
     Example: tfcli tokenize encode sample_data/corpus -t runs/tok -o runs/shards --val-fraction 0.1
@@ -175,12 +191,13 @@ def encode(
     if documents not in DOCUMENT_BOUNDARIES:
         raise TfcliError(f"unknown --documents {documents!r}", hint=f"use one of {', '.join(DOCUMENT_BOUNDARIES)}")
     loaded = TextTokenizer.load(tokenizer)
-    sources = resolve_corpus(corpus)
+    sources = resolve_corpus(corpus, field=field, input_format=input_format)
     console = stderr_console()
     with make_progress(console, tokens=True) as progress:
-        task = progress.add_task("encoding", total=max(sources.total_bytes, 1), tokens=0)
+        total = None if sources.has_stdin else max(sources.total_bytes, 1)
+        task = progress.add_task("encoding", total=total, tokens=0)
 
-        def report(done: int, total: int, tokens: int) -> None:
+        def report(done: int, total_bytes: int, tokens: int) -> None:
             progress.update(task, completed=done, tokens=tokens)
 
         meta = encode_corpus(sources, loaded, output, val_fraction=val_fraction, seed=seed, boundary=documents, progress=report)  # type: ignore[arg-type]
@@ -197,16 +214,27 @@ def encode(
     table.add_row("train", f"{meta.train_tokens:,} tokens in {meta.train_documents:,} documents")
     table.add_row("val", f"{meta.val_tokens:,} tokens in {meta.val_documents:,} documents")
     table.add_row("dtype", f"{meta.dtype} (vocab {meta.vocab_size:,})")
+    table.add_row("encoder", meta.encoder)
     table.add_row("corpus", f"{counted(len(meta.sources), 'file')}, {human_bytes(total_bytes)}")
     if meta.invalid_utf8_bytes:
         table.add_row("invalid UTF-8", f"{counted(meta.invalid_utf8_bytes, 'byte')} in {counted(meta.invalid_utf8_files, 'file')}, replaced with U+FFFD")
     if meta.skipped_binary_files:
         table.add_row("skipped", f"{counted(len(meta.skipped_binary_files), 'binary file')}")
+    if meta.skipped_records:
+        table.add_row("skipped records", _skipped_records(meta.skipped_records, meta.skipped_record_examples))
     rate = total_bytes / meta.seconds / 1e6 if meta.seconds else 0.0
-    table.add_row("time", f"{meta.seconds:.2f} s ({rate:.1f} MB/s)")
+    packed = any(f.compression or f.format == "parquet" for f in sources.files)  # the rate counts bytes on disk
+    table.add_row("time", f"{meta.seconds:.2f} s ({rate:.1f} MB/s{' of compressed files' if packed else ''})")
     if meta.val_fraction > 0 and meta.val_documents == 0:
         table.add_row("warning", "no document went to validation; use more documents or a larger --val-fraction")
     print_table(stdout_console(), table)
+
+
+def _skipped_records(count: int, examples: list[str]):
+    """'2 records without text in the field (a.jsonl line 3 has no 'text' field ...; ...)', as data, not markup."""
+    from rich.text import Text
+
+    return Text(f"{counted(count, 'record')} without text in the field ({'; '.join(examples)}{'; ...' if count > len(examples) else ''})")
 
 
 @app.command("show")

@@ -110,10 +110,14 @@ def pretrain(
 @app.command("finetune")
 def finetune(
     init_from: Annotated[Path, typer.Option("--init-from", help="The run directory to start from.", show_default=False)],
-    task: Annotated[str, typer.Option("--task", help="lm, mlm or denoise (continued pretraining of a decoder, encoder or encoder-decoder, on shards), classify (JSONL text/label) or seq2seq (JSONL source/target).", show_default=False)],
-    data: Annotated[Path, typer.Option("--data", help="Shards for lm, mlm and denoise; a JSONL file for classify and seq2seq.", show_default=False)],
+    task: Annotated[str, typer.Option("--task", help="lm, mlm or denoise (continued pretraining of a decoder, encoder or encoder-decoder, on shards), classify (text/label records) or seq2seq (source/target records).", show_default=False)],
+    data: Annotated[Path, typer.Option("--data", help="Shards for lm, mlm and denoise; for classify and seq2seq a labeled set: JSON lines, CSV / TSV or Parquet, compressed or not (.gz, .zst, .xz, .bz2).", show_default=False)],
     output: Output,
-    val_data: Annotated[Optional[Path], typer.Option("--val-data", help="A JSONL validation set [default: hold out --set val_fraction=0.1 of --data].", show_default=False)] = None,
+    val_data: Annotated[Optional[Path], typer.Option("--val-data", help="A labeled validation set, in any of --data's formats [default: hold out --set val_fraction=0.1 of --data].", show_default=False)] = None,
+    text_field: Annotated[Optional[str], typer.Option("--text-field", help="classify: the field (JSON lines; a dotted path reaches into nested objects) or column (CSV, Parquet) of the text [default: text].", show_default=False)] = None,
+    label_field: Annotated[Optional[str], typer.Option("--label-field", help="classify: the field or column of the label [default: label].", show_default=False)] = None,
+    source_field: Annotated[Optional[str], typer.Option("--source-field", help="seq2seq: the field or column of the source text [default: source].", show_default=False)] = None,
+    target_field: Annotated[Optional[str], typer.Option("--target-field", help="seq2seq: the field or column of the target text [default: target].", show_default=False)] = None,
     freeze: Annotated[Optional[str], typer.Option("--freeze", help="none, embeddings, or body (train only the new classification head) [default: none].", show_default=False)] = None,
     config: ConfigFile = None,
     sets: Sets = None,
@@ -151,8 +155,9 @@ def finetune(
                        lr=lr, seed=seed, save_every=save_every, eval_every=eval_every, log_every=log_every, device=device,
                        precision=precision, compile=compile_model, fsdp=fsdp, freeze=freeze)
     with no_empty_folder_left(output):
+        fields = {"text": text_field, "label": label_field, "source": source_field, "target": target_field}
         job = finetune_job(init_from=init_from, task=task, data=data, val_data=val_data, output=output, config_file=config,
-                           sets=sets or [], options=options, resume=resume)
+                           sets=sets or [], options=options, resume=resume, fields={k: v for k, v in fields.items() if v is not None})
         _run(job, json_output)
 
 

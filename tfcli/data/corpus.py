@@ -1,13 +1,16 @@
-"""Reading text corpora: resolve files, folders and globs; stream them as text in bounded pieces.
+"""Reading corpora: resolve files, folders, globs and standard input; stream them as text in bounded pieces.
 
 tfcli reads input itself (never through a library's file reader) so that one invalid UTF-8 byte is
 replaced and counted instead of aborting a run, and so a line of megabytes without a newline is cut
-into bounded pieces. Nothing here holds a whole file in memory.
+into bounded pieces. Files may be plain text, JSON lines, CSV / TSV or Parquet, compressed or not
+(`tfcli.data.formats`); in the record formats each record's text field is one document, and a record
+without text there is skipped and counted. Nothing here holds a whole file in memory.
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
 import dataclasses
 import glob
 import os
@@ -16,12 +19,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
+from tfcli.data import formats
 from tfcli.errors import TfcliError
 from tfcli.fsutil import artifact_kind
 
 READ_BLOCK_BYTES = 1 << 20
 MAX_PIECE_CHARS = 1 << 16
-BINARY_SNIFF_BYTES = 8192
+MAX_SKIP_EXAMPLES = 3  # skipped records named in summaries (all are counted)
+DEFAULT_FIELD = "text"
 
 DocumentBoundary = Literal["paragraph", "line", "file"]
 DOCUMENT_BOUNDARIES: tuple[str, ...] = ("paragraph", "line", "file")
@@ -39,20 +44,36 @@ _LEADING_BLANK_LINES = re.compile(r"\A(?:[^\S\r\n]*" + _LINE_BREAK + ")+")
 
 @dataclasses.dataclass(frozen=True)
 class CorpusFile:
-    path: Path
-    size: int
+    path: Path  # Path("-") for standard input
+    size: int  # bytes on disk (compressed size when compressed); 0 for standard input
+    format: str = "text"  # text, jsonl, csv, tsv or parquet ("auto" for standard input: told when read)
+    compression: str | None = None  # gzip, zstd, xz, bzip2
+
+    @property
+    def is_stdin(self) -> bool:
+        return str(self.path) == formats.STDIN
 
 
 @dataclasses.dataclass
 class Corpus:
-    """The text files a command reads, in a stable order, and the ones skipped while walking folders."""
+    """The files a command reads, in a stable order, and the ones skipped while walking folders.
+
+    `field` names the text of a record in JSON lines (a dotted path reaches into nested objects), CSV / TSV
+    (a header column) and Parquet (a column); plain text files ignore it.
+    """
 
     files: list[CorpusFile]
     skipped_binary: list[Path] = dataclasses.field(default_factory=list)
+    field: str = DEFAULT_FIELD
+    input_format: str = "auto"
 
     @property
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
+
+    @property
+    def has_stdin(self) -> bool:
+        return any(f.is_stdin for f in self.files)
 
 
 @dataclasses.dataclass
@@ -63,6 +84,17 @@ class ReadStats:
     files_done: int = 0
     invalid_bytes: int = 0
     files_with_invalid_utf8: set[Path] = dataclasses.field(default_factory=set)
+    skipped_records: int = 0  # records whose field is missing or not a string
+    skipped_examples: list[str] = dataclasses.field(default_factory=list)  # the first few, by file and line or row
+    stdin_bytes: int = 0
+
+    def add_read(self, n: int) -> None:
+        self.bytes_read += n
+
+    def skip(self, where: str) -> None:
+        self.skipped_records += 1
+        if len(self.skipped_examples) < MAX_SKIP_EXAMPLES:
+            self.skipped_examples.append(where)
 
 
 def replace_lone_surrogates(text: str) -> str:
@@ -93,17 +125,27 @@ def _walk(folder: Path) -> list[Path]:
     return found
 
 
-def resolve_corpus(inputs: Sequence[str | Path]) -> Corpus:
-    """Expand files, folders (walked recursively, hidden entries skipped) and globs into a Corpus.
+def resolve_corpus(inputs: Sequence[str | Path], field: str = DEFAULT_FIELD, input_format: str = "auto") -> Corpus:
+    """Expand files, folders (walked recursively, hidden entries skipped), globs and "-" (standard input)
+    into a Corpus, each file's format and compression told by its extension or its first bytes.
 
     A named file that is missing or binary is an error; a binary file met while walking a folder is
-    skipped and listed in `skipped_binary`. The same file named twice is read once.
+    skipped and listed in `skipped_binary`. A file that is not what its extension says is an error. The
+    same file named twice is read once.
     """
     if not inputs:
         raise TfcliError("no corpus given", hint="pass one or more text files, folders or globs")
+    if input_format not in formats.INPUT_FORMATS:
+        raise TfcliError(f"unknown --input-format {input_format!r}", hint=f"use one of {', '.join(formats.INPUT_FORMATS)}")
+    if not field or not field.strip():
+        raise TfcliError("--field cannot be empty", hint="name the field or column that holds the text, e.g. --field text")
     candidates: list[tuple[Path, bool]] = []  # (path, named explicitly)
+    corpus = Corpus(files=[], field=field, input_format=input_format)
     for raw in inputs:
         text = str(raw)
+        if text == formats.STDIN:
+            candidates.append((Path(formats.STDIN), True))
+            continue
         if glob.has_magic(text) and not Path(text).exists():
             matches = sorted(glob.glob(text, recursive=True))
             if not matches:
@@ -127,50 +169,80 @@ def resolve_corpus(inputs: Sequence[str | Path]) -> Corpus:
             candidates.append((path, True))
 
     seen: set[Path] = set()
-    corpus = Corpus(files=[])
     for path, explicit in candidates:
+        if str(path) == formats.STDIN:
+            if not corpus.has_stdin:
+                corpus.files.append(CorpusFile(path, 0, input_format))
+            continue
         key = path.resolve()
         if key in seen or not path.is_file():
             continue
         seen.add(key)
         try:
-            binary = _looks_binary(path)
+            sniffed = formats.sniff_file(path, input_format)
             size = path.stat().st_size
         except OSError as exc:
             raise TfcliError(f"cannot read {path}: {exc.strerror}", hint="check its permissions") from exc
-        if binary:
+        if sniffed.binary:
             if explicit:
                 raise binary_file_error(path)
             corpus.skipped_binary.append(path)
             continue
-        corpus.files.append(CorpusFile(path=path, size=size))
+        if sniffed.format == "parquet":
+            formats.require("pyarrow.parquet", "pyarrow", f"{path} is a Parquet file")
+        corpus.files.append(CorpusFile(path=path, size=size, format=sniffed.format, compression=sniffed.compression))
     if not corpus.files:
         raise TfcliError("the corpus holds no text files (only binary ones)", hint="pass text files, folders or globs")
     return corpus
 
 
-def read_text_blocks(path: Path, stats: ReadStats, block_bytes: int | None = None) -> Iterator[str]:
-    """Yield the file's text in blocks of about `block_bytes` (default READ_BLOCK_BYTES); invalid UTF-8
-    bytes become U+FFFD, counted."""
+@contextlib.contextmanager
+def open_corpus_file(source: CorpusFile | Path, stats: ReadStats) -> Iterator[formats.OpenedSource]:
+    """Open one corpus file (or standard input) for reading; bytes read from disk count in `stats`."""
+    if not isinstance(source, CorpusFile):
+        path = Path(source)
+        sniffed = formats.sniff_file(path)
+        source = CorpusFile(path, path.stat().st_size, sniffed.format, sniffed.compression)
+    try:
+        with formats.open_source(source.path, source.format, source.compression, stats.add_read, source.size) as opened:
+            try:
+                yield opened
+            finally:
+                if source.is_stdin:
+                    stats.stdin_bytes += opened.consumed
+    except OSError as exc:
+        if isinstance(exc, (FileNotFoundError, PermissionError)):
+            raise TfcliError(f"cannot read {source.path}: {exc.strerror}", hint="check that it is still there and readable") from exc
+        raise
+
+
+def decode_blocks(opened: formats.OpenedSource, stats: ReadStats, block_bytes: int | None = None) -> Iterator[str]:
+    """Yield an opened file's text in blocks of about `block_bytes` (default READ_BLOCK_BYTES); invalid
+    UTF-8 bytes become U+FFFD, counted."""
     block_bytes = block_bytes or READ_BLOCK_BYTES
     decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
     bad_in_file = 0
-    with open(path, "rb") as handle:
-        while True:
-            block = handle.read(block_bytes)
-            final = not block
-            text = decoder.decode(block, final=final)
-            stats.bytes_read += len(block)
-            if text:
-                if _ESCAPED_BYTE.search(text):
-                    text, bad = _ESCAPED_BYTE.subn("\ufffd", text)
-                    bad_in_file += bad
-                yield text
-            if final:
-                break
+    while True:
+        block = formats.read_block(opened.stream, block_bytes, opened.name, opened.compression)
+        final = not block
+        text = decoder.decode(block, final=final)
+        if text:
+            if _ESCAPED_BYTE.search(text):
+                text, bad = _ESCAPED_BYTE.subn("\ufffd", text)
+                bad_in_file += bad
+            yield text
+        if final:
+            break
     if bad_in_file:
         stats.invalid_bytes += bad_in_file
-        stats.files_with_invalid_utf8.add(path)
+        stats.files_with_invalid_utf8.add(opened.path)
+
+
+def read_text_blocks(path: CorpusFile | Path, stats: ReadStats, block_bytes: int | None = None) -> Iterator[str]:
+    """Yield a file's text (decompressed if it is compressed) in blocks of about `block_bytes` (default
+    READ_BLOCK_BYTES); invalid UTF-8 bytes become U+FFFD, counted."""
+    with open_corpus_file(path, stats) as opened:
+        yield from decode_blocks(opened, stats, block_bytes)
     stats.files_done += 1
 
 
@@ -195,12 +267,16 @@ def split_long(text: str, limit: int = MAX_PIECE_CHARS) -> list[str]:
     return pieces
 
 
-def iter_line_blocks(path: Path, stats: ReadStats, limit: int = MAX_PIECE_CHARS) -> Iterator[list[str]]:
+def iter_line_blocks(path: CorpusFile | Path, stats: ReadStats, limit: int = MAX_PIECE_CHARS) -> Iterator[list[str]]:
     """Yield the file's lines, with their line endings, a read block's worth at a time; a line longer
     than `limit` comes in pieces. Lists rather than single lines keep Python's per-line cost off the
     hot path of tokenizer training."""
+    return _line_blocks(read_text_blocks(path, stats), limit)
+
+
+def _line_blocks(blocks: Iterator[str], limit: int) -> Iterator[list[str]]:
     pending = ""
-    for block in read_text_blocks(path, stats):
+    for block in blocks:
         lines = (pending + block).splitlines(keepends=True)
         pending = lines.pop() if lines and not lines[-1].endswith(("\n", "\r")) else ""
         if len(pending) > limit:  # a huge line without a newline yet: release all but the tail
@@ -214,10 +290,62 @@ def iter_line_blocks(path: Path, stats: ReadStats, limit: int = MAX_PIECE_CHARS)
         yield split_long(pending, limit)
 
 
-def iter_lines(path: Path, stats: ReadStats, limit: int = MAX_PIECE_CHARS) -> Iterator[str]:
+def iter_lines(path: CorpusFile | Path, stats: ReadStats, limit: int = MAX_PIECE_CHARS) -> Iterator[str]:
     """Yield the file's lines with their line endings; a line longer than `limit` comes in pieces."""
     for lines in iter_line_blocks(path, stats, limit):
         yield from lines
+
+
+def iter_records(opened: formats.OpenedSource, fields: Sequence[str], stats: ReadStats, *, strict: bool = False,
+                 hint: str = "") -> Iterator[formats.Row]:
+    """The rows of an opened JSON lines, CSV / TSV or Parquet file, with the values of `fields`.
+
+    `strict`: a line that is not JSON is an error (else it comes back with a `problem`, after the first).
+    `hint`: what to say when a file has no such column.
+    """
+    if opened.format == "parquet":
+        size = opened.size
+        credited = 0
+
+        def progress(done: int, total: int) -> None:
+            nonlocal credited
+            target = size * done // total if total else size
+            stats.add_read(target - credited)
+            credited = target
+
+        yield from formats.parquet_rows(opened.parquet, opened.name, fields, hint, progress if size else None)
+        return
+    lines = formats.record_lines(decode_blocks(opened, stats))
+    if opened.format == "jsonl":
+        yield from formats.jsonl_rows(lines, opened.name, fields, strict)
+    elif opened.format in ("csv", "tsv"):
+        yield from formats.csv_rows(lines, opened.name, fields, "\t" if opened.format == "tsv" else ",", hint)
+    else:  # pragma: no cover - callers dispatch text files elsewhere
+        raise AssertionError(opened.format)
+
+
+def record_unit(opened: formats.OpenedSource) -> str:
+    """How a record's place in its file is told: Parquet by row, the others by line."""
+    return "row" if opened.format == "parquet" else "line"
+
+
+def iter_record_texts(opened: formats.OpenedSource, field: str, stats: ReadStats) -> Iterator[str]:
+    """The text of each record of an opened record file; a record whose field is missing or not a string
+    is skipped and counted in `stats` (the first few by file and line or row); blank texts are left out."""
+    unit = record_unit(opened)
+    json_lines = opened.format == "jsonl"
+    hint = "name the column that holds the text with --field"
+    for row in iter_records(opened, (field,), stats, hint=hint):
+        value = row.values[0]
+        if type(value) is not str:
+            problem = row.problem or formats.value_problem(field, value)
+            stats.skip(f"{opened.name} {unit} {row.number} {problem}" if row.problem else f"{opened.name} {unit} {row.number}: {problem}")
+            continue
+        if not value or value.isspace():
+            continue
+        if json_lines:  # JSON escapes can spell lone surrogates, which no UTF-8 encoder takes
+            value = replace_lone_surrogates(value)
+        yield value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,23 +361,62 @@ def iter_document_pieces(
 ) -> Iterator[DocumentPiece]:
     """Stream the corpus as documents, each in pieces of at most about `limit` characters.
 
-    boundary "paragraph": a blank line ends a document; "line": every non-blank line is one;
-    "file": every file is one. A document's trailing line break is dropped (the end-of-text id
-    takes its place). Empty documents are never produced.
+    Text files, by `boundary`: "paragraph": a blank line ends a document; "line": every non-blank line is
+    one; "file": every file is one. A document's trailing line break is dropped (the end-of-text id
+    takes its place). JSON lines, CSV / TSV and Parquet: the text of each record (`corpus.field`) is one
+    document, as it is. Empty documents are never produced.
     """
     for corpus_file in corpus.files:
-        if boundary == "file":
-            yield from _file_document(corpus_file.path, stats, limit)
-        elif boundary == "paragraph":
-            yield from _paragraph_documents(corpus_file.path, stats, limit)
-        else:
-            yield from _line_documents(corpus_file.path, stats, limit)
+        with open_corpus_file(corpus_file, stats) as opened:
+            if opened.format != "text":
+                for text in iter_record_texts(opened, corpus.field, stats):
+                    yield from _bounded(text, limit, ends=True)
+            elif boundary == "file":
+                yield from _file_document(decode_blocks(opened, stats), limit)
+            elif boundary == "paragraph":
+                yield from _paragraph_documents(decode_blocks(opened, stats), limit)
+            else:
+                yield from _line_documents(decode_blocks(opened, stats), limit)
+        stats.files_done += 1
 
 
-def _file_document(path: Path, stats: ReadStats, limit: int) -> Iterator[DocumentPiece]:
+def iter_text_batches(corpus: Corpus, stats: ReadStats, limit: int = MAX_PIECE_CHARS) -> Iterator[list[str]]:
+    """The corpus as lists of strings of about a read block each, for tokenizer training: the lines of
+    text files (with their line endings), the texts of records; nothing longer than `limit`."""
+    for corpus_file in corpus.files:
+        with open_corpus_file(corpus_file, stats) as opened:
+            if opened.format == "text":
+                yield from _line_blocks(decode_blocks(opened, stats), limit)
+            else:
+                batch: list[str] = []
+                chars = 0
+                for text in iter_record_texts(opened, corpus.field, stats):
+                    if len(text) > limit:
+                        batch.extend(split_long(text, limit))
+                    else:
+                        batch.append(text)
+                    chars += len(text)
+                    if chars >= READ_BLOCK_BYTES:
+                        yield batch
+                        batch, chars = [], 0
+                if batch:
+                    yield batch
+        stats.files_done += 1
+
+
+def empty_corpus_error(corpus: Corpus, stats: ReadStats) -> TfcliError:
+    """The error for a corpus that gave no text: which records were skipped, if any, and why."""
+    if stats.skipped_records:
+        return TfcliError(f"no record in the corpus has text in {corpus.field!r}: {stats.skipped_records:,} skipped "
+                          f"(the first: {stats.skipped_examples[0]})",
+                          hint="name the field or column that holds the text with --field")
+    return TfcliError("the corpus is empty (no text in any file)", hint="pass files that hold text")
+
+
+def _file_document(blocks: Iterator[str], limit: int) -> Iterator[DocumentPiece]:
     held = ""
     sent = False
-    for block in read_text_blocks(path, stats):
+    for block in blocks:
         held += block
         if len(held) > limit:
             *ready, held = split_long(held, limit)
@@ -261,11 +428,11 @@ def _file_document(path: Path, stats: ReadStats, limit: int) -> Iterator[Documen
         yield DocumentPiece(held, True)
 
 
-def _paragraph_documents(path: Path, stats: ReadStats, limit: int) -> Iterator[DocumentPiece]:
+def _paragraph_documents(blocks: Iterator[str], limit: int) -> Iterator[DocumentPiece]:
     """Documents separated by blank lines; the splitting runs once per read block, in C."""
     held = ""  # the start of a paragraph whose end has not been read yet
     continued = False  # pieces of that paragraph were already sent
-    for block in read_text_blocks(path, stats):
+    for block in blocks:
         *complete, held = _PARAGRAPH_BREAK.split(held + block)
         for paragraph in complete:
             if not continued:
@@ -293,20 +460,21 @@ def _bounded(text: str, limit: int, ends: bool) -> Iterator[DocumentPiece]:
         yield DocumentPiece(piece, ends and i == len(pieces) - 1)
 
 
-def _line_documents(path: Path, stats: ReadStats, limit: int) -> Iterator[DocumentPiece]:
+def _line_documents(blocks: Iterator[str], limit: int) -> Iterator[DocumentPiece]:
     """Every non-blank line is a document; a line longer than `limit` arrives (and leaves) in pieces."""
     open_piece: str | None = None  # a piece of a long line, held until we know whether the line goes on
-    for line in iter_lines(path, stats, limit):
-        body = line.rstrip("\r\n")
-        ends_line = len(body) < len(line)
-        if open_piece is not None:
-            yield DocumentPiece(open_piece, False)
-            open_piece = None
-        elif not body.strip():
-            continue
-        if ends_line:
-            yield DocumentPiece(body, True)
-        else:
-            open_piece = body
+    for lines in _line_blocks(blocks, limit):
+        for line in lines:
+            body = line.rstrip("\r\n")
+            ends_line = len(body) < len(line)
+            if open_piece is not None:
+                yield DocumentPiece(open_piece, False)
+                open_piece = None
+            elif not body.strip():
+                continue
+            if ends_line:
+                yield DocumentPiece(body, True)
+            else:
+                open_piece = body
     if open_piece is not None:
         yield DocumentPiece(open_piece, True)

@@ -1,21 +1,26 @@
-"""Labeled JSONL sets: `{"text", "label"}` for classification, `{"source", "target"}` for sequence-to-sequence.
+"""Labeled sets: `{"text", "label"}` for classification, `{"source", "target"}` for sequence-to-sequence, as
+JSON lines, CSV / TSV or Parquet (compressed or not); the fields may go by other names (`--text-field`, ...).
 
-A bad line is reported by file and line number. Texts become token ids here, framed the way the model
-reads them (the classification token first for an encoder, the end-of-text token last for a decoder), so
-training, evaluation and prediction frame them alike.
+A bad record is an error naming the file and the line or row (a training example is never dropped
+silently). Texts become token ids here, framed the way the model reads them (the classification token
+first for an encoder, the end-of-text token last for a decoder), so training, evaluation and prediction
+frame them alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tfcli.data.corpus import CorpusFile, ReadStats, iter_records, open_corpus_file, record_unit
+from tfcli.data.formats import sniff_file, value_problem
 from tfcli.errors import TfcliError
 from tfcli.tokenizer.core import TextTokenizer
 
 FIELDS = {"classify": ("text", "label"), "seq2seq": ("source", "target")}
+FIELD_OPTIONS = {"text": "--text-field", "label": "--label-field", "source": "--source-field", "target": "--target-field"}
 
 
 @dataclasses.dataclass
@@ -34,43 +39,66 @@ class Example(NamedTuple):
     input: str
     output: Any  # a label (classify) or a target text (seq2seq)
     line: int  # where it is in the file, for messages
+    unit: str = "line"  # what `line` counts: lines (JSON lines, CSV) or rows (Parquet)
 
 
-def read_jsonl(path: Path, task: str) -> list[Example]:
-    """The examples of a JSONL file; every problem names the file and the line."""
-    first, second = FIELDS[task]
+def field_names(task: str, fields: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """The names of a task's two fields in the data: the defaults unless `fields` renames them.
+
+    Example: field_names("classify", {"label": "stars"}) -> ("text", "stars")
+    """
+    roles = FIELDS[task]
+    fields = dict(fields or {})
+    unknown = sorted(set(fields) - set(roles))
+    if unknown:
+        raise TfcliError(f"{FIELD_OPTIONS.get(unknown[0], unknown[0])} does not apply to --task {task}",
+                         hint=f"{task} reads {' and '.join(FIELD_OPTIONS[r] for r in roles)}")
+    for role, name in fields.items():
+        if not name or not name.strip():
+            raise TfcliError(f"{FIELD_OPTIONS[role]} cannot be empty", hint=f"name the field, or leave the option out to read {role!r}")
+    names = tuple(fields.get(role) or role for role in roles)
+    if names[0] == names[1]:
+        raise TfcliError(f"{FIELD_OPTIONS[roles[0]]} and {FIELD_OPTIONS[roles[1]]} name the same field {names[0]!r}")
+    return names  # type: ignore[return-value]
+
+
+def read_labeled(path: Path, task: str, fields: Mapping[str, str] | None = None) -> list[Example]:
+    """The examples of a labeled file (JSON lines, CSV / TSV or Parquet); every problem names the file and
+    the line or row."""
+    roles = FIELDS[task]
+    first, second = field_names(task, fields)
+    shape = f"one {{\"{first}\": ..., \"{second}\": ...}} record per line or row"
     path = Path(path)
     if not path.is_file():
         raise TfcliError(f"labeled data {path} does not exist" if not path.exists() else f"{path} is not a file",
-                         hint=f"pass a JSONL file with one {{\"{first}\": ..., \"{second}\": ...}} object per line")
+                         hint=f"pass JSON lines, CSV or Parquet with {shape}")
+    sniffed = sniff_file(path)
+    if sniffed.format == "text":  # an extension that names no format: JSON lines, as always
+        sniffed = dataclasses.replace(sniffed, format="jsonl")
+    if sniffed.binary:
+        raise TfcliError(f"{path} looks like a binary file (it holds NUL bytes)", hint=f"pass JSON lines, CSV or Parquet with {shape}")
+    source = CorpusFile(path, path.stat().st_size, sniffed.format, sniffed.compression)
+    hint = f"name the columns with {FIELD_OPTIONS[roles[0]]} and {FIELD_OPTIONS[roles[1]]}"
     rows = []
-    try:
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise TfcliError(f"{path} line {number} is not valid JSON ({exc.msg})") from exc
-                if not isinstance(record, dict):
-                    raise TfcliError(f"{path} line {number} is not a JSON object")
-                for field in (first, second):
-                    if field not in record:
-                        raise TfcliError(f"{path} line {number} has no {field!r} field",
-                                         hint=f"every line needs \"{first}\" and \"{second}\"")
-                if not isinstance(record[first], str):
-                    raise TfcliError(f"{path} line {number}: {first!r} must be a string")
-                value = record[second]
-                if task == "seq2seq" and not isinstance(value, str):
-                    raise TfcliError(f"{path} line {number}: {second!r} must be a string")
-                if task == "classify" and (not isinstance(value, (str, int)) or isinstance(value, bool)):
-                    raise TfcliError(f"{path} line {number}: {second!r} must be a string or an integer")
-                rows.append(Example(record[first], value, number))
-    except UnicodeDecodeError as exc:
-        raise TfcliError(f"{path} is not UTF-8 text") from exc
+    stats = ReadStats()
+    with open_corpus_file(source, stats) as opened:
+        unit = record_unit(opened)
+        for row in iter_records(opened, (first, second), stats, strict=True, hint=hint):
+            where = f"{path} {unit} {row.number}"
+            if row.problem:
+                raise TfcliError(f"{where} {row.problem}", hint=f"every record needs \"{first}\" and \"{second}\"")
+            text, value = row.values
+            if not isinstance(text, str):
+                raise TfcliError(f"{where}: {value_problem(first, text)}")
+            if task == "seq2seq" and not isinstance(value, str):
+                raise TfcliError(f"{where}: {value_problem(second, value)}")
+            if task == "classify" and (not isinstance(value, (str, int)) or isinstance(value, bool)):
+                raise TfcliError(f"{where}: {second!r} must be a string or an integer, not {value!r}")
+            rows.append(Example(text, value, row.number, unit))
+    if stats.invalid_bytes:
+        raise TfcliError(f"{path} is not UTF-8 text ({stats.invalid_bytes} invalid bytes)", hint="convert it to UTF-8")
     if not rows:
-        raise TfcliError(f"{path} holds no labeled examples", hint=f"one {{\"{first}\": ..., \"{second}\": ...}} object per line")
+        raise TfcliError(f"{path} holds no labeled examples", hint=shape)
     return rows
 
 
@@ -103,10 +131,10 @@ def seq2seq_ids(tokenizer: TextTokenizer, texts: list[str], block_size: int, *, 
 
 
 def load_labeled(path: Path, task: str, tokenizer: TextTokenizer, arch: str, block_size: int,
-                 labels: list[str] | None = None) -> tuple[LabeledSet, list[str] | None]:
+                 labels: list[str] | None = None, fields: Mapping[str, str] | None = None) -> tuple[LabeledSet, list[str] | None]:
     """Read and encode a set. classify: the class names come from `labels` if given (a label outside them is
-    an error naming the line), else from the data."""
-    rows = read_jsonl(path, task)
+    an error naming the line), else from the data. `fields` renames the task's fields (see `field_names`)."""
+    rows = read_labeled(path, task, fields)
     inputs_text = [r[0] for r in rows]
     if task == "classify":
         if labels is None:
@@ -117,7 +145,7 @@ def load_labeled(path: Path, task: str, tokenizer: TextTokenizer, arch: str, blo
         targets = []
         for row in rows:
             if str(row.output) not in index:
-                raise TfcliError(f"{path} line {row.line} has the label {row.output!r}, which the model does not know",
+                raise TfcliError(f"{path} {row.unit} {row.line} has the label {row.output!r}, which the model does not know",
                                  hint=f"labels: {', '.join(labels)}")
             targets.append(index[str(row.output)])
         inputs = classification_ids(tokenizer, arch, inputs_text, block_size)

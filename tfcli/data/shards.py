@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from tfcli.data.corpus import Corpus, DocumentBoundary, DocumentPiece, ReadStats, iter_document_pieces
+from tfcli.data.corpus import Corpus, DocumentBoundary, DocumentPiece, ReadStats, empty_corpus_error, iter_document_pieces
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json, prepare_output_dir
 from tfcli.schema import JsonRecord
@@ -66,6 +66,10 @@ class ShardMeta(JsonRecord):
     skipped_binary_files: list[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
     tokenizer_path: str = ""  # where the tokenizer.json was when encoding (absolute), for training to find it
+    field: str = ""  # the text field of JSON lines, CSV and Parquet sources ("" when all are plain text)
+    skipped_records: int = 0  # records whose field was missing or not a string
+    skipped_record_examples: list[str] = dataclasses.field(default_factory=list)  # the first few, by file and line or row
+    encoder: str = "tokenizers"  # what computed the ids: tokenizers, or tiktoken where it gives the same ids
 
     def tokens(self, split: str) -> int:
         return self.train_tokens if split == "train" else self.val_tokens
@@ -116,21 +120,36 @@ def _batches(pieces: Iterator[DocumentPiece]) -> Iterator[list[DocumentPiece]]:
 
 
 def _write_batch(batch, ids_per_piece, writers, split, eos_id, draw, val_fraction) -> str:
-    """Append a batch's ids to the writers, an end-of-text id after each document; a new draw picks the
-    split of each next document. Returns the split of the document still open."""
+    """Append a batch's ids (lists from tokenizers, arrays from tiktoken) to the writers, an end-of-text id
+    after each document; a new draw picks the split of each next document. Returns the split of the
+    document still open."""
     import numpy as np
 
-    out: dict[str, list[int]] = {"train": [], "val": []}
+    if ids_per_piece and isinstance(ids_per_piece[0], list):
+        out: dict[str, list] = {"train": [], "val": []}
+        for piece, ids in zip(batch, ids_per_piece):
+            target = out[split]
+            target.extend(ids)
+            if piece.ends_document:
+                target.append(eos_id)
+                writers[split].documents += 1
+                split = "val" if draw() < val_fraction else "train"
+        for name, ids in out.items():
+            if ids:
+                writers[name].write(np.array(ids, dtype=writers[name].dtype))
+        return split
+    eos = np.array([eos_id], dtype=np.uint32)
+    parts: dict[str, list] = {"train": [], "val": []}
     for piece, ids in zip(batch, ids_per_piece):
-        target = out[split]
-        target.extend(ids)
+        target = parts[split]
+        target.append(ids)
         if piece.ends_document:
-            target.append(eos_id)
+            target.append(eos)
             writers[split].documents += 1
             split = "val" if draw() < val_fraction else "train"
-    for name, ids in out.items():
-        if ids:
-            writers[name].write(np.array(ids, dtype=writers[name].dtype))
+    for name, arrays in parts.items():
+        if arrays:
+            writers[name].write(np.concatenate(arrays))
     return split
 
 
@@ -149,11 +168,16 @@ def encode_corpus(
     """
     if not 0.0 <= val_fraction < 1.0:
         raise TfcliError(f"--val-fraction must be in [0, 1), not {val_fraction}")
-    if corpus.total_bytes == 0:
+    if corpus.total_bytes == 0 and not corpus.has_stdin:
         raise TfcliError("the corpus is empty (every file has 0 bytes)", hint="pass files that hold text")
+    from tfcli.tokenizer.fast import fast_encoder
+
     started = time.perf_counter()
     eos_id = tokenizer.require("eos")
     dtype = shard_dtype_name(tokenizer.vocab_size)
+    # tiktoken where it provably gives the ids tokenizers gives (byte-level BPE with GPT-2's regex): faster
+    fast, _ = fast_encoder(tokenizer)
+    encode_batch = fast.encode_batch if fast else tokenizer.encode_batch
     out_dir = prepare_output_dir(out_dir, "shard output")
     writers = {split: ShardWriter(out_dir / f"{split}.bin", dtype) for split in SPLITS}
     stats = ReadStats()
@@ -161,12 +185,12 @@ def encode_corpus(
     try:
         split = "val" if draw() < val_fraction else "train"
         pieces = iter_document_pieces(corpus, boundary, stats)
-        # One worker thread encodes batch k+1 (the tokenizer releases the GIL and uses every core)
+        # One worker thread encodes batch k+1 (the encoder releases the GIL and uses every core)
         # while this thread writes batch k and reads batch k+2.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfcli-encode") as pool:
             pending = None
             for batch in _batches(pieces):
-                submitted = (batch, pool.submit(tokenizer.encode_batch, [p.text for p in batch]))
+                submitted = (batch, pool.submit(encode_batch, [p.text for p in batch]))
                 if pending is not None:
                     split = _write_batch(pending[0], pending[1].result(), writers, split, eos_id, draw, val_fraction)
                     if progress:
@@ -177,7 +201,7 @@ def encode_corpus(
         if progress:
             progress(stats.bytes_read, corpus.total_bytes, writers["train"].tokens + writers["val"].tokens)
         if writers["train"].documents + writers["val"].documents == 0:
-            raise TfcliError("the corpus is empty (no text in any file)", hint="pass files that hold text")
+            raise empty_corpus_error(corpus, stats)
         if writers["train"].documents == 0:
             raise TfcliError(
                 f"every document went to validation ({writers['val'].documents} in all)",
@@ -197,7 +221,11 @@ def encode_corpus(
             val_fraction=val_fraction,
             seed=seed,
             document_boundary=boundary,
-            sources=[ShardSource(path=str(f.path), bytes=f.size) for f in corpus.files],
+            sources=[ShardSource(path=str(f.path), bytes=stats.stdin_bytes if f.is_stdin else f.size) for f in corpus.files],
+            field=corpus.field if any(f.format != "text" for f in corpus.files) else "",
+            skipped_records=stats.skipped_records,
+            skipped_record_examples=list(stats.skipped_examples),
+            encoder=fast.name if fast else "tokenizers",
             invalid_utf8_bytes=stats.invalid_bytes,
             invalid_utf8_files=len(stats.files_with_invalid_utf8),
             skipped_binary_files=[str(p) for p in corpus.skipped_binary],
@@ -209,6 +237,8 @@ def encode_corpus(
         atomic_write_json(out_dir / META_FILE, meta.to_json())
         return meta
     finally:
+        if fast:
+            fast.close()
         for writer in writers.values():
             writer.discard()
 

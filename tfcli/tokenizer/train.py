@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from tfcli.data.corpus import Corpus, ReadStats, iter_line_blocks, split_long
+from tfcli.data.corpus import Corpus, ReadStats, empty_corpus_error, iter_text_batches, split_long
 from tfcli.errors import TfcliError
 from tfcli.fsutil import artifact_kind, atomic_write_json, atomic_write_text, prepare_output_dir
 from tfcli.tokenizer.core import MAX_VOCAB_SIZE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, WORDPIECE_PREFIX, TextTokenizer
@@ -148,6 +148,8 @@ class TrainSummary:
     unk_token: str | None = None
     lowercase: bool = False
     strip_accents: bool = False
+    skipped_records: int = 0  # records of JSON lines, CSV or Parquet without a string in the text field
+    skipped_examples: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def bytes_per_token(self) -> float:
@@ -230,15 +232,20 @@ def build_untrained(config: TokenizerTrainingConfig) -> tuple[Tokenizer, object]
 
 
 def _line_batches(corpus: Corpus, stats: ReadStats, sample: list[str], progress: ProgressCallback | None) -> Iterator[list[str]]:
-    """Batches of lines (one read block each) for the trainer; keeps an evenly spread sample of them."""
+    """Batches of lines or record texts (a read block each) for the trainer; keeps an evenly spread sample
+    of them (standard input, of unknown size, is sampled from its start)."""
     total = corpus.total_bytes
     fraction = min(1.0, SAMPLE_CHARS / max(total, 1))
-    for corpus_file in corpus.files:
-        for lines in iter_line_blocks(corpus_file.path, stats):
-            sample.extend(lines[: math.ceil(len(lines) * fraction)])
-            yield lines
-            if progress:
-                progress("read", stats.bytes_read, total)
+    kept = 0
+    for lines in iter_text_batches(corpus, stats):
+        if kept < SAMPLE_CHARS:
+            picked = lines[: math.ceil(len(lines) * fraction)]
+            sample.extend(picked)
+            if corpus.has_stdin:
+                kept += sum(map(len, picked))
+        yield lines
+        if progress:
+            progress("read", stats.bytes_read, total)
     if progress:  # the corpus is read; the trainer now computes the merges
         progress("merges", 0, 1)
 
@@ -282,7 +289,7 @@ def train_tokenizer(
     """Train on `corpus`, write DIR/tokenizer.json and DIR/tokenizer_config.json (and DIR/vocab.txt for
     WordPiece), return a summary."""
     started = time.perf_counter()
-    if corpus.total_bytes == 0:
+    if corpus.total_bytes == 0 and not corpus.has_stdin:
         raise TfcliError("the corpus is empty (every file has 0 bytes)", hint="pass files that hold text")
     if artifact_kind(Path(out_dir)) == "a run directory":
         raise TfcliError(f"{out_dir} is a run directory; a new tokenizer there would replace the one its model was trained with",
@@ -314,7 +321,7 @@ def train_tokenizer(
         progress("merges", 1, 1)
 
     if stats.bytes_read == 0 or not sample or not any(line.strip() for line in sample):
-        raise TfcliError("the corpus is empty (no text in any file)", hint="pass files that hold text")
+        raise empty_corpus_error(corpus, stats)
     if config.model == "wordpiece":
         tokenizer.post_processor = _bert_template(tokenizer, specials)
     if config.model == "unigram":
@@ -373,6 +380,8 @@ def train_tokenizer(
         unk_token=specials.get("unk"),
         lowercase=config.lowercase,
         strip_accents=config.accents_stripped,
+        skipped_records=stats.skipped_records,
+        skipped_examples=list(stats.skipped_examples),
     )
 
 

@@ -1,5 +1,5 @@
 """`tfcli eval`: a run's loss, perplexity and bits per byte on shards or text, or its accuracy and macro-F1
-on a labeled JSONL set. Language-model evaluation covers the data with back-to-back windows, every
+on a labeled set (JSON lines, CSV or Parquet). Language-model evaluation covers the data with back-to-back windows, every
 token scored once."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tfcli.data.formats import RECORD_FORMATS, format_of_name
 from tfcli.errors import TfcliError
 from tfcli.fsutil import artifact_kind
 
@@ -47,8 +48,8 @@ def evaluate_run(run: Path, data: Path, *, split: str = "val", batch_size: int =
     result: dict[str, Any] = {"run": str(run), "data": str(data)}
     if split != "val" and not (data.is_dir() and (data / "meta.json").is_file()):
         raise TfcliError(f"--split {split} chooses a split of a shard folder, and {data} is not one",
-                         hint="drop --split: a text file or a JSONL set is scored whole")
-    if data.suffix == ".jsonl":
+                         hint="drop --split: a text file or a labeled set is scored whole")
+    if format_of_name(data.name)[0] in RECORD_FORMATS and not artifact_kind(data):  # not meta.json of shards, say
         task, batches = _labeled_batches(checkpoint, run, data, batch_size, max_batches, seed, result)
     else:
         task, batches = _text_batches(checkpoint, run, data, split, batch_size, max_batches, seed, result)
@@ -72,9 +73,10 @@ def _labeled_batches(checkpoint, run: Path, data: Path, batch_size: int, max_bat
     elif config.arch == "encoder-decoder":
         task, labels = "seq2seq", None
     else:
-        raise TfcliError(f"{run} has no classification head and is not an encoder-decoder; a JSONL set cannot score it",
+        raise TfcliError(f"{run} has no classification head and is not an encoder-decoder; a labeled set cannot score it",
                          hint="evaluate a language model on shards or a text file")
-    labeled, _ = load_labeled(data, task, tokenizer, config.arch, config.block_size, labels=labels)
+    fields = (checkpoint.config.training or {}).get("fields")  # the field names it was fine-tuned with
+    labeled, _ = load_labeled(data, task, tokenizer, config.arch, config.block_size, labels=labels, fields=fields)
     source = d.LabeledSource(task, labeled, labeled, batch_size, seed, pad_id=tokenizer.require("pad"),
                              eos_id=tokenizer.special_ids.get("eos", 0), accum=1)
     batches = source.validation(0, batch_size)
@@ -103,9 +105,9 @@ def _tokens_to_score(checkpoint, run: Path, data: Path, split: str, result: dict
         kind = artifact_kind(data)
         if kind:
             where = f"the folder {data.parent}" if data.is_file() and kind.endswith("a token-shard folder") else "a shard folder"
-            raise TfcliError(f"{data} is {kind}, not data to evaluate", hint=f"pass {where}, a text file or a JSONL set")
+            raise TfcliError(f"{data} is {kind}, not data to evaluate", hint=f"pass {where}, a text file or a labeled set")
         return _text_tokens(data, checkpoint.tokenizer)
-    raise TfcliError(f"{data} does not exist", hint="pass a shard folder, a text file or a JSONL set")
+    raise TfcliError(f"{data} does not exist", hint="pass a shard folder, a text file or a labeled set")
 
 
 def _text_batches(checkpoint, run: Path, data: Path, split: str, batch_size: int, max_batches: int | None, seed: int, result: dict):

@@ -31,6 +31,7 @@ class TrainingJob:
     resume: bool = False
     data_fingerprint: str = ""
     labeled: Any = None  # (train LabeledSet, val LabeledSet) for classify / seq2seq
+    fields: dict[str, str] | None = None  # classify / seq2seq: fields of the data renamed (--text-field ...)
 
     @property
     def block_size(self) -> int:
@@ -46,6 +47,7 @@ class TrainingJob:
             "val_data": str(self.val_data) if self.val_data else None,
             "init_from": str(self.init_from) if self.init_from else None,
             "step": step,
+            **({"fields": self.fields} if self.fields else {}),
         }
 
 
@@ -182,10 +184,18 @@ def pretrain_job(*, data: Path, output: Path, arch: str | None, preset_name: str
 
 
 def finetune_job(*, init_from: Path, task: str, data: Path, val_data: Path | None, output: Path, config_file: Path | None,
-                 sets: list[str], options: dict[str, Any], resume: bool) -> TrainingJob:
+                 sets: list[str], options: dict[str, Any], resume: bool, fields: dict[str, str] | None = None) -> TrainingJob:
+    """`fields` renames the fields of a labeled set (role -> name in the data, e.g. {"label": "stars"})."""
     from tfcli.checkpoint import read_run_config
-    from tfcli.data.labeled import load_labeled, split_validation
+    from tfcli.data.labeled import FIELD_OPTIONS, field_names, load_labeled, split_validation
     from tfcli.data.shards import load_shard_meta
+
+    fields = dict(fields or {})
+    if fields and task not in LABELED_TASKS:
+        raise TfcliError(f"{FIELD_OPTIONS[next(iter(fields))]} applies to --task classify and seq2seq, not {task}",
+                         hint=f"--task {task} reads shards")
+    if fields:
+        field_names(task, fields)  # refuses a field the task does not read
 
     if Path(output).resolve() == Path(init_from).resolve():
         raise TfcliError("-o is the run being fine-tuned", hint="write the fine-tuned run to a new folder")
@@ -216,16 +226,18 @@ def finetune_job(*, init_from: Path, task: str, data: Path, val_data: Path | Non
     job = TrainingJob(output, model_config, config, tokenizer, data, val_data=val_data, init_from=Path(init_from), resume=resume)
     if task in LABELED_TASKS:
         block = job.block_size
-        train_set, labels = load_labeled(data, task, tokenizer, arch, block, labels=None)
+        train_set, labels = load_labeled(data, task, tokenizer, arch, block, labels=None, fields=fields)
         if val_data is not None:
-            val_set, _ = load_labeled(val_data, task, tokenizer, arch, block, labels=labels)
+            val_set, _ = load_labeled(val_data, task, tokenizer, arch, block, labels=labels, fields=fields)
         else:
             train_set, val_set = split_validation(train_set, config.val_fraction, config.seed)
         if task == "classify":
             job.config = dataclasses.replace(config, labels=labels)
             job.model_config = dataclasses.replace(model_config, n_classes=len(labels))
         job.labeled = (train_set, val_set)
-        job.data_fingerprint = file_fingerprint(data, val_data)
+        job.fields = fields or None
+        # renamed fields read other examples from the same bytes, so they are part of the data's identity
+        job.data_fingerprint = file_fingerprint(data, val_data) if not fields else _digest([file_fingerprint(data, val_data), fields])
     else:
         meta = load_shard_meta(data)
         if meta.tokenizer_sha256 != tokenizer.sha256:
