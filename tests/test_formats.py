@@ -198,11 +198,11 @@ def test_standard_input(cli, tmp_path, trained_tokenizer, monkeypatch):
     assert meta["train_documents"] == len(DOCS) and meta["sources"][0]["path"] == "-" and meta["sources"][0]["bytes"] > 0
     assert sorted(_shard_documents(out, TextTokenizer.load(trained_tokenizer))) == sorted(DOCS)
 
-    stdin("text,label\n\"a, b\",x\n".encode())
+    stdin(b"text,label\n\"a, b\",x\n")
     result = cli("tokenize", "encode", "-", "-t", trained_tokenizer, "-o", out, "--val-fraction", "0", "--input-format", "csv", "--json")
     assert result.code == 0 and json.loads(result.stdout)["train_documents"] == 1
 
-    stdin("plain text\n\nfrom a pipe\n".encode())
+    stdin(b"plain text\n\nfrom a pipe\n")
     result = cli("tokenize", "train", "-", "-o", tmp_path / "tok", "--vocab-size", "300", "--json")
     assert result.code == 0, result.stderr
     assert json.loads(result.stdout)["bytes_read"] == len("plain text\n\nfrom a pipe\n")

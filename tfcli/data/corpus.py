@@ -103,18 +103,13 @@ def replace_lone_surrogates(text: str) -> str:
 
 
 def looks_binary(head: bytes) -> bool:
-    """What makes a file binary to every tfcli command: a NUL byte in its first BINARY_SNIFF_BYTES."""
-    return b"\x00" in head[:BINARY_SNIFF_BYTES]
+    """What makes a file binary to every tfcli command: a NUL byte in its first formats.SNIFF_BYTES."""
+    return b"\x00" in head[:formats.SNIFF_BYTES]
 
 
 def binary_file_error(path: Path) -> TfcliError:
     """The one line every command gives for a binary file where text was asked for."""
     return TfcliError(f"{path} looks like a binary file (it holds NUL bytes)", hint="pass text files only")
-
-
-def _looks_binary(path: Path) -> bool:
-    with open(path, "rb") as handle:
-        return looks_binary(handle.read(BINARY_SNIFF_BYTES))
 
 
 def _walk(folder: Path) -> list[Path]:
