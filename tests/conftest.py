@@ -110,7 +110,7 @@ def tiny_corpus(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def trained_tokenizer(tmp_path_factory) -> Path:
     """A byte-level tokenizer (vocab 320) trained on the tiny text; returns its folder."""
-    from tfcli.data.corpus import resolve_corpus
+    from tfcli.corpus.reader import resolve_corpus
     from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
 
     folder = tmp_path_factory.mktemp("tok")

@@ -187,7 +187,7 @@ def test_a_hugging_face_folder_is_named_as_one(run):
 
 
 def test_a_tokenizer_that_does_not_match(run, tmp_path, tiny_corpus):
-    from tfcli.data.corpus import resolve_corpus
+    from tfcli.corpus.reader import resolve_corpus
     from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
 
     for size, message in [(350, "has 350 tokens but the model's vocabulary only 320"), (290, "not the tokenizer this model was saved with")]:

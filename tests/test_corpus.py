@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfcli.data.corpus import (
+from tfcli.corpus.reader import (
     ReadStats,
     iter_document_pieces,
     iter_lines,
@@ -141,7 +141,7 @@ def _reference_paragraphs(text: str) -> list[str]:
 @given(st.text(alphabet=st.sampled_from(["a", "b", " ", "\n", "\r", "é"]), max_size=120),
        st.integers(min_value=1, max_value=9))
 def test_paragraphs_match_the_obvious_reading_across_block_boundaries(tmp_path_factory, text, block):
-    import tfcli.data.corpus as corpus_module
+    import tfcli.corpus.reader as corpus_module
 
     path = tmp_path_factory.mktemp("p") / "t.txt"
     path.write_bytes(text.encode("utf-8"))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import snapshot
-from tfcli.data.corpus import resolve_corpus
+from tfcli.corpus.reader import resolve_corpus
 from tfcli.data.shards import META_FILE, ShardMeta, encode_corpus, load_shard_meta, open_shard, shard_dtype_name
 from tfcli.errors import TfcliError
 from tfcli.tokenizer.core import TextTokenizer

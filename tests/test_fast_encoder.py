@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tfcli.data.corpus import resolve_corpus
+from tfcli.corpus.reader import resolve_corpus
 from tfcli.data.shards import encode_corpus
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.fast import ENCODER_ENV, fast_encoder

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import snapshot
-from tfcli.data.corpus import ReadStats, iter_document_pieces, resolve_corpus
+from tfcli.corpus.reader import ReadStats, iter_document_pieces, resolve_corpus
 from tfcli.data.shards import META_FILE, ShardMeta
 from tfcli.errors import TfcliError
 from tfcli.tokenizer.core import TextTokenizer
@@ -114,7 +114,7 @@ def test_csv_with_quoted_newlines_and_tsv(tmp_path):
 def test_parquet_is_read_in_row_groups_one_batch_at_a_time(tmp_path, monkeypatch):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
-    import tfcli.data.formats as formats
+    import tfcli.corpus.formats as formats
 
     texts = DOCS + [None, ""]
     table = pa.table({"id": list(range(len(texts))), "text": texts,
@@ -271,7 +271,7 @@ def test_memory_stays_flat_in_the_size_of_a_json_lines_file(tmp_path, trained_to
     """Python-level peak memory of encoding a JSON lines file 16x larger is about the same."""
     import tracemalloc
 
-    import tfcli.data.corpus as corpus_module
+    import tfcli.corpus.reader as corpus_module
     import tfcli.data.shards as shards
     from tfcli.data.shards import encode_corpus
 

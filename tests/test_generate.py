@@ -368,7 +368,7 @@ def test_fill_mask_lists_likely_tokens_per_mask(runs):
 
 
 def test_fill_mask_text_with_a_whitespace_tokenizer_has_single_spaces(tmp_path, tiny_corpus):
-    from tfcli.data.corpus import resolve_corpus
+    from tfcli.corpus.reader import resolve_corpus
     from tfcli.generate.masked import fill_mask
     from tfcli.model.config import preset
     from tfcli.model.transformer import Transformer

@@ -116,7 +116,7 @@ HUGS = "hug hug hug pug pun bun hugs"
 @pytest.fixture(scope="module")
 def wordpiece_tokenizer(tmp_path_factory):
     from tests.conftest import TINY_TEXT
-    from tfcli.data.corpus import resolve_corpus
+    from tfcli.corpus.reader import resolve_corpus
     from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
 
     folder = tmp_path_factory.mktemp("wordpiece")

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import TINY_TEXT, snapshot
-from tfcli.data.corpus import resolve_corpus
+from tfcli.corpus.reader import resolve_corpus
 from tfcli.errors import TfcliError
 from tfcli.generate.stream import TokenBytes, text_of
 from tfcli.tokenizer.core import TextTokenizer

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import snapshot
-from tfcli.data.corpus import resolve_corpus
+from tfcli.corpus.reader import resolve_corpus
 from tfcli.errors import TfcliError
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.specials import DEFAULT_SPECIALS, parse_special_tokens

@@ -22,7 +22,7 @@ def shards(tmp_path_factory, trained_tokenizer) -> Path:
     """Shards of the tiny text, with the tokenizer beside them (found without --tokenizer)."""
     import shutil
 
-    from tfcli.data.corpus import resolve_corpus
+    from tfcli.corpus.reader import resolve_corpus
     from tfcli.data.shards import encode_corpus
     from tfcli.tokenizer.core import TextTokenizer
 
@@ -259,7 +259,7 @@ def test_resume_refuses_a_changed_model_or_setting(cli, shards, tmp_path):
     assert snapshot(run) == before
     result = cli(*pretrain_args(shards, tmp_path / "fresh", "--max-steps", "5", "--resume"))
     assert result.code == 2 and "no run to resume" in result.stderr
-    from tfcli.data.corpus import resolve_corpus
+    from tfcli.corpus.reader import resolve_corpus
     from tfcli.data.shards import encode_corpus
     from tfcli.tokenizer.core import TextTokenizer
 
@@ -393,7 +393,7 @@ def test_shards_with_ids_past_the_vocabulary_are_one_line(cli, shards, tmp_path)
 
 
 def test_an_empty_validation_split_is_said_out_loud(cli, trained_tokenizer, tmp_path):
-    from tfcli.data.corpus import resolve_corpus
+    from tfcli.corpus.reader import resolve_corpus
     from tfcli.data.shards import encode_corpus
     from tfcli.tokenizer.core import TextTokenizer
 
@@ -576,7 +576,7 @@ def test_finetune_refusals(cli, shards, reviews, tmp_path, trained_tokenizer):
     parent = tmp_path / "parent"
     assert cli(*pretrain_args(shards, parent, "--max-steps", "2")).code == 0
     other = tmp_path / "other-shards"
-    from tfcli.data.corpus import resolve_corpus
+    from tfcli.corpus.reader import resolve_corpus
     from tfcli.data.shards import encode_corpus
     from tfcli.tokenizer.core import TextTokenizer
     from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer

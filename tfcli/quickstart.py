@@ -41,7 +41,7 @@ def find_sample_data(explicit: Path | None = None) -> Path:
 
 def run_quickstart(data_dir: Path, out_dir: Path, force: bool = False, pretrain_steps: int = PRETRAIN_STEPS,
                    classifier_steps: int = CLASSIFIER_STEPS, device: str = "auto") -> Iterator[Any]:
-    from tfcli.data.corpus import resolve_corpus
+    from tfcli.corpus.reader import resolve_corpus
     from tfcli.data.shards import encode_corpus, load_shard_meta
     from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
     from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer

@@ -79,7 +79,7 @@ class TokenizeBench:
 
 def synthesize_corpus(source: Path, out_dir: Path, size_mb: float, seed: int = 0) -> list[Path]:
     """Write about `size_mb` MB of text into SYNTH_FILES files by drawing paragraphs of `source` at random."""
-    from tfcli.data.corpus import ReadStats, iter_document_pieces, resolve_corpus
+    from tfcli.corpus.reader import ReadStats, iter_document_pieces, resolve_corpus
 
     paragraphs = [p.text for p in iter_document_pieces(resolve_corpus([source]), "paragraph", ReadStats()) if p.text]
     if not paragraphs:
@@ -121,7 +121,7 @@ def _job(job: str, files: list[Path], work: Path) -> Measurement:
         tokenizer.save(str(work / "raw-tokenizer.json"))
         return Measurement(job, time.perf_counter() - started, peak_rss_mb(), total)
     if job == "train_tfcli":
-        from tfcli.data.corpus import resolve_corpus
+        from tfcli.corpus.reader import resolve_corpus
         from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
 
         started = time.perf_counter()
@@ -142,7 +142,7 @@ def _job(job: str, files: list[Path], work: Path) -> Measurement:
             tokens += sum(len(e.ids) for e in tokenizer.encode_batch(batch, add_special_tokens=False))
         return Measurement(job, time.perf_counter() - started, peak_rss_mb(), total, tokens)
     if job == "encode_tfcli":
-        from tfcli.data.corpus import resolve_corpus
+        from tfcli.corpus.reader import resolve_corpus
         from tfcli.data.shards import encode_corpus
         from tfcli.tokenizer.core import TextTokenizer
 
@@ -179,7 +179,7 @@ def run_tokenize_bench(
             raise TfcliError("no corpus and no sample data to synthesize one from", hint="pass --corpus or --data")
         files = synthesize_corpus(sample, work / "corpus", size_mb)
     else:
-        from tfcli.data.corpus import resolve_corpus
+        from tfcli.corpus.reader import resolve_corpus
 
         files = [f.path for f in resolve_corpus(corpus).files]
     results: dict[str, Measurement] = {}

@@ -26,7 +26,7 @@ def _read_text(value: str | None, file: Path | None, what: str, flag: str) -> st
         raw = file.read_bytes()
     except OSError as exc:
         raise TfcliError(f"cannot read {file}: {exc.strerror or exc}") from exc
-    from tfcli.data.corpus import binary_file_error, looks_binary
+    from tfcli.corpus.reader import binary_file_error, looks_binary
 
     if looks_binary(raw):  # as `tokenize` and `eval` refuse it
         raise binary_file_error(file)

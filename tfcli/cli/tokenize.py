@@ -80,7 +80,7 @@ def train(
     \b
     Example: tfcli tokenize train sample_data/corpus -o runs/tok --vocab-size 4096
     """
-    from tfcli.data.corpus import resolve_corpus
+    from tfcli.corpus.reader import resolve_corpus
     from tfcli.tokenizer.specials import default_specials, parse_special_tokens
     from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
 
@@ -183,7 +183,7 @@ def encode(
     \b
     Example: tfcli tokenize encode sample_data/corpus -t runs/tok -o runs/shards --val-fraction 0.1
     """
-    from tfcli.data.corpus import DOCUMENT_BOUNDARIES, resolve_corpus
+    from tfcli.corpus.reader import DOCUMENT_BOUNDARIES, resolve_corpus
     from tfcli.data.shards import encode_corpus
     from tfcli.errors import TfcliError
     from tfcli.tokenizer.core import TextTokenizer

@@ -1,1 +1,1 @@
-"""Corpora, token shards and labeled data sets: everything between text on disk and batches."""
+"""Token shards and labeled data sets: from text (read by `tfcli.corpus`) to what training batches read."""

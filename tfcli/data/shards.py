@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from tfcli.data.corpus import Corpus, DocumentBoundary, DocumentPiece, ReadStats, empty_corpus_error, iter_document_pieces
+from tfcli.corpus.reader import Corpus, DocumentBoundary, DocumentPiece, ReadStats, empty_corpus_error, iter_document_pieces
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json, prepare_output_dir
 from tfcli.schema import JsonRecord

@@ -13,7 +13,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfcli.data.corpus import replace_lone_surrogates
+from tfcli.corpus.reader import replace_lone_surrogates
 from tfcli.errors import TfcliError
 from tfcli.tokenizer.specials import CONFIG_KEYS, KNOWN_NAMES, ROLES
 

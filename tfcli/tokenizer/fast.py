@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from tfcli.data.corpus import replace_lone_surrogates
+from tfcli.corpus.reader import replace_lone_surrogates
 from tfcli.tokenizer.core import _byte_decoder
 
 if TYPE_CHECKING:

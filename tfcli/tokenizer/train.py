@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from tfcli.data.corpus import Corpus, ReadStats, empty_corpus_error, iter_text_batches, split_long
+from tfcli.corpus.reader import Corpus, ReadStats, empty_corpus_error, iter_text_batches, split_long
 from tfcli.errors import TfcliError
 from tfcli.fsutil import artifact_kind, atomic_write_json, atomic_write_text, prepare_output_dir
 from tfcli.tokenizer.core import MAX_VOCAB_SIZE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, WORDPIECE_PREFIX, TextTokenizer

@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from tfcli.data.formats import RECORD_FORMATS, format_of_name
+from tfcli.corpus.formats import RECORD_FORMATS, format_of_name
 from tfcli.errors import TfcliError
 from tfcli.fsutil import artifact_kind
 
 
 def _text_tokens(path: Path, tokenizer) -> np.ndarray:
     """A text file (or a folder of them) as one token stream, documents (paragraphs) ended by [eos]."""
-    from tfcli.data.corpus import ReadStats, iter_document_pieces, resolve_corpus
+    from tfcli.corpus.reader import ReadStats, iter_document_pieces, resolve_corpus
 
     eos = tokenizer.require("eos")
     ids: list[int] = []

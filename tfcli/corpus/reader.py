@@ -3,7 +3,7 @@
 tfcli reads input itself (never through a library's file reader) so that one invalid UTF-8 byte is
 replaced and counted instead of aborting a run, and so a line of megabytes without a newline is cut
 into bounded pieces. Files may be plain text, JSON lines, CSV / TSV or Parquet, compressed or not
-(`tfcli.data.formats`); in the record formats each record's text field is one document, and a record
+(`tfcli.corpus.formats`); in the record formats each record's text field is one document, and a record
 without text there is skipped and counted. Nothing here holds a whole file in memory.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
-from tfcli.data import formats
+from tfcli.corpus import formats
 from tfcli.errors import TfcliError
 from tfcli.fsutil import artifact_kind
 
