@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfcli.data.corpus import replace_lone_surrogates
 from tfcli.errors import TfcliError
-from tfcli.tokenizer.specials import CONFIG_KEYS, KNOWN_NAMES, ROLES
+from tfcli.tokenizer.specials import CONFIG_KEYS, KNOWN_NAMES, LOADED_ROLES
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -42,7 +42,8 @@ def _byte_decoder() -> dict[str, int]:
 class TextTokenizer:
     """A Hugging Face tokenizer plus what tfcli needs to know about it.
 
-    `special_ids` maps a role (eos, pad, unk, mask, cls) to its id, for the roles this tokenizer has.
+    `special_ids` maps a role (eos, pad, unk, mask, cls; bos and sep in pretrained models' tokenizers) to its
+    id, for the roles this tokenizer has.
     """
 
     hf: Tokenizer
@@ -159,7 +160,7 @@ def _read_tokenizer_config(path: Path) -> dict[str, Any]:
 def _find_special_ids(hf: Tokenizer, config: dict[str, Any]) -> dict[str, int]:
     """Roles from tokenizer_config.json where it names them, else from well-known token names."""
     ids: dict[str, int] = {}
-    for role in ROLES:
+    for role in LOADED_ROLES:
         named = config.get(CONFIG_KEYS[role])
         if isinstance(named, dict):  # transformers sometimes writes {"content": ..., ...}
             named = named.get("content")
