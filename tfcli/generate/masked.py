@@ -64,6 +64,8 @@ def fill_mask(model: Transformer, tokenizer: TextTokenizer, text: str, *, top_k:
         if i < len(pieces) - 1:
             mask_positions.append(len(ids))
             ids.append(mask_id)
+    if "sep" in tokenizer.special_ids:  # BERT's text ends with [SEP]
+        ids.append(tokenizer.special_ids["sep"])
     if len(ids) > config.block_size:
         raise TfcliError(f"the text is {len(ids):,} tokens, more than the model's context ({config.block_size:,})", hint="shorten it")
     device = model.lm_head.weight.device
