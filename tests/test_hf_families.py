@@ -226,3 +226,126 @@ def test_imported_models_finetune_and_show_their_attention(cli, tmp_path, traine
         result = cli("inspect-attention", tmp_path / run, "--text", "the fox was happy", "--format", "json")
         assert result.code == 0, result.stderr
         assert json.loads(result.stdout)
+
+
+def _unigram_tokenizer(folder, specials: list[str]) -> None:
+    """A SentencePiece-style Unigram tokenizer.json (Metaspace), as Llama-family folders ship them."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    pieces = [(s, 0.0) for s in specials] + [(c, -3.0) for c in "abcdefghijklmnopqrstuvwxyzOT .,!\u2581"]
+    pieces += [(f"\u2581{w}", -2.0) for w in "once upon a time the fox was happy".split()]
+    tokenizer = Tokenizer(models.Unigram(pieces, unk_id=specials.index("<unk>") if "<unk>" in specials else None, byte_fallback=False))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    if specials:
+        tokenizer.add_special_tokens(specials)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+
+
+def test_a_unigram_tokenizer_takes_its_roles_from_special_tokens_map(cli, tmp_path):
+    _unigram_tokenizer(tmp_path / "tok", ["<unk>", "<s>", "</s>"])
+    vocab = TextTokenizer.load(tmp_path / "tok").vocab_size
+    hf = _llama("llama", vocab, tmp_path / "hf", tmp_path / "tok")
+    (tmp_path / "hf" / "special_tokens_map.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": False}, "unk_token": "<unk>", "pad_token": "<pad>"}))
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
+    assert result.code == 0, result.stderr
+    assert "pad_token '<pad>' is not in the vocabulary" in result.stderr  # said, and the import goes on
+    ours = TextTokenizer.load(tmp_path / "run")
+    assert ours.special_ids == {"bos": 1, "eos": 2, "unk": 0, "cls": 1}  # <s> is also a well-known [cls] name
+    _greedy_ids_equal(cli, tmp_path / "run", hf, ours)
+    info = cli("info", tmp_path / "run", "--json")
+    data = json.loads(info.stdout)
+    assert data["source_class"] == "LlamaForCausalLM" and data["source_parameters"] == sum(p.numel() for p in hf.parameters())
+    assert data["tokenizer"]["special_tokens"]["eos"] == "</s>"
+
+
+def test_a_folder_without_special_tokens_imports_and_says_what_is_missing_where_needed(cli, tmp_path, tiny_corpus):
+    _unigram_tokenizer(tmp_path / "tok", [])
+    vocab = TextTokenizer.load(tmp_path / "tok").vocab_size
+    _llama("mistral", vocab, tmp_path / "hf", tmp_path / "tok")
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
+    assert result.code == 0, result.stderr
+    assert TextTokenizer.load(tmp_path / "run").special_ids == {}
+    result = cli("generate", tmp_path / "run", "-p", "once upon a time", "--max-new-tokens", "5", "--json")
+    assert result.code == 0, result.stderr  # no end-of-text token: it runs to --max-new-tokens
+    (completion,) = json.loads(result.stdout)["completions"]
+    assert completion["finish_reason"] == "length"
+    assert cli("info", tmp_path / "run").code == 0
+    reviews = tmp_path / "reviews.jsonl"
+    reviews.write_text("".join(json.dumps({"text": t, "label": t[:3]}) + "\n" for t in ["the fox", "was happy"] * 4))
+    result = cli("train", "finetune", "--init-from", tmp_path / "run", "--task", "classify", "--data", reviews, "-o", tmp_path / "cls")
+    assert result.code == 2 and "has no" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_sharded_weights_import_and_pickle_is_refused_unopened(cli, tmp_path, trained_tokenizer, monkeypatch):
+    vocab = TextTokenizer.load(trained_tokenizer).vocab_size
+    hf = _llama("qwen2", vocab, tmp_path / "hf", trained_tokenizer)
+    hf.save_pretrained(str(tmp_path / "sharded"), safe_serialization=True, max_shard_size="20KB")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tmp_path / "hf" / name, tmp_path / "sharded" / name)
+    shards = sorted(p.name for p in (tmp_path / "sharded").glob("model-*.safetensors"))
+    assert len(shards) > 1 and (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    assert cli("import", tmp_path / "sharded", "-o", tmp_path / "run").code == 0
+    _decoder_logits_equal(hf, load_checkpoint(tmp_path / "run").model, vocab)
+
+    (tmp_path / "sharded" / shards[-1]).unlink()
+    result = cli("import", tmp_path / "sharded", "-o", tmp_path / "run2")
+    assert result.code == 2 and f"lacks {shards[-1]}" in result.stderr and not (tmp_path / "run2").exists()
+
+    import pickle
+
+    def never(*args, **kwargs):
+        raise AssertionError("a pickle was opened")
+
+    monkeypatch.setattr(torch, "load", never)
+    monkeypatch.setattr(pickle, "load", never)
+    monkeypatch.setattr(pickle, "Unpickler", never)
+    (tmp_path / "pickled").mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(tmp_path / "hf" / name, tmp_path / "pickled" / name)
+    torch.save({"x": torch.zeros(1)}, tmp_path / "pickled" / "pytorch_model.bin")
+    result = cli("import", tmp_path / "pickled", "-o", tmp_path / "run3")
+    assert result.code == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "pytorch_model.bin, a pickle file" in result.stderr and "convert it to safetensors" in result.stderr
+    assert not (tmp_path / "run3").exists()
+
+
+def _edit_config(folder, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(hidden_size=None), "lacks the key 'hidden_size'"),
+    (dict(num_key_value_heads="2"), 'has num_key_value_heads "2", which is not a whole number'),
+    (dict(architectures=["T5ForConditionalGeneration"]), "describes 'T5ForConditionalGeneration', which tfcli cannot import"),
+    (dict(architectures=None, model_type="gpt_neox"), "describes model_type 'gpt_neox'"),
+    (dict(intermediate_size=48), "has shape [32, 64] but config.json implies [32, 48]"),
+    (dict(vocab_size=100), "has shape"),
+    (dict(num_key_value_heads=3), "n_kv_heads (3) must divide n_heads (4)"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}, rope_parameters=None), "rope scaling 'yarn'"),
+    (dict(hidden_act="gelu"), "hidden_act 'gelu'"),
+])
+def test_bad_llama_folders_are_one_line_and_leave_nothing(cli, tmp_path, trained_tokenizer, changes, message):
+    vocab = TextTokenizer.load(trained_tokenizer).vocab_size
+    _llama("llama", vocab, tmp_path / "hf", trained_tokenizer)
+    _edit_config(tmp_path / "hf", **changes)
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
+    assert result.code == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused(cli, tmp_path, trained_tokenizer):
+    vocab = TextTokenizer.load(trained_tokenizer).vocab_size
+    _llama("llama", vocab - 10, tmp_path / "hf", trained_tokenizer)
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
+    assert result.code == 2 and f"has {vocab:,} tokens but the model only {vocab - 10:,}" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
