@@ -349,3 +349,20 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused(cli, tmp_path, trained
     result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
     assert result.code == 2 and f"has {vocab:,} tokens but the model only {vocab - 10:,}" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_a_hub_style_bert_checkpoint_imports(cli, tmp_path):
+    """bert-base-uncased's file: LayerNorm gamma/beta names from TensorFlow, plus tensors BertForMaskedLM does
+    not use (the pooler, the next-sentence head, integer position ids), all read as transformers reads them."""
+    from safetensors.torch import load_file, save_file
+
+    hf = _bert("BertForMaskedLM", tmp_path / "hub")
+    tensors = load_file(str(tmp_path / "hub" / "model.safetensors"))
+    renamed = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v for k, v in tensors.items()}
+    renamed.update({"bert.pooler.dense.weight": torch.zeros(32, 32), "cls.seq_relationship.weight": torch.zeros(2, 32),
+                    "bert.embeddings.position_ids": torch.arange(40)[None]})
+    save_file(renamed, str(tmp_path / "hub" / "model.safetensors"), metadata={"format": "pt"})
+    assert cli("import", tmp_path / "hub", "-o", tmp_path / "run").code == 0
+    ids, real = _padded_batch(hf.config.vocab_size)
+    with torch.no_grad():
+        assert (hf(ids, attention_mask=real.long()).logits[real] - load_checkpoint(tmp_path / "run").model(ids, real).logits[real]).abs().max() < 1e-4

@@ -10,7 +10,7 @@ from tfcli.hf import gpt2
 from tfcli.hf.convert import export_hf, import_hf
 from tfcli.model.config import ModelConfig
 
-__all__ = ["export_hf", "import_hf", "export_gpt2", "gpt2_config", "gpt2_incompatibility"]
+__all__ = ["export_gpt2", "export_hf", "gpt2_config", "gpt2_incompatibility", "import_hf"]
 
 
 def gpt2_incompatibility(config: ModelConfig) -> str | None:

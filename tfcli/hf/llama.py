@@ -57,12 +57,12 @@ def model_config(hf: HfConfig, hf_class: str) -> tuple[ModelConfig, list[str]]:
         block_size = window
     rope_base, rope_scaling = _rope_scaling(hf)
     if hf_class == "Qwen2ForCausalLM":
-        bias, qkv_bias, mlp_bias = False, True, False  # Qwen2: biases on q, k and v only
+        bias, qkv_bias, mlp_bias = False, True, None  # Qwen2: biases on q, k and v only
     elif hf_class == "MistralForCausalLM":
         bias, qkv_bias, mlp_bias = False, None, None
     else:
         bias, mlp = hf.get("attention_bias", bool, False), hf.get("mlp_bias", bool, False)
-        bias, qkv_bias, mlp_bias = bias, None, (None if mlp == bias else mlp)
+        qkv_bias, mlp_bias = None, (None if mlp == bias else mlp)  # attention_bias covers q, k, v and o
     config = ModelConfig(
         arch="decoder", vocab_size=hf.get("vocab_size", int), block_size=block_size, n_layers=hf.get("num_hidden_layers", int),
         n_heads=heads, n_kv_heads=hf.get("num_key_value_heads", int, heads), d_model=d, d_ff=hf.get("intermediate_size", int),
@@ -127,8 +127,8 @@ def incompatible(config: ModelConfig, hf_class: str) -> str | None:
         (config.norm_placement == "pre", f"norm_placement {config.norm_placement!r} ({hf_class} is pre-norm)"),
         (config.activation == "swiglu", f"activation {config.activation!r} ({hf_class} has a SwiGLU MLP)"),
         (config.n_classes == 0, f"a classification head ({hf_class} has none)"),
-        (hf_class != "LlamaForCausalLM" or config.has_qkv_bias == config.bias, "biases on q, k and v but not on the attention output "
-                                             "(LlamaForCausalLM's attention_bias covers all four)"),
+        (hf_class != "LlamaForCausalLM" or config.has_qkv_bias == config.bias,
+         "biases on q, k and v but not on the attention output (LlamaForCausalLM's attention_bias covers all four)"),
     ]
     return incompatibility(checks)
 
