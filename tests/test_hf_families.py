@@ -71,7 +71,8 @@ def _greedy_ids_equal(cli, run, hf, tokenizer: TextTokenizer) -> None:
     result = cli("generate", run, "-p", PROMPT, "--max-new-tokens", "12", "--json")
     assert result.code == 0, result.stderr
     (completion,) = json.loads(result.stdout)["completions"]
-    prompt = tokenizer.encode(PROMPT)
+    prompt = ([tokenizer.special_ids["bos"]] if tokenizer.adds_bos else []) + tokenizer.encode(PROMPT)  # Llama's <s> first
+    assert completion["prompt_tokens"] == len(prompt)
     eos = tokenizer.special_ids.get("eos")
     suppressed = sorted({i for role, i in tokenizer.special_ids.items() if i != eos})  # tfcli never generates these
     with torch.no_grad():
@@ -249,11 +250,13 @@ def test_a_unigram_tokenizer_takes_its_roles_from_special_tokens_map(cli, tmp_pa
     hf = _llama("llama", vocab, tmp_path / "hf", tmp_path / "tok")
     (tmp_path / "hf" / "special_tokens_map.json").write_text(json.dumps(
         {"bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": False}, "unk_token": "<unk>", "pad_token": "<pad>"}))
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True, "tokenizer_class": "LlamaTokenizer"}))
     result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
     assert result.code == 0, result.stderr
     assert "pad_token '<pad>' is not in the vocabulary" in result.stderr  # said, and the import goes on
     ours = TextTokenizer.load(tmp_path / "run")
     assert ours.special_ids == {"bos": 1, "eos": 2, "unk": 0, "cls": 1}  # <s> is also a well-known [cls] name
+    assert ours.adds_bos  # prompts start with <s>, as transformers' Llama tokenizer starts them
     _greedy_ids_equal(cli, tmp_path / "run", hf, ours)
     info = cli("info", tmp_path / "run", "--json")
     data = json.loads(info.stdout)

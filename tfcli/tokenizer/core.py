@@ -51,6 +51,7 @@ class TextTokenizer:
     sha256: str
     special_ids: dict[str, int]
     model_max_length: int | None = None
+    adds_bos: bool = False  # a pretrained decoder's prompts start with its bos token (Llama's <s>: add_bos_token)
 
     @classmethod
     def load(cls, path: Path) -> TextTokenizer:
@@ -78,12 +79,16 @@ class TextTokenizer:
         config = _read_tokenizer_config(path.parent / TOKENIZER_CONFIG_FILE)
         special_ids = _find_special_ids(hf, config)
         max_length = config.get("model_max_length")
+        bos = special_ids.get("bos")
+        # add_bos_token as transformers' Llama tokenizers write it, or a post-processor that puts bos first
+        adds_bos = bos is not None and config.get("add_bos_token", hf.encode("", add_special_tokens=True).ids[:1] == [bos]) is True
         return cls(
             hf=hf,
             path=path,
             sha256=hashlib.sha256(raw).hexdigest(),
             special_ids=special_ids,
             model_max_length=max_length if isinstance(max_length, int) and max_length < 1 << 40 else None,
+            adds_bos=adds_bos,
         )
 
     @property
