@@ -45,8 +45,9 @@ LLAMAS = {
 }
 
 
-def _llama(kind: str, vocab: int, folder, tokenizer_dir):
+def _llama(kind: str, vocab: int, folder, tokenizer_dir, **overrides):
     config_class, model_class, extra = LLAMAS[kind]
+    extra = {**extra, **overrides}
     torch.manual_seed(0)
     config = getattr(transformers, config_class)(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -369,3 +370,27 @@ def test_a_hub_style_bert_checkpoint_imports(cli, tmp_path):
     ids, real = _padded_batch(hf.config.vocab_size)
     with torch.no_grad():
         assert (hf(ids, attention_mask=real.long()).logits[real] - load_checkpoint(tmp_path / "run").model(ids, real).logits[real]).abs().max() < 1e-4
+
+
+def test_a_sliding_window_shorter_than_the_context_becomes_the_context(cli, tmp_path, trained_tokenizer):
+    vocab = TextTokenizer.load(trained_tokenizer).vocab_size
+    hf = _llama("mistral", vocab, tmp_path / "hf", trained_tokenizer, sliding_window=16)
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
+    assert result.code == 0 and "context 16 (the sliding window" in result.stderr
+    ours = load_checkpoint(tmp_path / "run")
+    assert ours.config.model.block_size == 16
+    _decoder_logits_equal(hf, ours.model, vocab)  # 12 tokens: inside the window, the same attention
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(position_embedding_type="relative_key"), "position_embedding_type 'relative_key'"),
+    (dict(hidden_act="gelu_new"), "hidden_act 'gelu_new'"),
+    (dict(architectures=["BertForPreTraining"]), "'BertForPreTraining', which tfcli cannot import"),
+    (dict(max_position_embeddings=30), "has shape [40, 32] but config.json implies [30, 32]"),
+])
+def test_bad_bert_folders_are_one_line(cli, tmp_path, changes, message):
+    _bert("BertForMaskedLM", tmp_path / "hf")
+    _edit_config(tmp_path / "hf", **changes)
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
+    assert result.code == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
