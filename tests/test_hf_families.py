@@ -49,9 +49,9 @@ def _llama(kind: str, vocab: int, folder, tokenizer_dir, **overrides):
     config_class, model_class, extra = LLAMAS[kind]
     extra = {**extra, **overrides}
     torch.manual_seed(0)
-    config = getattr(transformers, config_class)(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=64, rms_norm_eps=1e-5, **extra)
+    shape = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 max_position_embeddings=64, rms_norm_eps=1e-5)
+    config = getattr(transformers, config_class)(**{**shape, **extra})
     model = getattr(transformers, model_class)(config).eval()
     _perturb(model)
     _save(model, folder, tokenizer_dir)
@@ -394,3 +394,21 @@ def test_bad_bert_folders_are_one_line(cli, tmp_path, changes, message):
     result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
     assert result.code == 2 and message in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_a_long_context_holds_a_cache_only_as_long_as_the_request(cli, tmp_path, trained_tokenizer, monkeypatch):
+    import tfcli.generate.window as window
+
+    vocab = TextTokenizer.load(trained_tokenizer).vocab_size
+    hf = _llama("llama", vocab, tmp_path / "hf", trained_tokenizer, max_position_embeddings=4096)
+    assert cli("import", tmp_path / "hf", "-o", tmp_path / "run").code == 0
+    capacities = []
+    real_cache = window.KVCache
+
+    def recording(config, batch, capacity, *args, **kwargs):
+        capacities.append(capacity)
+        return real_cache(config, batch, capacity, *args, **kwargs)
+
+    monkeypatch.setattr(window, "KVCache", recording)
+    _greedy_ids_equal(cli, tmp_path / "run", hf, load_checkpoint(tmp_path / "run").tokenizer)
+    assert capacities == [len(TextTokenizer.load(trained_tokenizer).encode(PROMPT)) + 12]  # not 4,096 positions
