@@ -181,10 +181,12 @@ def test_bert_fill_mask_and_classify_agree_with_transformers(cli, tmp_path):
     with torch.no_grad():
         logits = hf(**encoded).logits[0, encoded["input_ids"][0].tolist().index(auto.mask_token_id)]
     logits[[auto.convert_tokens_to_ids(t) for t in BERT_SPECIALS]] = float("-inf")  # fill-mask proposes text only
-    result = cli("generate", tmp_path / "mlm-run", "--fill-mask", text, "--json")
+    result = cli("generate", tmp_path / "mlm-run", "--fill-mask", text, "--json", "--top-k", "60")
     assert result.code == 0, result.stderr
     (mask,) = json.loads(result.stdout)["masks"]
     assert mask["fillers"][0]["token_id"] == int(logits.argmax())
+    continuation = next(f for f in mask["fillers"] if f["token"] == "##ed")  # a WordPiece suffix ends the word before
+    assert continuation["text"] == "The foxed in the park."
     assert ours.encode(text.replace("[MASK]", "happy")) == auto(text.replace("[MASK]", "happy"), add_special_tokens=False)["input_ids"]
 
     hf = _bert("BertForSequenceClassification", tmp_path / "cls", id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1})
