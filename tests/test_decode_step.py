@@ -371,3 +371,14 @@ def test_a_plain_model_has_no_fast_step(library, tokenizer):
     plain = Transformer(ModelConfig(vocab_size=tokenizer.vocab_size, block_size=24, n_layers=1, n_heads=2, d_model=16)).eval()
     with torch.inference_mode():
         assert DecoderWindow(plain, 1, Vocabulary.of(tokenizer, plain.config.vocab_size)).fast_step is None
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(qkv_bias=True, bias=False), dict(mlp_bias=False), dict(embedding_norm=True), dict(type_vocab_size=2),
+    dict(rope_scaling={"kind": "llama3", "factor": 4.0, "original_context": 16}, positions="rotary"),
+], ids=["qkv_bias", "mlp_bias", "embedding_norm", "type_vocab_size", "rope_scaling"])
+def test_the_options_pretrained_models_bring_keep_pytorch(library, overrides):
+    config = ModelConfig.from_json({**model_of().config.to_json(), **overrides})
+    with torch.inference_mode():
+        reason = decode_step.unsupported(Transformer(config).eval(), KVCache(config, 1, 24, torch.float32))
+    assert reason is not None and "does not implement" in reason and next(iter(overrides)) in reason

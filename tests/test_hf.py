@@ -45,7 +45,7 @@ def test_export_loads_in_transformers_with_equal_logits(cli, tmp_path, trained_t
 @pytest.mark.parametrize("overrides, option", [
     (dict(positions="rotary"), "positions 'rotary'"), (dict(n_kv_heads=2), "n_kv_heads 2"),
     (dict(norm_placement="post"), "norm_placement 'post'"), (dict(activation="swiglu"), "activation 'swiglu'"),
-    (dict(arch="encoder"), "arch 'encoder'"), (dict(bias=False), "bias false"), (dict(norm="rmsnorm"), "norm 'rmsnorm'"),
+    (dict(arch="encoder"), "BertForMaskedLM cannot express this model: norm_placement 'pre'"), (dict(bias=False), "bias false"), (dict(norm="rmsnorm"), "norm 'rmsnorm'"),
 ])
 def test_export_refuses_options_gpt2_cannot_express(cli, tmp_path, trained_tokenizer, overrides, option):
     tokenizer = TextTokenizer.load(trained_tokenizer)
@@ -87,7 +87,7 @@ def test_import_gives_transformers_logits(cli, tmp_path, trained_tokenizer, pref
 
 
 def test_import_builds_the_tokenizer_from_vocab_and_merges(tmp_path, trained_tokenizer):
-    from tfcli.hf import import_gpt2
+    from tfcli.hf import import_hf
 
     tokenizer = TextTokenizer.load(trained_tokenizer)
     _hub_style_gpt2(tmp_path / "gpt2", trained_tokenizer, tokenizer.vocab_size, True)
@@ -95,7 +95,7 @@ def test_import_builds_the_tokenizer_from_vocab_and_merges(tmp_path, trained_tok
     (tmp_path / "gpt2" / "tokenizer.json").unlink()
     (tmp_path / "gpt2" / "vocab.json").write_text(json.dumps(spec["model"]["vocab"]))
     (tmp_path / "gpt2" / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) if isinstance(m, list) else m for m in spec["model"]["merges"]) + "\n")
-    import_gpt2(tmp_path / "gpt2", tmp_path / "run")
+    import_hf(tmp_path / "gpt2", tmp_path / "run")
     imported = TextTokenizer.load(tmp_path / "run")
     assert imported.encode("The fox was happy.") == tokenizer.encode("The fox was happy.")
 

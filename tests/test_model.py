@@ -206,3 +206,49 @@ def test_too_long_sequences_are_refused():
     model = Transformer(tiny(block_size=8))
     with pytest.raises(TfcliError, match="longer than the model's block size"):
         model(torch.zeros(1, 9, dtype=torch.long))
+
+
+PRETRAINED_OPTIONS = {
+    "qwen2 biases": dict(activation="swiglu", norm="rmsnorm", positions="rotary", bias=False, qkv_bias=True, n_kv_heads=2),
+    "llama mlp bias apart": dict(activation="swiglu", norm="rmsnorm", bias=True, mlp_bias=False),
+    "bert parts": dict(arch="encoder", norm_placement="post", type_vocab_size=2, embedding_norm=True, pooler=True, n_classes=3),
+    "llama3 rope": dict(positions="rotary", rope_scaling={"kind": "llama3", "factor": 8.0, "original_context": 16}),
+}
+
+
+@pytest.mark.parametrize("options", PRETRAINED_OPTIONS.values(), ids=PRETRAINED_OPTIONS.keys())
+def test_the_options_pretrained_models_bring_are_counted_and_train(options):
+    config = ModelConfig.from_json({**tiny().to_json(), **options})
+    assert ModelConfig.from_json(config.to_json()) == config
+    torch.manual_seed(0)
+    model = Transformer(config)
+    assert model.parameter_count() == config.parameter_estimate()
+    ids = torch.randint(0, 97, (2, 12))
+    out = model(ids, torch.ones(2, 12, dtype=torch.bool))
+    loss = out.logits.float().logsumexp(-1).mean() + (out.class_logits.sum() if out.class_logits is not None else 0)
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_llama3_rope_scaling_keeps_high_frequencies_and_divides_low_ones():
+    from tfcli.model.config import RopeScaling
+    from tfcli.model.layers import scaled_frequencies
+
+    frequencies = 1.0 / (10000 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64))
+    scaled = scaled_frequencies(frequencies, RopeScaling("llama3", 8.0, 1.0, 4.0, 64))
+    wavelength = 2 * math.pi / frequencies
+    assert torch.equal(scaled[wavelength < 16], frequencies[wavelength < 16])  # shorter than 64 / 4: kept
+    torch.testing.assert_close(scaled[wavelength > 64], frequencies[wavelength > 64] / 8)  # longer than 64 / 1: divided
+    assert torch.equal(scaled_frequencies(frequencies, RopeScaling("linear", 2.0)), frequencies / 2)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(rope_scaling={"kind": "llama3", "factor": 2.0}), "rope_scaling is for rotary positions"),
+    (dict(positions="rotary", rope_scaling={"kind": "yarn", "factor": 2.0}), "rope_scaling.kind must be one of linear, llama3"),
+    (dict(positions="rotary", rope_scaling={"kind": "linear", "factor": 0.5}), "factor >= 1"),
+    (dict(pooler=True), "pooler is BERT's"),
+    (dict(type_vocab_size=-1), "type_vocab_size"),
+])
+def test_bad_pretrained_options(overrides, message):
+    with pytest.raises(TfcliError, match=message):
+        ModelConfig.from_json({**tiny().to_json(), **overrides})

@@ -49,6 +49,7 @@ class RunConfig(JsonRecord):
     tfcli_version: str = ""
     training: dict[str, Any] | None = None  # the resolved training config, for runs that were trained
     source: str | None = None  # where the weights came from (e.g. an imported GPT-2 folder)
+    source_class: str | None = None  # the Hugging Face class they were imported from (e.g. LlamaForCausalLM)
 
 
 @dataclasses.dataclass
@@ -96,6 +97,7 @@ def save_checkpoint(
     *,
     training: dict[str, Any] | None = None,
     source: str | None = None,
+    source_class: str | None = None,
     before_commit: Callable[[Path], None] | None = None,
 ) -> RunConfig:
     """Write RUN/config.json, RUN/model.safetensors and RUN/tokenizer.json (+ tokenizer_config.json).
@@ -129,6 +131,7 @@ def save_checkpoint(
             tfcli_version=__version__,
             training=training,
             source=source,
+            source_class=source_class,
         )
         config_tmp = temp_path_beside(run_dir / CONFIG_FILE)
         config_tmp.write_text(json.dumps(config.to_json(), indent=2, allow_nan=False) + "\n", encoding="utf-8")
@@ -294,4 +297,4 @@ def _rebuild_position_tables(model: Transformer) -> None:
     if config.positions == "sinusoidal":
         model.sinusoid = sinusoidal_table(config.block_size, config.d_model)
     elif config.positions == "rotary":
-        model.rotary = RotaryEmbedding(config.head_dim, config.block_size, config.rope_base)
+        model.rotary = RotaryEmbedding(config.head_dim, config.block_size, config.rope_base, config.rope_scaling)

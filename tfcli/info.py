@@ -8,9 +8,24 @@ from pathlib import Path
 from typing import Any
 
 from tfcli.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, read_run_config, run_file_problems
+from tfcli.model.config import ModelConfig
 from tfcli.tokenizer.core import TextTokenizer
 
 METRICS_FILE = "metrics.jsonl"
+# Imported classes whose checkpoints have no masked-LM head: tfcli's encoder got a fresh one, which
+# transformers' count of the class leaves out.
+HEADLESS_CLASSES = ("BertModel", "BertForSequenceClassification")
+
+
+def source_parameters(model: ModelConfig, source_class: str | None) -> int | None:
+    """The parameter count of the imported model as transformers counts its class (shared tensors once)."""
+    if source_class is None:
+        return None
+    total = model.parameter_estimate()
+    if source_class in HEADLESS_CLASSES:
+        d = model.d_model
+        total -= d * d + d + 2 * d + model.vocab_size + (0 if model.tie_embeddings else model.vocab_size * d)
+    return total
 
 
 def run_info(run_dir: Path) -> dict[str, Any]:
@@ -44,6 +59,8 @@ def run_info(run_dir: Path) -> dict[str, Any]:
             "sha256": tokenizer.sha256,
         },
         "source": config.source,
+        "source_class": config.source_class,
+        "source_parameters": source_parameters(model, config.source_class),
         "tfcli_version": config.tfcli_version,
         "training": config.training,
         "history": training_history(run_dir / METRICS_FILE),

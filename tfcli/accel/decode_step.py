@@ -35,10 +35,10 @@ ANY = None
 KNOWN_SETTINGS: dict[str, set | None] = {
     "arch": {"decoder"}, "vocab_size": ANY, "block_size": ANY, "n_layers": ANY, "n_decoder_layers": {None},
     "n_heads": ANY, "n_kv_heads": ANY, "d_model": ANY, "d_ff": ANY, "positions": {"learned", "sinusoidal", "rotary"},
-    "rope_base": ANY, "norm": set(NORMS), "norm_placement": {"pre", "post"}, "norm_eps": ANY,
+    "rope_base": ANY, "rope_scaling": {None}, "norm": set(NORMS), "norm_placement": {"pre", "post"}, "norm_eps": ANY,
     "activation": set(ACTIVATIONS), "dropout": ANY,  # the step runs in eval mode only: no dropout
-    "bias": ANY, "tie_embeddings": ANY, "n_classes": ANY,  # a classification head plays no part in decoding
-    "init_std": ANY,
+    "bias": ANY, "qkv_bias": {None}, "mlp_bias": {None}, "tie_embeddings": ANY, "n_classes": ANY,  # a classification head plays no part in decoding
+    "init_std": ANY, "type_vocab_size": {0}, "embedding_norm": {False}, "pooler": {False},
 }
 LINEARS = (nn.Linear, products.Linear)  # the plain model's and the one `accelerate` turns it into
 

@@ -357,7 +357,7 @@ def _masked_or_classify(run: Path, fill_mask: str | None, classify: str | None, 
     assert classify is not None
     model = checkpoint.model
     labels = label_names(checkpoint.config.training, model.config.n_classes)
-    tokens = len(checkpoint.tokenizer.encode(classify)) + 1  # and [cls] or [eos]
+    tokens = len(checkpoint.tokenizer.encode(classify)) + 1 + (model.config.arch == "encoder" and "sep" in checkpoint.tokenizer.special_ids)  # and [cls] or [eos], BERT's [sep]
     if tokens > model.config.block_size:
         marker = "[cls]" if model.config.arch == "encoder" else "[eos]"
         stderr_console().print(Text(f"warning: the text has {tokens:,} tokens with its {marker}, more than the context "

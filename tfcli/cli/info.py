@@ -67,7 +67,8 @@ def _print_table(data: dict) -> None:
     table.add_row("model", f"{model['arch']}, {layers}, d_model {model['d_model']}, {counted(model['n_heads'], 'head')} "
                            f"({model['n_kv_heads'] or model['n_heads']} kv), context {model['block_size']}")
     table.add_row("options", f"{model['positions']} positions, {model['norm_placement']}-{model['norm']}, {model['activation']}, "
-                             f"bias {'on' if model['bias'] else 'off'}, embeddings {'tied' if model['tie_embeddings'] else 'untied'}")
+                             f"bias {'on' if model['bias'] else 'off'}, embeddings {'tied' if model['tie_embeddings'] else 'untied'}"
+                             + "".join(f", {option}" for option in _more_options(model)))
     trained = data["training"] or {}
     if trained.get("task"):
         parent = trained.get("init_from")
@@ -78,6 +79,10 @@ def _print_table(data: dict) -> None:
     params = data["parameters"]
     parts = ", ".join(f"{name} {params[name]:,}" for name in ("embeddings", "attention", "mlp", "norms", "heads") if params[name])
     table.add_row("parameters", f"{params['total']:,} ({parts})")
+    if data["source_class"]:
+        extra = params["total"] - data["source_parameters"]
+        fresh = f"; tfcli added a fresh masked-LM head of {extra:,}" if extra else ""
+        table.add_row("imported", f"{data['source_class']}, {data['source_parameters']:,} parameters as transformers counts them{fresh}")
     weights = data["weights_bytes"]
     table.add_row("weights", f"{human_bytes(weights['fp32'])} fp32, {human_bytes(weights['bf16'])} bf16")
     kv = data["kv_cache_bytes_per_token"]
@@ -89,7 +94,8 @@ def _print_table(data: dict) -> None:
                                   f"{cross_text}")
     tok = data["tokenizer"]
     padding = f" (model vocabulary {model['vocab_size']:,}: never generated past the tokenizer's)" if model["vocab_size"] > tok["vocab_size"] else ""
-    table.add_row("tokenizer", f"{tok['vocab_size']:,} tokens{padding}, {tok['model']} ({tok['pre_tokenizer']}), specials {' '.join(tok['special_tokens'].values())}")
+    table.add_row("tokenizer", f"{tok['vocab_size']:,} tokens{padding}, {tok['model']} ({tok['pre_tokenizer']}), "
+                               f"specials {' '.join(dict.fromkeys(tok['special_tokens'].values())) or 'none'}")
     history = data["history"]
     if history:
         read = (f"{counted(history['records'], 'record')} read from the first line and the end of a {human_bytes(history['file_bytes'])} file"
@@ -99,6 +105,25 @@ def _print_table(data: dict) -> None:
     for problem in data["problems"]:
         table.add_row(Text("problem", style="bold red"), Text(problem, style="red"))
     print_table(console, table)
+
+
+def _more_options(model: dict) -> list[str]:
+    """The options pretrained models bring (Llama's rotary base and scaling, Qwen2's q/k/v biases, BERT's parts)."""
+    options = []
+    if model["positions"] == "rotary":
+        options.append(f"rope base {model['rope_base']:g}")
+    if model.get("rope_scaling"):
+        options.append(f"rope scaling {model['rope_scaling']['kind']} x{model['rope_scaling']['factor']:g}")
+    for key, name in (("qkv_bias", "q/k/v bias"), ("mlp_bias", "mlp bias")):
+        if model.get(key) is not None:
+            options.append(f"{name} {'on' if model[key] else 'off'}")
+    if model.get("type_vocab_size"):
+        options.append(f"{model['type_vocab_size']} token types")
+    if model.get("embedding_norm"):
+        options.append("embedding norm")
+    if model.get("pooler"):
+        options.append("pooler")
+    return options
 
 
 def _loss(value: float | None) -> str:

@@ -111,12 +111,14 @@ def label_names(values: list[Any]) -> list[str]:
 
 
 def classification_ids(tokenizer: TextTokenizer, arch: str, texts: list[str], block_size: int) -> list[list[int]]:
-    """An encoder reads [cls] + text (its classifier looks at the first position); a decoder reads
-    text + [eos] (its classifier looks at the last, the only position that has seen everything)."""
+    """An encoder reads [cls] + text, + [sep] where the tokenizer has one as BERT's does (its classifier looks
+    at the first position); a decoder reads text + [eos] (its classifier looks at the last, the only
+    position that has seen everything)."""
     encoded = tokenizer.encode_batch(texts)
     if arch == "encoder":
         cls = tokenizer.require("cls")
-        return [[cls] + ids[: block_size - 1] for ids in encoded]
+        sep = [tokenizer.special_ids["sep"]] if "sep" in tokenizer.special_ids else []
+        return [[cls] + ids[: block_size - 1 - len(sep)] + sep for ids in encoded]
     eos = tokenizer.require("eos")
     return [ids[: block_size - 1] + [eos] for ids in encoded]
 

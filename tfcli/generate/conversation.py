@@ -47,6 +47,8 @@ class Conversation:
             raise TfcliError("the line is empty", hint="type some text; /reset forgets the conversation, /quit leaves")
         started = time.perf_counter()
         turn = g.tokenizer.encode(line + "\n")
+        if not self.history and g.tokenizer.adds_bos:  # a pretrained Llama's conversation starts with <s>
+            self.history = [g.tokenizer.special_ids["bos"]]
         self.history += turn
         block = g.model.config.block_size
         window_keep = max(1, block - block // 4) if s.slide_keep is None else min(block, s.slide_keep)

@@ -82,6 +82,8 @@ class Generator:
                 else:
                     notices.append(Notice(f"{where} has {len(ids):,} tokens, more than the context ({block:,}); keeping the first {block:,}"))
                     encoded[i] = ids[:block]
+            if self.model.config.arch == "decoder" and self.tokenizer.adds_bos:  # a pretrained Llama reads <s> first
+                encoded[i] = [self.tokenizer.special_ids["bos"]] + encoded[i][-(block - 1):]
         return encoded, notices
 
     # -- the loops ---------------------------------------------------------------------------------------
@@ -151,8 +153,9 @@ class Generator:
             real = torch.ones_like(ids, dtype=torch.bool)
         else:
             ids, real = pad_rows([r for r in rows for _ in range(repeat)], self.vocab.pad_id, self.device, left=True)
+        longest = ids.shape[1] + self.settings.max_new_tokens
         window = DecoderWindow(model, B, self.vocab, use_cache=self.settings.use_cache, keep=self.settings.slide_keep,
-                               memory=memory, memory_padding=memory_padding)
+                               memory=memory, memory_padding=memory_padding, longest=longest)
         logits = window.start(ids, real)
         self.timing.prefill_seconds += time.perf_counter() - started
         self.timing.prompt_tokens += sum(len(r) for r in rows) * repeat

@@ -65,6 +65,8 @@ def fill_mask(model: Transformer, tokenizer: TextTokenizer, text: str, *, top_k:
         if i < len(pieces) - 1:
             mask_positions.append(len(ids))
             ids.append(mask_id)
+    if "sep" in tokenizer.special_ids:  # BERT's text ends with [SEP]
+        ids.append(tokenizer.special_ids["sep"])
     if len(ids) > config.block_size:
         raise TfcliError(f"the text is {len(ids):,} tokens, more than the model's context ({config.block_size:,})", hint="shorten it")
     device = model.lm_head.weight.device
@@ -84,7 +86,10 @@ def fill_mask(model: Transformer, tokenizer: TextTokenizer, text: str, *, top_k:
             token = tokenizer.token_bytes(token_id).decode("utf-8", errors="backslashreplace")  # part of a character: \xe2
             # a whitespace tokenizer's word ends in a space; the text around the mask has its own
             word = token.rstrip(" ") if tokenizer.pre_tokenizer_kind == "whitespace" else token
-            filled = "".join(pieces[i] + word if i == m else written[i] + MASK_PLACEHOLDER for i in range(n_masks)) + written[-1]
+            before = pieces[m]
+            if tokenizer.pre_tokenizer_kind == "BertPreTokenizer" and word.startswith("##"):  # WordPiece: ends the word before
+                before, word = before.rstrip(" "), word[2:]
+            filled = "".join(before + word if i == m else written[i] + MASK_PLACEHOLDER for i in range(n_masks)) + written[-1]
             fillers.append(Filler(token_id, token, p, filled))
         predictions.append(MaskPrediction(m, fillers))
     return predictions

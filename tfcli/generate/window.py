@@ -44,10 +44,12 @@ class DecoderWindow:
     logits (B, vocab limit) of every row."""
 
     def __init__(self, model: Transformer, batch: int, vocab: Vocabulary, *, use_cache: bool = True, keep: int | None = None,
-                 memory: torch.Tensor | None = None, memory_padding: torch.Tensor | None = None) -> None:
+                 memory: torch.Tensor | None = None, memory_padding: torch.Tensor | None = None, longest: int | None = None) -> None:
         config = model.config
         self.model, self.vocab = model, vocab
-        self.block = config.block_size
+        # longest: the most tokens a row can come to (prompt + new tokens). Under the context, the window and
+        # its cache are only that long (a pretrained model's context may be 32k or 128k tokens); it never fills.
+        self.block = config.block_size if longest is None else max(1, min(config.block_size, longest))
         self.keep = min(self.block, keep if keep is not None else max(1, self.block - self.block // 4))
         device = model.lm_head.weight.device
         dtype = model.lm_head.weight.dtype

@@ -109,10 +109,10 @@ class Attention(nn.Module):
         self.dropout = config.dropout
         kv_width = 2 * self.n_kv_heads * self.head_dim
         if cross:
-            self.q = nn.Linear(config.d_model, config.d_model, bias=config.bias)
-            self.kv = nn.Linear(config.d_model, kv_width, bias=config.bias)
+            self.q = nn.Linear(config.d_model, config.d_model, bias=config.has_qkv_bias)
+            self.kv = nn.Linear(config.d_model, kv_width, bias=config.has_qkv_bias)
         else:
-            self.qkv = nn.Linear(config.d_model, config.d_model + kv_width, bias=config.bias)
+            self.qkv = nn.Linear(config.d_model, config.d_model + kv_width, bias=config.has_qkv_bias)
         self.out = nn.Linear(config.d_model, config.d_model, bias=config.bias)
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:

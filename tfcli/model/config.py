@@ -19,8 +19,24 @@ NORMS: tuple[str, ...] = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS: tuple[str, ...] = ("pre", "post")
 ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh", "relu", "swiglu")
 
+ROPE_SCALINGS: tuple[str, ...] = ("linear", "llama3")
+
 MAX_PARAMETERS = 200_000_000_000
 LIMITS = {"vocab_size": 1 << 22, "block_size": 1 << 20, "d_model": 1 << 16, "d_ff": 1 << 18, "n_layers": 1024, "n_heads": 1024}
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling(JsonRecord):
+    """How rotary frequencies are stretched to reach past the context a model was first trained on
+    (transformers' `rope_scaling`). linear: every frequency / factor. llama3: frequencies whose wavelength
+    is longer than original_context / low_freq_factor / factor, shorter than original_context /
+    high_freq_factor kept, a smooth blend between."""
+
+    kind: str  # linear | llama3
+    factor: float
+    low_freq_factor: float = 1.0  # llama3 only
+    high_freq_factor: float = 4.0  # llama3 only
+    original_context: int = 8192  # llama3 only: original_max_position_embeddings
 
 
 @dataclasses.dataclass
@@ -36,14 +52,20 @@ class ModelConfig(JsonRecord):
     d_ff: int | None = None  # hidden width of the MLP (default: 4 * d_model)
     positions: str = "learned"  # learned | sinusoidal | rotary
     rope_base: float = 10000.0  # rotary: the base of the frequencies
+    rope_scaling: RopeScaling | None = None  # rotary: frequencies stretched for a longer context (Llama 3.x)
     norm: str = "layernorm"  # layernorm | rmsnorm
     norm_placement: str = "pre"  # pre: x + f(norm(x)); post: norm(x + f(x)) (the original transformer)
     norm_eps: float = 1e-5
     activation: str = "gelu"  # gelu | gelu_tanh (GPT-2's) | relu | swiglu
     dropout: float = 0.0  # on embeddings, attention weights, and each sublayer's output
     bias: bool = True  # biases in linear layers and layer norms
+    qkv_bias: bool | None = None  # biases on the query/key/value projections (None: as `bias`; Qwen2 has only these)
+    mlp_bias: bool | None = None  # biases in the MLP (None: as `bias`; Llama sets attention and MLP biases apart)
     tie_embeddings: bool = True  # the output projection shares the token embedding matrix
     n_classes: int = 0  # encoder / decoder: size of the classification head (0: none)
+    type_vocab_size: int = 0  # BERT's token-type (segment) embeddings; tfcli reads one segment, so type 0 is added to every token
+    embedding_norm: bool = False  # a norm over the summed embeddings, before the first block (BERT)
+    pooler: bool = False  # encoder: BERT's pooler, tanh(dense(the [CLS] state)), is what the classifier reads
     init_std: float = 0.02  # std of the normal initialisation; residual projections get init_std / sqrt(2 * layers)
 
     def __post_init__(self) -> None:
@@ -83,6 +105,18 @@ class ModelConfig(JsonRecord):
             raise TfcliError(f"model n_classes must be between 0 and {1 << 20:,}, not {self.n_classes}")
         if self.n_classes and self.arch == "encoder-decoder":
             raise TfcliError("a classification head needs an encoder or a decoder, not an encoder-decoder")
+        if self.rope_scaling is not None:
+            scaling = self.rope_scaling
+            if self.positions != "rotary":
+                raise TfcliError("model rope_scaling is for rotary positions", hint="remove it, or set positions=rotary")
+            if scaling.kind not in ROPE_SCALINGS:
+                raise TfcliError(f"model rope_scaling.kind must be one of {', '.join(ROPE_SCALINGS)}, not {scaling.kind!r}")
+            if not scaling.factor >= 1 or not 0 < scaling.low_freq_factor < scaling.high_freq_factor or scaling.original_context < 1:
+                raise TfcliError("model rope_scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and original_context >= 1")
+        if not 0 <= self.type_vocab_size <= 1 << 16:
+            raise TfcliError(f"model type_vocab_size must be between 0 and {1 << 16:,}, not {self.type_vocab_size}")
+        if self.pooler and self.arch != "encoder":
+            raise TfcliError("model pooler is BERT's, for an encoder's [CLS] state", hint="remove it, or set arch=encoder")
         if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_base <= 1:
             raise TfcliError("model norm_eps and init_std must be positive and rope_base above 1")
         if self.parameter_estimate() > MAX_PARAMETERS:
@@ -99,6 +133,14 @@ class ModelConfig(JsonRecord):
     @property
     def hidden_dim(self) -> int:
         return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        return self.bias if self.qkv_bias is None else self.qkv_bias
+
+    @property
+    def has_mlp_bias(self) -> bool:
+        return self.bias if self.mlp_bias is None else self.mlp_bias
 
     @property
     def decoder_layers(self) -> int:
@@ -118,21 +160,22 @@ class ModelConfig(JsonRecord):
 
     def parameter_counts(self) -> dict[str, int]:
         """Parameters by part: embeddings, attention, mlp, norms, heads."""
-        d, b = self.d_model, int(self.bias)
+        d, b, qb, mb = self.d_model, int(self.bias), int(self.has_qkv_bias), int(self.has_mlp_bias)
         kv = self.kv_heads * self.head_dim
-        attn = d * (d + 2 * kv) + b * (d + 2 * kv) + d * d + b * d
-        cross = d * d + b * d + d * 2 * kv + b * 2 * kv + d * d + b * d
+        attn = d * (d + 2 * kv) + qb * (d + 2 * kv) + d * d + b * d
+        cross = d * d + qb * d + d * 2 * kv + qb * 2 * kv + d * d + b * d
         up = 2 * self.hidden_dim if self.activation == "swiglu" else self.hidden_dim
-        mlp = d * up + b * up + self.hidden_dim * d + b * d
+        mlp = d * up + mb * up + self.hidden_dim * d + mb * d
         norm = d * (2 if self.norm == "layernorm" and self.bias else 1)
         enc = self.n_layers if self.has_encoder else 0
         dec = self.decoder_layers if self.has_decoder else 0
         counts = {
-            "embeddings": self.vocab_size * d + (self.block_size * d if self.positions == "learned" else 0),
+            "embeddings": self.vocab_size * d + (self.block_size * d if self.positions == "learned" else 0) + self.type_vocab_size * d,
             "attention": (enc + dec) * attn + (dec * cross if self.arch == "encoder-decoder" else 0),
             "mlp": (enc + dec) * mlp,
             "norms": (enc * 2 + dec * (3 if self.arch == "encoder-decoder" else 2)) * norm
-            + norm * ((1 if self.has_encoder else 0) + (1 if self.has_decoder else 0)) * (self.norm_placement == "pre"),
+            + norm * ((1 if self.has_encoder else 0) + (1 if self.has_decoder else 0)) * (self.norm_placement == "pre")
+            + norm * self.embedding_norm,
             "heads": 0,
         }
         if self.arch == "encoder":
@@ -141,6 +184,8 @@ class ModelConfig(JsonRecord):
             counts["heads"] += 0 if self.tie_embeddings else self.vocab_size * d
         if self.n_classes:
             counts["heads"] += d * self.n_classes + self.n_classes
+        if self.pooler:
+            counts["heads"] += d * d + d
         return counts
 
     def kv_cache_bytes_per_token(self, bytes_per_value: int = 2) -> int:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tfcli.model.config import ModelConfig
+from tfcli.model.config import ModelConfig, RopeScaling
 
 
 class RMSNorm(nn.Module):
@@ -37,12 +37,29 @@ def sinusoidal_table(length: int, dim: int) -> torch.Tensor:
     return table
 
 
+def scaled_frequencies(inverse_frequency: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
+    """Rotary frequencies stretched for a longer context: linear divides them all by the factor; llama3
+    (Llama 3.1) divides the low ones (long wavelengths), keeps the high ones, and blends in between."""
+    if scaling.kind == "linear":
+        return inverse_frequency / scaling.factor
+    wavelength = 2 * math.pi / inverse_frequency  # (hs/2,)
+    low_cutoff = scaling.original_context / scaling.low_freq_factor  # longer wavelengths: divided
+    high_cutoff = scaling.original_context / scaling.high_freq_factor  # shorter: kept
+    scaled = torch.where(wavelength > low_cutoff, inverse_frequency / scaling.factor, inverse_frequency)
+    smooth = (scaling.original_context / wavelength - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    between = (wavelength >= high_cutoff) & (wavelength <= low_cutoff)
+    return torch.where(between, blended, scaled)
+
+
 class RotaryEmbedding(nn.Module):
     """RoPE: rotate each (i, i + hs/2) pair of q and k by an angle proportional to the position."""
 
-    def __init__(self, head_dim: int, length: int, base: float) -> None:
+    def __init__(self, head_dim: int, length: int, base: float, scaling: RopeScaling | None = None) -> None:
         super().__init__()
         inverse_frequency = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # (hs/2,)
+        if scaling is not None:
+            inverse_frequency = scaled_frequencies(inverse_frequency, scaling)
         angles = torch.outer(torch.arange(length, dtype=torch.float32), inverse_frequency)  # (L, hs/2)
         angles = torch.cat([angles, angles], dim=-1)  # (L, hs)
         self.register_buffer("cos", angles.cos(), persistent=False)
@@ -71,8 +88,8 @@ class MLP(nn.Module):
         hidden = config.hidden_dim
         self.activation = config.activation
         up = 2 * hidden if config.activation == "swiglu" else hidden
-        self.fc = nn.Linear(config.d_model, up, bias=config.bias)
-        self.proj = nn.Linear(hidden, config.d_model, bias=config.bias)
+        self.fc = nn.Linear(config.d_model, up, bias=config.has_mlp_bias)
+        self.proj = nn.Linear(hidden, config.d_model, bias=config.has_mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc(x)

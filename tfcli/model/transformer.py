@@ -98,7 +98,11 @@ class Transformer(nn.Module):
         elif config.positions == "sinusoidal":
             self.register_buffer("sinusoid", sinusoidal_table(config.block_size, d), persistent=False)
         else:
-            self.rotary = RotaryEmbedding(config.head_dim, config.block_size, config.rope_base)
+            self.rotary = RotaryEmbedding(config.head_dim, config.block_size, config.rope_base, config.rope_scaling)
+        if config.type_vocab_size:
+            self.type_emb = nn.Embedding(config.type_vocab_size, d)  # BERT's segments: tfcli reads one, type 0
+        if config.embedding_norm:
+            self.emb_norm = make_norm(config)  # BERT: a LayerNorm over token + position + type embeddings
         self.drop = nn.Dropout(config.dropout)
         if config.has_encoder:
             self.encoder = Stack(config, config.n_layers, causal=False, cross=False)
@@ -111,6 +115,8 @@ class Transformer(nn.Module):
             self.lm_head = nn.Linear(d, config.vocab_size, bias=True)
         else:
             self.lm_head = nn.Linear(d, config.vocab_size, bias=False)
+        if config.pooler:
+            self.pooler = nn.Linear(d, d)  # BERT: the classifier reads tanh(pooler(state of [CLS]))
         if config.n_classes:
             self.classifier = nn.Linear(d, config.n_classes)
         self.apply(self._init_weights)
@@ -144,6 +150,10 @@ class Transformer(nn.Module):
             x = x + (self.pos_emb(positions) if positions is not None else self.pos_emb.weight[offset:offset + T])
         elif self.config.positions == "sinusoidal":
             x = x + (self.sinusoid[positions] if positions is not None else self.sinusoid[offset:offset + T]).to(x.dtype)
+        if self.config.type_vocab_size:
+            x = x + self.type_emb.weight[0]  # every token is in segment 0
+        if self.config.embedding_norm:
+            x = self.emb_norm(x)
         return self.drop(x) if self.drop.p and self.training else x
 
     def encode(self, ids: torch.Tensor, padding: torch.Tensor | None = None, *, need_weights=False, attentions=None) -> torch.Tensor:
@@ -230,10 +240,10 @@ class Transformer(nn.Module):
         return hidden
 
     def _pooled(self, hidden: torch.Tensor, padding: torch.Tensor | None) -> torch.Tensor:
-        """The state a classifier reads: the first (classification) token for an encoder, the last real
-        token for a decoder (the only one that has seen the whole text)."""
+        """The state a classifier reads: the first (classification) token for an encoder (through BERT's
+        pooler when it has one), the last real token for a decoder (the only one that has seen the whole text)."""
         if self.config.arch == "encoder":
-            return hidden[:, 0]
+            return torch.tanh(self.pooler(hidden[:, 0])) if self.config.pooler else hidden[:, 0]
         if padding is None:
             return hidden[:, -1]
         last = padding.long().sum(dim=1).clamp(min=1) - 1  # (B,) right padding

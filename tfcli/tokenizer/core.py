@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfcli.corpus.reader import replace_lone_surrogates
 from tfcli.errors import TfcliError
-from tfcli.tokenizer.specials import CONFIG_KEYS, KNOWN_NAMES, ROLES
+from tfcli.tokenizer.specials import CONFIG_KEYS, KNOWN_NAMES, LOADED_ROLES
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -46,7 +46,8 @@ def _byte_decoder() -> dict[str, int]:
 class TextTokenizer:
     """A Hugging Face tokenizer plus what tfcli needs to know about it.
 
-    `special_ids` maps a role (eos, pad, unk, mask, cls) to its id, for the roles this tokenizer has.
+    `special_ids` maps a role (eos, pad, unk, mask, cls; bos and sep in pretrained models' tokenizers) to its
+    id, for the roles this tokenizer has.
     """
 
     hf: Tokenizer
@@ -54,6 +55,7 @@ class TextTokenizer:
     sha256: str
     special_ids: dict[str, int]
     model_max_length: int | None = None
+    adds_bos: bool = False  # a pretrained decoder's prompts start with its bos token (Llama's <s>: add_bos_token)
 
     @classmethod
     def load(cls, path: Path) -> TextTokenizer:
@@ -81,12 +83,16 @@ class TextTokenizer:
         config = _read_tokenizer_config(path.parent / TOKENIZER_CONFIG_FILE)
         special_ids = _find_special_ids(hf, config)
         max_length = config.get("model_max_length")
+        bos = special_ids.get("bos")
+        # add_bos_token as transformers' Llama tokenizers write it, or a post-processor that puts bos first
+        adds_bos = bos is not None and config.get("add_bos_token", hf.encode("", add_special_tokens=True).ids[:1] == [bos]) is True
         return cls(
             hf=hf,
             path=path,
             sha256=hashlib.sha256(raw).hexdigest(),
             special_ids=special_ids,
             model_max_length=max_length if isinstance(max_length, int) and max_length < 1 << 40 else None,
+            adds_bos=adds_bos,
         )
 
     @property
@@ -202,7 +208,7 @@ def _read_tokenizer_config(path: Path) -> dict[str, Any]:
 def _find_special_ids(hf: Tokenizer, config: dict[str, Any]) -> dict[str, int]:
     """Roles from tokenizer_config.json where it names them, else from well-known token names."""
     ids: dict[str, int] = {}
-    for role in ROLES:
+    for role in LOADED_ROLES:
         named = config.get(CONFIG_KEYS[role])
         if isinstance(named, dict):  # transformers sometimes writes {"content": ..., ...}
             named = named.get("content")

@@ -34,6 +34,14 @@ BERT_SPECIALS = {
     "eos": "[SEP]",
     "mask": "[MASK]",
 }
+
+# Roles a loaded tokenizer may also have (pretrained models' tokenizers: Llama's <s>, BERT's [SEP]); tfcli's
+# own tokenizers are trained with ROLES only.
+LOADED_ROLES: tuple[str, ...] = ROLES + ("bos", "sep")
+ROLE_DESCRIPTIONS.update({
+    "bos": "beginning of text: a pretrained model's first token",
+    "sep": "separator: ends a BERT-style encoder's text",
+})
 # Names other tokenizers use for a role, tried when a tokenizer.json comes without tokenizer_config.json.
 KNOWN_NAMES = {
     "eos": ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]"),
@@ -41,9 +49,11 @@ KNOWN_NAMES = {
     "unk": ("<|unk|>", "<unk>", "[UNK]"),
     "mask": ("<|mask|>", "<mask>", "[MASK]"),
     "cls": ("<|cls|>", "<cls>", "[CLS]", "<s>"),
+    "bos": ("<s>", "<|begin_of_text|>", "<bos>"),
+    "sep": ("[SEP]",),
 }
 # tokenizer_config.json keys, as transformers names them.
-CONFIG_KEYS = {role: f"{role}_token" for role in ROLES}
+CONFIG_KEYS = {role: f"{role}_token" for role in LOADED_ROLES}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -233,7 +233,9 @@ def finetune_job(*, init_from: Path, task: str, data: Path, val_data: Path | Non
             train_set, val_set = split_validation(train_set, config.val_fraction, config.seed)
         if task == "classify":
             job.config = dataclasses.replace(config, labels=labels)
-            job.model_config = dataclasses.replace(model_config, n_classes=len(labels))
+            # A BERT classifier reads its pooler; one a masked-LM BERT lacks starts fresh, as transformers does.
+            bert = model_config.arch == "encoder" and model_config.embedding_norm and model_config.type_vocab_size > 0
+            job.model_config = dataclasses.replace(model_config, n_classes=len(labels), pooler=model_config.pooler or bert)
         job.labeled = (train_set, val_set)
         job.fields = fields or None
         # renamed fields read other examples from the same bytes, so they are part of the data's identity

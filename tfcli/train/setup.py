@@ -58,7 +58,8 @@ def initial_model(job: TrainingJob):
         if job.config.task == "classify":
             weights = {k: v for k, v in weights.items() if not k.startswith("classifier.")}
         missing, unexpected = model.load_state_dict(weights, strict=False)
-        assert not unexpected and all(k.startswith("classifier.") for k in missing), (missing, unexpected)
+        fresh = ("classifier.", "pooler.") if job.config.task == "classify" else ()  # a new head (and a BERT's pooler)
+        assert not unexpected and all(k.startswith(fresh) for k in missing), (missing, unexpected)
     return model
 
 

@@ -1,0 +1,416 @@
+"""Llama-family and BERT interop: random models built locally with transformers (tiny configs, no network)
+import with transformers' logits, export back to the same class with equal logits, and generate, fill
+masks and classify as transformers does."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from tfcli.checkpoint import load_checkpoint
+from tfcli.tokenizer.core import TextTokenizer
+
+transformers = pytest.importorskip("transformers")
+
+PROMPT = "Once upon a time"
+
+
+def _perturb(model) -> None:
+    """Non-zero biases and norms, so a wrong mapping cannot hide."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name.lower():
+                p.add_(torch.randn_like(p) * 0.1)
+
+
+def _save(model, folder, tokenizer_dir) -> None:
+    model.save_pretrained(str(folder), safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (tokenizer_dir / name).is_file():
+            shutil.copy(tokenizer_dir / name, folder / name)
+
+
+LLAMAS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=2, tie_word_embeddings=False)),
+    "llama-tied-biased-llama3-rope": ("LlamaConfig", "LlamaForCausalLM", dict(
+        num_key_value_heads=1, tie_word_embeddings=True, attention_bias=True, mlp_bias=False, rope_theta=5000.0,
+        rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 16})),
+    "llama-linear-rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling={"rope_type": "linear", "factor": 2.0}, mlp_bias=True)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_key_value_heads=2, tie_word_embeddings=True)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(num_key_value_heads=2, sliding_window=None, head_dim=8)),
+}
+
+
+def _llama(kind: str, vocab: int, folder, tokenizer_dir, **overrides):
+    config_class, model_class, extra = LLAMAS[kind]
+    extra = {**extra, **overrides}
+    torch.manual_seed(0)
+    shape = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 max_position_embeddings=64, rms_norm_eps=1e-5)
+    config = getattr(transformers, config_class)(**{**shape, **extra})
+    model = getattr(transformers, model_class)(config).eval()
+    _perturb(model)
+    _save(model, folder, tokenizer_dir)
+    return model
+
+
+def _decoder_logits_equal(hf, ours, vocab) -> None:
+    ids = torch.randint(0, vocab, (2, 12))
+    real = torch.ones(2, 12, dtype=torch.bool)
+    real[1, 8:] = False  # right padding
+    with torch.no_grad():
+        theirs = hf(ids, attention_mask=real.long()).logits
+        mine = ours(ids, real).logits
+    assert (theirs[real] - mine[real]).abs().max().item() < 1e-4
+
+
+def _greedy_ids_equal(cli, run, hf, tokenizer: TextTokenizer) -> None:
+    result = cli("generate", run, "-p", PROMPT, "--max-new-tokens", "12", "--json")
+    assert result.code == 0, result.stderr
+    (completion,) = json.loads(result.stdout)["completions"]
+    prompt = ([tokenizer.special_ids["bos"]] if tokenizer.adds_bos else []) + tokenizer.encode(PROMPT)  # Llama's <s> first
+    assert completion["prompt_tokens"] == len(prompt)
+    eos = tokenizer.special_ids.get("eos")
+    suppressed = sorted({i for role, i in tokenizer.special_ids.items() if i != eos})  # tfcli never generates these
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12, eos_token_id=eos, pad_token_id=eos,
+                          suppress_tokens=suppressed or None, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    assert completion["tokens"] == out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("kind", list(LLAMAS))
+def test_llama_family_imports_exports_and_generates_as_transformers(cli, tmp_path, trained_tokenizer, kind):
+    tokenizer = TextTokenizer.load(trained_tokenizer)
+    vocab = tokenizer.vocab_size
+    hf = _llama(kind, vocab, tmp_path / "hf", trained_tokenizer)
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
+    assert result.code == 0, result.stderr
+    assert LLAMAS[kind][1] in result.stdout and f"{sum(p.numel() for p in hf.parameters()):,} parameters" in result.stdout
+    ours = load_checkpoint(tmp_path / "run")
+    assert ours.config.source_class == LLAMAS[kind][1]
+    _decoder_logits_equal(hf, ours.model, vocab)
+    _greedy_ids_equal(cli, tmp_path / "run", hf, ours.tokenizer)
+    result = cli("export", tmp_path / "run", "--to", "hf", "-o", tmp_path / "back")
+    assert result.code == 0, result.stderr
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["architectures"] == [LLAMAS[kind][1]]
+    again = getattr(transformers, LLAMAS[kind][1]).from_pretrained(str(tmp_path / "back")).eval()
+    _decoder_logits_equal(again, ours.model, vocab)
+    assert sum(p.numel() for p in again.parameters()) == sum(p.numel() for p in hf.parameters())
+
+
+BERT_WORDS = ("once upon a time little fox found red ball in the park was happy so it played with all day tom had three "
+              "apples he gave one to mia because she hungry thank you said smiled at cafe dog did not like rain but cat "
+              "liked watch fall sat on mat . , ! \" ' ? ##s ##ed ##ing").split()
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def _bert_vocab(folder) -> list[str]:
+    """BERT's tokenizer files as the hub often has them: vocab.txt alone (no tokenizer.json)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = BERT_SPECIALS + sorted(set(BERT_WORDS))
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "tokenizer_class": "BertTokenizer"}))
+    return vocab
+
+
+def _bert(model_class: str, folder, **extra):
+    vocab = _bert_vocab(folder)
+    torch.manual_seed(2)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=40, **extra)
+    model = getattr(transformers, model_class)(config).eval()
+    _perturb(model)
+    model.save_pretrained(str(folder), safe_serialization=True)
+    return model
+
+
+def _padded_batch(vocab: int):
+    ids = torch.randint(5, vocab, (2, 10))
+    real = torch.ones(2, 10, dtype=torch.bool)
+    real[1, 7:] = False
+    return ids, real
+
+
+@pytest.mark.parametrize("model_class", ["BertForMaskedLM", "BertModel", "BertForSequenceClassification"])
+def test_bert_imports_and_exports_with_transformers_outputs(cli, tmp_path, model_class):
+    extra = dict(id2label={0: "neg", 1: "pos", 2: "meh"}, label2id={"neg": 0, "pos": 1, "meh": 2}) if "Sequence" in model_class else {}
+    hf = _bert(model_class, tmp_path / "hf", **extra)
+    vocab = hf.config.vocab_size
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
+    assert result.code == 0, result.stderr
+    assert f"{model_class}, {sum(p.numel() for p in hf.parameters()):,} parameters" in result.stdout
+    ours = load_checkpoint(tmp_path / "run")
+    ids, real = _padded_batch(vocab)
+
+    def same_outputs(reference) -> None:
+        with torch.no_grad():
+            theirs = reference(ids, attention_mask=real.long())
+            mine = ours.model(ids, real)
+        if model_class == "BertForMaskedLM":
+            assert (theirs.logits[real] - mine.logits[real]).abs().max().item() < 1e-4
+        elif model_class == "BertModel":
+            assert (theirs.last_hidden_state[real] - mine.hidden[real]).abs().max().item() < 1e-4
+            assert (theirs.pooler_output - torch.tanh(ours.model.pooler(mine.hidden[:, 0]))).abs().max().item() < 1e-4
+        else:
+            assert (theirs.logits - mine.class_logits).abs().max().item() < 1e-4
+
+    same_outputs(hf)
+    result = cli("export", tmp_path / "run", "--to", "hf", "-o", tmp_path / "back")
+    assert result.code == 0, result.stderr
+    back = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert back["architectures"] == [model_class]
+    again = getattr(transformers, model_class).from_pretrained(str(tmp_path / "back")).eval()
+    same_outputs(again)
+    assert sum(p.numel() for p in again.parameters()) == sum(p.numel() for p in hf.parameters())
+    if "Sequence" in model_class:
+        assert back["id2label"] == {"0": "neg", "1": "pos", "2": "meh"}
+
+
+def test_bert_fill_mask_and_classify_agree_with_transformers(cli, tmp_path):
+    hf = _bert("BertForMaskedLM", tmp_path / "mlm")
+    assert cli("import", tmp_path / "mlm", "-o", tmp_path / "mlm-run").code == 0
+    auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "mlm"))  # from vocab.txt, as tfcli imports it
+    text = "The fox [MASK] in the park."
+    encoded = auto(text, return_tensors="pt")
+    ours = TextTokenizer.load(tmp_path / "mlm-run")
+    assert ours.special_ids["mask"] == auto.mask_token_id and ours.special_ids["sep"] == auto.sep_token_id
+    with torch.no_grad():
+        logits = hf(**encoded).logits[0, encoded["input_ids"][0].tolist().index(auto.mask_token_id)]
+    logits[[auto.convert_tokens_to_ids(t) for t in BERT_SPECIALS]] = float("-inf")  # fill-mask proposes text only
+    result = cli("generate", tmp_path / "mlm-run", "--fill-mask", text, "--json", "--top-k", "60")
+    assert result.code == 0, result.stderr
+    (mask,) = json.loads(result.stdout)["masks"]
+    assert mask["fillers"][0]["token_id"] == int(logits.argmax())
+    continuation = next(f for f in mask["fillers"] if f["token"] == "##ed")  # a WordPiece suffix ends the word before
+    assert continuation["text"] == "The foxed in the park."
+    assert ours.encode(text.replace("[MASK]", "happy")) == auto(text.replace("[MASK]", "happy"), add_special_tokens=False)["input_ids"]
+
+    hf = _bert("BertForSequenceClassification", tmp_path / "cls", id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1})
+    assert cli("import", tmp_path / "cls", "-o", tmp_path / "cls-run").code == 0
+    for text in ("the fox was happy", "the dog did not like the rain!"):
+        with torch.no_grad():  # BERT reads [CLS] text [SEP], and so does tfcli with BERT's tokenizer
+            probs = torch.softmax(hf(**auto(text, return_tensors="pt")).logits[0], dim=-1)
+        result = cli("generate", tmp_path / "cls-run", "--classify", text, "--json")
+        assert result.code == 0, result.stderr
+        top = json.loads(result.stdout)["labels"][0]
+        assert top["label"] == hf.config.id2label[int(probs.argmax())]
+        assert abs(top["probability"] - float(probs.max())) < 1e-4
+
+
+def test_imported_models_finetune_and_show_their_attention(cli, tmp_path, trained_tokenizer, tiny_corpus):
+    _llama("qwen2", TextTokenizer.load(trained_tokenizer).vocab_size, tmp_path / "qwen2", trained_tokenizer)
+    assert cli("import", tmp_path / "qwen2", "-o", tmp_path / "llm").code == 0
+    shards = cli("tokenize", "encode", tiny_corpus, "--tokenizer", tmp_path / "llm" / "tokenizer.json", "-o", tmp_path / "shards")
+    assert shards.code == 0, shards.stderr
+    result = cli("train", "finetune", "--init-from", tmp_path / "llm", "--task", "lm", "--data", tmp_path / "shards",
+                 "-o", tmp_path / "llm2", "--max-steps", "2", "--batch-size", "2", "--set", "block_size=16")
+    assert result.code == 0, result.stderr
+    assert load_checkpoint(tmp_path / "llm2").config.model.qkv_bias is True
+
+    _bert("BertForMaskedLM", tmp_path / "bert")
+    assert cli("import", tmp_path / "bert", "-o", tmp_path / "mlm").code == 0
+    reviews = tmp_path / "reviews.jsonl"
+    reviews.write_text("".join(json.dumps({"text": t, "label": label}) + "\n" for t, label in
+                               [("the fox was happy", "pos"), ("the dog did not like the rain", "neg")] * 8))
+    result = cli("train", "finetune", "--init-from", tmp_path / "mlm", "--task", "classify", "--data", reviews,
+                 "-o", tmp_path / "cls", "--max-steps", "2", "--batch-size", "4")
+    assert result.code == 0, result.stderr
+    classifier = load_checkpoint(tmp_path / "cls")
+    assert classifier.config.model.pooler and classifier.config.model.n_classes == 2  # BERT's classifier reads a pooler
+    assert cli("export", tmp_path / "cls", "-o", tmp_path / "cls-hf").code == 0
+    again = transformers.BertForSequenceClassification.from_pretrained(str(tmp_path / "cls-hf")).eval()
+    ids, real = _padded_batch(again.config.vocab_size)
+    with torch.no_grad():
+        assert (again(ids, attention_mask=real.long()).logits - classifier.model(ids, real).class_logits).abs().max().item() < 1e-4
+    for run in ("llm", "mlm", "cls"):
+        result = cli("inspect-attention", tmp_path / run, "--text", "the fox was happy", "--format", "json")
+        assert result.code == 0, result.stderr
+        assert json.loads(result.stdout)
+
+
+def _unigram_tokenizer(folder, specials: list[str]) -> None:
+    """A SentencePiece-style Unigram tokenizer.json (Metaspace), as Llama-family folders ship them."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    pieces = [(s, 0.0) for s in specials] + [(c, -3.0) for c in "abcdefghijklmnopqrstuvwxyzOT .,!\u2581"]
+    pieces += [(f"\u2581{w}", -2.0) for w in "once upon a time the fox was happy".split()]
+    tokenizer = Tokenizer(models.Unigram(pieces, unk_id=specials.index("<unk>") if "<unk>" in specials else None, byte_fallback=False))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    if specials:
+        tokenizer.add_special_tokens(specials)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+
+
+def test_a_unigram_tokenizer_takes_its_roles_from_special_tokens_map(cli, tmp_path):
+    _unigram_tokenizer(tmp_path / "tok", ["<unk>", "<s>", "</s>"])
+    vocab = TextTokenizer.load(tmp_path / "tok").vocab_size
+    hf = _llama("llama", vocab, tmp_path / "hf", tmp_path / "tok")
+    (tmp_path / "hf" / "special_tokens_map.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": False}, "unk_token": "<unk>", "pad_token": "<pad>"}))
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True, "tokenizer_class": "LlamaTokenizer"}))
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
+    assert result.code == 0, result.stderr
+    assert "pad_token '<pad>' is not in the vocabulary" in result.stderr  # said, and the import goes on
+    ours = TextTokenizer.load(tmp_path / "run")
+    assert ours.special_ids == {"bos": 1, "eos": 2, "unk": 0, "cls": 1}  # <s> is also a well-known [cls] name
+    assert ours.adds_bos  # prompts start with <s>, as transformers' Llama tokenizer starts them
+    _greedy_ids_equal(cli, tmp_path / "run", hf, ours)
+    info = cli("info", tmp_path / "run", "--json")
+    data = json.loads(info.stdout)
+    assert data["source_class"] == "LlamaForCausalLM" and data["source_parameters"] == sum(p.numel() for p in hf.parameters())
+    assert data["tokenizer"]["special_tokens"]["eos"] == "</s>"
+
+
+def test_a_folder_without_special_tokens_imports_and_says_what_is_missing_where_needed(cli, tmp_path, tiny_corpus):
+    _unigram_tokenizer(tmp_path / "tok", [])
+    vocab = TextTokenizer.load(tmp_path / "tok").vocab_size
+    _llama("mistral", vocab, tmp_path / "hf", tmp_path / "tok")
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
+    assert result.code == 0, result.stderr
+    assert TextTokenizer.load(tmp_path / "run").special_ids == {}
+    result = cli("generate", tmp_path / "run", "-p", "once upon a time", "--max-new-tokens", "5", "--json")
+    assert result.code == 0, result.stderr  # no end-of-text token: it runs to --max-new-tokens
+    (completion,) = json.loads(result.stdout)["completions"]
+    assert completion["finish_reason"] == "length"
+    assert cli("info", tmp_path / "run").code == 0
+    reviews = tmp_path / "reviews.jsonl"
+    reviews.write_text("".join(json.dumps({"text": t, "label": t[:3]}) + "\n" for t in ["the fox", "was happy"] * 4))
+    result = cli("train", "finetune", "--init-from", tmp_path / "run", "--task", "classify", "--data", reviews, "-o", tmp_path / "cls")
+    assert result.code == 2 and "has no" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_sharded_weights_import_and_pickle_is_refused_unopened(cli, tmp_path, trained_tokenizer, monkeypatch):
+    vocab = TextTokenizer.load(trained_tokenizer).vocab_size
+    hf = _llama("qwen2", vocab, tmp_path / "hf", trained_tokenizer)
+    hf.save_pretrained(str(tmp_path / "sharded"), safe_serialization=True, max_shard_size="20KB")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tmp_path / "hf" / name, tmp_path / "sharded" / name)
+    shards = sorted(p.name for p in (tmp_path / "sharded").glob("model-*.safetensors"))
+    assert len(shards) > 1 and (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    assert cli("import", tmp_path / "sharded", "-o", tmp_path / "run").code == 0
+    _decoder_logits_equal(hf, load_checkpoint(tmp_path / "run").model, vocab)
+
+    (tmp_path / "sharded" / shards[-1]).unlink()
+    result = cli("import", tmp_path / "sharded", "-o", tmp_path / "run2")
+    assert result.code == 2 and f"lacks {shards[-1]}" in result.stderr and not (tmp_path / "run2").exists()
+
+    import pickle
+
+    def never(*args, **kwargs):
+        raise AssertionError("a pickle was opened")
+
+    monkeypatch.setattr(torch, "load", never)
+    monkeypatch.setattr(pickle, "load", never)
+    monkeypatch.setattr(pickle, "Unpickler", never)
+    (tmp_path / "pickled").mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(tmp_path / "hf" / name, tmp_path / "pickled" / name)
+    torch.save({"x": torch.zeros(1)}, tmp_path / "pickled" / "pytorch_model.bin")
+    result = cli("import", tmp_path / "pickled", "-o", tmp_path / "run3")
+    assert result.code == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert "pytorch_model.bin, a pickle file" in result.stderr and "convert it to safetensors" in result.stderr
+    assert not (tmp_path / "run3").exists()
+
+
+def _edit_config(folder, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(hidden_size=None), "lacks the key 'hidden_size'"),
+    (dict(num_key_value_heads="2"), 'has num_key_value_heads "2", which is not a whole number'),
+    (dict(architectures=["T5ForConditionalGeneration"]), "describes 'T5ForConditionalGeneration', which tfcli cannot import"),
+    (dict(architectures=None, model_type="gpt_neox"), "describes model_type 'gpt_neox'"),
+    (dict(intermediate_size=48), "has shape [32, 64] but config.json implies [32, 48]"),
+    (dict(vocab_size=100), "has shape"),
+    (dict(num_key_value_heads=3), "n_kv_heads (3) must divide n_heads (4)"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}, rope_parameters=None), "rope scaling 'yarn'"),
+    (dict(hidden_act="gelu"), "hidden_act 'gelu'"),
+])
+def test_bad_llama_folders_are_one_line_and_leave_nothing(cli, tmp_path, trained_tokenizer, changes, message):
+    vocab = TextTokenizer.load(trained_tokenizer).vocab_size
+    _llama("llama", vocab, tmp_path / "hf", trained_tokenizer)
+    _edit_config(tmp_path / "hf", **changes)
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
+    assert result.code == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused(cli, tmp_path, trained_tokenizer):
+    vocab = TextTokenizer.load(trained_tokenizer).vocab_size
+    _llama("llama", vocab - 10, tmp_path / "hf", trained_tokenizer)
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
+    assert result.code == 2 and f"has {vocab:,} tokens but the model only {vocab - 10:,}" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_a_hub_style_bert_checkpoint_imports(cli, tmp_path):
+    """bert-base-uncased's file: LayerNorm gamma/beta names from TensorFlow, plus tensors BertForMaskedLM does
+    not use (the pooler, the next-sentence head, integer position ids), all read as transformers reads them."""
+    from safetensors.torch import load_file, save_file
+
+    hf = _bert("BertForMaskedLM", tmp_path / "hub")
+    tensors = load_file(str(tmp_path / "hub" / "model.safetensors"))
+    renamed = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v for k, v in tensors.items()}
+    renamed.update({"bert.pooler.dense.weight": torch.zeros(32, 32), "cls.seq_relationship.weight": torch.zeros(2, 32),
+                    "bert.embeddings.position_ids": torch.arange(40)[None]})
+    save_file(renamed, str(tmp_path / "hub" / "model.safetensors"), metadata={"format": "pt"})
+    assert cli("import", tmp_path / "hub", "-o", tmp_path / "run").code == 0
+    ids, real = _padded_batch(hf.config.vocab_size)
+    with torch.no_grad():
+        assert (hf(ids, attention_mask=real.long()).logits[real] - load_checkpoint(tmp_path / "run").model(ids, real).logits[real]).abs().max() < 1e-4
+
+
+def test_a_sliding_window_shorter_than_the_context_becomes_the_context(cli, tmp_path, trained_tokenizer):
+    vocab = TextTokenizer.load(trained_tokenizer).vocab_size
+    hf = _llama("mistral", vocab, tmp_path / "hf", trained_tokenizer, sliding_window=16)
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
+    assert result.code == 0 and "context 16 (the sliding window" in result.stderr
+    ours = load_checkpoint(tmp_path / "run")
+    assert ours.config.model.block_size == 16
+    _decoder_logits_equal(hf, ours.model, vocab)  # 12 tokens: inside the window, the same attention
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(position_embedding_type="relative_key"), "position_embedding_type 'relative_key'"),
+    (dict(hidden_act="gelu_new"), "hidden_act 'gelu_new'"),
+    (dict(architectures=["BertForPreTraining"]), "'BertForPreTraining', which tfcli cannot import"),
+    (dict(max_position_embeddings=30), "has shape [40, 32] but config.json implies [30, 32]"),
+])
+def test_bad_bert_folders_are_one_line(cli, tmp_path, changes, message):
+    _bert("BertForMaskedLM", tmp_path / "hf")
+    _edit_config(tmp_path / "hf", **changes)
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
+    assert result.code == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_a_long_context_holds_a_cache_only_as_long_as_the_request(cli, tmp_path, trained_tokenizer, monkeypatch):
+    import tfcli.generate.window as window
+
+    vocab = TextTokenizer.load(trained_tokenizer).vocab_size
+    hf = _llama("llama", vocab, tmp_path / "hf", trained_tokenizer, max_position_embeddings=4096)
+    assert cli("import", tmp_path / "hf", "-o", tmp_path / "run").code == 0
+    capacities = []
+    real_cache = window.KVCache
+
+    def recording(config, batch, capacity, *args, **kwargs):
+        capacities.append(capacity)
+        return real_cache(config, batch, capacity, *args, **kwargs)
+
+    monkeypatch.setattr(window, "KVCache", recording)
+    _greedy_ids_equal(cli, tmp_path / "run", hf, load_checkpoint(tmp_path / "run").tokenizer)
+    assert capacities == [len(TextTokenizer.load(trained_tokenizer).encode(PROMPT)) + 12]  # not 4,096 positions

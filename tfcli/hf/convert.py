@@ -1,0 +1,201 @@
+"""Import a Hugging Face folder into a run directory, and export a run to a folder transformers loads.
+
+Each family module (gpt2, llama, bert) says how config.json maps to a ModelConfig and how each tfcli tensor
+is made of the class's tensors; this module does the rest for all of them: it picks the family, reads the
+weights one tensor at a time (checking each shape and value before it is kept), and writes atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from tfcli.checkpoint import WEIGHTS_FILE, load_checkpoint, model_from_tensors, read_run_config, save_checkpoint
+from tfcli.errors import TfcliError
+from tfcli.fsutil import atomic_write_json, atomic_write_text, prepare_output_dir
+from tfcli.hf import bert, gpt2, llama
+from tfcli.hf.folder import HfConfig, WeightFiles, read_hf_config
+from tfcli.hf.mapping import TensorMap
+from tfcli.hf.tokenizer import import_tokenizer
+from tfcli.model.config import ModelConfig
+from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
+
+if TYPE_CHECKING:
+    import torch
+
+FAMILIES: dict[str, ModuleType] = {name: family for family in (gpt2, llama, bert) for name in family.CLASSES}
+MODEL_TYPES = {"GPT2LMHeadModel": "gpt2", **llama.MODEL_TYPES, **{name: "bert" for name in bert.CLASSES}}
+# The class a config.json without `architectures` is read as, by its model_type.
+DEFAULT_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                   "mistral": "MistralForCausalLM", "bert": "BertModel"}
+
+
+@dataclasses.dataclass
+class Imported:
+    config: ModelConfig
+    hf_class: str
+    parameters: int
+    notes: list[str]
+
+
+def _hf_class(hf: dict[str, Any], path: Path) -> str:
+    """The transformers class config.json describes (its `architectures`, else its model_type's usual one)."""
+    architectures = hf.get("architectures")
+    model_type = hf.get("model_type")
+    if isinstance(architectures, list) and architectures:
+        name = architectures[0]
+        if name not in FAMILIES:
+            raise TfcliError(f"{path} describes {name!r}, which tfcli cannot import", hint=f"tfcli imports {', '.join(FAMILIES)}")
+        if model_type is not None and model_type != MODEL_TYPES[name]:
+            raise TfcliError(f"{path} describes model_type {model_type!r}, not {MODEL_TYPES[name]} as {name} is")
+        return name
+    if model_type in DEFAULT_CLASSES:
+        return DEFAULT_CLASSES[model_type]
+    raise TfcliError(f"{path} describes model_type {model_type!r} and no architectures tfcli knows",
+                     hint=f"tfcli imports {', '.join(FAMILIES)}")
+
+
+def _refuse_to_overwrite(folder: Path, what: str, verb: str) -> None:
+    """Both directions write config.json and model.safetensors; what is already there is never replaced."""
+    if any((folder / name).exists() for name in ("config.json", WEIGHTS_FILE)):
+        held = "a tfcli run" if _is_tfcli_run(folder) else what
+        raise TfcliError(f"{folder} already holds {held}", hint=f"{verb} into another folder with -o, or delete that one first")
+
+
+def _is_tfcli_run(folder: Path) -> bool:
+    try:
+        read_run_config(folder)
+    except TfcliError:
+        return False
+    return True
+
+
+def _read_tensor(weights: WeightFiles, mapping: TensorMap, expected: tuple[int, ...], where: Path) -> torch.Tensor:
+    """Our tensor `mapping.ours`, made of its Hugging Face parts, each checked against the shape the config implies."""
+    import torch
+
+    parts = []
+    sizes = mapping.split or (expected[0],)
+    for theirs, size in zip(mapping.theirs, sizes):
+        stored = weights.find(theirs)
+        if stored is None:
+            raise TfcliError(f"{where} lacks the tensor {theirs}", hint="use the weights that came with this config.json")
+        want = (size, *expected[1:])
+        want = tuple(reversed(want)) if mapping.transposed else want
+        if weights.shape(stored) != want:
+            raise TfcliError(f"tensor {stored} has shape {list(weights.shape(stored))} but config.json implies {list(want)}",
+                             hint="the weights and config.json do not belong together")
+        tensor = weights.read(stored)
+        if not tensor.is_floating_point():
+            raise TfcliError(f"tensor {stored} has dtype {tensor.dtype}, not a floating-point type")
+        tensor = tensor.to(torch.float32)
+        if not torch.isfinite(tensor).all():
+            raise TfcliError(f"tensor {stored} holds non-finite values")
+        parts.append(tensor.t() if mapping.transposed else tensor)
+    return (torch.cat(parts) if len(parts) > 1 else parts[0]).contiguous()
+
+
+def import_hf(src: Path, run_dir: Path) -> Imported:
+    """Read a Hugging Face folder (safetensors only, one tensor at a time) and save it as a tfcli run directory."""
+    import torch
+
+    from tfcli.model.transformer import Transformer
+
+    src, run_dir = Path(src), Path(run_dir)
+    if not src.is_dir():
+        raise TfcliError(f"{src} is not a folder", hint="pass a Hugging Face model folder (config.json + model.safetensors + tokenizer)")
+    _refuse_to_overwrite(run_dir, "a run", "import")
+    if _is_tfcli_run(src):
+        raise TfcliError(f"{src} is a tfcli run already; there is nothing to import", hint="use it as it is, or copy the folder")
+    data = read_hf_config(src)
+    hf_class = _hf_class(data, src / "config.json")
+    family = FAMILIES[hf_class]
+    try:
+        config, notes = family.model_config(HfConfig(data, src / "config.json"), hf_class)
+    except TfcliError as error:
+        if error.message.startswith("model "):  # ModelConfig's own check: say which file asked for it
+            raise TfcliError(f"{src / 'config.json'} describes a model tfcli cannot build: {error.message}") from None
+        raise
+    with torch.device("meta"):
+        expected = {name: tuple(t.shape) for name, t in Transformer(config).state_dict().items()}
+    state: dict[str, torch.Tensor] = {}
+    with WeightFiles(src) as weights:
+        for mapping in family.tensor_maps(config, hf_class):
+            state[mapping.ours] = _read_tensor(weights, mapping, expected[mapping.ours], src)
+    fresh = family.fresh_tensors(config, hf_class)  # what tfcli's model has and the class does not
+    state.update(fresh)
+    assert set(expected) - set(state) <= ({"lm_head.weight"} if config.tie_embeddings else set()), set(expected) - set(state)
+    labels = family.labels(HfConfig(data, src / "config.json"), hf_class)
+    run_dir = prepare_output_dir(run_dir, "run")
+    tokenizer, tokenizer_notes = import_tokenizer(src, run_dir)
+    if tokenizer.vocab_size > config.vocab_size:  # fewer is fine: the model's vocabulary was padded (nanoGPT: 50,304)
+        raise TfcliError(f"the tokenizer in {src} has {tokenizer.vocab_size:,} tokens but the model only {config.vocab_size:,}",
+                         hint="the tokenizer files do not belong to these weights")
+    model = model_from_tensors(config, state)
+    save_checkpoint(run_dir, model, tokenizer, source=str(src), source_class=hf_class,
+                    training={"labels": labels} if labels is not None else None)
+    parameters = model.parameter_count() - sum(t.numel() for t in fresh.values())
+    return Imported(config, hf_class, parameters, notes + tokenizer_notes)
+
+
+def export_class(config: ModelConfig, recorded: str | None) -> str:
+    """The transformers class a run exports to, from its options (and the class it was imported from);
+    when none can express it, the error names what each candidate cannot."""
+    if config.arch == "encoder":
+        candidates = [bert.choose_class(config, recorded)]
+    else:
+        candidates = [llama.choose_class(config, recorded), "GPT2LMHeadModel"]
+        if config.positions != "rotary":
+            candidates.reverse()
+    problems = [(name, FAMILIES[name].incompatible(config, name)) for name in candidates]
+    for name, problem in problems:
+        if problem is None:
+            return name
+    raise TfcliError("; ".join(f"{name} cannot express this model: {problem}" for name, problem in problems),
+                     hint="tfcli exports decoders as GPT-2, Llama, Qwen2 or Mistral and encoders as BERT, with their options")
+
+
+def export_hf(run_dir: Path, out_dir: Path) -> tuple[str, dict[str, Any]]:
+    """Write OUT/config.json, OUT/model.safetensors and the tokenizer files for the transformers class
+    that expresses this run; returns that class and its config."""
+    from safetensors.torch import save_file
+
+    from tfcli.fsutil import set_default_mode, temp_path_beside
+
+    _refuse_to_overwrite(Path(out_dir), "an exported model", "export")
+    checkpoint = load_checkpoint(run_dir)
+    config = checkpoint.config.model
+    hf_class = export_class(config, checkpoint.config.source_class)
+    family = FAMILIES[hf_class]
+    out_dir = prepare_output_dir(out_dir, "export")
+    state = checkpoint.model.state_dict()
+    tensors = {}
+    for mapping in family.tensor_maps(config, hf_class):
+        tensor = state[mapping.ours].detach()
+        parts = tensor.split(list(mapping.split)) if mapping.split else (tensor,)
+        for name, part in zip(mapping.theirs, parts):
+            tensors[name] = (part.t() if mapping.transposed else part).contiguous()
+    weights_tmp = temp_path_beside(out_dir / WEIGHTS_FILE)
+    try:
+        save_file(tensors, str(weights_tmp), metadata={"format": "pt"})
+        set_default_mode(weights_tmp)
+        weights_tmp.replace(out_dir / WEIGHTS_FILE)
+    finally:
+        weights_tmp.unlink(missing_ok=True)
+    labels = (checkpoint.config.training or {}).get("labels")
+    hf_config = family.hf_config(config, hf_class, checkpoint.tokenizer.special_ids)
+    if config.n_classes:
+        names = labels if isinstance(labels, list) else [f"LABEL_{i}" for i in range(config.n_classes)]
+        hf_config.update(id2label={str(i): name for i, name in enumerate(names)}, label2id={name: i for i, name in enumerate(names)})
+    atomic_write_json(out_dir / "config.json", hf_config)
+    atomic_write_text(out_dir / TOKENIZER_FILE, checkpoint.tokenizer.path.read_text(encoding="utf-8"))
+    tokenizer_config_path = checkpoint.tokenizer.path.parent / TOKENIZER_CONFIG_FILE
+    tokenizer_config = json.loads(tokenizer_config_path.read_text(encoding="utf-8")) if tokenizer_config_path.is_file() else {}
+    if tokenizer_config or hf_class != "GPT2LMHeadModel":
+        tokenizer_config["model_max_length"] = config.block_size
+        tokenizer_config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+        atomic_write_json(out_dir / TOKENIZER_CONFIG_FILE, tokenizer_config)
+    return hf_class, hf_config

@@ -1,0 +1,174 @@
+"""The Llama family: LlamaForCausalLM, Qwen2ForCausalLM (biases on q, k and v) and MistralForCausalLM.
+
+Each is a pre-norm RMSNorm decoder with rotary positions, grouped-query attention and a SwiGLU MLP, which
+tfcli's model has: the mapping only stacks q/k/v into one projection and gate/up into one (gate first).
+Both rotate the halves of each head ([x1, x2] -> [-x2, x1]), so no permutation is needed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tfcli.errors import TfcliError
+from tfcli.hf.folder import HfConfig
+from tfcli.hf.mapping import TensorMap, incompatibility
+from tfcli.model.config import ModelConfig, RopeScaling
+
+CLASSES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+MODEL_TYPES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}
+
+
+def _rope_scaling(hf: HfConfig) -> tuple[float, RopeScaling | None]:
+    """rope_theta and the scaling, from transformers 5's rope_parameters or the older rope_theta + rope_scaling."""
+    parameters = hf.get("rope_parameters", dict, None)
+    if parameters is None:
+        parameters = dict(hf.get("rope_scaling", dict, None) or {})
+        parameters.setdefault("rope_theta", hf.get("rope_theta", float, 10000.0))
+    theta = HfConfig(parameters, hf.path).get("rope_theta", float, 10000.0)
+    kind = parameters.get("rope_type", parameters.get("type", "default"))
+    if kind == "default":
+        return theta, None
+    values = HfConfig(parameters, hf.path)
+    if kind == "linear":
+        return theta, RopeScaling("linear", values.get("factor", float))
+    if kind == "llama3":
+        return theta, RopeScaling("llama3", values.get("factor", float), values.get("low_freq_factor", float),
+                                  values.get("high_freq_factor", float), values.get("original_max_position_embeddings", int))
+    raise TfcliError(f"{hf.path} asks for rope scaling {kind!r}, which tfcli does not implement", hint="tfcli implements default, linear and llama3")
+
+
+def model_config(hf: HfConfig, hf_class: str) -> tuple[ModelConfig, list[str]]:
+    """The tfcli config of this Hugging Face config, and notes on what was adapted."""
+    notes = []
+    d, heads = hf.get("hidden_size", int), hf.get("num_attention_heads", int)
+    if hf.get("hidden_act", str, "silu") != "silu":
+        raise TfcliError(f"{hf.path} has hidden_act {hf.data['hidden_act']!r}; tfcli's SwiGLU uses silu")
+    if heads < 1 or d % heads or hf.get("head_dim", int, d // heads) != d // heads:
+        raise TfcliError(f"{hf.path} has head_dim {hf.data.get('head_dim')} with hidden_size {d} and {heads} heads; "
+                         "tfcli's heads are hidden_size / num_attention_heads wide")
+    if hf.get("partial_rotary_factor", float, 1.0) != 1.0:
+        raise TfcliError(f"{hf.path} rotates only part of each head (partial_rotary_factor); tfcli rotates all of it")
+    block_size = hf.get("max_position_embeddings", int)
+    window = hf.get("sliding_window", int, None)
+    sliding = hf_class == "MistralForCausalLM" or hf.get("use_sliding_window", bool, False)
+    if sliding and window is not None and window < block_size:
+        # Within its window, sliding-window attention is full attention: the context stops there.
+        notes.append(f"context {window:,} (the sliding window; tfcli attends to the whole context, which is the same within it)")
+        block_size = window
+    rope_base, rope_scaling = _rope_scaling(hf)
+    if hf_class == "Qwen2ForCausalLM":
+        bias, qkv_bias, mlp_bias = False, True, None  # Qwen2: biases on q, k and v only
+    elif hf_class == "MistralForCausalLM":
+        bias, qkv_bias, mlp_bias = False, None, None
+    else:
+        bias, mlp = hf.get("attention_bias", bool, False), hf.get("mlp_bias", bool, False)
+        qkv_bias, mlp_bias = None, (None if mlp == bias else mlp)  # attention_bias covers q, k, v and o
+    config = ModelConfig(
+        arch="decoder", vocab_size=hf.get("vocab_size", int), block_size=block_size, n_layers=hf.get("num_hidden_layers", int),
+        n_heads=heads, n_kv_heads=hf.get("num_key_value_heads", int, heads), d_model=d, d_ff=hf.get("intermediate_size", int),
+        positions="rotary", rope_base=rope_base, rope_scaling=rope_scaling, norm="rmsnorm", norm_placement="pre",
+        norm_eps=hf.get("rms_norm_eps", float, 1e-6), activation="swiglu", dropout=hf.get("attention_dropout", float, 0.0),
+        bias=bias, qkv_bias=qkv_bias, mlp_bias=mlp_bias, tie_embeddings=hf.get("tie_word_embeddings", bool, False),
+        init_std=hf.get("initializer_range", float, 0.02),
+    )
+    return config, notes
+
+
+def tensor_maps(config: ModelConfig, hf_class: str) -> list[TensorMap]:
+    d, kv, hidden = config.d_model, config.kv_heads * config.head_dim, config.hidden_dim
+    maps = [TensorMap("tok_emb.weight", ("model.embed_tokens.weight",))]
+    for i in range(config.n_layers):
+        ours, theirs = f"decoder.blocks.{i}", f"model.layers.{i}"
+        maps += [
+            TensorMap(f"{ours}.attn_norm.weight", (f"{theirs}.input_layernorm.weight",)),
+            TensorMap(f"{ours}.attn.out.weight", (f"{theirs}.self_attn.o_proj.weight",)),
+            TensorMap(f"{ours}.mlp_norm.weight", (f"{theirs}.post_attention_layernorm.weight",)),
+            TensorMap(f"{ours}.mlp.proj.weight", (f"{theirs}.mlp.down_proj.weight",)),
+        ]
+        kinds = ["weight", "bias"] if config.has_qkv_bias else ["weight"]
+        maps += [TensorMap(f"{ours}.attn.qkv.{kind}", tuple(f"{theirs}.self_attn.{p}_proj.{kind}" for p in "qkv"), (d, kv, kv))
+                 for kind in kinds]
+        kinds = ["weight", "bias"] if config.has_mlp_bias else ["weight"]
+        maps += [TensorMap(f"{ours}.mlp.fc.{kind}", (f"{theirs}.mlp.gate_proj.{kind}", f"{theirs}.mlp.up_proj.{kind}"), (hidden, hidden))
+                 for kind in kinds]
+        if config.has_mlp_bias:
+            maps.append(TensorMap(f"{ours}.mlp.proj.bias", (f"{theirs}.mlp.down_proj.bias",)))
+        if config.bias:
+            maps.append(TensorMap(f"{ours}.attn.out.bias", (f"{theirs}.self_attn.o_proj.bias",)))
+    maps.append(TensorMap("decoder.norm.weight", ("model.norm.weight",)))
+    if not config.tie_embeddings:
+        maps.append(TensorMap("lm_head.weight", ("lm_head.weight",)))
+    return maps
+
+
+def choose_class(config: ModelConfig, recorded: str | None) -> str:
+    """Qwen2 for biases on q, k and v alone; the class a run was imported from when it still fits; else Llama."""
+    qwen2_biases = config.has_qkv_bias and not config.bias and not config.has_mlp_bias
+    if qwen2_biases:
+        return "Qwen2ForCausalLM"
+    if recorded == "MistralForCausalLM" and not (config.has_qkv_bias or config.bias or config.has_mlp_bias):
+        return recorded
+    return "LlamaForCausalLM"
+
+
+def fresh_tensors(config: ModelConfig, hf_class: str) -> dict:
+    return {}  # every tensor comes from the checkpoint
+
+
+def labels(hf: HfConfig, hf_class: str) -> list[str] | None:
+    return None
+
+
+def incompatible(config: ModelConfig, hf_class: str) -> str | None:
+    checks = [
+        (config.arch == "decoder", f"arch {config.arch!r} ({hf_class} is a decoder)"),
+        (config.positions == "rotary", f"positions {config.positions!r} ({hf_class} uses rotary positions)"),
+        (config.norm == "rmsnorm", f"norm {config.norm!r} ({hf_class} uses RMSNorm)"),
+        (config.norm_placement == "pre", f"norm_placement {config.norm_placement!r} ({hf_class} is pre-norm)"),
+        (config.activation == "swiglu", f"activation {config.activation!r} ({hf_class} has a SwiGLU MLP)"),
+        (config.n_classes == 0, f"a classification head ({hf_class} has none)"),
+        (hf_class != "LlamaForCausalLM" or config.has_qkv_bias == config.bias,
+         "biases on q, k and v but not on the attention output (LlamaForCausalLM's attention_bias covers all four)"),
+    ]
+    return incompatibility(checks)
+
+
+def hf_config(config: ModelConfig, hf_class: str, special_ids: dict[str, int]) -> dict[str, Any]:
+    hf: dict[str, Any] = {
+        "architectures": [hf_class],
+        "model_type": MODEL_TYPES[hf_class],
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.d_model,
+        "intermediate_size": config.hidden_dim,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.kv_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": config.block_size,
+        "rms_norm_eps": config.norm_eps,
+        "rope_theta": config.rope_base,
+        "rope_scaling": _rope_scaling_json(config),
+        "attention_dropout": config.dropout,
+        "initializer_range": config.init_std,
+        "tie_word_embeddings": config.tie_embeddings,
+        "bos_token_id": special_ids.get("bos"),
+        "eos_token_id": special_ids.get("eos"),
+        "pad_token_id": special_ids.get("pad"),
+        "torch_dtype": "float32",
+    }
+    if hf_class == "LlamaForCausalLM":
+        hf.update(attention_bias=config.bias, mlp_bias=config.has_mlp_bias)
+    else:
+        hf.update(sliding_window=None, use_sliding_window=False)
+    return hf
+
+
+def _rope_scaling_json(config: ModelConfig) -> dict[str, Any] | None:
+    scaling = config.rope_scaling
+    if scaling is None:
+        return None
+    if scaling.kind == "linear":
+        return {"rope_type": "linear", "factor": scaling.factor}
+    return {"rope_type": "llama3", "factor": scaling.factor, "low_freq_factor": scaling.low_freq_factor,
+            "high_freq_factor": scaling.high_freq_factor, "original_max_position_embeddings": scaling.original_context}

@@ -1,0 +1,122 @@
+"""A Hugging Face folder's tokenizer, written into a run directory as tokenizer.json + tokenizer_config.json.
+
+Whatever the folder holds: tokenizer.json (BPE, WordPiece, Unigram...), GPT-2's vocab.json + merges.txt,
+or BERT's vocab.txt alone. The roles of its special tokens (bos, eos, pad, unk, mask, cls, sep) come from
+tokenizer_config.json and special_tokens_map.json, merged into the run's tokenizer_config.json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tfcli.errors import TfcliError
+from tfcli.fsutil import atomic_write_json, atomic_write_text
+from tfcli.hf.folder import read_json_object
+from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
+from tfcli.tokenizer.specials import CONFIG_KEYS, LOADED_ROLES
+
+SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json writes it: its text, or {"content": text, ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _byte_level_bpe(src: Path) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    try:
+        hf = Tokenizer(models.BPE.from_file(str(src / "vocab.json"), str(src / "merges.txt")))
+    except Exception as exc:  # tokenizers raises a plain Exception for a bad file
+        raise TfcliError(f"{src / 'vocab.json'} and merges.txt do not make a BPE tokenizer ({str(exc).splitlines()[0]})") from exc
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    if hf.token_to_id("<|endoftext|>") is not None:
+        hf.add_special_tokens(["<|endoftext|>"])
+    return hf.to_str(pretty=True)
+
+
+def _wordpiece(src: Path, settings: dict[str, Any]) -> str:
+    """BERT's tokenizer from vocab.txt, one token a line, as transformers builds it (BertTokenizerFast)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    try:
+        lines = (src / "vocab.txt").read_text(encoding="utf-8").split("\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TfcliError(f"cannot read {src / 'vocab.txt'} ({exc})") from exc
+    if lines and lines[-1] == "":
+        lines.pop()
+    vocab: dict[str, int] = {}
+    for token in lines:
+        vocab.setdefault(token.rstrip("\r"), len(vocab))
+    if len(vocab) != len(lines) or not vocab:
+        raise TfcliError(f"{src / 'vocab.txt'} is empty or lists a token twice")
+    unk = _token_text(settings.get("unk_token")) or "[UNK]"
+    if unk not in vocab:
+        raise TfcliError(f"{src / 'vocab.txt'} has no unknown token {unk!r}", hint="WordPiece needs one; name it in tokenizer_config.json as unk_token")
+    hf = Tokenizer(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=100))
+    hf.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)),
+        strip_accents=settings.get("strip_accents"), lowercase=bool(settings.get("do_lower_case", True)),
+    )
+    hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    hf.decoder = decoders.WordPiece(prefix="##")
+    named = [_token_text(settings.get(CONFIG_KEYS[role])) for role in LOADED_ROLES]
+    hf.add_special_tokens([t for t in dict.fromkeys([*BERT_SPECIALS, *named]) if t is not None and t in vocab])
+    return hf.to_str(pretty=True)
+
+
+def _roles(src: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """tokenizer_config.json's settings, with the special tokens special_tokens_map.json names where it does not."""
+    merged = dict(settings)
+    if (src / SPECIAL_TOKENS_MAP_FILE).is_file():
+        for role in LOADED_ROLES:
+            key = CONFIG_KEYS[role]
+            text = _token_text(read_json_object(src / SPECIAL_TOKENS_MAP_FILE).get(key))
+            if text is not None and _token_text(merged.get(key)) is None:
+                merged[key] = text
+    return merged
+
+
+def import_tokenizer(src: Path, run_dir: Path) -> tuple[TextTokenizer, list[str]]:
+    """Write the folder's tokenizer into run_dir; returns it and notes (special tokens named but absent)."""
+    settings = read_json_object(src / TOKENIZER_CONFIG_FILE) if (src / TOKENIZER_CONFIG_FILE).is_file() else {}
+    settings = _roles(src, settings)
+    if (src / TOKENIZER_FILE).is_file():
+        try:
+            text = (src / TOKENIZER_FILE).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TfcliError(f"cannot read {src / TOKENIZER_FILE} ({exc})") from exc
+    elif (src / "vocab.json").is_file() and (src / "merges.txt").is_file():
+        text = _byte_level_bpe(src)
+    elif (src / "vocab.txt").is_file():
+        text = _wordpiece(src, settings)
+    elif (src / "tokenizer.model").is_file():
+        raise TfcliError(f"{src} has a SentencePiece tokenizer.model but no tokenizer.json",
+                         hint="write one with transformers: AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)")
+    else:
+        raise TfcliError(f"{src} has no tokenizer (tokenizer.json, vocab.json and merges.txt, or vocab.txt)",
+                         hint="copy the model's tokenizer files into the folder")
+    atomic_write_text(run_dir / TOKENIZER_FILE, text)
+    from tokenizers import Tokenizer
+
+    try:
+        vocabulary = Tokenizer.from_str(text)
+    except Exception as exc:  # tokenizers raises a plain Exception for bad JSON
+        raise TfcliError(f"{src / TOKENIZER_FILE} is not a tokenizer.json ({str(exc).splitlines()[0] if str(exc) else exc})") from exc
+    notes = []
+    for role in LOADED_ROLES:  # a role naming a token the vocabulary lacks is dropped, and said
+        key = CONFIG_KEYS[role]
+        token = _token_text(settings.get(key))
+        if token is not None and vocabulary.token_to_id(token) is None:
+            notes.append(f"{key} {token!r} is not in the vocabulary; the tokenizer has no {role} token")
+            settings[key] = None
+    if settings:
+        atomic_write_json(run_dir / TOKENIZER_CONFIG_FILE, json.loads(json.dumps(settings, default=str)))
+    return TextTokenizer.load(run_dir / TOKENIZER_FILE), notes
