@@ -62,10 +62,11 @@ def test_each_family_loads_in_tokenizers_and_knows_its_roles(family_tokenizers, 
     assert tokenizer.family == model
     assert tokenizer.vocab_size <= VOCAB[model]
     assert tokenizer.pre_tokenizer_kind == {"bpe": "byte-level", "wordpiece": "bert", "unigram": "metaspace", "char": "characters"}[model]
-    names = BERT_SPECIALS if model == "wordpiece" else DEFAULT_SPECIALS
+    # BERT's [SEP] ends a text (eos) and separates (sep), as a loaded BERT tokenizer's roles have it
+    names = {**BERT_SPECIALS, "sep": "[SEP]"} if model == "wordpiece" else DEFAULT_SPECIALS
     assert {role: tokenizer.hf.id_to_token(i) for role, i in tokenizer.special_ids.items()} == names
     if model == "wordpiece":  # BERT's order: [PAD] [UNK] [CLS] [SEP] [MASK]
-        assert tokenizer.special_ids == {"pad": 0, "unk": 1, "cls": 2, "eos": 3, "mask": 4}
+        assert tokenizer.special_ids == {"pad": 0, "unk": 1, "cls": 2, "eos": 3, "mask": 4, "sep": 3}
     elif model == "unigram":  # unk is the model's own piece 0; the others follow the pieces
         assert tokenizer.special_ids["unk"] == 0
         assert sorted(tokenizer.special_ids[r] for r in ("eos", "pad", "mask", "cls")) == list(range(tokenizer.vocab_size - 4, tokenizer.vocab_size))
@@ -368,7 +369,8 @@ def test_an_encoder_on_wordpiece_fine_tunes_for_classification_like_bert(cli, tm
     result = cli("generate", encoder, "--fill-mask", "The food was [MASK].", "--json")
     assert result.code == 0, result.stderr
     for filler in json.loads(result.stdout)["masks"][0]["fillers"]:  # a word brings its own space, a ## piece continues "was"
-        assert filler["text"] == f"The food was{filler['token']}."
+        token = filler["token"]  # the vocabulary entry: "good", or "##ff" that continues the word before
+        assert filler["text"] == ("The food was" + (token[2:] if token.startswith("##") else " " + token) + ".")
     result = cli("train", "finetune", "--init-from", encoder, "--task", "classify", "--data", reviews, "-o", classifier,
                  "--max-steps", "4", "--batch-size", "8", "--eval-every", "4", "--log-every", "5")
     assert result.code == 0, result.stderr

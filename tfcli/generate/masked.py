@@ -83,13 +83,12 @@ def fill_mask(model: Transformer, tokenizer: TextTokenizer, text: str, *, top_k:
     for m in range(len(mask_positions)):
         fillers = []
         for p, token_id in zip(top.values[m].tolist(), top.indices[m].tolist()):
-            token = tokenizer.token_bytes(token_id).decode("utf-8", errors="backslashreplace")  # part of a character: \xe2
+            text = tokenizer.token_bytes(token_id).decode("utf-8", errors="backslashreplace")  # part of a character: \xe2
+            # WordPiece: the vocabulary entry (a "##ed" continues the word before: its text is "ed", no space)
+            token = tokenizer.hf.id_to_token(token_id) if tokenizer.family == "wordpiece" else text
             # a whitespace tokenizer's word ends in a space; the text around the mask has its own
-            word = token.rstrip(" ") if tokenizer.pre_tokenizer_kind == "whitespace" else token
-            before = pieces[m]
-            if tokenizer.pre_tokenizer_kind == "BertPreTokenizer" and word.startswith("##"):  # WordPiece: ends the word before
-                before, word = before.rstrip(" "), word[2:]
-            filled = "".join(before + word if i == m else written[i] + MASK_PLACEHOLDER for i in range(n_masks)) + written[-1]
+            word = text.rstrip(" ") if tokenizer.pre_tokenizer_kind == "whitespace" else text
+            filled = "".join(pieces[m] + word if i == m else written[i] + MASK_PLACEHOLDER for i in range(n_masks)) + written[-1]
             fillers.append(Filler(token_id, token, p, filled))
         predictions.append(MaskPrediction(m, fillers))
     return predictions
