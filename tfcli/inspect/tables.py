@@ -155,7 +155,7 @@ def patching_view(patching, *, width: int = 80, start: int = 0) -> list[Renderab
         return a if a == b else f"{a}/{b}"
 
     def cell(r: int, c: int) -> Text:
-        value = float(restored[r, columns[c]]) + 0.0  # no "-0.00"
+        value = round(float(restored[r, columns[c]]), 2) + 0.0  # no "-0.00"
         return Text(f"{value:.2f}"[:CELL].rjust(CELL), style=_on(_signed(value, 1.0), False))
 
     out: list[RenderableType] = [
@@ -171,7 +171,7 @@ def patching_view(patching, *, width: int = 80, start: int = 0) -> list[Renderab
         heads = patching.head_restored
 
         def head_cell(r: int, c: int) -> Text:
-            value = float(heads[r, c]) + 0.0
+            value = round(float(heads[r, c]), 2) + 0.0
             return Text(f"{value:.2f}"[:CELL].rjust(CELL), style=_on(_signed(value, 1.0), False))
 
         out.append(_grid("fraction restored by patching in one head's clean output (every position)",
