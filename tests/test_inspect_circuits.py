@@ -250,8 +250,9 @@ def test_inspect_logits_terminal_and_json(cli, runs, tmp_path):
     assert abs(doc["cells"][1][3]["target"]["probability"] - float(probs[1, 3, ids[4]])) < 1e-5
     expected_loss = float(torch.nn.functional.cross_entropy(logits[2, :-1], torch.tensor(ids[1:])))
     assert abs(doc["losses"][2] - expected_loss) < 1e-5
-    result = cli("inspect-logits", runs["decoder"], "--text", TEXT, "-o", tmp_path / "lens.json")
-    assert result.code == 0 and json.loads((tmp_path / "lens.json").read_text())["cells"] == doc["cells"] or True
+    result = cli("inspect-logits", runs["decoder"], "--text", TEXT, "--top-k", "3", "-o", tmp_path / "lens.json")
+    assert result.code == 0 and "wrote" in result.stderr
+    assert json.loads((tmp_path / "lens.json").read_text(encoding="utf-8"))["cells"] == doc["cells"]
 
 
 def test_inspect_logits_on_an_encoder_reads_the_masks(cli, runs):
@@ -304,11 +305,22 @@ def test_inspect_patch_command(cli, runs):
     (["inspect-patch", "{seq2seq}", "--clean", "a", "--corrupt", "b", "--answer", " so"], "inspect-patch works on decoder runs"),
     (["inspect-logits", "{seq2seq}", "--text", TEXT], "inspect-logits works on decoder runs and encoder runs; this run is an encoder-decoder"),
     (["inspect-logits", "{decoder}", "--text", " "], "the text is empty"),
-    (["inspect-logits", "{decoder}", "--text", TEXT, "-o", "out.html"], "writes .json files"),
-    (["inspect-logits", "{decoder}", "--text", TEXT, "--format", "png"], "unknown format 'png'"),
+    (["inspect-logits", "{decoder}", "--text", TEXT, "-o", "out.html"], "writes .json and .png files"),
+    (["inspect-logits", "{decoder}", "--text", TEXT, "--format", "png"], "--format png writes a file"),
+    (["inspect-logits", "{decoder}", "--text", TEXT, "--format", "html"], "the html view is still to come"),
+    (["inspect-ablate", "{decoder}", "--text", TEXT, "--heads", "0.1", "-o", "x.png"], "the png shows every head"),
     (["inspect-logits", "{decoder}", "--text", TEXT, "--start", "500"], "--start 500 is out of range"),
 ])
 def test_mistakes_are_one_line_and_exit_2(cli, runs, args, message):
     result = cli(*[a.format(**{k: str(v) for k, v in runs.items()}) for a in args])
     assert result.code == 2, (result.stdout, result.stderr)
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args", [["inspect-logits", "{decoder}", "--text", TEXT], ["inspect-ablate", "{decoder}", "--text", TEXT],
+                                  ["inspect-patch", "{decoder}", "--clean", "The fox was happy", "--corrupt", "The ball was happy", "--answer", " it"]])
+def test_png_views(cli, runs, tmp_path, args):
+    out = tmp_path / "view.png"
+    result = cli(*[a.format(**{k: str(v) for k, v in runs.items()}) for a in args], "-o", out)
+    assert result.code == 0, result.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "wrote" in result.stderr

@@ -178,3 +178,35 @@ def patching_view(patching, *, width: int = 80, start: int = 0) -> list[Renderab
                          [f"layer {l}" for l in range(heads.shape[0])], [f"head {h}" for h in range(heads.shape[1])], head_cell))
     out.append(Text("1.00: the clean answer comes back entirely; 0.00: no change; tokens shown clean/corrupted where they differ", style="dim"))
     return out
+
+
+# ---- PNG -----------------------------------------------------------------------------------------------
+
+def lens_png(lens) -> bytes:
+    from tfcli.inspect import png
+
+    values = np.array([[cell.top[0][2] for cell in row] for row in lens.cells], dtype=np.float32)  # (layers, positions)
+    texts = [[_short(cell.top[0][1]) for cell in row] for row in lens.cells]
+    columns = [_short(lens.tokens[p].text) for p in lens.positions]
+    return png.value_grid_png("logit lens: each layer's top-1 token, coloured by its probability", values, lens.layers, columns,
+                              texts=texts, colour_label="probability", xlabel="position (the token read)")
+
+
+def ablation_png(ablation) -> bytes:
+    from tfcli.inspect import png
+
+    if ablation.heads is not None:
+        raise TfcliError("the png shows every head's loss change", hint="drop --heads, or use the terminal or --json for chosen heads")
+    L, nh = ablation.delta.shape
+    return png.value_grid_png(f"change in loss when one head is {'zeroed' if ablation.mode == 'zero' else 'mean-ablated'} (base {ablation.base_loss:.4f} nats)",
+                              ablation.delta.astype(np.float32), [f"layer {l}" for l in range(L)], [f"head {h}" for h in range(nh)],
+                              diverging=True, colour_label="loss change (nats)")
+
+
+def patching_png(patching) -> bytes:
+    from tfcli.inspect import png
+
+    columns = [a if a == b else f"{a}/{b}" for a, b in ((_short(x.text), _short(y.text)) for x, y in zip(patching.clean_tokens, patching.corrupt_tokens))]
+    return png.value_grid_png(f"fraction of the logit difference '{patching.answer[1]}' - '{patching.wrong[1]}' restored by patching the residual stream",
+                              patching.restored.astype(np.float32), [f"block {l}" for l in range(patching.restored.shape[0])], columns,
+                              diverging=True, colour_label="fraction restored", xlabel="position (clean/corrupted)")
