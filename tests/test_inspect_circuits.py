@@ -324,3 +324,41 @@ def test_png_views(cli, runs, tmp_path, args):
     result = cli(*[a.format(**{k: str(v) for k, v in runs.items()}) for a in args], "-o", out)
     assert result.code == 0, result.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "wrote" in result.stderr
+
+
+def test_keep_checkpoints_and_the_scores_across_them(cli, tmp_path, trained_tokenizer):
+    import shutil
+
+    from tfcli.data.corpus import resolve_corpus
+    from tfcli.data.shards import encode_corpus
+    from tests.conftest import TINY_TEXT
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "corpus.txt").write_text(TINY_TEXT * 10, encoding="utf-8")
+    shutil.copytree(trained_tokenizer, data / "tokenizer")
+    encode_corpus(resolve_corpus([data / "corpus.txt"]), TextTokenizer.load(data / "tokenizer"), data / "shards", val_fraction=0.2)
+    run = tmp_path / "run"
+    result = cli("train", "pretrain", "--data", data / "shards", "-o", run, "--block-size", "32", "--batch-size", "2", "--max-steps", "5",
+                 "--keep-checkpoints", "2", "--eval-every", "0", "--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2",
+                 "--device", "cpu")
+    assert result.code == 0, result.stderr
+    kept = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert kept == ["step-0000002", "step-0000004"]
+    for name in kept:  # a run directory of its own, weights only
+        files = {p.name for p in (run / "checkpoints" / name).iterdir()}
+        assert {"config.json", "model.safetensors", "tokenizer.json"} <= files and "trainer" not in files
+    assert load_checkpoint(run / "checkpoints" / "step-0000002").config.model.n_layers == 2
+    result = cli("inspect-attention", run, "--text", TEXT, "--checkpoints", "--json")
+    assert result.code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert [c["step"] for c in doc["checkpoints"]] == [2, 4, 5]
+    induction = np.array(doc["checkpoints"][0]["scores"]["induction"])
+    assert induction.shape == (2, 2) and np.all((induction >= 0) & (induction <= 1))
+    result = cli("inspect-attention", run, "--text", TEXT, "--checkpoints", "--pattern", "previous-token", "--layer", "1")
+    assert result.code == 0, result.stderr
+    assert "previous-token score" in result.stdout and "step 4" in result.stdout and "1.1" in result.stdout and "0.1" not in result.stdout.splitlines()[1]  # layer 1 only
+    result = cli("inspect-attention", tmp_path / "run" / "checkpoints" / "step-0000002", "--text", TEXT, "--checkpoints")
+    assert result.code == 2 and "kept no checkpoints" in result.stderr and "--keep-checkpoints" in result.stderr
+    result = cli("inspect-attention", run, "--text", TEXT, "--checkpoints", "--pattern", "copying")
+    assert result.code == 2 and "unknown --pattern" in result.stderr

@@ -210,3 +210,26 @@ def patching_png(patching) -> bytes:
     return png.value_grid_png(f"fraction of the logit difference '{patching.answer[1]}' - '{patching.wrong[1]}' restored by patching the residual stream",
                               patching.restored.astype(np.float32), [f"block {l}" for l in range(patching.restored.shape[0])], columns,
                               diverging=True, colour_label="fraction restored", xlabel="position (clean/corrupted)")
+
+
+def across_view(across, pattern: str, layers: Sequence[int], heads: Sequence[int], *, width: int = 80) -> list[RenderableType]:
+    """Checkpoints down (by step), heads across: one detector score per cell, on the colour scale."""
+    pairs = [(l, h) for l in layers for h in heads]
+    fits = max(1, (width - 11) // (CELL + 1))
+    shown = pairs[:fits]
+    values = across.scores[pattern]
+
+    def cell(r: int, c: int) -> Text:
+        layer, head = shown[c]
+        value = float(values[r, layer, head])
+        if value != value:  # NaN: not scored
+            return Text("-".rjust(CELL), style="dim")
+        return Text(f"{value:.2f}".rjust(CELL), style=_on(_colour(value), value >= 0.3))
+
+    out: list[RenderableType] = [_grid(f"{pattern} score of each head at each kept checkpoint", [f"step {s}" for s in across.steps],
+                                       [f"{l}.{h}" for l, h in shown], cell)]
+    if len(shown) < len(pairs):
+        out.append(Text(f"{len(shown)} of {len(pairs)} heads shown; --layer L (or --head H) picks others", style="dim"))
+    where = "a repeated random sequence" if pattern in ("duplicate", "induction") else "the text"
+    out.append(Text(f"scored on {where}; --pattern picks previous-token, first-token, duplicate or induction", style="dim"))
+    return out
