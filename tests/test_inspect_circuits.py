@@ -305,9 +305,10 @@ def test_inspect_patch_command(cli, runs):
     (["inspect-patch", "{seq2seq}", "--clean", "a", "--corrupt", "b", "--answer", " so"], "inspect-patch works on decoder runs"),
     (["inspect-logits", "{seq2seq}", "--text", TEXT], "inspect-logits works on decoder runs and encoder runs; this run is an encoder-decoder"),
     (["inspect-logits", "{decoder}", "--text", " "], "the text is empty"),
-    (["inspect-logits", "{decoder}", "--text", TEXT, "-o", "out.html"], "writes .json and .png files"),
+    (["inspect-logits", "{decoder}", "--text", TEXT, "-o", "out.txt"], "writes .json, .html and .png files"),
     (["inspect-logits", "{decoder}", "--text", TEXT, "--format", "png"], "--format png writes a file"),
-    (["inspect-logits", "{decoder}", "--text", TEXT, "--format", "html"], "the html view is still to come"),
+    (["inspect-logits", "{decoder}", "--text", TEXT, "--format", "html"], "--format html writes a file"),
+    (["inspect-logits", "{decoder}", "--text", TEXT, "--format", "svg"], "unknown format 'svg'"),
     (["inspect-ablate", "{decoder}", "--text", TEXT, "--heads", "0.1", "-o", "x.png"], "the png shows every head"),
     (["inspect-logits", "{decoder}", "--text", TEXT, "--start", "500"], "--start 500 is out of range"),
 ])
@@ -362,3 +363,21 @@ def test_keep_checkpoints_and_the_scores_across_them(cli, tmp_path, trained_toke
     assert result.code == 2 and "kept no checkpoints" in result.stderr and "--keep-checkpoints" in result.stderr
     result = cli("inspect-attention", run, "--text", TEXT, "--checkpoints", "--pattern", "copying")
     assert result.code == 2 and "unknown --pattern" in result.stderr
+
+
+EVIL = 'The <script>x</script> <img src=y onerror=z> fox\u202e was'
+
+
+@pytest.mark.parametrize("args", [["inspect-logits", "{decoder}", "--text", EVIL], ["inspect-ablate", "{decoder}", "--text", EVIL],
+                                  ["inspect-ablate", "{decoder}", "--text", EVIL, "--heads", "0.1"],
+                                  ["inspect-patch", "{decoder}", "--clean", EVIL, "--corrupt", EVIL.replace("fox", "ball"), "--answer", " it", "--per-head"]])
+def test_html_pages_are_self_contained_and_inert(cli, runs, tmp_path, args):
+    out = tmp_path / "view.html"
+    result = cli(*[a.format(**{k: str(v) for k, v in runs.items()}) for a in args], "-o", out)
+    assert result.code == 0, result.stderr
+    page = out.read_text(encoding="utf-8")
+    lowered = page.lower()
+    assert "<script" not in lowered and "<img" not in lowered and "http:" not in lowered and "https:" not in lowered  # no code, nothing to fetch
+    assert "&lt;script&gt;" in page and "&lt;img" in page  # the text, escaped
+    assert "\u202e" not in page  # the bidi override shows escaped, never acts
+    assert "default-src 'none'" in page

@@ -13,13 +13,13 @@ from tfcli.cli.common import PIPED_WIDTH, JsonFlag, human_bytes, stderr_console,
 from tfcli.cli.inspect import _read_text
 
 RunArgument = Annotated[Path, typer.Argument(help="A run directory (config.json, model.safetensors, tokenizer.json).", show_default=False)]
-FormatOption = Annotated[Optional[str], typer.Option("--format", "-f", help="terminal, json or png (default: from -o's suffix, else terminal).", show_default=False)]
-OutputOption = Annotated[Optional[Path], typer.Option("--output", "-o", help="The file to write (.json or .png).", show_default=False)]
+FormatOption = Annotated[Optional[str], typer.Option("--format", "-f", help="terminal, json, html or png (default: from -o's suffix, else terminal).", show_default=False)]
+OutputOption = Annotated[Optional[Path], typer.Option("--output", "-o", help="The file to write (.json, .html or .png).", show_default=False)]
 StartOption = Annotated[int, typer.Option("--start", help="Terminal view of a long text: the first position shown.")]
 DeviceOption = Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu, cuda, cuda:N or mps.")]
 TopOption = Annotated[int, typer.Option("--top-k", help="How many of the most likely tokens to keep per cell.")]
-FORMATS = ("terminal", "json", "png")
-SUFFIXES = {".json": "json", ".png": "png"}
+FORMATS = ("terminal", "json", "html", "png")
+SUFFIXES = {".json": "json", ".html": "html", ".htm": "html", ".png": "png"}
 
 
 def _format(output_format: str | None, output: Path | None, json_output: bool) -> str:
@@ -33,16 +33,16 @@ def _format(output_format: str | None, output: Path | None, json_output: bool) -
             raise TfcliError("--json prints to stdout", hint="use --format json -o FILE to write a file")
         return "json"
     if output_format is not None and output_format not in FORMATS:
-        hint = "this command writes terminal, json or png (the html view is still to come)" if output_format == "html" else f"use one of {', '.join(FORMATS)}"
+        hint = f"use one of {', '.join(FORMATS)}"
         raise TfcliError(f"unknown format {output_format!r} for this command", hint=hint)
-    if output_format == "png" and output is None:
-        raise TfcliError("--format png writes a file", hint="pass -o FILE.png")
+    if output_format in ("png", "html") and output is None:
+        raise TfcliError(f"--format {output_format} writes a file", hint=f"pass -o FILE.{output_format}")
     if output is not None:
         implied = SUFFIXES.get(output.suffix.lower())
         if implied is None:
-            raise TfcliError(f"cannot write {output}: this command writes .json and .png files", hint="end the file name in .json or .png")
+            raise TfcliError(f"cannot write {output}: this command writes .json, .html and .png files", hint="end the file name in .json, .html or .png")
         if output_format == "terminal":
-            raise TfcliError("the terminal format prints to the screen; -o is for json and png", hint="drop -o, or pass --format json|png")
+            raise TfcliError("the terminal format prints to the screen; -o is for json, html and png", hint="drop -o, or pass --format json|html|png")
         if output_format is not None and output_format != implied:
             raise TfcliError(f"--format {output_format} but -o {output} ends in {output.suffix}", hint=f"name the file .{output_format}, or drop --format")
         check_output(output)
@@ -51,13 +51,13 @@ def _format(output_format: str | None, output: Path | None, json_output: bool) -
 
 
 def _emit(fmt: str, output: Path | None, document: dict[str, Any], views: Callable[[int], list], seconds: float,
-          image: Callable[[], bytes] | None = None) -> None:
-    if fmt == "png":
+          image: Callable[[], bytes] | None = None, page: Callable[[], str] | None = None) -> None:
+    if fmt in ("png", "html"):
         from rich.text import Text
 
         from tfcli.inspect.session import write_output
 
-        write_output(output, image())
+        write_output(output, image() if fmt == "png" else page())
         stderr_console().print(Text(f"wrote {output} ({human_bytes(output.stat().st_size)}) in {seconds:.1f} s"))
         return
     if fmt == "terminal":
@@ -121,7 +121,7 @@ def inspect_logits(
 
     from tfcli.inspect.capture import load_run
     from tfcli.inspect.lens import logit_lens, token_text
-    from tfcli.inspect.tables import lens_png, lens_view
+    from tfcli.inspect.tables import lens_html, lens_png, lens_view
 
     began = time.perf_counter()
     fmt = _format(output_format, output, json_output)
@@ -131,7 +131,7 @@ def inspect_logits(
         lens = logit_lens(checkpoint, source, top_k=top_k)
     document = lens.to_json(lambda i: token_text(checkpoint.tokenizer, i)) if fmt == "json" else {}
     _emit(fmt, output, document, lambda width: lens_view(lens, width=width, start=start), time.perf_counter() - began,
-          lambda: lens_png(lens))
+          lambda: lens_png(lens), lambda: lens_html(lens))
 
 
 def inspect_ablate(
@@ -165,7 +165,7 @@ def inspect_ablate(
 
     from tfcli.inspect.ablation import ablate
     from tfcli.inspect.capture import load_run
-    from tfcli.inspect.tables import ablation_png, ablation_view
+    from tfcli.inspect.tables import ablation_html, ablation_png, ablation_view
 
     began = time.perf_counter()
     fmt = _format(output_format, output, json_output)
@@ -178,7 +178,8 @@ def inspect_ablate(
     with stderr_console().status("ablating heads"):
         ablation = ablate(checkpoint, source, heads=heads, mode=mode, reference_text=reference_text, position=position, top_k=top_k)
     document = ablation.to_json() if fmt == "json" else {}
-    _emit(fmt, output, document, lambda width: ablation_view(ablation), time.perf_counter() - began, lambda: ablation_png(ablation))
+    _emit(fmt, output, document, lambda width: ablation_view(ablation), time.perf_counter() - began, lambda: ablation_png(ablation),
+          lambda: ablation_html(ablation))
 
 
 def inspect_patch(
@@ -210,7 +211,7 @@ def inspect_patch(
 
     from tfcli.inspect.capture import load_run
     from tfcli.inspect.patching import patch
-    from tfcli.inspect.tables import patching_png, patching_view
+    from tfcli.inspect.tables import patching_html, patching_png, patching_view
 
     began = time.perf_counter()
     fmt = _format(output_format, output, json_output)
@@ -219,4 +220,4 @@ def inspect_patch(
         patching = patch(checkpoint, clean, corrupt, answer, wrong, per_head=per_head)
     document = patching.to_json() if fmt == "json" else {}
     _emit(fmt, output, document, lambda width: patching_view(patching, width=width, start=start), time.perf_counter() - began,
-          lambda: patching_png(patching))
+          lambda: patching_png(patching), lambda: patching_html(patching))

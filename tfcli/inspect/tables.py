@@ -233,3 +233,111 @@ def across_view(across, pattern: str, layers: Sequence[int], heads: Sequence[int
     where = "a repeated random sequence" if pattern in ("duplicate", "induction") else "the text"
     out.append(Text(f"scored on {where}; --pattern picks previous-token, first-token, duplicate or induction", style="dim"))
     return out
+
+
+# ---- HTML: one static, self-contained page; no script, no network ----------------------------------
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+body {{ font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }}
+h1 {{ font-size: 1.2em; }} p.note {{ color: #666; }}
+.scroll {{ overflow: auto; max-width: 100%; }}
+table {{ border-collapse: collapse; }}
+th, td {{ padding: 3px 6px; border: 1px solid #fff; white-space: pre; font-family: ui-monospace, monospace; font-size: 12px; }}
+th {{ background: #f3f3f3; font-weight: normal; }} th.row {{ text-align: left; position: sticky; left: 0; }}
+td {{ text-align: center; }}
+</style></head>
+<body>
+<h1>{title}</h1>
+{notes}
+{tables}
+</body></html>
+"""
+
+
+def _escape(text: str) -> str:
+    import html
+
+    return html.escape(text, quote=True)
+
+
+def html_table(title: str, rows: Sequence[str], columns: Sequence[str], cells: Sequence[Sequence[tuple[str, str, bool, str]]],
+               extra: Sequence[tuple[str, Sequence[str]]] = ()) -> str:
+    """A table of coloured cells: each (text, CSS colour made here from a number, dark background?, tooltip).
+    Every piece of text is escaped; colours never come from text."""
+    head = "".join(f"<th>{_escape(c)}</th>" for c in columns) + "".join(f"<th>{_escape(name)}</th>" for name, _ in extra)
+    body = []
+    for r, label in enumerate(rows):
+        tds = "".join(f'<td style="background:{colour};color:{"#fff" if dark else "#000"}" title="{_escape(tip)}">{_escape(text)}</td>'
+                      for text, colour, dark, tip in cells[r])
+        tds += "".join(f"<td>{_escape(values[r])}</td>" for _, values in extra)
+        body.append(f'<tr><th class="row">{_escape(label)}</th>{tds}</tr>')
+    return f'<h2>{_escape(title)}</h2><div class="scroll"><table><tr><th></th>{head}</tr>{"".join(body)}</table></div>'
+
+
+def html_page(title: str, notes: Sequence[str], tables: Sequence[str]) -> str:
+    """The page; the title and notes (user text: the run's path, the texts) shown with control and
+    bidirectional characters escaped (`visible`), so none can act or reorder the page."""
+    from tfcli.tokenizer.show import visible
+
+    notes_html = "".join(f'<p class="note">{_escape(visible(n))}</p>' for n in notes)
+    return _PAGE.format(title=_escape(visible(title)), notes=notes_html, tables="\n".join(tables))
+
+
+def lens_html(lens) -> str:
+    columns = [lens.tokens[p].text for p in lens.positions]
+    cells = []
+    for row in lens.cells:
+        line = []
+        for i, cell in enumerate(row):
+            _, text, p = cell.top[0]
+            tip = "; ".join(f"{t!r} {q:.3f}" for _, t, q in cell.top)
+            if cell.target_rank is not None:
+                tip += f" | next {_target_text(lens, lens.targets[i])!r}: rank {cell.target_rank}, p {cell.target_probability:.4f}"
+            line.append((text, _colour(p), p < 0.3, tip))
+        cells.append(line)
+    extra = []
+    if lens.losses[0] is not None:
+        extra = [("loss", [f"{x:.3f}" for x in lens.losses])]
+    tables = [html_table("each layer's top-1 token, coloured by its probability (hover: the top tokens)", lens.layers, columns, cells, extra)]
+    if any(t is not None for t in lens.targets):
+        tables.append(html_table("the token each position should predict", ["next"], columns,
+                                 [[("" if t is None else _target_text(lens, t), "#fff", False, "") for t in lens.targets]]))
+    return html_page(f"logit lens · {lens.run}", [f"text: {lens.text}"], tables)
+
+
+def ablation_html(ablation) -> str:
+    mode = "zeroed" if ablation.mode == "zero" else "mean-ablated"
+    if ablation.heads is not None:
+        rows = ["before", "after"]
+        cells = [[(f"{t} {p:.3f}", _colour(p), p < 0.3, "") for _, t, p in tops] for tops in (ablation.base_top, ablation.top or [])]
+        return html_page(f"ablation · {ablation.run}", [f"text: {ablation.text}", f"heads {', '.join(f'{l}.{h}' for l, h in ablation.heads)} {mode}: "
+                                                        f"loss {ablation.base_loss:.4f} -> {float(ablation.loss[0]):.4f}"],
+                         [html_table(f"next token at position {ablation.position}", rows, [str(i + 1) for i in range(len(cells[0]))], cells)])
+    delta = ablation.delta
+    scale = float(np.abs(delta).max()) or 1.0
+    cells = [[(f"{float(delta[l, h]):+.4f}", _signed(float(delta[l, h]), scale), True, f"KL at position {ablation.position}: {float(ablation.kl[l, h]):.4f}")
+              for h in range(delta.shape[1])] for l in range(delta.shape[0])]
+    return html_page(f"ablation · {ablation.run}", [f"text: {ablation.text}", f"base loss {ablation.base_loss:.4f} nats"],
+                     [html_table(f"change in loss when one head is {mode}", [f"layer {l}" for l in range(delta.shape[0])],
+                                 [f"head {h}" for h in range(delta.shape[1])], cells)])
+
+
+def patching_html(patching) -> str:
+    columns = [a.text if a.text == b.text else f"{a.text}/{b.text}" for a, b in zip(patching.clean_tokens, patching.corrupt_tokens)]
+    cells = [[(f"{round(float(v), 2) + 0.0:.2f}", _signed(float(v), 1.0), True, "") for v in row] for row in patching.restored]
+    tables = [html_table("fraction restored by patching the clean residual stream (before each block)",
+                         [f"block {l}" for l in range(patching.restored.shape[0])], columns, cells)]
+    if patching.head_restored is not None:
+        heads = patching.head_restored
+        tables.append(html_table("fraction restored by patching one head's clean output", [f"layer {l}" for l in range(heads.shape[0])],
+                                 [f"head {h}" for h in range(heads.shape[1])],
+                                 [[(f"{round(float(v), 2) + 0.0:.2f}", _signed(float(v), 1.0), True, "") for v in row] for row in heads]))
+    return html_page(f"activation patching · {patching.run}",
+                     [f"clean: {patching.clean}", f"corrupted: {patching.corrupt}",
+                      f"logit difference {patching.answer[1]!r} - {patching.wrong[1]!r}: clean {patching.clean_diff:+.3f}, corrupted {patching.corrupt_diff:+.3f}"],
+                     tables)
