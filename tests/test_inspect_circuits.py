@@ -32,7 +32,7 @@ def previous_token_model() -> Transformer:
 
     Residual stream (d = 24): [0, 8) the token, [8, 16) the previous token, [16, 18) the position code.
     """
-    d, hs = 24, 12
+    d = 24  # two heads of 12 dimensions
     config = ModelConfig(vocab_size=V, block_size=16, n_layers=2, n_heads=2, d_model=d, d_ff=8, norm="rmsnorm",
                          positions="learned", tie_embeddings=False)
     model = Transformer(config).eval()
@@ -330,9 +330,9 @@ def test_png_views(cli, runs, tmp_path, args):
 def test_keep_checkpoints_and_the_scores_across_them(cli, tmp_path, trained_tokenizer):
     import shutil
 
+    from tests.conftest import TINY_TEXT
     from tfcli.data.corpus import resolve_corpus
     from tfcli.data.shards import encode_corpus
-    from tests.conftest import TINY_TEXT
 
     data = tmp_path / "data"
     data.mkdir()

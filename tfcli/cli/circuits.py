@@ -4,12 +4,19 @@ matter, and where the information for an answer flows. Thin commands over `tfcli
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
-from tfcli.cli.common import PIPED_WIDTH, JsonFlag, human_bytes, stderr_console, stdout_console
+from tfcli.cli.common import (
+    PIPED_WIDTH,
+    JsonFlag,
+    human_bytes,
+    stderr_console,
+    stdout_console,
+)
 from tfcli.cli.inspect import _read_text
 
 RunArgument = Annotated[Path, typer.Argument(help="A run directory (config.json, model.safetensors, tokenizer.json).", show_default=False)]

@@ -222,7 +222,7 @@ def across_view(across, pattern: str, layers: Sequence[int], heads: Sequence[int
     def cell(r: int, c: int) -> Text:
         layer, head = shown[c]
         value = float(values[r, layer, head])
-        if value != value:  # NaN: not scored
+        if math.isnan(value):  # not scored
             return Text("-".rjust(CELL), style="dim")
         return Text(f"{value:.2f}".rjust(CELL), style=_on(_colour(value), value >= 0.3))
 
