@@ -17,7 +17,7 @@ DEVICES = ("auto", "cpu", "cuda", "mps")
 PRECISIONS = ("auto", "fp32", "bf16")
 FREEZE = ("none", "embeddings", "body")
 # Settings a resumed run may change: they do not alter what the finished steps computed.
-RESUMABLE_CHANGES = ("max_steps", "time_budget", "eval_every", "eval_batches", "log_every", "save_every", "device", "compile", "fsdp")
+RESUMABLE_CHANGES = ("max_steps", "time_budget", "eval_every", "eval_batches", "log_every", "save_every", "keep_every", "device", "compile", "fsdp")
 
 
 @dataclasses.dataclass
@@ -43,6 +43,7 @@ class TrainConfig(JsonRecord):
     eval_batches: int = 20  # batches per evaluation
     log_every: int = 10  # steps between records in metrics.jsonl
     save_every: int = 500  # steps between checkpoints (0: only at the end)
+    keep_every: int = 0  # steps between kept weight snapshots, RUN/checkpoints/step-NNNNNNN (weights, config, tokenizer; 0: none)
     device: str = "auto"  # auto | cpu | cuda | mps
     precision: str = "auto"  # auto (bf16 autocast on a GPU that has it, else fp32) | fp32 | bf16
     compile: bool = False  # torch.compile the model
@@ -79,6 +80,7 @@ class TrainConfig(JsonRecord):
             ("eval_batches", self.eval_batches >= 1, "at least 1"),
             ("log_every", self.log_every >= 1, "at least 1"),
             ("save_every", self.save_every >= 0, "0 or more"),
+            ("keep_every", self.keep_every >= 0, "0 or more"),
             ("mask_prob", 0 < self.mask_prob < 1, "in (0, 1)"),
             ("noise_density", 0 < self.noise_density < 1, "in (0, 1)"),
             ("mean_span", self.mean_span >= 1, "at least 1"),

@@ -60,6 +60,8 @@ def inspect_attention(
     key_start: Annotated[int, typer.Option("--key-start", help="Terminal cross-attention heatmap of a long source: the first source token of the columns shown.")] = 0,
     crop: Annotated[bool, typer.Option("--crop", help="Keep the first block-size tokens of a text longer than the model's context (default: an error).")] = False,
     device: Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu, cuda, cuda:N or mps.")] = "auto",
+    checkpoints: Annotated[bool, typer.Option("--checkpoints", help="Across the checkpoints the run kept (train --keep-checkpoints N): each head's detector score, step by step.")] = False,
+    pattern: Annotated[str, typer.Option("--pattern", help="With --checkpoints: previous-token, first-token, duplicate or induction.")] = "induction",
     json_output: JsonFlag = False,
 ) -> None:
     """See what every layer and head of a model attends to, for any text.
@@ -75,7 +77,8 @@ def inspect_attention(
 
     More: --head all; --summary; --compare "...because it was too wide"; --compare-run runs/child;
     --format html -o attention.html; --format png -o head.png; --format json -o weights.json;
-    encoder-decoder: --text SOURCE --target TARGET --attention cross.
+    encoder-decoder: --text SOURCE --target TARGET --attention cross; --checkpoints --pattern induction
+    (a table of steps x heads: watch an induction head form).
     """
     import time
 
@@ -96,6 +99,9 @@ def inspect_attention(
     )
 
     began = time.perf_counter()
+    if checkpoints:
+        _across(run, text, text_file, attention, layer, head, pattern, output_format, output, device, json_output)
+        return
     if json_output:
         if output_format not in (None, "json", "terminal"):
             raise TfcliError(f"--json prints JSON; it cannot be combined with --format {output_format}", hint="drop one of them")
@@ -155,3 +161,44 @@ def inspect_attention(
         console.print(Text(note, style="dim"))
     console.print(Text(f"wrote {output} ({human_bytes(output.stat().st_size)}) in {done - began:.1f} s "
                        f"(loading and capture {captured - began:.1f} s, writing {done - captured:.1f} s)"))
+
+
+def _across(run, text, text_file, attention, layer, head, pattern, output_format, output, device, json_output) -> None:
+    """inspect-attention --checkpoints: the detector scores of every kept checkpoint (terminal or JSON)."""
+    from tfcli.errors import TfcliError
+    from tfcli.inspect.across import across_checkpoints
+    from tfcli.inspect.capture import parse_index
+    from tfcli.inspect.session import check_output, save_document
+    from tfcli.inspect.stats import PATTERNS
+
+    if pattern not in PATTERNS:
+        raise TfcliError(f"unknown --pattern {pattern!r}", hint=f"use one of {', '.join(PATTERNS)}")
+    fmt = "json" if json_output or output_format == "json" or (output is not None and output.suffix.lower() == ".json") else output_format or "terminal"
+    if fmt not in ("terminal", "json"):
+        raise TfcliError("--checkpoints shows a table: terminal or json", hint="drop --format, or pass --format json")
+    if output is not None:
+        if json_output or output.suffix.lower() != ".json":
+            raise TfcliError("--checkpoints writes only .json files with -o", hint="name the file .json, or drop -o")
+        check_output(output)
+    source = _read_text(text, text_file, "text", "--text")
+    if source is None:
+        raise TfcliError("no text given", hint="pass --text TEXT or --text-file FILE")
+    with stderr_console().status("capturing every checkpoint"):
+        across = across_checkpoints(run, source, kind=attention, device=device)
+    if fmt == "json":
+        if output is None:
+            from tfcli.cli.common import print_json
+
+            print_json(across.to_json())
+        else:
+            save_document(output, across.to_json())
+        return
+    from tfcli.cli.common import print_table
+    from tfcli.inspect.tables import across_view
+
+    layers = parse_index(layer, across.n_layers, "layer", None)
+    heads = parse_index(head, across.n_heads, "head", None)
+    out = stdout_console()
+    width = out.width if out.width != PIPED_WIDTH else 80
+    for renderable in across_view(across, pattern, layers, heads, width=width):
+        print_table(out, renderable)

@@ -28,6 +28,7 @@ GradAccum = Annotated[Optional[int], typer.Option("--grad-accum", help="Micro-ba
 Lr = Annotated[Optional[float], typer.Option("--lr", help="Peak learning rate [default: 1e-3].", show_default=False)]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed for initialisation, data order, masks and dropout [default: 1337].", show_default=False)]
 SaveEvery = Annotated[Optional[int], typer.Option("--save-every", help="Steps between checkpoints; 0 = only at the end [default: 500].", show_default=False)]
+KeepEvery = Annotated[Optional[int], typer.Option("--keep-checkpoints", help="Keep every N-th step's weights under RUN/checkpoints/step-NNNNNNN (safetensors, no optimizer state), e.g. for inspect-attention --checkpoints [default: 0, none].", show_default=False)]
 EvalEvery = Annotated[Optional[int], typer.Option("--eval-every", help="Steps between validations; 0 = only at the end [default: 100].", show_default=False)]
 LogEvery = Annotated[Optional[int], typer.Option("--log-every", help="Steps between metrics.jsonl records [default: 10].", show_default=False)]
 Device = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda or mps [default: auto].", show_default=False)]
@@ -68,6 +69,7 @@ def pretrain(
     lr: Lr = None,
     seed: Seed = None,
     save_every: SaveEvery = None,
+    keep_every: KeepEvery = None,
     eval_every: EvalEvery = None,
     log_every: LogEvery = None,
     device: Device = None,
@@ -97,7 +99,7 @@ def pretrain(
     if arch is not None:
         _check_choice("--arch", arch, ARCHS)
     options = _options(max_steps=max_steps, time_budget=time_budget, batch_size=batch_size, grad_accum=grad_accum, lr=lr, seed=seed,
-                       save_every=save_every, eval_every=eval_every, log_every=log_every, device=device, precision=precision,
+                       save_every=save_every, keep_every=keep_every, eval_every=eval_every, log_every=log_every, device=device, precision=precision,
                        compile=compile_model, fsdp=fsdp)
     if block_size is not None:
         options["model.block_size"] = block_size
@@ -129,6 +131,7 @@ def finetune(
     lr: Lr = None,
     seed: Seed = None,
     save_every: SaveEvery = None,
+    keep_every: KeepEvery = None,
     eval_every: EvalEvery = None,
     log_every: LogEvery = None,
     device: Device = None,
@@ -152,7 +155,7 @@ def finetune(
 
     _check_choice("--task", task, tuple(t for t in TASKS if t in ("lm", "mlm", "denoise", "classify", "seq2seq")))
     options = _options(max_steps=max_steps, time_budget=time_budget, batch_size=batch_size, block_size=block_size, grad_accum=grad_accum,
-                       lr=lr, seed=seed, save_every=save_every, eval_every=eval_every, log_every=log_every, device=device,
+                       lr=lr, seed=seed, save_every=save_every, keep_every=keep_every, eval_every=eval_every, log_every=log_every, device=device,
                        precision=precision, compile=compile_model, fsdp=fsdp, freeze=freeze)
     with no_empty_folder_left(output):
         fields = {"text": text_field, "label": label_field, "source": source_field, "target": target_field}

@@ -131,3 +131,39 @@ def token_png(items: Sequence[tuple[str, np.ndarray, Sequence[str], Sequence[str
     if suptitle:
         figure.suptitle(_label(suptitle, 160), fontsize=11)
     return _save(figure, 110)
+
+
+def value_grid_png(title: str, values: np.ndarray, rows: Sequence[str], columns: Sequence[str], *, texts: Sequence[Sequence[str]] | None = None,
+                   diverging: bool = False, colour_label: str = "", ylabel: str = "", xlabel: str = "") -> bytes:
+    """A labelled grid of values (rows, columns): layers x positions or layers x heads. `texts` writes a
+    label in each cell (the logit lens's tokens; else the value). Probabilities on viridis (square-root
+    scale), signed values (`diverging`) on a red-blue scale centred on 0."""
+    from matplotlib.colors import TwoSlopeNorm
+
+    R, C = values.shape
+    width = min(40.0, max(5.0, 2.0 + C * (0.75 if texts is not None else 0.55)))
+    height = min(30.0, max(2.5, 1.6 + R * 0.45))
+    figure = _figure(width, height)
+    ax = figure.subplots()
+    if diverging:
+        limit = float(np.nanmax(np.abs(values))) or 1.0
+        norm, cmap = TwoSlopeNorm(vcenter=0.0, vmin=-limit, vmax=limit), "RdBu_r"
+    else:
+        norm, cmap = _norm(), _cmap()
+    image = ax.imshow(values, cmap=cmap, norm=norm, interpolation="nearest", aspect="auto")
+    fontsize = 8 if C <= 40 else 6
+    if C <= 64 and R <= 64:
+        for r in range(R):
+            for c in range(C):
+                label = _label(texts[r][c], 8) if texts is not None else f"{values[r, c]:.2f}"
+                shade = float(norm(values[r, c]))
+                dark = abs(shade - 0.5) > 0.3 if diverging else shade < 0.6  # a strong red or blue, or viridis' dark end
+                ax.text(c, r, label, ha="center", va="center", fontsize=fontsize, color="white" if dark else "black")
+    _ticks(ax.set_yticks, list(rows), False, 9)
+    _ticks(ax.set_xticks, list(columns), True, fontsize)
+    ax.set_ylabel(ylabel, fontsize=9)
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.tick_params(length=0)
+    figure.colorbar(image, ax=ax, shrink=0.8, label=colour_label)
+    figure.suptitle(_label(title, 160), fontsize=11)
+    return _save(figure, 110)

@@ -43,6 +43,29 @@ def save_best(job: TrainingJob, model, step: int, val_loss: float) -> Path:
     return job.run_dir / BEST_DIR
 
 
+KEPT_DIR = "checkpoints"
+
+
+def kept_dir(run_dir: Path, step: int) -> Path:
+    """Where `--keep-checkpoints` keeps the weights of `step`. Example: kept_dir(Path("runs/x"), 500) -> runs/x/checkpoints/step-0000500"""
+    return Path(run_dir) / KEPT_DIR / f"step-{step:07d}"
+
+
+def save_kept(job: TrainingJob, model, step: int) -> Path:
+    """Keep this step's weights as a run directory of their own (config, safetensors, tokenizer; no
+    optimizer state), so any command that reads a run reads it."""
+    from tfcli.checkpoint import save_checkpoint
+
+    folder = kept_dir(job.run_dir, step)
+    try:
+        folder.parent.mkdir(exist_ok=True)
+        save_checkpoint(folder, model, job.tokenizer, training=job.training_record(step))
+    except WRITE_ERRORS as exc:
+        raise TfcliError(f"cannot keep the checkpoint {folder}: {describe_write_error(exc)}",
+                         hint="free some space or fix the folder's permissions") from exc
+    return folder
+
+
 def best_saved_val_loss(run_dir: Path) -> float | None:
     """The validation loss best/ was saved with (None when there is none, or it predates the record)."""
     from tfcli.checkpoint import CONFIG_FILE, read_run_config

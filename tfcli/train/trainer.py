@@ -257,6 +257,8 @@ class Trainer:
         yield from self._record(evaluate=at_eval, log=at_eval or step % cfg.log_every == 0, amend=False)
         if cfg.save_every and step % cfg.save_every == 0:
             yield from self._save(sync_metrics=True)
+        if cfg.keep_every and step % cfg.keep_every == 0:
+            yield from self._keep()
         yield self._progress()
 
     def finish(self, reason: str) -> Iterator[Any]:
@@ -308,6 +310,14 @@ class Trainer:
             if sync_metrics:
                 self.writer.sync()
         self.saved_step = self.step
+
+    def _keep(self) -> Iterator[Saved]:
+        """--keep-checkpoints: this step's weights under RUN/checkpoints/ (every rank joins an FSDP gather)."""
+        from tfcli.train.saving import save_kept
+
+        to_save, _ = self._snapshot(with_optimizer=False)
+        if self.world.is_main:
+            yield Saved(self.step, save_kept(self.job, to_save, self.step), False)
 
     def _snapshot(self, with_optimizer: bool = True):
         """(the model to write, its optimizer tensors) on rank 0; under FSDP a collective that gathers the
