@@ -152,12 +152,12 @@ def gpt2(tmp_path_factory, trained_tokenizer):
     """A random GPT-2 built with transformers and imported with tfcli's import: (hf model, our checkpoint)."""
     pytest.importorskip("transformers")
     from tests.test_hf import _hub_style_gpt2
-    from tfcli.hf import import_gpt2
+    from tfcli.hf import import_hf
 
     root = tmp_path_factory.mktemp("gpt2")
     vocab = TextTokenizer.load(trained_tokenizer).vocab_size
     hf = _hub_style_gpt2(root / "hf", trained_tokenizer, vocab, True)
-    import_gpt2(root / "hf", root / "run")
+    import_hf(root / "hf", root / "run")
     return hf, load_checkpoint(root / "run")
 
 
@@ -331,7 +331,7 @@ def test_keep_checkpoints_and_the_scores_across_them(cli, tmp_path, trained_toke
     import shutil
 
     from tests.conftest import TINY_TEXT
-    from tfcli.data.corpus import resolve_corpus
+    from tfcli.corpus.reader import resolve_corpus
     from tfcli.data.shards import encode_corpus
 
     data = tmp_path / "data"
