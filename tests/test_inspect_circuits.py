@@ -381,3 +381,34 @@ def test_html_pages_are_self_contained_and_inert(cli, runs, tmp_path, args):
     assert "&lt;script&gt;" in page and "&lt;img" in page  # the text, escaped
     assert "\u202e" not in page  # the bidi override shows escaped, never acts
     assert "default-src 'none'" in page
+
+
+@pytest.mark.parametrize("positions", ["learned", "rotary"])
+def test_batched_patching_equals_one_patch_at_a_time(positions):
+    """The fast path (rows of a batch fanned out at their layer, run from their first patched position on
+    with the corrupted run's keys and values before it) gives what patching one (layer, position) in a
+    plain run of the whole text gives."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=50, block_size=32, n_layers=3, n_heads=4, d_model=32, init_std=0.2, positions=positions)).eval()
+    clean = torch.randint(0, 50, (12,)).tolist()
+    corrupt = list(clean)
+    corrupt[4] = (corrupt[4] + 1) % 50
+    result = patch_differences(model, clean, corrupt, answer=3, wrong=4, batch=3)
+    with torch.no_grad(), Hooks() as hooks:
+        stream = hooks.residual_stream(model.decoder)
+        model(torch.tensor([clean]))
+    for layer in range(3):
+        for position in range(12):
+            def patch(module, args, layer=layer, position=position):
+                x = args[0].clone()
+                x[0, position] = stream[layer][0, position]
+                return (x, *args[1:])
+
+            handle = model.decoder.blocks[layer].register_forward_pre_hook(patch)
+            try:
+                with torch.no_grad():
+                    logits = model(torch.tensor([corrupt])).logits[0, -1]
+            finally:
+                handle.remove()
+            assert abs(float(logits[3] - logits[4]) - result["patched"][layer, position]) < 1e-4, (layer, position)
+    assert np.all(result["patched"][:, :4] == result["corrupted"])  # before the change: nothing to patch, no run

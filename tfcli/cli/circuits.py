@@ -170,6 +170,7 @@ def inspect_ablate(
     """
     import time
 
+    from tfcli.accel import accelerate
     from tfcli.inspect.ablation import ablate
     from tfcli.inspect.capture import load_run
     from tfcli.inspect.tables import ablation_html, ablation_png, ablation_view
@@ -182,6 +183,7 @@ def inspect_ablate(
         raise TfcliError("the png shows every head's loss change", hint="drop --heads, or use the terminal or --json for chosen heads")
     source = _text(text, text_file)
     checkpoint = load_run(run, device)
+    accelerate(checkpoint.model)  # this machine's fastest products (the same modules and hooks); TFCLI_ACCEL=0: plain
     with stderr_console().status("ablating heads"):
         ablation = ablate(checkpoint, source, heads=heads, mode=mode, reference_text=reference_text, position=position, top_k=top_k)
     document = ablation.to_json() if fmt == "json" else {}
@@ -216,6 +218,7 @@ def inspect_patch(
     """
     import time
 
+    from tfcli.accel import accelerate
     from tfcli.inspect.capture import load_run
     from tfcli.inspect.patching import patch
     from tfcli.inspect.tables import patching_html, patching_png, patching_view
@@ -223,6 +226,7 @@ def inspect_patch(
     began = time.perf_counter()
     fmt = _format(output_format, output, json_output)
     checkpoint = load_run(run, device)
+    accelerate(checkpoint.model)
     with stderr_console().status("patching"):
         patching = patch(checkpoint, clean, corrupt, answer, wrong, per_head=per_head)
     document = patching.to_json() if fmt == "json" else {}

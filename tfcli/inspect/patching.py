@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 PATCH_FORMAT = "tfcli-patching"
 PATCH_VERSION = 1
-ROWS_PER_BATCH = 32
+ROWS_PER_BATCH = 16  # patches run together; a batch runs from its first patched position on
 
 
 def _last_logits(model, stack, hidden: torch.Tensor) -> torch.Tensor:
@@ -35,8 +35,9 @@ def _last_logits(model, stack, hidden: torch.Tensor) -> torch.Tensor:
     return vocabulary(model, hidden[:, -1]).float()
 
 
-def _record(model, stack, ids: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
-    """One plain run: the residual stream (L + 1 of (T, d)), head outputs (L of (T, nh, hs)), last logits."""
+def _record(model, stack, ids: list[int], cache=None) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """One plain run: the residual stream (L + 1 of (T, d)), head outputs (L of (T, nh, hs)), last logits;
+    with `cache` (a KVCache), every layer's keys and values too."""
     import torch
 
     from tfcli.inspect.hooks import Hooks
@@ -44,8 +45,29 @@ def _record(model, stack, ids: list[int]) -> tuple[list[torch.Tensor], list[torc
     with Hooks() as hooks:
         stream = hooks.residual_stream(stack)
         heads = hooks.head_outputs(stack)
-        hidden = model(torch.tensor([ids], device=model.lm_head.weight.device), logits=False).hidden
+        hidden = model(torch.tensor([ids], device=model.lm_head.weight.device), logits=False, cache=cache).hidden
     return [x[0] for x in stream], [z[0] for z in heads], _last_logits(model, stack, hidden)[0]
+
+
+def _resume_cache(model, keys: torch.Tensor, values: torch.Tensor, rows: int, start: int, first_layer: int):
+    """A KV cache that lets the model run only positions start.. of the corrupted text: the blocks from
+    `first_layer` on read the corrupted run's keys and values before `start` (one copy per row); the blocks
+    before it, whose output the fan-out replaces, get a scratch cache of one row."""
+    from tfcli.model.attention import KVCache, LayerKVCache
+
+    class Resume(KVCache):
+        def __init__(self) -> None:  # the parent's fields, filled from the corrupted run
+            self.keys = keys.expand(keys.shape[0], rows, *keys.shape[2:]).clone()  # (L, rows, nkv, T, hs)
+            self.values = values.expand(values.shape[0], rows, *values.shape[2:]).clone()
+            self.cross = [None] * keys.shape[0]
+            self.capacity, self.length = keys.shape[3], start
+            self.scratch = KVCache(model.config, 1, keys.shape[3], keys.dtype, keys.device)
+            self.scratch.length = start
+
+        def layer(self, index: int) -> LayerKVCache:
+            return LayerKVCache(self.scratch if index < first_layer else self, index)
+
+    return Resume()
 
 
 def patch_differences(model, clean_ids: list[int], corrupt_ids: list[int], answer: int, wrong: int, *,
@@ -62,23 +84,29 @@ def patch_differences(model, clean_ids: list[int], corrupt_ids: list[int], answe
     device = model.lm_head.weight.device
     corrupt = torch.tensor([corrupt_ids], device=device)
     with torch.inference_mode():
+        from tfcli.model.attention import KVCache
+
         clean_stream, clean_heads, clean_logits = _record(model, stack, clean_ids)
-        corrupt_stream, corrupt_heads, corrupt_logits = _record(model, stack, corrupt_ids)
+        recorded = KVCache(model.config, 1, len(corrupt_ids), model.lm_head.weight.dtype, device)
+        corrupt_stream, corrupt_heads, corrupt_logits = _record(model, stack, corrupt_ids, recorded)
         clean_diff = float(clean_logits[answer] - clean_logits[wrong])
         corrupt_diff = float(corrupt_logits[answer] - corrupt_logits[wrong])
         L, T = len(stack.blocks), len(corrupt_ids)
         patched = np.full((L, T), corrupt_diff, dtype=np.float64)
         for layer in range(L):
             differ = [p for p in range(T) if not torch.equal(clean_stream[layer][p], corrupt_stream[layer][p])]
-            for start in range(0, len(differ), batch):
-                chunk = differ[start:start + batch]
+            for first in range(0, len(differ), batch):
+                chunk = differ[first:first + batch]
+                start = chunk[0]  # positions before it are the corrupted run's in every row: only start.. run
 
-                def put_clean(x, chunk=chunk, layer=layer):  # x (rows, T, d): row i gets the clean residual at chunk[i]
-                    x[list(range(len(chunk))), chunk] = clean_stream[layer][chunk].to(x.dtype)
+                def put_clean(x, chunk=chunk, layer=layer, start=start):  # x (rows, T - start, d)
+                    x[:] = corrupt_stream[layer][start:].to(x.dtype)  # the corrupted residual stream ...
+                    x[list(range(len(chunk))), [p - start for p in chunk]] = clean_stream[layer][chunk].to(x.dtype)  # ... row i clean at chunk[i]
 
+                cache = _resume_cache(model, recorded.keys, recorded.values, len(chunk), start, layer)
                 with Hooks() as hooks:
                     hooks.fan_out(stack, layer, len(chunk), put_clean)
-                    logits = _last_logits(model, stack, model(corrupt, logits=False).hidden)  # (rows, vocab)
+                    logits = _last_logits(model, stack, model(corrupt[:, start:], logits=False, cache=cache).hidden)  # (rows, vocab)
                 patched[layer, chunk] = (logits[:, answer] - logits[:, wrong]).double().cpu().numpy()
         heads = None
         if per_head:
