@@ -368,9 +368,13 @@ def test_an_encoder_on_wordpiece_fine_tunes_for_classification_like_bert(cli, tm
     assert result.code == 0, result.stderr
     result = cli("generate", encoder, "--fill-mask", "The food was [MASK].", "--json")
     assert result.code == 0, result.stderr
-    for filler in json.loads(result.stdout)["masks"][0]["fillers"]:  # a word brings its own space, a ## piece continues "was"
-        token = filler["token"]  # the vocabulary entry: "good", or "##ff" that continues the word before
-        assert filler["text"] == ("The food was" + (token[2:] if token.startswith("##") else " " + token) + ".")
+    vocabulary = TextTokenizer.load(tok)
+    for filler in json.loads(result.stdout)["masks"][0]["fillers"]:
+        # the vocabulary entry ("good", "##ff"); its text brings its own space, a ## piece or punctuation none
+        assert filler["token"] == vocabulary.hf.id_to_token(filler["token_id"])
+        text = vocabulary.token_bytes(filler["token_id"]).decode()
+        assert filler["text"] == "The food was" + text + "."
+        assert text == (filler["token"][2:] if filler["token"].startswith("##") else text)
     result = cli("train", "finetune", "--init-from", encoder, "--task", "classify", "--data", reviews, "-o", classifier,
                  "--max-steps", "4", "--batch-size", "8", "--eval-every", "4", "--log-every", "5")
     assert result.code == 0, result.stderr
