@@ -125,24 +125,11 @@ def _write_batch(batch, ids_per_piece, writers, split, eos_id, draw, val_fractio
     document still open."""
     import numpy as np
 
-    if ids_per_piece and isinstance(ids_per_piece[0], list):
-        out: dict[str, list] = {"train": [], "val": []}
-        for piece, ids in zip(batch, ids_per_piece):
-            target = out[split]
-            target.extend(ids)
-            if piece.ends_document:
-                target.append(eos_id)
-                writers[split].documents += 1
-                split = "val" if draw() < val_fraction else "train"
-        for name, ids in out.items():
-            if ids:
-                writers[name].write(np.array(ids, dtype=writers[name].dtype))
-        return split
     eos = np.array([eos_id], dtype=np.uint32)
     parts: dict[str, list] = {"train": [], "val": []}
     for piece, ids in zip(batch, ids_per_piece):
         target = parts[split]
-        target.append(ids)
+        target.append(np.asarray(ids, dtype=np.uint32))
         if piece.ends_document:
             target.append(eos)
             writers[split].documents += 1
