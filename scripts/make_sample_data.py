@@ -31,27 +31,73 @@ N_DATES = 8000
 # --------------------------------------------------------------------------------------------
 
 NUMBER_WORDS = [
-    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
-    "nineteen", "twenty",
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+    "twenty",
 ]
 
 IRREGULAR_PLURALS = {
-    "mouse": "mice", "sheep": "sheep", "deer": "deer", "fish": "fish", "goose": "geese",
-    "wolf": "wolves", "leaf": "leaves", "child": "children",
+    "mouse": "mice",
+    "sheep": "sheep",
+    "deer": "deer",
+    "fish": "fish",
+    "goose": "geese",
+    "wolf": "wolves",
+    "leaf": "leaves",
+    "child": "children",
 }
 
 IRREGULAR_PAST = {
-    "run": "ran", "swim": "swam", "sing": "sang", "draw": "drew", "read": "read", "fly": "flew",
-    "build": "built", "ride": "rode", "catch": "caught", "make": "made", "go": "went",
-    "dig": "dug", "find": "found", "eat": "ate", "throw": "threw", "sit": "sat", "see": "saw",
-    "hide": "hid", "take": "took", "give": "gave", "have": "had", "get": "got", "spin": "spun",
-    "sleep": "slept", "tell": "told", "blow": "blew", "write": "wrote", "feed": "fed",
+    "run": "ran",
+    "swim": "swam",
+    "sing": "sang",
+    "draw": "drew",
+    "read": "read",
+    "fly": "flew",
+    "build": "built",
+    "ride": "rode",
+    "catch": "caught",
+    "make": "made",
+    "go": "went",
+    "dig": "dug",
+    "find": "found",
+    "eat": "ate",
+    "throw": "threw",
+    "sit": "sat",
+    "see": "saw",
+    "hide": "hid",
+    "take": "took",
+    "give": "gave",
+    "have": "had",
+    "get": "got",
+    "spin": "spun",
+    "sleep": "slept",
+    "tell": "told",
+    "blow": "blew",
+    "write": "wrote",
+    "feed": "fed",
 }
 
 # Verbs whose final consonant doubles before -ed / -ing.
-DOUBLING = {"run", "swim", "dig", "skip", "hop", "sit", "spin", "clap", "nap", "jog", "stop", "hug",
-            "drop", "tap", "pat", "shop", "plan"}
+DOUBLING = {"run", "swim", "dig", "skip", "hop", "sit", "spin", "clap", "nap", "jog", "stop", "hug", "drop", "tap", "pat", "shop", "plan"}
 
 
 def a(word: str) -> str:
@@ -115,7 +161,7 @@ def gerund(phrase: str) -> str:
 def cap(s: str) -> str:
     """Capitalize the first letter (skipping a leading quote), leaving the rest alone."""
     i = 1 if s.startswith('"') else 0
-    return s[:i] + s[i:i + 1].upper() + s[i + 1:]
+    return s[:i] + s[i : i + 1].upper() + s[i + 1 :]
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,8 +187,18 @@ Jonas Kyle Louis Marco Nico Peter Rex Ricky Ted Ollie Ray Sid
 """.split()
 
 # Rarely drawn, so that tokenizers see some multi-byte UTF-8.
-UNICODE_NAMES = [("Zoë", "f"), ("Chloé", "f"), ("Renée", "f"), ("Amélie", "f"), ("Noémie", "f"),
-                 ("José", "m"), ("Björn", "m"), ("Søren", "m"), ("André", "m"), ("Jürgen", "m")]
+UNICODE_NAMES = [
+    ("Zoë", "f"),
+    ("Chloé", "f"),
+    ("Renée", "f"),
+    ("Amélie", "f"),
+    ("Noémie", "f"),
+    ("José", "m"),
+    ("Björn", "m"),
+    ("Søren", "m"),
+    ("André", "m"),
+    ("Jürgen", "m"),
+]
 
 PET_NAMES = """
 Spot Buddy Fluffy Whiskers Coco Pip Sunny Biscuit Pepper Ziggy Bubbles Snowy Patch Sprout Muffin
@@ -170,60 +226,211 @@ young quiet cheerful smart playful busy proud grumpy careful old strong fast lon
 COLORS = "red blue green yellow pink purple orange brown white black".split()
 THING_ADJS = "shiny old new soft round striped golden silver bright tiny fuzzy pretty wooden".split()
 
-TOYS = ["ball", "kite", "doll", "teddy bear", "toy car", "hat", "book", "balloon", "drum", "boat",
-        "toy train", "robot", "puzzle", "yo-yo", "whistle", "bell", "basket", "ribbon", "marble",
-        "crown", "umbrella", "scarf", "blanket", "bucket", "shovel", "wagon", "toy truck", "spinning top",
-        "jump rope", "music box", "paper plane", "block tower", "sock puppet", "pinwheel"]
+TOYS = [
+    "ball",
+    "kite",
+    "doll",
+    "teddy bear",
+    "toy car",
+    "hat",
+    "book",
+    "balloon",
+    "drum",
+    "boat",
+    "toy train",
+    "robot",
+    "puzzle",
+    "yo-yo",
+    "whistle",
+    "bell",
+    "basket",
+    "ribbon",
+    "marble",
+    "crown",
+    "umbrella",
+    "scarf",
+    "blanket",
+    "bucket",
+    "shovel",
+    "wagon",
+    "toy truck",
+    "spinning top",
+    "jump rope",
+    "music box",
+    "paper plane",
+    "block tower",
+    "sock puppet",
+    "pinwheel",
+]
 
-FOODS = ["apple", "cookie", "cupcake", "banana", "carrot", "cherry", "strawberry", "orange", "pear",
-         "plum", "muffin", "sandwich", "grape", "peach", "pie", "candy", "lemon", "nut", "berry",
-         "acorn", "cracker", "pancake", "egg", "tomato", "biscuit"]
+FOODS = [
+    "apple",
+    "cookie",
+    "cupcake",
+    "banana",
+    "carrot",
+    "cherry",
+    "strawberry",
+    "orange",
+    "pear",
+    "plum",
+    "muffin",
+    "sandwich",
+    "grape",
+    "peach",
+    "pie",
+    "candy",
+    "lemon",
+    "nut",
+    "berry",
+    "acorn",
+    "cracker",
+    "pancake",
+    "egg",
+    "tomato",
+    "biscuit",
+]
 FOODS_PLURAL = {"tomato": "tomatoes"}
 
 # (place, preposition used for "at/in/on the place")
-PLACES = [("park", "in"), ("garden", "in"), ("forest", "in"), ("beach", "on"), ("lake", "by"),
-          ("river", "by"), ("farm", "on"), ("school", "at"), ("yard", "in"), ("hill", "on"),
-          ("meadow", "in"), ("zoo", "at"), ("shop", "at"), ("kitchen", "in"), ("backyard", "in"),
-          ("pond", "by"), ("field", "in"), ("library", "at"), ("playground", "at"), ("cave", "in"),
-          ("castle", "at"), ("town", "in"), ("village", "in"), ("market", "at"), ("bakery", "at"),
-          ("barn", "in"), ("mountain", "on"), ("island", "on"), ("jungle", "in"), ("street", "on"),
-          ("bridge", "on"), ("attic", "in"), ("woods", "in"), ("swamp", "in"), ("orchard", "in")]
+PLACES = [
+    ("park", "in"),
+    ("garden", "in"),
+    ("forest", "in"),
+    ("beach", "on"),
+    ("lake", "by"),
+    ("river", "by"),
+    ("farm", "on"),
+    ("school", "at"),
+    ("yard", "in"),
+    ("hill", "on"),
+    ("meadow", "in"),
+    ("zoo", "at"),
+    ("shop", "at"),
+    ("kitchen", "in"),
+    ("backyard", "in"),
+    ("pond", "by"),
+    ("field", "in"),
+    ("library", "at"),
+    ("playground", "at"),
+    ("cave", "in"),
+    ("castle", "at"),
+    ("town", "in"),
+    ("village", "in"),
+    ("market", "at"),
+    ("bakery", "at"),
+    ("barn", "in"),
+    ("mountain", "on"),
+    ("island", "on"),
+    ("jungle", "in"),
+    ("street", "on"),
+    ("bridge", "on"),
+    ("attic", "in"),
+    ("woods", "in"),
+    ("swamp", "in"),
+    ("orchard", "in"),
+]
 UNICODE_PLACES = [("café", "at")]
 PREPOSITION = dict(PLACES + UNICODE_PLACES)
 # Outdoor places: for playing, finding things, and a house to stand near.
-OUTDOOR_PLACES = ["park", "garden", "forest", "beach", "meadow", "field", "woods", "yard", "backyard",
-                  "hill", "orchard", "playground", "farm"]
-NEAR_PLACES = ["park", "forest", "beach", "lake", "river", "farm", "hill", "meadow", "pond", "woods",
-               "mountain", "castle", "orchard", "bridge", "field", "school", "market"]
+OUTDOOR_PLACES = ["park", "garden", "forest", "beach", "meadow", "field", "woods", "yard", "backyard", "hill", "orchard", "playground", "farm"]
+NEAR_PLACES = [
+    "park",
+    "forest",
+    "beach",
+    "lake",
+    "river",
+    "farm",
+    "hill",
+    "meadow",
+    "pond",
+    "woods",
+    "mountain",
+    "castle",
+    "orchard",
+    "bridge",
+    "field",
+    "school",
+    "market",
+]
 
 
 def at(place: str) -> str:
     """ "park" -> "in the park", "beach" -> "on the beach", "lake" -> "by the lake"."""
     return f"{PREPOSITION[place]} the {place}"
 
-SPOTS = ["under the bed", "behind the tree", "under a rock", "in the tall grass", "behind the door",
-         "under the table", "inside a box", "near the pond", "next to the fence", "under a big leaf",
-         "on top of the shelf", "behind the couch", "in the sand", "under the bench", "by the gate",
-         "in a bush", "under the stairs", "near the big tree", "in the toy box", "under a pile of leaves"]
+
+SPOTS = [
+    "under the bed",
+    "behind the tree",
+    "under a rock",
+    "in the tall grass",
+    "behind the door",
+    "under the table",
+    "inside a box",
+    "near the pond",
+    "next to the fence",
+    "under a big leaf",
+    "on top of the shelf",
+    "behind the couch",
+    "in the sand",
+    "under the bench",
+    "by the gate",
+    "in a bush",
+    "under the stairs",
+    "near the big tree",
+    "in the toy box",
+    "under a pile of leaves",
+]
 
 # (base verb phrase, suitable for animals too?)
 ACTIVITIES = [
-    ("play with a ball", True), ("run in the grass", True), ("jump in the leaves", True),
-    ("play tag", True), ("play hide and seek", True), ("dance", True), ("sing songs", True),
-    ("splash in the puddles", True), ("look for bugs", True), ("roll down the hill", True),
-    ("chase butterflies", True), ("dig in the sand", True), ("swim in the pond", True),
-    ("pick flowers", True), ("climb the big tree", True), ("hop around", True), ("look at the clouds", True),
-    ("ride a bike", False), ("read a book", False), ("draw pictures", False), ("fly a kite", False),
-    ("build a sandcastle", False), ("play catch", False), ("skip rope", False), ("paint", False),
-    ("play on the swings", False), ("build a tower", False), ("collect shells", False),
+    ("play with a ball", True),
+    ("run in the grass", True),
+    ("jump in the leaves", True),
+    ("play tag", True),
+    ("play hide and seek", True),
+    ("dance", True),
+    ("sing songs", True),
+    ("splash in the puddles", True),
+    ("look for bugs", True),
+    ("roll down the hill", True),
+    ("chase butterflies", True),
+    ("dig in the sand", True),
+    ("swim in the pond", True),
+    ("pick flowers", True),
+    ("climb the big tree", True),
+    ("hop around", True),
+    ("look at the clouds", True),
+    ("ride a bike", False),
+    ("read a book", False),
+    ("draw pictures", False),
+    ("fly a kite", False),
+    ("build a sandcastle", False),
+    ("play catch", False),
+    ("skip rope", False),
+    ("paint", False),
+    ("play on the swings", False),
+    ("build a tower", False),
+    ("collect shells", False),
 ]
 
-INDOOR_ACTIVITIES = ["build a fort with pillows", "bake cookies", "play a board game", "draw pictures",
-                     "read a story", "make a puppet show", "paint a picture", "sing songs",
-                     "build a tower with blocks", "make paper boats", "have a tea party", "do a puzzle"]
+INDOOR_ACTIVITIES = [
+    "build a fort with pillows",
+    "bake cookies",
+    "play a board game",
+    "draw pictures",
+    "read a story",
+    "make a puppet show",
+    "paint a picture",
+    "sing songs",
+    "build a tower with blocks",
+    "make paper boats",
+    "have a tea party",
+    "do a puzzle",
+]
 
-RELATIVES = [("mom", "f"), ("dad", "m"), ("grandma", "f"), ("grandpa", "m"), ("sister", "f"),
-             ("brother", "m"), ("aunt", "f"), ("uncle", "m")]
+RELATIVES = [("mom", "f"), ("dad", "m"), ("grandma", "f"), ("grandpa", "m"), ("sister", "f"), ("brother", "m"), ("aunt", "f"), ("uncle", "m")]
 PARENTS = ["mom", "dad"]
 
 DIALOG_VERBS = ["said", "said", "said", "shouted", "whispered", "cried", "replied", "laughed"]
@@ -268,24 +475,25 @@ STUCK = [  # (where the animal was stuck, how the hero helped; {s}/{o} = the ani
 ]
 
 ENCOUNTERS = [  # (how the animal felt, what the hero did; {o} = its object pronoun, {p} = its possessive)
-    ("hungry", "gave {o} some food"), ("hungry", "shared a cookie with {o}"),
-    ("sad", "gave {o} a big hug"), ("cold", "gave {o} a warm blanket"),
-    ("tired", "let {o} rest on a soft pillow"), ("lost", "helped {o} find {p} way home"),
-    ("thirsty", "gave {o} a bowl of water"), ("bored", "played a game with {o}"),
-    ("scared", "sang {o} a soft song"), ("wet from the rain", "dried {o} with a towel"),
+    ("hungry", "gave {o} some food"),
+    ("hungry", "shared a cookie with {o}"),
+    ("sad", "gave {o} a big hug"),
+    ("cold", "gave {o} a warm blanket"),
+    ("tired", "let {o} rest on a soft pillow"),
+    ("lost", "helped {o} find {p} way home"),
+    ("thirsty", "gave {o} a bowl of water"),
+    ("bored", "played a game with {o}"),
+    ("scared", "sang {o} a soft song"),
+    ("wet from the rain", "dried {o} with a towel"),
 ]
 
 QUESTIONS = [  # (what the child noticed, the question, the answer)
-    ("looked up at the night sky", "Why does the moon change shape?",
-     "The moon does not really change. We just see a different part of it each night."),
-    ("watched the rain fall", "Where does the rain come from?",
-     "It comes from the clouds. When they get too full of water, the water falls down."),
-    ("saw the leaves falling from the trees", "Why do the leaves fall?",
-     "In the fall, the trees let their leaves go so they can rest in the winter."),
+    ("looked up at the night sky", "Why does the moon change shape?", "The moon does not really change. We just see a different part of it each night."),
+    ("watched the rain fall", "Where does the rain come from?", "It comes from the clouds. When they get too full of water, the water falls down."),
+    ("saw the leaves falling from the trees", "Why do the leaves fall?", "In the fall, the trees let their leaves go so they can rest in the winter."),
     ("heard a bird singing", "Why do birds sing?", "Birds sing to talk to each other."),
     ("saw a bee on a flower", "What is the bee doing?", "It is taking food from the flower to bring home."),
-    ("watched the sun go down", "Where does the sun go at night?",
-     "The sun does not go away. The world turns, and the sun shines on other places."),
+    ("watched the sun go down", "Where does the sun go at night?", "The sun does not go away. The world turns, and the sun shines on other places."),
     ("saw a big rainbow", "How is a rainbow made?", "When the sun shines through the rain, the light splits into many colors."),
     ("found a caterpillar on a leaf", "What will the caterpillar become?", "One day it will turn into a butterfly."),
     ("saw snow falling outside", "Why is snow cold?", "Snow is made of tiny bits of ice."),
@@ -305,15 +513,23 @@ GOALS = [  # (what they wanted, the idea, the happy result)
     ("carry a heavy basket home", "put the basket in a wagon", "pulled the wagon all the way home"),
 ]
 
-DREAMS = ["fly over the town like a bird", "swim with the fish in the deep sea", "talk to the stars",
-          "ride on the back of a friendly dragon", "walk on the moon", "live in a house made of candy",
-          "be as big as a mountain", "sail a boat across the whole ocean"]
+DREAMS = [
+    "fly over the town like a bird",
+    "swim with the fish in the deep sea",
+    "talk to the stars",
+    "ride on the back of a friendly dragon",
+    "walk on the moon",
+    "live in a house made of candy",
+    "be as big as a mountain",
+    "sail a boat across the whole ocean",
+]
 
-ENDINGS_FRIENDS = ["From that day on, {h} and {f} were best friends.",
-                   "After that, {h} and {f} played together every day.",
-                   "{H} and {f} were friends forever."]
-ENDINGS_DAY = ["It was the best day ever.", "Then everyone went home, tired and happy.",
-               "That night, {h} fell asleep with a big smile."]
+ENDINGS_FRIENDS = [
+    "From that day on, {h} and {f} were best friends.",
+    "After that, {h} and {f} played together every day.",
+    "{H} and {f} were friends forever.",
+]
+ENDINGS_DAY = ["It was the best day ever.", "Then everyone went home, tired and happy.", "That night, {h} fell asleep with a big smile."]
 
 EMOJI = ["🙂", "🎈", "🌈", "🐱", "🐶", "⭐", "🍎", "❤️", "🌻", "🎉"]
 
@@ -327,10 +543,10 @@ PRONOUNS = {"f": ("she", "her", "her"), "m": ("he", "him", "his"), "n": ("it", "
 
 @dataclass
 class Character:
-    intro: str   # indefinite first mention, for "there was ...": "a little girl named Lily"
-    first: str   # first mention as a sentence subject: "Lily", "a little cat"
-    ref: str     # every later mention: "Lily", "the cat"
-    kind: str    # "girl", "cat", ...
+    intro: str  # indefinite first mention, for "there was ...": "a little girl named Lily"
+    first: str  # first mention as a sentence subject: "Lily", "a little cat"
+    ref: str  # every later mention: "Lily", "the cat"
+    kind: str  # "girl", "cat", ...
     gender: str  # "f", "m" or "n" (it)
     person: bool
 
@@ -449,9 +665,13 @@ class StoryMaker:
 
     def opening(self, h: Character) -> str:
         place = self.choice(NEAR_PLACES)
-        forms = [f"Once upon a time, there was {h.intro}.", f"Once there was {h.intro}.",
-                 f"There was once {h.intro}.", f"{cap(h.intro)} lived in a small house near the {place}.",
-                 f"Long ago, in a small village, there lived {h.intro}."]
+        forms = [
+            f"Once upon a time, there was {h.intro}.",
+            f"Once there was {h.intro}.",
+            f"There was once {h.intro}.",
+            f"{cap(h.intro)} lived in a small house near the {place}.",
+            f"Long ago, in a small village, there lived {h.intro}.",
+        ]
         if h.ref[0].isupper():
             forms.append(f"{h.Ref} was {with_a(self.choice(CHAR_ADJS) + ' ' + h.kind)}.")
         return self.choice(forms)
@@ -487,6 +707,7 @@ def O(*sentences: str) -> Part:
 # Story templates
 # --------------------------------------------------------------------------------------------
 
+
 def story_lost(m: StoryMaker) -> list[Part]:
     h = m.hero()
     f = m.friend(h)
@@ -501,9 +722,15 @@ def story_lost(m: StoryMaker) -> list[Part]:
         R(f'Then {f.first} came by and asked, "Why are you so sad?"'),
         O(m.say(h, f"I lost my {item}.")),
         R(f"{f.Ref} helped {h.obj} look, and soon {f.subj} found the {item} {s3}."),
-        R(m.choice([f'{h.Ref} hugged {f.ref} and said, "Thank you!"',
+        R(
+            m.choice(
+                [
+                    f'{h.Ref} hugged {f.ref} and said, "Thank you!"',
                     f"{h.Ref} was happy again, and the two friends played until the sun went down.",
-                    m.ending_friends(h, f)])),
+                    m.ending_friends(h, f),
+                ]
+            )
+        ),
     ]
 
 
@@ -550,9 +777,15 @@ def story_share(m: StoryMaker) -> list[Part]:
         R(m.say(h, f"Would you like some {foods}?")),
         R(f"{h.Ref} gave {f.ref} {given}, so now {h.subj} had {left} left."),
         O(m.say(f, m.choice(["Thank you! You are very kind.", "Thank you so much!"]))),
-        R(m.choice([f"{h.Ref} felt happy because sharing made {h.obj} feel good.",
+        R(
+            m.choice(
+                [
+                    f"{h.Ref} felt happy because sharing made {h.obj} feel good.",
                     f"{h.Ref} learned that sharing is better than keeping everything.",
-                    m.ending_friends(h, f)])),
+                    m.ending_friends(h, f),
+                ]
+            )
+        ),
     ]
 
 
@@ -568,8 +801,7 @@ def story_rain(m: StoryMaker) -> list[Part]:
         R(f'{cap(h.poss)} {parent} saw {h.obj} and said, "Let\'s {inside} instead!"'),
         R(f"They {past(inside)} together, and it was a lot of fun."),
         O("Soon the rain stopped, and a big rainbow came out."),
-        R(m.choice([f"{h.Ref} learned that rainy days can be fun too.",
-                    f"That night, {h.ref} fell asleep with a big smile."])),
+        R(m.choice([f"{h.Ref} learned that rainy days can be fun too.", f"That night, {h.ref} fell asleep with a big smile."])),
     ]
 
 
@@ -582,8 +814,7 @@ def story_brave(m: StoryMaker) -> list[Part]:
         R(f"{h.Subj} was afraid of {fear}."),
         O(f"Every time {h.subj} thought about it, {h.subj} wanted to run away."),
         R(f"One day, {h.ref} {outing} with {f.first}."),
-        R(m.say(f, m.choice(["Do not be scared. I will stay with you.", "You can do it! I am right here.",
-                             "Why are you scared? I will help you."]))),
+        R(m.say(f, m.choice(["Do not be scared. I will stay with you.", "You can do it! I am right here.", "Why are you scared? I will help you."]))),
         R(f"{h.Ref} took a deep breath and {tried}."),
         R(result),
         R(f"Now {h.ref} was not afraid anymore, and {h.subj} felt very proud."),
@@ -599,8 +830,7 @@ def story_discovery(m: StoryMaker) -> list[Part]:
         R(f"It was {with_a(thing)}."),
         R(f'"What is this?" {h.subj} wondered.'),
         R(f"{h.Subj} picked it up and ran to show it to {f.first}."),
-        R(m.say(f, m.choice(["Wow, it is so pretty!", "I have never seen anything like it!",
-                             "Where did you find it?", "Let's find out what it does!"]))),
+        R(m.say(f, m.choice(["Wow, it is so pretty!", "I have never seen anything like it!", "Where did you find it?", "Let's find out what it does!"]))),
         R(f"Together, they {did}."),
         O(m.ending_day(h)),
     ]
@@ -663,8 +893,7 @@ def story_sorry(m: StoryMaker) -> list[Part]:
         R(f"So {h.ref} took the {item} without asking."),
         R(f"{f.Ref} was upset and started to cry."),
         O(f"{h.Ref} felt bad because {h.subj} knew it was wrong."),
-        R(m.say(h, m.choice([f"I am sorry I took your {item}.", f"I am sorry, here is your {item} back."]),
-                m.choice(["said", "whispered"]))),
+        R(m.say(h, m.choice([f"I am sorry I took your {item}.", f"I am sorry, here is your {item} back."]), m.choice(["said", "whispered"]))),
         R(m.say(f, m.choice(["Thank you for saying sorry.", "It is okay, we can share it."]))),
         O(f"Then they played with the {item} together."),
         R(f"After that, {h.ref} always asked before taking things."),
@@ -676,14 +905,16 @@ def story_question(m: StoryMaker) -> list[Part]:
     parent = m.choice(PARENTS)
     saw, q, ans = m.choice(QUESTIONS)
     return [
-        R(f"{h.Ref} was a curious {h.kind} who asked a lot of questions." if h.ref[0].isupper()
-          else f"There was once a curious {h.kind} who asked a lot of questions."),
+        R(
+            f"{h.Ref} was a curious {h.kind} who asked a lot of questions."
+            if h.ref[0].isupper()
+            else f"There was once a curious {h.kind} who asked a lot of questions."
+        ),
         R(f"One day, {h.subj} {saw}."),
         R(f'"{q}" {h.subj} asked {h.poss} {parent}.'),
         R(f'{cap(h.poss)} {parent} smiled and said, "{ans}"'),
         O(f"{h.Ref} thought about it for a long time."),
-        R(m.choice([f'"I want to learn everything!" said {h.ref}.',
-                    f"{h.Subj} could not wait to ask another question the next day."])),
+        R(m.choice([f'"I want to learn everything!" said {h.ref}.', f"{h.Subj} could not wait to ask another question the next day."])),
     ]
 
 
@@ -696,8 +927,7 @@ def story_count(m: StoryMaker) -> list[Part]:
         R(f"{cap(h.first)} went for a walk to the {m.choice(['farm', 'pond', 'meadow', 'park', 'field'])} with {h.poss} {parent}."),
         R(f"On the way, {h.subj} counted everything {h.subj} saw."),
         R(f"{h.Subj} saw {count(n1, a1)}, {count(n2, a2)}, and {with_a(a3)}."),
-        O(f'"How many animals did you see?" asked {h.poss} {parent}.',
-          m.say(h, f"I saw {NUMBER_WORDS[n1 + n2 + 1]}!")),
+        O(f'"How many animals did you see?" asked {h.poss} {parent}.', m.say(h, f"I saw {NUMBER_WORDS[n1 + n2 + 1]}!")),
         R(f"{cap(h.poss)} {parent} was proud because {h.ref} could count so well."),
         O(f"When they got home, {h.ref} drew a picture of all the animals."),
     ]
@@ -743,9 +973,23 @@ def story_bedtime(m: StoryMaker) -> list[Part]:
     ]
 
 
-TEMPLATES = [story_lost, story_new_friend, story_share, story_rain, story_brave, story_discovery,
-             story_help, story_gift, story_race, story_sorry, story_question, story_count,
-             story_short, story_goal, story_bedtime]
+TEMPLATES = [
+    story_lost,
+    story_new_friend,
+    story_share,
+    story_rain,
+    story_brave,
+    story_discovery,
+    story_help,
+    story_gift,
+    story_race,
+    story_sorry,
+    story_question,
+    story_count,
+    story_short,
+    story_goal,
+    story_bedtime,
+]
 
 
 def render(parts: list[Part], rng: random.Random) -> str | None:
@@ -782,54 +1026,161 @@ def make_stories(rng: random.Random, target_bytes: int = STORIES_TARGET_BYTES) -
 # Reviews
 # --------------------------------------------------------------------------------------------
 
-PRODUCTS = ["pair of headphones", "blender", "backpack", "phone case", "lamp", "desk chair", "coffee maker",
-            "keyboard", "water bottle", "vacuum cleaner", "jacket", "pair of shoes", "tent", "kettle",
-            "watch", "charger", "toaster", "umbrella", "mouse pad", "speaker", "suitcase", "pillow"]
+PRODUCTS = [
+    "pair of headphones",
+    "blender",
+    "backpack",
+    "phone case",
+    "lamp",
+    "desk chair",
+    "coffee maker",
+    "keyboard",
+    "water bottle",
+    "vacuum cleaner",
+    "jacket",
+    "pair of shoes",
+    "tent",
+    "kettle",
+    "watch",
+    "charger",
+    "toaster",
+    "umbrella",
+    "mouse pad",
+    "speaker",
+    "suitcase",
+    "pillow",
+]
 
 DOMAINS = {
     "movie": {
         "subjects": ["This movie", "The film", "This show", "The sequel", "This documentary", "The series", "This cartoon"],
-        "aspects": ["the acting", "the story", "the plot", "the ending", "the music", "the soundtrack",
-                    "the dialogue", "the special effects", "the pacing", "the characters", "the jokes",
-                    "the cast", "the first half", "the villain", "the script"],
+        "aspects": [
+            "the acting",
+            "the story",
+            "the plot",
+            "the ending",
+            "the music",
+            "the soundtrack",
+            "the dialogue",
+            "the special effects",
+            "the pacing",
+            "the characters",
+            "the jokes",
+            "the cast",
+            "the first half",
+            "the villain",
+            "the script",
+        ],
         "again": ("I would watch it again.", "I will never watch it again."),
-        "neutral": ["I watched it with my family.", "We saw it on a Sunday afternoon.",
-                    "I went to see it with two friends.", "It is about two hours long.",
-                    "My sister picked it for movie night.", "I watched it on a long flight."],
+        "neutral": [
+            "I watched it with my family.",
+            "We saw it on a Sunday afternoon.",
+            "I went to see it with two friends.",
+            "It is about two hours long.",
+            "My sister picked it for movie night.",
+            "I watched it on a long flight.",
+        ],
     },
     "restaurant": {
-        "subjects": ["This place", "The restaurant", "This café", "The diner", "This bakery", "The pizza place",
-                     "This bistro", "The new sushi bar"],
-        "aspects": ["the food", "the service", "the staff", "the pasta", "the soup", "the dessert", "the prices",
-                    "the portions", "the atmosphere", "the coffee", "the pizza", "the waiter", "the fries",
-                    "the bread", "the salad"],
+        "subjects": ["This place", "The restaurant", "This café", "The diner", "This bakery", "The pizza place", "This bistro", "The new sushi bar"],
+        "aspects": [
+            "the food",
+            "the service",
+            "the staff",
+            "the pasta",
+            "the soup",
+            "the dessert",
+            "the prices",
+            "the portions",
+            "the atmosphere",
+            "the coffee",
+            "the pizza",
+            "the waiter",
+            "the fries",
+            "the bread",
+            "the salad",
+        ],
         "again": ("I will definitely come back.", "I will never eat here again."),
-        "neutral": ["We went there on a Friday night.", "We ordered the soup and two salads.",
-                    "I came here for lunch with a coworker.", "We had a table by the window.",
-                    "It was my first visit.", "We went for my friend's birthday."],
+        "neutral": [
+            "We went there on a Friday night.",
+            "We ordered the soup and two salads.",
+            "I came here for lunch with a coworker.",
+            "We had a table by the window.",
+            "It was my first visit.",
+            "We went for my friend's birthday.",
+        ],
     },
     "product": {
         "subjects": ["This {p}", "The {p}", "My new {p}", "This {p} I bought"],
-        "aspects": ["the battery", "the sound", "the build quality", "the price", "the design", "the size",
-                    "the material", "the instructions", "the delivery", "the packaging", "the buttons",
-                    "the color", "the handle", "the zipper"],
+        "aspects": [
+            "the battery",
+            "the sound",
+            "the build quality",
+            "the price",
+            "the design",
+            "the size",
+            "the material",
+            "the instructions",
+            "the delivery",
+            "the packaging",
+            "the buttons",
+            "the color",
+            "the handle",
+            "the zipper",
+        ],
         "again": ("I would buy it again.", "I would never buy it again."),
-        "neutral": ["I bought it last month.", "It arrived on a Tuesday.", "I got it as a gift for my brother.",
-                    "I have used it for two weeks now.", "I ordered the black one.", "It came in a small box."],
+        "neutral": [
+            "I bought it last month.",
+            "It arrived on a Tuesday.",
+            "I got it as a gift for my brother.",
+            "I have used it for two weeks now.",
+            "I ordered the black one.",
+            "It came in a small box.",
+        ],
     },
 }
-PLURAL_ASPECTS = {"the characters", "the jokes", "the special effects", "the prices", "the portions",
-                  "the fries", "the instructions", "the buttons"}
+PLURAL_ASPECTS = {"the characters", "the jokes", "the special effects", "the prices", "the portions", "the fries", "the instructions", "the buttons"}
 
-POS_ADJS = ["great", "excellent", "amazing", "fantastic", "wonderful", "superb", "lovely", "impressive",
-            "outstanding", "good", "nice", "solid", "decent", "pleasant", "brilliant", "perfect"]
-NEG_ADJS = ["terrible", "awful", "horrible", "poor", "disappointing", "bad", "weak", "mediocre",
-            "dreadful", "lousy", "sloppy", "boring", "annoying", "unpleasant", "bland", "forgettable"]
+POS_ADJS = [
+    "great",
+    "excellent",
+    "amazing",
+    "fantastic",
+    "wonderful",
+    "superb",
+    "lovely",
+    "impressive",
+    "outstanding",
+    "good",
+    "nice",
+    "solid",
+    "decent",
+    "pleasant",
+    "brilliant",
+    "perfect",
+]
+NEG_ADJS = [
+    "terrible",
+    "awful",
+    "horrible",
+    "poor",
+    "disappointing",
+    "bad",
+    "weak",
+    "mediocre",
+    "dreadful",
+    "lousy",
+    "sloppy",
+    "boring",
+    "annoying",
+    "unpleasant",
+    "bland",
+    "forgettable",
+]
 # Adjectives that read naturally after "not": "not bad" leans positive, "not great" negative.
 NOT_NEG = ["bad", "terrible", "awful", "disappointing", "boring", "horrible"]
 NOT_POS = ["great", "good", "impressive", "worth it", "very good", "nice", "special"]
-STRONG_ADJS = {"excellent", "amazing", "fantastic", "wonderful", "superb", "outstanding", "brilliant", "perfect",
-               "terrible", "awful", "horrible", "dreadful"}
+STRONG_ADJS = {"excellent", "amazing", "fantastic", "wonderful", "superb", "outstanding", "brilliant", "perfect", "terrible", "awful", "horrible", "dreadful"}
 
 
 def graded(rng: random.Random, adjs: list[str]) -> str:
@@ -838,12 +1189,35 @@ def graded(rng: random.Random, adjs: list[str]) -> str:
     adverbs = ["absolutely ", "truly ", "just "] if adj in STRONG_ADJS else ["really ", "very ", "pretty ", "quite "]
     return (rng.choice(adverbs) if rng.random() < 0.4 else "") + adj
 
-POS_SHORT = ["I loved it.", "Highly recommended.", "I really enjoyed it.", "Five stars.", "Four stars.",
-             "Worth every penny.", "What a pleasant surprise.", "It made my day.", "I am very happy with it.",
-             "No complaints at all.", "I would not change a thing.", "Everyone should try it."]
-NEG_SHORT = ["I hated it.", "Avoid it.", "What a waste of money.", "One star.", "Two stars.",
-             "Total waste of time.", "I want my money back.", "I am very unhappy with it.",
-             "Never again.", "I would not recommend it.", "Do not bother.", "It ruined my evening."]
+
+POS_SHORT = [
+    "I loved it.",
+    "Highly recommended.",
+    "I really enjoyed it.",
+    "Five stars.",
+    "Four stars.",
+    "Worth every penny.",
+    "What a pleasant surprise.",
+    "It made my day.",
+    "I am very happy with it.",
+    "No complaints at all.",
+    "I would not change a thing.",
+    "Everyone should try it.",
+]
+NEG_SHORT = [
+    "I hated it.",
+    "Avoid it.",
+    "What a waste of money.",
+    "One star.",
+    "Two stars.",
+    "Total waste of time.",
+    "I want my money back.",
+    "I am very unhappy with it.",
+    "Never again.",
+    "I would not recommend it.",
+    "Do not bother.",
+    "It ruined my evening.",
+]
 
 
 def review_subject(rng: random.Random, domain: str) -> str:
@@ -864,29 +1238,36 @@ def review_main(rng: random.Random, domain: str, pos: bool) -> str:
     asp1, asp2 = rng.sample(d["aspects"], 2)
     kind = rng.choices(["plain", "negated", "contrast"], weights=[50, 25, 25])[0]
     if kind == "plain":
-        return rng.choice([
-            f"{subj} was {graded(rng, good)}.",
-            f"{cap(asp1)} {be(asp1)} {rng.choice(good)} and {asp2} {be(asp2)} {rng.choice(good)}.",
-            f"{cap(asp1)} {be(asp1)} {graded(rng, good)}.",
-            rng.choice(POS_SHORT if pos else NEG_SHORT),
-            d["again"][0 if pos else 1],
-        ])
+        return rng.choice(
+            [
+                f"{subj} was {graded(rng, good)}.",
+                f"{cap(asp1)} {be(asp1)} {rng.choice(good)} and {asp2} {be(asp2)} {rng.choice(good)}.",
+                f"{cap(asp1)} {be(asp1)} {graded(rng, good)}.",
+                rng.choice(POS_SHORT if pos else NEG_SHORT),
+                d["again"][0 if pos else 1],
+            ]
+        )
     if kind == "negated":
-        return rng.choice([
-            f"{cap(asp1)} {be(asp1)} not {rng.choice(not_this)}.",
-            f"{subj} was not {rng.choice(not_this)} at all.",
-            f"Honestly, {asp1} {be(asp1)} not {rng.choice(not_this)}.",
-            f"Nothing about {subj[0].lower() + subj[1:]} was {rng.choice(bad)}." if pos
-            else f"There was nothing {rng.choice(POS_ADJS)} about {subj[0].lower() + subj[1:]}.",
-            "I could not find anything wrong with it." if pos else "I did not like it at all.",
-        ])
-    return rng.choice([
-        f"{cap(asp1)} {be(asp1)} {rng.choice(bad)}, but {asp2} {be(asp2)} {rng.choice(good)}.",
-        f"I expected it to be {rng.choice(bad)}, but it was {graded(rng, good)}.",
-        f"At first I thought it was {rng.choice(bad)}, but it turned out to be {rng.choice(good)}.",
-        f"Although {asp1} {be(asp1)} {rng.choice(bad)}, overall it was {rng.choice(good)}.",
-        f"{cap(asp1)} {be(asp1)} not {rng.choice(not_that)}, but overall {subj[0].lower() + subj[1:]} was {rng.choice(good)}.",
-    ])
+        return rng.choice(
+            [
+                f"{cap(asp1)} {be(asp1)} not {rng.choice(not_this)}.",
+                f"{subj} was not {rng.choice(not_this)} at all.",
+                f"Honestly, {asp1} {be(asp1)} not {rng.choice(not_this)}.",
+                f"Nothing about {subj[0].lower() + subj[1:]} was {rng.choice(bad)}."
+                if pos
+                else f"There was nothing {rng.choice(POS_ADJS)} about {subj[0].lower() + subj[1:]}.",
+                "I could not find anything wrong with it." if pos else "I did not like it at all.",
+            ]
+        )
+    return rng.choice(
+        [
+            f"{cap(asp1)} {be(asp1)} {rng.choice(bad)}, but {asp2} {be(asp2)} {rng.choice(good)}.",
+            f"I expected it to be {rng.choice(bad)}, but it was {graded(rng, good)}.",
+            f"At first I thought it was {rng.choice(bad)}, but it turned out to be {rng.choice(good)}.",
+            f"Although {asp1} {be(asp1)} {rng.choice(bad)}, overall it was {rng.choice(good)}.",
+            f"{cap(asp1)} {be(asp1)} not {rng.choice(not_that)}, but overall {subj[0].lower() + subj[1:]} was {rng.choice(good)}.",
+        ]
+    )
 
 
 def review_extra(rng: random.Random, domain: str, pos: bool) -> str:
@@ -923,8 +1304,7 @@ def make_reviews(rng: random.Random, n: int = N_REVIEWS) -> list[dict]:
 # Dates
 # --------------------------------------------------------------------------------------------
 
-MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
-          "October", "November", "December"]
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"]
 WEEKDAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 FIRST_DAY, LAST_DAY = dt.date(1950, 1, 1), dt.date(2049, 12, 31)
 
@@ -982,6 +1362,7 @@ def make_dates(rng: random.Random, n: int = N_DATES) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 # Output
 # --------------------------------------------------------------------------------------------
+
 
 def write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)

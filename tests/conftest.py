@@ -17,7 +17,7 @@ TINY_TEXT = (
     "The fox was happy, so it played with the ball all day.\n"
     "\n"
     "Tom had three apples. He gave one to Mia because she was hungry.\n"
-    "\"Thank you!\" said Mia. Zoë smiled at the café. 🦊\n"
+    '"Thank you!" said Mia. Zoë smiled at the café. 🦊\n'
     "\n"
     "The dog did not like the rain, but the cat liked to watch it fall.\n"
 )

@@ -68,12 +68,19 @@ def browse(page: Path, probe: str, *, size: tuple[int, int] = (1400, 1000), time
     if browser is None:
         pytest.skip("Chromium is not installed")
     profile = Path(tempfile.mkdtemp(prefix="tfcli-chromium-"))
-    base = [browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={profile}",
-            f"--window-size={size[0]},{size[1]}", "--virtual-time-budget=10000"]
+    base = [
+        browser,
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        f"--window-size={size[0]},{size[1]}",
+        "--virtual-time-budget=10000",
+    ]
     try:
         png = page.with_suffix(".png")
-        shot = subprocess.run([*base, f"--screenshot={png}", page.resolve().as_uri()], capture_output=True, text=True, timeout=timeout,
-                              check=False)
+        shot = subprocess.run([*base, f"--screenshot={png}", page.resolve().as_uri()], capture_output=True, text=True, timeout=timeout, check=False)
         assert png.is_file(), shot.stderr[-2000:]
         probed = page.with_name(page.stem + "-probe.html")
         text = page.read_text(encoding="utf-8")

@@ -33,10 +33,12 @@ def fresh_choices(monkeypatch, tmp_path):
 
 def forcing(backend: str):
     """A `choose` that picks `backend` for every product it can do (oneDNN-transposed: weight gradients)."""
+
     def choose(direction, m, n, k, with_bias=False):
         if backend == products.ONEDNN_TRANSPOSED and direction != "grad_weight":
             return products.ONEDNN
         return backend
+
     return choose
 
 
@@ -141,6 +143,7 @@ def sleeper(seconds: float, value):
     def run():
         time.sleep(seconds)
         return value
+
     return run
 
 
@@ -187,8 +190,7 @@ def test_small_products_and_other_modes_keep_pytorchs_product(fresh_choices):
     assert choices.choices().decisions == {}
 
 
-@pytest.mark.parametrize("spoiled", ["{not json", '{"version": 1}', '{"version": 1, "processor": "x", "torch": "0.1", "decisions": {}}',
-                                     "[]"])
+@pytest.mark.parametrize("spoiled", ["{not json", '{"version": 1}', '{"version": 1, "processor": "x", "torch": "0.1", "decisions": {}}', "[]"])
 def test_a_spoiled_decisions_file_is_measured_again_with_a_note(fresh_choices, spoiled):
     path = choices.choices_path()
     path.write_text(spoiled)
@@ -202,8 +204,11 @@ def test_a_spoiled_decisions_file_is_measured_again_with_a_note(fresh_choices, s
 def test_a_remembered_choice_of_a_library_that_fails_its_check_is_not_used(fresh_choices, monkeypatch):
     key = f"linear forward t{torch.get_num_threads()} 512x512x256"
     path = choices.choices_path()
-    path.write_text(json.dumps({"version": 1, "processor": "x", "torch": torch.__version__,
-                                "decisions": {key: {"choice": "onednn", "seconds": {"torch": 1.0, "onednn": 0.1}}}}))
+    path.write_text(
+        json.dumps(
+            {"version": 1, "processor": "x", "torch": torch.__version__, "decisions": {key: {"choice": "onednn", "seconds": {"torch": 1.0, "onednn": 0.1}}}}
+        )
+    )
     forget_accel()
     real = products.product
     monkeypatch.setattr(products, "product", lambda backend, a, w, bias=None: real(backend, a, w, bias) + (backend == "onednn"))

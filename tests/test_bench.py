@@ -13,8 +13,7 @@ pytestmark = pytest.mark.slow  # the real commands end to end; `-m "not slow"` s
 
 
 def test_bench_tokenize_reports_every_job(cli, tmp_path):
-    result = cli("bench", "tokenize", "--size-mb", "0.3", "--repeat", "1", "--workdir", tmp_path / "w",
-                 "--data", SAMPLE_DATA, "--json")
+    result = cli("bench", "tokenize", "--size-mb", "0.3", "--repeat", "1", "--workdir", tmp_path / "w", "--data", SAMPLE_DATA, "--json")
     assert result.code == 0, result.stderr
     data = json.loads(result.stdout)
     jobs = {m["job"]: m for m in data["measurements"]}
@@ -96,8 +95,13 @@ def test_sigterm_ends_a_bench_through_its_cleanup(tmp_path):
     import sys
     import time
 
-    process = subprocess.Popen([sys.executable, "-m", "tfcli", "bench", "tokenize", "--size-mb", "20", "--repeat", "3"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp_path)})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tfcli", "bench", "tokenize", "--size-mb", "20", "--repeat", "3"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob("tfcli-bench-*")) and time.monotonic() < deadline:  # it has made its scratch folder
         time.sleep(0.05)

@@ -36,9 +36,16 @@ def run(tmp_path, tokenizer):
     return tmp_path / "run"
 
 
-@pytest.mark.parametrize("overrides", [{}, dict(arch="encoder", n_classes=3), dict(arch="encoder-decoder", n_kv_heads=1),
-                                       dict(tie_embeddings=False, positions="rotary", activation="swiglu", norm="rmsnorm"),
-                                       dict(positions="sinusoidal", norm_placement="post")])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        dict(arch="encoder", n_classes=3),
+        dict(arch="encoder-decoder", n_kv_heads=1),
+        dict(tie_embeddings=False, positions="rotary", activation="swiglu", norm="rmsnorm"),
+        dict(positions="sinusoidal", norm_placement="post"),
+    ],
+)
 def test_round_trip_gives_the_same_logits(tmp_path, tokenizer, overrides):
     model = _model(tokenizer, **overrides)
     save_checkpoint(tmp_path / "run", model, tokenizer, source="a test")
@@ -136,23 +143,26 @@ def test_truncated_and_corrupted_weights(run):
         load_checkpoint(run)
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda c: c["model"].update(hidden=3), "unknown key 'hidden'"),
-    (lambda c: c["model"].update(n_layers="two"), "config.json.model.n_layers must be an integer"),
-    (lambda c: c.update(surprise=True), "unknown key 'surprise'"),
-    (lambda c: c["model"].update(d_ff=128), r"tensor decoder.blocks.0.mlp.fc.bias has shape \[64\] but the config implies \[128\]"),
-    (lambda c: c["model"].update(n_layers=3), "lacks the tensor decoder.blocks.2"),
-    (lambda c: c["model"].update(d_model=1 << 20, n_heads=1), "absurd"),
-    (lambda c: c["model"].update(n_layers=1000, d_model=16384, n_heads=16, d_ff=65536), "parameters"),
-    (lambda c: c.update(format_version=99), "checkpoint format 99"),
-    (lambda c: c.update(training={"labels": ["good", "bad"]}), "has training.labels but no classifier"),
-    (lambda c: c.update(training={"config": {"max_steps": "abc"}}), r"config.json: training.config.max_steps must be an integer"),
-    (lambda c: c.update(training={"config": {"foo": 1}}), r"config.json: training.config has unknown key 'foo'"),
-    (lambda c: c.update(training={"config": {"mask_prob": 2.0}}), "training setting mask_prob must be in"),
-    (lambda c: c.update(training={"step": "x"}), r"training.step must be an integer"),
-    (lambda c: c.update(training={"steps": 3}), r"training has unknown key 'steps'"),
-    (lambda c: c.update(training=[1, 2]), "must be"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c["model"].update(hidden=3), "unknown key 'hidden'"),
+        (lambda c: c["model"].update(n_layers="two"), "config.json.model.n_layers must be an integer"),
+        (lambda c: c.update(surprise=True), "unknown key 'surprise'"),
+        (lambda c: c["model"].update(d_ff=128), r"tensor decoder.blocks.0.mlp.fc.bias has shape \[64\] but the config implies \[128\]"),
+        (lambda c: c["model"].update(n_layers=3), "lacks the tensor decoder.blocks.2"),
+        (lambda c: c["model"].update(d_model=1 << 20, n_heads=1), "absurd"),
+        (lambda c: c["model"].update(n_layers=1000, d_model=16384, n_heads=16, d_ff=65536), "parameters"),
+        (lambda c: c.update(format_version=99), "checkpoint format 99"),
+        (lambda c: c.update(training={"labels": ["good", "bad"]}), "has training.labels but no classifier"),
+        (lambda c: c.update(training={"config": {"max_steps": "abc"}}), r"config.json: training.config.max_steps must be an integer"),
+        (lambda c: c.update(training={"config": {"foo": 1}}), r"config.json: training.config has unknown key 'foo'"),
+        (lambda c: c.update(training={"config": {"mask_prob": 2.0}}), "training setting mask_prob must be in"),
+        (lambda c: c.update(training={"step": "x"}), r"training.step must be an integer"),
+        (lambda c: c.update(training={"steps": 3}), r"training has unknown key 'steps'"),
+        (lambda c: c.update(training=[1, 2]), "must be"),
+    ],
+)
 def test_bad_configs_are_refused_by_name(run, edit, message):
     config = json.loads((run / CONFIG_FILE).read_text())
     edit(config)
@@ -249,9 +259,14 @@ def _replace_with_a_pickle(path):
     path.write_bytes(pickle.dumps({"tok_emb.weight": [0.0] * 64}))
 
 
-@pytest.mark.parametrize("damage, message", [(_truncate, "holds 1,000 bytes but config.json expects"),
-                                             (_replace_with_a_pickle, "but config.json expects"),
-                                             (lambda path: path.unlink(), f"has no {WEIGHTS_FILE}")])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (_truncate, "holds 1,000 bytes but config.json expects"),
+        (_replace_with_a_pickle, "but config.json expects"),
+        (lambda path: path.unlink(), f"has no {WEIGHTS_FILE}"),
+    ],
+)
 def test_info_exits_1_on_a_broken_run_and_still_shows_it(cli, run, damage, message):
     for args in ((), ("--json",)):
         assert cli("info", run, *args).code == 0
@@ -286,13 +301,18 @@ def test_info_counts_an_encoder_decoders_cross_attention_cache(cli, tmp_path, to
     assert "per source token for cross-attention" in cli("info", tmp_path / "seq2seq").stdout
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: p / "missing", "does not exist"),
-    (lambda p: (p / "empty").mkdir() or p / "empty", "not a tfcli run directory"),
-    (lambda p: (p / "f.txt").write_text("x") and p / "f.txt", "is a file"),
-    (lambda p: (p / "s").mkdir() or (p / "s" / "meta.json").write_text("{}") and (p / "s" / "train.bin").write_bytes(b"\0\0")
-     and p / "s", "s is a token-shard folder, not a run directory"),  # not "a pickle file" for its .bin
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p / "missing", "does not exist"),
+        (lambda p: (p / "empty").mkdir() or p / "empty", "not a tfcli run directory"),
+        (lambda p: (p / "f.txt").write_text("x") and p / "f.txt", "is a file"),
+        (
+            lambda p: (p / "s").mkdir() or (p / "s" / "meta.json").write_text("{}") and (p / "s" / "train.bin").write_bytes(b"\0\0") and p / "s",
+            "s is a token-shard folder, not a run directory",
+        ),  # not "a pickle file" for its .bin
+    ],
+)
 def test_info_bad_run_dirs(cli, tmp_path, make, message):
     result = cli("info", make(tmp_path))
     assert result.code == 2 and message in result.stderr

@@ -11,8 +11,15 @@ import pytest
 from tests.conftest import REPO
 
 COMMANDS = [
-    ["tokenize", "train"], ["tokenize", "encode"], ["tokenize", "show"], ["tokenize", "trace"],
-    ["quickstart"], ["bench", "tokenize"], ["tokenize"], ["train"], ["bench"],
+    ["tokenize", "train"],
+    ["tokenize", "encode"],
+    ["tokenize", "show"],
+    ["tokenize", "trace"],
+    ["quickstart"],
+    ["bench", "tokenize"],
+    ["tokenize"],
+    ["train"],
+    ["bench"],
 ]
 
 
@@ -79,11 +86,11 @@ def test_each_example_is_one_line_that_parses(cli, monkeypatch, path, command):
     monkeypatch.setenv("COLUMNS", "80")
     shown = cli(*path, "--help")
     assert shown.code == 0 and examples[0] in [line.strip() for line in shown.stdout.splitlines()]
-    words = shlex.split(examples[0][len("Example: "):])
-    assert words[:1 + len(path)] == ["tfcli", *path]
+    words = shlex.split(examples[0][len("Example: ") :])
+    assert words[: 1 + len(path)] == ["tfcli", *path]
     parsed = cli(*words[1:], "--help")  # parsing stops at --help: an unknown option or a stray argument still fails
     assert parsed.code == 0, parsed.stderr
-    assert parsed.stdout.startswith(f"Usage: tfcli {' '.join(words[1:1 + len(path)])}")
+    assert parsed.stdout.startswith(f"Usage: tfcli {' '.join(words[1 : 1 + len(path)])}")
 
 
 @pytest.mark.parametrize("path, command", [(p, c) for p, c in TREE if not hasattr(c, "commands")], ids=lambda x: " ".join(x) if isinstance(x, list) else "")
@@ -123,11 +130,13 @@ def test_tables_have_no_trailing_spaces(cli, tmp_path, tiny_corpus, trained_toke
     from tfcli.tokenizer.core import TextTokenizer
 
     tokenizer = TextTokenizer.load(trained_tokenizer)
-    save_checkpoint(tmp_path / "run", Transformer(ModelConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layers=1, n_heads=2,
-                                                              d_model=16)), tokenizer)
-    outputs = [cli("tokenize", "train", tiny_corpus, "-o", tmp_path / "tok", "--vocab-size", "300"),
-               cli("tokenize", "encode", tiny_corpus, "-t", tmp_path / "tok", "-o", tmp_path / "shards"),
-               cli("info", tmp_path / "run"), cli("eval", tmp_path / "run", "--data", tiny_corpus, "--max-batches", "1")]
+    save_checkpoint(tmp_path / "run", Transformer(ModelConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layers=1, n_heads=2, d_model=16)), tokenizer)
+    outputs = [
+        cli("tokenize", "train", tiny_corpus, "-o", tmp_path / "tok", "--vocab-size", "300"),
+        cli("tokenize", "encode", tiny_corpus, "-t", tmp_path / "tok", "-o", tmp_path / "shards"),
+        cli("info", tmp_path / "run"),
+        cli("eval", tmp_path / "run", "--data", tiny_corpus, "--max-batches", "1"),
+    ]
     for result in outputs:
         assert result.code == 0, result.stderr
         lines = result.stdout.splitlines()
@@ -142,12 +151,15 @@ def test_usage_error_is_one_line_exit_2(cli):
     assert "--vocab-size" in lines[0] and "--help" in lines[0]
 
 
-@pytest.mark.parametrize("args, line", [
-    (["eval", "RUN", "--data", "DATA", "--max-batches", "-1"], "error: --max-batches must be at least 1, not -1"),
-    (["eval", "RUN", "--data", "DATA", "--batch-size", "0"], "error: --batch-size must be at least 1, not 0"),
-    (["quickstart", "--steps", "0"], "error: --steps must be at least 1, not 0"),
-    (["bench", "train", "--repeat", "0"], "error: --repeat must be at least 1, not 0"),
-])
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["eval", "RUN", "--data", "DATA", "--max-batches", "-1"], "error: --max-batches must be at least 1, not -1"),
+        (["eval", "RUN", "--data", "DATA", "--batch-size", "0"], "error: --batch-size must be at least 1, not 0"),
+        (["quickstart", "--steps", "0"], "error: --steps must be at least 1, not 0"),
+        (["bench", "train", "--repeat", "0"], "error: --repeat must be at least 1, not 0"),
+    ],
+)
 def test_a_number_out_of_range_reads_like_every_tfcli_error(cli, tmp_path, args, line):
     result = cli(*[str(tmp_path / a) if a in ("RUN", "DATA") else a for a in args])
     assert result.code == 2 and result.stderr == line + "\n"  # not click's "Invalid value ...: not in the range x>=1"
@@ -190,8 +202,13 @@ def test_a_reader_that_stops_early_is_not_an_error():
 
     read_end, write_end = os.pipe()
     os.close(read_end)  # nobody reads: every write to the pipe fails with EPIPE
-    done = subprocess.run([sys.executable, "-m", "tfcli", "tokenize", "trace", "a sailor went to sea sea sea " * 20, "--merges", "30"],
-                          stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "tfcli", "tokenize", "trace", "a sailor went to sea sea sea " * 20, "--merges", "30"],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     os.close(write_end)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
@@ -207,13 +224,17 @@ def test_a_reader_that_stops_early_is_not_an_error_for_streamed_text(tmp_path, t
     from tfcli.tokenizer.core import TextTokenizer
 
     tokenizer = TextTokenizer.load(trained_tokenizer)
-    save_checkpoint(tmp_path / "run", Transformer(ModelConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layers=1, n_heads=2,
-                                                              d_model=16)), tokenizer)
+    save_checkpoint(tmp_path / "run", Transformer(ModelConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layers=1, n_heads=2, d_model=16)), tokenizer)
     for extra in ([], ["--json"]):
         read_end, write_end = os.pipe()
         os.close(read_end)
-        done = subprocess.run([sys.executable, "-m", "tfcli", "generate", str(tmp_path / "run"), "-p", "The fox", "-n", "40",
-                               "--ignore-eos", *extra], stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        done = subprocess.run(
+            [sys.executable, "-m", "tfcli", "generate", str(tmp_path / "run"), "-p", "The fox", "-n", "40", "--ignore-eos", *extra],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
         os.close(write_end)
         assert done.returncode == 0, done.stderr
         assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr

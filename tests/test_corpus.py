@@ -28,11 +28,14 @@ def test_resolves_files_folders_and_globs_in_order_once(tmp_path):
     assert corpus.total_bytes == 2
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda p: p / "missing.txt", "does not exist"),
-    (lambda p: (p / "empty").mkdir() or p / "empty", "holds no files"),
-    (lambda p: str(p / "*.nomatch"), "no file matches"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p / "missing.txt", "does not exist"),
+        (lambda p: (p / "empty").mkdir() or p / "empty", "holds no files"),
+        (lambda p: str(p / "*.nomatch"), "no file matches"),
+    ],
+)
 def test_bad_paths_are_clear_errors(tmp_path, make, message):
     with pytest.raises(TfcliError, match=message):
         resolve_corpus([make(tmp_path)])
@@ -96,11 +99,14 @@ def test_a_huge_line_comes_in_bounded_pieces(tmp_path):
     assert pieces[-1] == "next line\n"
 
 
-@pytest.mark.parametrize("boundary, expected", [
-    ("paragraph", ["one\ntwo", "three", "four"]),
-    ("line", ["one", "two", "three", "four"]),
-    ("file", ["one\ntwo\n\n \nthree\n\n\nfour"]),
-])
+@pytest.mark.parametrize(
+    "boundary, expected",
+    [
+        ("paragraph", ["one\ntwo", "three", "four"]),
+        ("line", ["one", "two", "three", "four"]),
+        ("file", ["one\ntwo\n\n \nthree\n\n\nfour"]),
+    ],
+)
 def test_document_boundaries(tmp_path, boundary, expected):
     path = tmp_path / "docs.txt"
     path.write_text("one\ntwo\n\n \nthree\n\n\nfour\n")
@@ -138,8 +144,7 @@ def _reference_paragraphs(text: str) -> list[str]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(alphabet=st.sampled_from(["a", "b", " ", "\n", "\r", "é"]), max_size=120),
-       st.integers(min_value=1, max_value=9))
+@given(st.text(alphabet=st.sampled_from(["a", "b", " ", "\n", "\r", "é"]), max_size=120), st.integers(min_value=1, max_value=9))
 def test_paragraphs_match_the_obvious_reading_across_block_boundaries(tmp_path_factory, text, block):
     import tfcli.corpus.reader as corpus_module
 

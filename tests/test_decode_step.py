@@ -67,7 +67,7 @@ def test_the_c_step_computes_what_the_model_computes(library, overrides):
         step = decode_step.NativeDecoderStep.bind(model, c_cache)
         assert step is not None, decode_step.unsupported(model, c_cache)
         for t in range(5, 20):
-            expected = model.lm_head(model.decode(ids[:, t:t + 1], cache=torch_cache))[:, -1]
+            expected = model.lm_head(model.decode(ids[:, t : t + 1], cache=torch_cache))[:, -1]
             got = step(int(ids[0, t]))
             assert got.shape == (1, config.vocab_size)
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
@@ -355,8 +355,7 @@ def test_a_setting_the_c_step_does_not_know_keeps_pytorch(library, tokenizer):
     class SoftcapConfig(ModelConfig):
         logit_softcap: float = 30.0  # a new model option: the C code knows nothing of it
 
-    config = SoftcapConfig(**ModelConfig(vocab_size=tokenizer.vocab_size, block_size=24, n_layers=2, n_heads=4, d_model=32,
-                                         d_ff=48).to_json())
+    config = SoftcapConfig(**ModelConfig(vocab_size=tokenizer.vocab_size, block_size=24, n_layers=2, n_heads=4, d_model=32, d_ff=48).to_json())
     model = accelerate(Transformer(config).eval())
     with torch.inference_mode():
         assert "does not know the setting 'logit_softcap'" in decode_step.unsupported(model, KVCache(config, 1, 24, torch.float32))
@@ -373,10 +372,17 @@ def test_a_plain_model_has_no_fast_step(library, tokenizer):
         assert DecoderWindow(plain, 1, Vocabulary.of(tokenizer, plain.config.vocab_size)).fast_step is None
 
 
-@pytest.mark.parametrize("overrides", [
-    dict(qkv_bias=True, bias=False), dict(mlp_bias=False), dict(embedding_norm=True), dict(type_vocab_size=2),
-    dict(rope_scaling={"kind": "llama3", "factor": 4.0, "original_context": 16}, positions="rotary"),
-], ids=["qkv_bias", "mlp_bias", "embedding_norm", "type_vocab_size", "rope_scaling"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(qkv_bias=True, bias=False),
+        dict(mlp_bias=False),
+        dict(embedding_norm=True),
+        dict(type_vocab_size=2),
+        dict(rope_scaling={"kind": "llama3", "factor": 4.0, "original_context": 16}, positions="rotary"),
+    ],
+    ids=["qkv_bias", "mlp_bias", "embedding_norm", "type_vocab_size", "rope_scaling"],
+)
 def test_the_options_pretrained_models_bring_keep_pytorch(library, overrides):
     config = ModelConfig.from_json({**model_of().config.to_json(), **overrides})
     with torch.inference_mode():

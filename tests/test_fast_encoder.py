@@ -72,7 +72,7 @@ def test_every_code_point_is_split_and_merged_alike(nasty_tokenizer):
     fast, _ = fast_encoder(tokenizer)
     planes = [*range(0, 0x323B0), *range(0xE0000, 0xE01F0)]
     chars = [chr(c) for c in planes if not 0xD800 <= c <= 0xDFFF]
-    texts = ["".join(f"a{c}1{c} {c}{c}\n" for c in chars[i:i + 4096]) for i in range(0, len(chars), 4096)]
+    texts = ["".join(f"a{c}1{c} {c}{c}\n" for c in chars[i : i + 4096]) for i in range(0, len(chars), 4096)]
     texts.append("lone \ud800 and \udfff surrogates, a pair of them \ud83e\udd8a")  # each becomes U+FFFD, as tfcli does
     slow = tokenizer.encode_batch(texts)
     quick = fast.encode_batch(texts)
@@ -139,18 +139,21 @@ def _edited(tokenizer: TextTokenizer, tmp_path, edit) -> TextTokenizer:
     return TextTokenizer.load(tmp_path / "edited")
 
 
-@pytest.mark.parametrize("case, reason", [
-    ("lowercase", "it has a normalizer (Lowercase)"),
-    ("whitespace", "its pre-tokenizer is not byte-level"),
-    ("metaspace", "its pre-tokenizer is not byte-level"),
-    ("prefix space", "its pre-tokenizer is not byte-level with GPT-2's regex and no prefix space"),
-    ("no regex", "its pre-tokenizer is not byte-level with GPT-2's regex and no prefix space"),
-    ("truncation", "it truncates or pads"),
-    ("added token", "it has added tokens that are not special"),
-    ("template", "it has a post-processor (TemplateProcessing)"),
-    ("dropout", "its BPE has dropout"),
-    ("unordered ids", "its token ids do not grow with the merge order"),
-])
+@pytest.mark.parametrize(
+    "case, reason",
+    [
+        ("lowercase", "it has a normalizer (Lowercase)"),
+        ("whitespace", "its pre-tokenizer is not byte-level"),
+        ("metaspace", "its pre-tokenizer is not byte-level"),
+        ("prefix space", "its pre-tokenizer is not byte-level with GPT-2's regex and no prefix space"),
+        ("no regex", "its pre-tokenizer is not byte-level with GPT-2's regex and no prefix space"),
+        ("truncation", "it truncates or pads"),
+        ("added token", "it has added tokens that are not special"),
+        ("template", "it has a post-processor (TemplateProcessing)"),
+        ("dropout", "its BPE has dropout"),
+        ("unordered ids", "its token ids do not grow with the merge order"),
+    ],
+)
 def test_the_fast_path_is_refused_where_not_proven(tmp_path, nasty_tokenizer, case, reason):
     base = TextTokenizer.load(nasty_tokenizer)
     if case == "lowercase":
@@ -164,19 +167,35 @@ def test_the_fast_path_is_refused_where_not_proven(tmp_path, nasty_tokenizer, ca
     elif case == "truncation":
         tokenizer = _edited(base, tmp_path, lambda s: s.update(truncation={"direction": "Right", "max_length": 8, "strategy": "LongestFirst", "stride": 0}))
     elif case == "added token":
-        tokenizer = _edited(base, tmp_path, lambda s: s["added_tokens"].append(
-            {"id": len(s["model"]["vocab"]), "content": "fox", "single_word": False, "lstrip": False, "rstrip": False, "normalized": True, "special": False}))
+        tokenizer = _edited(
+            base,
+            tmp_path,
+            lambda s: s["added_tokens"].append(
+                {"id": len(s["model"]["vocab"]), "content": "fox", "single_word": False, "lstrip": False, "rstrip": False, "normalized": True, "special": False}
+            ),
+        )
     elif case == "template":
-        tokenizer = _edited(base, tmp_path, lambda s: s.update(post_processor={
-            "type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}}], "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
-            "special_tokens": {}}))
+        tokenizer = _edited(
+            base,
+            tmp_path,
+            lambda s: s.update(
+                post_processor={
+                    "type": "TemplateProcessing",
+                    "single": [{"Sequence": {"id": "A", "type_id": 0}}],
+                    "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+                    "special_tokens": {},
+                }
+            ),
+        )
     elif case == "dropout":
         tokenizer = _edited(base, tmp_path, lambda s: s["model"].update(dropout=0.1))
     else:
+
         def swap(spec):
             vocab, merges = spec["model"]["vocab"], spec["model"]["merges"]
             first, second = ("".join(m) if isinstance(m, list) else m.replace(" ", "") for m in merges[:2])
             vocab[first], vocab[second] = vocab[second], vocab[first]
+
         tokenizer = _edited(base, tmp_path, swap)
     encoder, why = fast_encoder(tokenizer)
     assert encoder is None and why.startswith(reason), why

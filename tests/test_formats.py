@@ -21,7 +21,7 @@ from tfcli.data.shards import META_FILE, ShardMeta
 from tfcli.errors import TfcliError
 from tfcli.tokenizer.core import TextTokenizer
 
-DOCS = [f"Story {i}: the fox met a bird,\nsaid \"hi\" and left.\tZoë 🦊 中文 {i * 7}" for i in range(30)]
+DOCS = [f'Story {i}: the fox met a bird,\nsaid "hi" and left.\tZoë 🦊 中文 {i * 7}' for i in range(30)]
 
 
 def _documents(pieces) -> list[str]:
@@ -71,8 +71,10 @@ def test_gzipped_json_lines_are_encoded_record_by_record(cli, tmp_path, trained_
     meta = json.loads(result.stdout)
     assert meta["skipped_records"] == 3 and meta["field"] == "text"
     assert meta["skipped_record_examples"] == [
-        f"{path} line 4 has no 'text' field (it has 'body')", f"{path} line 8: 'text' is null",
-        f"{path} line 10: 'text' is a list, not a string"]
+        f"{path} line 4 has no 'text' field (it has 'body')",
+        f"{path} line 8: 'text' is null",
+        f"{path} line 10: 'text' is a list, not a string",
+    ]
     assert meta["sources"] == [{"path": str(path), "bytes": path.stat().st_size}]
     kept = [d for i, d in enumerate(DOCS) if i not in (3, 7, 9)]
     # each record is one document, its line breaks kept
@@ -83,8 +85,17 @@ def test_gzipped_json_lines_are_encoded_record_by_record(cli, tmp_path, trained_
 
 def test_dotted_paths_reach_nested_fields(tmp_path):
     path = tmp_path / "nested.jsonl"
-    path.write_text(_jsonl([{"meta": {"body": "one"}}, {"meta": {"body": "two", "x": 1}}, {"meta": {}},
-                            {"a.b": "a key with a dot"}, {"turns": [{"text": "first"}, {"text": "second"}]}]))
+    path.write_text(
+        _jsonl(
+            [
+                {"meta": {"body": "one"}},
+                {"meta": {"body": "two", "x": 1}},
+                {"meta": {}},
+                {"a.b": "a key with a dot"},
+                {"turns": [{"text": "first"}, {"text": "second"}]},
+            ]
+        )
+    )
     documents, stats = _read([path], field="meta.body")
     assert documents == ["one", "two"] and stats.skipped_records == 3
     assert _read([path], field="a.b")[0] == ["a key with a dot"]
@@ -105,7 +116,7 @@ def test_csv_with_quoted_newlines_and_tsv(tmp_path):
     assert _read([path], field="note")[0] == ['quoted "note", with a comma\r\nand a CRLF'] * 5
 
     tsv = tmp_path / "rows.tsv"
-    tsv.write_text("text\tlabel\nhello there\tpos\n\"tab\tinside\"\tneg\n", encoding="utf-8")
+    tsv.write_text('text\tlabel\nhello there\tpos\n"tab\tinside"\tneg\n', encoding="utf-8")
     assert _read([tsv])[0] == ["hello there", "tab\tinside"]
     with pytest.raises(TfcliError, match=r"rows.csv has no column 'body' \(its header: 'id', 'text', 'note'\)"):
         _read([path], field="body")
@@ -117,8 +128,7 @@ def test_parquet_is_read_in_row_groups_one_batch_at_a_time(tmp_path, monkeypatch
     import tfcli.corpus.formats as formats
 
     texts = DOCS + [None, ""]
-    table = pa.table({"id": list(range(len(texts))), "text": texts,
-                      "meta": [{"title": f"t{i}", "n": i} for i in range(len(texts))]})
+    table = pa.table({"id": list(range(len(texts))), "text": texts, "meta": [{"title": f"t{i}", "n": i} for i in range(len(texts))]})
     path = tmp_path / "train-00000-of-00001.parquet"
     pq.write_table(table, path, row_group_size=4)
     assert pq.ParquetFile(path).metadata.num_row_groups == 8
@@ -180,10 +190,13 @@ def test_json_lines_compressed_by_magic_and_a_folder_that_mixes_formats(tmp_path
     (folder / "e.bin").write_bytes(b"\x00\x01\x02binary")
     corpus = resolve_corpus([folder])
     assert [(f.path.name, f.format, f.compression) for f in corpus.files] == [
-        ("a.txt", "text", None), ("b.jsonl", "jsonl", "gzip"), ("c.csv", "csv", None), ("d.parquet", "parquet", None)]
+        ("a.txt", "text", None),
+        ("b.jsonl", "jsonl", "gzip"),
+        ("c.csv", "csv", None),
+        ("d.parquet", "parquet", None),
+    ]
     assert [p.name for p in corpus.skipped_binary] == ["e.bin"]
-    assert _documents(iter_document_pieces(corpus, "paragraph", ReadStats())) == [
-        "plain one", "plain two", "json one", "csv one", "parquet one"]
+    assert _documents(iter_document_pieces(corpus, "paragraph", ReadStats())) == ["plain one", "plain two", "json one", "csv one", "parquet one"]
 
 
 def test_standard_input(cli, tmp_path, trained_tokenizer, monkeypatch):
@@ -198,7 +211,7 @@ def test_standard_input(cli, tmp_path, trained_tokenizer, monkeypatch):
     assert meta["train_documents"] == len(DOCS) and meta["sources"][0]["path"] == "-" and meta["sources"][0]["bytes"] > 0
     assert sorted(_shard_documents(out, TextTokenizer.load(trained_tokenizer))) == sorted(DOCS)
 
-    stdin(b"text,label\n\"a, b\",x\n")
+    stdin(b'text,label\n"a, b",x\n')
     result = cli("tokenize", "encode", "-", "-t", trained_tokenizer, "-o", out, "--val-fraction", "0", "--input-format", "csv", "--json")
     assert result.code == 0 and json.loads(result.stdout)["train_documents"] == 1
 
@@ -261,8 +274,10 @@ def test_missing_optional_packages_are_named(cli, tmp_path, trained_tokenizer, m
     (tmp_path / "t.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(b"hello"))
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
     monkeypatch.setitem(sys.modules, "zstandard", None)
-    for name, needle in (("d.parquet", "d.parquet is a Parquet file; reading it needs the pyarrow package"),
-                         ("t.txt.zst", "t.txt.zst is zstd-compressed; reading it needs the zstandard package")):
+    for name, needle in (
+        ("d.parquet", "d.parquet is a Parquet file; reading it needs the pyarrow package"),
+        ("t.txt.zst", "t.txt.zst is zstd-compressed; reading it needs the zstandard package"),
+    ):
         result = cli("tokenize", "encode", tmp_path / name, "-t", trained_tokenizer, "-o", tmp_path / "s")
         assert result.code == 2 and needle in result.stderr and "pip install" in result.stderr, result.stderr
 

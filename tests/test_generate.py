@@ -98,6 +98,7 @@ def scripted(model: Transformer, script: list[int]) -> Transformer:
 
 # -- sampling helpers, on hand-made logits ---------------------------------------------------------------
 
+
 def test_top_k_keeps_the_k_largest():
     from tfcli.generate.sampling import top_k_filter
 
@@ -162,6 +163,7 @@ def test_sampling_draws_only_what_the_filters_keep_in_proportion():
 
 # -- streaming text ----------------------------------------------------------------------------------------
 
+
 def test_held_back_is_the_longest_possible_stop_start():
     from tfcli.generate.stream import held_back
 
@@ -189,6 +191,7 @@ def test_a_stop_string_is_cut_and_never_shown(tokenizer):
 
 
 # -- decoding equivalences -----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("arch", ["decoder", "encoder-decoder"])
 @pytest.mark.parametrize("positions", ["learned", "sinusoidal", "rotary"])
@@ -219,8 +222,7 @@ def test_beam_search_with_every_token_as_a_beam_finds_the_best_pair(tokenizer):
         second = torch.log_softmax(model(rows).logits[:, -1, allowed], -1)  # (first, second)
         totals = first.unsqueeze(1) + second
     best = divmod(int(totals.argmax()), len(allowed))
-    settings = GenerationSettings(strategy="beam", num_beams=len(allowed), max_new_tokens=2, stop_at_eos=False,
-                                  length_penalty=0.0)
+    settings = GenerationSettings(strategy="beam", num_beams=len(allowed), max_new_tokens=2, stop_at_eos=False, length_penalty=0.0)
     _, done = run_all(Generator(model, tokenizer, settings, batch_size=1), ["The fox"])
     assert done.completions[0].tokens == [allowed[best[0]], allowed[best[1]]]
     assert done.completions[0].score == pytest.approx(totals.max().item(), abs=1e-4)
@@ -285,6 +287,7 @@ def test_encoder_decoder_encodes_the_source_once_and_cross_keys_once(tokenizer):
 
 # -- events, stops, samples ----------------------------------------------------------------------------
 
+
 def test_streamed_chunks_concatenate_to_the_text_through_the_loop(tokenizer):
     script = byte_ids(tokenizer, "Hi 🦊 there".encode()) + [0]
     model = scripted(make_model(), script)
@@ -348,6 +351,7 @@ def test_a_conversation_keeps_every_turn_in_context_and_reuses_the_cache(tokeniz
 
 # -- fill-mask and classify (library) ----------------------------------------------------------------------
 
+
 def test_fill_mask_lists_likely_tokens_per_mask(runs):
     from tfcli.generate.masked import fill_mask
 
@@ -384,6 +388,7 @@ def test_fill_mask_text_with_a_whitespace_tokenizer_has_single_spaces(tmp_path, 
 
 # -- the command line ----------------------------------------------------------------------------------
 
+
 def test_cli_streams_the_text_and_no_stream_prints_the_same(cli, runs):
     streamed = cli("generate", runs["decoder"], "--prompt", "Once upon a time", "-n", "12")
     assert streamed.code == 0, streamed.stderr
@@ -397,8 +402,10 @@ def test_cli_says_up_front_when_asked_for_more_than_ten_contexts(cli, runs):
     """Allowed (the window slides for as long as asked), but a typo in --max-new-tokens shows before it runs."""
     many = cli("generate", runs["decoder"], "-p", "The fox", "-n", "321", "--ignore-eos", "--json")  # the context is 32 tokens
     assert many.code == 0, many.stderr
-    assert many.stderr.splitlines()[0] == ("note: --max-new-tokens 321 is 10x the context (32 tokens): past the context the window "
-                                           "slides and decoding goes on for as long as asked (Ctrl-C stops it)")
+    assert many.stderr.splitlines()[0] == (
+        "note: --max-new-tokens 321 is 10x the context (32 tokens): past the context the window "
+        "slides and decoding goes on for as long as asked (Ctrl-C stops it)"
+    )
     assert len(json.loads(many.stdout)["completions"][0]["tokens"]) == 321
     enough = cli("generate", runs["decoder"], "-p", "The fox", "-n", "320", "--ignore-eos", "--json")
     assert enough.code == 0 and "note:" not in enough.stderr
@@ -420,8 +427,25 @@ def test_cli_json_gives_text_ids_logprobs_and_timing(cli, runs, tokenizer):
 
 
 def test_cli_sampling_options_imply_sampling_and_a_seed_is_reported(cli, runs):
-    data = json.loads(cli("generate", runs["decoder"], "-p", "The fox", "-n", "4", "--top-p", "0.9", "--min-p", "0.01",
-                          "--repetition-penalty", "1.3", "--temperature", "0.8", "--json").stdout)
+    data = json.loads(
+        cli(
+            "generate",
+            runs["decoder"],
+            "-p",
+            "The fox",
+            "-n",
+            "4",
+            "--top-p",
+            "0.9",
+            "--min-p",
+            "0.01",
+            "--repetition-penalty",
+            "1.3",
+            "--temperature",
+            "0.8",
+            "--json",
+        ).stdout
+    )
     assert data["settings"]["strategy"] == "sample" and isinstance(data["settings"]["seed"], int)
 
 
@@ -444,8 +468,24 @@ def test_cli_prompts_from_stdin_with_samples(cli, runs, monkeypatch):
 
 
 def test_cli_beam_search_returns_the_best_hypotheses(cli, runs):
-    data = json.loads(cli("generate", runs["decoder"], "-p", "The fox", "-n", "6", "--num-beams", "4", "--num-samples", "3",
-                          "--length-penalty", "0.5", "--no-early-stopping", "--json").stdout)
+    data = json.loads(
+        cli(
+            "generate",
+            runs["decoder"],
+            "-p",
+            "The fox",
+            "-n",
+            "6",
+            "--num-beams",
+            "4",
+            "--num-samples",
+            "3",
+            "--length-penalty",
+            "0.5",
+            "--no-early-stopping",
+            "--json",
+        ).stdout
+    )
     scores = [c["score"] for c in data["completions"]]
     assert data["settings"]["strategy"] == "beam" and len(scores) == 3 and scores == sorted(scores, reverse=True)
 
@@ -559,31 +599,34 @@ def test_cli_classify(cli, runs, run, labels):
     assert long.code == 0 and "more than the context" in long.stderr and "classifying its first" in long.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--prompt", "hi", "--run-missing"], "No such option"),
-    (["--prompt", ""], "the prompt is empty"),
-    (["--prompt", "hi", "--top-p", "0"], "--top-p must be in (0, 1]"),
-    (["--prompt", "hi", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
-    (["--prompt", "hi", "--num-beams", "3", "--strategy", "sample"], "needs --strategy beam"),
-    (["--prompt", "hi", "--num-beams", "3", "--temperature", "0.7"], "beam search does not sample"),
-    (["--prompt", "hi", "--num-samples", "2"], "greedy decoding gives the same text"),
-    (["--prompt", "hi", "--strategy", "nucleus"], "unknown strategy"),
-    (["--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
-    (["--prompt", "hi", "--stop", ""], "a --stop string is empty"),
-    (["--prompt", "hi", "--length-penalty", "2"], "beam-search options"),
-    (["--fill-mask", "The [MASK] sat"], "needs an encoder run"),
-    (["--classify", "nice"], "no classification head"),
-    (["--prompt", "hi", "--interactive"], "do not go together"),
-    (["--interactive", "--json"], "not JSON"),
-    ([], "nothing to do"),
-    (["--prompt-file", "/nonexistent/prompts.txt"], "does not exist"),
-    (["--prompt-file", "/"], "is a folder"),
-    (["--prompt", "hi", "--num-beams", "2", "--length-penalty", "nan"], "--length-penalty must be between -10 and 10"),
-    (["--prompt", "hi", "--num-beams", "2", "--length-penalty", "inf", "--json"], "--length-penalty must be between -10 and 10"),
-    (["--prompt", "hi", "--device", "tpu"], "unknown device"),
-    (["--prompt", "hi", "--seed", str(2**64)], "--seed must fit in 64 bits"),
-    (["--prompt", "caf\udce9"], "the prompt is not UTF-8 text"),  # how a Latin-1 byte in argv arrives
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--prompt", "hi", "--run-missing"], "No such option"),
+        (["--prompt", ""], "the prompt is empty"),
+        (["--prompt", "hi", "--top-p", "0"], "--top-p must be in (0, 1]"),
+        (["--prompt", "hi", "--top-p", "1.5"], "--top-p must be in (0, 1]"),
+        (["--prompt", "hi", "--num-beams", "3", "--strategy", "sample"], "needs --strategy beam"),
+        (["--prompt", "hi", "--num-beams", "3", "--temperature", "0.7"], "beam search does not sample"),
+        (["--prompt", "hi", "--num-samples", "2"], "greedy decoding gives the same text"),
+        (["--prompt", "hi", "--strategy", "nucleus"], "unknown strategy"),
+        (["--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+        (["--prompt", "hi", "--stop", ""], "a --stop string is empty"),
+        (["--prompt", "hi", "--length-penalty", "2"], "beam-search options"),
+        (["--fill-mask", "The [MASK] sat"], "needs an encoder run"),
+        (["--classify", "nice"], "no classification head"),
+        (["--prompt", "hi", "--interactive"], "do not go together"),
+        (["--interactive", "--json"], "not JSON"),
+        ([], "nothing to do"),
+        (["--prompt-file", "/nonexistent/prompts.txt"], "does not exist"),
+        (["--prompt-file", "/"], "is a folder"),
+        (["--prompt", "hi", "--num-beams", "2", "--length-penalty", "nan"], "--length-penalty must be between -10 and 10"),
+        (["--prompt", "hi", "--num-beams", "2", "--length-penalty", "inf", "--json"], "--length-penalty must be between -10 and 10"),
+        (["--prompt", "hi", "--device", "tpu"], "unknown device"),
+        (["--prompt", "hi", "--seed", str(2**64)], "--seed must fit in 64 bits"),
+        (["--prompt", "caf\udce9"], "the prompt is not UTF-8 text"),  # how a Latin-1 byte in argv arrives
+    ],
+)
 def test_cli_bad_inputs_are_one_line(cli, runs, args, message):
     result = cli("generate", runs["decoder"], *args)
     assert result.code == 2, (result.stdout, result.stderr)
@@ -591,19 +634,22 @@ def test_cli_bad_inputs_are_one_line(cli, runs, args, message):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("run, args, message", [
-    ("missing", ["--prompt", "hi"], "does not exist"),
-    ("encoder", ["--prompt", "hi"], "use --fill-mask"),
-    ("encoder", ["--fill-mask", "no mask here"], "has no [MASK]"),
-    ("seq2seq", ["--interactive"], "needs a decoder run"),
-    ("seq2seq", ["--fill-mask", "The [MASK] sat"], "use --prompt SOURCE to write its target"),
-    ("encoder", ["--fill-mask", "The [MASK] sat", "--temperature", "0.5"], "--temperature does not apply to --fill-mask"),
-    ("encoder", ["--fill-mask", "The [MASK] sat", "--num-beams", "3"], "--num-beams does not apply to --fill-mask"),
-    ("classifier", ["--classify", "nice", "--top-k", "3"], "--top-k does not apply to --classify"),
-    ("classifier", ["--classify", " "], "pass some text with --classify"),
-    ("classifier", ["--classify", "caf\udce9"], "--classify's text is not UTF-8 text"),
-    ("encoder", ["--fill-mask", "The [MASK] caf\udce9"], "--fill-mask's text is not UTF-8 text"),
-])
+@pytest.mark.parametrize(
+    "run, args, message",
+    [
+        ("missing", ["--prompt", "hi"], "does not exist"),
+        ("encoder", ["--prompt", "hi"], "use --fill-mask"),
+        ("encoder", ["--fill-mask", "no mask here"], "has no [MASK]"),
+        ("seq2seq", ["--interactive"], "needs a decoder run"),
+        ("seq2seq", ["--fill-mask", "The [MASK] sat"], "use --prompt SOURCE to write its target"),
+        ("encoder", ["--fill-mask", "The [MASK] sat", "--temperature", "0.5"], "--temperature does not apply to --fill-mask"),
+        ("encoder", ["--fill-mask", "The [MASK] sat", "--num-beams", "3"], "--num-beams does not apply to --fill-mask"),
+        ("classifier", ["--classify", "nice", "--top-k", "3"], "--top-k does not apply to --classify"),
+        ("classifier", ["--classify", " "], "pass some text with --classify"),
+        ("classifier", ["--classify", "caf\udce9"], "--classify's text is not UTF-8 text"),
+        ("encoder", ["--fill-mask", "The [MASK] caf\udce9"], "--fill-mask's text is not UTF-8 text"),
+    ],
+)
 def test_cli_bad_runs_are_one_line(cli, runs, tmp_path, monkeypatch, run, args, message):
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
     path = tmp_path / "nowhere" if run == "missing" else runs[run]
@@ -619,7 +665,6 @@ def test_generated_text_on_a_terminal_cannot_send_escapes():
 
 
 def test_generate_help_does_not_import_torch():
-    code = ("import sys\nfrom tfcli.cli.app import main\n"
-            "try:\n    main(['generate', '--help'])\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)")
+    code = "import sys\nfrom tfcli.cli.app import main\ntry:\n    main(['generate', '--help'])\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "False" and "--fill-mask" in out

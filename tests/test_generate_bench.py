@@ -12,8 +12,23 @@ pytestmark = pytest.mark.slow  # the real commands end to end; `-m "not slow"` s
 
 def test_bench_generate_compares_with_transformers_on_the_same_weights(cli, tmp_path):
     pytest.importorskip("transformers")
-    result = cli("bench", "generate", "--preset", "tiny", "--repeat", "1", "--prompt-tokens", "4", "--new-tokens", "12",
-                 "--threads", "1", "--workdir", tmp_path, "--json")
+    result = cli(
+        "bench",
+        "generate",
+        "--preset",
+        "tiny",
+        "--repeat",
+        "1",
+        "--prompt-tokens",
+        "4",
+        "--new-tokens",
+        "12",
+        "--threads",
+        "1",
+        "--workdir",
+        tmp_path,
+        "--json",
+    )
     assert result.code == 0, result.stderr
     (bench,) = json.loads(result.stdout)["benches"]
     jobs = {r["job"]: r for r in bench["results"]}

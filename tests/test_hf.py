@@ -42,11 +42,18 @@ def test_export_loads_in_transformers_with_equal_logits(cli, tmp_path, trained_t
     assert auto("the fox", add_special_tokens=False)["input_ids"] == tokenizer.encode("the fox")
 
 
-@pytest.mark.parametrize("overrides, option", [
-    (dict(positions="rotary"), "positions 'rotary'"), (dict(n_kv_heads=2), "n_kv_heads 2"),
-    (dict(norm_placement="post"), "norm_placement 'post'"), (dict(activation="swiglu"), "activation 'swiglu'"),
-    (dict(arch="encoder"), "BertForMaskedLM cannot express this model: norm_placement 'pre'"), (dict(bias=False), "bias false"), (dict(norm="rmsnorm"), "norm 'rmsnorm'"),
-])
+@pytest.mark.parametrize(
+    "overrides, option",
+    [
+        (dict(positions="rotary"), "positions 'rotary'"),
+        (dict(n_kv_heads=2), "n_kv_heads 2"),
+        (dict(norm_placement="post"), "norm_placement 'post'"),
+        (dict(activation="swiglu"), "activation 'swiglu'"),
+        (dict(arch="encoder"), "BertForMaskedLM cannot express this model: norm_placement 'pre'"),
+        (dict(bias=False), "bias false"),
+        (dict(norm="rmsnorm"), "norm 'rmsnorm'"),
+    ],
+)
 def test_export_refuses_options_gpt2_cannot_express(cli, tmp_path, trained_tokenizer, overrides, option):
     tokenizer = TextTokenizer.load(trained_tokenizer)
     save_checkpoint(tmp_path / "run", Transformer(_gpt2_shaped(tokenizer.vocab_size, **overrides)), tokenizer)
@@ -94,7 +101,9 @@ def test_import_builds_the_tokenizer_from_vocab_and_merges(tmp_path, trained_tok
     spec = json.loads((trained_tokenizer / "tokenizer.json").read_text())
     (tmp_path / "gpt2" / "tokenizer.json").unlink()
     (tmp_path / "gpt2" / "vocab.json").write_text(json.dumps(spec["model"]["vocab"]))
-    (tmp_path / "gpt2" / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) if isinstance(m, list) else m for m in spec["model"]["merges"]) + "\n")
+    (tmp_path / "gpt2" / "merges.txt").write_text(
+        "#version: 0.2\n" + "\n".join(" ".join(m) if isinstance(m, list) else m for m in spec["model"]["merges"]) + "\n"
+    )
     import_hf(tmp_path / "gpt2", tmp_path / "run")
     imported = TextTokenizer.load(tmp_path / "run")
     assert imported.encode("The fox was happy.") == tokenizer.encode("The fox was happy.")
@@ -167,7 +176,7 @@ def test_a_full_disk_during_export_or_import_is_one_line_and_leaves_nothing(cli,
     assert cli("export", tmp_path / "run", "-o", tmp_path / "hf").code == 0
 
     def full(*args, **kwargs):
-        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: \"No space left on device\" })")
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })')
 
     monkeypatch.setattr(safetensors.torch, "save_file", full)
     for command in (["export", tmp_path / "run", "-o", tmp_path / "hf2"], ["import", tmp_path / "hf", "-o", tmp_path / "run2"]):

@@ -35,10 +35,18 @@ def _save(model, folder, tokenizer_dir) -> None:
 
 LLAMAS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=2, tie_word_embeddings=False)),
-    "llama-tied-biased-llama3-rope": ("LlamaConfig", "LlamaForCausalLM", dict(
-        num_key_value_heads=1, tie_word_embeddings=True, attention_bias=True, mlp_bias=False, rope_theta=5000.0,
-        rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                      "original_max_position_embeddings": 16})),
+    "llama-tied-biased-llama3-rope": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            num_key_value_heads=1,
+            tie_word_embeddings=True,
+            attention_bias=True,
+            mlp_bias=False,
+            rope_theta=5000.0,
+            rope_scaling={"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+        ),
+    ),
     "llama-linear-rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling={"rope_type": "linear", "factor": 2.0}, mlp_bias=True)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_key_value_heads=2, tie_word_embeddings=True)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(num_key_value_heads=2, sliding_window=None, head_dim=8)),
@@ -49,8 +57,9 @@ def _llama(kind: str, vocab: int, folder, tokenizer_dir, **overrides):
     config_class, model_class, extra = LLAMAS[kind]
     extra = {**extra, **overrides}
     torch.manual_seed(0)
-    shape = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 max_position_embeddings=64, rms_norm_eps=1e-5)
+    shape = dict(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64, rms_norm_eps=1e-5
+    )
     config = getattr(transformers, config_class)(**{**shape, **extra})
     model = getattr(transformers, model_class)(config).eval()
     _perturb(model)
@@ -77,9 +86,16 @@ def _greedy_ids_equal(cli, run, hf, tokenizer: TextTokenizer) -> None:
     eos = tokenizer.special_ids.get("eos")
     suppressed = sorted({i for role, i in tokenizer.special_ids.items() if i != eos})  # tfcli never generates these
     with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=12, eos_token_id=eos, pad_token_id=eos,
-                          suppress_tokens=suppressed or None, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-    assert completion["tokens"] == out[0, len(prompt):].tolist()
+        out = hf.generate(
+            torch.tensor([prompt]),
+            do_sample=False,
+            max_new_tokens=12,
+            eos_token_id=eos,
+            pad_token_id=eos,
+            suppress_tokens=suppressed or None,
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        )
+    assert completion["tokens"] == out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("kind", list(LLAMAS))
@@ -102,9 +118,11 @@ def test_llama_family_imports_exports_and_generates_as_transformers(cli, tmp_pat
     assert sum(p.numel() for p in again.parameters()) == sum(p.numel() for p in hf.parameters())
 
 
-BERT_WORDS = ("once upon a time little fox found red ball in the park was happy so it played with all day tom had three "
-              "apples he gave one to mia because she hungry thank you said smiled at cafe dog did not like rain but cat "
-              "liked watch fall sat on mat . , ! \" ' ? ##s ##ed ##ing").split()
+BERT_WORDS = (
+    "once upon a time little fox found red ball in the park was happy so it played with all day tom had three "
+    "apples he gave one to mia because she hungry thank you said smiled at cafe dog did not like rain but cat "
+    "liked watch fall sat on mat . , ! \" ' ? ##s ##ed ##ing"
+).split()
 BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
@@ -120,8 +138,9 @@ def _bert_vocab(folder) -> list[str]:
 def _bert(model_class: str, folder, **extra):
     vocab = _bert_vocab(folder)
     torch.manual_seed(2)
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=64, max_position_embeddings=40, **extra)
+    config = transformers.BertConfig(
+        vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=40, **extra
+    )
     model = getattr(transformers, model_class)(config).eval()
     _perturb(model)
     model.save_pretrained(str(folder), safe_serialization=True)
@@ -206,18 +225,49 @@ def test_imported_models_finetune_and_show_their_attention(cli, tmp_path, traine
     assert cli("import", tmp_path / "qwen2", "-o", tmp_path / "llm").code == 0
     shards = cli("tokenize", "encode", tiny_corpus, "--tokenizer", tmp_path / "llm" / "tokenizer.json", "-o", tmp_path / "shards")
     assert shards.code == 0, shards.stderr
-    result = cli("train", "finetune", "--init-from", tmp_path / "llm", "--task", "lm", "--data", tmp_path / "shards",
-                 "-o", tmp_path / "llm2", "--max-steps", "2", "--batch-size", "2", "--set", "block_size=16")
+    result = cli(
+        "train",
+        "finetune",
+        "--init-from",
+        tmp_path / "llm",
+        "--task",
+        "lm",
+        "--data",
+        tmp_path / "shards",
+        "-o",
+        tmp_path / "llm2",
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--set",
+        "block_size=16",
+    )
     assert result.code == 0, result.stderr
     assert load_checkpoint(tmp_path / "llm2").config.model.qkv_bias is True
 
     _bert("BertForMaskedLM", tmp_path / "bert")
     assert cli("import", tmp_path / "bert", "-o", tmp_path / "mlm").code == 0
     reviews = tmp_path / "reviews.jsonl"
-    reviews.write_text("".join(json.dumps({"text": t, "label": label}) + "\n" for t, label in
-                               [("the fox was happy", "pos"), ("the dog did not like the rain", "neg")] * 8))
-    result = cli("train", "finetune", "--init-from", tmp_path / "mlm", "--task", "classify", "--data", reviews,
-                 "-o", tmp_path / "cls", "--max-steps", "2", "--batch-size", "4")
+    reviews.write_text(
+        "".join(json.dumps({"text": t, "label": label}) + "\n" for t, label in [("the fox was happy", "pos"), ("the dog did not like the rain", "neg")] * 8)
+    )
+    result = cli(
+        "train",
+        "finetune",
+        "--init-from",
+        tmp_path / "mlm",
+        "--task",
+        "classify",
+        "--data",
+        reviews,
+        "-o",
+        tmp_path / "cls",
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "4",
+    )
     assert result.code == 0, result.stderr
     classifier = load_checkpoint(tmp_path / "cls")
     assert classifier.config.model.pooler and classifier.config.model.n_classes == 2  # BERT's classifier reads a pooler
@@ -251,8 +301,9 @@ def test_a_unigram_tokenizer_takes_its_roles_from_special_tokens_map(cli, tmp_pa
     _unigram_tokenizer(tmp_path / "tok", ["<unk>", "<s>", "</s>"])
     vocab = TextTokenizer.load(tmp_path / "tok").vocab_size
     hf = _llama("llama", vocab, tmp_path / "hf", tmp_path / "tok")
-    (tmp_path / "hf" / "special_tokens_map.json").write_text(json.dumps(
-        {"bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": False}, "unk_token": "<unk>", "pad_token": "<pad>"}))
+    (tmp_path / "hf" / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": False}, "unk_token": "<unk>", "pad_token": "<pad>"})
+    )
     (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True, "tokenizer_class": "LlamaTokenizer"}))
     result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
     assert result.code == 0, result.stderr
@@ -328,17 +379,20 @@ def _edit_config(folder, **changes) -> None:
     (folder / "config.json").write_text(json.dumps(config))
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(hidden_size=None), "lacks the key 'hidden_size'"),
-    (dict(num_key_value_heads="2"), 'has num_key_value_heads "2", which is not a whole number'),
-    (dict(architectures=["T5ForConditionalGeneration"]), "describes 'T5ForConditionalGeneration', which tfcli cannot import"),
-    (dict(architectures=None, model_type="gpt_neox"), "describes model_type 'gpt_neox'"),
-    (dict(intermediate_size=48), "has shape [32, 64] but config.json implies [32, 48]"),
-    (dict(vocab_size=100), "has shape"),
-    (dict(num_key_value_heads=3), "n_kv_heads (3) must divide n_heads (4)"),
-    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}, rope_parameters=None), "rope scaling 'yarn'"),
-    (dict(hidden_act="gelu"), "hidden_act 'gelu'"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(hidden_size=None), "lacks the key 'hidden_size'"),
+        (dict(num_key_value_heads="2"), 'has num_key_value_heads "2", which is not a whole number'),
+        (dict(architectures=["T5ForConditionalGeneration"]), "describes 'T5ForConditionalGeneration', which tfcli cannot import"),
+        (dict(architectures=None, model_type="gpt_neox"), "describes model_type 'gpt_neox'"),
+        (dict(intermediate_size=48), "has shape [32, 64] but config.json implies [32, 48]"),
+        (dict(vocab_size=100), "has shape"),
+        (dict(num_key_value_heads=3), "n_kv_heads (3) must divide n_heads (4)"),
+        (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}, rope_parameters=None), "rope scaling 'yarn'"),
+        (dict(hidden_act="gelu"), "hidden_act 'gelu'"),
+    ],
+)
 def test_bad_llama_folders_are_one_line_and_leave_nothing(cli, tmp_path, trained_tokenizer, changes, message):
     vocab = TextTokenizer.load(trained_tokenizer).vocab_size
     _llama("llama", vocab, tmp_path / "hf", trained_tokenizer)
@@ -365,8 +419,13 @@ def test_a_hub_style_bert_checkpoint_imports(cli, tmp_path):
     hf = _bert("BertForMaskedLM", tmp_path / "hub")
     tensors = load_file(str(tmp_path / "hub" / "model.safetensors"))
     renamed = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v for k, v in tensors.items()}
-    renamed.update({"bert.pooler.dense.weight": torch.zeros(32, 32), "cls.seq_relationship.weight": torch.zeros(2, 32),
-                    "bert.embeddings.position_ids": torch.arange(40)[None]})
+    renamed.update(
+        {
+            "bert.pooler.dense.weight": torch.zeros(32, 32),
+            "cls.seq_relationship.weight": torch.zeros(2, 32),
+            "bert.embeddings.position_ids": torch.arange(40)[None],
+        }
+    )
     save_file(renamed, str(tmp_path / "hub" / "model.safetensors"), metadata={"format": "pt"})
     assert cli("import", tmp_path / "hub", "-o", tmp_path / "run").code == 0
     ids, real = _padded_batch(hf.config.vocab_size)
@@ -384,12 +443,15 @@ def test_a_sliding_window_shorter_than_the_context_becomes_the_context(cli, tmp_
     _decoder_logits_equal(hf, ours.model, vocab)  # 12 tokens: inside the window, the same attention
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(position_embedding_type="relative_key"), "position_embedding_type 'relative_key'"),
-    (dict(hidden_act="gelu_new"), "hidden_act 'gelu_new'"),
-    (dict(architectures=["BertForPreTraining"]), "'BertForPreTraining', which tfcli cannot import"),
-    (dict(max_position_embeddings=30), "has shape [40, 32] but config.json implies [30, 32]"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(position_embedding_type="relative_key"), "position_embedding_type 'relative_key'"),
+        (dict(hidden_act="gelu_new"), "hidden_act 'gelu_new'"),
+        (dict(architectures=["BertForPreTraining"]), "'BertForPreTraining', which tfcli cannot import"),
+        (dict(max_position_embeddings=30), "has shape [40, 32] but config.json implies [30, 32]"),
+    ],
+)
 def test_bad_bert_folders_are_one_line(cli, tmp_path, changes, message):
     _bert("BertForMaskedLM", tmp_path / "hf")
     _edit_config(tmp_path / "hf", **changes)

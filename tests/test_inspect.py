@@ -31,7 +31,9 @@ TEXT2 = "The animal didn't cross the street because it was too wide"
 
 def _save(folder: Path, tokenizer: TextTokenizer, seed: int = 0, **overrides) -> Path:
     torch.manual_seed(seed)
-    config = preset("tiny", vocab_size=tokenizer.vocab_size, **{"block_size": 64, "n_layers": 2, "n_heads": 4, "d_model": 32, "d_ff": 64, "init_std": 0.2, **overrides})
+    config = preset(
+        "tiny", vocab_size=tokenizer.vocab_size, **{"block_size": 64, "n_layers": 2, "n_heads": 4, "d_model": 32, "d_ff": 64, "init_std": 0.2, **overrides}
+    )
     save_checkpoint(folder, Transformer(config), tokenizer)
     return folder
 
@@ -59,8 +61,8 @@ def _eighty_columns(monkeypatch):
 
 # ---- capture ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch,kind", [("decoder", "decoder"), ("encoder", "encoder"), ("seq2seq", "encoder"),
-                                       ("seq2seq", "decoder"), ("seq2seq", "cross")])
+
+@pytest.mark.parametrize("arch,kind", [("decoder", "decoder"), ("encoder", "encoder"), ("seq2seq", "encoder"), ("seq2seq", "decoder"), ("seq2seq", "cross")])
 def test_capture_is_the_models_own_weights(runs, arch, kind):
     checkpoint = load_checkpoint(runs[arch])
     target = "a red ball" if arch == "seq2seq" else None
@@ -172,6 +174,7 @@ def test_parse_index():
 
 # ---- the terminal ---------------------------------------------------------------------------------
 
+
 def _lines(stdout: str) -> list[str]:
     return stdout.rstrip("\n").splitlines()
 
@@ -194,10 +197,10 @@ def test_heatmap_of_one_head(cli, runs):
     for q, label in enumerate(labels):  # a row per token, labelled, then its cells: masked ones blank
         row = lines[first + q]
         assert row.startswith(fit(label, width, right=True) + " ")
-        cells = row[width + 1:]
-        assert cells[2 * q:2 * q + 2].strip() != "" and cells[2 * q + 2:].strip() == ""
+        cells = row[width + 1 :]
+        assert cells[2 * q : 2 * q + 2].strip() != "" and cells[2 * q + 2 :].strip() == ""
     depth = min(4, max(len(label) for label in labels))
-    column_labels = [line.ljust(80) for line in lines[first - depth:first]]  # the keys, written downwards
+    column_labels = [line.ljust(80) for line in lines[first - depth : first]]  # the keys, written downwards
     assert labels[17] == "the"
     assert "".join(line[width + 1 + 2 * 17] for line in column_labels).strip() == "the"
 
@@ -312,8 +315,10 @@ def test_encoder_decoder_from_the_command_line(cli, runs):
     tokenizer = TextTokenizer.load(runs["seq2seq"])
     cross = cli(*base)  # cross-attention by default
     assert cross.code == 0 and _fits(cross.stdout)
-    assert f"cross-attention · 3 layers × 4 heads · {len(tokenizer.encode('a red ball')) + 1} tokens over " \
-           f"{len(tokenizer.encode('the fox found a ball'))} source tokens" in cross.stdout
+    assert (
+        f"cross-attention · 3 layers × 4 heads · {len(tokenizer.encode('a red ball')) + 1} tokens over "
+        f"{len(tokenizer.encode('the fox found a ball'))} source tokens" in cross.stdout
+    )
     for kind in ("encoder", "decoder", "cross"):
         result = cli(*base, "--attention", kind, "--head", "all")
         assert result.code == 0, result.stderr

@@ -33,8 +33,7 @@ def previous_token_model() -> Transformer:
     Residual stream (d = 24): [0, 8) the token, [8, 16) the previous token, [16, 18) the position code.
     """
     d = 24  # two heads of 12 dimensions
-    config = ModelConfig(vocab_size=V, block_size=16, n_layers=2, n_heads=2, d_model=d, d_ff=8, norm="rmsnorm",
-                         positions="learned", tie_embeddings=False)
+    config = ModelConfig(vocab_size=V, block_size=16, n_layers=2, n_heads=2, d_model=d, d_ff=8, norm="rmsnorm", positions="learned", tie_embeddings=False)
     model = Transformer(config).eval()
     theta = math.pi / 16
     with torch.no_grad():
@@ -51,11 +50,11 @@ def previous_token_model() -> Transformer:
         beta = 300.0
         rotate = torch.tensor([[math.cos(theta), math.sin(theta)], [-math.sin(theta), math.cos(theta)]])  # by -theta
         qkv[0:2, 16:18] = beta * rotate  # q: the code of the position before
-        qkv[d:d + 2, 16:18] = torch.eye(2)  # k: the position's code
-        qkv[2 * d:2 * d + V, 0:V] = torch.eye(V)  # v: the token
+        qkv[d : d + 2, 16:18] = torch.eye(2)  # k: the position's code
+        qkv[2 * d : 2 * d + V, 0:V] = torch.eye(V)  # v: the token
         out = model.decoder.blocks[1].attn.out.weight
-        out[V:2 * V, 0:V] = torch.eye(V) / math.sqrt(12)  # into the previous-token block (undoing the norm's scale)
-        model.lm_head.weight[:, V:2 * V] = 3.0 * torch.eye(V)
+        out[V : 2 * V, 0:V] = torch.eye(V) / math.sqrt(12)  # into the previous-token block (undoing the norm's scale)
+        model.lm_head.weight[:, V : 2 * V] = 3.0 * torch.eye(V)
     return model
 
 
@@ -74,6 +73,7 @@ def test_the_hand_built_model_copies_the_previous_token():
     assert torch.all(weights.diagonal(-1) > 0.99)  # each position looks at the one before
     assert torch.equal(out.logits[0, 1:].argmax(-1), torch.tensor(ALTERNATING[:-1]))  # the token before the last
     assert 0.7 < _loss(out.logits[0], ALTERNATING) < 0.8  # position 0 (no token before it) is all the loss
+
 
 def test_ablating_the_previous_token_head_changes_the_loss_and_no_other_head_does():
     model = previous_token_model()
@@ -139,13 +139,19 @@ def test_hooks_are_removed_even_when_the_forward_pass_fails():
 def test_parse_heads():
     assert parse_heads("1.0, 0.1", 2, 4) == [(1, 0), (0, 1)]
     assert parse_heads("-1.*", 2, 3) == [(1, 0), (1, 1), (1, 2)]
-    for bad, message in [("1", "not LAYER.HEAD"), ("x.1", "not LAYER.HEAD"), ("2.0", "layer 2 is out of range"),
-                         ("0.4", "head 4 is out of range"), (",", "empty")]:
+    for bad, message in [
+        ("1", "not LAYER.HEAD"),
+        ("x.1", "not LAYER.HEAD"),
+        ("2.0", "layer 2 is out of range"),
+        ("0.4", "head 4 is out of range"),
+        (",", "empty"),
+    ]:
         with pytest.raises(Exception, match=message):
             parse_heads(bad, 2, 4)
 
 
 # ---- against transformers --------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory, trained_tokenizer):
@@ -186,7 +192,7 @@ def test_zero_ablation_matches_transformers_with_the_head_zeroed_at_c_proj(gpt2,
 
     def zero_head(module, args):
         x = args[0].clone()
-        x[..., head * hs:(head + 1) * hs] = 0
+        x[..., head * hs : (head + 1) * hs] = 0
         return (x,)
 
     handle = hf.transformer.h[layer].attn.c_proj.register_forward_pre_hook(zero_head)
@@ -205,6 +211,7 @@ def test_zero_ablation_matches_transformers_with_the_head_zeroed_at_c_proj(gpt2,
 
 # ---- the commands -----------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, trained_tokenizer):
     tokenizer = TextTokenizer.load(trained_tokenizer)
@@ -212,8 +219,9 @@ def runs(tmp_path_factory, trained_tokenizer):
     out = {}
     for name, overrides in {"decoder": {}, "encoder": {"arch": "encoder"}, "seq2seq": {"arch": "encoder-decoder"}}.items():
         torch.manual_seed(0)
-        config = preset("tiny", vocab_size=tokenizer.vocab_size, **{"block_size": 64, "n_layers": 2, "n_heads": 4, "d_model": 32, "d_ff": 64,
-                                                                     "init_std": 0.2, **overrides})
+        config = preset(
+            "tiny", vocab_size=tokenizer.vocab_size, **{"block_size": 64, "n_layers": 2, "n_heads": 4, "d_model": 32, "d_ff": 64, "init_std": 0.2, **overrides}
+        )
         save_checkpoint(root / name, Transformer(config), tokenizer)
         out[name] = root / name
     return out
@@ -281,8 +289,7 @@ def test_inspect_ablate_sweep_and_heads(cli, runs):
 
 
 def test_inspect_patch_command(cli, runs):
-    result = cli("inspect-patch", runs["decoder"], "--clean", "The fox was happy", "--corrupt", "The ball was happy",
-                 "--answer", " it", "--per-head", "--json")
+    result = cli("inspect-patch", runs["decoder"], "--clean", "The fox was happy", "--corrupt", "The ball was happy", "--answer", " it", "--per-head", "--json")
     assert result.code == 0, result.stderr
     doc = json.loads(result.stdout)
     restored = np.array(doc["restored"])
@@ -293,33 +300,44 @@ def test_inspect_patch_command(cli, runs):
     assert result.code == 0 and "fraction restored" in result.stdout
 
 
-@pytest.mark.parametrize("args,message", [
-    (["inspect-patch", "{decoder}", "--clean", "The fox was happy", "--corrupt", "The elephant was very happy", "--answer", " so"],
-     "patching needs texts of the same token length"),
-    (["inspect-patch", "{decoder}", "--clean", "The fox", "--corrupt", "The ball", "--answer", "happily ever"], "--answer 'happily ever' is"),
-    (["inspect-ablate", "{decoder}", "--text", TEXT, "--heads", "5.0"], "layer 5 is out of range"),
-    (["inspect-ablate", "{decoder}", "--text", TEXT, "--mode", "half"], "unknown --mode"),
-    (["inspect-ablate", "{decoder}", "--text", TEXT, "--reference-text", "x"], "--reference-text is for --mode mean"),
-    (["inspect-ablate", "{decoder}", "--text", TEXT, "--position", "99"], "--position 99 is out of range"),
-    (["inspect-ablate", "{encoder}", "--text", TEXT], "inspect-ablate works on decoder runs; this run is an encoder"),
-    (["inspect-patch", "{seq2seq}", "--clean", "a", "--corrupt", "b", "--answer", " so"], "inspect-patch works on decoder runs"),
-    (["inspect-logits", "{seq2seq}", "--text", TEXT], "inspect-logits works on decoder runs and encoder runs; this run is an encoder-decoder"),
-    (["inspect-logits", "{decoder}", "--text", " "], "the text is empty"),
-    (["inspect-logits", "{decoder}", "--text", TEXT, "-o", "out.txt"], "writes .json, .html and .png files"),
-    (["inspect-logits", "{decoder}", "--text", TEXT, "--format", "png"], "--format png writes a file"),
-    (["inspect-logits", "{decoder}", "--text", TEXT, "--format", "html"], "--format html writes a file"),
-    (["inspect-logits", "{decoder}", "--text", TEXT, "--format", "svg"], "unknown format 'svg'"),
-    (["inspect-ablate", "{decoder}", "--text", TEXT, "--heads", "0.1", "-o", "x.png"], "the png shows every head"),
-    (["inspect-logits", "{decoder}", "--text", TEXT, "--start", "500"], "--start 500 is out of range"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["inspect-patch", "{decoder}", "--clean", "The fox was happy", "--corrupt", "The elephant was very happy", "--answer", " so"],
+            "patching needs texts of the same token length",
+        ),
+        (["inspect-patch", "{decoder}", "--clean", "The fox", "--corrupt", "The ball", "--answer", "happily ever"], "--answer 'happily ever' is"),
+        (["inspect-ablate", "{decoder}", "--text", TEXT, "--heads", "5.0"], "layer 5 is out of range"),
+        (["inspect-ablate", "{decoder}", "--text", TEXT, "--mode", "half"], "unknown --mode"),
+        (["inspect-ablate", "{decoder}", "--text", TEXT, "--reference-text", "x"], "--reference-text is for --mode mean"),
+        (["inspect-ablate", "{decoder}", "--text", TEXT, "--position", "99"], "--position 99 is out of range"),
+        (["inspect-ablate", "{encoder}", "--text", TEXT], "inspect-ablate works on decoder runs; this run is an encoder"),
+        (["inspect-patch", "{seq2seq}", "--clean", "a", "--corrupt", "b", "--answer", " so"], "inspect-patch works on decoder runs"),
+        (["inspect-logits", "{seq2seq}", "--text", TEXT], "inspect-logits works on decoder runs and encoder runs; this run is an encoder-decoder"),
+        (["inspect-logits", "{decoder}", "--text", " "], "the text is empty"),
+        (["inspect-logits", "{decoder}", "--text", TEXT, "-o", "out.txt"], "writes .json, .html and .png files"),
+        (["inspect-logits", "{decoder}", "--text", TEXT, "--format", "png"], "--format png writes a file"),
+        (["inspect-logits", "{decoder}", "--text", TEXT, "--format", "html"], "--format html writes a file"),
+        (["inspect-logits", "{decoder}", "--text", TEXT, "--format", "svg"], "unknown format 'svg'"),
+        (["inspect-ablate", "{decoder}", "--text", TEXT, "--heads", "0.1", "-o", "x.png"], "the png shows every head"),
+        (["inspect-logits", "{decoder}", "--text", TEXT, "--start", "500"], "--start 500 is out of range"),
+    ],
+)
 def test_mistakes_are_one_line_and_exit_2(cli, runs, args, message):
     result = cli(*[a.format(**{k: str(v) for k, v in runs.items()}) for a in args])
     assert result.code == 2, (result.stdout, result.stderr)
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("args", [["inspect-logits", "{decoder}", "--text", TEXT], ["inspect-ablate", "{decoder}", "--text", TEXT],
-                                  ["inspect-patch", "{decoder}", "--clean", "The fox was happy", "--corrupt", "The ball was happy", "--answer", " it"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["inspect-logits", "{decoder}", "--text", TEXT],
+        ["inspect-ablate", "{decoder}", "--text", TEXT],
+        ["inspect-patch", "{decoder}", "--clean", "The fox was happy", "--corrupt", "The ball was happy", "--answer", " it"],
+    ],
+)
 def test_png_views(cli, runs, tmp_path, args):
     out = tmp_path / "view.png"
     result = cli(*[a.format(**{k: str(v) for k, v in runs.items()}) for a in args], "-o", out)
@@ -340,9 +358,32 @@ def test_keep_checkpoints_and_the_scores_across_them(cli, tmp_path, trained_toke
     shutil.copytree(trained_tokenizer, data / "tokenizer")
     encode_corpus(resolve_corpus([data / "corpus.txt"]), TextTokenizer.load(data / "tokenizer"), data / "shards", val_fraction=0.2)
     run = tmp_path / "run"
-    result = cli("train", "pretrain", "--data", data / "shards", "-o", run, "--block-size", "32", "--batch-size", "2", "--max-steps", "5",
-                 "--keep-checkpoints", "2", "--eval-every", "0", "--set", "n_layers=2", "--set", "d_model=32", "--set", "n_heads=2",
-                 "--device", "cpu")
+    result = cli(
+        "train",
+        "pretrain",
+        "--data",
+        data / "shards",
+        "-o",
+        run,
+        "--block-size",
+        "32",
+        "--batch-size",
+        "2",
+        "--max-steps",
+        "5",
+        "--keep-checkpoints",
+        "2",
+        "--eval-every",
+        "0",
+        "--set",
+        "n_layers=2",
+        "--set",
+        "d_model=32",
+        "--set",
+        "n_heads=2",
+        "--device",
+        "cpu",
+    )
     assert result.code == 0, result.stderr
     kept = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert kept == ["step-0000002", "step-0000004"]
@@ -358,19 +399,27 @@ def test_keep_checkpoints_and_the_scores_across_them(cli, tmp_path, trained_toke
     assert induction.shape == (2, 2) and np.all((induction >= 0) & (induction <= 1))
     result = cli("inspect-attention", run, "--text", TEXT, "--checkpoints", "--pattern", "previous-token", "--layer", "1")
     assert result.code == 0, result.stderr
-    assert "previous-token score" in result.stdout and "step 4" in result.stdout and "1.1" in result.stdout and "0.1" not in result.stdout.splitlines()[1]  # layer 1 only
+    assert (
+        "previous-token score" in result.stdout and "step 4" in result.stdout and "1.1" in result.stdout and "0.1" not in result.stdout.splitlines()[1]
+    )  # layer 1 only
     result = cli("inspect-attention", tmp_path / "run" / "checkpoints" / "step-0000002", "--text", TEXT, "--checkpoints")
     assert result.code == 2 and "kept no checkpoints" in result.stderr and "--keep-checkpoints" in result.stderr
     result = cli("inspect-attention", run, "--text", TEXT, "--checkpoints", "--pattern", "copying")
     assert result.code == 2 and "unknown --pattern" in result.stderr
 
 
-EVIL = 'The <script>x</script> <img src=y onerror=z> fox\u202e was'
+EVIL = "The <script>x</script> <img src=y onerror=z> fox\u202e was"
 
 
-@pytest.mark.parametrize("args", [["inspect-logits", "{decoder}", "--text", EVIL], ["inspect-ablate", "{decoder}", "--text", EVIL],
-                                  ["inspect-ablate", "{decoder}", "--text", EVIL, "--heads", "0.1"],
-                                  ["inspect-patch", "{decoder}", "--clean", EVIL, "--corrupt", EVIL.replace("fox", "ball"), "--answer", " it", "--per-head"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["inspect-logits", "{decoder}", "--text", EVIL],
+        ["inspect-ablate", "{decoder}", "--text", EVIL],
+        ["inspect-ablate", "{decoder}", "--text", EVIL, "--heads", "0.1"],
+        ["inspect-patch", "{decoder}", "--clean", EVIL, "--corrupt", EVIL.replace("fox", "ball"), "--answer", " it", "--per-head"],
+    ],
+)
 def test_html_pages_are_self_contained_and_inert(cli, runs, tmp_path, args):
     out = tmp_path / "view.html"
     result = cli(*[a.format(**{k: str(v) for k, v in runs.items()}) for a in args], "-o", out)
@@ -399,6 +448,7 @@ def test_batched_patching_equals_one_patch_at_a_time(positions):
         model(torch.tensor([clean]))
     for layer in range(3):
         for position in range(12):
+
             def patch(module, args, layer=layer, position=position):
                 x = args[0].clone()
                 x[0, position] = stream[layer][0, position]

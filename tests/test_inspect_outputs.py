@@ -30,8 +30,7 @@ from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.show import TokenView, token_views, visible
 
-HOSTILE = ["<script>alert(1)</script>", '"><img src=x onerror=alert(1)>', "</script><script>alert(2)</script>",
-           "&lt;b&gt; \u2028 \u2029 <!-- x -->"]
+HOSTILE = ["<script>alert(1)</script>", '"><img src=x onerror=alert(1)>', "</script><script>alert(2)</script>", "&lt;b&gt; \u2028 \u2029 <!-- x -->"]
 TEXT = "The fox " + " ".join(HOSTILE) + " ran."
 
 
@@ -40,11 +39,16 @@ def runs(tmp_path_factory, trained_tokenizer) -> dict[str, Path]:
     tokenizer = TextTokenizer.load(trained_tokenizer)
     root = tmp_path_factory.mktemp("inspect-out")
     out = {}
-    for name, overrides in (("decoder", {}), ("decoder2", {}), ("seq2seq", {"arch": "encoder-decoder", "positions": "sinusoidal"}),
-                            ("long", {"block_size": 512})):
+    for name, overrides in (
+        ("decoder", {}),
+        ("decoder2", {}),
+        ("seq2seq", {"arch": "encoder-decoder", "positions": "sinusoidal"}),
+        ("long", {"block_size": 512}),
+    ):
         torch.manual_seed(len(out))
-        config = preset("tiny", vocab_size=tokenizer.vocab_size, **{"block_size": 128, "n_layers": 2, "n_heads": 4, "d_model": 32, "d_ff": 64,
-                                                                    "init_std": 0.3, **overrides})
+        config = preset(
+            "tiny", vocab_size=tokenizer.vocab_size, **{"block_size": 128, "n_layers": 2, "n_heads": 4, "d_model": 32, "d_ff": 64, "init_std": 0.3, **overrides}
+        )
         save_checkpoint(root / name, Transformer(config), tokenizer)
         out[name] = root / name
     return out
@@ -81,8 +85,7 @@ class PageParser(HTMLParser):
 def _shown(pieces: list, parts: bool = True) -> str:
     """The text a token shows on the page: its characters, and each badge's label (`parts`: also the
     faint parts of a character that a later token completes)."""
-    return "".join(piece if isinstance(piece, str) else piece[1] for piece in pieces
-                   if parts or isinstance(piece, str) or piece[0] not in ("p", "pc"))
+    return "".join(piece if isinstance(piece, str) else piece[1] for piece in pieces if parts or isinstance(piece, str) or piece[0] not in ("p", "pc"))
 
 
 def _parse(page: str) -> PageParser:
@@ -169,7 +172,7 @@ def test_html_focus_is_each_texts_own_token(cli, runs, tmp_path):
 
 
 def test_html_header_text_is_escaped(cli, runs, tmp_path):
-    hostile_dir = tmp_path / '<img src=x onerror=alert(1)>'
+    hostile_dir = tmp_path / "<img src=x onerror=alert(1)>"
     shutil.copytree(runs["decoder"], hostile_dir)
     out = tmp_path / "a.html"
     assert cli("inspect-attention", hostile_dir, "--text", "x", "-o", out).code == 0
@@ -276,7 +279,7 @@ def test_the_page_script_runs_and_hover_shows_the_weights(cli, runs, tmp_path):
     # hovering token 5: keys coloured by what it attends to (row 5), queries by what attends to it (column 5)
     assert np.allclose(result["keyAlpha"], np.sqrt(weights[0, 0, hover]), atol=1.5 / 255)
     assert np.allclose(result["queryAlpha"], np.sqrt(weights[0, 0, :, hover]), atol=1.5 / 255)
-    assert all(a == 0 for a in result["keyAlpha"][hover + 1:])  # masked keys uncoloured
+    assert all(a == 0 for a in result["keyAlpha"][hover + 1 :])  # masked keys uncoloured
     assert result["toTitle"].startswith("what \u201c") and f"({hover}) attends to" in result["toTitle"]
     assert result["thumbs"] == 4 and result["layerOptions"] == 2 and result["mapSize"] == [T, T]
     v = np.sqrt(weights[0, 0, 0, 0])
@@ -294,7 +297,7 @@ def test_the_page_script_runs_and_hover_shows_the_weights(cli, runs, tmp_path):
     # after picking layer 1, head 2 and moving over the map's cell (hover, 0)
     prefix = f"\u201c{labels[hover]}\u201d ({hover}) \u2192 \u201c{labels[0]}\u201d (0): "
     assert result["status"].startswith(prefix)
-    shown = float(result["status"][len(prefix):].rstrip("%"))
+    shown = float(result["status"][len(prefix) :].rstrip("%"))
     assert abs(shown - 100 * weights[1, 2, hover, 0]) <= 0.05 + 100 * 2 * np.sqrt(weights[1, 2, hover, 0]) / 255
     assert np.allclose(result["keyAlphaAfter"], np.sqrt(weights[1, 2, hover]), atol=1.5 / 255)
     assert "head summary" in result["extra"]
@@ -455,8 +458,17 @@ def test_json_export_has_every_layer_and_head(cli, runs, tmp_path):
 
 
 # Texts that spell, or nearly spell, the "@@weights-N@@" strings the JSON writer once spliced arrays in by.
-MARKERS = ["@@weights-0@@", '"@@weights-0@@"', "@@weights-1@@", "@@weights-5@@", "@@weights-99@@", "@@weights-@@",
-           'a "@@weights-0@@", "@@weights-1@@" b', '\\"@@weights-0@@\\"', "@@weights-0@@\n@@weights-0@@"]
+MARKERS = [
+    "@@weights-0@@",
+    '"@@weights-0@@"',
+    "@@weights-1@@",
+    "@@weights-5@@",
+    "@@weights-99@@",
+    "@@weights-@@",
+    'a "@@weights-0@@", "@@weights-1@@" b',
+    '\\"@@weights-0@@\\"',
+    "@@weights-0@@\n@@weights-0@@",
+]
 
 
 def _rounded(weights: np.ndarray) -> list:
@@ -495,13 +507,20 @@ def test_write_document_finds_arrays_by_type_never_by_text():
     rng = np.random.default_rng(0)
     arrays = [rng.random((2, 3, 4, 5)).astype(np.float32), rng.random((1, 1, 2, 2))]
     tokens = [{"id": i, "token": marker, "text": marker} for i, marker in enumerate(MARKERS)]
-    document = {"text": "@@weights-0@@", "@@weights-1@@": MARKERS, "captures": [
-        {"queries": tokens, "weights": StreamedArray(arrays[0])},
-        {"title": '"@@weights-1@@"', "weights": StreamedArray(arrays[1]), "after": "@@weights-0@@"}]}
+    document = {
+        "text": "@@weights-0@@",
+        "@@weights-1@@": MARKERS,
+        "captures": [
+            {"queries": tokens, "weights": StreamedArray(arrays[0])},
+            {"title": '"@@weights-1@@"', "weights": StreamedArray(arrays[1]), "after": "@@weights-0@@"},
+        ],
+    }
     handle = io.StringIO()
     write_document(handle, document)
-    expected = {**document, "captures": [{**document["captures"][0], "weights": _rounded(arrays[0])},
-                                         {**document["captures"][1], "weights": _rounded(arrays[1])}]}
+    expected = {
+        **document,
+        "captures": [{**document["captures"][0], "weights": _rounded(arrays[0])}, {**document["captures"][1], "weights": _rounded(arrays[1])}],
+    }
     assert json.loads(handle.getvalue()) == expected
 
 
@@ -509,7 +528,8 @@ _JSON_TEXT = st.one_of(st.text(), st.sampled_from(MARKERS))
 _JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | _JSON_TEXT,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(_JSON_TEXT, children, max_size=4),
-    max_leaves=20)
+    max_leaves=20,
+)
 
 
 @settings(max_examples=200, deadline=None)

@@ -16,16 +16,18 @@ from tfcli.model.transformer import Transformer
 
 
 def _reference(hidden, weight, bias, targets, smoothing):
-    return F.cross_entropy(F.linear(hidden, weight, bias), targets, reduction="sum", label_smoothing=smoothing,
-                           ignore_index=IGNORE_INDEX)
+    return F.cross_entropy(F.linear(hidden, weight, bias), targets, reduction="sum", label_smoothing=smoothing, ignore_index=IGNORE_INDEX)
 
 
-@pytest.mark.parametrize("rows, vocab, width, bias, smoothing, ignored, block", [
-    (300, 1000, 32, True, 0.0, False, None),  # one block
-    (300, 1000, 32, False, 0.1, True, 100),  # three blocks
-    (500, 60000, 8, False, 0.2, False, 7),  # many blocks, the last one short
-    (40, 60000, 16, True, 0.0, True, None),  # one block
-])
+@pytest.mark.parametrize(
+    "rows, vocab, width, bias, smoothing, ignored, block",
+    [
+        (300, 1000, 32, True, 0.0, False, None),  # one block
+        (300, 1000, 32, False, 0.1, True, 100),  # three blocks
+        (500, 60000, 8, False, 0.2, False, 7),  # many blocks, the last one short
+        (40, 60000, 16, True, 0.0, True, None),  # one block
+    ],
+)
 def test_fused_loss_equals_cross_entropy_of_the_logits(rows, vocab, width, bias, smoothing, ignored, block, monkeypatch):
     if block:
         monkeypatch.setattr("tfcli.accel.fused_loss._block_rows", lambda n, v: block)
@@ -93,8 +95,7 @@ def test_the_plain_loss_is_the_cross_entropy_of_the_logits():
 @pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder-decoder"])
 def test_model_targets_give_the_loss_of_its_logits(arch, accelerated):
     torch.manual_seed(0)
-    config = ModelConfig(arch=arch, vocab_size=97, block_size=32, n_layers=2, n_heads=4, d_model=32, d_ff=64,
-                         tie_embeddings=arch != "encoder")
+    config = ModelConfig(arch=arch, vocab_size=97, block_size=32, n_layers=2, n_heads=4, d_model=32, d_ff=64, tie_embeddings=arch != "encoder")
     model = accelerate(Transformer(config)) if accelerated else Transformer(config)
     ids = torch.randint(0, 97, (3, 12))
     targets = torch.randint(0, 97, (3, 12))

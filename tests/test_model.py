@@ -84,7 +84,7 @@ def test_cached_decoding_equals_the_full_forward_pass(layout, positions):
     full = model(ids).logits
     cache = KVCache(config, batch=2, capacity=12, dtype=torch.float32)
     steps = [model(ids[:, :5], cache=cache).logits]  # the prompt at once, then one token at a time
-    steps += [model(ids[:, t:t + 1], cache=cache).logits for t in range(5, 12)]
+    steps += [model(ids[:, t : t + 1], cache=cache).logits for t in range(5, 12)]
     assert (torch.cat(steps, dim=1) - full).abs().max().item() < 1e-5
     assert cache.keys.shape[2] == LAYOUTS[layout]  # GQA/MQA cache only their kv heads
     assert cache.length == 12
@@ -98,7 +98,7 @@ def test_cached_encoder_decoder_computes_cross_keys_once():
     full = model(source, decoder_ids=target).logits
     memory = model.encode(source)
     cache = KVCache(config, batch=2, capacity=6, dtype=torch.float32)
-    steps = [model(source, decoder_ids=target[:, t:t + 1], memory=memory, cache=cache).logits for t in range(6)]
+    steps = [model(source, decoder_ids=target[:, t : t + 1], memory=memory, cache=cache).logits for t in range(6)]
     assert (torch.cat(steps, dim=1) - full).abs().max().item() < 1e-5
     assert all(kv is not None and kv[0].shape == (2, 2, 9, 8) for kv in cache.cross)
 
@@ -129,10 +129,16 @@ def test_post_norm_blocks_end_normalised():
     assert hidden.std(-1, unbiased=False).sub(1).abs().max().item() < 1e-3
 
 
-@pytest.mark.parametrize("options", [
-    dict(activation="swiglu", norm="rmsnorm", bias=False), dict(activation="relu", tie_embeddings=False),
-    dict(activation="gelu_tanh", dropout=0.1), dict(arch="encoder", n_classes=3), dict(n_classes=2),
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(activation="swiglu", norm="rmsnorm", bias=False),
+        dict(activation="relu", tie_embeddings=False),
+        dict(activation="gelu_tanh", dropout=0.1),
+        dict(arch="encoder", n_classes=3),
+        dict(n_classes=2),
+    ],
+)
 def test_variants_train(options):
     torch.manual_seed(0)
     model = Transformer(tiny(**options))
@@ -177,17 +183,20 @@ def test_residual_projections_are_scaled():
     assert model.decoder.blocks[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.1)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(d_model=30, n_heads=4), "divisible by n_heads"),
-    (dict(n_kv_heads=3), "must divide n_heads"),
-    (dict(d_model=1 << 20), "absurd"),
-    (dict(n_layers=1000, d_model=16384, n_heads=16), "parameters"),
-    (dict(arch="transformer"), "arch must be one of"),
-    (dict(dropout=1.0), "dropout"),
-    (dict(positions="rotary", d_model=36, n_heads=4), "even head size"),
-    (dict(n_decoder_layers=3), "n_decoder_layers is for an encoder-decoder"),
-    (dict(arch="encoder", n_decoder_layers=3), "an encoder's depth is n_layers"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(d_model=30, n_heads=4), "divisible by n_heads"),
+        (dict(n_kv_heads=3), "must divide n_heads"),
+        (dict(d_model=1 << 20), "absurd"),
+        (dict(n_layers=1000, d_model=16384, n_heads=16), "parameters"),
+        (dict(arch="transformer"), "arch must be one of"),
+        (dict(dropout=1.0), "dropout"),
+        (dict(positions="rotary", d_model=36, n_heads=4), "even head size"),
+        (dict(n_decoder_layers=3), "n_decoder_layers is for an encoder-decoder"),
+        (dict(arch="encoder", n_decoder_layers=3), "an encoder's depth is n_layers"),
+    ],
+)
 def test_bad_configs(overrides, message):
     with pytest.raises(TfcliError, match=message):
         tiny(**overrides)
@@ -242,13 +251,16 @@ def test_llama3_rope_scaling_keeps_high_frequencies_and_divides_low_ones():
     assert torch.equal(scaled_frequencies(frequencies, RopeScaling("linear", 2.0)), frequencies / 2)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(rope_scaling={"kind": "llama3", "factor": 2.0}), "rope_scaling is for rotary positions"),
-    (dict(positions="rotary", rope_scaling={"kind": "yarn", "factor": 2.0}), "rope_scaling.kind must be one of linear, llama3"),
-    (dict(positions="rotary", rope_scaling={"kind": "linear", "factor": 0.5}), "factor >= 1"),
-    (dict(pooler=True), "pooler is BERT's"),
-    (dict(type_vocab_size=-1), "type_vocab_size"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(rope_scaling={"kind": "llama3", "factor": 2.0}), "rope_scaling is for rotary positions"),
+        (dict(positions="rotary", rope_scaling={"kind": "yarn", "factor": 2.0}), "rope_scaling.kind must be one of linear, llama3"),
+        (dict(positions="rotary", rope_scaling={"kind": "linear", "factor": 0.5}), "factor >= 1"),
+        (dict(pooler=True), "pooler is BERT's"),
+        (dict(type_vocab_size=-1), "type_vocab_size"),
+    ],
+)
 def test_bad_pretrained_options(overrides, message):
     with pytest.raises(TfcliError, match=message):
         ModelConfig.from_json({**tiny().to_json(), **overrides})

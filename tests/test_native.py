@@ -111,7 +111,7 @@ def test_cached_decoding_gives_the_same_logits_with_and_without_the_kernel(kerne
         cache = KVCache(config, 1, 32, torch.float32)
         with torch.inference_mode():
             model.decode(ids[:, :4], cache=cache)
-            return torch.stack([model.lm_head(model.decode(ids[:, t:t + 1], cache=cache))[0, 0] for t in range(4, 12)])
+            return torch.stack([model.lm_head(model.decode(ids[:, t : t + 1], cache=cache))[0, 0] for t in range(4, 12)])
 
     calls = []
 
@@ -202,8 +202,7 @@ def test_a_failed_build_is_remembered_and_not_tried_again(fresh, monkeypatch):
 def test_a_compiler_without_openmp_builds_the_serial_version(buildable, fresh, monkeypatch, tmp_path):
     compiler = tmp_path / "cc-without-openmp"
     real = shutil.which(os.environ.get("CC") or "cc") or "cc"
-    compiler.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && {{ echo "unsupported option -fopenmp" >&2; exit 1; }}; done\n'
-                        f'exec {real} "$@"\n')
+    compiler.write_text(f'#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && {{ echo "unsupported option -fopenmp" >&2; exit 1; }}; done\nexec {real} "$@"\n')
     compiler.chmod(0o755)
     monkeypatch.setenv("CC", str(compiler))
     assert native.vector_linear() is not None, native.problem()

@@ -25,8 +25,9 @@ def quick_chain(tmp_path_factory):
     """One short quickstart, made once for the module (a tokenizer over the whole corpus is most of its
     time); each test copies what it needs. Returns the folder and what the command printed."""
     out = tmp_path_factory.mktemp("quick") / "qs"
-    done = subprocess.run([sys.executable, "-m", "tfcli", "quickstart", "-o", str(out), "--data", str(SAMPLE_DATA), *QUICK],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "tfcli", "quickstart", "-o", str(out), "--data", str(SAMPLE_DATA), *QUICK], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr
     return out, done.stdout
 

@@ -12,8 +12,7 @@ FILES = ["corpus/stories.txt", "reviews.jsonl", "dates.jsonl"]
 
 
 def test_the_generator_reproduces_the_committed_files(tmp_path):
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "make_sample_data.py"), "--out", str(tmp_path)],
-                          capture_output=True, text=True)
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "make_sample_data.py"), "--out", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     for name in FILES:
         assert (tmp_path / name).read_bytes() == (SAMPLE_DATA / name).read_bytes(), name

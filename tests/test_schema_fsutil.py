@@ -31,14 +31,17 @@ def test_round_trip():
     assert Record.from_json(json.loads(json.dumps(record.to_json()))) == record
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"count": 1, "ratio": 1.0, "items": [], "extra": 1}, "unknown key 'extra'"),
-    ({"count": "1", "ratio": 1.0, "items": []}, "Record.count must be an integer"),
-    ({"count": True, "ratio": 1.0, "items": []}, "Record.count must be an integer"),
-    ({"count": 1, "items": []}, "missing the key 'ratio'"),
-    ({"count": 1, "ratio": 1.0, "items": [{"name": 3}]}, r"Record.items\[0\].name must be a string"),
-    ([1, 2], "must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"count": 1, "ratio": 1.0, "items": [], "extra": 1}, "unknown key 'extra'"),
+        ({"count": "1", "ratio": 1.0, "items": []}, "Record.count must be an integer"),
+        ({"count": True, "ratio": 1.0, "items": []}, "Record.count must be an integer"),
+        ({"count": 1, "items": []}, "missing the key 'ratio'"),
+        ({"count": 1, "ratio": 1.0, "items": [{"name": 3}]}, r"Record.items\[0\].name must be a string"),
+        ([1, 2], "must be a JSON object"),
+    ],
+)
 def test_bad_records_name_the_key(data, message):
     with pytest.raises(TfcliError, match=message):
         Record.from_json(data)

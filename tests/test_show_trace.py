@@ -11,8 +11,7 @@ from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.show import token_views, visible
 from tfcli.tokenizer.trace import bpe_trace, merge_pair, pair_counts
 
-RHYME = ("a_sailor_went_to_sea_sea_sea_to_see_what_he_could_see_see_see_but_all_that_he_could_see_see_see_"
-         "was_the_bottom_of_the_deep_blue_sea_sea_sea_")
+RHYME = "a_sailor_went_to_sea_sea_sea_to_see_what_he_could_see_see_see_but_all_that_he_could_see_see_see_was_the_bottom_of_the_deep_blue_sea_sea_sea_"
 
 
 def test_visible_escapes_control_and_format_characters():
@@ -68,8 +67,7 @@ def test_rhyme_trace_matches_the_lecture():
     assert (second.left, second.right) == ("e", "_")
     assert dict(second.table)["_"] == 21 and dict(second.table)["e_"] == 12
     final = dict(trace.steps[-1].table)
-    assert {t: final.pop(t) for t in ("see_", "sea_", "could_", "he_", "the_", "to_")} == {
-        "see_": 7, "sea_": 6, "could_": 2, "he_": 2, "the_": 2, "to_": 2}
+    assert {t: final.pop(t) for t in ("see_", "sea_", "could_", "he_", "the_", "to_")} == {"see_": 7, "sea_": 6, "could_": 2, "he_": 2, "the_": 2, "to_": 2}
     assert set(final.values()) == {1}
     assert all(t.endswith("_") and "_" not in t[:-1] for t in trace.tokens)  # whole words only
     assert "".join(trace.tokens) == RHYME
@@ -98,11 +96,14 @@ def test_trace_cli(cli):
     assert "end (1 token, 1 merge): aa" in cli("tokenize", "trace", "aa").stdout
 
 
-@pytest.mark.parametrize("args, message", [
-    (["x", "--merges", "-1"], "--merges"),
-    (["x", "--min-count", "0"], "--min-count"),
-    (["x" * 20_001], "small texts"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["x", "--merges", "-1"], "--merges"),
+        (["x", "--min-count", "0"], "--min-count"),
+        (["x" * 20_001], "small texts"),
+    ],
+)
 def test_trace_bad_input(cli, args, message):
     result = cli("tokenize", "trace", *args)
     assert result.code == 2 and message in result.stderr
@@ -195,8 +196,17 @@ def test_wordpiece_trace_cli(cli):
     assert "start (22 tokens): ##u 7, ##g 5, h 4" in result.stdout
     data = json.loads(cli("tokenize", "trace", HUGS, "--model", "wordpiece", "--merges", "1", "--json").stdout)
     assert data["model"] == "wordpiece"
-    assert data["merges"][0] | {"table": None} == {"merge": 1, "pair": ["##g", "##s"], "token": "##gs", "count": 1, "left_count": 5,
-                                                   "right_count": 1, "score": 0.2, "score_fraction": "1/5", "table": None}
+    assert data["merges"][0] | {"table": None} == {
+        "merge": 1,
+        "pair": ["##g", "##s"],
+        "token": "##gs",
+        "count": 1,
+        "left_count": 5,
+        "right_count": 1,
+        "score": 0.2,
+        "score_fraction": "1/5",
+        "table": None,
+    }
     assert data["text"] == HUGS and data["encoded"] == data["tokens"]
     assert "score" not in json.loads(cli("tokenize", "trace", HUGS, "--json").stdout)["merges"][0]
     # --min-count: a pair occurring fewer times is never merged, for WordPiece as for BPE

@@ -140,7 +140,7 @@ def test_wordpiece_matches_bert_tokenizer_fast(tmp_path, lowercase, strip_accent
     auto = transformers.AutoTokenizer.from_pretrained(str(out))
     loaded = transformers.BertTokenizerFast.from_pretrained(str(out))
     assert isinstance(auto, transformers.BertTokenizerFast)
-    text = "Zoë smiled at the CAFÉ, \"Thank you!\" said Mia.\tTom's 東京 [MASK] apples in Tōkyō; unbelievable"
+    text = 'Zoë smiled at the CAFÉ, "Thank you!" said Mia.\tTom\'s 東京 [MASK] apples in Tōkyō; unbelievable'
     expected = reference(text, add_special_tokens=False)["input_ids"]
     assert ours.encode(text) == expected
     assert auto(text, add_special_tokens=False)["input_ids"] == expected
@@ -249,8 +249,10 @@ def test_summary_and_table_name_the_family(cli, tmp_path):
         assert (out / "vocab.txt").is_file() == (model == "wordpiece")
         table = cli("tokenize", "train", corpus, "-o", out, "--model", model, "--vocab-size", "200", *extra).stdout
         assert f"model            {model} (" in table and "merges" not in table
-    assert "wordpiece (bert, lowercased, accents stripped)" in cli("tokenize", "train", corpus, "-o", tmp_path / "w", "--model", "wordpiece",
-                                                                   "--vocab-size", "200", "--lowercase").stdout
+    assert (
+        "wordpiece (bert, lowercased, accents stripped)"
+        in cli("tokenize", "train", corpus, "-o", tmp_path / "w", "--model", "wordpiece", "--vocab-size", "200", "--lowercase").stdout
+    )
     config = json.loads((tmp_path / "wordpiece" / "tokenizer_config.json").read_text())
     assert config["tokenizer_class"] == "BertTokenizerFast" and config["do_lower_case"] is True and config["strip_accents"] is True
     assert config["sep_token"] == config["eos_token"] == "[SEP]" and config["cls_token"] == "[CLS]"
@@ -266,20 +268,23 @@ def test_wordpiece_special_tokens_can_be_renamed(tmp_path):
     assert tokenizer.hf.token_to_id("<|user|>") == 5
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model", "nope"], "unknown --model 'nope'"),
-    (["--model", "wordpiece", "--pre-tokenizer", "whitespace"], "--pre-tokenizer applies to --model bpe only"),
-    (["--model", "unigram", "--min-frequency", "3"], "--min-frequency does not apply to --model unigram"),
-    (["--model", "char", "--limit-alphabet", "5"], "--limit-alphabet does not apply to --model char"),
-    (["--model", "unigram", "--limit-alphabet", "5"], "--limit-alphabet does not apply to --model unigram"),
-    (["--strip-accents"], "apply to --model wordpiece"),
-    (["--model", "char", "--keep-accents"], "apply to --model wordpiece"),
-    (["--model", "char", "--vocab-size", "5"], "--vocab-size 5 leaves no room for a character beside 5 special tokens"),
-    (["--model", "wordpiece", "--vocab-size", "30"], "tokens with their ## forms) plus 5 special tokens"),
-    (["--model", "unigram", "--vocab-size", "12"], "Unigram keeps every character of the corpus"),
-    (["--model", "wordpiece", "--special-tokens", "eos=Keep"], "would also be read from ordinary text spelled the same"),
-    (["--model", "wordpiece", "--special-tokens", "eos=[E\nOS]"], "holds a line break"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "nope"], "unknown --model 'nope'"),
+        (["--model", "wordpiece", "--pre-tokenizer", "whitespace"], "--pre-tokenizer applies to --model bpe only"),
+        (["--model", "unigram", "--min-frequency", "3"], "--min-frequency does not apply to --model unigram"),
+        (["--model", "char", "--limit-alphabet", "5"], "--limit-alphabet does not apply to --model char"),
+        (["--model", "unigram", "--limit-alphabet", "5"], "--limit-alphabet does not apply to --model unigram"),
+        (["--strip-accents"], "apply to --model wordpiece"),
+        (["--model", "char", "--keep-accents"], "apply to --model wordpiece"),
+        (["--model", "char", "--vocab-size", "5"], "--vocab-size 5 leaves no room for a character beside 5 special tokens"),
+        (["--model", "wordpiece", "--vocab-size", "30"], "tokens with their ## forms) plus 5 special tokens"),
+        (["--model", "unigram", "--vocab-size", "12"], "Unigram keeps every character of the corpus"),
+        (["--model", "wordpiece", "--special-tokens", "eos=Keep"], "would also be read from ordinary text spelled the same"),
+        (["--model", "wordpiece", "--special-tokens", "eos=[E\nOS]"], "holds a line break"),
+    ],
+)
 def test_bad_family_options_fail_cleanly(cli, tmp_path, args, message):
     corpus = tmp_path / "c.txt"
     corpus.write_text(FAMILY_TEXT, encoding="utf-8")
@@ -305,8 +310,24 @@ def test_config_defaults_follow_the_family():
 
 # -- every command downstream, per family ---------------------------------------------------------------
 
-TINY_MODEL = ["--set", "d_model=32", "--set", "n_heads=2", "--set", "n_layers=1", "--set", "d_ff=64",
-              "--block-size", "32", "--batch-size", "4", "--lr", "3e-3", "--log-every", "5"]
+TINY_MODEL = [
+    "--set",
+    "d_model=32",
+    "--set",
+    "n_heads=2",
+    "--set",
+    "n_layers=1",
+    "--set",
+    "d_ff=64",
+    "--block-size",
+    "32",
+    "--batch-size",
+    "4",
+    "--lr",
+    "3e-3",
+    "--log-every",
+    "5",
+]
 
 
 @pytest.fixture
@@ -338,7 +359,9 @@ def test_the_chain_runs_with_each_family(cli, tmp_path, plain_model, model):
     if model == "char":  # one character per token, joined as they are
         assert completion["text"] == tokenizer.decode(completion["tokens"]) and len(completion["text"]) == len(completion["tokens"])
     else:  # the decoder's text, but for the space before the first word (and BERT's cleanup of "word ' s")
-        assert completion["text"].strip().replace(" '", "'").replace("' ", "'") == tokenizer.decode(completion["tokens"]).strip().replace(" '", "'").replace("' ", "'")
+        assert completion["text"].strip().replace(" '", "'").replace("' ", "'") == tokenizer.decode(completion["tokens"]).strip().replace(" '", "'").replace(
+            "' ", "'"
+        )
     streamed = cli("generate", run, "--prompt", prompt, "-n", "12", "--seed", "1")
     assert streamed.code == 0 and streamed.stdout == completion["text"] + "\n"
 
@@ -346,7 +369,7 @@ def test_the_chain_runs_with_each_family(cli, tmp_path, plain_model, model):
     assert result.code == 0, result.stderr
     scores = json.loads(result.stdout)
     specials = set(tokenizer.special_ids.values())
-    targets = np.fromfile(shards / "val.bin", dtype=np.uint16)[1: scores["tokens"] + 1]  # each window's targets, back to back
+    targets = np.fromfile(shards / "val.bin", dtype=np.uint16)[1 : scores["tokens"] + 1]  # each window's targets, back to back
     text_bytes = sum(len(tokenizer.token_bytes(int(i))) for i in targets if int(i) not in specials)
     # bits per byte: the loss in bits over the bytes the scored tokens stand for
     assert scores["bpb"] == pytest.approx(scores["loss"] * scores["tokens"] / math.log(2) / text_bytes, rel=1e-3)
@@ -375,8 +398,26 @@ def test_an_encoder_on_wordpiece_fine_tunes_for_classification_like_bert(cli, tm
         text = vocabulary.token_bytes(filler["token_id"]).decode()
         assert filler["text"] == "The food was" + text + "."
         assert text == (filler["token"][2:] if filler["token"].startswith("##") else text)
-    result = cli("train", "finetune", "--init-from", encoder, "--task", "classify", "--data", reviews, "-o", classifier,
-                 "--max-steps", "4", "--batch-size", "8", "--eval-every", "4", "--log-every", "5")
+    result = cli(
+        "train",
+        "finetune",
+        "--init-from",
+        encoder,
+        "--task",
+        "classify",
+        "--data",
+        reviews,
+        "-o",
+        classifier,
+        "--max-steps",
+        "4",
+        "--batch-size",
+        "8",
+        "--eval-every",
+        "4",
+        "--log-every",
+        "5",
+    )
     assert result.code == 0, result.stderr
     result = cli("eval", classifier, "--data", reviews, "--max-batches", "4", "--json")
     assert result.code == 0, result.stderr

@@ -16,7 +16,7 @@ from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.specials import DEFAULT_SPECIALS, parse_special_tokens
 from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
 
-SAMPLE = "The fox saw 3 apples. \"Hi!\" said Zoë at the café 🦊 — 東京\n  indented line\n"
+SAMPLE = 'The fox saw 3 apples. "Hi!" said Zoë at the café 🦊 — 東京\n  indented line\n'
 
 
 def test_cli_train_writes_both_files_and_a_summary(cli, tiny_corpus, tmp_path):
@@ -88,12 +88,14 @@ def test_special_token_text_in_the_training_corpus_stays_text(tmp_path):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.one_of(
-    st.text(max_size=200),
-    st.text(alphabet=st.sampled_from(" \n\t😀🦊東京é<|>endoftx"), max_size=100),
-    st.just(""),
-    st.just("   leading spaces"),
-))
+@given(
+    st.one_of(
+        st.text(max_size=200),
+        st.text(alphabet=st.sampled_from(" \n\t😀🦊東京é<|>endoftx"), max_size=100),
+        st.just(""),
+        st.just("   leading spaces"),
+    )
+)
 def test_byte_level_round_trip(trained_tokenizer, text):
     tokenizer = _cached(trained_tokenizer)
     expected = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace") if _has_surrogate(text) else text
@@ -148,29 +150,35 @@ def test_custom_special_tokens(tiny_corpus, tmp_path):
     assert config["eos_token"] == "</s>" and config["additional_special_tokens"] == ["<|user|>"]
 
 
-@pytest.mark.parametrize("specs, message", [
-    (["eos="], "has no text"),
-    (["role=x"], "unknown special-token role"),
-    (["eos=<|pad|>"], "share the token"),
-    (["<x>", "<x>"], "given twice"),
-    (["|"], "is a single character"),  # it would take over every "|" in ordinary text
-    (["sep=#"], "unknown special-token role"),
-    (["eos=#"], "is a single character"),
-])
+@pytest.mark.parametrize(
+    "specs, message",
+    [
+        (["eos="], "has no text"),
+        (["role=x"], "unknown special-token role"),
+        (["eos=<|pad|>"], "share the token"),
+        (["<x>", "<x>"], "given twice"),
+        (["|"], "is a single character"),  # it would take over every "|" in ordinary text
+        (["sep=#"], "unknown special-token role"),
+        (["eos=#"], "is a single character"),
+    ],
+)
 def test_bad_special_tokens(specs, message):
     with pytest.raises(TfcliError, match=message):
         parse_special_tokens(specs)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--vocab-size", "100"], "smaller than the byte alphabet"),
-    (["--vocab-size", "10000000000"], "absurd"),
-    (["--vocab-size", "200", "--pre-tokenizer", "whitespace", "--limit-alphabet", "0"], "--limit-alphabet must be at least 1"),
-    (["--limit-alphabet", "10"], "does not apply to the byte-level"),
-    (["--pre-tokenizer", "wordpiece"], "unknown pre-tokenizer"),
-    (["--min-frequency", "0"], "--min-frequency must be at least 1"),
-    (["--vocab-size", "10", "--pre-tokenizer", "whitespace"], "smaller than the alphabet"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--vocab-size", "100"], "smaller than the byte alphabet"),
+        (["--vocab-size", "10000000000"], "absurd"),
+        (["--vocab-size", "200", "--pre-tokenizer", "whitespace", "--limit-alphabet", "0"], "--limit-alphabet must be at least 1"),
+        (["--limit-alphabet", "10"], "does not apply to the byte-level"),
+        (["--pre-tokenizer", "wordpiece"], "unknown pre-tokenizer"),
+        (["--min-frequency", "0"], "--min-frequency must be at least 1"),
+        (["--vocab-size", "10", "--pre-tokenizer", "whitespace"], "smaller than the alphabet"),
+    ],
+)
 def test_bad_options_fail_cleanly_and_keep_the_old_tokenizer(cli, tiny_corpus, tmp_path, args, message):
     out = tmp_path / "tok"
     assert cli("tokenize", "train", tiny_corpus, "-o", out, "--vocab-size", "300").code == 0
@@ -183,8 +191,9 @@ def test_bad_options_fail_cleanly_and_keep_the_old_tokenizer(cli, tiny_corpus, t
 
 def test_a_special_token_spelled_like_a_learned_token_is_refused(cli, tmp_path):
     (tmp_path / "c.txt").write_text("the cat and the dog and the end\n" * 200)
-    result = cli("tokenize", "train", tmp_path / "c.txt", "-o", tmp_path / "tok", "--pre-tokenizer", "whitespace",
-                 "--vocab-size", "100", "--special-tokens", "the</w>")
+    result = cli(
+        "tokenize", "train", tmp_path / "c.txt", "-o", tmp_path / "tok", "--pre-tokenizer", "whitespace", "--vocab-size", "100", "--special-tokens", "the</w>"
+    )
     assert result.code == 2 and "special token 'the</w>' is also a token BPE learned" in result.stderr
     assert not (tmp_path / "tok" / "tokenizer.json").exists()
 
@@ -257,7 +266,7 @@ def test_a_line_of_megabytes_trains_in_bounded_pieces(tmp_path, monkeypatch):
 
 
 def test_not_a_tokenizer_file(cli, tmp_path):
-    for name, content in (("garbage.json", "{\"hello\": 1}"), ("text.json", "not json at all"), ("bytes.json", b"\xff\x00")):
+    for name, content in (("garbage.json", '{"hello": 1}'), ("text.json", "not json at all"), ("bytes.json", b"\xff\x00")):
         path = tmp_path / name
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
         result = cli("tokenize", "show", "hi", "-t", path)

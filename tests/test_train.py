@@ -53,8 +53,24 @@ def reviews(tmp_path_factory) -> Path:
 
 
 def pretrain_args(shards: Path, out: Path, *extra: str) -> list[str]:
-    return ["train", "pretrain", "--data", shards, "-o", out, "--block-size", "32", "--batch-size", "4", "--lr", "3e-3",
-            "--log-every", "1", *TINY_MODEL, *extra]
+    return [
+        "train",
+        "pretrain",
+        "--data",
+        shards,
+        "-o",
+        out,
+        "--block-size",
+        "32",
+        "--batch-size",
+        "4",
+        "--lr",
+        "3e-3",
+        "--log-every",
+        "1",
+        *TINY_MODEL,
+        *extra,
+    ]
 
 
 def records(run: Path) -> list[dict]:
@@ -120,8 +136,9 @@ def test_pretrain_encoder_and_encoder_decoder_objectives_learn(cli, shards, tmp_
     task = {"encoder": "mlm", "encoder-decoder": "denoise"}[arch]
     assert config["training"]["task"] == task
     # continued pretraining: the architecture's own objective, from where the run left off
-    more = cli("train", "finetune", "--init-from", run, "--task", task, "--data", shards, "-o", tmp_path / "more",
-               "--max-steps", "3", "--batch-size", "4", "--json")
+    more = cli(
+        "train", "finetune", "--init-from", run, "--task", task, "--data", shards, "-o", tmp_path / "more", "--max-steps", "3", "--batch-size", "4", "--json"
+    )
     assert more.code == 0, more.stderr
     assert json.loads((tmp_path / "more" / "config.json").read_text())["training"]["task"] == task
     assert records(tmp_path / "more")[0]["loss"] < first  # it starts trained
@@ -131,8 +148,9 @@ def test_pretrain_encoder_and_encoder_decoder_objectives_learn(cli, shards, tmp_
 
 
 def _spawn(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tfcli", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        [sys.executable, "-m", "tfcli", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
 
 
 def _wait_for_step(run: Path, process: subprocess.Popen, step: int, timeout: float = 120.0) -> int:
@@ -184,14 +202,17 @@ def test_a_resumed_run_writes_the_records_of_an_uninterrupted_one(cli, shards, t
     result = cli(*pretrain_args(shards, broken, *args, "--resume"))
     assert result.code == 0, result.stderr
     drop = ("tokens_per_sec", "mfu", "elapsed")
-    assert [{k: v for k, v in r.items() if k not in drop} for r in records(broken)] == \
-        [{k: v for k, v in r.items() if k not in drop} for r in records(whole)]
+    assert [{k: v for k, v in r.items() if k not in drop} for r in records(broken)] == [{k: v for k, v in r.items() if k not in drop} for r in records(whole)]
 
 
 def test_a_closed_stderr_does_not_stop_training(shards, tmp_path):
     run = tmp_path / "run"
-    process = subprocess.Popen([sys.executable, "-m", "tfcli", *map(str, pretrain_args(shards, run, "--max-steps", "40"))],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tfcli", *map(str, pretrain_args(shards, run, "--max-steps", "40"))],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     process.stderr.readline()  # the first status line, then the reader goes away (`2>&1 | head -1`)
     process.stderr.close()
     assert process.wait(timeout=120) == 0
@@ -211,8 +232,9 @@ def test_a_signal_saves_a_checkpoint_that_resumes(cli, shards, tmp_path, signum,
     state = json.loads((run / "trainer" / "state.json").read_text())
     assert 3 <= state["step"] < 400
     assert records(run)[-1]["step"] == state["step"]
-    result = cli(*pretrain_args(shards, run, "--max-steps", str(state["step"] + 2), "--save-every", "1000",
-                                "--eval-every", "1000", "--batch-size", "16", "--resume"))
+    result = cli(
+        *pretrain_args(shards, run, "--max-steps", str(state["step"] + 2), "--save-every", "1000", "--eval-every", "1000", "--batch-size", "16", "--resume")
+    )
     assert result.code == 0, result.stderr
     assert json.loads((run / "trainer" / "state.json").read_text())["step"] == state["step"] + 2
 
@@ -315,7 +337,29 @@ def test_bad_inputs_are_one_line_errors(cli, shards, tmp_path):
         assert result.code == 2, (args, result.stderr)
         assert needle in result.stderr and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    for name in ("a", "a2", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q", "r", "s", "t"):  # nothing written, not even the folder
+    for name in (
+        "a",
+        "a2",
+        "b",
+        "c",
+        "d",
+        "e",
+        "f",
+        "g",
+        "h",
+        "i",
+        "j",
+        "k",
+        "l",
+        "m",
+        "n",
+        "o",
+        "p",
+        "q",
+        "r",
+        "s",
+        "t",
+    ):  # nothing written, not even the folder
         assert not (tmp_path / name).exists(), name
     (tmp_path / "mine").mkdir()  # a folder that was there before stays, empty or not
     assert cli(*pretrain_args(shards, tmp_path / "mine", "--block-size", "100000")).code == 2 and (tmp_path / "mine").is_dir()
@@ -330,12 +374,17 @@ def test_the_architecture_follows_the_settings_unless_arch_is_given(shards, tmp_
 
     toml = tmp_path / "s2s.toml"
     toml.write_text('[model]\narch = "encoder-decoder"\n')
-    cases = [(dict(preset_name="bert-base"), "encoder", "mlm"), (dict(config_file=toml), "encoder-decoder", "denoise"),
-             (dict(sets=["arch=encoder"]), "encoder", "mlm"), ({}, "decoder", "lm"),
-             (dict(arch="decoder", preset_name="bert-base"), "decoder", "lm")]  # --arch wins: bert-base's shape as a decoder
+    cases = [
+        (dict(preset_name="bert-base"), "encoder", "mlm"),
+        (dict(config_file=toml), "encoder-decoder", "denoise"),
+        (dict(sets=["arch=encoder"]), "encoder", "mlm"),
+        ({}, "decoder", "lm"),
+        (dict(arch="decoder", preset_name="bert-base"), "decoder", "lm"),
+    ]  # --arch wins: bert-base's shape as a decoder
     for i, (given, arch, task) in enumerate(cases):
-        arguments = dict(data=shards, output=tmp_path / f"run{i}", arch=None, preset_name=None, config_file=None, sets=[],
-                         options={}, tokenizer_path=None, resume=False)
+        arguments = dict(
+            data=shards, output=tmp_path / f"run{i}", arch=None, preset_name=None, config_file=None, sets=[], options={}, tokenizer_path=None, resume=False
+        )
         job = pretrain_job(**{**arguments, **given})
         assert (job.model_config.arch, job.config.task) == (arch, task), given
 
@@ -411,16 +460,47 @@ def test_an_empty_validation_split_is_said_out_loud(cli, trained_tokenizer, tmp_
 def test_finetune_task_is_not_overridden_by_a_setting(cli, shards, reviews, tmp_path):
     run = tmp_path / "run"
     assert cli(*pretrain_args(shards, run, "--max-steps", "2")).code == 0
-    result = cli("train", "finetune", "--init-from", run, "--task", "classify", "--data", reviews, "-o", tmp_path / "child",
-                 "--max-steps", "2", "--set", "task=lm")
+    result = cli(
+        "train", "finetune", "--init-from", run, "--task", "classify", "--data", reviews, "-o", tmp_path / "child", "--max-steps", "2", "--set", "task=lm"
+    )
     assert result.code == 2 and "sets task = 'lm', but --task decides it here" in result.stderr
     for task, data in (("lm", shards), ("classify", reviews)):  # a head would go untrained, or contradict the labels
-        result = cli("train", "finetune", "--init-from", run, "--task", task, "--data", data, "-o", tmp_path / f"child-{task}",
-                     "--max-steps", "2", "--set", "n_classes=3")
+        result = cli(
+            "train",
+            "finetune",
+            "--init-from",
+            run,
+            "--task",
+            task,
+            "--data",
+            data,
+            "-o",
+            tmp_path / f"child-{task}",
+            "--max-steps",
+            "2",
+            "--set",
+            "n_classes=3",
+        )
         assert result.code == 2 and "fine-tuning does not take n_classes" in result.stderr, result.stderr
         assert not (tmp_path / f"child-{task}").exists()
-    result = cli("train", "finetune", "--init-from", run, "--task", "classify", "--data", reviews, "--val-data", reviews,
-                 "-o", tmp_path / "child-v", "--max-steps", "2", "--set", "val_fraction=0.5")
+    result = cli(
+        "train",
+        "finetune",
+        "--init-from",
+        run,
+        "--task",
+        "classify",
+        "--data",
+        reviews,
+        "--val-data",
+        reviews,
+        "-o",
+        tmp_path / "child-v",
+        "--max-steps",
+        "2",
+        "--set",
+        "val_fraction=0.5",
+    )
     assert result.code == 2 and "val_fraction does nothing with --val-data" in result.stderr
 
 
@@ -477,8 +557,28 @@ def test_config_file_and_sets_resolve_in_order(cli, shards, tmp_path):
     config = tmp_path / "config.toml"
     config.write_text('preset = "tiny"\n[model]\nd_model = 48\nn_heads = 3\npositions = "rotary"\n[train]\nlr = 0.002\nseed = 7\n')
     run = tmp_path / "run"
-    result = cli("train", "pretrain", "--data", shards, "-o", run, "--config", config, "--set", "n_layers=1", "--set", "train.seed=8",
-                 "--block-size", "32", "--max-steps", "2", "--seed", "9", "--batch-size", "2")
+    result = cli(
+        "train",
+        "pretrain",
+        "--data",
+        shards,
+        "-o",
+        run,
+        "--config",
+        config,
+        "--set",
+        "n_layers=1",
+        "--set",
+        "train.seed=8",
+        "--block-size",
+        "32",
+        "--max-steps",
+        "2",
+        "--seed",
+        "9",
+        "--batch-size",
+        "2",
+    )
     assert result.code == 0, result.stderr
     saved = json.loads((run / "config.json").read_text())
     assert saved["model"]["d_model"] == 48 and saved["model"]["positions"] == "rotary" and saved["model"]["n_layers"] == 1
@@ -491,8 +591,27 @@ def test_finetune_classifier_learns_and_records_labels(cli, shards, reviews, tmp
     parent = tmp_path / "parent"
     assert cli(*pretrain_args(shards, parent, "--max-steps", "5")).code == 0
     child = tmp_path / "child"
-    result = cli("train", "finetune", "--init-from", parent, "--task", "classify", "--data", reviews, "-o", child,
-                 "--max-steps", "60", "--batch-size", "16", "--lr", "3e-3", "--eval-every", "60", "--json")
+    result = cli(
+        "train",
+        "finetune",
+        "--init-from",
+        parent,
+        "--task",
+        "classify",
+        "--data",
+        reviews,
+        "-o",
+        child,
+        "--max-steps",
+        "60",
+        "--batch-size",
+        "16",
+        "--lr",
+        "3e-3",
+        "--eval-every",
+        "60",
+        "--json",
+    )
     assert result.code == 0, result.stderr
     last = json.loads(result.stdout)["last"]
     assert last["val_accuracy"] >= 0.9 and last["val_macro_f1"] >= 0.9
@@ -545,8 +664,7 @@ def test_finetune_with_a_frozen_body_trains_only_the_head(cli, shards, reviews, 
     parent = tmp_path / "parent"
     assert cli(*pretrain_args(shards, parent, "--arch", "encoder", "--max-steps", "3")).code == 0
     child = tmp_path / "child"
-    result = cli("train", "finetune", "--init-from", parent, "--task", "classify", "--data", reviews, "-o", child,
-                 "--max-steps", "5", "--freeze", "body")
+    result = cli("train", "finetune", "--init-from", parent, "--task", "classify", "--data", reviews, "-o", child, "--max-steps", "5", "--freeze", "body")
     assert result.code == 0, result.stderr
     a, b = weights(parent), weights(child)
     assert all((a[k] == b[k]).all() for k in a)
@@ -559,16 +677,36 @@ def test_finetune_seq2seq_and_continued_lm(cli, shards, tmp_path):
     parent = tmp_path / "s2s"
     assert cli(*pretrain_args(shards, parent, "--arch", "encoder-decoder", "--max-steps", "3")).code == 0
     child = tmp_path / "s2s-child"
-    result = cli("train", "finetune", "--init-from", parent, "--task", "seq2seq", "--data", pairs, "-o", child,
-                 "--max-steps", "30", "--batch-size", "8", "--lr", "3e-3", "--eval-every", "30", "--json")
+    result = cli(
+        "train",
+        "finetune",
+        "--init-from",
+        parent,
+        "--task",
+        "seq2seq",
+        "--data",
+        pairs,
+        "-o",
+        child,
+        "--max-steps",
+        "30",
+        "--batch-size",
+        "8",
+        "--lr",
+        "3e-3",
+        "--eval-every",
+        "30",
+        "--json",
+    )
     assert result.code == 0, result.stderr
     rows = records(child)
     assert rows[-1]["loss"] < rows[0]["loss"] and "val_loss" in rows[-1]
 
     decoder = tmp_path / "lm"
     assert cli(*pretrain_args(shards, decoder, "--max-steps", "3")).code == 0
-    result = cli("train", "finetune", "--init-from", decoder, "--task", "lm", "--data", shards, "-o", tmp_path / "lm2",
-                 "--max-steps", "3", "--block-size", "16")
+    result = cli(
+        "train", "finetune", "--init-from", decoder, "--task", "lm", "--data", shards, "-o", tmp_path / "lm2", "--max-steps", "3", "--block-size", "16"
+    )
     assert result.code == 0, result.stderr
 
 
@@ -608,10 +746,10 @@ def test_finetune_refusals(cli, shards, reviews, tmp_path, trained_tokenizer):
 
 
 def _torchrun(args: list, nproc: int = 2) -> subprocess.Popen:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc),
-               "-m", "tfcli", *map(str, args)]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc), "-m", "tfcli", *map(str, args)]
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    )
 
 
 def test_two_gloo_ranks_match_one_process_with_the_whole_batch(cli, shards, tmp_path):
@@ -643,8 +781,22 @@ def test_two_gloo_ranks_match_one_process_with_the_whole_batch(cli, shards, tmp_
 
 def test_fsdp_ranks_train_like_ddp_ranks_and_resume_sharded(cli, shards, tmp_path):
     # a constant learning rate, so stopping at step 4 and resuming to 6 follows the same schedule as 6 at once
-    common = ["--eval-every", "2", "--save-every", "2", "--set", "bias=false", "--grad-accum", "2", "--batch-size", "4",
-              "--set", "schedule=constant", "--set", "warmup_steps=0"]
+    common = [
+        "--eval-every",
+        "2",
+        "--save-every",
+        "2",
+        "--set",
+        "bias=false",
+        "--grad-accum",
+        "2",
+        "--batch-size",
+        "4",
+        "--set",
+        "schedule=constant",
+        "--set",
+        "warmup_steps=0",
+    ]
     ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
     process = _torchrun(pretrain_args(shards, ddp, *common, "--max-steps", "6"))
     _, err = process.communicate(timeout=240)
@@ -707,8 +859,9 @@ def test_eval_scores_shards_text_and_labeled_sets(cli, shards, reviews, tmp_path
     assert "bits per byte" in table.stdout
 
     child = tmp_path / "child"
-    assert cli("train", "finetune", "--init-from", run, "--task", "classify", "--data", reviews, "-o", child,
-               "--max-steps", "10", "--batch-size", "8").code == 0
+    assert (
+        cli("train", "finetune", "--init-from", run, "--task", "classify", "--data", reviews, "-o", child, "--max-steps", "10", "--batch-size", "8").code == 0
+    )
     labeled = cli("eval", child, "--data", reviews, "--json")
     scored = json.loads(labeled.stdout)
     assert scored["task"] == "classify" and scored["examples"] == 120 and 0 <= scored["accuracy"] <= 1 and "macro_f1" in scored
@@ -757,6 +910,7 @@ def test_compile_falls_back_with_a_note_where_it_fails(cli, shards, tmp_path, mo
     def broken_compile(module, *args, **kwargs):
         def run(*a, **k):
             raise RuntimeError("no compiler here")
+
         return run
 
     monkeypatch.setattr(torch, "compile", broken_compile)

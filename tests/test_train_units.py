@@ -31,8 +31,9 @@ def test_set_values_read_as_toml():
 
 
 def test_settings_resolve_and_refuse_unknown_keys():
-    model, train = resolve_configs(preset_name="tiny", config_file=None, sets=["d_model=32", "train.lr=0.01", "n_heads=2"],
-                                   options={"lr": 0.02, "model.block_size": 64})
+    model, train = resolve_configs(
+        preset_name="tiny", config_file=None, sets=["d_model=32", "train.lr=0.01", "n_heads=2"], options={"lr": 0.02, "model.block_size": 64}
+    )
     assert model.d_model == 32 and model.block_size == 64 and train.lr == 0.02
     with pytest.raises(TfcliError, match="warp"):
         resolve_configs(preset_name="tiny", config_file=None, sets=["warp=1"], options={})
@@ -43,8 +44,7 @@ def test_settings_resolve_and_refuse_unknown_keys():
     _, fixed = resolve_configs(preset_name="tiny", config_file=None, sets=["task=lm"], options={}, train_fixed={"task": "lm"})
     assert fixed.task == "lm"  # the same value is no conflict
     with pytest.raises(TfcliError, match="--set sets task = 'mlm', but --task decides it here"):
-        resolve_configs(preset_name="tiny", config_file=None, sets=["task=mlm"], options={}, train_fixed={"task": "lm"},
-                        fixed_by={"task": "--task"})
+        resolve_configs(preset_name="tiny", config_file=None, sets=["task=mlm"], options={}, train_fixed={"task": "lm"}, fixed_by={"task": "--task"})
 
 
 def test_schedule_warms_up_then_decays():
@@ -157,7 +157,10 @@ def test_metrics_writer_amends_its_last_record_and_writes_strict_json(tmp_path):
     writer.close()
     lines = path.read_text().splitlines()
     assert [json.loads(line) for line in lines] == [
-        {"step": 1, "loss": 2.0}, {"step": 2, "loss": None, "val_loss": None, "val_ppl": 3.0}, {"step": 3, "loss": 1.0}]
+        {"step": 1, "loss": 2.0},
+        {"step": 2, "loss": None, "val_loss": None, "val_ppl": 3.0},
+        {"step": 3, "loss": 1.0},
+    ]
     assert amended == {"step": 2, "loss": None, "val_loss": None, "val_ppl": 3.0}
     assert "NaN" not in path.read_text() and "Infinity" not in path.read_text()
 

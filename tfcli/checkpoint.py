@@ -182,17 +182,20 @@ def read_run_config(run_dir: Path) -> RunConfig:
         raise TfcliError(f"{run_dir / CONFIG_FILE} has checkpoint format {config.format_version}; this tfcli reads {CHECKPOINT_FORMAT}")
     labels = (config.training or {}).get("labels")
     n_classes = config.model.n_classes
-    if labels is not None and (not isinstance(labels, list) or not all(isinstance(name, str) for name in labels)
-                               or len(labels) != n_classes or len(set(labels)) != len(labels)):
-        raise TfcliError(f"{run_dir / CONFIG_FILE} has training.labels {json.dumps(labels)}, which is not a list of the "
-                         f"{n_classes} distinct class names" if n_classes else f"{run_dir / CONFIG_FILE} has training.labels but no classifier",
-                         hint="fix it, or remove it to call the classes class 0, class 1, ...")
+    if labels is not None and (
+        not isinstance(labels, list) or not all(isinstance(name, str) for name in labels) or len(labels) != n_classes or len(set(labels)) != len(labels)
+    ):
+        raise TfcliError(
+            f"{run_dir / CONFIG_FILE} has training.labels {json.dumps(labels)}, which is not a list of the {n_classes} distinct class names"
+            if n_classes
+            else f"{run_dir / CONFIG_FILE} has training.labels but no classifier",
+            hint="fix it, or remove it to call the classes class 0, class 1, ...",
+        )
     if config.training is not None:
         try:
             TrainingRecord.from_json(config.training, where="training")
         except TfcliError as error:
-            raise TfcliError(f"{run_dir / CONFIG_FILE}: {error.message}",
-                             hint="restore the run's own config.json, or remove the training section") from None
+            raise TfcliError(f"{run_dir / CONFIG_FILE}: {error.message}", hint="restore the run's own config.json, or remove the training section") from None
     return config
 
 
@@ -203,8 +206,7 @@ def _refuse_hugging_face_folder(run_dir: Path) -> None:
     except (OSError, ValueError):
         return  # RunConfig.load says what is wrong with it
     if isinstance(data, dict) and "format_version" not in data and ("model_type" in data or "architectures" in data):
-        raise TfcliError(f"{run_dir} is a Hugging Face model folder, not a tfcli run directory",
-                         hint=f"import it first: tfcli import {run_dir} -o RUN")
+        raise TfcliError(f"{run_dir} is a Hugging Face model folder, not a tfcli run directory", hint=f"import it first: tfcli import {run_dir} -o RUN")
 
 
 def run_file_problems(run_dir: Path, config: RunConfig, tokenizer: TextTokenizer) -> list[TfcliError]:
@@ -215,14 +217,25 @@ def run_file_problems(run_dir: Path, config: RunConfig, tokenizer: TextTokenizer
     if not weights.is_file():
         problems.append(TfcliError(f"{run_dir} has no {WEIGHTS_FILE}", hint="use an intact run directory"))
     elif (size := weights.stat().st_size) != config.weights_bytes:
-        problems.append(TfcliError(f"{weights} holds {size:,} bytes but {CONFIG_FILE} expects {config.weights_bytes:,}",
-                                   hint="the checkpoint is truncated or from another save; use an intact run directory"))
+        problems.append(
+            TfcliError(
+                f"{weights} holds {size:,} bytes but {CONFIG_FILE} expects {config.weights_bytes:,}",
+                hint="the checkpoint is truncated or from another save; use an intact run directory",
+            )
+        )
     if tokenizer.vocab_size > config.model.vocab_size:
-        problems.append(TfcliError(f"{run_dir / TOKENIZER_FILE} has {tokenizer.vocab_size:,} tokens but the model's vocabulary only "
-                                   f"{config.model.vocab_size:,}", hint="use the tokenizer the model was trained with"))
+        problems.append(
+            TfcliError(
+                f"{run_dir / TOKENIZER_FILE} has {tokenizer.vocab_size:,} tokens but the model's vocabulary only {config.model.vocab_size:,}",
+                hint="use the tokenizer the model was trained with",
+            )
+        )
     elif tokenizer.sha256 != config.tokenizer_sha256:
-        problems.append(TfcliError(f"{run_dir / TOKENIZER_FILE} is not the tokenizer this model was saved with (sha256 differs)",
-                                   hint="restore the run's own tokenizer.json"))
+        problems.append(
+            TfcliError(
+                f"{run_dir / TOKENIZER_FILE} is not the tokenizer this model was saved with (sha256 differs)", hint="restore the run's own tokenizer.json"
+            )
+        )
     return problems
 
 
@@ -251,7 +264,9 @@ def load_checkpoint(run_dir: Path, device: str = "cpu") -> Checkpoint:
             missing = sorted(set(expected) - names)
             unexpected = sorted(names - set(expected))
             if missing:
-                raise TfcliError(f"{weights} lacks the tensor {missing[0]} (and {len(missing) - 1} more)" if len(missing) > 1 else f"{weights} lacks the tensor {missing[0]}")
+                raise TfcliError(
+                    f"{weights} lacks the tensor {missing[0]} (and {len(missing) - 1} more)" if len(missing) > 1 else f"{weights} lacks the tensor {missing[0]}"
+                )
             if unexpected:
                 raise TfcliError(f"{weights} holds an unexpected tensor {unexpected[0]}", hint="the weights do not belong to this config")
             for name in sorted(names):

@@ -195,8 +195,10 @@ def nothing_left_on_failure(folder: Path, doing: str) -> Iterator[None]:
             if not existed and not any(folder.iterdir()):
                 folder.rmdir()
         if isinstance(exc, (OSError, SafetensorError)):
-            raise TfcliError(f"could not finish {doing} {folder}: {describe_write_error(exc)}",
-                             hint="check the free space and the folder's permissions, or choose another -o") from exc
+            raise TfcliError(
+                f"could not finish {doing} {folder}: {describe_write_error(exc)}",
+                hint="check the free space and the folder's permissions, or choose another -o",
+            ) from exc
         raise
 
 

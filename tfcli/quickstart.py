@@ -39,8 +39,9 @@ def find_sample_data(explicit: Path | None = None) -> Path:
     raise TfcliError(f"{where} has no corpus/ folder", hint="run from the tfcli source tree, or pass --data pointing at sample_data/")
 
 
-def run_quickstart(data_dir: Path, out_dir: Path, force: bool = False, pretrain_steps: int = PRETRAIN_STEPS,
-                   classifier_steps: int = CLASSIFIER_STEPS, device: str = "auto") -> Iterator[Any]:
+def run_quickstart(
+    data_dir: Path, out_dir: Path, force: bool = False, pretrain_steps: int = PRETRAIN_STEPS, classifier_steps: int = CLASSIFIER_STEPS, device: str = "auto"
+) -> Iterator[Any]:
     from tfcli.corpus.reader import resolve_corpus
     from tfcli.data.shards import encode_corpus, load_shard_meta
     from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
@@ -68,25 +69,59 @@ def run_quickstart(data_dir: Path, out_dir: Path, force: bool = False, pretrain_
     from tfcli.train.job import finetune_job, pretrain_job
 
     model_dir = out_dir / "model"
-    settings = {"max_steps": pretrain_steps, "batch_size": 32, "lr": 3e-3, "eval_every": max(pretrain_steps // 4, 1),
-                "save_every": max(pretrain_steps // 2, 1), "device": device}
-    made = yield from _train_step(model_dir, force, pretrain_steps, tokenizer.sha256, lambda resume: pretrain_job(
-        data=shard_dir, output=model_dir, arch="decoder", preset_name="tiny", config_file=None, sets=[], options=settings,
-        tokenizer_path=tokenizer_dir / TOKENIZER_FILE, resume=resume))
+    settings = {
+        "max_steps": pretrain_steps,
+        "batch_size": 32,
+        "lr": 3e-3,
+        "eval_every": max(pretrain_steps // 4, 1),
+        "save_every": max(pretrain_steps // 2, 1),
+        "device": device,
+    }
+    made = yield from _train_step(
+        model_dir,
+        force,
+        pretrain_steps,
+        tokenizer.sha256,
+        lambda resume: pretrain_job(
+            data=shard_dir,
+            output=model_dir,
+            arch="decoder",
+            preset_name="tiny",
+            config_file=None,
+            sets=[],
+            options=settings,
+            tokenizer_path=tokenizer_dir / TOKENIZER_FILE,
+            resume=resume,
+        ),
+    )
     val_loss = _last_metric(model_dir, "val_loss")
     entropy = unigram_entropy(shard_dir)
     yield QuickstartStep("model", made, model_dir, f"validation loss {val_loss:.3f} nats per token; the unigram entropy of the shards is {entropy:.3f}")
 
     classifier_dir = out_dir / "classifier"
     reviews = data_dir / "reviews.jsonl"
-    settings = {"max_steps": classifier_steps, "batch_size": 32, "lr": 2e-3, "eval_every": max(classifier_steps // 2, 1),
-                "save_every": max(classifier_steps // 2, 1), "device": device}
-    made = yield from _train_step(classifier_dir, force or made, classifier_steps, tokenizer.sha256, lambda resume: finetune_job(
-        init_from=model_dir, task="classify", data=reviews, val_data=None, output=classifier_dir, config_file=None, sets=[],
-        options=settings, resume=resume))
+    settings = {
+        "max_steps": classifier_steps,
+        "batch_size": 32,
+        "lr": 2e-3,
+        "eval_every": max(classifier_steps // 2, 1),
+        "save_every": max(classifier_steps // 2, 1),
+        "device": device,
+    }
+    made = yield from _train_step(
+        classifier_dir,
+        force or made,
+        classifier_steps,
+        tokenizer.sha256,
+        lambda resume: finetune_job(
+            init_from=model_dir, task="classify", data=reviews, val_data=None, output=classifier_dir, config_file=None, sets=[], options=settings, resume=resume
+        ),
+    )
     accuracy = _last_metric(classifier_dir, "val_accuracy")
     baseline = majority_baseline(classifier_dir)
-    yield QuickstartStep("classifier", made, classifier_dir, f"validation accuracy {accuracy:.1%}; always answering the most common label scores {baseline:.1%}")
+    yield QuickstartStep(
+        "classifier", made, classifier_dir, f"validation accuracy {accuracy:.1%}; always answering the most common label scores {baseline:.1%}"
+    )
 
 
 def _train_step(run_dir: Path, force: bool, steps: int, tokenizer_sha256: str, make_job) -> Iterator[Any]:

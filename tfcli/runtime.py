@@ -46,8 +46,9 @@ def resolve_device(name: str) -> str:
         if not torch.cuda.is_available():
             raise TfcliError(f"--device {name} was asked for but no CUDA GPU is available", hint="use --device cpu or auto")
         if colon and int(index) >= torch.cuda.device_count():
-            raise TfcliError(f"--device {name}: this machine's CUDA GPUs are numbered 0 to {torch.cuda.device_count() - 1}",
-                             hint="use --device cuda for the first")
+            raise TfcliError(
+                f"--device {name}: this machine's CUDA GPUs are numbered 0 to {torch.cuda.device_count() - 1}", hint="use --device cuda for the first"
+            )
         return name
     if name == "mps":
         if not torch.backends.mps.is_available():

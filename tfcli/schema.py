@@ -126,8 +126,7 @@ class JsonRecord:
         fields = {f.name: f for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
         unknown = sorted(set(data) - set(fields))
         if unknown:
-            raise TfcliError(f"{where} has unknown key {unknown[0]!r}",
-                             hint="remove it; the file was edited by hand or written by another version of tfcli")
+            raise TfcliError(f"{where} has unknown key {unknown[0]!r}", hint="remove it; the file was edited by hand or written by another version of tfcli")
         kwargs = {}
         for name, field in fields.items():
             if name in data:

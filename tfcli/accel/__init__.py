@@ -59,12 +59,14 @@ def report() -> dict[str, Any]:
     if not enabled():
         return data
     store = choices.choices()
-    data.update({
-        "onednn": "checked against PyTorch" if products.available(products.ONEDNN) else "not available in this torch build",
-        "c_code": "built and checked against PyTorch" if native.library() is not None else f"not used: {native.problem()}",
-        "c_decoder_step": decode_step.describe(),
-        "decisions_file": str(store.path) if store.path is not None else None,
-        "notes": list(store.notes),
-        "decisions": {key: decision.to_json() for key, decision in sorted(store.decisions.items())},
-    })
+    data.update(
+        {
+            "onednn": "checked against PyTorch" if products.available(products.ONEDNN) else "not available in this torch build",
+            "c_code": "built and checked against PyTorch" if native.library() is not None else f"not used: {native.problem()}",
+            "c_decoder_step": decode_step.describe(),
+            "decisions_file": str(store.path) if store.path is not None else None,
+            "notes": list(store.notes),
+            "decisions": {key: decision.to_json() for key, decision in sorted(store.decisions.items())},
+        }
+    )
     return data

@@ -46,8 +46,9 @@ class ChoicesFile(JsonRecord):
     decisions: dict[str, Decision]
 
 
-def measure(candidates: dict[str, Callable[[], Any]], same: Callable[[Any, Any], bool], *,
-            sync: Callable[[], None] = lambda: None, budget_s: float = BUDGET_S) -> Decision:
+def measure(
+    candidates: dict[str, Callable[[], Any]], same: Callable[[Any, Any], bool], *, sync: Callable[[], None] = lambda: None, budget_s: float = BUDGET_S
+) -> Decision:
     """Run each candidate once and compare its result with the first's, then time the ones that agree in
     turns and keep the fastest. The first candidate is the default (PyTorch's own, for products): another
     replaces it only when it takes at most MARGIN of its time."""
@@ -118,8 +119,7 @@ class Choices:
         decision = self.decisions.get(key)
         return decision if decision is not None and decision.choice in allowed else None
 
-    def decide(self, key: str, candidates: dict[str, Callable[[], Any]], same: Callable[[Any, Any], bool], *,
-               sync: Callable[[], None] = lambda: None) -> str:
+    def decide(self, key: str, candidates: dict[str, Callable[[], Any]], same: Callable[[Any, Any], bool], *, sync: Callable[[], None] = lambda: None) -> str:
         """The candidate for `key`: the remembered one if it is still a candidate, else measured now."""
         with self._lock:
             known = self.get(key, tuple(candidates))
@@ -180,4 +180,3 @@ def choices() -> Choices:
 
             _choices = Choices(choices_path(), torch.__version__)
         return _choices
-

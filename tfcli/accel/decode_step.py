@@ -33,12 +33,32 @@ ANY = None
 # Every ModelConfig setting, with the values the C step implements (ANY: every value the config accepts).
 # A setting missing here, or a value outside its set, leaves decoding to PyTorch's step.
 KNOWN_SETTINGS: dict[str, set | None] = {
-    "arch": {"decoder"}, "vocab_size": ANY, "block_size": ANY, "n_layers": ANY, "n_decoder_layers": {None},
-    "n_heads": ANY, "n_kv_heads": ANY, "d_model": ANY, "d_ff": ANY, "positions": {"learned", "sinusoidal", "rotary"},
-    "rope_base": ANY, "rope_scaling": {None}, "norm": set(NORMS), "norm_placement": {"pre", "post"}, "norm_eps": ANY,
-    "activation": set(ACTIVATIONS), "dropout": ANY,  # the step runs in eval mode only: no dropout
-    "bias": ANY, "qkv_bias": {None}, "mlp_bias": {None}, "tie_embeddings": ANY, "n_classes": ANY,  # a classification head plays no part in decoding
-    "init_std": ANY, "type_vocab_size": {0}, "embedding_norm": {False}, "pooler": {False},
+    "arch": {"decoder"},
+    "vocab_size": ANY,
+    "block_size": ANY,
+    "n_layers": ANY,
+    "n_decoder_layers": {None},
+    "n_heads": ANY,
+    "n_kv_heads": ANY,
+    "d_model": ANY,
+    "d_ff": ANY,
+    "positions": {"learned", "sinusoidal", "rotary"},
+    "rope_base": ANY,
+    "rope_scaling": {None},
+    "norm": set(NORMS),
+    "norm_placement": {"pre", "post"},
+    "norm_eps": ANY,
+    "activation": set(ACTIVATIONS),
+    "dropout": ANY,  # the step runs in eval mode only: no dropout
+    "bias": ANY,
+    "qkv_bias": {None},
+    "mlp_bias": {None},
+    "tie_embeddings": ANY,
+    "n_classes": ANY,  # a classification head plays no part in decoding
+    "init_std": ANY,
+    "type_vocab_size": {0},
+    "embedding_norm": {False},
+    "pooler": {False},
 }
 LINEARS = (nn.Linear, products.Linear)  # the plain model's and the one `accelerate` turns it into
 
@@ -56,8 +76,12 @@ class NativeDecoderStep:
         layers = (DecoderLayer * config.decoder_layers)()
         for i, block in enumerate(model.decoder.blocks):
             parts = {
-                "attn_norm": block.attn_norm, "qkv": block.attn.qkv, "out": block.attn.out,
-                "mlp_norm": block.mlp_norm, "fc": block.mlp.fc, "proj": block.mlp.proj,
+                "attn_norm": block.attn_norm,
+                "qkv": block.attn.qkv,
+                "out": block.attn.out,
+                "mlp_norm": block.mlp_norm,
+                "fc": block.mlp.fc,
+                "proj": block.mlp.proj,
             }
             for name, module in parts.items():
                 setattr(layers[i], f"{name}_weight", self._address(module.weight))
@@ -67,9 +91,17 @@ class NativeDecoderStep:
         final_norm = model.decoder.norm
         pre_norm = config.norm_placement == "pre"
         self.decoder = Decoder(
-            d_model=config.d_model, n_heads=config.n_heads, n_kv_heads=config.kv_heads, head_dim=config.head_dim,
-            hidden=config.hidden_dim, vocab=config.vocab_size, capacity=cache.capacity, n_layers=config.decoder_layers,
-            norm=NORMS.index(config.norm), pre_norm=int(pre_norm), activation=ACTIVATIONS.index(config.activation),
+            d_model=config.d_model,
+            n_heads=config.n_heads,
+            n_kv_heads=config.kv_heads,
+            head_dim=config.head_dim,
+            hidden=config.hidden_dim,
+            vocab=config.vocab_size,
+            capacity=cache.capacity,
+            n_layers=config.decoder_layers,
+            norm=NORMS.index(config.norm),
+            pre_norm=int(pre_norm),
+            activation=ACTIVATIONS.index(config.activation),
             norm_eps=config.norm_eps,
             token_embedding=self._address(model.tok_emb.weight),
             position_table=self._address(_position_table(model)),
@@ -114,8 +146,7 @@ class NativeDecoderStep:
         if not 0 <= token < self.vocab or not 0 <= position < self.cache.capacity:
             raise ValueError(f"token {token} at position {position} is outside the model's vocabulary or the cache")
         logits = torch.empty(1, self.vocab, dtype=torch.float32)
-        self.library.decoder_step(self.address, token, position, logits.data_ptr(), self.workspace.data_ptr(),
-                                  torch.get_num_threads(), native.PARALLEL_FROM)
+        self.library.decoder_step(self.address, token, position, logits.data_ptr(), self.workspace.data_ptr(), torch.get_num_threads(), native.PARALLEL_FROM)
         self.cache.advance(1)
         return logits
 
@@ -162,9 +193,12 @@ def unsupported(model: Transformer, cache: KVCache | None) -> str | None:
     up = 2 * hidden if config.activation == "swiglu" else hidden
     cache_shape = (config.decoder_layers, 1, config.kv_heads, cache.capacity, config.head_dim)  # (L, B, n_kv, S, hs)
     expected: list[tuple[torch.Tensor | None, tuple[int, ...] | None]] = [
-        (model.tok_emb.weight, (config.vocab_size, d)), (model.lm_head.weight, (config.vocab_size, d)),
-        (model.lm_head.bias, None), (_position_table(model), (config.block_size, d) if config.positions != "rotary" else None),
-        (cache.keys, cache_shape), (cache.values, cache_shape),
+        (model.tok_emb.weight, (config.vocab_size, d)),
+        (model.lm_head.weight, (config.vocab_size, d)),
+        (model.lm_head.bias, None),
+        (_position_table(model), (config.block_size, d) if config.positions != "rotary" else None),
+        (cache.keys, cache_shape),
+        (cache.values, cache_shape),
     ]
     if model.rotary is not None:
         expected += [(model.rotary.cos, (config.block_size, config.head_dim)), (model.rotary.sin, (config.block_size, config.head_dim))]
@@ -172,8 +206,7 @@ def unsupported(model: Transformer, cache: KVCache | None) -> str | None:
     for norm in norms + ([model.decoder.norm] if config.norm_placement == "pre" else []):
         expected += [(norm.weight, (d,)), (getattr(norm, "bias", None), (d,) if config.norm == "layernorm" and config.bias else None)]
     for block in model.decoder.blocks:
-        for linear, shape in ((block.attn.qkv, (d + 2 * kv_width, d)), (block.attn.out, (d, d)), (block.mlp.fc, (up, d)),
-                              (block.mlp.proj, (d, hidden))):
+        for linear, shape in ((block.attn.qkv, (d + 2 * kv_width, d)), (block.attn.out, (d, d)), (block.mlp.fc, (up, d)), (block.mlp.proj, (d, hidden))):
             expected += [(linear.weight, shape), (linear.bias, (shape[0],) if config.bias else None)]
     for tensor, shape in expected:
         if (tensor is None) != (shape is None) or (tensor is not None and tuple(tensor.shape) != tuple(shape)):
@@ -186,13 +219,13 @@ def unsupported(model: Transformer, cache: KVCache | None) -> str | None:
 def plain_mode() -> bool:
     """No gradient, autocast, compiling or tracing: the modes in which PyTorch's step computes what the C
     step computes. Checked at every step too, since they can change between steps."""
-    return not (torch.is_grad_enabled() or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling()
-                or torch.jit.is_tracing())
+    return not (torch.is_grad_enabled() or torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling() or torch.jit.is_tracing())
 
 
 # The methods the C step stands in for, as this module first saw them: one patched since is not ours to copy.
-_METHODS = {(cls, "forward"): cls.forward for cls in (Transformer, Stack, Block, Attention, MLP, *LINEARS, nn.Embedding,
-                                                      nn.LayerNorm, RMSNorm, RotaryEmbedding)}
+_METHODS = {
+    (cls, "forward"): cls.forward for cls in (Transformer, Stack, Block, Attention, MLP, *LINEARS, nn.Embedding, nn.LayerNorm, RMSNorm, RotaryEmbedding)
+}
 _METHODS.update({(Transformer, name): getattr(Transformer, name) for name in ("decode", "_embed", "_head_input")})
 
 
@@ -211,8 +244,13 @@ def _as_built(model: Transformer) -> bool:
     def of_class(module: object, cls: type | tuple[type, ...]) -> bool:
         return type(module) in (cls if isinstance(cls, tuple) else (cls,))
 
-    if not (of_class(model, Transformer) and of_class(model.tok_emb, nn.Embedding) and of_class(model.lm_head, LINEARS)
-            and of_class(model.decoder, Stack) and model.tok_emb.max_norm is None):
+    if not (
+        of_class(model, Transformer)
+        and of_class(model.tok_emb, nn.Embedding)
+        and of_class(model.lm_head, LINEARS)
+        and of_class(model.decoder, Stack)
+        and model.tok_emb.max_norm is None
+    ):
         return False
     if config.positions == "learned" and not (of_class(model.pos_emb, nn.Embedding) and model.pos_emb.max_norm is None):
         return False
@@ -224,9 +262,14 @@ def _as_built(model: Transformer) -> bool:
         if not (of_class(block, Block) and block.pre_norm == pre_norm and is_norm(block.attn_norm) and is_norm(block.mlp_norm)):
             return False
         attention, mlp = block.attn, block.mlp
-        if not (of_class(attention, Attention) and not attention.cross and attention.causal
-                and of_class(attention.qkv, LINEARS) and of_class(attention.out, LINEARS)
-                and (attention.n_heads, attention.n_kv_heads, attention.head_dim) == (config.n_heads, config.kv_heads, config.head_dim)):
+        if not (
+            of_class(attention, Attention)
+            and not attention.cross
+            and attention.causal
+            and of_class(attention.qkv, LINEARS)
+            and of_class(attention.out, LINEARS)
+            and (attention.n_heads, attention.n_kv_heads, attention.head_dim) == (config.n_heads, config.kv_heads, config.head_dim)
+        ):
             return False
         if not (of_class(mlp, MLP) and of_class(mlp.fc, LINEARS) and of_class(mlp.proj, LINEARS) and mlp.activation == config.activation):
             return False
@@ -268,9 +311,11 @@ TIMED_STEPS = 8  # each candidate decodes this many tokens from an empty cache, 
 
 
 def _shape_key(config: ModelConfig) -> str:
-    return (f"decoder-step t{torch.get_num_threads()} L{config.decoder_layers} d{config.d_model} h{config.n_heads}/{config.kv_heads} "
-            f"ff{config.hidden_dim} v{config.vocab_size} {config.positions} {config.norm_placement}-{config.norm} "
-            f"{config.activation}{' bias' if config.bias else ''}")
+    return (
+        f"decoder-step t{torch.get_num_threads()} L{config.decoder_layers} d{config.d_model} h{config.n_heads}/{config.kv_heads} "
+        f"ff{config.hidden_dim} v{config.vocab_size} {config.positions} {config.norm_placement}-{config.norm} "
+        f"{config.activation}{' bias' if config.bias else ''}"
+    )
 
 
 def choose(library: native.NativeLibrary, model: Transformer) -> str:
@@ -286,8 +331,7 @@ def choose(library: native.NativeLibrary, model: Transformer) -> str:
 
     def pytorch_steps() -> torch.Tensor:
         cache = KVCache(config, 1, capacity, torch.float32)
-        return torch.cat([model.lm_head(model._head_input(model.decode(torch.tensor([[token]]), cache=cache)[:, -1]))
-                          for token in tokens])
+        return torch.cat([model.lm_head(model._head_input(model.decode(torch.tensor([[token]]), cache=cache)[:, -1])) for token in tokens])
 
     def c_steps() -> torch.Tensor:
         step = NativeDecoderStep(library, model, KVCache(config, 1, capacity, torch.float32))

@@ -71,12 +71,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
             total = torch.zeros((), dtype=torch.float32, device=h.device)
             rows = _block_rows(n, w.shape[0])
             for start in range(0, n, rows):
-                h_block, t_block = h[start:start + rows], targets[start:start + rows]
+                h_block, t_block = h[start : start + rows], targets[start : start + rows]
                 z = forward_product(h_block, w, b).float()  # (rows, vocab)
                 total += _block_loss_and_grad(z, t_block, label_smoothing)
                 g = z.to(dtype)
                 if need_hidden:
-                    grad_hidden[start:start + rows] = input_gradient(g, w)
+                    grad_hidden[start : start + rows] = input_gradient(g, w)
                 if need_weight:
                     part = weight_gradient(g, h_block)  # (vocab, d)
                     grad_weight = part if grad_weight is None else grad_weight.add_(part)
@@ -96,8 +96,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return (*grads, None, None)
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                         label_smoothing: float = 0.0) -> torch.Tensor:
+def linear_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, label_smoothing: float = 0.0
+) -> torch.Tensor:
     """sum_i cross_entropy(hidden[i] @ weight.T + bias, targets[i]) over the rows whose target is not
     IGNORE_INDEX, without holding all the logits; the same value and gradients as
     `F.cross_entropy(F.linear(hidden, weight, bias), targets, reduction="sum", label_smoothing=...)`.
@@ -116,8 +117,8 @@ def _loss_only(hidden, weight, bias, targets, label_smoothing) -> torch.Tensor:
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     rows = _block_rows(hidden.shape[0], weight.shape[0])
     for start in range(0, hidden.shape[0], rows):
-        z = forward_product(hidden[start:start + rows], weight, bias).float()
-        total += _block_loss(z, targets[start:start + rows], label_smoothing)
+        z = forward_product(hidden[start : start + rows], weight, bias).float()
+        total += _block_loss(z, targets[start : start + rows], label_smoothing)
     return total
 
 
@@ -141,8 +142,10 @@ class VocabularyLoss:
         dtype = torch.get_autocast_dtype(device.type) if autocast else hidden.dtype
         grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
         rows, (vocab, width) = rows_class(hidden.shape[0]), weight.shape
-        key = (f"loss t{torch.get_num_threads()} {device.type} {str(dtype).removeprefix('torch.')} {rows}x{vocab}x{width}"
-               f"{' bias' if bias is not None else ''}{' smoothing' if label_smoothing else ''} {'gradients' if grad else 'value'}")
+        key = (
+            f"loss t{torch.get_num_threads()} {device.type} {str(dtype).removeprefix('torch.')} {rows}x{vocab}x{width}"
+            f"{' bias' if bias is not None else ''}{' smoothing' if label_smoothing else ''} {'gradients' if grad else 'value'}"
+        )
         known = choices.choices().get(key, (FUSED, PLAIN))
         if known is not None:
             return known.choice
@@ -163,6 +166,7 @@ class VocabularyLoss:
                     loss.backward()
                     return loss.detach(), h.grad, w.grad
                 return loss.detach(), h, w  # no gradients: the value is what is compared
+
             return once
 
         def same(expected, got) -> bool:
@@ -170,5 +174,4 @@ class VocabularyLoss:
 
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         with torch.set_grad_enabled(grad):
-            return choices.choices().decide(key, {FUSED: run(linear_cross_entropy), PLAIN: run(vocabulary_cross_entropy)},
-                                            same, sync=sync)
+            return choices.choices().decide(key, {FUSED: run(linear_cross_entropy), PLAIN: run(vocabulary_cross_entropy)}, same, sync=sync)

@@ -11,22 +11,33 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "swiglu")  # codes 0..3: ACTIVATION_
 
 # (C type, name, comment). Pointers are addresses of fp32 tensors; NULL for a missing bias or table.
 LAYER_FIELDS = [
-    ("const float *", "attn_norm_weight", ""), ("const float *", "attn_norm_bias", ""),
-    ("const float *", "qkv_weight", "(d + 2 * n_kv * hs, d): queries, then keys, then values"), ("const float *", "qkv_bias", ""),
-    ("const float *", "out_weight", "(d, d)"), ("const float *", "out_bias", ""),
-    ("const float *", "mlp_norm_weight", ""), ("const float *", "mlp_norm_bias", ""),
-    ("const float *", "fc_weight", "(up, d), up = hidden (2 * hidden for SwiGLU: gate, then up)"), ("const float *", "fc_bias", ""),
-    ("const float *", "proj_weight", "(d, hidden)"), ("const float *", "proj_bias", ""),
-    ("float *", "keys", "(n_kv, capacity, hs): this layer's cache for the one row"), ("float *", "values", ""),
+    ("const float *", "attn_norm_weight", ""),
+    ("const float *", "attn_norm_bias", ""),
+    ("const float *", "qkv_weight", "(d + 2 * n_kv * hs, d): queries, then keys, then values"),
+    ("const float *", "qkv_bias", ""),
+    ("const float *", "out_weight", "(d, d)"),
+    ("const float *", "out_bias", ""),
+    ("const float *", "mlp_norm_weight", ""),
+    ("const float *", "mlp_norm_bias", ""),
+    ("const float *", "fc_weight", "(up, d), up = hidden (2 * hidden for SwiGLU: gate, then up)"),
+    ("const float *", "fc_bias", ""),
+    ("const float *", "proj_weight", "(d, hidden)"),
+    ("const float *", "proj_bias", ""),
+    ("float *", "keys", "(n_kv, capacity, hs): this layer's cache for the one row"),
+    ("float *", "values", ""),
 ]
 DECODER_FIELDS = [
     *(("long", name, "") for name in ("d_model", "n_heads", "n_kv_heads", "head_dim", "hidden", "vocab", "capacity", "n_layers")),
-    ("int", "norm", "a NORM_ code"), ("int", "pre_norm", "1: x + f(norm(x)); 0: norm(x + f(x))"),
-    ("int", "activation", "an ACTIVATION_ code"), ("float", "norm_eps", ""),
+    ("int", "norm", "a NORM_ code"),
+    ("int", "pre_norm", "1: x + f(norm(x)); 0: norm(x + f(x))"),
+    ("int", "activation", "an ACTIVATION_ code"),
+    ("float", "norm_eps", ""),
     ("const float *", "token_embedding", "(vocab, d)"),
     ("const float *", "position_table", "(block, d): learned or sinusoidal positions, added; NULL otherwise"),
-    ("const float *", "rotary_cos", "(block, hs): rotary positions; NULL otherwise"), ("const float *", "rotary_sin", ""),
-    ("const float *", "final_norm_weight", "pre-norm only: NULL means no final norm"), ("const float *", "final_norm_bias", ""),
+    ("const float *", "rotary_cos", "(block, hs): rotary positions; NULL otherwise"),
+    ("const float *", "rotary_sin", ""),
+    ("const float *", "final_norm_weight", "pre-norm only: NULL means no final norm"),
+    ("const float *", "final_norm_bias", ""),
     ("const float *", "head_weight", "(vocab, d)"),
     ("const decoder_layer *", "layers", "n_layers of them"),
 ]
@@ -64,7 +75,11 @@ def header() -> str:
     """layout.h: the codes and the two structs, as native.c includes them."""
     norms = ", ".join(f"NORM_{'LAYER' if name == 'layernorm' else 'RMS'} = {code}" for code, name in enumerate(NORMS))
     activations = ", ".join(f"ACTIVATION_{name.upper()} = {code}" for code, name in enumerate(ACTIVATIONS))
-    lines = ["/* Written by tfcli/accel/layout.py for native.c; not to be edited. */",
-             f"enum {{ {norms} }};", f"enum {{ {activations} }};",
-             *_struct("decoder_layer", LAYER_FIELDS), *_struct("decoder", DECODER_FIELDS)]
+    lines = [
+        "/* Written by tfcli/accel/layout.py for native.c; not to be edited. */",
+        f"enum {{ {norms} }};",
+        f"enum {{ {activations} }};",
+        *_struct("decoder_layer", LAYER_FIELDS),
+        *_struct("decoder", DECODER_FIELDS),
+    ]
     return "\n".join(lines) + "\n"

@@ -40,8 +40,7 @@ def vector_extensions() -> list[str]:
     """The SIMD extensions that decide which kernels are fast here (x86 flags or Arm features)."""
     info = _cpuinfo()
     flags = set((info.get("flags") or info.get("Features") or "").split())
-    interesting = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "amx_bf16",
-                   "asimd", "sve", "sve2", "bf16")
+    interesting = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "amx_bf16", "asimd", "sve", "sve2", "bf16")
     return [flag for flag in interesting if flag in flags]
 
 

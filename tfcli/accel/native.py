@@ -51,13 +51,11 @@ class VectorLinear:
     def __init__(self, function) -> None:
         self._function = function
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                 parallel_from: int = PARALLEL_FROM) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, parallel_from: int = PARALLEL_FROM) -> torch.Tensor:
         n, k = weight.shape
         x = x.contiguous()
         y = torch.empty(*x.shape[:-1], n, dtype=torch.float32, device="cpu")
-        self._function(weight.data_ptr(), x.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
-                       n, k, torch.get_num_threads(), parallel_from)
+        self._function(weight.data_ptr(), x.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(), n, k, torch.get_num_threads(), parallel_from)
         return y
 
 
@@ -71,8 +69,7 @@ class NativeLibrary:
         function.restype = None
         self.vector_linear = VectorLinear(function)
         self.decoder_step = library.decoder_step
-        self.decoder_step.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
-                                      ctypes.c_int, ctypes.c_long]
+        self.decoder_step.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_long]
         self.decoder_step.restype = None
         self.decoder_workspace = library.decoder_workspace
         self.decoder_workspace.argtypes = [ctypes.c_void_p]
@@ -155,8 +152,9 @@ def _build_and_load() -> NativeLibrary:
         raise NativeUnavailable(f"not built on {platform.system()}")
     compiler = shlex.split(os.environ.get("CC") or "cc") or ["cc"]
     header = layout.header()
-    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), header.encode(), " ".join(compiler).encode(),
-                                      " ".join(FLAGS + OPENMP + LIBRARIES).encode(), processor_key().encode()]))
+    key = hashlib.sha256(
+        b"\0".join([SOURCE.read_bytes(), header.encode(), " ".join(compiler).encode(), " ".join(FLAGS + OPENMP + LIBRARIES).encode(), processor_key().encode()])
+    )
     name = f"native-{key.hexdigest()[:16]}.so"
     folder = _kernel_folder()
     if folder is None:
@@ -244,7 +242,7 @@ def _compile(compiler: list[str], library: Path, header: str) -> None:
         with tempfile.TemporaryDirectory(prefix="tfcli-layout-") as include:
             Path(include, "layout.h").write_text(header)
             base = [*compiler, *FLAGS, "-I", include, "-o", partial, str(SOURCE)]
-            error = _run_compiler([*base[:len(compiler)], *OPENMP, *base[len(compiler):], *LIBRARIES])
+            error = _run_compiler([*base[: len(compiler)], *OPENMP, *base[len(compiler) :], *LIBRARIES])
             if error is not None:
                 serial_error = _run_compiler([*base, *LIBRARIES])
                 if serial_error is not None:
@@ -270,8 +268,9 @@ def _load(path: Path) -> NativeLibrary:
     wanted = {name for name in needed if _is_openmp(name)}
     present = {elf_names(runtime)[0] or os.path.basename(runtime) for runtime in openmp_runtimes()}
     if wanted and present and not wanted <= present:
-        raise NativeUnavailable(f"it needs {', '.join(sorted(wanted))} while PyTorch runs {', '.join(sorted(present))}; "
-                                "two OpenMP runtimes would compete for the cores")
+        raise NativeUnavailable(
+            f"it needs {', '.join(sorted(wanted))} while PyTorch runs {', '.join(sorted(present))}; two OpenMP runtimes would compete for the cores"
+        )
     try:
         loaded = NativeLibrary(ctypes.CDLL(str(path)))
     except (OSError, AttributeError) as error:
@@ -317,7 +316,7 @@ def elf_names(path: str | Path) -> tuple[str | None, list[str]]:
                     break
                 if tag in (1, 14):  # DT_NEEDED, DT_SONAME
                     start = strings + value
-                    text = data[start:data.index(b"\0", start)].decode(errors="replace")
+                    text = data[start : data.index(b"\0", start)].decode(errors="replace")
                     if tag == 1:
                         needed.append(text)
                     else:

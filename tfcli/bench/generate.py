@@ -86,9 +86,16 @@ class GenerateBench:
 
     def to_json(self) -> dict:
         return {
-            "preset": self.preset, "device": self.device, "threads": self.threads, "prompt_tokens": self.prompt_tokens,
-            "new_tokens": self.new_tokens, "block_size": self.block_size, "parameters": self.parameters,
-            "weight_bytes": self.weight_bytes, "bandwidth_gb_s": round(self.bandwidth_gb_s, 3), "repeat": self.repeat,
+            "preset": self.preset,
+            "device": self.device,
+            "threads": self.threads,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "block_size": self.block_size,
+            "parameters": self.parameters,
+            "weight_bytes": self.weight_bytes,
+            "bandwidth_gb_s": round(self.bandwidth_gb_s, 3),
+            "repeat": self.repeat,
             "floor_ms_per_token": round(self.floor_seconds_per_token * 1e3, 4),
             "results": [{**dataclasses.asdict(m), "tokens_per_second": round(m.tokens_per_second, 3)} for m in self.results.values()],
             "speedup_vs_transformers": _round(self.ratio("tfcli", "transformers")),
@@ -191,8 +198,7 @@ def _probe_bandwidth(device: str, buffer) -> float:
                 return buffer.numel() * buffer.element_size() * passes / elapsed / 1e9
 
 
-def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_tokens: int, threads: int, device: str,
-                weight_bytes: int) -> DecodeMeasurement:
+def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_tokens: int, threads: int, device: str, weight_bytes: int) -> DecodeMeasurement:
     """One measurement, inside the worker subprocess: a short warm-up call, then the best of three timed
     calls (two for models over 20M parameters); the cached tfcli job probes the bandwidth around each."""
     import torch
@@ -233,6 +239,7 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
             with torch.inference_mode():
                 out = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=n, do_sample=False, use_cache=True)
             return out[0, prompt_tokens:].tolist()
+
     decode(min(new_tokens, 32))  # warm-up: allocators, kernels, caches
     small = sum(p.numel() for p in model.parameters()) < 20_000_000
     probing = job == "tfcli"
@@ -269,9 +276,19 @@ def _probe_with_threads(device: str, buffer, threads: int) -> float:
         torch.set_num_threads(decoding_threads)
 
 
-def run_generate_bench(work: Path, preset_name: str = "tiny", *, prompt_tokens: int = 16, new_tokens: int = 256, repeat: int = 3,
-                       threads: int = 0, device: str = "cpu", no_cache: bool | None = None, peer: bool = True,
-                       progress=None) -> GenerateBench:
+def run_generate_bench(
+    work: Path,
+    preset_name: str = "tiny",
+    *,
+    prompt_tokens: int = 16,
+    new_tokens: int = 256,
+    repeat: int = 3,
+    threads: int = 0,
+    device: str = "cpu",
+    no_cache: bool | None = None,
+    peer: bool = True,
+    progress=None,
+) -> GenerateBench:
     """Measure every job `repeat` rounds, interleaved, best time kept. The uncached job re-runs the whole
     text for every token; it runs every round for small models and once for large ones (no_cache=None),
     always (True) or never (False)."""
@@ -306,9 +323,18 @@ def run_generate_bench(work: Path, preset_name: str = "tiny", *, prompt_tokens: 
             if progress:
                 progress(f"{job} (round {round_number} of {repeat})")
             keep_fastest(results, job, DecodeMeasurement(**run_worker("tfcli.bench.generate", [job, *args])))
-    return GenerateBench(preset=preset_name, device=device, threads=threads, prompt_tokens=prompt_tokens, new_tokens=new_tokens,
-                         block_size=block, parameters=parameters, weight_bytes=weight_bytes,
-                         repeat=repeat, results=results)
+    return GenerateBench(
+        preset=preset_name,
+        device=device,
+        threads=threads,
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
+        block_size=block,
+        parameters=parameters,
+        weight_bytes=weight_bytes,
+        repeat=repeat,
+        results=results,
+    )
 
 
 if __name__ == "__main__":
@@ -318,6 +344,5 @@ if __name__ == "__main__":
         print(json.dumps({"run": str(run_path), "hf": str(hf_path), "parameters": n_parameters, "weight_bytes": n_bytes}))
         sys.exit(0)
     job_name, run_arg, hf_arg, prompt_arg, new_arg, threads_arg, device_arg, bytes_arg = sys.argv[1:]
-    measured = _decode_job(job_name, Path(run_arg), Path(hf_arg), int(prompt_arg), int(new_arg), int(threads_arg), device_arg,
-                           int(bytes_arg))
+    measured = _decode_job(job_name, Path(run_arg), Path(hf_arg), int(prompt_arg), int(new_arg), int(threads_arg), device_arg, int(bytes_arg))
     print(json.dumps(dataclasses.asdict(measured)))

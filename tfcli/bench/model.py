@@ -59,6 +59,7 @@ def _step_job(implementation: str, preset_name: str, batch: int, length: int, st
 
         def step() -> torch.Tensor:
             return model(inputs, labels=inputs).loss  # transformers shifts the labels itself
+
     parameters = sum(p.numel() for p in model.parameters())
     times = []
     loss = 0.0
@@ -73,8 +74,9 @@ def _step_job(implementation: str, preset_name: str, batch: int, length: int, st
     return StepMeasurement(implementation, min(times), peak_rss_mb(), parameters, loss)
 
 
-def run_model_bench(preset_name: str = "gpt2-small", batch: int = 4, length: int = 256, steps: int = 3, threads: int = 0,
-                    repeat: int = 1) -> list[StepMeasurement]:
+def run_model_bench(
+    preset_name: str = "gpt2-small", batch: int = 4, length: int = 256, steps: int = 3, threads: int = 0, repeat: int = 1
+) -> list[StepMeasurement]:
     """Both implementations, `repeat` interleaved rounds, each job's fastest round kept."""
     results: dict[str, StepMeasurement] = {}
     # untimed: tfcli measures its choices for this shape here once, as any first run on a machine does

@@ -69,8 +69,9 @@ class TokenizeBench:
             "corpus_bytes": self.corpus_bytes,
             "synthesized": self.synthesized,
             "repeat": self.repeat,
-            "measurements": [dataclasses.asdict(m) | {"mb_per_s": round(m.mb_per_s, 3)} for m in
-                             (self.train_raw, self.train_tfcli, self.encode_raw, self.encode_tfcli)],
+            "measurements": [
+                dataclasses.asdict(m) | {"mb_per_s": round(m.mb_per_s, 3)} for m in (self.train_raw, self.train_tfcli, self.encode_raw, self.encode_tfcli)
+            ],
             "train_time_ratio": round(self.train_ratio, 4),
             "encode_throughput_ratio": round(self.encode_ratio, 4),
             "encode_throughput_target": self.encode_target,
@@ -114,8 +115,11 @@ def _job(job: str, files: list[Path], work: Path) -> Measurement:
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         tokenizer.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(
-            vocab_size=BENCH_VOCAB_SIZE, min_frequency=BENCH_MIN_FREQUENCY, show_progress=False,
-            special_tokens=list(DEFAULT_SPECIALS.values()), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            vocab_size=BENCH_VOCAB_SIZE,
+            min_frequency=BENCH_MIN_FREQUENCY,
+            show_progress=False,
+            special_tokens=list(DEFAULT_SPECIALS.values()),
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         )
         tokenizer.train([str(f) for f in files], trainer)
         tokenizer.save(str(work / "raw-tokenizer.json"))
@@ -135,7 +139,7 @@ def _job(job: str, files: list[Path], work: Path) -> Measurement:
         batches = []
         for f in files:  # read before the clock starts: the baseline times encode_batch alone
             lines = f.read_text(encoding="utf-8").splitlines(keepends=True)
-            batches.extend(lines[i:i + 8192] for i in range(0, len(lines), 8192))
+            batches.extend(lines[i : i + 8192] for i in range(0, len(lines), 8192))
         started = time.perf_counter()
         tokens = 0
         for batch in batches:

@@ -51,8 +51,7 @@ def _make_data(folder: Path, vocab_size: int, tokens: int, seed: int = 0):
     split_tokens = {"train": tokens, "val": tokens // 10}
     for split, n in split_tokens.items():
         rng.integers(0, vocab_size, n).astype(np.dtype(dtype).newbyteorder("<")).tofile(shard_dir / f"{split}.bin")
-    meta = ShardMeta(SHARD_FORMAT_VERSION, dtype, vocab_size, 0, tokenizer.sha256, split_tokens["train"], split_tokens["val"],
-                     1, 1, 0.1, seed, "file", [])
+    meta = ShardMeta(SHARD_FORMAT_VERSION, dtype, vocab_size, 0, tokenizer.sha256, split_tokens["train"], split_tokens["val"], 1, 1, 0.1, seed, "file", [])
     (shard_dir / "meta.json").write_text(json.dumps(meta.to_json()))
     return tokenizer, shard_dir
 
@@ -71,8 +70,17 @@ def _job(implementation: str, preset_name: str, batch: int, steps: int, threads:
         torch.set_num_threads(threads)
     model_config = preset(preset_name)
     warmup = 3
-    config = TrainConfig(max_steps=warmup + steps + 1, batch_size=batch, lr=1e-3, warmup_steps=0, eval_every=0, save_every=0,
-                         log_every=10**9, device=device_name, precision=precision)
+    config = TrainConfig(
+        max_steps=warmup + steps + 1,
+        batch_size=batch,
+        lr=1e-3,
+        warmup_steps=0,
+        eval_every=0,
+        save_every=0,
+        log_every=10**9,
+        device=device_name,
+        precision=precision,
+    )
     device = pick_device(device_name)
     bf16 = use_bf16(precision, device)
     block = model_config.block_size
@@ -154,8 +162,9 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_train_bench(presets: list[str], batch: int, steps: int, repeat: int = 1, threads: int = 0, device: str = "cpu",
-                    precision: str = "auto") -> list[TrainMeasurement]:
+def run_train_bench(
+    presets: list[str], batch: int, steps: int, repeat: int = 1, threads: int = 0, device: str = "cpu", precision: str = "auto"
+) -> list[TrainMeasurement]:
     """Best of `repeat` interleaved rounds per preset and implementation; MFU against the highest matmul
     rate any worker measured."""
     best: dict[tuple[str, str], TrainMeasurement] = {}

@@ -15,8 +15,7 @@ from tfcli.cli.common import Typer, print_error, state
 
 app = Typer(
     name="tfcli",
-    help="From raw text to a trained transformer, and a look inside it.\n\n"
-    "Start with `tfcli quickstart`, which runs the whole chain on sample_data/.",
+    help="From raw text to a trained transformer, and a look inside it.\n\nStart with `tfcli quickstart`, which runs the whole chain on sample_data/.",
     no_args_is_help=True,
     rich_markup_mode=None,
     add_completion=True,  # --install-completion, --show-completion (bash, zsh, fish, PowerShell)

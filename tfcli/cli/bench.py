@@ -10,9 +10,11 @@ import typer
 
 from tfcli.cli.common import JsonFlag, Typer, at_least, human_bytes, print_json, print_table, stderr_console, stdout_console
 
-app = Typer(help="Measure tfcli's speed beside its peers (ratios from one run, on this machine).\n\n"
-                  "\b\nExample: tfcli bench tokenize --size-mb 10 --repeat 1",
-                  no_args_is_help=True, rich_markup_mode=None)
+app = Typer(
+    help="Measure tfcli's speed beside its peers (ratios from one run, on this machine).\n\n\b\nExample: tfcli bench tokenize --size-mb 10 --repeat 1",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
 
 
 MAX_BENCH_TOKENS = 8192  # prompt + new tokens in `bench generate` (the uncached job re-runs all of them per token)
@@ -31,8 +33,10 @@ def _machine() -> str:
         torch_version = f", torch {version('torch')}"
     except Exception:  # no metadata: leave it out
         pass
-    return (f"{processor_name()} ({' '.join(vector_extensions()) or 'no vector extensions listed'}), {os.cpu_count()} cores, "
-            f"Python {platform.python_version()}{torch_version}")
+    return (
+        f"{processor_name()} ({' '.join(vector_extensions()) or 'no vector extensions listed'}), {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}{torch_version}"
+    )
 
 
 def accel_summary() -> str:
@@ -65,7 +69,9 @@ def _scratch_folder(workdir: Path | None, name: str = "") -> Path:
 
 @app.command("tokenize")
 def tokenize(
-    corpus: Annotated[Optional[list[str]], typer.Option("--corpus", help="Text to measure on (repeatable); default: synthesized from sample_data/.", show_default=False)] = None,
+    corpus: Annotated[
+        Optional[list[str]], typer.Option("--corpus", help="Text to measure on (repeatable); default: synthesized from sample_data/.", show_default=False)
+    ] = None,
     size_mb: Annotated[float, typer.Option(help="Size of the synthesized corpus in MB.")] = 50.0,
     repeat: Annotated[int, typer.Option(help="Rounds of all four jobs, interleaved; each job keeps its best time.")] = 3,
     workdir: Annotated[Optional[Path], typer.Option(help="Scratch folder (default: a temporary one, removed afterwards).", show_default=False)] = None,
@@ -93,8 +99,9 @@ def tokenize(
     console = stderr_console()
     try:
         with console.status("benchmarking") as status:
-            result = run_tokenize_bench(scratch, corpus=corpus, size_mb=size_mb, sample=sample, repeat=repeat,
-                                        progress=lambda job: status.update(f"benchmarking: {job}"))
+            result = run_tokenize_bench(
+                scratch, corpus=corpus, size_mb=size_mb, sample=sample, repeat=repeat, progress=lambda job: status.update(f"benchmarking: {job}")
+            )
     finally:
         if workdir is None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -107,7 +114,12 @@ def tokenize(
     table = Table(title=f"tokenize bench: {human_bytes(result.corpus_bytes)} ({result.corpus}), best of {result.repeat}; {machine}")
     for column in ("job", "seconds", "MB/s", "tokens", "peak RSS"):
         table.add_column(column, justify="left" if column == "job" else "right")
-    names = {"train_raw": "train, raw tokenizers", "train_tfcli": "train, tfcli", "encode_raw": "encode, raw encode_batch", "encode_tfcli": "encode, tfcli (to shards)"}
+    names = {
+        "train_raw": "train, raw tokenizers",
+        "train_tfcli": "train, tfcli",
+        "encode_raw": "encode, raw encode_batch",
+        "encode_tfcli": "encode, tfcli (to shards)",
+    }
     names["encode_tfcli"] = f"encode, tfcli (to shards, {result.encode_tfcli.encoder})"
     for m in (result.train_raw, result.train_tfcli, result.encode_raw, result.encode_tfcli):
         table.add_row(names[m.job], f"{m.seconds:.2f}", f"{m.mb_per_s:.2f}", f"{m.tokens:,}" if m.tokens else "", f"{m.peak_rss_mb:.0f} MB")
@@ -125,7 +137,9 @@ def tokenize(
 def model(
     preset: Annotated[str, typer.Option(help="The model shape (a preset name).")] = "gpt2-small",
     batch: Annotated[int, typer.Option(help="Sequences per step.")] = 4,
-    length: Annotated[Optional[int], typer.Option(help="Tokens per sequence [default: 256, or the preset's context where shorter].", show_default=False)] = None,
+    length: Annotated[
+        Optional[int], typer.Option(help="Tokens per sequence [default: 256, or the preset's context where shorter].", show_default=False)
+    ] = None,
     steps: Annotated[int, typer.Option(help="Timed steps per implementation (best kept), after one warm-up step.")] = 3,
     repeat: Annotated[int, typer.Option(help="Interleaved rounds, each implementation in a fresh process; the fastest kept.")] = 2,
     json_output: JsonFlag = False,
@@ -165,9 +179,17 @@ def model(
     ratio = ours.seconds_per_step / theirs.seconds_per_step
     machine = _machine()
     if json_output:
-        print_json({"machine": machine, "preset": preset, "batch": batch, "length": length,
-                    "results": [r.__dict__ for r in results], "time_ratio": round(ratio, 4),
-                    "memory_ratio": round(ours.peak_rss_mb / theirs.peak_rss_mb, 4)})
+        print_json(
+            {
+                "machine": machine,
+                "preset": preset,
+                "batch": batch,
+                "length": length,
+                "results": [r.__dict__ for r in results],
+                "time_ratio": round(ratio, 4),
+                "memory_ratio": round(ours.peak_rss_mb / theirs.peak_rss_mb, 4),
+            }
+        )
         return
     from rich.table import Table
 
@@ -178,22 +200,36 @@ def model(
         table.add_row(r.implementation, f"{r.seconds_per_step:.3f}", f"{r.peak_rss_mb:,.0f} MB", f"{r.parameters:,}")
     console = stdout_console()
     print_table(console, table)
-    console.print(f"time ratio tfcli/transformers: {ratio:.3f} (target <= 1.0: {'ok' if ratio <= 1.0 else 'MISSED'}; "
-                  "0.8 where a library faster than PyTorch's default was chosen)")
+    console.print(
+        f"time ratio tfcli/transformers: {ratio:.3f} (target <= 1.0: {'ok' if ratio <= 1.0 else 'MISSED'}; "
+        "0.8 where a library faster than PyTorch's default was chosen)"
+    )
     console.print(f"peak memory ratio tfcli/transformers: {ours.peak_rss_mb / theirs.peak_rss_mb:.3f} (target <= 0.6)")
     console.print(f"tfcli's choices on this machine: {accel_summary()}")
 
 
 @app.command("generate")
 def generate(
-    preset: Annotated[list[str], typer.Option("--preset", help="Model shapes to measure (repeatable; decoder presets GPT-2 can express).")] = ["tiny", "gpt2-small"],  # noqa: B006
+    preset: Annotated[list[str], typer.Option("--preset", help="Model shapes to measure (repeatable; decoder presets GPT-2 can express).")] = [  # noqa: B006
+        "tiny",
+        "gpt2-small",
+    ],
     prompt_tokens: Annotated[int, typer.Option(help="Prompt length in tokens (random ids, the same on both sides).")] = 16,
     new_tokens: Annotated[int, typer.Option(help="Tokens generated per call, greedy, end-of-text ignored.")] = 256,
     repeat: Annotated[int, typer.Option(help="Rounds of every job, interleaved; each job keeps its best time.")] = 3,
     threads: Annotated[int, typer.Option(help="torch threads in every job (0: torch's default, all cores).")] = 0,
     device: Annotated[str, typer.Option(help="cpu or cuda (fp32 either way).")] = "cpu",
-    no_cache: Annotated[Optional[bool], typer.Option("--no-cache/--skip-no-cache", help="Measure decoding without the KV cache every round / never (default: every round for small models, once for large).", show_default=False)] = None,
-    workdir: Annotated[Optional[Path], typer.Option(help="Scratch folder for the weights (default: a temporary one, removed afterwards).", show_default=False)] = None,
+    no_cache: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--no-cache/--skip-no-cache",
+            help="Measure decoding without the KV cache every round / never (default: every round for small models, once for large).",
+            show_default=False,
+        ),
+    ] = None,
+    workdir: Annotated[
+        Optional[Path], typer.Option(help="Scratch folder for the weights (default: a temporary one, removed afterwards).", show_default=False)
+    ] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Time batch-1 greedy decoding: tfcli's generator (with and without its KV cache) beside
@@ -220,8 +256,10 @@ def generate(
     if min(repeat, prompt_tokens, new_tokens) < 1 or threads < 0:
         raise TfcliError("--repeat, --prompt-tokens and --new-tokens must be at least 1, --threads at least 0")
     if prompt_tokens + new_tokens > MAX_BENCH_TOKENS:
-        raise TfcliError(f"--prompt-tokens + --new-tokens is {prompt_tokens + new_tokens:,}; the bench decodes at most {MAX_BENCH_TOKENS:,}",
-                         hint="the issue's setting is 16 + 256")
+        raise TfcliError(
+            f"--prompt-tokens + --new-tokens is {prompt_tokens + new_tokens:,}; the bench decodes at most {MAX_BENCH_TOKENS:,}",
+            hint="the issue's setting is 16 + 256",
+        )
     if workdir is not None:
         _scratch_folder(workdir)
     try:
@@ -235,9 +273,19 @@ def generate(
         scratch = _scratch_folder(workdir, name)
         try:
             with console.status(f"benchmarking {name}") as status:
-                benches.append(run_generate_bench(scratch, name, prompt_tokens=prompt_tokens, new_tokens=new_tokens, repeat=repeat,
-                                                  threads=threads, device=device, no_cache=no_cache,
-                                                  progress=lambda job, name=name: status.update(f"benchmarking {name}: {job}")))
+                benches.append(
+                    run_generate_bench(
+                        scratch,
+                        name,
+                        prompt_tokens=prompt_tokens,
+                        new_tokens=new_tokens,
+                        repeat=repeat,
+                        threads=threads,
+                        device=device,
+                        no_cache=no_cache,
+                        progress=lambda job, name=name: status.update(f"benchmarking {name}: {job}"),
+                    )
+                )
         finally:
             if workdir is None:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -253,8 +301,10 @@ def generate(
 def _print_generate_bench(out, b, machine: str) -> None:
     from rich.table import Table
 
-    table = Table(title=f"{b.preset} ({b.parameters:,} parameters, context {b.block_size}), batch 1, {b.prompt_tokens}-token prompt, "
-                        f"{b.new_tokens} new tokens, greedy, fp32, {b.device}, best of {b.repeat}; {machine}")
+    table = Table(
+        title=f"{b.preset} ({b.parameters:,} parameters, context {b.block_size}), batch 1, {b.prompt_tokens}-token prompt, "
+        f"{b.new_tokens} new tokens, greedy, fp32, {b.device}, best of {b.repeat}; {machine}"
+    )
     for column in ("implementation", "seconds", "tokens/s", "ms / token", "peak RSS"):
         table.add_column(column, justify="left" if column == "implementation" else "right")
     for m in b.results.values():
@@ -266,15 +316,21 @@ def _print_generate_bench(out, b, machine: str) -> None:
     versus_peer = b.ratio("tfcli", "transformers")
     target = 2.0 if b.parameters < 20_000_000 else 1.5
     if versus_peer is not None:
-        out.print(f"tokens/s tfcli / transformers: {versus_peer:.3f} (target >= {target}: {'ok' if versus_peer >= target else 'MISSED'}); "
-                  f"same greedy tokens: {'yes' if b.same_tokens else 'no'}")
+        out.print(
+            f"tokens/s tfcli / transformers: {versus_peer:.3f} (target >= {target}: {'ok' if versus_peer >= target else 'MISSED'}); "
+            f"same greedy tokens: {'yes' if b.same_tokens else 'no'}"
+        )
     versus_uncached = b.ratio("tfcli", "tfcli-no-cache")
     if versus_uncached is not None:
-        out.print(f"cached / uncached: {versus_uncached:.2f}x (target >= 5: {'ok' if versus_uncached >= 5 else 'MISSED'}"
-                  f"{'; at this size per-step overhead, not compute, sets both' if b.parameters < 20_000_000 else ''})")
+        out.print(
+            f"cached / uncached: {versus_uncached:.2f}x (target >= 5: {'ok' if versus_uncached >= 5 else 'MISSED'}"
+            f"{'; at this size per-step overhead, not compute, sets both' if b.parameters < 20_000_000 else ''})"
+        )
     floor_target = "" if b.parameters < 20_000_000 else f"; target <= 1.3: {'ok' if b.floor_ratio <= 1.3 else 'MISSED'}"
-    out.print(f"time per token / floor: {b.floor_ratio:.3f} (median call; memory bandwidth beside it {b.bandwidth_gb_s:.1f} GB/s, "
-              f"{human_bytes(b.weight_bytes)} of weights per token{floor_target})")
+    out.print(
+        f"time per token / floor: {b.floor_ratio:.3f} (median call; memory bandwidth beside it {b.bandwidth_gb_s:.1f} GB/s, "
+        f"{human_bytes(b.weight_bytes)} of weights per token{floor_target})"
+    )
 
 
 @app.command("train")
@@ -325,11 +381,15 @@ def train(
     with stderr_console().status(f"benchmarking training of {', '.join(names)} at batch {batch}"):
         results = run_train_bench(names, batch, steps, repeat=repeat, device=device, precision=precision)
     machine = f"{_machine()}, device {device}"
-    ratios = {name: next(r for r in results if r.preset == name and r.implementation == "tfcli").tokens_per_sec
-              / next(r for r in results if r.preset == name and r.implementation == "transformers").tokens_per_sec for name in names}
+    ratios = {
+        name: next(r for r in results if r.preset == name and r.implementation == "tfcli").tokens_per_sec
+        / next(r for r in results if r.preset == name and r.implementation == "transformers").tokens_per_sec
+        for name in names
+    }
     if json_output:
-        print_json({"machine": machine, "batch": batch, "results": [r.__dict__ for r in results],
-                    "throughput_ratio": {k: round(v, 4) for k, v in ratios.items()}})
+        print_json(
+            {"machine": machine, "batch": batch, "results": [r.__dict__ for r in results], "throughput_ratio": {k: round(v, 4) for k, v in ratios.items()}}
+        )
         return
     from rich.table import Table
 
@@ -337,13 +397,16 @@ def train(
     for column in ("preset", "implementation", "tokens/s", "MFU", "s / step", "peak RSS", "parameters"):
         table.add_column(column, justify="left" if column in ("preset", "implementation") else "right")
     for r in results:
-        table.add_row(r.preset, r.implementation, f"{r.tokens_per_sec:,.0f}", f"{r.mfu:.1%}", f"{r.seconds_per_step:.3f}",
-                      f"{r.peak_rss_mb:,.0f} MB", f"{r.parameters:,}")
+        table.add_row(
+            r.preset, r.implementation, f"{r.tokens_per_sec:,.0f}", f"{r.mfu:.1%}", f"{r.seconds_per_step:.3f}", f"{r.peak_rss_mb:,.0f} MB", f"{r.parameters:,}"
+        )
     console = stdout_console()
     print_table(console, table)
     peak = results[0].peak_flops
     console.print(f"peak matmul rate measured: {peak / 1e9:,.1f} GFLOP/s")
     for name, ratio in ratios.items():
-        console.print(f"{name}: tokens/s ratio tfcli/transformers {ratio:.3f} (target >= 1.0: {'ok' if ratio >= 1.0 else 'MISSED'}; "
-                      "1.3 where a library faster than PyTorch's default was chosen)")
+        console.print(
+            f"{name}: tokens/s ratio tfcli/transformers {ratio:.3f} (target >= 1.0: {'ok' if ratio >= 1.0 else 'MISSED'}; "
+            "1.3 where a library faster than PyTorch's default was chosen)"
+        )
     console.print(f"tfcli's choices on this machine: {accel_summary()}")

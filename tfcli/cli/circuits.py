@@ -20,7 +20,9 @@ from tfcli.cli.common import (
 from tfcli.cli.inspect import _read_text
 
 RunArgument = Annotated[Path, typer.Argument(help="A run directory (config.json, model.safetensors, tokenizer.json).", show_default=False)]
-FormatOption = Annotated[Optional[str], typer.Option("--format", "-f", help="terminal, json, html or png (default: from -o's suffix, else terminal).", show_default=False)]
+FormatOption = Annotated[
+    Optional[str], typer.Option("--format", "-f", help="terminal, json, html or png (default: from -o's suffix, else terminal).", show_default=False)
+]
 OutputOption = Annotated[Optional[Path], typer.Option("--output", "-o", help="The file to write (.json, .html or .png).", show_default=False)]
 StartOption = Annotated[int, typer.Option("--start", help="Terminal view of a long text: the first position shown.")]
 DeviceOption = Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu, cuda, cuda:N or mps.")]
@@ -57,8 +59,15 @@ def _format(output_format: str | None, output: Path | None, json_output: bool) -
     return output_format or "terminal"
 
 
-def _emit(fmt: str, output: Path | None, document: dict[str, Any], views: Callable[[int], list], seconds: float,
-          image: Callable[[], bytes] | None = None, page: Callable[[], str] | None = None) -> None:
+def _emit(
+    fmt: str,
+    output: Path | None,
+    document: dict[str, Any],
+    views: Callable[[int], list],
+    seconds: float,
+    image: Callable[[], bytes] | None = None,
+    page: Callable[[], str] | None = None,
+) -> None:
     if fmt in ("png", "html"):
         from rich.text import Text
 
@@ -137,18 +146,41 @@ def inspect_logits(
     with stderr_console().status("reading every layer"):
         lens = logit_lens(checkpoint, source, top_k=top_k)
     document = lens.to_json(lambda i: token_text(checkpoint.tokenizer, i)) if fmt == "json" else {}
-    _emit(fmt, output, document, lambda width: lens_view(lens, width=width, start=start), time.perf_counter() - began,
-          lambda: lens_png(lens), lambda: lens_html(lens))
+    _emit(
+        fmt,
+        output,
+        document,
+        lambda width: lens_view(lens, width=width, start=start),
+        time.perf_counter() - began,
+        lambda: lens_png(lens),
+        lambda: lens_html(lens),
+    )
 
 
 def inspect_ablate(
     run: RunArgument,
     text: Annotated[Optional[str], typer.Option("--text", help="The text whose loss is measured.", show_default=False)] = None,
     text_file: Annotated[Optional[Path], typer.Option("--text-file", help="Read the text from a UTF-8 file instead.", show_default=False)] = None,
-    heads: Annotated[Optional[str], typer.Option("--heads", help="Heads to knock out together, as LAYER.HEAD: 1.0,2.3 (1.* for a whole layer). Default: every head, one at a time.", show_default=False)] = None,
-    mode: Annotated[str, typer.Option("--mode", help="zero (the head's output set to 0) or mean (its mean output over the text, or --reference-text).")] = "zero",
-    reference_text: Annotated[Optional[str], typer.Option("--reference-text", help="With --mode mean: take each head's mean output over this text instead.", show_default=False)] = None,
-    position: Annotated[Optional[int], typer.Option("--position", help="Where to compare the next-token distribution (default: the last position; negative counts from the end).", show_default=False)] = None,
+    heads: Annotated[
+        Optional[str],
+        typer.Option(
+            "--heads",
+            help="Heads to knock out together, as LAYER.HEAD: 1.0,2.3 (1.* for a whole layer). Default: every head, one at a time.",
+            show_default=False,
+        ),
+    ] = None,
+    mode: Annotated[
+        str, typer.Option("--mode", help="zero (the head's output set to 0) or mean (its mean output over the text, or --reference-text).")
+    ] = "zero",
+    reference_text: Annotated[
+        Optional[str], typer.Option("--reference-text", help="With --mode mean: take each head's mean output over this text instead.", show_default=False)
+    ] = None,
+    position: Annotated[
+        Optional[int],
+        typer.Option(
+            "--position", help="Where to compare the next-token distribution (default: the last position; negative counts from the end).", show_default=False
+        ),
+    ] = None,
     top_k: TopOption = 5,
     output_format: FormatOption = None,
     output: OutputOption = None,
@@ -187,16 +219,30 @@ def inspect_ablate(
     with stderr_console().status("ablating heads"):
         ablation = ablate(checkpoint, source, heads=heads, mode=mode, reference_text=reference_text, position=position, top_k=top_k)
     document = ablation.to_json() if fmt == "json" else {}
-    _emit(fmt, output, document, lambda width: ablation_view(ablation), time.perf_counter() - began, lambda: ablation_png(ablation),
-          lambda: ablation_html(ablation))
+    _emit(
+        fmt,
+        output,
+        document,
+        lambda width: ablation_view(ablation),
+        time.perf_counter() - began,
+        lambda: ablation_png(ablation),
+        lambda: ablation_html(ablation),
+    )
 
 
 def inspect_patch(
     run: RunArgument,
     clean: Annotated[str, typer.Option("--clean", help="The text the model gets right.", show_default=False)],
     corrupt: Annotated[str, typer.Option("--corrupt", help="The same text with a change (as many tokens) that changes the answer.", show_default=False)],
-    answer: Annotated[str, typer.Option("--answer", help="The clean text's next token (one token; byte-level words carry their leading space: ' Mary').", show_default=False)],
-    wrong: Annotated[Optional[str], typer.Option("--wrong", help="The token the corrupted text leads to (default: the corrupted run's most likely token other than --answer).", show_default=False)] = None,
+    answer: Annotated[
+        str, typer.Option("--answer", help="The clean text's next token (one token; byte-level words carry their leading space: ' Mary').", show_default=False)
+    ],
+    wrong: Annotated[
+        Optional[str],
+        typer.Option(
+            "--wrong", help="The token the corrupted text leads to (default: the corrupted run's most likely token other than --answer).", show_default=False
+        ),
+    ] = None,
     per_head: Annotated[bool, typer.Option("--per-head", help="Also patch each head's output (at every position), one head at a time.")] = False,
     output_format: FormatOption = None,
     output: OutputOption = None,
@@ -230,5 +276,12 @@ def inspect_patch(
     with stderr_console().status("patching"):
         patching = patch(checkpoint, clean, corrupt, answer, wrong, per_head=per_head)
     document = patching.to_json() if fmt == "json" else {}
-    _emit(fmt, output, document, lambda width: patching_view(patching, width=width, start=start), time.perf_counter() - began,
-          lambda: patching_png(patching), lambda: patching_html(patching))
+    _emit(
+        fmt,
+        output,
+        document,
+        lambda width: patching_view(patching, width=width, start=start),
+        time.perf_counter() - began,
+        lambda: patching_png(patching),
+        lambda: patching_html(patching),
+    )

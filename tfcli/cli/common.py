@@ -23,6 +23,7 @@ class _State:
 
 state = _State()
 
+
 class Command(TyperCommand):
     """A command whose arguments read `<text>` in the usage line and the Arguments list, in the style of the
     options' `<path>` (typer writes `{text}` in one place and `text` in the other)."""

@@ -12,10 +12,19 @@ from tfcli.cli.common import JsonFlag, at_least, print_json, print_table, stdout
 
 def evaluate(
     run: Annotated[Path, typer.Argument(help="The run directory to score.", show_default=False)],
-    data: Annotated[Path, typer.Option("--data", help="A shard folder, a text file (or folder of them), or a labeled set (JSON lines, CSV or Parquet; read with the field names the run was fine-tuned with).", show_default=False)],
+    data: Annotated[
+        Path,
+        typer.Option(
+            "--data",
+            help="A shard folder, a text file (or folder of them), or a labeled set (JSON lines, CSV or Parquet; read with the field names the run was fine-tuned with).",
+            show_default=False,
+        ),
+    ],
     split: Annotated[str, typer.Option("--split", help="Which shard split to score: val or train.")] = "val",
     batch_size: Annotated[int, typer.Option("--batch-size", help="Windows or examples per forward pass.")] = 16,
-    max_batches: Annotated[Optional[int], typer.Option("--max-batches", help="Stop after this many batches [default: all the data].", show_default=False)] = None,
+    max_batches: Annotated[
+        Optional[int], typer.Option("--max-batches", help="Stop after this many batches [default: all the data].", show_default=False)
+    ] = None,
     device: Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu, cuda, cuda:N or mps.")] = "auto",
     json_output: JsonFlag = False,
 ) -> None:

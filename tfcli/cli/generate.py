@@ -88,29 +88,70 @@ def _read_prompts(prompt: str | None, prompt_file: Path | None) -> list[str]:
 def generate(
     run: Annotated[Path, typer.Argument(help="A run directory (config.json, model.safetensors, tokenizer.json).", show_default=False)],
     prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="The text to continue (encoder-decoder: the source).", show_default=False)] = None,
-    prompt_file: Annotated[Optional[Path], typer.Option("--prompt-file", help="One prompt per line (blank lines skipped), decoded in batches; - reads stdin.", show_default=False)] = None,
+    prompt_file: Annotated[
+        Optional[Path], typer.Option("--prompt-file", help="One prompt per line (blank lines skipped), decoded in batches; - reads stdin.", show_default=False)
+    ] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="New tokens per completion, at most.")] = 128,
-    strategy: Annotated[Optional[str], typer.Option(help="greedy | sample | beam. Default: beam with --num-beams > 1, sample with any sampling option or --seed, else greedy.", show_default=False)] = None,
+    strategy: Annotated[
+        Optional[str],
+        typer.Option(
+            help="greedy | sample | beam. Default: beam with --num-beams > 1, sample with any sampling option or --seed, else greedy.", show_default=False
+        ),
+    ] = None,
     temperature: Annotated[Optional[float], typer.Option(help="Sampling: divide the logits by this (0 = greedy). Default 1.", show_default=False)] = None,
-    top_k: Annotated[Optional[int], typer.Option(help="Sampling: keep the K most likely tokens (0: all). --fill-mask: fillers to list (default 5).", show_default=False)] = None,
-    top_p: Annotated[Optional[float], typer.Option(help="Sampling: nucleus, keep the most likely tokens up to probability P, in (0, 1].", show_default=False)] = None,
+    top_k: Annotated[
+        Optional[int], typer.Option(help="Sampling: keep the K most likely tokens (0: all). --fill-mask: fillers to list (default 5).", show_default=False)
+    ] = None,
+    top_p: Annotated[
+        Optional[float], typer.Option(help="Sampling: nucleus, keep the most likely tokens up to probability P, in (0, 1].", show_default=False)
+    ] = None,
     min_p: Annotated[Optional[float], typer.Option(help="Sampling: drop tokens less likely than P x the most likely one.", show_default=False)] = None,
     repetition_penalty: Annotated[float, typer.Option(help="> 1 makes tokens already in the text less likely (1 = off).")] = 1.0,
     num_beams: Annotated[int, typer.Option(help="Beam search: hypotheses kept per prompt.")] = 1,
     length_penalty: Annotated[float, typer.Option(help="Beam search: score = sum of log-probabilities / length ** this (> 1 favours longer texts).")] = 1.0,
-    early_stopping: Annotated[bool, typer.Option("--early-stopping/--no-early-stopping", help="Beam search: stop when --num-beams hypotheses are finished, or go on while a running beam could still beat them.")] = True,
+    early_stopping: Annotated[
+        bool,
+        typer.Option(
+            "--early-stopping/--no-early-stopping",
+            help="Beam search: stop when --num-beams hypotheses are finished, or go on while a running beam could still beat them.",
+        ),
+    ] = True,
     num_samples: Annotated[int, typer.Option(help="Completions per prompt (beam search: the best N hypotheses).")] = 1,
-    seed: Annotated[Optional[int], typer.Option(help="Seed the sampling draws, for the same text every time (the seed used is in --json).", show_default=False)] = None,
-    stop: Annotated[Optional[list[str]], typer.Option("--stop", help="Stop when the text contains this string, which is not kept (repeatable).", show_default=False)] = None,
-    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Go on past the end-of-text token (it shows in the text as itself), up to --max-new-tokens or a --stop string.")] = False,
+    seed: Annotated[
+        Optional[int], typer.Option(help="Seed the sampling draws, for the same text every time (the seed used is in --json).", show_default=False)
+    ] = None,
+    stop: Annotated[
+        Optional[list[str]], typer.Option("--stop", help="Stop when the text contains this string, which is not kept (repeatable).", show_default=False)
+    ] = None,
+    ignore_eos: Annotated[
+        bool, typer.Option("--ignore-eos", help="Go on past the end-of-text token (it shows in the text as itself), up to --max-new-tokens or a --stop string.")
+    ] = False,
     no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text when it is finished instead of token by token.")] = False,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="Re-run the whole context for every token instead of using the KV cache (slow; for comparison).")] = False,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Re-run the whole context for every token instead of using the KV cache (slow; for comparison).")
+    ] = False,
     batch_size: Annotated[int, typer.Option(help="Sequences decoded together (prompts x samples, or x beams).")] = 16,
-    fill_mask: Annotated[Optional[str], typer.Option("--fill-mask", help='Encoder runs: list the likeliest tokens for each [MASK] in this text.', show_default=False)] = None,
-    classify: Annotated[Optional[str], typer.Option("--classify", help="Runs with a classification head: the label probabilities of this text.", show_default=False)] = None,
-    interactive: Annotated[bool, typer.Option("--interactive", "-i", help="A conversation on stdin: each line is added to the context and answered; a reply ends at a newline unless --stop says otherwise (/reset, /quit).")] = False,
+    fill_mask: Annotated[
+        Optional[str], typer.Option("--fill-mask", help="Encoder runs: list the likeliest tokens for each [MASK] in this text.", show_default=False)
+    ] = None,
+    classify: Annotated[
+        Optional[str], typer.Option("--classify", help="Runs with a classification head: the label probabilities of this text.", show_default=False)
+    ] = None,
+    interactive: Annotated[
+        bool,
+        typer.Option(
+            "--interactive",
+            "-i",
+            help="A conversation on stdin: each line is added to the context and answered; a reply ends at a newline unless --stop says otherwise (/reset, /quit).",
+        ),
+    ] = False,
     device: Annotated[str, typer.Option(help="auto (a GPU when there is one), cpu, cuda, cuda:N or mps.")] = "auto",
-    threads: Annotated[int, typer.Option(help="CPU threads for torch (0: one for models under 5M parameters, where waking threads costs more than it saves; else torch's default).")] = 0,
+    threads: Annotated[
+        int,
+        typer.Option(
+            help="CPU threads for torch (0: one for models under 5M parameters, where waking threads costs more than it saves; else torch's default)."
+        ),
+    ] = 0,
     json_output: JsonFlag = False,
 ) -> None:
     """Generate text from a run: continue a prompt, fill in masks, or classify.
@@ -129,40 +170,112 @@ def generate(
     """
     from tfcli.errors import TfcliError
 
-    modes = [name for name, on in (("--prompt/--prompt-file", prompt is not None or prompt_file is not None),
-                                   ("--fill-mask", fill_mask is not None), ("--classify", classify is not None),
-                                   ("--interactive", interactive)) if on]
+    modes = [
+        name
+        for name, on in (
+            ("--prompt/--prompt-file", prompt is not None or prompt_file is not None),
+            ("--fill-mask", fill_mask is not None),
+            ("--classify", classify is not None),
+            ("--interactive", interactive),
+        )
+        if on
+    ]
     if not modes:
-        raise TfcliError("nothing to do", hint='pass --prompt TEXT, --prompt-file FILE, --interactive, --fill-mask TEXT or --classify TEXT')
+        raise TfcliError("nothing to do", hint="pass --prompt TEXT, --prompt-file FILE, --interactive, --fill-mask TEXT or --classify TEXT")
     if len(modes) > 1 and modes != ["--prompt/--prompt-file"]:
         raise TfcliError(f"{modes[0]} and {modes[1]} do not go together", hint="pick one")
     if threads < 0:
         raise TfcliError(f"--threads must be 0 (automatic) or more, not {threads}")
     if fill_mask is not None or classify is not None:  # no text is generated: decoding options would do nothing
-        decoding = {"--max-new-tokens": max_new_tokens != 128, "--strategy": strategy is not None, "--temperature": temperature is not None,
-                    "--top-k": top_k is not None and classify is not None, "--top-p": top_p is not None, "--min-p": min_p is not None,
-                    "--repetition-penalty": repetition_penalty != 1.0, "--num-beams": num_beams != 1, "--length-penalty": length_penalty != 1.0,
-                    "--no-early-stopping": not early_stopping, "--num-samples": num_samples != 1, "--seed": seed is not None,
-                    "--stop": bool(stop), "--ignore-eos": ignore_eos, "--no-stream": no_stream, "--no-cache": no_cache,
-                    "--batch-size": batch_size != 16}
+        decoding = {
+            "--max-new-tokens": max_new_tokens != 128,
+            "--strategy": strategy is not None,
+            "--temperature": temperature is not None,
+            "--top-k": top_k is not None and classify is not None,
+            "--top-p": top_p is not None,
+            "--min-p": min_p is not None,
+            "--repetition-penalty": repetition_penalty != 1.0,
+            "--num-beams": num_beams != 1,
+            "--length-penalty": length_penalty != 1.0,
+            "--no-early-stopping": not early_stopping,
+            "--num-samples": num_samples != 1,
+            "--seed": seed is not None,
+            "--stop": bool(stop),
+            "--ignore-eos": ignore_eos,
+            "--no-stream": no_stream,
+            "--no-cache": no_cache,
+            "--batch-size": batch_size != 16,
+        }
         given = [name for name, on in decoding.items() if on]
         if given:
-            raise TfcliError(f"{given[0]} does not apply to {modes[0]}, which generates no text",
-                             hint="drop it" + ("; --top-k sets how many fillers to list" if fill_mask is not None else ""))
+            raise TfcliError(
+                f"{given[0]} does not apply to {modes[0]}, which generates no text",
+                hint="drop it" + ("; --top-k sets how many fillers to list" if fill_mask is not None else ""),
+            )
     import torch
 
     threads_before = torch.get_num_threads()
     try:  # the thread count is this command's alone (tests run many commands in one process)
-        _generate(run, prompt, prompt_file, max_new_tokens, strategy, temperature, top_k, top_p, min_p, repetition_penalty,
-                  num_beams, length_penalty, early_stopping, num_samples, seed, stop, ignore_eos, no_stream, no_cache, batch_size,
-                  fill_mask, classify, interactive, device, threads, json_output)
+        _generate(
+            run,
+            prompt,
+            prompt_file,
+            max_new_tokens,
+            strategy,
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repetition_penalty,
+            num_beams,
+            length_penalty,
+            early_stopping,
+            num_samples,
+            seed,
+            stop,
+            ignore_eos,
+            no_stream,
+            no_cache,
+            batch_size,
+            fill_mask,
+            classify,
+            interactive,
+            device,
+            threads,
+            json_output,
+        )
     finally:
         torch.set_num_threads(threads_before)
 
 
-def _generate(run, prompt, prompt_file, max_new_tokens, strategy, temperature, top_k, top_p, min_p, repetition_penalty,
-              num_beams, length_penalty, early_stopping, num_samples, seed, stop, ignore_eos, no_stream, no_cache, batch_size,
-              fill_mask, classify, interactive, device, threads, json_output) -> None:
+def _generate(
+    run,
+    prompt,
+    prompt_file,
+    max_new_tokens,
+    strategy,
+    temperature,
+    top_k,
+    top_p,
+    min_p,
+    repetition_penalty,
+    num_beams,
+    length_penalty,
+    early_stopping,
+    num_samples,
+    seed,
+    stop,
+    ignore_eos,
+    no_stream,
+    no_cache,
+    batch_size,
+    fill_mask,
+    classify,
+    interactive,
+    device,
+    threads,
+    json_output,
+) -> None:
     from tfcli.errors import TfcliError
     from tfcli.generate.settings import GenerationSettings, resolve_strategy
 
@@ -244,26 +357,40 @@ def _render(generator, prompts: list[str], *, stream: bool, json_output: bool, r
         for index in sorted(i for i in finished if i >= next_to_print):
             _print_completion(out, finished[index], n_completions, settings)
     if json_output:
-        print_json({
-            "run": str(run),
-            "settings": settings.to_json() | {"seed": done.seed},
-            "completions": [{
-                "prompt_index": c.prompt_index, "sample_index": c.sample_index, "prompt": c.prompt,
-                "prompt_tokens": c.prompt_tokens, "text": c.text, "tokens": c.tokens,
-                "token_texts": [generator.token_bytes(t).decode("utf-8", errors="backslashreplace") for t in c.tokens],
-                "logprobs": [round(lp, 6) for lp in c.logprobs] if c.logprobs is not None else None,
-                "finish_reason": c.finish_reason, **({"score": round(c.score, 6)} if c.score is not None else {}),
-            } for c in done.completions],
-            "timing": done.timing.to_json(),
-        })
+        print_json(
+            {
+                "run": str(run),
+                "settings": settings.to_json() | {"seed": done.seed},
+                "completions": [
+                    {
+                        "prompt_index": c.prompt_index,
+                        "sample_index": c.sample_index,
+                        "prompt": c.prompt,
+                        "prompt_tokens": c.prompt_tokens,
+                        "text": c.text,
+                        "tokens": c.tokens,
+                        "token_texts": [generator.token_bytes(t).decode("utf-8", errors="backslashreplace") for t in c.tokens],
+                        "logprobs": [round(lp, 6) for lp in c.logprobs] if c.logprobs is not None else None,
+                        "finish_reason": c.finish_reason,
+                        **({"score": round(c.score, 6)} if c.score is not None else {}),
+                    }
+                    for c in done.completions
+                ],
+                "timing": done.timing.to_json(),
+            }
+        )
         return
     if streaming:
         out.write("\n")
     timing = done.timing
     reasons = ", ".join(sorted({c.finish_reason for c in done.completions}))
     seed = f", seed {done.seed}" if done.seed is not None else ""
-    errors.print(Text(f"{timing.new_tokens:,} tokens in {timing.total_seconds:.2f} s ({timing.tokens_per_second:,.1f} tokens/s), "
-                      f"stopped by {reasons}{seed}", style="dim"), soft_wrap=True)
+    errors.print(
+        Text(
+            f"{timing.new_tokens:,} tokens in {timing.total_seconds:.2f} s ({timing.tokens_per_second:,.1f} tokens/s), stopped by {reasons}{seed}", style="dim"
+        ),
+        soft_wrap=True,
+    )
 
 
 def _print_completion(out: _Writer, completion, n_completions: int, settings) -> None:
@@ -325,8 +452,7 @@ def _interactive(generator) -> None:
         out.write("\n")
 
 
-def _masked_or_classify(run: Path, fill_mask: str | None, classify: str | None, top_k: int | None, device: str, json_output: bool,
-                        threads: int) -> None:
+def _masked_or_classify(run: Path, fill_mask: str | None, classify: str | None, top_k: int | None, device: str, json_output: bool, threads: int) -> None:
     from rich.table import Table
     from rich.text import Text
 
@@ -342,9 +468,19 @@ def _masked_or_classify(run: Path, fill_mask: str | None, classify: str | None, 
     if fill_mask is not None:
         predictions = fill_masks(checkpoint.model, checkpoint.tokenizer, fill_mask, top_k=5 if top_k is None else top_k)
         if json_output:
-            print_json({"run": str(run), "text": fill_mask, "masks": [
-                {"mask": p.position, "fillers": [{"token_id": f.token_id, "token": f.token, "probability": round(f.probability, 6),
-                                                  "text": f.text} for f in p.fillers]} for p in predictions]})
+            print_json(
+                {
+                    "run": str(run),
+                    "text": fill_mask,
+                    "masks": [
+                        {
+                            "mask": p.position,
+                            "fillers": [{"token_id": f.token_id, "token": f.token, "probability": round(f.probability, 6), "text": f.text} for f in p.fillers],
+                        }
+                        for p in predictions
+                    ],
+                }
+            )
             return
         for p in predictions:
             table = Table(title=f"mask {p.position + 1} of {len(predictions)}" if len(predictions) > 1 else None)
@@ -357,12 +493,19 @@ def _masked_or_classify(run: Path, fill_mask: str | None, classify: str | None, 
     assert classify is not None
     model = checkpoint.model
     labels = label_names(checkpoint.config.training, model.config.n_classes)
-    tokens = len(checkpoint.tokenizer.encode(classify)) + 1 + (model.config.arch == "encoder" and "sep" in checkpoint.tokenizer.special_ids)  # and [cls] or [eos], BERT's [sep]
+    tokens = (
+        len(checkpoint.tokenizer.encode(classify)) + 1 + (model.config.arch == "encoder" and "sep" in checkpoint.tokenizer.special_ids)
+    )  # and [cls] or [eos], BERT's [sep]
     if tokens > model.config.block_size:
         marker = "[cls]" if model.config.arch == "encoder" else "[eos]"
-        stderr_console().print(Text(f"warning: the text has {tokens:,} tokens with its {marker}, more than the context "
-                                    f"({model.config.block_size:,}); classifying its first {model.config.block_size - 1:,}",
-                                    style="yellow"), soft_wrap=True)
+        stderr_console().print(
+            Text(
+                f"warning: the text has {tokens:,} tokens with its {marker}, more than the context "
+                f"({model.config.block_size:,}); classifying its first {model.config.block_size - 1:,}",
+                style="yellow",
+            ),
+            soft_wrap=True,
+        )
     (ranked,) = classify_texts(model, checkpoint.tokenizer, [classify], labels)
     if json_output:
         print_json({"run": str(run), "text": classify, "labels": [{"label": label, "probability": round(p, 6)} for label, p in ranked]})

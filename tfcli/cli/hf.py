@@ -60,5 +60,4 @@ def import_(
         imported = import_hf(source, output)
     for note in imported.notes:
         stderr_console().print(f"note: {note}", markup=False, highlight=False)
-    stdout_console().print(f"imported {source} into {output} ({imported.hf_class}, {imported.parameters:,} parameters)",
-                           markup=False, highlight=False)
+    stdout_console().print(f"imported {source} into {output} ({imported.hf_class}, {imported.parameters:,} parameters)", markup=False, highlight=False)

@@ -13,7 +13,12 @@ from tfcli.cli.common import JsonFlag, counted, human_bytes, print_json, print_t
 
 def info(
     run: Annotated[Optional[Path], typer.Argument(help="A run directory (config.json, model.safetensors, tokenizer.json).", show_default=False)] = None,
-    device: Annotated[bool, typer.Option("--device", help="Describe this machine instead: its processor, and which products, loss and decoding step tfcli chose here, measured, and why.")] = False,
+    device: Annotated[
+        bool,
+        typer.Option(
+            "--device", help="Describe this machine instead: its processor, and which products, loss and decoding step tfcli chose here, measured, and why."
+        ),
+    ] = False,
     json_output: JsonFlag = False,
 ) -> None:
     """Describe a run directory without loading its weights.
@@ -64,11 +69,17 @@ def _print_table(data: dict) -> None:
     table.add_row("run", data["run"] + (f"  (from {data['source']})" if data["source"] else ""))
     layers = str(model["n_layers"]) + (f" + {model['n_decoder_layers'] or model['n_layers']} decoder" if model["arch"] == "encoder-decoder" else "")
     layers += " layer" if layers == "1" else " layers"
-    table.add_row("model", f"{model['arch']}, {layers}, d_model {model['d_model']}, {counted(model['n_heads'], 'head')} "
-                           f"({model['n_kv_heads'] or model['n_heads']} kv), context {model['block_size']}")
-    table.add_row("options", f"{model['positions']} positions, {model['norm_placement']}-{model['norm']}, {model['activation']}, "
-                             f"bias {'on' if model['bias'] else 'off'}, embeddings {'tied' if model['tie_embeddings'] else 'untied'}"
-                             + "".join(f", {option}" for option in _more_options(model)))
+    table.add_row(
+        "model",
+        f"{model['arch']}, {layers}, d_model {model['d_model']}, {counted(model['n_heads'], 'head')} "
+        f"({model['n_kv_heads'] or model['n_heads']} kv), context {model['block_size']}",
+    )
+    table.add_row(
+        "options",
+        f"{model['positions']} positions, {model['norm_placement']}-{model['norm']}, {model['activation']}, "
+        f"bias {'on' if model['bias'] else 'off'}, embeddings {'tied' if model['tie_embeddings'] else 'untied'}"
+        + "".join(f", {option}" for option in _more_options(model)),
+    )
     trained = data["training"] or {}
     if trained.get("task"):
         parent = trained.get("init_from")
@@ -90,18 +101,26 @@ def _print_table(data: dict) -> None:
         saving = f", {kv['multi_head_equivalent_bf16'] // kv['bf16']}x less than multi-head" if kv["kv_heads"] < kv["query_heads"] else ""
         cross = kv["cross_attention_per_source_token_bf16"]
         cross_text = f", plus {human_bytes(cross)} per source token for cross-attention" if cross else ""
-        table.add_row("KV cache", f"{human_bytes(kv['bf16'])} per token bf16 ({human_bytes(kv['fp32'])} fp32; {kv['kv_heads']} kv heads{saving})"
-                                  f"{cross_text}")
+        table.add_row("KV cache", f"{human_bytes(kv['bf16'])} per token bf16 ({human_bytes(kv['fp32'])} fp32; {kv['kv_heads']} kv heads{saving}){cross_text}")
     tok = data["tokenizer"]
     padding = f" (model vocabulary {model['vocab_size']:,}: never generated past the tokenizer's)" if model["vocab_size"] > tok["vocab_size"] else ""
-    table.add_row("tokenizer", f"{tok['vocab_size']:,} tokens{padding}, {tok['model']} ({tok['pre_tokenizer']}), "
-                               f"specials {' '.join(dict.fromkeys(tok['special_tokens'].values())) or 'none'}")
+    table.add_row(
+        "tokenizer",
+        f"{tok['vocab_size']:,} tokens{padding}, {tok['model']} ({tok['pre_tokenizer']}), "
+        f"specials {' '.join(dict.fromkeys(tok['special_tokens'].values())) or 'none'}",
+    )
     history = data["history"]
     if history:
-        read = (f"{counted(history['records'], 'record')} read from the first line and the end of a {human_bytes(history['file_bytes'])} file"
-                if history["tail_only"] else counted(history["records"], "record"))
-        table.add_row("history", f"{read}, steps {history['first_step']}..{history['last_step']}, "
-                                 f"last loss {_loss(history['last_loss'])}, best val loss {_loss(history['best_val_loss'])}")
+        read = (
+            f"{counted(history['records'], 'record')} read from the first line and the end of a {human_bytes(history['file_bytes'])} file"
+            if history["tail_only"]
+            else counted(history["records"], "record")
+        )
+        table.add_row(
+            "history",
+            f"{read}, steps {history['first_step']}..{history['last_step']}, "
+            f"last loss {_loss(history['last_loss'])}, best val loss {_loss(history['best_val_loss'])}",
+        )
     for problem in data["problems"]:
         table.add_row(Text("problem", style="bold red"), Text(problem, style="red"))
     print_table(console, table)

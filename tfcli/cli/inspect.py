@@ -35,8 +35,7 @@ def _read_text(value: str | None, file: Path | None, what: str, flag: str) -> st
     except UnicodeDecodeError as exc:
         from rich.text import Text
 
-        stderr_console().print(Text(f"warning: {file} is not valid UTF-8 (byte {exc.start}); bad bytes read as U+FFFD", style="yellow"),
-                               soft_wrap=True)
+        stderr_console().print(Text(f"warning: {file} is not valid UTF-8 (byte {exc.start}); bad bytes read as U+FFFD", style="yellow"), soft_wrap=True)
         return raw.decode("utf-8", errors="replace")
 
 
@@ -44,23 +43,57 @@ def inspect_attention(
     run: Annotated[Path, typer.Argument(help="A run directory (config.json, model.safetensors, tokenizer.json).", show_default=False)],
     text: Annotated[Optional[str], typer.Option("--text", help="The text to look at (for an encoder-decoder: the source).", show_default=False)] = None,
     text_file: Annotated[Optional[Path], typer.Option("--text-file", help="Read the text from a UTF-8 file instead.", show_default=False)] = None,
-    target: Annotated[Optional[str], typer.Option("--target", help="Encoder-decoder only: the target text the decoder reads (after its start token).", show_default=False)] = None,
+    target: Annotated[
+        Optional[str], typer.Option("--target", help="Encoder-decoder only: the target text the decoder reads (after its start token).", show_default=False)
+    ] = None,
     target_file: Annotated[Optional[Path], typer.Option("--target-file", help="Read the target from a UTF-8 file instead.", show_default=False)] = None,
-    attention: Annotated[Optional[str], typer.Option("--attention", help="encoder, decoder or cross: which attention of an encoder-decoder (default: cross; other models have one).", show_default=False)] = None,
-    layer: Annotated[Optional[str], typer.Option("--layer", "-l", help="A layer number (negative counts from the end) or 'all'. Default 0; all for --summary and a JSON file.", show_default=False)] = None,
-    head: Annotated[Optional[str], typer.Option("--head", help="A head number or 'all' (a grid of small maps). Default 0; all with --token, --summary and a JSON file.", show_default=False)] = None,
+    attention: Annotated[
+        Optional[str],
+        typer.Option(
+            "--attention", help="encoder, decoder or cross: which attention of an encoder-decoder (default: cross; other models have one).", show_default=False
+        ),
+    ] = None,
+    layer: Annotated[
+        Optional[str],
+        typer.Option(
+            "--layer", "-l", help="A layer number (negative counts from the end) or 'all'. Default 0; all for --summary and a JSON file.", show_default=False
+        ),
+    ] = None,
+    head: Annotated[
+        Optional[str],
+        typer.Option(
+            "--head", help="A head number or 'all' (a grid of small maps). Default 0; all with --token, --summary and a JSON file.", show_default=False
+        ),
+    ] = None,
     token: Annotated[Optional[str], typer.Option("--token", help="Show where this word of the text looks: a bar per head.", show_default=False)] = None,
     occurrence: Annotated[int, typer.Option("--occurrence", help="With --token: which occurrence of the word (1 = the first).")] = 1,
-    summary: Annotated[bool, typer.Option("--summary", help="Per head: mean entropy, mean attended distance, and the known pattern it matches best, with scores.")] = False,
+    summary: Annotated[
+        bool, typer.Option("--summary", help="Per head: mean entropy, mean attended distance, and the known pattern it matches best, with scores.")
+    ] = False,
     compare: Annotated[Optional[str], typer.Option("--compare", help="A second text: the same head on both, side by side.", show_default=False)] = None,
-    compare_run: Annotated[Optional[Path], typer.Option("--compare-run", help="A second run of the same shape and tokenizer: the same text through both, and which heads changed most.", show_default=False)] = None,
-    output_format: Annotated[Optional[str], typer.Option("--format", "-f", help="terminal, html, png or json (default: from -o's suffix, else terminal).", show_default=False)] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="The file to write (html, png; json prints to stdout without it).", show_default=False)] = None,
+    compare_run: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--compare-run", help="A second run of the same shape and tokenizer: the same text through both, and which heads changed most.", show_default=False
+        ),
+    ] = None,
+    output_format: Annotated[
+        Optional[str], typer.Option("--format", "-f", help="terminal, html, png or json (default: from -o's suffix, else terminal).", show_default=False)
+    ] = None,
+    output: Annotated[
+        Optional[Path], typer.Option("--output", "-o", help="The file to write (html, png; json prints to stdout without it).", show_default=False)
+    ] = None,
     start: Annotated[int, typer.Option("--start", help="Terminal heatmap of a long text: the first token of the window shown.")] = 0,
-    key_start: Annotated[int, typer.Option("--key-start", help="Terminal cross-attention heatmap of a long source: the first source token of the columns shown.")] = 0,
-    crop: Annotated[bool, typer.Option("--crop", help="Keep the first block-size tokens of a text longer than the model's context (default: an error).")] = False,
+    key_start: Annotated[
+        int, typer.Option("--key-start", help="Terminal cross-attention heatmap of a long source: the first source token of the columns shown.")
+    ] = 0,
+    crop: Annotated[
+        bool, typer.Option("--crop", help="Keep the first block-size tokens of a text longer than the model's context (default: an error).")
+    ] = False,
     device: Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu, cuda, cuda:N or mps.")] = "auto",
-    checkpoints: Annotated[bool, typer.Option("--checkpoints", help="Across the checkpoints the run kept (train --keep-checkpoints N): each head's detector score, step by step.")] = False,
+    checkpoints: Annotated[
+        bool, typer.Option("--checkpoints", help="Across the checkpoints the run kept (train --keep-checkpoints N): each head's detector score, step by step.")
+    ] = False,
     pattern: Annotated[str, typer.Option("--pattern", help="With --checkpoints: previous-token, first-token, duplicate or induction.")] = "induction",
     json_output: JsonFlag = False,
 ) -> None:
@@ -122,8 +155,19 @@ def inspect_attention(
         raise TfcliError("no text given", hint="pass --text TEXT or --text-file FILE")
     target_text = _read_text(target, target_file, "target", "--target")
     request = InspectRequest(
-        run=run, text=source, target=target_text, attention=attention, layer=layer, head=head, token=token,
-        occurrence=occurrence, summary=summary, compare=compare, compare_run=compare_run, crop=crop, device=device,
+        run=run,
+        text=source,
+        target=target_text,
+        attention=attention,
+        layer=layer,
+        head=head,
+        token=token,
+        occurrence=occurrence,
+        summary=summary,
+        compare=compare,
+        compare_run=compare_run,
+        crop=crop,
+        device=device,
         select_all_by_default=fmt == "json" and not json_output,
     )
     console = stderr_console()
@@ -159,8 +203,12 @@ def inspect_attention(
 
     for note in inspection.notes:
         console.print(Text(note, style="dim"))
-    console.print(Text(f"wrote {output} ({human_bytes(output.stat().st_size)}) in {done - began:.1f} s "
-                       f"(loading and capture {captured - began:.1f} s, writing {done - captured:.1f} s)"))
+    console.print(
+        Text(
+            f"wrote {output} ({human_bytes(output.stat().st_size)}) in {done - began:.1f} s "
+            f"(loading and capture {captured - began:.1f} s, writing {done - captured:.1f} s)"
+        )
+    )
 
 
 def _across(run, text, text_file, attention, layer, head, pattern, output_format, output, device, json_output) -> None:

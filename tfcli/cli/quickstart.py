@@ -12,7 +12,9 @@ from tfcli.cli.common import at_least, stderr_console, stdout_console
 
 def quickstart(
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for everything the chain makes.")] = Path("runs/quickstart"),
-    data: Annotated[Optional[Path], typer.Option(help="The sample data folder (default: ./sample_data, else the one beside the tfcli sources).", show_default=False)] = None,
+    data: Annotated[
+        Optional[Path], typer.Option(help="The sample data folder (default: ./sample_data, else the one beside the tfcli sources).", show_default=False)
+    ] = None,
     force: Annotated[bool, typer.Option("--force", help="Redo every step, even those whose output is already there.")] = False,
     steps: Annotated[int, typer.Option("--steps", help="Pretraining steps for the tiny decoder (fewer: faster and rougher).")] = 400,
     classifier_steps: Annotated[int, typer.Option("--classifier-steps", help="Fine-tuning steps for the review classifier.")] = 200,

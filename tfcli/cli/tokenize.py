@@ -17,15 +17,29 @@ app = Typer(
     rich_markup_mode=None,
 )
 
-Corpus = Annotated[list[str], typer.Argument(
-    help="Files, folders (read recursively), quoted globs, or - for standard input: plain text, JSON lines (.jsonl, .json), "
-    "CSV / TSV or Parquet, each also compressed (.gz, .zst, .xz, .bz2).", show_default=False)]
-Field = Annotated[str, typer.Option(
-    "--field", help="The field that holds the text in JSON lines (a dotted path reaches into nested objects), "
-    "the column in CSV, TSV and Parquet. Records without a string there are skipped and counted.")]
-InputFormat = Annotated[str, typer.Option(
-    "--input-format", help="auto (by extension, then by the first bytes; standard input that starts with { is JSON lines), "
-    "text, jsonl, csv, tsv or parquet.")]
+Corpus = Annotated[
+    list[str],
+    typer.Argument(
+        help="Files, folders (read recursively), quoted globs, or - for standard input: plain text, JSON lines (.jsonl, .json), "
+        "CSV / TSV or Parquet, each also compressed (.gz, .zst, .xz, .bz2).",
+        show_default=False,
+    ),
+]
+Field = Annotated[
+    str,
+    typer.Option(
+        "--field",
+        help="The field that holds the text in JSON lines (a dotted path reaches into nested objects), "
+        "the column in CSV, TSV and Parquet. Records without a string there are skipped and counted.",
+    ),
+]
+InputFormat = Annotated[
+    str,
+    typer.Option(
+        "--input-format",
+        help="auto (by extension, then by the first bytes; standard input that starts with { is JSON lines), text, jsonl, csv, tsv or parquet.",
+    ),
+]
 TokenizerFile = Annotated[Path, typer.Option("--tokenizer", "-t", help="A tokenizer.json, or the folder holding it.", show_default=False)]
 
 
@@ -34,13 +48,22 @@ def train(
     corpus: Corpus,
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder to write tokenizer.json and tokenizer_config.json into.")],
     model: Annotated[
-        str, typer.Option("--model", "-m", help="bpe (byte-pair encoding, GPT-2 style), wordpiece (BERT's: ## continuations; also writes vocab.txt), "
-                          "unigram (SentencePiece-style, as T5 uses) or char (one token per character, as nanoGPT's shakespeare_char).")
+        str,
+        typer.Option(
+            "--model",
+            "-m",
+            help="bpe (byte-pair encoding, GPT-2 style), wordpiece (BERT's: ## continuations; also writes vocab.txt), "
+            "unigram (SentencePiece-style, as T5 uses) or char (one token per character, as nanoGPT's shakespeare_char).",
+        ),
     ] = "bpe",
     vocab_size: Annotated[int, typer.Option(help="Tokens in the vocabulary, special tokens included (for char: a cap; rarer characters become unk).")] = 8192,
     min_frequency: Annotated[
-        Optional[int], typer.Option(help="bpe, wordpiece: a pair is merged only if it occurs at least this often (default 2). "
-                                    "char: a character seen fewer times becomes unk (default 1).", show_default=False)
+        Optional[int],
+        typer.Option(
+            help="bpe, wordpiece: a pair is merged only if it occurs at least this often (default 2). "
+            "char: a character seen fewer times becomes unk (default 1).",
+            show_default=False,
+        ),
     ] = None,
     special_tokens: Annotated[
         Optional[list[str]],
@@ -53,13 +76,20 @@ def train(
         ),
     ] = None,
     pre_tokenizer: Annotated[
-        Optional[str], typer.Option(help="bpe only: byte-level (default; lossless, never unknown), whitespace (classic word-level BPE) "
-                                    "or metaspace (SentencePiece-style).", show_default=False)
+        Optional[str],
+        typer.Option(
+            help="bpe only: byte-level (default; lossless, never unknown), whitespace (classic word-level BPE) or metaspace (SentencePiece-style).",
+            show_default=False,
+        ),
     ] = None,
     lowercase: Annotated[bool, typer.Option("--lowercase", help="Lowercase text before tokenizing (wordpiece: as bert-base-uncased).")] = False,
     strip_accents: Annotated[
-        Optional[bool], typer.Option("--strip-accents/--keep-accents", help="wordpiece only: strip accents (é -> e) or keep them. "
-                                     "Default: strip them when lowercasing, as BERT's normalizer does.", show_default=False)
+        Optional[bool],
+        typer.Option(
+            "--strip-accents/--keep-accents",
+            help="wordpiece only: strip accents (é -> e) or keep them. Default: strip them when lowercasing, as BERT's normalizer does.",
+            show_default=False,
+        ),
     ] = None,
     limit_alphabet: Annotated[
         Optional[int], typer.Option(help="Keep at most this many initial characters (bpe with whitespace or metaspace, wordpiece).", show_default=False)
@@ -143,8 +173,11 @@ def _render_train_summary(summary) -> None:
         table.add_row("merges", f"{summary.merges:,}")
     table.add_row("alphabet", f"{summary.alphabet_size:,} " + ("bytes" if summary.pre_tokenizer == "byte-level" else "characters"))
     if summary.unknown_characters:
-        table.add_row("unknown", f"{counted(summary.unknown_characters, 'rarer character')} of {summary.characters_seen:,} seen, "
-                                 f"{counted(summary.unknown_occurrences, 'occurrence')} in the corpus, encoded as {summary.unk_token}")
+        table.add_row(
+            "unknown",
+            f"{counted(summary.unknown_characters, 'rarer character')} of {summary.characters_seen:,} seen, "
+            f"{counted(summary.unknown_occurrences, 'occurrence')} in the corpus, encoded as {summary.unk_token}",
+        )
     table.add_row("special tokens", " ".join(summary.special_tokens))
     table.add_row("corpus", f"{counted(summary.files, 'file')}, {human_bytes(summary.bytes_read)}")
     table.add_row("bytes per token", f"{summary.bytes_per_token:.2f} (on {human_bytes(summary.sample_bytes)} of the training text)")
@@ -166,8 +199,11 @@ def encode(
     val_fraction: Annotated[float, typer.Option(help="Share of documents held out for validation.")] = 0.05,
     seed: Annotated[int, typer.Option(help="Seed of the train/validation draw.")] = 0,
     documents: Annotated[
-        str, typer.Option(help="What one document of a plain text file is: paragraph (ends at a blank line), line, or file. "
-                          "In JSON lines, CSV and Parquet each record is one.")
+        str,
+        typer.Option(
+            help="What one document of a plain text file is: paragraph (ends at a blank line), line, or file. "
+            "In JSON lines, CSV and Parquet each record is one."
+        ),
     ] = "paragraph",
     field: Field = "text",
     input_format: InputFormat = "auto",
@@ -318,8 +354,10 @@ def trace(
     from tfcli.tokenizer.trace import bpe_trace, wordpiece_trace
 
     if model not in ("bpe", "wordpiece"):
-        raise TfcliError(f"trace replays merges of --model bpe or wordpiece, not {model!r}",
-                         hint="unigram prunes a large vocabulary and char has nothing to merge; use --model bpe or --model wordpiece")
+        raise TfcliError(
+            f"trace replays merges of --model bpe or wordpiece, not {model!r}",
+            hint="unigram prunes a large vocabulary and char has nothing to merge; use --model bpe or --model wordpiece",
+        )
     if merges is not None and merges < 0:
         raise TfcliError(f"--merges must be 0 or more, not {merges}")
     if min_count < 1:
@@ -350,7 +388,11 @@ def trace(
             head.append(f" ({step.count}x; score {step.count}/({step.left_count}*{step.right_count}) = {float(step.score):.4g})")
         console.print(head)
         console.print(Text("  ") + table_line(step.table))
-    console.print(Text(f"end ({counted(len(result.tokens), 'token')}, {counted(len(result.steps), 'merge')}): ", style="bold") + Text(" ".join(visible(t) for t in result.tokens)))
+    console.print(
+        Text(f"end ({counted(len(result.tokens), 'token')}, {counted(len(result.steps), 'merge')}): ", style="bold")
+        + Text(" ".join(visible(t) for t in result.tokens))
+    )
     if result.encoded is not None and result.encoded != result.tokens:
-        console.print(Text(f"encoded, longest match first ({counted(len(result.encoded), 'token')}): ", style="bold")
-                      + Text(" ".join(visible(t) for t in result.encoded)))
+        console.print(
+            Text(f"encoded, longest match first ({counted(len(result.encoded), 'token')}): ", style="bold") + Text(" ".join(visible(t) for t in result.encoded))
+        )

@@ -19,23 +19,48 @@ app = Typer(
 )
 
 Output = Annotated[Path, typer.Option("--output", "-o", help="The run directory to write (or to continue with --resume).", show_default=False)]
-ConfigFile = Annotated[Optional[Path], typer.Option("--config", help="A TOML file: [model] and [train] tables (or flat keys), and `preset`.", show_default=False)]
-Sets = Annotated[Optional[list[str]], typer.Option("--set", help="Override one setting: --set d_model=128 --set train.weight_decay=0 (repeatable; fine-tuning keeps the model's shape, so there only dropout and training settings).", show_default=False)]
+ConfigFile = Annotated[
+    Optional[Path], typer.Option("--config", help="A TOML file: [model] and [train] tables (or flat keys), and `preset`.", show_default=False)
+]
+Sets = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--set",
+        help="Override one setting: --set d_model=128 --set train.weight_decay=0 (repeatable; fine-tuning keeps the model's shape, so there only dropout and training settings).",
+        show_default=False,
+    ),
+]
 MaxSteps = Annotated[Optional[int], typer.Option("--max-steps", help="Optimizer updates to run [default: 1000].", show_default=False)]
-TimeBudget = Annotated[Optional[str], typer.Option("--time-budget", help="Train for a wall-clock budget instead (90s, 3m, 1h); the schedule spans it.", show_default=False)]
+TimeBudget = Annotated[
+    Optional[str], typer.Option("--time-budget", help="Train for a wall-clock budget instead (90s, 3m, 1h); the schedule spans it.", show_default=False)
+]
 BatchSize = Annotated[Optional[int], typer.Option("--batch-size", help="Sequences per micro-batch, per process [default: 16].", show_default=False)]
 GradAccum = Annotated[Optional[int], typer.Option("--grad-accum", help="Micro-batches per update [default: 1].", show_default=False)]
 Lr = Annotated[Optional[float], typer.Option("--lr", help="Peak learning rate [default: 1e-3].", show_default=False)]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed for initialisation, data order, masks and dropout [default: 1337].", show_default=False)]
 SaveEvery = Annotated[Optional[int], typer.Option("--save-every", help="Steps between checkpoints; 0 = only at the end [default: 500].", show_default=False)]
-KeepEvery = Annotated[Optional[int], typer.Option("--keep-checkpoints", help="Keep every N-th step's weights under RUN/checkpoints/step-NNNNNNN (safetensors, no optimizer state), e.g. for inspect-attention --checkpoints [default: 0, none].", show_default=False)]
+KeepEvery = Annotated[
+    Optional[int],
+    typer.Option(
+        "--keep-checkpoints",
+        help="Keep every N-th step's weights under RUN/checkpoints/step-NNNNNNN (safetensors, no optimizer state), e.g. for inspect-attention --checkpoints [default: 0, none].",
+        show_default=False,
+    ),
+]
 EvalEvery = Annotated[Optional[int], typer.Option("--eval-every", help="Steps between validations; 0 = only at the end [default: 100].", show_default=False)]
 LogEvery = Annotated[Optional[int], typer.Option("--log-every", help="Steps between metrics.jsonl records [default: 10].", show_default=False)]
 Device = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda or mps [default: auto].", show_default=False)]
-Precision = Annotated[Optional[str], typer.Option("--precision", help="auto (bf16 on a GPU that has it, else fp32), fp32 or bf16 [default: auto].", show_default=False)]
+Precision = Annotated[
+    Optional[str], typer.Option("--precision", help="auto (bf16 on a GPU that has it, else fp32), fp32 or bf16 [default: auto].", show_default=False)
+]
 Compile = Annotated[bool, typer.Option("--compile", help="Use torch.compile where it works (falls back with a note where it does not).")]
 Resume = Annotated[bool, typer.Option("--resume", help="Continue the run in -o from its last checkpoint, exactly.")]
-Fsdp = Annotated[bool, typer.Option("--fsdp", help="Under torchrun: shard parameters, gradients and optimizer state across the processes (FSDP) instead of copying the model to each (DDP).")]
+Fsdp = Annotated[
+    bool,
+    typer.Option(
+        "--fsdp", help="Under torchrun: shard parameters, gradients and optimizer state across the processes (FSDP) instead of copying the model to each (DDP)."
+    ),
+]
 
 
 def _options(**values: Any) -> dict[str, Any]:
@@ -56,15 +81,34 @@ def _options(**values: Any) -> dict[str, Any]:
 def pretrain(
     data: Annotated[Path, typer.Option("--data", help="A shard folder from `tfcli tokenize encode`.", show_default=False)],
     output: Output,
-    arch: Annotated[Optional[str], typer.Option("--arch", help="decoder (causal LM), encoder (masked LM) or encoder-decoder (span denoising) [default: the preset's or config's, else decoder].", show_default=False)] = None,
-    preset: Annotated[Optional[str], typer.Option("--preset", help="Model preset: tiny, small, gpt2-small, bert-base, seq2seq-tiny [default: tiny; seq2seq-tiny for encoder-decoder].", show_default=False)] = None,
+    arch: Annotated[
+        Optional[str],
+        typer.Option(
+            "--arch",
+            help="decoder (causal LM), encoder (masked LM) or encoder-decoder (span denoising) [default: the preset's or config's, else decoder].",
+            show_default=False,
+        ),
+    ] = None,
+    preset: Annotated[
+        Optional[str],
+        typer.Option(
+            "--preset",
+            help="Model preset: tiny, small, gpt2-small, bert-base, seq2seq-tiny [default: tiny; seq2seq-tiny for encoder-decoder].",
+            show_default=False,
+        ),
+    ] = None,
     config: ConfigFile = None,
     sets: Sets = None,
-    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", "-t", help="The tokenizer the shards were encoded with [default: found beside the shards].", show_default=False)] = None,
+    tokenizer: Annotated[
+        Optional[Path],
+        typer.Option("--tokenizer", "-t", help="The tokenizer the shards were encoded with [default: found beside the shards].", show_default=False),
+    ] = None,
     max_steps: MaxSteps = None,
     time_budget: TimeBudget = None,
     batch_size: BatchSize = None,
-    block_size: Annotated[Optional[int], typer.Option("--block-size", help="The model's context length in tokens (the preset's by default).", show_default=False)] = None,
+    block_size: Annotated[
+        Optional[int], typer.Option("--block-size", help="The model's context length in tokens (the preset's by default).", show_default=False)
+    ] = None,
     grad_accum: GradAccum = None,
     lr: Lr = None,
     seed: Seed = None,
@@ -98,35 +142,93 @@ def pretrain(
 
     if arch is not None:
         _check_choice("--arch", arch, ARCHS)
-    options = _options(max_steps=max_steps, time_budget=time_budget, batch_size=batch_size, grad_accum=grad_accum, lr=lr, seed=seed,
-                       save_every=save_every, keep_every=keep_every, eval_every=eval_every, log_every=log_every, device=device, precision=precision,
-                       compile=compile_model, fsdp=fsdp)
+    options = _options(
+        max_steps=max_steps,
+        time_budget=time_budget,
+        batch_size=batch_size,
+        grad_accum=grad_accum,
+        lr=lr,
+        seed=seed,
+        save_every=save_every,
+        keep_every=keep_every,
+        eval_every=eval_every,
+        log_every=log_every,
+        device=device,
+        precision=precision,
+        compile=compile_model,
+        fsdp=fsdp,
+    )
     if block_size is not None:
         options["model.block_size"] = block_size
     with no_empty_folder_left(output):
-        job = pretrain_job(data=data, output=output, arch=arch, preset_name=preset, config_file=config, sets=sets or [],
-                           options=options, tokenizer_path=tokenizer, resume=resume)
+        job = pretrain_job(
+            data=data,
+            output=output,
+            arch=arch,
+            preset_name=preset,
+            config_file=config,
+            sets=sets or [],
+            options=options,
+            tokenizer_path=tokenizer,
+            resume=resume,
+        )
         _run(job, json_output)
 
 
 @app.command("finetune")
 def finetune(
     init_from: Annotated[Path, typer.Option("--init-from", help="The run directory to start from.", show_default=False)],
-    task: Annotated[str, typer.Option("--task", help="lm, mlm or denoise (continued pretraining of a decoder, encoder or encoder-decoder, on shards), classify (text/label records) or seq2seq (source/target records).", show_default=False)],
-    data: Annotated[Path, typer.Option("--data", help="Shards for lm, mlm and denoise; for classify and seq2seq a labeled set: JSON lines, CSV / TSV or Parquet, compressed or not (.gz, .zst, .xz, .bz2).", show_default=False)],
+    task: Annotated[
+        str,
+        typer.Option(
+            "--task",
+            help="lm, mlm or denoise (continued pretraining of a decoder, encoder or encoder-decoder, on shards), classify (text/label records) or seq2seq (source/target records).",
+            show_default=False,
+        ),
+    ],
+    data: Annotated[
+        Path,
+        typer.Option(
+            "--data",
+            help="Shards for lm, mlm and denoise; for classify and seq2seq a labeled set: JSON lines, CSV / TSV or Parquet, compressed or not (.gz, .zst, .xz, .bz2).",
+            show_default=False,
+        ),
+    ],
     output: Output,
-    val_data: Annotated[Optional[Path], typer.Option("--val-data", help="A labeled validation set, in any of --data's formats [default: hold out --set val_fraction=0.1 of --data].", show_default=False)] = None,
-    text_field: Annotated[Optional[str], typer.Option("--text-field", help="classify: the field (JSON lines; a dotted path reaches into nested objects) or column (CSV, Parquet) of the text [default: text].", show_default=False)] = None,
-    label_field: Annotated[Optional[str], typer.Option("--label-field", help="classify: the field or column of the label [default: label].", show_default=False)] = None,
-    source_field: Annotated[Optional[str], typer.Option("--source-field", help="seq2seq: the field or column of the source text [default: source].", show_default=False)] = None,
-    target_field: Annotated[Optional[str], typer.Option("--target-field", help="seq2seq: the field or column of the target text [default: target].", show_default=False)] = None,
-    freeze: Annotated[Optional[str], typer.Option("--freeze", help="none, embeddings, or body (train only the new classification head) [default: none].", show_default=False)] = None,
+    val_data: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--val-data", help="A labeled validation set, in any of --data's formats [default: hold out --set val_fraction=0.1 of --data].", show_default=False
+        ),
+    ] = None,
+    text_field: Annotated[
+        Optional[str],
+        typer.Option(
+            "--text-field",
+            help="classify: the field (JSON lines; a dotted path reaches into nested objects) or column (CSV, Parquet) of the text [default: text].",
+            show_default=False,
+        ),
+    ] = None,
+    label_field: Annotated[
+        Optional[str], typer.Option("--label-field", help="classify: the field or column of the label [default: label].", show_default=False)
+    ] = None,
+    source_field: Annotated[
+        Optional[str], typer.Option("--source-field", help="seq2seq: the field or column of the source text [default: source].", show_default=False)
+    ] = None,
+    target_field: Annotated[
+        Optional[str], typer.Option("--target-field", help="seq2seq: the field or column of the target text [default: target].", show_default=False)
+    ] = None,
+    freeze: Annotated[
+        Optional[str], typer.Option("--freeze", help="none, embeddings, or body (train only the new classification head) [default: none].", show_default=False)
+    ] = None,
     config: ConfigFile = None,
     sets: Sets = None,
     max_steps: MaxSteps = None,
     time_budget: TimeBudget = None,
     batch_size: BatchSize = None,
-    block_size: Annotated[Optional[int], typer.Option("--block-size", help="Tokens per example or window, at most the model's context.", show_default=False)] = None,
+    block_size: Annotated[
+        Optional[int], typer.Option("--block-size", help="Tokens per example or window, at most the model's context.", show_default=False)
+    ] = None,
     grad_accum: GradAccum = None,
     lr: Lr = None,
     seed: Seed = None,
@@ -154,13 +256,38 @@ def finetune(
     from tfcli.training_config import TASKS
 
     _check_choice("--task", task, tuple(t for t in TASKS if t in ("lm", "mlm", "denoise", "classify", "seq2seq")))
-    options = _options(max_steps=max_steps, time_budget=time_budget, batch_size=batch_size, block_size=block_size, grad_accum=grad_accum,
-                       lr=lr, seed=seed, save_every=save_every, keep_every=keep_every, eval_every=eval_every, log_every=log_every, device=device,
-                       precision=precision, compile=compile_model, fsdp=fsdp, freeze=freeze)
+    options = _options(
+        max_steps=max_steps,
+        time_budget=time_budget,
+        batch_size=batch_size,
+        block_size=block_size,
+        grad_accum=grad_accum,
+        lr=lr,
+        seed=seed,
+        save_every=save_every,
+        keep_every=keep_every,
+        eval_every=eval_every,
+        log_every=log_every,
+        device=device,
+        precision=precision,
+        compile=compile_model,
+        fsdp=fsdp,
+        freeze=freeze,
+    )
     with no_empty_folder_left(output):
         fields = {"text": text_field, "label": label_field, "source": source_field, "target": target_field}
-        job = finetune_job(init_from=init_from, task=task, data=data, val_data=val_data, output=output, config_file=config,
-                           sets=sets or [], options=options, resume=resume, fields={k: v for k, v in fields.items() if v is not None})
+        job = finetune_job(
+            init_from=init_from,
+            task=task,
+            data=data,
+            val_data=val_data,
+            output=output,
+            config_file=config,
+            sets=sets or [],
+            options=options,
+            resume=resume,
+            fields={k: v for k, v in fields.items() if v is not None},
+        )
         _run(job, json_output)
 
 
@@ -173,8 +300,16 @@ def _check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
 
 def _describe(record: dict[str, Any]) -> str:
     parts = [f"step {record['step']:>6}"]
-    for key, fmt in (("loss", "loss {:.4f}"), ("val_loss", "val {:.4f}"), ("val_bpb", "bpb {:.3f}"), ("val_accuracy", "acc {:.3f}"),
-                     ("val_macro_f1", "F1 {:.3f}"), ("lr", "lr {:.2e}"), ("tokens_per_sec", "{:,.0f} tok/s"), ("mfu", "MFU {:.1%}")):
+    for key, fmt in (
+        ("loss", "loss {:.4f}"),
+        ("val_loss", "val {:.4f}"),
+        ("val_bpb", "bpb {:.3f}"),
+        ("val_accuracy", "acc {:.3f}"),
+        ("val_macro_f1", "F1 {:.3f}"),
+        ("lr", "lr {:.2e}"),
+        ("tokens_per_sec", "{:,.0f} tok/s"),
+        ("mfu", "MFU {:.1%}"),
+    ):
         if isinstance(record.get(key), (int, float)):
             parts.append(fmt.format(record[key]))
     return "  ".join(parts)
@@ -193,8 +328,15 @@ def _run(job, json_output: bool) -> None:
     console = stderr_console()
     is_main = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 speaks
     live = console.is_terminal and is_main
-    progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24), TextColumn("{task.fields[status]}"),
-                        TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"), console=console, disable=not live)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(bar_width=24),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA {task.fields[eta]}"),
+        console=console,
+        disable=not live,
+    )
     task_id = None
     status: dict[str, str] = {"loss": "loss --"}
     finished = None
@@ -205,15 +347,26 @@ def _run(job, json_output: bool) -> None:
                 continue
             if isinstance(event, Started):
                 what = counted(event.max_steps, "step") if event.max_steps else f"{event.time_budget:.0f} s budget"
-                console.print(Text(f"training {event.parameters:,} parameters ({event.trainable:,} trainable) on {event.device} "
-                                   f"{event.precision}, {counted(event.world_size, 'process', 'processes')}, {event.tokens_per_step:,} tokens per step, {what}"
-                                   + (f", from step {event.step}" if event.step else ""), style="dim"), soft_wrap=True)
+                console.print(
+                    Text(
+                        f"training {event.parameters:,} parameters ({event.trainable:,} trainable) on {event.device} "
+                        f"{event.precision}, {counted(event.world_size, 'process', 'processes')}, {event.tokens_per_step:,} tokens per step, {what}"
+                        + (f", from step {event.step}" if event.step else ""),
+                        style="dim",
+                    ),
+                    soft_wrap=True,
+                )
                 task_id = progress.add_task("step", total=1.0, status="", eta="--")
             elif isinstance(event, StepDone):
                 status.update(lr=f"lr {event.lr:.2e}", rate=f"{event.tokens_per_sec:,.0f} tok/s", mfu=f"MFU {event.mfu:.1%}")
                 eta = f"{event.remaining / 60:.1f} min" if event.remaining is not None else "--"
-                progress.update(task_id, completed=event.fraction, description=f"step {event.step:,}",
-                                status="  ".join(status[k] for k in ("loss", "lr", "rate", "mfu") if k in status), eta=eta)
+                progress.update(
+                    task_id,
+                    completed=event.fraction,
+                    description=f"step {event.step:,}",
+                    status="  ".join(status[k] for k in ("loss", "lr", "rate", "mfu") if k in status),
+                    eta=eta,
+                )
             elif isinstance(event, Logged):
                 record = event.record
                 if isinstance(record.get("loss"), float):
@@ -231,13 +384,25 @@ def _run(job, json_output: bool) -> None:
                 finished = event
     if finished is None or not is_main:
         return
-    summary = {"run": str(finished.run_dir), "step": finished.step, "stopped_by": finished.reason,
-               "best_val_loss": finished.best_val_loss, "elapsed_seconds": round(finished.elapsed, 3),
-               "last": finished.last, "loss_plot": str(finished.plot) if finished.plot else None}
+    summary = {
+        "run": str(finished.run_dir),
+        "step": finished.step,
+        "stopped_by": finished.reason,
+        "best_val_loss": finished.best_val_loss,
+        "elapsed_seconds": round(finished.elapsed, 3),
+        "last": finished.last,
+        "loss_plot": str(finished.plot) if finished.plot else None,
+    }
     if json_output:
         print_json(summary)
         return
     out = stdout_console()
     out.print(Text(f"done: {_describe(finished.last)}", style="bold"), soft_wrap=True)
-    out.print(Text(f"run directory {finished.run_dir}" + (f", loss curve {finished.plot}" if finished.plot else "")
-                   + (f", best checkpoint {finished.run_dir / 'best'}" if finished.best_val_loss is not None else "")), soft_wrap=True)
+    out.print(
+        Text(
+            f"run directory {finished.run_dir}"
+            + (f", loss curve {finished.plot}" if finished.plot else "")
+            + (f", best checkpoint {finished.run_dir / 'best'}" if finished.best_val_loss is not None else "")
+        ),
+        soft_wrap=True,
+    )

@@ -97,8 +97,9 @@ class Sniffed:
     binary: bool  # NUL bytes in the (decompressed) start of a text-like file
 
 
-def sniff(name: str, raw_head: bytes, content_head: Callable[[str | None], bytes], forced: str = "auto",
-          json_by_content: bool = False, where: str | None = None) -> Sniffed:
+def sniff(
+    name: str, raw_head: bytes, content_head: Callable[[str | None], bytes], forced: str = "auto", json_by_content: bool = False, where: str | None = None
+) -> Sniffed:
     """Tell a file's format and compression from its name, its first bytes and `forced` (--input-format).
 
     `content_head(compression)` returns the first bytes after decompression. A name that promises a
@@ -109,8 +110,10 @@ def sniff(name: str, raw_head: bytes, content_head: Callable[[str | None], bytes
     by_name, promised = format_of_name(name) if name != STDIN else (None, None)
     compression = compression_of(raw_head)
     if promised and compression is None:
-        raise TfcliError(f"{where} is not {promised}-compressed, as its name says (it does not start with {promised}'s magic bytes)",
-                         hint="rename it, or fetch it again if the download was cut short or replaced by an error page")
+        raise TfcliError(
+            f"{where} is not {promised}-compressed, as its name says (it does not start with {promised}'s magic bytes)",
+            hint="rename it, or fetch it again if the download was cut short or replaced by an error page",
+        )
     head = content_head(compression) if compression else raw_head
     fmt = forced if forced != "auto" else by_name
     if fmt is None:
@@ -122,12 +125,13 @@ def sniff(name: str, raw_head: bytes, content_head: Callable[[str | None], bytes
             fmt = "text"
     if fmt == "parquet":
         if not head.startswith(b"PAR1"):
-            raise TfcliError(f"{where} is not a Parquet file (it does not start with PAR1)",
-                             hint="check the file; a download cut short or an error page saved under its name looks like this")
+            raise TfcliError(
+                f"{where} is not a Parquet file (it does not start with PAR1)",
+                hint="check the file; a download cut short or an error page saved under its name looks like this",
+            )
         return Sniffed("parquet", compression, False)
     if fmt == "jsonl" and head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
-        raise TfcliError(f"{where} holds a JSON array, not JSON lines (one object per line)",
-                         hint=f"convert it first, e.g. jq -c '.[]' {where} > lines.jsonl")
+        raise TfcliError(f"{where} holds a JSON array, not JSON lines (one object per line)", hint=f"convert it first, e.g. jq -c '.[]' {where} > lines.jsonl")
     return Sniffed(fmt, compression, b"\x00" in head)
 
 
@@ -186,7 +190,7 @@ class _CountingReader:
     def read(self, n: int = -1) -> bytes:
         if self.prefix:
             data = self.prefix if n is None or n < 0 else self.prefix[:n]
-            self.prefix = self.prefix[len(data):]
+            self.prefix = self.prefix[len(data) :]
         else:
             data = self.raw.read(n)
         self.consumed += len(data)
@@ -265,8 +269,7 @@ class OpenedSource:
 
 
 @contextlib.contextmanager
-def open_source(path: Path, fmt: str, compression: str | None, count: Callable[[int], None] | None,
-                size: int = 0) -> Iterator[OpenedSource]:
+def open_source(path: Path, fmt: str, compression: str | None, count: Callable[[int], None] | None, size: int = 0) -> Iterator[OpenedSource]:
     """Open a file whose format `sniff_file` told, or standard input (`path` "-", `fmt` "auto" or forced:
     told here from its first bytes). `count(n)` hears of every n bytes read from disk or the pipe."""
     with contextlib.ExitStack() as stack:
@@ -327,8 +330,7 @@ def _open_parquet(path: Path, stream: Any, compression: str | None, stack: conte
     try:
         return pq.ParquetFile(target, buffer_size=1 << 20, pre_buffer=False)
     except (pyarrow.ArrowException, OSError, ValueError) as exc:
-        raise TfcliError(f"{where} is not a readable Parquet file ({_first_line(exc)})",
-                         hint="check the file; a download cut short looks like this") from exc
+        raise TfcliError(f"{where} is not a readable Parquet file ({_first_line(exc)})", hint="check the file; a download cut short looks like this") from exc
 
 
 def _first_line(exc: BaseException) -> str:
@@ -441,8 +443,9 @@ def csv_rows(lines: Iterator[str], where: str, fields: Sequence[str], delimiter:
         except StopIteration:
             return
         except csv.Error as exc:
-            raise TfcliError(f"{where} line {start} is not valid {'TSV' if delimiter == chr(9) else 'CSV'} ({exc})",
-                             hint="check the quoting around that line") from exc
+            raise TfcliError(
+                f"{where} line {start} is not valid {'TSV' if delimiter == chr(9) else 'CSV'} ({exc})", hint="check the quoting around that line"
+            ) from exc
         if not row:
             continue
         values = tuple(row[i] if i < len(row) else MISSING for i in columns)
@@ -454,8 +457,7 @@ def csv_rows(lines: Iterator[str], where: str, fields: Sequence[str], delimiter:
         yield Row(start, values, problem)
 
 
-def parquet_rows(parquet: Any, where: str, fields: Sequence[str], hint: str,
-                 progress: Callable[[int, int], None] | None = None) -> Iterator[Row]:
+def parquet_rows(parquet: Any, where: str, fields: Sequence[str], hint: str, progress: Callable[[int, int], None] | None = None) -> Iterator[Row]:
     """The named columns of each row, read in batches of PARQUET_BATCH_ROWS rows, one row group at a time,
     only the columns asked for. A dotted name reaches into a struct column. `progress(rows_done, rows)`
     after each batch."""
@@ -485,7 +487,7 @@ def parquet_rows(parquet: Any, where: str, fields: Sequence[str], hint: str,
         for field, top in zip(fields, tops):
             values = columns[top]
             if field != top:
-                rest = field[len(top) + 1:]
+                rest = field[len(top) + 1 :]
                 values = [lookup(v, rest) if isinstance(v, dict) else (None if v is None else MISSING) for v in values]
             picked.append(values)
         for values in zip(*picked):

@@ -104,7 +104,7 @@ def replace_lone_surrogates(text: str) -> str:
 
 def looks_binary(head: bytes) -> bool:
     """What makes a file binary to every tfcli command: a NUL byte in its first formats.SNIFF_BYTES."""
-    return b"\x00" in head[:formats.SNIFF_BYTES]
+    return b"\x00" in head[: formats.SNIFF_BYTES]
 
 
 def binary_file_error(path: Path) -> TfcliError:
@@ -291,8 +291,7 @@ def iter_lines(path: CorpusFile | Path, stats: ReadStats, limit: int = MAX_PIECE
         yield from lines
 
 
-def iter_records(opened: formats.OpenedSource, fields: Sequence[str], stats: ReadStats, *, strict: bool = False,
-                 hint: str = "") -> Iterator[formats.Row]:
+def iter_records(opened: formats.OpenedSource, fields: Sequence[str], stats: ReadStats, *, strict: bool = False, hint: str = "") -> Iterator[formats.Row]:
     """The rows of an opened JSON lines, CSV / TSV or Parquet file, with the values of `fields`.
 
     `strict`: a line that is not JSON is an error (else it comes back with a `problem`, after the first).
@@ -351,9 +350,7 @@ class DocumentPiece:
     ends_document: bool
 
 
-def iter_document_pieces(
-    corpus: Corpus, boundary: DocumentBoundary, stats: ReadStats, limit: int = MAX_PIECE_CHARS
-) -> Iterator[DocumentPiece]:
+def iter_document_pieces(corpus: Corpus, boundary: DocumentBoundary, stats: ReadStats, limit: int = MAX_PIECE_CHARS) -> Iterator[DocumentPiece]:
     """Stream the corpus as documents, each in pieces of at most about `limit` characters.
 
     Text files, by `boundary`: "paragraph": a blank line ends a document; "line": every non-blank line is
@@ -402,9 +399,10 @@ def iter_text_batches(corpus: Corpus, stats: ReadStats, limit: int = MAX_PIECE_C
 def empty_corpus_error(corpus: Corpus, stats: ReadStats) -> TfcliError:
     """The error for a corpus that gave no text: which records were skipped, if any, and why."""
     if stats.skipped_records:
-        return TfcliError(f"no record in the corpus has text in {corpus.field!r}: {stats.skipped_records:,} skipped "
-                          f"(the first: {stats.skipped_examples[0]})",
-                          hint="name the field or column that holds the text with --field")
+        return TfcliError(
+            f"no record in the corpus has text in {corpus.field!r}: {stats.skipped_records:,} skipped (the first: {stats.skipped_examples[0]})",
+            hint="name the field or column that holds the text with --field",
+        )
     return TfcliError("the corpus is empty (no text in any file)", hint="pass files that hold text")
 
 

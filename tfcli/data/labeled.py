@@ -51,8 +51,9 @@ def field_names(task: str, fields: Mapping[str, str] | None = None) -> tuple[str
     fields = dict(fields or {})
     unknown = sorted(set(fields) - set(roles))
     if unknown:
-        raise TfcliError(f"{FIELD_OPTIONS.get(unknown[0], unknown[0])} does not apply to --task {task}",
-                         hint=f"{task} reads {' and '.join(FIELD_OPTIONS[r] for r in roles)}")
+        raise TfcliError(
+            f"{FIELD_OPTIONS.get(unknown[0], unknown[0])} does not apply to --task {task}", hint=f"{task} reads {' and '.join(FIELD_OPTIONS[r] for r in roles)}"
+        )
     for role, name in fields.items():
         if not name or not name.strip():
             raise TfcliError(f"{FIELD_OPTIONS[role]} cannot be empty", hint=f"name the field, or leave the option out to read {role!r}")
@@ -67,11 +68,12 @@ def read_labeled(path: Path, task: str, fields: Mapping[str, str] | None = None)
     the line or row."""
     roles = FIELDS[task]
     first, second = field_names(task, fields)
-    shape = f"one {{\"{first}\": ..., \"{second}\": ...}} record per line or row"
+    shape = f'one {{"{first}": ..., "{second}": ...}} record per line or row'
     path = Path(path)
     if not path.is_file():
-        raise TfcliError(f"labeled data {path} does not exist" if not path.exists() else f"{path} is not a file",
-                         hint=f"pass JSON lines, CSV or Parquet with {shape}")
+        raise TfcliError(
+            f"labeled data {path} does not exist" if not path.exists() else f"{path} is not a file", hint=f"pass JSON lines, CSV or Parquet with {shape}"
+        )
     sniffed = sniff_file(path)
     if sniffed.format == "text":  # an extension that names no format: JSON lines, as always
         sniffed = dataclasses.replace(sniffed, format="jsonl")
@@ -86,7 +88,7 @@ def read_labeled(path: Path, task: str, fields: Mapping[str, str] | None = None)
         for row in iter_records(opened, (first, second), stats, strict=True, hint=hint):
             where = f"{path} {unit} {row.number}"
             if row.problem:
-                raise TfcliError(f"{where} {row.problem}", hint=f"every record needs \"{first}\" and \"{second}\"")
+                raise TfcliError(f"{where} {row.problem}", hint=f'every record needs "{first}" and "{second}"')
             text, value = row.values
             if not isinstance(text, str):
                 raise TfcliError(f"{where}: {value_problem(first, text)}")
@@ -132,8 +134,9 @@ def seq2seq_ids(tokenizer: TextTokenizer, texts: list[str], block_size: int, *, 
     return [ids[: block_size - 1] + [eos] for ids in encoded]
 
 
-def load_labeled(path: Path, task: str, tokenizer: TextTokenizer, arch: str, block_size: int,
-                 labels: list[str] | None = None, fields: Mapping[str, str] | None = None) -> tuple[LabeledSet, list[str] | None]:
+def load_labeled(
+    path: Path, task: str, tokenizer: TextTokenizer, arch: str, block_size: int, labels: list[str] | None = None, fields: Mapping[str, str] | None = None
+) -> tuple[LabeledSet, list[str] | None]:
     """Read and encode a set. classify: the class names come from `labels` if given (a label outside them is
     an error naming the line), else from the data. `fields` renames the task's fields (see `field_names`)."""
     rows = read_labeled(path, task, fields)
@@ -147,8 +150,9 @@ def load_labeled(path: Path, task: str, tokenizer: TextTokenizer, arch: str, blo
         targets = []
         for row in rows:
             if str(row.output) not in index:
-                raise TfcliError(f"{path} {row.unit} {row.line} has the label {row.output!r}, which the model does not know",
-                                 hint=f"labels: {', '.join(labels)}")
+                raise TfcliError(
+                    f"{path} {row.unit} {row.line} has the label {row.output!r}, which the model does not know", hint=f"labels: {', '.join(labels)}"
+                )
             targets.append(index[str(row.output)])
         inputs = classification_ids(tokenizer, arch, inputs_text, block_size)
     else:

@@ -85,7 +85,7 @@ def beam_search(g: Generator, indices: list[int], prompts: list[str], rows: list
 
     def end(p: int, hypothesis: Hypothesis, total: float, reason: str, text: str) -> None:
         length = max(1, len(hypothesis.tokens) + (reason == "eos"))
-        ended[p].append(Ended(total / length ** s.length_penalty, hypothesis.tokens, hypothesis.logprobs, reason, text))
+        ended[p].append(Ended(total / length**s.length_penalty, hypothesis.tokens, hypothesis.logprobs, reason, text))
         ended[p].sort(key=lambda e: -e.score)
         del ended[p][K:]
 
@@ -136,8 +136,7 @@ def beam_search(g: Generator, indices: list[int], prompts: list[str], rows: list
         for p in range(P):
             kept: list[tuple[int, Hypothesis]] = []
             if not done[p]:
-                candidates = [Candidate(top_beam[p][r], top_token[p][r], top_totals_list[p][r], picked_logprobs[p][r])
-                              for r in range(len(top_beam[p]))]
+                candidates = [Candidate(top_beam[p][r], top_token[p][r], top_totals_list[p][r], picked_logprobs[p][r]) for r in range(len(top_beam[p]))]
                 kept = going_on(p, candidates)
                 done[p] = finished_prompt(p, kept, step)
             if done[p]:  # a finished prompt's rows idle
@@ -162,10 +161,18 @@ def beam_search(g: Generator, indices: list[int], prompts: list[str], rows: list
             for hypothesis in beams[p]:
                 if hypothesis.total > MINUS_INF:
                     end(p, hypothesis, hypothesis.total, "length", text_of(g.token_bytes, hypothesis.tokens))
-        for sample_index, e in enumerate(ended[p][:s.num_samples]):
-            completion = Completion(prompt_index=indices[p], sample_index=sample_index, prompt=prompts[p], prompt_tokens=len(rows[p]),
-                                    text=e.text, tokens=e.tokens, logprobs=e.logprobs if s.logprobs else None, finish_reason=e.reason,
-                                    score=e.score)
+        for sample_index, e in enumerate(ended[p][: s.num_samples]):
+            completion = Completion(
+                prompt_index=indices[p],
+                sample_index=sample_index,
+                prompt=prompts[p],
+                prompt_tokens=len(rows[p]),
+                text=e.text,
+                tokens=e.tokens,
+                logprobs=e.logprobs if s.logprobs else None,
+                finish_reason=e.reason,
+                score=e.score,
+            )
             index = indices[p] * s.num_samples + sample_index
             if e.text:
                 yield Chunk(index, e.text)

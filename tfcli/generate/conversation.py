@@ -21,8 +21,10 @@ class Conversation:
 
     def __init__(self, generator: Generator) -> None:
         if generator.model.config.arch != "decoder":
-            raise TfcliError("--interactive needs a decoder run (a conversation continues one text)",
-                             hint="for an encoder-decoder, pass --prompt-file - and one source per line")
+            raise TfcliError(
+                "--interactive needs a decoder run (a conversation continues one text)",
+                hint="for an encoder-decoder, pass --prompt-file - and one source per line",
+            )
         if generator.settings.strategy == "beam" or generator.settings.num_samples > 1:
             raise TfcliError("--interactive replies with one text at a time", hint="drop --num-beams and --num-samples")
         self.generator = generator
@@ -54,8 +56,7 @@ class Conversation:
         window_keep = max(1, block - block // 4) if s.slide_keep is None else min(block, s.slide_keep)
         context = self.history if len(self.history) <= block else self.history[-window_keep:]
         if len(turn) > len(context):
-            yield Notice(f"the line has {len(turn):,} tokens, more than the context keeps ({len(context):,}); "
-                         f"the model sees its last {len(context):,}")
+            yield Notice(f"the line has {len(turn):,} tokens, more than the context keeps ({len(context):,}); the model sees its last {len(context):,}")
         logits = self._prime(context)
         g.timing.prefill_seconds += time.perf_counter() - started
         started = time.perf_counter()

@@ -41,8 +41,10 @@ class Generator:
     def __init__(self, model: Transformer, tokenizer: TextTokenizer, settings: GenerationSettings, *, batch_size: int = 16) -> None:
         config = model.config
         if config.arch == "encoder":
-            raise TfcliError("this run is an encoder (masked LM); it fills in masks rather than writing text",
-                             hint='use --fill-mask "The [MASK] sat on the mat"' + (" or --classify TEXT" if config.n_classes else ""))
+            raise TfcliError(
+                "this run is an encoder (masked LM); it fills in masks rather than writing text",
+                hint='use --fill-mask "The [MASK] sat on the mat"' + (" or --classify TEXT" if config.n_classes else ""),
+            )
         if batch_size < 1:
             raise TfcliError(f"--batch-size must be at least 1, not {batch_size}")
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
@@ -83,7 +85,7 @@ class Generator:
                     notices.append(Notice(f"{where} has {len(ids):,} tokens, more than the context ({block:,}); keeping the first {block:,}"))
                     encoded[i] = ids[:block]
             if self.model.config.arch == "decoder" and self.tokenizer.adds_bos:  # a pretrained Llama reads <s> first
-                encoded[i] = [self.tokenizer.special_ids["bos"]] + encoded[i][-(block - 1):]
+                encoded[i] = [self.tokenizer.special_ids["bos"]] + encoded[i][-(block - 1) :]
         return encoded, notices
 
     # -- the loops ---------------------------------------------------------------------------------------
@@ -96,8 +98,11 @@ class Generator:
         block, asked = self.model.config.block_size, self.settings.max_new_tokens
         if asked <= self.LONG_RUN * block:
             return None
-        return Notice(f"--max-new-tokens {asked:,} is {asked / block:,.0f}x the context ({block:,} tokens): past the context "
-                      "the window slides and decoding goes on for as long as asked (Ctrl-C stops it)", level="note")
+        return Notice(
+            f"--max-new-tokens {asked:,} is {asked / block:,.0f}x the context ({block:,} tokens): past the context "
+            "the window slides and decoding goes on for as long as asked (Ctrl-C stops it)",
+            level="note",
+        )
 
     def run(self, prompts: Sequence[str]) -> Iterator[Event]:
         """Decode text prompts (a note first when asked for many contexts' worth; a long prompt cropped, with a Notice)."""
@@ -154,8 +159,16 @@ class Generator:
         else:
             ids, real = pad_rows([r for r in rows for _ in range(repeat)], self.vocab.pad_id, self.device, left=True)
         longest = ids.shape[1] + self.settings.max_new_tokens
-        window = DecoderWindow(model, B, self.vocab, use_cache=self.settings.use_cache, keep=self.settings.slide_keep,
-                               memory=memory, memory_padding=memory_padding, longest=longest)
+        window = DecoderWindow(
+            model,
+            B,
+            self.vocab,
+            use_cache=self.settings.use_cache,
+            keep=self.settings.slide_keep,
+            memory=memory,
+            memory_padding=memory_padding,
+            longest=longest,
+        )
         logits = window.start(ids, real)
         self.timing.prefill_seconds += time.perf_counter() - started
         self.timing.prompt_tokens += sum(len(r) for r in rows) * repeat
@@ -168,7 +181,7 @@ class Generator:
         if self.model.config.arch == "decoder":  # a decoder's prompt is part of its text; a source is not
             for i, r in enumerate(rows):
                 ids = torch.tensor([t for t in r if t < self.vocab.limit], dtype=torch.long, device=self.device)
-                seen[i * repeat:(i + 1) * repeat, ids] = True
+                seen[i * repeat : (i + 1) * repeat, ids] = True
         return seen
 
     def _sample(self, indices: list[int], prompts: list[str], rows: list[list[int]]) -> Iterator[Event]:
@@ -179,15 +192,29 @@ class Generator:
         started = time.perf_counter()
 
         def completion(b: int, row: Row, reason: str) -> Completion:
-            return Completion(prompt_index=indices[b // n], sample_index=b % n, prompt=prompts[b // n], prompt_tokens=len(rows[b // n]),
-                              text=row.text.text, tokens=row.tokens, logprobs=row.logprobs if s.logprobs else None, finish_reason=reason)
+            return Completion(
+                prompt_index=indices[b // n],
+                sample_index=b % n,
+                prompt=prompts[b // n],
+                prompt_tokens=len(rows[b // n]),
+                text=row.text.text,
+                tokens=row.tokens,
+                logprobs=row.logprobs if s.logprobs else None,
+                finish_reason=reason,
+            )
 
         completion_ids = [indices[b // n] * n + b % n for b in range(len(rows) * n)]
         yield from self.sampling_loop(window, logits, self._seen(window, rows, n), completion_ids, completion)
         self.timing.decode_seconds += time.perf_counter() - started
 
-    def sampling_loop(self, window: DecoderWindow, logits: torch.Tensor, seen: torch.Tensor | None, completion_ids: list[int],
-                      completion: Callable[[int, Row, str], Completion]) -> Iterator[Event]:
+    def sampling_loop(
+        self,
+        window: DecoderWindow,
+        logits: torch.Tensor,
+        seen: torch.Tensor | None,
+        completion_ids: list[int],
+        completion: Callable[[int, Row, str], Completion],
+    ) -> Iterator[Event]:
         """Greedy or sampled tokens for every row of the window until each ends (end-of-text, a stop string,
         the token limit): a Chunk whenever text is safe to show, and a Finished with `completion(row index,
         row, reason)` as each row ends. seen (B, vocab): the tokens each row has had, for the repetition
@@ -205,8 +232,7 @@ class Generator:
 
         for step in range(s.max_new_tokens):
             scores = logits if seen is None else apply_repetition_penalty(logits, seen, s.repetition_penalty)
-            chosen = choose_next(scores, greedy=s.greedy, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                 min_p=s.min_p, generator=self.rng)  # (B,)
+            chosen = choose_next(scores, greedy=s.greedy, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, generator=self.rng)  # (B,)
             chosen_list = chosen.tolist()
             chosen_logprobs = F.log_softmax(logits, dim=-1).gather(1, chosen[:, None]).squeeze(1).tolist() if s.logprobs else None
             for b, row in enumerate(rows):

@@ -57,9 +57,14 @@ class Timing:
         return self.new_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
 
     def to_json(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
-                "prefill_seconds": round(self.prefill_seconds, 6), "decode_seconds": round(self.decode_seconds, 6),
-                "total_seconds": round(self.total_seconds, 6), "tokens_per_second": round(self.tokens_per_second, 3)}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "prefill_seconds": round(self.prefill_seconds, 6),
+            "decode_seconds": round(self.decode_seconds, 6),
+            "total_seconds": round(self.total_seconds, 6),
+            "tokens_per_second": round(self.tokens_per_second, 3),
+        }
 
 
 @dataclasses.dataclass

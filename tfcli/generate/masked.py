@@ -110,8 +110,7 @@ def classify(model: Transformer, tokenizer: TextTokenizer, texts: list[str], lab
 
     config = model.config
     if not config.n_classes:
-        raise TfcliError("this run has no classification head",
-                         hint="fine-tune one with `tfcli train finetune --task classify`, or use --prompt to generate")
+        raise TfcliError("this run has no classification head", hint="fine-tune one with `tfcli train finetune --task classify`, or use --prompt to generate")
     if any(not t.strip() for t in texts):
         raise TfcliError("the text to classify is empty", hint="pass some text with --classify")
     rows = classification_ids(tokenizer, config.arch, texts, config.block_size)

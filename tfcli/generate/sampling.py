@@ -62,8 +62,7 @@ def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, NEG_INF)
 
 
-def filtered_logits(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                    min_p: float = 0.0) -> torch.Tensor:
+def filtered_logits(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
     """Temperature first, then top-k, top-p and min-p, in that order (as transformers applies them)."""
     if temperature != 1.0:
         logits = logits / temperature
@@ -78,8 +77,16 @@ def sample_from(logits: torch.Tensor, generator: torch.Generator | None) -> torc
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def choose_next(logits: torch.Tensor, *, greedy: bool, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                min_p: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
+def choose_next(
+    logits: torch.Tensor,
+    *,
+    greedy: bool,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """The next token of each row: argmax when greedy (or at temperature 0), else a filtered draw."""
     if greedy or temperature == 0:
         return logits.argmax(dim=-1)

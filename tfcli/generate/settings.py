@@ -47,8 +47,10 @@ class GenerationSettings:
         if not self.repetition_penalty > 0 or self.repetition_penalty > 100:
             raise TfcliError(f"--repetition-penalty must be positive (1 is off), not {self.repetition_penalty}")
         if not -10 <= self.length_penalty <= 10:  # also refuses nan
-            raise TfcliError(f"--length-penalty must be between -10 and 10, not {self.length_penalty}",
-                             hint="1 divides a hypothesis' log-probability by its length; above 1 favours longer texts")
+            raise TfcliError(
+                f"--length-penalty must be between -10 and 10, not {self.length_penalty}",
+                hint="1 divides a hypothesis' log-probability by its length; above 1 favours longer texts",
+            )
         if self.num_beams < 1 or self.num_beams > 1024:
             raise TfcliError(f"--num-beams must be between 1 and 1024, not {self.num_beams}")
         if self.num_samples < 1 or self.num_samples > 1024:
@@ -57,23 +59,33 @@ class GenerationSettings:
             raise TfcliError(f"--seed must fit in 64 bits, not {self.seed}")
         if any(not s for s in self.stop):
             raise TfcliError("a --stop string is empty", hint="pass the text to stop at, e.g. --stop '\\n\\n'")
-        sampling_knobs = [name for name, on in (("--temperature", self.temperature != 1.0), ("--top-k", self.top_k > 0),
-                                                ("--top-p", self.top_p < 1.0), ("--min-p", self.min_p > 0)) if on]
+        sampling_knobs = [
+            name
+            for name, on in (
+                ("--temperature", self.temperature != 1.0),
+                ("--top-k", self.top_k > 0),
+                ("--top-p", self.top_p < 1.0),
+                ("--min-p", self.min_p > 0),
+            )
+            if on
+        ]
         if self.strategy == "beam":
             if sampling_knobs:
-                raise TfcliError(f"{sampling_knobs[0]} is a sampling option, and beam search does not sample",
-                                 hint="drop it, or use --strategy sample without --num-beams")
+                raise TfcliError(
+                    f"{sampling_knobs[0]} is a sampling option, and beam search does not sample", hint="drop it, or use --strategy sample without --num-beams"
+                )
             if self.num_samples > self.num_beams:
                 raise TfcliError(f"--num-samples {self.num_samples} asks for more hypotheses than --num-beams {self.num_beams} keeps")
         elif self.num_beams > 1:
-            raise TfcliError(f"--num-beams {self.num_beams} needs --strategy beam, not {self.strategy}",
-                             hint="beam search and sampling do not mix: pick one")
+            raise TfcliError(f"--num-beams {self.num_beams} needs --strategy beam, not {self.strategy}", hint="beam search and sampling do not mix: pick one")
         if self.strategy == "greedy":
             if sampling_knobs:
                 raise TfcliError(f"{sampling_knobs[0]} is a sampling option, but the strategy is greedy", hint="add --strategy sample")
             if self.num_samples > 1:
-                raise TfcliError("greedy decoding gives the same text every time, so --num-samples > 1 would repeat it",
-                                 hint="add --strategy sample, or --strategy beam with --num-beams")
+                raise TfcliError(
+                    "greedy decoding gives the same text every time, so --num-samples > 1 would repeat it",
+                    hint="add --strategy sample, or --strategy beam with --num-beams",
+                )
         if self.strategy != "beam" and (self.length_penalty != 1.0 or not self.early_stopping):
             raise TfcliError("--length-penalty and --no-early-stopping are beam-search options", hint="add --strategy beam --num-beams N")
         if self.slide_keep is not None and self.slide_keep < 1:

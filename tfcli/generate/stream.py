@@ -75,7 +75,7 @@ class CompletionText:
         chunk = self._extend(self._utf8.decode(b"", final=True))  # an unfinished character becomes U+FFFD here
         if self.stopped:
             return chunk
-        rest = self.text[self.shown:]
+        rest = self.text[self.shown :]
         self.shown = len(self.text)
         return chunk + rest
 
@@ -88,15 +88,15 @@ class CompletionText:
             search_from = max(0, old_length - self.longest_stop + 1)
             hits = [i for i in (self.text.find(s, search_from) for s in self.stops) if i >= 0]
             if hits:
-                self.text = self.text[:min(hits)]
+                self.text = self.text[: min(hits)]
                 self.stopped = True
-                chunk = self.text[self.shown:]
+                chunk = self.text[self.shown :]
                 self.shown = len(self.text)
                 return chunk
         safe = len(self.text) - held_back(self.text, self.stops)
         if safe <= self.shown:
             return ""
-        chunk = self.text[self.shown:safe]
+        chunk = self.text[self.shown : safe]
         self.shown = safe
         return chunk
 

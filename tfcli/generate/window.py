@@ -43,8 +43,18 @@ class DecoderWindow:
     cache over them. `start` runs the prompts, `push` one new token per row; both return the next-token
     logits (B, vocab limit) of every row."""
 
-    def __init__(self, model: Transformer, batch: int, vocab: Vocabulary, *, use_cache: bool = True, keep: int | None = None,
-                 memory: torch.Tensor | None = None, memory_padding: torch.Tensor | None = None, longest: int | None = None) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        batch: int,
+        vocab: Vocabulary,
+        *,
+        use_cache: bool = True,
+        keep: int | None = None,
+        memory: torch.Tensor | None = None,
+        memory_padding: torch.Tensor | None = None,
+        longest: int | None = None,
+    ) -> None:
         config = model.config
         self.model, self.vocab = model, vocab
         # longest: the most tokens a row can come to (prompt + new tokens). Under the context, the window and
@@ -86,8 +96,8 @@ class DecoderWindow:
         """Append one token per row (B,) and return the logits that follow it."""
         if self.length == self.block:  # full: slide, keeping the last keep - 1 tokens and the new one
             kept = self.keep - 1
-            self.ids[:, :kept] = self.ids[:, self.length - kept:self.length].clone()
-            self.real[:, :kept] = self.real[:, self.length - kept:self.length].clone()
+            self.ids[:, :kept] = self.ids[:, self.length - kept : self.length].clone()
+            self.real[:, :kept] = self.real[:, self.length - kept : self.length].clone()
             self.length = kept
             self._append(next_ids)
             self.slides += 1
@@ -99,11 +109,16 @@ class DecoderWindow:
         if self.fast_step is not None and not self.padded and self.fast_step.usable():
             return self._scores(self.fast_step(int(next_ids[0])))
         if self.padded:
-            hidden = self.model.decode(self.ids[:, L - 1:L], self.real[:, :L], memory=self.memory,
-                                       memory_padding=self.memory_padding, cache=self.cache,
-                                       positions=(self.n_real - 1).unsqueeze(1))  # (B, 1, d)
+            hidden = self.model.decode(
+                self.ids[:, L - 1 : L],
+                self.real[:, :L],
+                memory=self.memory,
+                memory_padding=self.memory_padding,
+                cache=self.cache,
+                positions=(self.n_real - 1).unsqueeze(1),
+            )  # (B, 1, d)
         else:
-            hidden = self.model.decode(self.ids[:, L - 1:L], memory=self.memory, memory_padding=self.memory_padding, cache=self.cache)
+            hidden = self.model.decode(self.ids[:, L - 1 : L], memory=self.memory, memory_padding=self.memory_padding, cache=self.cache)
         return self._logits(hidden[:, -1])
 
     def extend(self, ids: list[int]) -> torch.Tensor:
@@ -112,8 +127,8 @@ class DecoderWindow:
         assert self.cache is not None and not self.padded and self.length + len(ids) <= self.block
         new = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, T)
         L, T = self.length, len(ids)
-        self.ids[:, L:L + T] = new
-        self.real[:, L:L + T] = True
+        self.ids[:, L : L + T] = new
+        self.real[:, L : L + T] = True
         self.length = L + T
         self.n_real += T
         hidden = self.model.decode(new, memory=self.memory, memory_padding=self.memory_padding, cache=self.cache)
@@ -129,7 +144,7 @@ class DecoderWindow:
 
     def tokens(self, row: int = 0) -> list[int]:
         """The real tokens of a row in the window, oldest first."""
-        return self.ids[row, :self.length][self.real[row, :self.length]].tolist()
+        return self.ids[row, : self.length][self.real[row, : self.length]].tolist()
 
     def reorder(self, rows: torch.Tensor, *, same_memory: bool = False) -> None:
         """Beam search: row i becomes a copy of row rows[i] (tokens, padding and cache). same_memory: every
@@ -162,8 +177,9 @@ class DecoderWindow:
         positions = (real.long().cumsum(dim=1) - 1).clamp(min=0) if self.padded else None  # (B, L)
         if self.cache is not None:
             self.cache.length = 0  # rebuilt from the window; cross-attention keys/values stay
-        hidden = self.model.decode(ids, real if self.padded else None, memory=self.memory, memory_padding=self.memory_padding,
-                                   cache=self.cache, positions=positions)
+        hidden = self.model.decode(
+            ids, real if self.padded else None, memory=self.memory, memory_padding=self.memory_padding, cache=self.cache, positions=positions
+        )
         return self._logits(hidden[:, -1])
 
     def _logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
@@ -172,7 +188,7 @@ class DecoderWindow:
 
     def _scores(self, logits: torch.Tensor) -> torch.Tensor:
         """The model's logits (B, vocab) cut to the tokenizer's vocabulary, specials other than eos at -inf."""
-        logits = logits[:, :self.vocab.limit]  # (B, V)
+        logits = logits[:, : self.vocab.limit]  # (B, V)
         if logits.dtype != torch.float32:
             logits = logits.float()
         if self._suppressed is not None:

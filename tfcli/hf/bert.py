@@ -57,15 +57,27 @@ def model_config(hf: HfConfig, hf_class: str) -> tuple[ModelConfig, list[str]]:
         if n_classes < 2:
             raise TfcliError(f"{hf.path} has {n_classes} label (a regression head); tfcli's classifier needs at least two")
     else:
-        notes.append(f"{hf_class} has no masked-LM head: tfcli's encoder gets a fresh one (train it before --fill-mask)"
-                     if hf_class in HEADLESS else "")
+        notes.append(f"{hf_class} has no masked-LM head: tfcli's encoder gets a fresh one (train it before --fill-mask)" if hf_class in HEADLESS else "")
     config = ModelConfig(
-        arch="encoder", vocab_size=hf.get("vocab_size", int), block_size=hf.get("max_position_embeddings", int),
-        n_layers=hf.get("num_hidden_layers", int), n_heads=hf.get("num_attention_heads", int), d_model=hf.get("hidden_size", int),
-        d_ff=hf.get("intermediate_size", int), positions="learned", norm="layernorm", norm_placement="post",
-        norm_eps=hf.get("layer_norm_eps", float, 1e-12), activation=activation, dropout=hf.get("hidden_dropout_prob", float, 0.1),
-        bias=True, tie_embeddings=hf.get("tie_word_embeddings", bool, True), init_std=hf.get("initializer_range", float, 0.02),
-        n_classes=n_classes, type_vocab_size=hf.get("type_vocab_size", int, 2), embedding_norm=True,
+        arch="encoder",
+        vocab_size=hf.get("vocab_size", int),
+        block_size=hf.get("max_position_embeddings", int),
+        n_layers=hf.get("num_hidden_layers", int),
+        n_heads=hf.get("num_attention_heads", int),
+        d_model=hf.get("hidden_size", int),
+        d_ff=hf.get("intermediate_size", int),
+        positions="learned",
+        norm="layernorm",
+        norm_placement="post",
+        norm_eps=hf.get("layer_norm_eps", float, 1e-12),
+        activation=activation,
+        dropout=hf.get("hidden_dropout_prob", float, 0.1),
+        bias=True,
+        tie_embeddings=hf.get("tie_word_embeddings", bool, True),
+        init_std=hf.get("initializer_range", float, 0.02),
+        n_classes=n_classes,
+        type_vocab_size=hf.get("type_vocab_size", int, 2),
+        embedding_norm=True,
         pooler=hf_class in HEADLESS,
     )
     if config.type_vocab_size < 1:
@@ -128,7 +140,9 @@ def fresh_tensors(config: ModelConfig, hf_class: str) -> dict[str, torch.Tensor]
     generator = torch.Generator().manual_seed(0)
     fresh = {
         "mlm_transform.weight": torch.randn(d, d, generator=generator) * config.init_std,
-        "mlm_transform.bias": torch.zeros(d), "mlm_norm.weight": torch.ones(d), "mlm_norm.bias": torch.zeros(d),
+        "mlm_transform.bias": torch.zeros(d),
+        "mlm_norm.weight": torch.ones(d),
+        "mlm_norm.bias": torch.zeros(d),
         "lm_head.bias": torch.zeros(config.vocab_size),
     }
     if not config.tie_embeddings:
@@ -145,21 +159,27 @@ def choose_class(config: ModelConfig, recorded: str | None) -> str:
 
 
 def incompatible(config: ModelConfig, hf_class: str) -> str | None:
-    return incompatibility([
-        (config.arch == "encoder", f"arch {config.arch!r} (BERT is an encoder)"),
-        (config.positions == "learned", f"positions {config.positions!r} (BERT learns its positions)"),
-        (config.norm == "layernorm", f"norm {config.norm!r} (BERT uses LayerNorm)"),
-        (config.norm_placement == "post", f"norm_placement {config.norm_placement!r} (BERT is post-norm)"),
-        (config.embedding_norm, "embedding_norm false (BERT normalises its embeddings: set embedding_norm=true)"),
-        (config.type_vocab_size >= 1, "type_vocab_size 0 (BERT has token-type embeddings: set type_vocab_size=2)"),
-        (config.activation in ACTIVATIONS_TO_HF, f"activation {config.activation!r} (BERT has gelu, gelu_tanh or relu)"),
-        (hf_class != "BertForMaskedLM" or config.activation == "gelu",
-         f"activation {config.activation!r} with a masked-LM head (tfcli's head uses gelu, BERT's the model's activation)"),
-        (config.kv_heads == config.n_heads, f"n_kv_heads {config.kv_heads} (BERT has multi-head attention only)"),
-        (config.bias and config.has_qkv_bias and config.has_mlp_bias, "bias false (BERT's layers have biases)"),
-        (hf_class != "BertForSequenceClassification" or config.pooler,
-         "a classifier without the pooler (BertForSequenceClassification reads it: set pooler=true)"),
-    ])
+    return incompatibility(
+        [
+            (config.arch == "encoder", f"arch {config.arch!r} (BERT is an encoder)"),
+            (config.positions == "learned", f"positions {config.positions!r} (BERT learns its positions)"),
+            (config.norm == "layernorm", f"norm {config.norm!r} (BERT uses LayerNorm)"),
+            (config.norm_placement == "post", f"norm_placement {config.norm_placement!r} (BERT is post-norm)"),
+            (config.embedding_norm, "embedding_norm false (BERT normalises its embeddings: set embedding_norm=true)"),
+            (config.type_vocab_size >= 1, "type_vocab_size 0 (BERT has token-type embeddings: set type_vocab_size=2)"),
+            (config.activation in ACTIVATIONS_TO_HF, f"activation {config.activation!r} (BERT has gelu, gelu_tanh or relu)"),
+            (
+                hf_class != "BertForMaskedLM" or config.activation == "gelu",
+                f"activation {config.activation!r} with a masked-LM head (tfcli's head uses gelu, BERT's the model's activation)",
+            ),
+            (config.kv_heads == config.n_heads, f"n_kv_heads {config.kv_heads} (BERT has multi-head attention only)"),
+            (config.bias and config.has_qkv_bias and config.has_mlp_bias, "bias false (BERT's layers have biases)"),
+            (
+                hf_class != "BertForSequenceClassification" or config.pooler,
+                "a classifier without the pooler (BertForSequenceClassification reads it: set pooler=true)",
+            ),
+        ]
+    )
 
 
 def hf_config(config: ModelConfig, hf_class: str, special_ids: dict[str, int]) -> dict[str, Any]:

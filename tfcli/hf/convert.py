@@ -29,8 +29,7 @@ if TYPE_CHECKING:
 FAMILIES: dict[str, ModuleType] = {name: family for family in (gpt2, llama, bert) for name in family.CLASSES}
 MODEL_TYPES = {"GPT2LMHeadModel": "gpt2", **llama.MODEL_TYPES, **{name: "bert" for name in bert.CLASSES}}
 # The class a config.json without `architectures` is read as, by its model_type.
-DEFAULT_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                   "mistral": "MistralForCausalLM", "bert": "BertModel"}
+DEFAULT_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM", "bert": "BertModel"}
 
 
 @dataclasses.dataclass
@@ -54,8 +53,7 @@ def _hf_class(hf: dict[str, Any], path: Path) -> str:
         return name
     if model_type in DEFAULT_CLASSES:
         return DEFAULT_CLASSES[model_type]
-    raise TfcliError(f"{path} describes model_type {model_type!r} and no architectures tfcli knows",
-                     hint=f"tfcli imports {', '.join(FAMILIES)}")
+    raise TfcliError(f"{path} describes model_type {model_type!r} and no architectures tfcli knows", hint=f"tfcli imports {', '.join(FAMILIES)}")
 
 
 def _refuse_to_overwrite(folder: Path, what: str, verb: str) -> None:
@@ -86,8 +84,10 @@ def _read_tensor(weights: WeightFiles, mapping: TensorMap, expected: tuple[int, 
         want = (size, *expected[1:])
         want = tuple(reversed(want)) if mapping.transposed else want
         if weights.shape(stored) != want:
-            raise TfcliError(f"tensor {stored} has shape {list(weights.shape(stored))} but config.json implies {list(want)}",
-                             hint="the weights and config.json do not belong together")
+            raise TfcliError(
+                f"tensor {stored} has shape {list(weights.shape(stored))} but config.json implies {list(want)}",
+                hint="the weights and config.json do not belong together",
+            )
         tensor = weights.read(stored)
         if not tensor.is_floating_point():
             raise TfcliError(f"tensor {stored} has dtype {tensor.dtype}, not a floating-point type")
@@ -132,11 +132,12 @@ def import_hf(src: Path, run_dir: Path) -> Imported:
     run_dir = prepare_output_dir(run_dir, "run")
     tokenizer, tokenizer_notes = import_tokenizer(src, run_dir)
     if tokenizer.vocab_size > config.vocab_size:  # fewer is fine: the model's vocabulary was padded (nanoGPT: 50,304)
-        raise TfcliError(f"the tokenizer in {src} has {tokenizer.vocab_size:,} tokens but the model only {config.vocab_size:,}",
-                         hint="the tokenizer files do not belong to these weights")
+        raise TfcliError(
+            f"the tokenizer in {src} has {tokenizer.vocab_size:,} tokens but the model only {config.vocab_size:,}",
+            hint="the tokenizer files do not belong to these weights",
+        )
     model = model_from_tensors(config, state)
-    save_checkpoint(run_dir, model, tokenizer, source=str(src), source_class=hf_class,
-                    training={"labels": labels} if labels is not None else None)
+    save_checkpoint(run_dir, model, tokenizer, source=str(src), source_class=hf_class, training={"labels": labels} if labels is not None else None)
     parameters = model.parameter_count() - sum(t.numel() for t in fresh.values())
     return Imported(config, hf_class, parameters, notes + tokenizer_notes)
 
@@ -154,8 +155,10 @@ def export_class(config: ModelConfig, recorded: str | None) -> str:
     for name, problem in problems:
         if problem is None:
             return name
-    raise TfcliError("; ".join(f"{name} cannot express this model: {problem}" for name, problem in problems),
-                     hint="tfcli exports decoders as GPT-2, Llama, Qwen2 or Mistral and encoders as BERT, with their options")
+    raise TfcliError(
+        "; ".join(f"{name} cannot express this model: {problem}" for name, problem in problems),
+        hint="tfcli exports decoders as GPT-2, Llama, Qwen2 or Mistral and encoders as BERT, with their options",
+    )
 
 
 def export_hf(run_dir: Path, out_dir: Path) -> tuple[str, dict[str, Any]]:

@@ -62,7 +62,7 @@ def _name_variants(name: str) -> list[str]:
     names = [name]
     for prefix in ("transformer.", "model.", "bert."):
         if name.startswith(prefix):
-            names.append(name[len(prefix):])
+            names.append(name[len(prefix) :])
     for variant in list(names):
         if variant.endswith("LayerNorm.weight"):
             names.append(variant[: -len("weight")] + "gamma")
@@ -101,8 +101,10 @@ class WeightFiles:
             return files
         pickles = sorted(p.name for p in src.iterdir() if p.suffix in PICKLE_SUFFIXES)
         if pickles:
-            raise TfcliError(f"{src} has no {WEIGHTS_FILE}, only {pickles[0]}, a pickle file; tfcli never opens pickle (it can run code)",
-                             hint="convert it to safetensors with a tool you trust (transformers: save_pretrained(DIR, safe_serialization=True))")
+            raise TfcliError(
+                f"{src} has no {WEIGHTS_FILE}, only {pickles[0]}, a pickle file; tfcli never opens pickle (it can run code)",
+                hint="convert it to safetensors with a tool you trust (transformers: save_pretrained(DIR, safe_serialization=True))",
+            )
         raise TfcliError(f"{src} has no {WEIGHTS_FILE} (nor {INDEX_FILE} with its shards)", hint="download the model's safetensors weights")
 
     def __enter__(self) -> WeightFiles:

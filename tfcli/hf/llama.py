@@ -32,8 +32,13 @@ def _rope_scaling(hf: HfConfig) -> tuple[float, RopeScaling | None]:
     if kind == "linear":
         return theta, RopeScaling("linear", values.get("factor", float))
     if kind == "llama3":
-        return theta, RopeScaling("llama3", values.get("factor", float), values.get("low_freq_factor", float),
-                                  values.get("high_freq_factor", float), values.get("original_max_position_embeddings", int))
+        return theta, RopeScaling(
+            "llama3",
+            values.get("factor", float),
+            values.get("low_freq_factor", float),
+            values.get("high_freq_factor", float),
+            values.get("original_max_position_embeddings", int),
+        )
     raise TfcliError(f"{hf.path} asks for rope scaling {kind!r}, which tfcli does not implement", hint="tfcli implements default, linear and llama3")
 
 
@@ -44,8 +49,9 @@ def model_config(hf: HfConfig, hf_class: str) -> tuple[ModelConfig, list[str]]:
     if hf.get("hidden_act", str, "silu") != "silu":
         raise TfcliError(f"{hf.path} has hidden_act {hf.data['hidden_act']!r}; tfcli's SwiGLU uses silu")
     if heads < 1 or d % heads or hf.get("head_dim", int, d // heads) != d // heads:
-        raise TfcliError(f"{hf.path} has head_dim {hf.data.get('head_dim')} with hidden_size {d} and {heads} heads; "
-                         "tfcli's heads are hidden_size / num_attention_heads wide")
+        raise TfcliError(
+            f"{hf.path} has head_dim {hf.data.get('head_dim')} with hidden_size {d} and {heads} heads; tfcli's heads are hidden_size / num_attention_heads wide"
+        )
     if hf.get("partial_rotary_factor", float, 1.0) != 1.0:
         raise TfcliError(f"{hf.path} rotates only part of each head (partial_rotary_factor); tfcli rotates all of it")
     block_size = hf.get("max_position_embeddings", int)
@@ -64,11 +70,26 @@ def model_config(hf: HfConfig, hf_class: str) -> tuple[ModelConfig, list[str]]:
         bias, mlp = hf.get("attention_bias", bool, False), hf.get("mlp_bias", bool, False)
         qkv_bias, mlp_bias = None, (None if mlp == bias else mlp)  # attention_bias covers q, k, v and o
     config = ModelConfig(
-        arch="decoder", vocab_size=hf.get("vocab_size", int), block_size=block_size, n_layers=hf.get("num_hidden_layers", int),
-        n_heads=heads, n_kv_heads=hf.get("num_key_value_heads", int, heads), d_model=d, d_ff=hf.get("intermediate_size", int),
-        positions="rotary", rope_base=rope_base, rope_scaling=rope_scaling, norm="rmsnorm", norm_placement="pre",
-        norm_eps=hf.get("rms_norm_eps", float, 1e-6), activation="swiglu", dropout=hf.get("attention_dropout", float, 0.0),
-        bias=bias, qkv_bias=qkv_bias, mlp_bias=mlp_bias, tie_embeddings=hf.get("tie_word_embeddings", bool, False),
+        arch="decoder",
+        vocab_size=hf.get("vocab_size", int),
+        block_size=block_size,
+        n_layers=hf.get("num_hidden_layers", int),
+        n_heads=heads,
+        n_kv_heads=hf.get("num_key_value_heads", int, heads),
+        d_model=d,
+        d_ff=hf.get("intermediate_size", int),
+        positions="rotary",
+        rope_base=rope_base,
+        rope_scaling=rope_scaling,
+        norm="rmsnorm",
+        norm_placement="pre",
+        norm_eps=hf.get("rms_norm_eps", float, 1e-6),
+        activation="swiglu",
+        dropout=hf.get("attention_dropout", float, 0.0),
+        bias=bias,
+        qkv_bias=qkv_bias,
+        mlp_bias=mlp_bias,
+        tie_embeddings=hf.get("tie_word_embeddings", bool, False),
         init_std=hf.get("initializer_range", float, 0.02),
     )
     return config, notes
@@ -86,11 +107,9 @@ def tensor_maps(config: ModelConfig, hf_class: str) -> list[TensorMap]:
             TensorMap(f"{ours}.mlp.proj.weight", (f"{theirs}.mlp.down_proj.weight",)),
         ]
         kinds = ["weight", "bias"] if config.has_qkv_bias else ["weight"]
-        maps += [TensorMap(f"{ours}.attn.qkv.{kind}", tuple(f"{theirs}.self_attn.{p}_proj.{kind}" for p in "qkv"), (d, kv, kv))
-                 for kind in kinds]
+        maps += [TensorMap(f"{ours}.attn.qkv.{kind}", tuple(f"{theirs}.self_attn.{p}_proj.{kind}" for p in "qkv"), (d, kv, kv)) for kind in kinds]
         kinds = ["weight", "bias"] if config.has_mlp_bias else ["weight"]
-        maps += [TensorMap(f"{ours}.mlp.fc.{kind}", (f"{theirs}.mlp.gate_proj.{kind}", f"{theirs}.mlp.up_proj.{kind}"), (hidden, hidden))
-                 for kind in kinds]
+        maps += [TensorMap(f"{ours}.mlp.fc.{kind}", (f"{theirs}.mlp.gate_proj.{kind}", f"{theirs}.mlp.up_proj.{kind}"), (hidden, hidden)) for kind in kinds]
         if config.has_mlp_bias:
             maps.append(TensorMap(f"{ours}.mlp.proj.bias", (f"{theirs}.mlp.down_proj.bias",)))
         if config.bias:
@@ -127,8 +146,10 @@ def incompatible(config: ModelConfig, hf_class: str) -> str | None:
         (config.norm_placement == "pre", f"norm_placement {config.norm_placement!r} ({hf_class} is pre-norm)"),
         (config.activation == "swiglu", f"activation {config.activation!r} ({hf_class} has a SwiGLU MLP)"),
         (config.n_classes == 0, f"a classification head ({hf_class} has none)"),
-        (hf_class != "LlamaForCausalLM" or config.has_qkv_bias == config.bias,
-         "biases on q, k and v but not on the attention output (LlamaForCausalLM's attention_bias covers all four)"),
+        (
+            hf_class != "LlamaForCausalLM" or config.has_qkv_bias == config.bias,
+            "biases on q, k and v but not on the attention output (LlamaForCausalLM's attention_bias covers all four)",
+        ),
     ]
     return incompatibility(checks)
 
@@ -170,5 +191,10 @@ def _rope_scaling_json(config: ModelConfig) -> dict[str, Any] | None:
         return None
     if scaling.kind == "linear":
         return {"rope_type": "linear", "factor": scaling.factor}
-    return {"rope_type": "llama3", "factor": scaling.factor, "low_freq_factor": scaling.low_freq_factor,
-            "high_freq_factor": scaling.high_freq_factor, "original_max_position_embeddings": scaling.original_context}
+    return {
+        "rope_type": "llama3",
+        "factor": scaling.factor,
+        "low_freq_factor": scaling.low_freq_factor,
+        "high_freq_factor": scaling.high_freq_factor,
+        "original_max_position_embeddings": scaling.original_context,
+    }

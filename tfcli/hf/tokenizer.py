@@ -62,8 +62,10 @@ def _wordpiece(src: Path, settings: dict[str, Any]) -> str:
         raise TfcliError(f"{src / 'vocab.txt'} has no unknown token {unk!r}", hint="WordPiece needs one; name it in tokenizer_config.json as unk_token")
     hf = Tokenizer(models.WordPiece(vocab, unk_token=unk, max_input_chars_per_word=100))
     hf.normalizer = normalizers.BertNormalizer(
-        clean_text=True, handle_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)),
-        strip_accents=settings.get("strip_accents"), lowercase=bool(settings.get("do_lower_case", True)),
+        clean_text=True,
+        handle_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)),
+        strip_accents=settings.get("strip_accents"),
+        lowercase=bool(settings.get("do_lower_case", True)),
     )
     hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     hf.decoder = decoders.WordPiece(prefix="##")
@@ -98,11 +100,14 @@ def import_tokenizer(src: Path, run_dir: Path) -> tuple[TextTokenizer, list[str]
     elif (src / "vocab.txt").is_file():
         text = _wordpiece(src, settings)
     elif (src / "tokenizer.model").is_file():
-        raise TfcliError(f"{src} has a SentencePiece tokenizer.model but no tokenizer.json",
-                         hint="write one with transformers: AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)")
+        raise TfcliError(
+            f"{src} has a SentencePiece tokenizer.model but no tokenizer.json",
+            hint="write one with transformers: AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)",
+        )
     else:
-        raise TfcliError(f"{src} has no tokenizer (tokenizer.json, vocab.json and merges.txt, or vocab.txt)",
-                         hint="copy the model's tokenizer files into the folder")
+        raise TfcliError(
+            f"{src} has no tokenizer (tokenizer.json, vocab.json and merges.txt, or vocab.txt)", hint="copy the model's tokenizer files into the folder"
+        )
     atomic_write_text(run_dir / TOKENIZER_FILE, text)
     from tokenizers import Tokenizer
 

@@ -25,7 +25,7 @@ ROWS_PER_BATCH = 16  # ablations run together (each a row of the batch)
 
 
 def parse_heads(spec: str, n_layers: int, n_heads: int) -> list[tuple[int, int]]:
-    """"1.0,2.3" -> [(1, 0), (2, 3)]; "1.*" -> every head of layer 1. Negative numbers count from the end.
+    """ "1.0,2.3" -> [(1, 0), (2, 3)]; "1.*" -> every head of layer 1. Negative numbers count from the end.
 
     Example: parse_heads("0.1, -1.*", 2, 2) -> [(0, 1), (1, 0), (1, 1)]
     """
@@ -67,8 +67,9 @@ def head_means(model, ids: list[int]) -> torch.Tensor:
         return torch.stack([z[0].mean(dim=0) for z in outputs])  # (L, nh, hs)
 
 
-def ablated_runs(model, ids: list[int], rows: list[list[tuple[int, int]]], replacement: torch.Tensor, position: int,
-                 batch: int = ROWS_PER_BATCH) -> tuple[torch.Tensor, torch.Tensor]:
+def ablated_runs(
+    model, ids: list[int], rows: list[list[tuple[int, int]]], replacement: torch.Tensor, position: int, batch: int = ROWS_PER_BATCH
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Run one text with each row's heads knocked out (head (l, h) -> replacement[l, h], zeros for zero
     ablation); an empty row is the plain model. Returns each row's mean cross-entropy on the text's next
     tokens (rows,) and its log-probabilities at `position` (rows, vocab).
@@ -152,22 +153,43 @@ class Ablation:
             return [{"id": i, "text": t, "probability": round(p, 6)} for i, t, p in entries]
 
         doc: dict[str, Any] = {
-            "format": ABLATE_FORMAT, "version": ABLATE_VERSION, "run": self.run, "text": self.text,
-            "tokens": [v.to_json() for v in self.tokens], "mode": self.mode, "reference_text": self.reference,
-            "position": self.position, "n_layers": self.n_layers, "n_heads": self.n_heads,
-            "loss": round(self.base_loss, 6), "top": tops(self.base_top),
+            "format": ABLATE_FORMAT,
+            "version": ABLATE_VERSION,
+            "run": self.run,
+            "text": self.text,
+            "tokens": [v.to_json() for v in self.tokens],
+            "mode": self.mode,
+            "reference_text": self.reference,
+            "position": self.position,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "loss": round(self.base_loss, 6),
+            "top": tops(self.base_top),
         }
         if self.heads is not None:
-            doc["ablated"] = {"heads": [f"{l}.{h}" for l, h in self.heads], "loss": round(float(self.loss[0]), 6),
-                              "loss_change": round(float(self.delta[0]), 6), "kl": round(float(self.kl[0]), 6), "top": tops(self.top or [])}
+            doc["ablated"] = {
+                "heads": [f"{l}.{h}" for l, h in self.heads],
+                "loss": round(float(self.loss[0]), 6),
+                "loss_change": round(float(self.delta[0]), 6),
+                "kl": round(float(self.kl[0]), 6),
+                "top": tops(self.top or []),
+            }
         else:
             doc["loss_change"] = np.round(self.delta.astype(np.float64), 6).tolist()  # [layer][head]
             doc["kl"] = np.round(self.kl.astype(np.float64), 6).tolist()
         return doc
 
 
-def ablate(checkpoint: Checkpoint, text: str, *, heads: str | None = None, mode: str = "zero", reference_text: str | None = None,
-           position: int | None = None, top_k: int = 5) -> Ablation:
+def ablate(
+    checkpoint: Checkpoint,
+    text: str,
+    *,
+    heads: str | None = None,
+    mode: str = "zero",
+    reference_text: str | None = None,
+    position: int | None = None,
+    top_k: int = 5,
+) -> Ablation:
     """Knock out `heads` together ("1.0,2.3"), or without them every head one at a time."""
     import time
 
@@ -213,7 +235,20 @@ def ablate(checkpoint: Checkpoint, text: str, *, heads: str | None = None, mode:
         return [(int(i), token_text(tokenizer, int(i)), float(v)) for i, v in zip(indices, values)]
 
     shape = (1,) if chosen is not None else (L, nh)
-    return Ablation(run=str(checkpoint.path), text=text, tokens=views, mode=mode, reference=reference_text, position=position,
-                    base_loss=float(losses[0]), base_top=top(base), heads=chosen, n_layers=L, n_heads=nh,
-                    loss=losses[1:].numpy().reshape(shape), kl=kl.numpy().reshape(shape),
-                    top=top(log_probs[1]) if chosen is not None else None, seconds=time.perf_counter() - began)
+    return Ablation(
+        run=str(checkpoint.path),
+        text=text,
+        tokens=views,
+        mode=mode,
+        reference=reference_text,
+        position=position,
+        base_loss=float(losses[0]),
+        base_top=top(base),
+        heads=chosen,
+        n_layers=L,
+        n_heads=nh,
+        loss=losses[1:].numpy().reshape(shape),
+        kl=kl.numpy().reshape(shape),
+        top=top(log_probs[1]) if chosen is not None else None,
+        seconds=time.perf_counter() - began,
+    )

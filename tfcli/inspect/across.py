@@ -40,8 +40,7 @@ def kept_runs(run: Path) -> list[tuple[int, Path]]:
             if child.is_dir() and child.name.startswith("step-") and child.name[5:].isdigit() and (child / "config.json").is_file():
                 kept.append((int(child.name[5:]), child))
     if not kept:
-        raise TfcliError(f"{run} kept no checkpoints (no {KEPT_DIR}/step-N folders)",
-                         hint="train with --keep-checkpoints N to keep every N-th step's weights")
+        raise TfcliError(f"{run} kept no checkpoints (no {KEPT_DIR}/step-N folders)", hint="train with --keep-checkpoints N to keep every N-th step's weights")
     kept.sort()
     final = _step(Path(run))
     if final is None or final > kept[-1][0]:
@@ -60,10 +59,18 @@ class Across:
     scores: dict[str, np.ndarray]  # pattern -> (checkpoints, L, H)
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": ACROSS_FORMAT, "version": ACROSS_VERSION, "run": self.run, "text": self.text,
-                "n_layers": self.n_layers, "n_heads": self.n_heads,
-                "checkpoints": [{"step": s, "path": p, "scores": {k: np.round(v[i].astype(np.float64), 4).tolist() for k, v in self.scores.items()}}
-                                for i, (s, p) in enumerate(zip(self.steps, self.paths))]}
+        return {
+            "format": ACROSS_FORMAT,
+            "version": ACROSS_VERSION,
+            "run": self.run,
+            "text": self.text,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "checkpoints": [
+                {"step": s, "path": p, "scores": {k: np.round(v[i].astype(np.float64), 4).tolist() for k, v in self.scores.items()}}
+                for i, (s, p) in enumerate(zip(self.steps, self.paths))
+            ],
+        }
 
 
 def across_checkpoints(run: Path, text: str, *, kind: str | None = None, device: str = "auto") -> Across:
@@ -87,8 +94,13 @@ def across_checkpoints(run: Path, text: str, *, kind: str | None = None, device:
         elif shape != (capture.n_layers, capture.n_heads):
             raise TfcliError(f"{path} has another shape than the checkpoints before it", hint="keep checkpoints of one run only")
         probed = probe(checkpoint, capture)
-        summaries = summarize_heads(capture.weights, capture.query_ids if capture.self_attention else None, causal=capture.causal,
-                                    probe_weights=None if probed is None else probed[0], probe_ids=None if probed is None else probed[1])
+        summaries = summarize_heads(
+            capture.weights,
+            capture.query_ids if capture.self_attention else None,
+            causal=capture.causal,
+            probe_weights=None if probed is None else probed[0],
+            probe_ids=None if probed is None else probed[1],
+        )
         for name in PATTERNS:
             grid = np.full(shape, np.nan, dtype=np.float32)
             for s in summaries:
@@ -97,5 +109,6 @@ def across_checkpoints(run: Path, text: str, *, kind: str | None = None, device:
             scores[name].append(grid)
         steps.append(step)
         paths.append(str(path))
-    return Across(run=str(run), text=text, steps=steps, paths=paths, n_layers=shape[0], n_heads=shape[1],
-                  scores={name: np.stack(grids) for name, grids in scores.items()})
+    return Across(
+        run=str(run), text=text, steps=steps, paths=paths, n_layers=shape[0], n_heads=shape[1], scores={name: np.stack(grids) for name, grids in scores.items()}
+    )

@@ -102,14 +102,14 @@ def _fit(views: list[TokenView], limit: int, crop: bool, what: str, notes: list[
         return views
     if not crop:
         size = f"{len(views) - 1:,} tokens and the start token" if start else f"{len(views):,} tokens"
-        raise TfcliError(f"the {what} is {size}, longer than the model's block size ({limit:,})",
-                         hint="shorten it, or pass --crop to keep the first tokens that fit")
+        raise TfcliError(
+            f"the {what} is {size}, longer than the model's block size ({limit:,})", hint="shorten it, or pass --crop to keep the first tokens that fit"
+        )
     notes.append(f"the {what} was cropped to its first {limit:,} of {len(views):,} tokens (--crop)")
     return views[:limit]
 
 
-def capture_attention(checkpoint: Checkpoint, text: str, *, target: str | None = None, kind: str | None = None,
-                      crop: bool = False) -> AttentionCapture:
+def capture_attention(checkpoint: Checkpoint, text: str, *, target: str | None = None, kind: str | None = None, crop: bool = False) -> AttentionCapture:
     """Run `text` (and, for an encoder-decoder, `target`) through the model and keep one kind's weights.
 
     Text longer than the block size is an error, or with `crop` cut to its first block-size tokens.
@@ -121,8 +121,10 @@ def capture_attention(checkpoint: Checkpoint, text: str, *, target: str | None =
     if kind not in kinds:
         raise TfcliError(f"this {config.arch} model has no {kind} attention", hint=f"use --attention {' or '.join(kinds)}")
     if config.arch == "encoder-decoder" and target is None and kind != "encoder":
-        raise TfcliError(f"an encoder-decoder's {kind} attention needs a target text as well as the source",
-                         hint="pass --target TEXT (the decoder's text); --text is the source")
+        raise TfcliError(
+            f"an encoder-decoder's {kind} attention needs a target text as well as the source",
+            hint="pass --target TEXT (the decoder's text); --text is the source",
+        )
     if config.arch != "encoder-decoder" and target is not None:
         raise TfcliError(f"--target is for encoder-decoder models; this one is {a_or_an(config.arch)}", hint="drop --target")
     tokenizer = checkpoint.tokenizer
@@ -139,9 +141,19 @@ def capture_attention(checkpoint: Checkpoint, text: str, *, target: str | None =
     weights = forward_weights(checkpoint.model, kind, [v.id for v in source], None if decoder is None else [v.id for v in decoder])
     queries = source if kind == "encoder" else (decoder if decoder is not None else source)
     keys = source if kind in ("encoder", "cross") else queries
-    return AttentionCapture(run=str(checkpoint.path), kind=kind, text=text, target=target, queries=queries, keys=keys,
-                            weights=weights, causal=kind == "decoder", source_ids=[v.id for v in source],
-                            decoder_ids=None if decoder is None else [v.id for v in decoder], notes=notes)
+    return AttentionCapture(
+        run=str(checkpoint.path),
+        kind=kind,
+        text=text,
+        target=target,
+        queries=queries,
+        keys=keys,
+        weights=weights,
+        causal=kind == "decoder",
+        source_ids=[v.id for v in source],
+        decoder_ids=None if decoder is None else [v.id for v in decoder],
+        notes=notes,
+    )
 
 
 def forward_weights(model, kind: str, ids: list[int], decoder_ids: list[int] | None = None) -> np.ndarray:
@@ -213,8 +225,10 @@ def find_token(views: list[TokenView], word: str, occurrence: int = 1, where: st
         shown = " ".join(f"'{v.text}'" for v in views[:12]) + (" ..." if len(views) > 12 else "")
         raise TfcliError(f"--token {word!r} is not in {where}; its tokens are {shown}", hint=f"pass a word of {where}")
     if not 1 <= occurrence <= len(matches):
-        raise TfcliError(f"--occurrence {occurrence}: {word!r} occurs {'once' if len(matches) == 1 else f'{len(matches)} times'} in {where}",
-                         hint=f"pass a number from 1 to {len(matches)}")
+        raise TfcliError(
+            f"--occurrence {occurrence}: {word!r} occurs {'once' if len(matches) == 1 else f'{len(matches)} times'} in {where}",
+            hint=f"pass a number from 1 to {len(matches)}",
+        )
     match = matches[occurrence - 1]
     first, last = owner[match.start()], owner[match.end() - 1]
     notes = []
@@ -231,15 +245,19 @@ def check_comparable(a: Checkpoint, b: Checkpoint) -> None:
     for name in ("arch", "n_layers", "decoder_layers", "n_heads", "block_size"):
         va, vb = getattr(ca, name), getattr(cb, name)
         if va != vb:
-            raise TfcliError(f"the runs differ in shape: {a.path} has {name} {va}, {b.path} has {vb}",
-                             hint="--compare-run needs two runs of one shape (e.g. a model and its fine-tuned child)")
+            raise TfcliError(
+                f"the runs differ in shape: {a.path} has {name} {va}, {b.path} has {vb}",
+                hint="--compare-run needs two runs of one shape (e.g. a model and its fine-tuned child)",
+            )
     if a.tokenizer.sha256 != b.tokenizer.sha256:
-        raise TfcliError(f"the runs use different tokenizers ({a.path} and {b.path})",
-                         hint="--compare-run needs two runs with the same tokenizer, so the text becomes the same tokens")
+        raise TfcliError(
+            f"the runs use different tokenizers ({a.path} and {b.path})",
+            hint="--compare-run needs two runs with the same tokenizer, so the text becomes the same tokens",
+        )
 
 
 def parse_index(spec: str | None, count: int, what: str, default: int | None = 0) -> list[int]:
-    """"all" -> every index; "3" -> [3]; "-1" -> the last; None -> [default] (or every index if default is None).
+    """ "all" -> every index; "3" -> [3]; "-1" -> the last; None -> [default] (or every index if default is None).
 
     Example: parse_index("all", 3, "layer") -> [0, 1, 2]; parse_index("-1", 3, "layer") -> [2]
     """
@@ -252,6 +270,7 @@ def parse_index(spec: str | None, count: int, what: str, default: int | None = 0
     except ValueError:
         raise TfcliError(f"--{what} must be a number or 'all', not {spec!r}") from None
     if not -count <= value < count:
-        raise TfcliError(f"--{what} {value} is out of range: this attention has {count} {what}s (0 to {count - 1})",
-                         hint=f"pick one from 0 to {count - 1}, or 'all'")
+        raise TfcliError(
+            f"--{what} {value} is out of range: this attention has {count} {what}s (0 to {count - 1})", hint=f"pick one from 0 to {count - 1}, or 'all'"
+        )
     return [value % count]

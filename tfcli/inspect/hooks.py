@@ -102,8 +102,9 @@ def lens_stack(model: nn.Module, command: str, supported: tuple[str, ...] = ("de
     command does not support is one line."""
     arch = model.config.arch
     if arch not in supported:
-        raise TfcliError(f"{command} works on {' and '.join(s + ' runs' for s in supported)}; this run is {a_or_an(arch)}",
-                         hint=f"see `tfcli {command} --help`")
+        raise TfcliError(
+            f"{command} works on {' and '.join(s + ' runs' for s in supported)}; this run is {a_or_an(arch)}", hint=f"see `tfcli {command} --help`"
+        )
     return model.decoder if arch == "decoder" else model.encoder
 
 

@@ -100,7 +100,7 @@ def _characters(data: bytes) -> list[tuple[int, int, str | None]]:
         size = 1 if lead < 0x80 else 2 if 0xC2 <= lead < 0xE0 else 3 if 0xE0 <= lead < 0xF0 else 4 if 0xF0 <= lead < 0xF5 else 0
         if size:
             try:
-                out.append((i, i + size, data[i:i + size].decode("utf-8")))
+                out.append((i, i + size, data[i : i + size].decode("utf-8")))
                 i += size
                 continue
             except UnicodeDecodeError:
@@ -152,22 +152,31 @@ def token_pieces(views: Sequence[TokenView]) -> list[list[str | list[str]]]:
     return out
 
 
-def page_data(captures: Sequence[AttentionCapture], titles: Sequence[str], *, layer: int, head: int,
-              focus: Sequence[int] | None = None, summary: Sequence[HeadSummary] | None = None,
-              changes: Sequence[HeadChange] | None = None) -> dict[str, Any]:
+def page_data(
+    captures: Sequence[AttentionCapture],
+    titles: Sequence[str],
+    *,
+    layer: int,
+    head: int,
+    focus: Sequence[int] | None = None,
+    summary: Sequence[HeadSummary] | None = None,
+    changes: Sequence[HeadChange] | None = None,
+) -> dict[str, Any]:
     """focus: the --token query position in each capture (each text has its own)."""
     first = captures[0]
     panels = []
     for index, (capture, title) in enumerate(zip(captures, titles)):
-        panels.append({
-            "title": title,
-            "focus": None if focus is None else focus[index],
-            "queries": token_pieces(capture.queries),
-            "keys": None if capture.self_attention else token_pieces(capture.keys),
-            "causal": bool(capture.causal and capture.weights.shape[2] == capture.weights.shape[3]),
-            "shape": list(capture.weights.shape),
-            "data": pack_weights(capture.weights, capture.causal),
-        })
+        panels.append(
+            {
+                "title": title,
+                "focus": None if focus is None else focus[index],
+                "queries": token_pieces(capture.queries),
+                "keys": None if capture.self_attention else token_pieces(capture.keys),
+                "causal": bool(capture.causal and capture.weights.shape[2] == capture.weights.shape[3]),
+                "shape": list(capture.weights.shape),
+                "data": pack_weights(capture.weights, capture.causal),
+            }
+        )
     return {
         "format": PAGE_FORMAT,
         "kind": first.kind,
@@ -184,9 +193,16 @@ def page_data(captures: Sequence[AttentionCapture], titles: Sequence[str], *, la
     }
 
 
-def render_page(captures: Sequence[AttentionCapture], titles: Sequence[str], *, layer: int = 0, head: int = 0,
-                focus: Sequence[int] | None = None, summary: Sequence[HeadSummary] | None = None,
-                changes: Sequence[HeadChange] | None = None) -> str:
+def render_page(
+    captures: Sequence[AttentionCapture],
+    titles: Sequence[str],
+    *,
+    layer: int = 0,
+    head: int = 0,
+    focus: Sequence[int] | None = None,
+    summary: Sequence[HeadSummary] | None = None,
+    changes: Sequence[HeadChange] | None = None,
+) -> str:
     """The whole page as a string."""
     first = captures[0]
     heading = f"attention of {first.run}"
@@ -210,4 +226,3 @@ def render_page(captures: Sequence[AttentionCapture], titles: Sequence[str], *, 
 def asset(name: str) -> str:
     """The text of one of the page's package data files (assets/page.html, page.css, page.js)."""
     return (resources.files("tfcli.inspect") / "assets" / name).read_text(encoding="utf-8")
-

@@ -53,8 +53,10 @@ def encoder_views(checkpoint: Checkpoint, text: str) -> tuple[list[TokenView], l
     mask_text = tokenizer.hf.id_to_token(mask_id) or MASK_PLACEHOLDER
     pieces = re.split("|".join(re.escape(m) for m in dict.fromkeys([MASK_PLACEHOLDER, mask_text])), text)
     if len(pieces) < 2:
-        raise TfcliError(f"an encoder predicts masked tokens: the text has no {MASK_PLACEHOLDER}",
-                         hint=f'write one where a word is missing: "The {MASK_PLACEHOLDER} sat on the mat"')
+        raise TfcliError(
+            f"an encoder predicts masked tokens: the text has no {MASK_PLACEHOLDER}",
+            hint=f'write one where a word is missing: "The {MASK_PLACEHOLDER} sat on the mat"',
+        )
     if tokenizer.words_carry_their_space:  # the filler brings its own space, as in `generate --fill-mask`
         pieces = [p[:-1] if p.endswith(" ") and i < len(pieces) - 1 else p for i, p in enumerate(pieces)]
     views, masks = [_special_view(tokenizer, cls_id)], []
@@ -114,8 +116,14 @@ class LogitLens:
 
     def to_json(self, tokenizer_text) -> dict[str, Any]:
         return {
-            "format": LENS_FORMAT, "version": LENS_VERSION, "run": self.run, "text": self.text, "arch": self.arch,
-            "tokens": [v.to_json() for v in self.tokens], "layers": self.layers, "positions": self.positions,
+            "format": LENS_FORMAT,
+            "version": LENS_VERSION,
+            "run": self.run,
+            "text": self.text,
+            "arch": self.arch,
+            "tokens": [v.to_json() for v in self.tokens],
+            "layers": self.layers,
+            "positions": self.positions,
             "targets": [None if t is None else {"id": t, "text": tokenizer_text(t)} for t in self.targets],
             "losses": [None if x is None else round(x, 6) for x in self.losses],
             "cells": [[cell.to_json() for cell in row] for row in self.cells],
@@ -175,8 +183,18 @@ def logit_lens(checkpoint: Checkpoint, text: str, *, top_k: int = 5) -> LogitLen
         losses.append(float(-log_probs[layer, scored, target_ids].mean()) if scored else None)
     n = logits.shape[0] - 1
     layers = ["embeddings"] + [f"block {i}" for i in range(n)]
-    return LogitLens(run=str(checkpoint.path), text=text, arch=config.arch, tokens=views, layers=layers, positions=positions,
-                     targets=targets, cells=cells, losses=losses, top_k=k)
+    return LogitLens(
+        run=str(checkpoint.path),
+        text=text,
+        arch=config.arch,
+        tokens=views,
+        layers=layers,
+        positions=positions,
+        targets=targets,
+        cells=cells,
+        losses=losses,
+        top_k=k,
+    )
 
 
 def probabilities(lens: LogitLens) -> np.ndarray:

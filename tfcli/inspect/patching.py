@@ -70,8 +70,9 @@ def _resume_cache(model, keys: torch.Tensor, values: torch.Tensor, rows: int, st
     return Resume()
 
 
-def patch_differences(model, clean_ids: list[int], corrupt_ids: list[int], answer: int, wrong: int, *,
-                      per_head: bool = False, batch: int = ROWS_PER_BATCH) -> dict[str, Any]:
+def patch_differences(
+    model, clean_ids: list[int], corrupt_ids: list[int], answer: int, wrong: int, *, per_head: bool = False, batch: int = ROWS_PER_BATCH
+) -> dict[str, Any]:
     """The logit differences answer - wrong at the last position: `clean`, `corrupted`, and `patched`
     [layer][position] with the clean residual stream put in at the input of block `layer` (its layers'
     residual stream before each block); with per_head, `heads` [layer][head] with the clean output of that
@@ -96,7 +97,7 @@ def patch_differences(model, clean_ids: list[int], corrupt_ids: list[int], answe
         for layer in range(L):
             differ = [p for p in range(T) if not torch.equal(clean_stream[layer][p], corrupt_stream[layer][p])]
             for first in range(0, len(differ), batch):
-                chunk = differ[first:first + batch]
+                chunk = differ[first : first + batch]
                 start = chunk[0]  # positions before it are the corrupted run's in every row: only start.. run
 
                 def put_clean(x, chunk=chunk, layer=layer, start=start):  # x (rows, T - start, d)
@@ -148,11 +149,18 @@ class Patching:
             return None if a is None else np.round(a.astype(np.float64), 6).tolist()
 
         return {
-            "format": PATCH_FORMAT, "version": PATCH_VERSION, "run": self.run, "clean": self.clean, "corrupt": self.corrupt,
-            "clean_tokens": [v.to_json() for v in self.clean_tokens], "corrupt_tokens": [v.to_json() for v in self.corrupt_tokens],
-            "answer": {"id": self.answer[0], "text": self.answer[1]}, "wrong": {"id": self.wrong[0], "text": self.wrong[1]},
+            "format": PATCH_FORMAT,
+            "version": PATCH_VERSION,
+            "run": self.run,
+            "clean": self.clean,
+            "corrupt": self.corrupt,
+            "clean_tokens": [v.to_json() for v in self.clean_tokens],
+            "corrupt_tokens": [v.to_json() for v in self.corrupt_tokens],
+            "answer": {"id": self.answer[0], "text": self.answer[1]},
+            "wrong": {"id": self.wrong[0], "text": self.wrong[1]},
             "logit_difference": {"clean": round(self.clean_diff, 6), "corrupted": round(self.corrupt_diff, 6)},
-            "restored": grid(self.restored), "head_restored": grid(self.head_restored),
+            "restored": grid(self.restored),
+            "head_restored": grid(self.head_restored),
         }
 
 
@@ -188,8 +196,10 @@ def patch(checkpoint: Checkpoint, clean: str, corrupt: str, answer: str, wrong: 
     clean_views = decoder_views(checkpoint, clean, "clean text")
     corrupt_views = decoder_views(checkpoint, corrupt, "corrupted text")
     if len(clean_views) != len(corrupt_views):
-        raise TfcliError(f"the clean text is {len(clean_views)} tokens and the corrupted text {len(corrupt_views)}; patching needs texts of the same token length",
-                         hint="change the corrupted text so that it tokenizes to as many tokens (e.g. swap one name for another)")
+        raise TfcliError(
+            f"the clean text is {len(clean_views)} tokens and the corrupted text {len(corrupt_views)}; patching needs texts of the same token length",
+            hint="change the corrupted text so that it tokenizes to as many tokens (e.g. swap one name for another)",
+        )
     answer_id = single_token(checkpoint, answer, "--answer")
     clean_ids, corrupt_ids = [v.id for v in clean_views], [v.id for v in corrupt_views]
     wrong_id = single_token(checkpoint, wrong, "--wrong") if wrong is not None else None
@@ -200,16 +210,28 @@ def patch(checkpoint: Checkpoint, clean: str, corrupt: str, answer: str, wrong: 
     result = patch_differences(model, clean_ids, corrupt_ids, answer_id, wrong_id, per_head=per_head)
     clean_diff, corrupt_diff = result["clean"], result["corrupted"]
     if abs(clean_diff - corrupt_diff) < 1e-6:
-        raise TfcliError(f"the clean and corrupted texts give the same logit difference ({clean_diff:.4f}): there is nothing to restore",
-                         hint="pick texts that the model answers differently, or another --answer / --wrong")
+        raise TfcliError(
+            f"the clean and corrupted texts give the same logit difference ({clean_diff:.4f}): there is nothing to restore",
+            hint="pick texts that the model answers differently, or another --answer / --wrong",
+        )
     span = clean_diff - corrupt_diff
     restored = (result["patched"] - corrupt_diff) / span
     head_restored = None if result["heads"] is None else (result["heads"] - corrupt_diff) / span
     tokenizer = checkpoint.tokenizer
-    return Patching(run=str(checkpoint.path), clean=clean, corrupt=corrupt, clean_tokens=clean_views, corrupt_tokens=corrupt_views,
-                    answer=(answer_id, token_text(tokenizer, answer_id)), wrong=(wrong_id, token_text(tokenizer, wrong_id)),
-                    clean_diff=clean_diff, corrupt_diff=corrupt_diff, restored=restored, head_restored=head_restored,
-                    seconds=time.perf_counter() - began)
+    return Patching(
+        run=str(checkpoint.path),
+        clean=clean,
+        corrupt=corrupt,
+        clean_tokens=clean_views,
+        corrupt_tokens=corrupt_views,
+        answer=(answer_id, token_text(tokenizer, answer_id)),
+        wrong=(wrong_id, token_text(tokenizer, wrong_id)),
+        clean_diff=clean_diff,
+        corrupt_diff=corrupt_diff,
+        restored=restored,
+        head_restored=head_restored,
+        seconds=time.perf_counter() - began,
+    )
 
 
 def _corrupted_favourite(model, ids: list[int], answer: int) -> int:

@@ -125,16 +125,25 @@ def token_png(items: Sequence[tuple[str, np.ndarray, Sequence[str], Sequence[str
         if n_keys <= 40 and n_rows <= 24:
             for (r, k), w in np.ndenumerate(weights):
                 if w >= 0.05:
-                    ax.text(k, r, f"{w:.2f}"[1:] if w < 1 else "1", ha="center", va="center", fontsize=6,
-                            color="black" if w > 0.3 else "white")
+                    ax.text(k, r, f"{w:.2f}"[1:] if w < 1 else "1", ha="center", va="center", fontsize=6, color="black" if w > 0.3 else "white")
     figure.colorbar(image, ax=list(axes), shrink=0.8, label="attention weight")
     if suptitle:
         figure.suptitle(_label(suptitle, 160), fontsize=11)
     return _save(figure, 110)
 
 
-def value_grid_png(title: str, values: np.ndarray, rows: Sequence[str], columns: Sequence[str], *, texts: Sequence[Sequence[str]] | None = None,
-                   diverging: bool = False, colour_label: str = "", ylabel: str = "", xlabel: str = "") -> bytes:
+def value_grid_png(
+    title: str,
+    values: np.ndarray,
+    rows: Sequence[str],
+    columns: Sequence[str],
+    *,
+    texts: Sequence[Sequence[str]] | None = None,
+    diverging: bool = False,
+    colour_label: str = "",
+    ylabel: str = "",
+    xlabel: str = "",
+) -> bytes:
     """A labelled grid of values (rows, columns): layers x positions or layers x heads. `texts` writes a
     label in each cell (the logit lens's tokens; else the value). Probabilities on viridis (square-root
     scale), signed values (`diverging`) on a red-blue scale centred on 0."""

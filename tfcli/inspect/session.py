@@ -109,20 +109,26 @@ def inspect_attention(request: InspectRequest) -> Inspection:
             try:
                 inspection.focus.append(find_token(capture.queries, request.token, request.occurrence, capture.queries_from)[0])
             except TfcliError as exc:
-                raise TfcliError(f"--token {request.token!r} (occurrence {request.occurrence}) is not in the second text ({title})",
-                                 hint="pick a word both texts have") from exc
+                raise TfcliError(
+                    f"--token {request.token!r} (occurrence {request.occurrence}) is not in the second text ({title})", hint="pick a word both texts have"
+                ) from exc
     if request.summary:
         inspection.summaries = []
         for capture, checkpoint_used in zip(captures, [checkpoint, other_checkpoint or checkpoint]):
             probed = probe(checkpoint_used, capture)
-            summaries = summarize_heads(capture.weights, capture.query_ids if capture.self_attention else None,
-                                        causal=capture.causal, probe_weights=None if probed is None else probed[0],
-                                        probe_ids=None if probed is None else probed[1])
+            summaries = summarize_heads(
+                capture.weights,
+                capture.query_ids if capture.self_attention else None,
+                causal=capture.causal,
+                probe_weights=None if probed is None else probed[0],
+                probe_ids=None if probed is None else probed[1],
+            )
             inspection.summaries.append([s for s in summaries if s.layer in layers and s.head in heads])
     return inspection
 
 
 # ---- output files ------------------------------------------------------------------------------------
+
 
 def resolve_format(fmt: str | None, output: Path | None) -> str:
     """--format, or the one -o's suffix implies; terminal when neither says."""
@@ -193,8 +199,14 @@ def attention_document(inspection: Inspection, *, weights: bool = True) -> dict[
     }
     sub = np.ix_(inspection.layers, inspection.heads)
     for index, (capture, title) in enumerate(zip(inspection.captures, inspection.titles)):
-        entry: dict[str, Any] = {"title": title, "run": capture.run, "text": capture.text, "target": capture.target,
-                                 "queries": _views(capture.queries), "notes": capture.notes}
+        entry: dict[str, Any] = {
+            "title": title,
+            "run": capture.run,
+            "text": capture.text,
+            "target": capture.target,
+            "queries": _views(capture.queries),
+            "notes": capture.notes,
+        }
         if not capture.self_attention:
             entry["keys"] = _views(capture.keys)
         selected = capture.weights[sub]  # (layers, heads, T, S)
@@ -202,8 +214,11 @@ def attention_document(inspection: Inspection, *, weights: bool = True) -> dict[
             entry["weights"] = StreamedArray(selected)
         if inspection.focus is not None:
             position = inspection.focus[index]
-            entry["focus"] = {"position": position, "text": capture.queries[position].text,
-                              "weights": np.round(selected[:, :, position, :].astype(np.float64), 6).tolist()}
+            entry["focus"] = {
+                "position": position,
+                "text": capture.queries[position].text,
+                "weights": np.round(selected[:, :, position, :].astype(np.float64), 6).tolist(),
+            }
         if inspection.summaries is not None:
             entry["summary"] = [s.to_json() for s in inspection.summaries[index]]
         doc["captures"].append(entry)
@@ -297,8 +312,15 @@ def html_page(inspection: Inspection) -> str:
     from tfcli.inspect.html import render_page
 
     summary = inspection.summaries[0] if inspection.summaries else None
-    return render_page(inspection.captures, inspection.titles, layer=inspection.layers[0], head=inspection.heads[0],
-                       focus=inspection.focus, summary=summary, changes=inspection.changes)
+    return render_page(
+        inspection.captures,
+        inspection.titles,
+        layer=inspection.layers[0],
+        head=inspection.heads[0],
+        focus=inspection.focus,
+        summary=summary,
+        changes=inspection.changes,
+    )
 
 
 def png_image(inspection: Inspection) -> bytes:
@@ -313,13 +335,21 @@ def png_image(inspection: Inspection) -> bytes:
         for capture, title, position in zip(inspection.captures, inspection.titles, inspection.focus):
             rows = np.stack([capture.weights[layer, head, position] for layer, head in pairs])  # (pairs, S)
             label = capture.queries[position].text
-            items.append((f"{title}: where '{label.strip() or '␣'}' (position {position}) looks", rows,
-                          [f"L{layer} H{head}" for layer, head in pairs], [v.text for v in capture.keys]))
+            items.append(
+                (
+                    f"{title}: where '{label.strip() or '␣'}' (position {position}) looks",
+                    rows,
+                    [f"L{layer} H{head}" for layer, head in pairs],
+                    [v.text for v in capture.keys],
+                )
+            )
         return png.token_png(items, suptitle=kind)
     if len(pairs) == 1:
         layer, head = pairs[0]
-        items = [(f"{title} · layer {layer}, head {head}", capture.weights[layer, head], [v.text for v in capture.queries],
-                  [v.text for v in capture.keys]) for capture, title in zip(inspection.captures, inspection.titles)]
+        items = [
+            (f"{title} · layer {layer}, head {head}", capture.weights[layer, head], [v.text for v in capture.queries], [v.text for v in capture.keys])
+            for capture, title in zip(inspection.captures, inspection.titles)
+        ]
         return png.heatmaps_png(items, suptitle=kind)
     maps = []
     for layer, head in pairs:

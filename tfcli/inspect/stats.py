@@ -117,14 +117,20 @@ class HeadSummary:
     score: float
 
     def to_json(self) -> dict:
-        return {"layer": self.layer, "head": self.head, "entropy_bits": round(self.entropy, 4),
-                "mean_distance": None if self.distance is None else round(self.distance, 4),
-                "pattern": self.pattern, "score": round(self.score, 4),
-                "scores": {k: None if v is None else round(v, 4) for k, v in self.scores.items()}}
+        return {
+            "layer": self.layer,
+            "head": self.head,
+            "entropy_bits": round(self.entropy, 4),
+            "mean_distance": None if self.distance is None else round(self.distance, 4),
+            "pattern": self.pattern,
+            "score": round(self.score, 4),
+            "scores": {k: None if v is None else round(v, 4) for k, v in self.scores.items()},
+        }
 
 
-def summarize_heads(weights: np.ndarray, ids: Sequence[int] | None, *, causal: bool = True,
-                    probe_weights: np.ndarray | None = None, probe_ids: Sequence[int] | None = None) -> list[HeadSummary]:
+def summarize_heads(
+    weights: np.ndarray, ids: Sequence[int] | None, *, causal: bool = True, probe_weights: np.ndarray | None = None, probe_ids: Sequence[int] | None = None
+) -> list[HeadSummary]:
     """One HeadSummary per (layer, head) of `weights` [L, H, T, S].
 
     `ids` None means cross-attention: entropy only. Previous-token and first-token are scored on the text;
@@ -145,8 +151,9 @@ def summarize_heads(weights: np.ndarray, ids: Sequence[int] | None, *, causal: b
         for head in range(H):
             scores = {name: (None if s is None else float(s[layer, head])) for name, s in per_pattern.items()}
             pattern, score = classify(scores)
-            out.append(HeadSummary(layer, head, float(entropy[layer, head]),
-                                   None if distance is None else float(distance[layer, head]), scores, pattern, score))
+            out.append(
+                HeadSummary(layer, head, float(entropy[layer, head]), None if distance is None else float(distance[layer, head]), scores, pattern, score)
+            )
     return out
 
 
@@ -179,6 +186,5 @@ def head_changes(a: np.ndarray, b: np.ndarray) -> list[HeadChange]:
     """Two captures [L, H, T, S] of the same text and shape -> every head, most changed first."""
     js = jensen_shannon(a, b).mean(axis=-1)  # (L, H)
     tv = 0.5 * np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).sum(axis=-1).mean(axis=-1)
-    changes = [HeadChange(layer, head, float(js[layer, head]), float(tv[layer, head]))
-               for layer in range(a.shape[0]) for head in range(a.shape[1])]
+    changes = [HeadChange(layer, head, float(js[layer, head]), float(tv[layer, head])) for layer in range(a.shape[0]) for head in range(a.shape[1])]
     return sorted(changes, key=lambda c: (-c.js, c.layer, c.head))

@@ -39,8 +39,14 @@ def window(count: int, start: int, width: int, label_width: int, extra: int = 0)
     return start, min(count, start + fits)
 
 
-def _grid(title: str, row_labels: Sequence[str], col_labels: Sequence[str], cell: Callable[[int, int], Text],
-          extra: Sequence[tuple[str, Callable[[int], Text]]] = (), label_width: int = 10) -> Group:
+def _grid(
+    title: str,
+    row_labels: Sequence[str],
+    col_labels: Sequence[str],
+    cell: Callable[[int, int], Text],
+    extra: Sequence[tuple[str, Callable[[int], Text]]] = (),
+    label_width: int = 10,
+) -> Group:
     table = Table(box=None, padding=(0, 1, 0, 0), show_edge=False, pad_edge=False)
     table.add_column("", width=label_width, no_wrap=True)
     for label in col_labels:
@@ -130,8 +136,14 @@ def ablation_view(ablation, *, top: int = 10) -> list[RenderableType]:
         return Text(f"{value:+.3f}"[:CELL].rjust(CELL), style=_on(_signed(value, scale), False))
 
     L, nh = delta.shape
-    out.append(_grid(f"change in loss on the text when one head is {mode} (base {ablation.base_loss:.4f} nats)",
-                     [f"layer {l}" for l in range(L)], [f"head {h}" for h in range(nh)], cell))
+    out.append(
+        _grid(
+            f"change in loss on the text when one head is {mode} (base {ablation.base_loss:.4f} nats)",
+            [f"layer {l}" for l in range(L)],
+            [f"head {h}" for h in range(nh)],
+            cell,
+        )
+    )
     order = np.argsort(-np.abs(delta), axis=None)[:top]
     out.append(Text(f"the heads that matter most (KL: how the next-token distribution at {where} changes)", style="bold"))
     ranked = Table(box=None, padding=(0, 2, 0, 0), show_edge=False)
@@ -159,10 +171,16 @@ def patching_view(patching, *, width: int = 80, start: int = 0) -> list[Renderab
         return Text(f"{value:.2f}"[:CELL].rjust(CELL), style=_on(_signed(value, 1.0), False))
 
     out: list[RenderableType] = [
-        Text(f"logit difference '{patching.answer[1]}' - '{patching.wrong[1]}' at the last position: "
-             f"clean {patching.clean_diff:+.3f}, corrupted {patching.corrupt_diff:+.3f}"),
-        _grid("fraction restored by patching in the clean residual stream (before each block), one position at a time",
-              [f"block {l}" for l in range(L)], [label(c) for c in columns], cell),
+        Text(
+            f"logit difference '{patching.answer[1]}' - '{patching.wrong[1]}' at the last position: "
+            f"clean {patching.clean_diff:+.3f}, corrupted {patching.corrupt_diff:+.3f}"
+        ),
+        _grid(
+            "fraction restored by patching in the clean residual stream (before each block), one position at a time",
+            [f"block {l}" for l in range(L)],
+            [label(c) for c in columns],
+            cell,
+        ),
     ]
     note = _window_note(first, last, T)
     if note:
@@ -174,13 +192,20 @@ def patching_view(patching, *, width: int = 80, start: int = 0) -> list[Renderab
             value = round(float(heads[r, c]), 2) + 0.0
             return Text(f"{value:.2f}"[:CELL].rjust(CELL), style=_on(_signed(value, 1.0), False))
 
-        out.append(_grid("fraction restored by patching in one head's clean output (every position)",
-                         [f"layer {l}" for l in range(heads.shape[0])], [f"head {h}" for h in range(heads.shape[1])], head_cell))
+        out.append(
+            _grid(
+                "fraction restored by patching in one head's clean output (every position)",
+                [f"layer {l}" for l in range(heads.shape[0])],
+                [f"head {h}" for h in range(heads.shape[1])],
+                head_cell,
+            )
+        )
     out.append(Text("1.00: the clean answer comes back entirely; 0.00: no change; tokens shown clean/corrupted where they differ", style="dim"))
     return out
 
 
 # ---- PNG -----------------------------------------------------------------------------------------------
+
 
 def lens_png(lens) -> bytes:
     from tfcli.inspect import png
@@ -188,8 +213,15 @@ def lens_png(lens) -> bytes:
     values = np.array([[cell.top[0][2] for cell in row] for row in lens.cells], dtype=np.float32)  # (layers, positions)
     texts = [[_short(cell.top[0][1]) for cell in row] for row in lens.cells]
     columns = [_short(lens.tokens[p].text) for p in lens.positions]
-    return png.value_grid_png("logit lens: each layer's top-1 token, coloured by its probability", values, lens.layers, columns,
-                              texts=texts, colour_label="probability", xlabel="position (the token read)")
+    return png.value_grid_png(
+        "logit lens: each layer's top-1 token, coloured by its probability",
+        values,
+        lens.layers,
+        columns,
+        texts=texts,
+        colour_label="probability",
+        xlabel="position (the token read)",
+    )
 
 
 def ablation_png(ablation) -> bytes:
@@ -198,18 +230,29 @@ def ablation_png(ablation) -> bytes:
     if ablation.heads is not None:
         raise TfcliError("the png shows every head's loss change", hint="drop --heads, or use the terminal or --json for chosen heads")
     L, nh = ablation.delta.shape
-    return png.value_grid_png(f"change in loss when one head is {'zeroed' if ablation.mode == 'zero' else 'mean-ablated'} (base {ablation.base_loss:.4f} nats)",
-                              ablation.delta.astype(np.float32), [f"layer {l}" for l in range(L)], [f"head {h}" for h in range(nh)],
-                              diverging=True, colour_label="loss change (nats)")
+    return png.value_grid_png(
+        f"change in loss when one head is {'zeroed' if ablation.mode == 'zero' else 'mean-ablated'} (base {ablation.base_loss:.4f} nats)",
+        ablation.delta.astype(np.float32),
+        [f"layer {l}" for l in range(L)],
+        [f"head {h}" for h in range(nh)],
+        diverging=True,
+        colour_label="loss change (nats)",
+    )
 
 
 def patching_png(patching) -> bytes:
     from tfcli.inspect import png
 
     columns = [a if a == b else f"{a}/{b}" for a, b in ((_short(x.text), _short(y.text)) for x, y in zip(patching.clean_tokens, patching.corrupt_tokens))]
-    return png.value_grid_png(f"fraction of the logit difference '{patching.answer[1]}' - '{patching.wrong[1]}' restored by patching the residual stream",
-                              patching.restored.astype(np.float32), [f"block {l}" for l in range(patching.restored.shape[0])], columns,
-                              diverging=True, colour_label="fraction restored", xlabel="position (clean/corrupted)")
+    return png.value_grid_png(
+        f"fraction of the logit difference '{patching.answer[1]}' - '{patching.wrong[1]}' restored by patching the residual stream",
+        patching.restored.astype(np.float32),
+        [f"block {l}" for l in range(patching.restored.shape[0])],
+        columns,
+        diverging=True,
+        colour_label="fraction restored",
+        xlabel="position (clean/corrupted)",
+    )
 
 
 def across_view(across, pattern: str, layers: Sequence[int], heads: Sequence[int], *, width: int = 80) -> list[RenderableType]:
@@ -226,8 +269,9 @@ def across_view(across, pattern: str, layers: Sequence[int], heads: Sequence[int
             return Text("-".rjust(CELL), style="dim")
         return Text(f"{value:.2f}".rjust(CELL), style=_on(_colour(value), value >= 0.3))
 
-    out: list[RenderableType] = [_grid(f"{pattern} score of each head at each kept checkpoint", [f"step {s}" for s in across.steps],
-                                       [f"{l}.{h}" for l, h in shown], cell)]
+    out: list[RenderableType] = [
+        _grid(f"{pattern} score of each head at each kept checkpoint", [f"step {s}" for s in across.steps], [f"{l}.{h}" for l, h in shown], cell)
+    ]
     if len(shown) < len(pairs):
         out.append(Text(f"{len(shown)} of {len(pairs)} heads shown; --layer L (or --head H) picks others", style="dim"))
     where = "a repeated random sequence" if pattern in ("duplicate", "induction") else "the text"
@@ -265,15 +309,22 @@ def _escape(text: str) -> str:
     return html.escape(text, quote=True)
 
 
-def html_table(title: str, rows: Sequence[str], columns: Sequence[str], cells: Sequence[Sequence[tuple[str, str, bool, str]]],
-               extra: Sequence[tuple[str, Sequence[str]]] = ()) -> str:
+def html_table(
+    title: str,
+    rows: Sequence[str],
+    columns: Sequence[str],
+    cells: Sequence[Sequence[tuple[str, str, bool, str]]],
+    extra: Sequence[tuple[str, Sequence[str]]] = (),
+) -> str:
     """A table of coloured cells: each (text, CSS colour made here from a number, dark background?, tooltip).
     Every piece of text is escaped; colours never come from text."""
     head = "".join(f"<th>{_escape(c)}</th>" for c in columns) + "".join(f"<th>{_escape(name)}</th>" for name, _ in extra)
     body = []
     for r, label in enumerate(rows):
-        tds = "".join(f'<td style="background:{colour};color:{"#fff" if dark else "#000"}" title="{_escape(tip)}">{_escape(text)}</td>'
-                      for text, colour, dark, tip in cells[r])
+        tds = "".join(
+            f'<td style="background:{colour};color:{"#fff" if dark else "#000"}" title="{_escape(tip)}">{_escape(text)}</td>'
+            for text, colour, dark, tip in cells[r]
+        )
         tds += "".join(f"<td>{_escape(values[r])}</td>" for _, values in extra)
         body.append(f'<tr><th class="row">{_escape(label)}</th>{tds}</tr>')
     return f'<h2>{_escape(title)}</h2><div class="scroll"><table><tr><th></th>{head}</tr>{"".join(body)}</table></div>'
@@ -305,8 +356,14 @@ def lens_html(lens) -> str:
         extra = [("loss", [f"{x:.3f}" for x in lens.losses])]
     tables = [html_table("each layer's top-1 token, coloured by its probability (hover: the top tokens)", lens.layers, columns, cells, extra)]
     if any(t is not None for t in lens.targets):
-        tables.append(html_table("the token each position should predict", ["next"], columns,
-                                 [[("" if t is None else _target_text(lens, t), "#fff", False, "") for t in lens.targets]]))
+        tables.append(
+            html_table(
+                "the token each position should predict",
+                ["next"],
+                columns,
+                [[("" if t is None else _target_text(lens, t), "#fff", False, "") for t in lens.targets]],
+            )
+        )
     return html_page(f"logit lens · {lens.run}", [f"text: {lens.text}"], tables)
 
 
@@ -315,29 +372,61 @@ def ablation_html(ablation) -> str:
     if ablation.heads is not None:
         rows = ["before", "after"]
         cells = [[(f"{t} {p:.3f}", _colour(p), p < 0.3, "") for _, t, p in tops] for tops in (ablation.base_top, ablation.top or [])]
-        return html_page(f"ablation · {ablation.run}", [f"text: {ablation.text}", f"heads {', '.join(f'{l}.{h}' for l, h in ablation.heads)} {mode}: "
-                                                        f"loss {ablation.base_loss:.4f} -> {float(ablation.loss[0]):.4f}"],
-                         [html_table(f"next token at position {ablation.position}", rows, [str(i + 1) for i in range(len(cells[0]))], cells)])
+        return html_page(
+            f"ablation · {ablation.run}",
+            [
+                f"text: {ablation.text}",
+                f"heads {', '.join(f'{l}.{h}' for l, h in ablation.heads)} {mode}: loss {ablation.base_loss:.4f} -> {float(ablation.loss[0]):.4f}",
+            ],
+            [html_table(f"next token at position {ablation.position}", rows, [str(i + 1) for i in range(len(cells[0]))], cells)],
+        )
     delta = ablation.delta
     scale = float(np.abs(delta).max()) or 1.0
-    cells = [[(f"{float(delta[l, h]):+.4f}", _signed(float(delta[l, h]), scale), True, f"KL at position {ablation.position}: {float(ablation.kl[l, h]):.4f}")
-              for h in range(delta.shape[1])] for l in range(delta.shape[0])]
-    return html_page(f"ablation · {ablation.run}", [f"text: {ablation.text}", f"base loss {ablation.base_loss:.4f} nats"],
-                     [html_table(f"change in loss when one head is {mode}", [f"layer {l}" for l in range(delta.shape[0])],
-                                 [f"head {h}" for h in range(delta.shape[1])], cells)])
+    cells = [
+        [
+            (f"{float(delta[l, h]):+.4f}", _signed(float(delta[l, h]), scale), True, f"KL at position {ablation.position}: {float(ablation.kl[l, h]):.4f}")
+            for h in range(delta.shape[1])
+        ]
+        for l in range(delta.shape[0])
+    ]
+    return html_page(
+        f"ablation · {ablation.run}",
+        [f"text: {ablation.text}", f"base loss {ablation.base_loss:.4f} nats"],
+        [
+            html_table(
+                f"change in loss when one head is {mode}", [f"layer {l}" for l in range(delta.shape[0])], [f"head {h}" for h in range(delta.shape[1])], cells
+            )
+        ],
+    )
 
 
 def patching_html(patching) -> str:
     columns = [a.text if a.text == b.text else f"{a.text}/{b.text}" for a, b in zip(patching.clean_tokens, patching.corrupt_tokens)]
     cells = [[(f"{round(float(v), 2) + 0.0:.2f}", _signed(float(v), 1.0), True, "") for v in row] for row in patching.restored]
-    tables = [html_table("fraction restored by patching the clean residual stream (before each block)",
-                         [f"block {l}" for l in range(patching.restored.shape[0])], columns, cells)]
+    tables = [
+        html_table(
+            "fraction restored by patching the clean residual stream (before each block)",
+            [f"block {l}" for l in range(patching.restored.shape[0])],
+            columns,
+            cells,
+        )
+    ]
     if patching.head_restored is not None:
         heads = patching.head_restored
-        tables.append(html_table("fraction restored by patching one head's clean output", [f"layer {l}" for l in range(heads.shape[0])],
-                                 [f"head {h}" for h in range(heads.shape[1])],
-                                 [[(f"{round(float(v), 2) + 0.0:.2f}", _signed(float(v), 1.0), True, "") for v in row] for row in heads]))
-    return html_page(f"activation patching · {patching.run}",
-                     [f"clean: {patching.clean}", f"corrupted: {patching.corrupt}",
-                      f"logit difference {patching.answer[1]!r} - {patching.wrong[1]!r}: clean {patching.clean_diff:+.3f}, corrupted {patching.corrupt_diff:+.3f}"],
-                     tables)
+        tables.append(
+            html_table(
+                "fraction restored by patching one head's clean output",
+                [f"layer {l}" for l in range(heads.shape[0])],
+                [f"head {h}" for h in range(heads.shape[1])],
+                [[(f"{round(float(v), 2) + 0.0:.2f}", _signed(float(v), 1.0), True, "") for v in row] for row in heads],
+            )
+        )
+    return html_page(
+        f"activation patching · {patching.run}",
+        [
+            f"clean: {patching.clean}",
+            f"corrupted: {patching.corrupt}",
+            f"logit difference {patching.answer[1]!r} - {patching.wrong[1]!r}: clean {patching.clean_diff:+.3f}, corrupted {patching.corrupt_diff:+.3f}",
+        ],
+        tables,
+    )

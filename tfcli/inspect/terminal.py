@@ -75,9 +75,18 @@ def _column_chars(label: str, depth: int, cw: int) -> list[str]:
     return out + [" " * cw] * (depth - len(out))
 
 
-def heatmap(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str], *, width: int = 80,
-            start: int = 0, key_start: int = 0, self_attention: bool = True, causal: bool = False,
-            label_depth: int = 4) -> tuple[Text, str | None]:
+def heatmap(
+    weights: np.ndarray,
+    queries: Sequence[str],
+    keys: Sequence[str],
+    *,
+    width: int = 80,
+    start: int = 0,
+    key_start: int = 0,
+    self_attention: bool = True,
+    causal: bool = False,
+    label_depth: int = 4,
+) -> tuple[Text, str | None]:
     """One head's weights (T, S) as rows of queries over columns of keys, labels on both axes.
 
     Returns the drawing and, when the text did not fit, a note saying which window is shown. The window
@@ -123,8 +132,12 @@ def heatmap(weights: np.ndarray, queries: Sequence[str], keys: Sequence[str], *,
     if (q0, q1) != (0, T) or (k0, k1) != (0, S):
         what = f"queries {q0}-{q1 - 1}" + (f" and keys {k0}-{k1 - 1}" if (k0, k1) != (0, S) else "")
         moves = "--start N moves the window" if self_attention else "--start N moves the rows, --key-start N the columns"
-        note = f"{what} of {T} tokens shown" + (f" ({S} keys)" if S != T else "") + \
-            f"; {moves}" + ("; … sums the weight on keys outside it" if before or after else "")
+        note = (
+            f"{what} of {T} tokens shown"
+            + (f" ({S} keys)" if S != T else "")
+            + f"; {moves}"
+            + ("; … sums the weight on keys outside it" if before or after else "")
+        )
     return Text("\n").join(lines), note
 
 
@@ -151,7 +164,7 @@ def grid(maps: Sequence[tuple[str, np.ndarray]], *, width: int = 80, bins: int =
     per_row = max(1, (width + 2) // (map_w + 2))
     rows: list[RenderableType] = []
     for first in range(0, len(binned), per_row):
-        chunk = binned[first:first + per_row]
+        chunk = binned[first : first + per_row]
         height = max(w.shape[0] for _, w in chunk)
         lines = [Text() for _ in range(height + 1)]
         for i, (title, w) in enumerate(chunk):
@@ -176,12 +189,11 @@ def _bar(fraction: float, width: int) -> str:
     return ("█" * full + (_BAR_EIGHTHS[part] if part else "")).ljust(width)
 
 
-def token_bars(rows: Sequence[tuple[str, np.ndarray]], keys: Sequence[str], *, width: int = 80, top: int = 3,
-               upto: int | None = None) -> Group:
+def token_bars(rows: Sequence[tuple[str, np.ndarray]], keys: Sequence[str], *, width: int = 80, top: int = 3, upto: int | None = None) -> Group:
     """Where one token looks: for each head (title, its weights over the keys), the `top` keys with bars;
     only keys 0..upto for causal attention (the later ones are masked)."""
-    keys = keys if upto is None else keys[:upto + 1]
-    rows = [(title, row[:len(keys)]) for title, row in rows]
+    keys = keys if upto is None else keys[: upto + 1]
+    rows = [(title, row[: len(keys)]) for title, row in rows]
     top = min(top, len(keys))
     title_w = max(cell_len(t) for t, _ in rows) + 1
     value_w, label_w = 4, min(10, max(4, max((cell_len(_short(k)) for k in keys), default=4)))
@@ -201,8 +213,7 @@ def token_bars(rows: Sequence[tuple[str, np.ndarray]], keys: Sequence[str], *, w
     return Group(*lines)
 
 
-def token_distribution(row: np.ndarray, keys: Sequence[str], *, width: int = 80, limit: int = 40,
-                       upto: int | None = None) -> tuple[Group, str | None]:
+def token_distribution(row: np.ndarray, keys: Sequence[str], *, width: int = 80, limit: int = 40, upto: int | None = None) -> tuple[Group, str | None]:
     """One head, one token: a bar for every key it can see (keys 0..upto for causal attention), scaled to
     the largest weight; the `limit` heaviest, in text order, when there are more."""
     n = len(keys) if upto is None else upto + 1
@@ -239,9 +250,18 @@ def side_by_side(left: RenderableType, right: RenderableType, titles: tuple[str,
 
 def summary_table(summaries: Sequence[HeadSummary], *, self_attention: bool) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for name, justify in (("layer", "right"), ("head", "right"), ("entropy", "right"), ("distance", "right"),
-                          ("pattern", "left"), ("score", "right"), ("prev", "right"), ("first", "right"),
-                          ("dup", "right"), ("induct", "right")):
+    for name, justify in (
+        ("layer", "right"),
+        ("head", "right"),
+        ("entropy", "right"),
+        ("distance", "right"),
+        ("pattern", "left"),
+        ("score", "right"),
+        ("prev", "right"),
+        ("first", "right"),
+        ("dup", "right"),
+        ("induct", "right"),
+    ):
         if not self_attention and name not in ("layer", "head", "entropy"):
             continue
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
@@ -253,9 +273,15 @@ def summary_table(summaries: Sequence[HeadSummary], *, self_attention: bool) -> 
         if not self_attention:
             table.add_row(str(s.layer), str(s.head), f"{s.entropy:.2f}")
             continue
-        table.add_row(str(s.layer), str(s.head), f"{s.entropy:.2f}", num(s.distance),
-                      Text(s.pattern, style="dim" if s.pattern == "none" else "bold cyan"), num(s.score),
-                      *(num(s.scores[name]) for name in ("previous-token", "first-token", "duplicate", "induction")))
+        table.add_row(
+            str(s.layer),
+            str(s.head),
+            f"{s.entropy:.2f}",
+            num(s.distance),
+            Text(s.pattern, style="dim" if s.pattern == "none" else "bold cyan"),
+            num(s.score),
+            *(num(s.scores[name]) for name in ("previous-token", "first-token", "duplicate", "induction")),
+        )
     return table
 
 
@@ -280,8 +306,7 @@ def render_inspection(inspection, *, width: int = 80, start: int = 0, key_start:
     if key_start and first.self_attention:
         raise TfcliError("--key-start moves the columns of a cross-attention map", hint="self-attention's window moves with --start")
     if key_start >= len(first.keys):
-        raise TfcliError(f"--key-start {key_start} is past the last source token (position {len(first.keys) - 1})",
-                         hint=f"pass 0 to {len(first.keys) - 1}")
+        raise TfcliError(f"--key-start {key_start} is past the last source token (position {len(first.keys) - 1})", hint=f"pass 0 to {len(first.keys) - 1}")
     single_map = len(pairs) == 1 and inspection.focus is None and inspection.summaries is None
     if (start or key_start) and not single_map:
         notes.append("--start and --key-start move a single head's map; they change nothing here")
@@ -301,8 +326,10 @@ def render_inspection(inspection, *, width: int = 80, start: int = 0, key_start:
                 out.append(Text(title, style="bold"))
             out.append(summary_table(summaries, self_attention=first.self_attention))
         if first.self_attention:
-            notes.append("entropy in bits; distance in tokens; previous-token and first-token scored on this text, "
-                         "duplicate and induction on a repeated random sequence; a pattern needs a score ≥ 0.4")
+            notes.append(
+                "entropy in bits; distance in tokens; previous-token and first-token scored on this text, "
+                "duplicate and induction on a repeated random sequence; a pattern needs a score ≥ 0.4"
+            )
         if inspection.focus is None:
             out.extend(Text(note, style="dim") for note in notes)
             return out
@@ -320,8 +347,7 @@ def render_inspection(inspection, *, width: int = 80, start: int = 0, key_start:
             if len(pairs) == 1:
                 layer, head = pairs[0]
                 intro.append(f", layer {layer}, head {head}", style="bold")
-                body, note = token_distribution(capture.weights[layer, head, position], keys, width=panel_width,
-                                                upto=position if capture.causal else None)
+                body, note = token_distribution(capture.weights[layer, head, position], keys, width=panel_width, upto=position if capture.causal else None)
             else:
                 rows = [(f"L{layer} H{head}", capture.weights[layer, head, position]) for layer, head in pairs]
                 body = token_bars(rows, keys, width=panel_width, top=3 if not compare else 2, upto=position if capture.causal else None)
@@ -330,8 +356,16 @@ def render_inspection(inspection, *, width: int = 80, start: int = 0, key_start:
             legend = False
         elif len(pairs) == 1:
             layer, head = pairs[0]
-            body, note = heatmap(capture.weights[layer, head], queries, keys, width=panel_width, start=start, key_start=key_start,
-                                 self_attention=capture.self_attention, causal=capture.causal)
+            body, note = heatmap(
+                capture.weights[layer, head],
+                queries,
+                keys,
+                width=panel_width,
+                start=start,
+                key_start=key_start,
+                self_attention=capture.self_attention,
+                causal=capture.causal,
+            )
             panels.append(Group(Text(f"layer {layer}, head {head}", style="bold"), body))
         else:
             body, note = grid([(f"L{layer} H{head}", capture.weights[layer, head]) for layer, head in pairs], width=panel_width)

@@ -156,7 +156,12 @@ class Attention(nn.Module):
             y, weights = self._explicit(q, k, v, mask, dropout)
         else:
             y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask.allowed, dropout_p=dropout, is_causal=mask.causal and mask.allowed is None,
+                q,
+                k,
+                v,
+                attn_mask=mask.allowed,
+                dropout_p=dropout,
+                is_causal=mask.causal and mask.allowed is None,
                 enable_gqa=self.n_kv_heads != self.n_heads,
             )
             weights = None

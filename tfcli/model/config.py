@@ -77,8 +77,7 @@ class ModelConfig(JsonRecord):
             value = getattr(self, name)
             if value is not None and value > limit:
                 raise TfcliError(f"model {name} = {value:,} is absurd (the limit is {limit:,})")
-        for name, allowed in (("arch", ARCHS), ("positions", POSITIONS), ("norm", NORMS),
-                              ("norm_placement", NORM_PLACEMENTS), ("activation", ACTIVATIONS)):
+        for name, allowed in (("arch", ARCHS), ("positions", POSITIONS), ("norm", NORMS), ("norm_placement", NORM_PLACEMENTS), ("activation", ACTIVATIONS)):
             if getattr(self, name) not in allowed:
                 raise TfcliError(f"model {name} must be one of {', '.join(allowed)}, not {getattr(self, name)!r}")
         shortest = 2 if self.arch == "decoder" else 3  # a token and its target; encoders also hold [cls] or [eos]
@@ -87,14 +86,19 @@ class ModelConfig(JsonRecord):
         if self.d_model % self.n_heads:
             raise TfcliError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.kv_heads < 1 or self.n_heads % self.kv_heads:
-            raise TfcliError(f"n_kv_heads ({self.kv_heads}) must divide n_heads ({self.n_heads})", hint="use n_heads (multi-head), a divisor (grouped-query) or 1 (multi-query)")
+            raise TfcliError(
+                f"n_kv_heads ({self.kv_heads}) must divide n_heads ({self.n_heads})",
+                hint="use n_heads (multi-head), a divisor (grouped-query) or 1 (multi-query)",
+            )
         if self.positions == "rotary" and self.head_dim % 2:
             raise TfcliError(f"rotary positions need an even head size, not {self.head_dim}")
         if self.positions == "sinusoidal" and self.d_model % 2:
             raise TfcliError(f"sinusoidal positions need an even d_model, not {self.d_model}")
         if self.n_decoder_layers is not None and self.arch != "encoder-decoder":
-            raise TfcliError(f"model n_decoder_layers is for an encoder-decoder; {a_or_an(self.arch)}'s depth is n_layers",
-                             hint=f"set n_layers={self.n_decoder_layers} instead")
+            raise TfcliError(
+                f"model n_decoder_layers is for an encoder-decoder; {a_or_an(self.arch)}'s depth is n_layers",
+                hint=f"set n_layers={self.n_decoder_layers} instead",
+            )
         if self.n_decoder_layers is not None and not 1 <= self.n_decoder_layers <= LIMITS["n_layers"]:
             raise TfcliError(f"model n_decoder_layers must be between 1 and {LIMITS['n_layers']}, not {self.n_decoder_layers}")
         if self.d_ff is not None and self.d_ff < 1:
@@ -207,15 +211,36 @@ PRESETS: dict[str, dict[str, Any]] = {
     # ~10M parameters: a real model for a laptop.
     "small": dict(arch="decoder", block_size=256, n_layers=6, n_heads=6, d_model=384),
     # GPT-2 small, 124,439,808 parameters with its 50,257-token vocabulary.
-    "gpt2-small": dict(arch="decoder", vocab_size=50257, block_size=1024, n_layers=12, n_heads=12, d_model=768,
-                       activation="gelu_tanh", positions="learned", norm="layernorm", norm_placement="pre", bias=True,
-                       tie_embeddings=True),
+    "gpt2-small": dict(
+        arch="decoder",
+        vocab_size=50257,
+        block_size=1024,
+        n_layers=12,
+        n_heads=12,
+        d_model=768,
+        activation="gelu_tanh",
+        positions="learned",
+        norm="layernorm",
+        norm_placement="pre",
+        bias=True,
+        tie_embeddings=True,
+    ),
     # BERT-base: bidirectional encoder, post-norm, 110M parameters with its 30,522-token vocabulary.
-    "bert-base": dict(arch="encoder", vocab_size=30522, block_size=512, n_layers=12, n_heads=12, d_model=768,
-                      activation="gelu", positions="learned", norm="layernorm", norm_placement="post", norm_eps=1e-12),
+    "bert-base": dict(
+        arch="encoder",
+        vocab_size=30522,
+        block_size=512,
+        n_layers=12,
+        n_heads=12,
+        d_model=768,
+        activation="gelu",
+        positions="learned",
+        norm="layernorm",
+        norm_placement="post",
+        norm_eps=1e-12,
+    ),
     # A small encoder-decoder for sequence-to-sequence work.
-    "seq2seq-tiny": dict(arch="encoder-decoder", block_size=128, n_layers=2, n_heads=4, d_model=64, d_ff=256,
-                    positions="sinusoidal"),
+    "seq2seq-tiny": dict(arch="encoder-decoder", block_size=128, n_layers=2, n_heads=4, d_model=64, d_ff=256, positions="sinusoidal"),
 }
 
 

@@ -73,8 +73,8 @@ class RotaryEmbedding(nn.Module):
             cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # (B, 1, T, hs)
             sin = self.sin[positions].unsqueeze(1).to(x.dtype)
         else:
-            cos = self.cos[offset:offset + T].to(x.dtype)  # (T, hs)
-            sin = self.sin[offset:offset + T].to(x.dtype)
+            cos = self.cos[offset : offset + T].to(x.dtype)  # (T, hs)
+            sin = self.sin[offset : offset + T].to(x.dtype)
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 IGNORE_INDEX = -100  # a target that carries no loss
 
 
-def vocabulary_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                             label_smoothing: float = 0.0) -> torch.Tensor:
+def vocabulary_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, label_smoothing: float = 0.0
+) -> torch.Tensor:
     """sum_i cross_entropy(hidden[i] @ weight.T + bias, targets[i]) over the rows whose target is not
     IGNORE_INDEX. hidden (N, d), weight (vocab, d), bias (vocab,) or None, targets (N,) long."""
     logits = F.linear(hidden, weight, bias).float()  # (N, vocab)

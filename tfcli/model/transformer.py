@@ -62,14 +62,16 @@ class Stack(nn.Module):
         self.blocks = nn.ModuleList(Block(config, causal=causal, cross=cross) for _ in range(n_layers))
         self.norm = make_norm(config) if config.norm_placement == "pre" else nn.Identity()
 
-    def forward(self, x, mask, *, memory=None, memory_mask=None, rotary=None, cache: KVCache | None = None, need_weights=False,
-                attentions=None, name="", positions=None):
+    def forward(
+        self, x, mask, *, memory=None, memory_mask=None, rotary=None, cache: KVCache | None = None, need_weights=False, attentions=None, name="", positions=None
+    ):
         """x (B, T, d) through every block; with need_weights, each block's attention weights are appended to
         attentions[name] (and attentions["cross"]). Returns (B, T, d)."""
         for i, block in enumerate(self.blocks):
             layer_cache: LayerKVCache | None = cache.layer(i) if cache is not None else None
-            x, self_w, cross_w = block(x, mask, memory=memory, memory_mask=memory_mask, rotary=rotary,
-                                       cache=layer_cache, need_weights=need_weights, positions=positions)
+            x, self_w, cross_w = block(
+                x, mask, memory=memory, memory_mask=memory_mask, rotary=rotary, cache=layer_cache, need_weights=need_weights, positions=positions
+            )
             if need_weights:
                 attentions.setdefault(name, []).append(self_w)
                 if cross_w is not None:
@@ -147,9 +149,9 @@ class Transformer(nn.Module):
             raise TfcliError(f"a sequence of {offset + T} tokens is longer than the model's block size ({self.config.block_size})")
         x = self.tok_emb(ids)  # (B, T, d)
         if self.config.positions == "learned":
-            x = x + (self.pos_emb(positions) if positions is not None else self.pos_emb.weight[offset:offset + T])
+            x = x + (self.pos_emb(positions) if positions is not None else self.pos_emb.weight[offset : offset + T])
         elif self.config.positions == "sinusoidal":
-            x = x + (self.sinusoid[positions] if positions is not None else self.sinusoid[offset:offset + T]).to(x.dtype)
+            x = x + (self.sinusoid[positions] if positions is not None else self.sinusoid[offset : offset + T]).to(x.dtype)
         if self.config.type_vocab_size:
             x = x + self.type_emb.weight[0]  # every token is in segment 0
         if self.config.embedding_norm:
@@ -161,8 +163,9 @@ class Transformer(nn.Module):
         mask = AttentionMask.build(ids.shape[1], ids.shape[1], causal=False, key_padding=padding)
         return self.encoder(self._embed(ids, 0), mask, rotary=self.rotary, need_weights=need_weights, attentions=attentions, name="encoder")
 
-    def decode(self, ids, padding=None, *, memory=None, memory_padding=None, cache: KVCache | None = None,
-               need_weights=False, attentions=None, positions=None) -> torch.Tensor:
+    def decode(
+        self, ids, padding=None, *, memory=None, memory_padding=None, cache: KVCache | None = None, need_weights=False, attentions=None, positions=None
+    ) -> torch.Tensor:
         """The decoder stack over ids (B, T), after the cached positions. Returns (B, T, d).
         positions (B, T), optional: each token's position when rows do not start together (left padding;
         default: cached length + 0..T-1 for every row)."""
@@ -174,8 +177,18 @@ class Transformer(nn.Module):
         memory_mask = None
         if memory is not None:
             memory_mask = AttentionMask.build(T, memory.shape[1], causal=False, key_padding=memory_padding)
-        x = self.decoder(self._embed(ids, offset, positions), mask, memory=memory, memory_mask=memory_mask, rotary=self.rotary,
-                         cache=cache, need_weights=need_weights, attentions=attentions, name="decoder", positions=positions)
+        x = self.decoder(
+            self._embed(ids, offset, positions),
+            mask,
+            memory=memory,
+            memory_mask=memory_mask,
+            rotary=self.rotary,
+            cache=cache,
+            need_weights=need_weights,
+            attentions=attentions,
+            name="decoder",
+            positions=positions,
+        )
         if cache is not None:
             cache.advance(T)
         return x
@@ -212,8 +225,9 @@ class Transformer(nn.Module):
                 raise ValueError("an encoder-decoder needs decoder_ids")
             if memory is None:
                 memory = self.encode(ids, padding, need_weights=need_weights, attentions=attentions)
-            hidden = self.decode(decoder_ids, decoder_padding, memory=memory, memory_padding=padding, cache=cache,
-                                 need_weights=need_weights, attentions=attentions)
+            hidden = self.decode(
+                decoder_ids, decoder_padding, memory=memory, memory_padding=padding, cache=cache, need_weights=need_weights, attentions=attentions
+            )
         out = ModelOutput(hidden=hidden, attentions=attentions)
         if targets is not None:
             out.loss = self._vocabulary_loss(hidden, targets, label_smoothing)

@@ -75,7 +75,9 @@ class TextTokenizer:
             hf = Tokenizer.from_str(text)
         except Exception as exc:  # OSError, UnicodeDecodeError, and the plain Exception tokenizers raises on bad JSON
             first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise TfcliError(f"{path} is not a tokenizer.json ({first_line})", hint="pass a file written by `tfcli tokenize train` or a Hugging Face tokenizer.json") from exc
+            raise TfcliError(
+                f"{path} is not a tokenizer.json ({first_line})", hint="pass a file written by `tfcli tokenize train` or a Hugging Face tokenizer.json"
+            ) from exc
         vocab_size = hf.get_vocab_size(with_added_tokens=True)
         if vocab_size > MAX_VOCAB_SIZE:
             raise TfcliError(f"{path} has {vocab_size:,} tokens, more than tfcli supports ({MAX_VOCAB_SIZE:,})")
@@ -105,7 +107,7 @@ class TextTokenizer:
 
     @cached_property
     def pre_tokenizer_kind(self) -> str:
-        """"byte-level", "whitespace", "metaspace", "bert" (WordPiece's), "characters" (char's), or the
+        """ "byte-level", "whitespace", "metaspace", "bert" (WordPiece's), "characters" (char's), or the
         library's type name for anything else."""
         spec = self._spec.get("pre_tokenizer") or {}
         if self.family == "char":
@@ -115,7 +117,7 @@ class TextTokenizer:
 
     @cached_property
     def family(self) -> str:
-        """"bpe", "wordpiece", "unigram", "char" (a word-level vocabulary of single characters), "wordlevel",
+        """ "bpe", "wordpiece", "unigram", "char" (a word-level vocabulary of single characters), "wordlevel",
         or the library's model type for anything else."""
         kind = (self._spec.get("model") or {}).get("type", "")
         family = _MODEL_FAMILIES.get(kind, kind.lower() or "none")
@@ -180,7 +182,7 @@ class TextTokenizer:
         prefix = self.continuation_prefix
         if prefix is not None:
             if token.startswith(prefix) and len(token) > len(prefix):
-                return token[len(prefix):].encode("utf-8")
+                return token[len(prefix) :].encode("utf-8")
             return (token if token in _NO_SPACE_BEFORE else " " + token).encode("utf-8")
         if self.pre_tokenizer_kind == "metaspace":
             token = token.replace("\u2581", " ")

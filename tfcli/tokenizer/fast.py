@@ -68,7 +68,7 @@ class FastEncoder:
         if self._pool is None or len(texts) < 2:
             return self._encode_all(texts)
         step = -(-len(texts) // self.threads)
-        slices = [texts[i:i + step] for i in range(0, len(texts), step)]
+        slices = [texts[i : i + step] for i in range(0, len(texts), step)]
         return [ids for part in self._pool.map(self._encode_all, slices) for ids in part]
 
     def close(self) -> None:
@@ -91,8 +91,9 @@ def fast_encoder(tokenizer: TextTokenizer, threads: int | None = None) -> tuple[
     ranks, why = tiktoken_ranks(spec, tokenizer.hf.model)
     if ranks is None:
         return None, why
-    encoding = tiktoken.Encoding(name=f"tfcli-{tokenizer.sha256[:12]}", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
-                                 special_tokens={_UNUSED_SPECIAL: max(ranks.values()) + 1})
+    encoding = tiktoken.Encoding(
+        name=f"tfcli-{tokenizer.sha256[:12]}", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={_UNUSED_SPECIAL: max(ranks.values()) + 1}
+    )
     return FastEncoder(encoding, threads), ""
 
 

@@ -38,10 +38,12 @@ BERT_SPECIALS = {
 # Roles a loaded tokenizer may also have (pretrained models' tokenizers: Llama's <s>, BERT's [SEP]); tfcli's
 # own tokenizers are trained with ROLES only.
 LOADED_ROLES: tuple[str, ...] = ROLES + ("bos", "sep")
-ROLE_DESCRIPTIONS.update({
-    "bos": "beginning of text: a pretrained model's first token",
-    "sep": "separator: ends a BERT-style encoder's text",
-})
+ROLE_DESCRIPTIONS.update(
+    {
+        "bos": "beginning of text: a pretrained model's first token",
+        "sep": "separator: ends a BERT-style encoder's text",
+    }
+)
 # Names other tokenizers use for a role, tried when a tokenizer.json comes without tokenizer_config.json.
 KNOWN_NAMES = {
     "eos": ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]"),
@@ -101,8 +103,10 @@ def parse_special_tokens(specs: Iterable[str], defaults: Mapping[str, str] = DEF
     tokens = list(roles.values()) + extra
     for token in tokens:
         if len(token) == 1:
-            raise TfcliError(f"special token {token!r} is a single character, which would stand for that character in all text",
-                             hint="give it a spelling that text does not contain, e.g. <|sep|>")
+            raise TfcliError(
+                f"special token {token!r} is a single character, which would stand for that character in all text",
+                hint="give it a spelling that text does not contain, e.g. <|sep|>",
+            )
     role_of = {}
     for role in ROLES:
         if roles[role] in role_of:

@@ -60,8 +60,14 @@ class MergeStep:
     def to_json(self) -> dict:
         data = {"merge": self.number, "pair": [self.left, self.right], "token": self.token, "count": self.count}
         if self.score is not None:
-            data.update({"left_count": self.left_count, "right_count": self.right_count,
-                         "score": float(self.score), "score_fraction": f"{self.score.numerator}/{self.score.denominator}"})
+            data.update(
+                {
+                    "left_count": self.left_count,
+                    "right_count": self.right_count,
+                    "score": float(self.score),
+                    "score_fraction": f"{self.score.numerator}/{self.score.denominator}",
+                }
+            )
         data["table"] = [{"token": t, "count": c} for t, c in self.table]
         return data
 

@@ -82,11 +82,15 @@ class TokenizerTrainingConfig:
                     hint=f"pass --vocab-size {floor} or more",
                 )
             if self.limit_alphabet is not None:
-                raise TfcliError("--limit-alphabet does not apply to the byte-level pre-tokenizer (its alphabet is the 256 bytes)", hint="drop it, or use --pre-tokenizer whitespace or metaspace")
+                raise TfcliError(
+                    "--limit-alphabet does not apply to the byte-level pre-tokenizer (its alphabet is the 256 bytes)",
+                    hint="drop it, or use --pre-tokenizer whitespace or metaspace",
+                )
         elif self.vocab_size < n_special + 1:
             room = "for a character " if self.model == "char" else ""
-            raise TfcliError(f"--vocab-size {self.vocab_size} leaves no room {room}beside {n_special} special tokens",
-                             hint=f"pass --vocab-size {n_special + 1} or more")
+            raise TfcliError(
+                f"--vocab-size {self.vocab_size} leaves no room {room}beside {n_special} special tokens", hint=f"pass --vocab-size {n_special + 1} or more"
+            )
         if self.min_frequency is not None and self.min_frequency < 1:
             raise TfcliError(f"--min-frequency must be at least 1, not {self.min_frequency}")
         if self.limit_alphabet is not None and self.limit_alphabet < 1:
@@ -96,25 +100,30 @@ class TokenizerTrainingConfig:
         if self.model == "wordpiece":
             for token in self.special_tokens.all_tokens():
                 if any(ch in token for ch in "\n\r"):
-                    raise TfcliError(f"special token {token!r} holds a line break, which {VOCAB_TXT} (one token per line) cannot hold",
-                                     hint="spell it on one line")
+                    raise TfcliError(
+                        f"special token {token!r} holds a line break, which {VOCAB_TXT} (one token per line) cannot hold", hint="spell it on one line"
+                    )
 
     def _refuse_options_that_do_not_apply(self) -> None:
         """Options another family has: a clear error rather than a silent no-op."""
         model = self.model
         if self.pre_tokenizer is not None and model != "bpe":
-            how = {"wordpiece": "splits words at spaces and punctuation, as BERT does", "unigram": "uses metaspace (\u2581 before each word)",
-                   "char": "takes every character as it is"}[model]
+            how = {
+                "wordpiece": "splits words at spaces and punctuation, as BERT does",
+                "unigram": "uses metaspace (\u2581 before each word)",
+                "char": "takes every character as it is",
+            }[model]
             raise TfcliError(f"--pre-tokenizer applies to --model bpe only; {model} {how}", hint="drop --pre-tokenizer")
         if self.min_frequency is not None and model == "unigram":
-            raise TfcliError("--min-frequency does not apply to --model unigram (it keeps the pieces that best explain the corpus)",
-                             hint="drop --min-frequency; --vocab-size sets how many pieces it keeps")
+            raise TfcliError(
+                "--min-frequency does not apply to --model unigram (it keeps the pieces that best explain the corpus)",
+                hint="drop --min-frequency; --vocab-size sets how many pieces it keeps",
+            )
         if self.limit_alphabet is not None and model in ("unigram", "char"):
             hint = "--vocab-size caps the characters, the rarest becoming the unk token" if model == "char" else "drop --limit-alphabet"
             raise TfcliError(f"--limit-alphabet does not apply to --model {model}", hint=hint)
         if self.strip_accents is not None and model != "wordpiece":
-            raise TfcliError(f"--strip-accents / --keep-accents apply to --model wordpiece (BERT's normalizer), not {model}",
-                             hint="drop the option")
+            raise TfcliError(f"--strip-accents / --keep-accents apply to --model wordpiece (BERT's normalizer), not {model}", hint="drop the option")
 
     @property
     def accents_stripped(self) -> bool:
@@ -167,8 +176,7 @@ def _normalizer(config: TokenizerTrainingConfig):
     from tokenizers import normalizers
 
     if config.model == "wordpiece":  # BERT's: control characters dropped, CJK characters spaced, then case and accents
-        return normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=config.accents_stripped,
-                                          lowercase=config.lowercase)
+        return normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=config.accents_stripped, lowercase=config.lowercase)
     return normalizers.Lowercase() if config.lowercase else None
 
 
@@ -292,8 +300,10 @@ def train_tokenizer(
     if corpus.total_bytes == 0 and not corpus.has_stdin:
         raise TfcliError("the corpus is empty (every file has 0 bytes)", hint="pass files that hold text")
     if artifact_kind(Path(out_dir)) == "a run directory":
-        raise TfcliError(f"{out_dir} is a run directory; a new tokenizer there would replace the one its model was trained with",
-                         hint="write the tokenizer to another folder with -o")
+        raise TfcliError(
+            f"{out_dir} is a run directory; a new tokenizer there would replace the one its model was trained with",
+            hint="write the tokenizer to another folder with -o",
+        )
     out_dir = prepare_output_dir(out_dir, "tokenizer output")
     specials = config.special_tokens
     assert specials is not None  # set in __post_init__
@@ -314,8 +324,11 @@ def train_tokenizer(
             raise
         except Exception as exc:  # the trainer's own refusals (a Rust panic surfaces as an Exception subclass)
             first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            hint = ("pass a larger --vocab-size: Unigram keeps every character of the corpus" if "contain all chars" in first_line
-                    else "try another --vocab-size, or more text")
+            hint = (
+                "pass a larger --vocab-size: Unigram keeps every character of the corpus"
+                if "contain all chars" in first_line
+                else "try another --vocab-size, or more text"
+            )
             raise TfcliError(f"the {config.model} trainer failed: {first_line}", hint=hint) from exc
     if progress:
         progress("merges", 1, 1)
@@ -446,8 +459,9 @@ def _refuse_learned_specials(specials: list[str], merges: list) -> None:
     learned = {"".join(m) if isinstance(m, list) else m.replace(" ", "") for m in merges}
     for token in specials:
         if token in learned:
-            raise TfcliError(f"special token {token!r} is also a token BPE learned from the corpus",
-                             hint="give it a spelling the text does not contain, e.g. <|sep|>")
+            raise TfcliError(
+                f"special token {token!r} is also a token BPE learned from the corpus", hint="give it a spelling the text does not contain, e.g. <|sep|>"
+            )
 
 
 def _refuse_specials_in_the_vocabulary(tokenizer: Tokenizer, specials: list[str], unk: str | None, model: str) -> None:
@@ -459,9 +473,10 @@ def _refuse_specials_in_the_vocabulary(tokenizer: Tokenizer, specials: list[str]
     try:
         for token in specials:
             if special_ids & set(tokenizer.encode(token, add_special_tokens=False).ids):
-                raise TfcliError(f"special token {token!r} would also be read from ordinary text spelled the same: the {FAMILY_NAMES[model]} "
-                                 "vocabulary holds it as a word",
-                                 hint="give it a spelling that text does not contain, e.g. <|sep|>")
+                raise TfcliError(
+                    f"special token {token!r} would also be read from ordinary text spelled the same: the {FAMILY_NAMES[model]} vocabulary holds it as a word",
+                    hint="give it a spelling that text does not contain, e.g. <|sep|>",
+                )
     finally:
         tokenizer.encode_special_tokens = previous
 

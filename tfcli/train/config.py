@@ -26,11 +26,14 @@ def check_settings_apply(config: TrainConfig, *, finetune: bool, val_data: bool 
         if getattr(config, name) == getattr(default, name):
             continue
         if config.task not in tasks:
-            raise TfcliError(f"training setting {name} is for the {' and '.join(tasks)} task{'s' if len(tasks) > 1 else ''}; "
-                             f"this run trains {config.task}", hint=f"drop {name}")
+            raise TfcliError(
+                f"training setting {name} is for the {' and '.join(tasks)} task{'s' if len(tasks) > 1 else ''}; this run trains {config.task}",
+                hint=f"drop {name}",
+            )
         if name == "val_fraction" and val_data:
-            raise TfcliError("training setting val_fraction does nothing with --val-data (that file is the validation set)",
-                             hint="drop val_fraction, or --val-data")
+            raise TfcliError(
+                "training setting val_fraction does nothing with --val-data (that file is the validation set)", hint="drop val_fraction, or --val-data"
+            )
     if not finetune and config.freeze != default.freeze:
         raise TfcliError("training setting freeze is for fine-tuning; pretraining trains every weight", hint="drop freeze")
 
@@ -146,15 +149,16 @@ def resolve_configs(
     preset_name = preset_option or file_preset or preset_name
     file_model, file_train = _split_settings(file_settings, str(config_file))
     set_model, set_train = _split_settings(parse_sets(sets), "--set")
-    for fixed, layers in ((model_fixed or {}, ((str(config_file), file_model), ("--set", set_model))),
-                          (train_fixed or {}, ((str(config_file), file_train), ("--set", set_train)))):
+    for fixed, layers in (
+        (model_fixed or {}, ((str(config_file), file_model), ("--set", set_model))),
+        (train_fixed or {}, ((str(config_file), file_train), ("--set", set_train))),
+    ):
         for key, value in fixed.items():
             for where, settings in layers:
                 if key in settings and settings[key] != value:
                     decider = (fixed_by or {}).get(key, "this command")
-                    raise TfcliError(f"{where} sets {key} = {settings[key]!r}, but {decider} decides it here ({value!r})",
-                                     hint=f"drop {key} from {where}")
-    option_model = {k[len("model."):]: v for k, v in options.items() if k.startswith("model.") and v is not None}
+                    raise TfcliError(f"{where} sets {key} = {settings[key]!r}, but {decider} decides it here ({value!r})", hint=f"drop {key} from {where}")
+    option_model = {k[len("model.") :]: v for k, v in options.items() if k.startswith("model.") and v is not None}
     option_train = {k: v for k, v in options.items() if not k.startswith("model.") and v is not None}
     model_settings = {**file_model, **set_model, **option_model, **(model_fixed or {})}
     if base_model is not None:

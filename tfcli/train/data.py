@@ -59,8 +59,7 @@ class TokenWindows:
     def __init__(self, tokens: np.ndarray, length: int, what: str) -> None:
         if len(tokens) < length + 1:
             more = "encode more text" if what == "train" else "encode with a larger --val-fraction"
-            raise TfcliError(f"the {what} split holds {len(tokens):,} tokens, fewer than one window of {length + 1:,}",
-                             hint=f"lower --block-size or {more}")
+            raise TfcliError(f"the {what} split holds {len(tokens):,} tokens, fewer than one window of {length + 1:,}", hint=f"lower --block-size or {more}")
         self.tokens, self.length = tokens, length
 
     @classmethod
@@ -80,7 +79,7 @@ class TokenWindows:
         return torch.linspace(0, last, n).round().long().unique()
 
     def rows(self, starts: torch.Tensor) -> torch.Tensor:
-        rows = np.stack([np.asarray(self.tokens[s: s + self.length + 1]) for s in starts.tolist()])
+        rows = np.stack([np.asarray(self.tokens[s : s + self.length + 1]) for s in starts.tolist()])
         return torch.from_numpy(rows.astype(np.int64))  # (n, length + 1)
 
 
@@ -96,7 +95,7 @@ class Source(Protocol):
 
 
 def _rank_rows(rows: torch.Tensor, slot: Slot, per_rank: int) -> torch.Tensor:
-    return rows[slot.rank * per_rank:(slot.rank + 1) * per_rank]
+    return rows[slot.rank * per_rank : (slot.rank + 1) * per_rank]
 
 
 class LMSource(Source):
@@ -122,8 +121,9 @@ class LMSource(Source):
         return [self._make(self.val.rows(chunk)) for chunk in starts.split(rows)]
 
 
-def mask_tokens(ids: torch.Tensor, gen: torch.Generator, *, prob: float, mask_id: int, vocab: int,
-                protected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_tokens(
+    ids: torch.Tensor, gen: torch.Generator, *, prob: float, mask_id: int, vocab: int, protected: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT's recipe: pick `prob` of the positions to predict; of those, 80% become [mask], 10% a random
     token, 10% stay. Returns (inputs, labels) with labels IGNORE outside the picked positions."""
     picked = (torch.rand(ids.shape, generator=gen) < prob) & ~protected
@@ -161,8 +161,7 @@ class NoisedWindows(Source):
 class MLMSource(NoisedWindows):
     """Masked LM for an encoder: [cls] + a window of block - 1 tokens, 15% of them to predict."""
 
-    def __init__(self, train, val, block: int, per_rank: int, seed: int, *, cls_id: int, mask_id: int,
-                 vocab: int, prob: float) -> None:
+    def __init__(self, train, val, block: int, per_rank: int, seed: int, *, cls_id: int, mask_id: int, vocab: int, prob: float) -> None:
         self.train = TokenWindows(train, block - 2, "train")  # block - 1 text tokens (+1 unused target)
         self.val = TokenWindows.validation(val, block - 2)
         self.per_rank, self.seed, self.tokens_per_row = per_rank, seed, block
@@ -174,7 +173,6 @@ class MLMSource(NoisedWindows):
         protected[:, 0] = True
         inputs, labels = mask_tokens(ids, gen, prob=self.prob, mask_id=self.mask_id, vocab=self.vocab, protected=protected)
         return Batch({"ids": inputs, "labels": labels}, int((labels != IGNORE).sum()))
-
 
 
 def _slice_batch(batch: Batch, slot: Slot, per_rank: int) -> Batch:
@@ -190,8 +188,8 @@ def pad_rows(rows: list[list[int]], pad_id: int, fill: int | None = None) -> tup
     out = torch.full((len(rows), longest), pad_id if fill is None else fill, dtype=torch.long)
     real = torch.zeros((len(rows), longest), dtype=torch.bool)
     for i, r in enumerate(rows):
-        out[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-        real[i, :len(r)] = True
+        out[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        real[i, : len(r)] = True
     return out, real
 
 
@@ -200,8 +198,7 @@ def seq2seq_batch(sources: list[list[int]], targets: list[list[int]], *, pad_id:
     src, src_real = pad_rows(sources, pad_id)
     dec_in, dec_real = pad_rows([[start_id] + t[:-1] for t in targets], pad_id)
     labels, _ = pad_rows(targets, pad_id, fill=IGNORE)
-    return Batch({"ids": src, "padding": src_real, "decoder_ids": dec_in, "decoder_padding": dec_real, "labels": labels},
-                 int((labels != IGNORE).sum()))
+    return Batch({"ids": src, "padding": src_real, "decoder_ids": dec_in, "decoder_padding": dec_real, "labels": labels}, int((labels != IGNORE).sum()))
 
 
 def span_corrupt(ids: list[int], gen: torch.Generator, *, density: float, mean_span: float, mask_id: int) -> list[int]:
@@ -226,8 +223,7 @@ class DenoiseSource(NoisedWindows):
     """Encoder-decoder pretraining on plain text: the encoder reads a window with masked spans, the decoder
     writes the window back."""
 
-    def __init__(self, train, val, block: int, per_rank: int, seed: int, *, pad_id: int, mask_id: int, eos_id: int,
-                 density: float, mean_span: float) -> None:
+    def __init__(self, train, val, block: int, per_rank: int, seed: int, *, pad_id: int, mask_id: int, eos_id: int, density: float, mean_span: float) -> None:
         # windows of block - 1 tokens; the target is the window + [eos], the block exactly
         self.train = TokenWindows(train, block - 2, "train")
         self.val = TokenWindows.validation(val, block - 2)
@@ -242,12 +238,10 @@ class DenoiseSource(NoisedWindows):
         return seq2seq_batch(sources, targets, pad_id=self.pad_id, start_id=self.eos_id)
 
 
-
 class LabeledSource(Source):
     """classify / seq2seq examples, visited in a fresh seeded order each epoch."""
 
-    def __init__(self, task: str, train: LabeledSet, val: LabeledSet | None, per_rank: int, seed: int, *,
-                 pad_id: int, eos_id: int, accum: int) -> None:
+    def __init__(self, task: str, train: LabeledSet, val: LabeledSet | None, per_rank: int, seed: int, *, pad_id: int, eos_id: int, accum: int) -> None:
         if len(train) == 0:
             raise TfcliError(f"{train.path}: no examples left to train on", hint="add examples or lower --set val_fraction")
         self.task, self.train, self.val = task, train, val
@@ -279,4 +273,4 @@ class LabeledSource(Source):
         if self.val is None or len(self.val) == 0:
             return []
         idx = list(range(len(self.val)))
-        return [self._make(self.val, idx[i:i + rows]) for i in range(0, len(idx), rows)]
+        return [self._make(self.val, idx[i : i + rows]) for i in range(0, len(idx), rows)]

@@ -32,8 +32,9 @@ def _text_tokens(path: Path, tokenizer) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
-def evaluate_run(run: Path, data: Path, *, split: str = "val", batch_size: int = 16, max_batches: int | None = None,
-                 device: str = "auto", seed: int = 0) -> dict[str, Any]:
+def evaluate_run(
+    run: Path, data: Path, *, split: str = "val", batch_size: int = 16, max_batches: int | None = None, device: str = "auto", seed: int = 0
+) -> dict[str, Any]:
     from tfcli.accel import accelerate
     from tfcli.checkpoint import load_checkpoint
     from tfcli.train.job import TrainingJob
@@ -47,8 +48,9 @@ def evaluate_run(run: Path, data: Path, *, split: str = "val", batch_size: int =
     data = Path(data)
     result: dict[str, Any] = {"run": str(run), "data": str(data)}
     if split != "val" and not (data.is_dir() and (data / "meta.json").is_file()):
-        raise TfcliError(f"--split {split} chooses a split of a shard folder, and {data} is not one",
-                         hint="drop --split: a text file or a labeled set is scored whole")
+        raise TfcliError(
+            f"--split {split} chooses a split of a shard folder, and {data} is not one", hint="drop --split: a text file or a labeled set is scored whole"
+        )
     if format_of_name(data.name)[0] in RECORD_FORMATS and not artifact_kind(data):  # not meta.json of shards, say
         task, batches = _labeled_batches(checkpoint, run, data, batch_size, max_batches, seed, result)
     else:
@@ -73,12 +75,13 @@ def _labeled_batches(checkpoint, run: Path, data: Path, batch_size: int, max_bat
     elif config.arch == "encoder-decoder":
         task, labels = "seq2seq", None
     else:
-        raise TfcliError(f"{run} has no classification head and is not an encoder-decoder; a labeled set cannot score it",
-                         hint="evaluate a language model on shards or a text file")
+        raise TfcliError(
+            f"{run} has no classification head and is not an encoder-decoder; a labeled set cannot score it",
+            hint="evaluate a language model on shards or a text file",
+        )
     fields = (checkpoint.config.training or {}).get("fields")  # the field names it was fine-tuned with
     labeled, _ = load_labeled(data, task, tokenizer, config.arch, config.block_size, labels=labels, fields=fields)
-    source = d.LabeledSource(task, labeled, labeled, batch_size, seed, pad_id=tokenizer.require("pad"),
-                             eos_id=tokenizer.special_ids.get("eos", 0), accum=1)
+    source = d.LabeledSource(task, labeled, labeled, batch_size, seed, pad_id=tokenizer.require("pad"), eos_id=tokenizer.special_ids.get("eos", 0), accum=1)
     batches = source.validation(0, batch_size)
     if max_batches:
         batches = batches[:max_batches]
@@ -93,8 +96,10 @@ def _tokens_to_score(checkpoint, run: Path, data: Path, split: str, result: dict
     if data.is_dir() and (data / "meta.json").is_file():
         meta = load_shard_meta(data)
         if meta.tokenizer_sha256 != checkpoint.tokenizer.sha256:
-            raise TfcliError(f"the shards in {data} were encoded with another tokenizer than {run}'s",
-                             hint="encode the text with the run's tokenizer.json, or pass a text file")
+            raise TfcliError(
+                f"the shards in {data} were encoded with another tokenizer than {run}'s",
+                hint="encode the text with the run's tokenizer.json, or pass a text file",
+            )
         tokens = open_shard(data, split)
         if len(tokens) == 0:
             other = "train" if split == "val" else "val"
@@ -124,11 +129,29 @@ def _text_batches(checkpoint, run: Path, data: Path, split: str, batch_size: int
         raise TfcliError(f"{data} holds {len(tokens):,} tokens, fewer than one window of {window + 1:,}", hint="evaluate on more text")
     sources = {
         "lm": lambda: d.LMSource(tokens, tokens, block, batch_size, seed),
-        "mlm": lambda: d.MLMSource(tokens, tokens, block, batch_size, seed, cls_id=tokenizer.require("cls"),
-                                   mask_id=tokenizer.require("mask"), vocab=tokenizer.vocab_size, prob=trained["mask_prob"]),
-        "denoise": lambda: d.DenoiseSource(tokens, tokens, block, batch_size, seed, pad_id=tokenizer.require("pad"),
-                                           mask_id=tokenizer.require("mask"), eos_id=tokenizer.require("eos"),
-                                           density=trained["noise_density"], mean_span=trained["mean_span"]),
+        "mlm": lambda: d.MLMSource(
+            tokens,
+            tokens,
+            block,
+            batch_size,
+            seed,
+            cls_id=tokenizer.require("cls"),
+            mask_id=tokenizer.require("mask"),
+            vocab=tokenizer.vocab_size,
+            prob=trained["mask_prob"],
+        ),
+        "denoise": lambda: d.DenoiseSource(
+            tokens,
+            tokens,
+            block,
+            batch_size,
+            seed,
+            pad_id=tokenizer.require("pad"),
+            mask_id=tokenizer.require("mask"),
+            eos_id=tokenizer.require("eos"),
+            density=trained["noise_density"],
+            mean_span=trained["mean_span"],
+        ),
     }
     source = sources[task]()
     last = len(tokens) - window - 1

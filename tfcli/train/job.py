@@ -59,8 +59,15 @@ def shard_fingerprint(shard_dir: Path) -> str:
     from tfcli.data.shards import load_shard_meta
 
     meta = load_shard_meta(shard_dir)
-    return _digest({"tokenizer": meta.tokenizer_sha256, "train": meta.train_tokens, "val": meta.val_tokens,
-                    "sources": [s.to_json() for s in meta.sources], "seed": meta.seed})
+    return _digest(
+        {
+            "tokenizer": meta.tokenizer_sha256,
+            "train": meta.train_tokens,
+            "val": meta.val_tokens,
+            "sources": [s.to_json() for s in meta.sources],
+            "seed": meta.seed,
+        }
+    )
 
 
 def file_fingerprint(*paths: Path | None) -> str:
@@ -78,8 +85,10 @@ def find_tokenizer(shard_dir: Path, explicit: Path | None) -> TextTokenizer:
     if explicit is not None:
         tokenizer = TextTokenizer.load(explicit)
         if tokenizer.sha256 != meta.tokenizer_sha256:
-            raise TfcliError(f"the shards in {shard_dir} were encoded with another tokenizer than {explicit}",
-                             hint="pass the tokenizer the shards were made with, or re-encode them")
+            raise TfcliError(
+                f"the shards in {shard_dir} were encoded with another tokenizer than {explicit}",
+                hint="pass the tokenizer the shards were made with, or re-encode them",
+            )
         return tokenizer
     recorded = [Path(meta.tokenizer_path)] if meta.tokenizer_path else []
     for candidate in (shard_dir / TOKENIZER_FILE, shard_dir.parent / "tokenizer" / TOKENIZER_FILE, shard_dir.parent / TOKENIZER_FILE, *recorded):
@@ -87,13 +96,11 @@ def find_tokenizer(shard_dir: Path, explicit: Path | None) -> TextTokenizer:
             tokenizer = TextTokenizer.load(candidate)
             if tokenizer.sha256 == meta.tokenizer_sha256:
                 return tokenizer
-    raise TfcliError(f"cannot find the tokenizer the shards in {shard_dir} were encoded with",
-                     hint="pass it with --tokenizer PATH")
+    raise TfcliError(f"cannot find the tokenizer the shards in {shard_dir} were encoded with", hint="pass it with --tokenizer PATH")
 
 
 # What a run that stopped before its first checkpoint can leave; such a folder may be trained into again.
-RUN_LEFTOVERS = {"metrics.jsonl", "loss.png", "trainer", "trainer.next", "best", "model.safetensors", "tokenizer.json",
-                 "tokenizer_config.json"}
+RUN_LEFTOVERS = {"metrics.jsonl", "loss.png", "trainer", "trainer.next", "best", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
 
 
 def refuse_existing_run(run_dir: Path) -> None:
@@ -119,8 +126,9 @@ def _check_output(run_dir: Path, resume: bool) -> None:
             raise TfcliError(f"{run_dir} is {kind}; a run would write over it", hint="choose a new or empty folder with -o")
         foreign = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".") and p.name not in RUN_LEFTOVERS)
         if foreign:
-            raise TfcliError(f"{run_dir} holds files that are not a run's ({foreign[0]!r}); a run would mix with them",
-                             hint="choose a new or empty folder with -o")
+            raise TfcliError(
+                f"{run_dir} holds files that are not a run's ({foreign[0]!r}); a run would mix with them", hint="choose a new or empty folder with -o"
+            )
     prepare_output_dir(run_dir, "run")
 
 
@@ -133,8 +141,10 @@ def _check_resume(job: TrainingJob) -> None:
     saved_model, now_model = saved.model.to_json(), job.model_config.to_json()
     for key in saved_model:
         if saved_model[key] != now_model.get(key):
-            raise TfcliError(f"cannot resume: the model's {key} was {saved_model[key]!r}, now {now_model.get(key)!r}",
-                             hint="resume with the settings the run was started with")
+            raise TfcliError(
+                f"cannot resume: the model's {key} was {saved_model[key]!r}, now {now_model.get(key)!r}",
+                hint="resume with the settings the run was started with",
+            )
     if saved.tokenizer_sha256 != job.tokenizer.sha256:
         raise TfcliError("cannot resume: the tokenizer differs from the run's", hint="resume with the data and tokenizer the run was started with")
     training = saved.training or {}
@@ -144,34 +154,59 @@ def _check_resume(job: TrainingJob) -> None:
         if key in RESUMABLE_CHANGES or key not in before:
             continue
         if before[key] != now[key]:
-            raise TfcliError(f"cannot resume: the training setting {key} was {before[key]!r}, now {now[key]!r}",
-                             hint=f"only {', '.join(RESUMABLE_CHANGES)} may change on --resume")
+            raise TfcliError(
+                f"cannot resume: the training setting {key} was {before[key]!r}, now {now[key]!r}",
+                hint=f"only {', '.join(RESUMABLE_CHANGES)} may change on --resume",
+            )
 
 
-def pretrain_job(*, data: Path, output: Path, arch: str | None, preset_name: str | None, config_file: Path | None,
-                 sets: list[str], options: dict[str, Any], tokenizer_path: Path | None, resume: bool) -> TrainingJob:
+def pretrain_job(
+    *,
+    data: Path,
+    output: Path,
+    arch: str | None,
+    preset_name: str | None,
+    config_file: Path | None,
+    sets: list[str],
+    options: dict[str, Any],
+    tokenizer_path: Path | None,
+    resume: bool,
+) -> TrainingJob:
     from tfcli.data.shards import load_shard_meta
 
     meta = load_shard_meta(data)
     tokenizer = find_tokenizer(data, tokenizer_path)
     if arch is None:  # no --arch: the architecture the settings describe (--set, the file, the preset), else a decoder
-        arch = resolve_configs(preset_name=DEFAULT_PRESET["decoder"], preset_option=preset_name, config_file=config_file,
-                               sets=sets, options={}, model_fixed={"vocab_size": tokenizer.vocab_size},
-                               fixed_by={"vocab_size": "the tokenizer"})[0].arch
+        arch = resolve_configs(
+            preset_name=DEFAULT_PRESET["decoder"],
+            preset_option=preset_name,
+            config_file=config_file,
+            sets=sets,
+            options={},
+            model_fixed={"vocab_size": tokenizer.vocab_size},
+            fixed_by={"vocab_size": "the tokenizer"},
+        )[0].arch
     if arch not in PRETRAIN_TASK:
         raise TfcliError(f"unknown architecture {arch!r}", hint=f"use one of {', '.join(PRETRAIN_TASK)}")
     task = PRETRAIN_TASK[arch]
     if options.get("task") not in (None, task):
         raise TfcliError(f"{a_or_an(arch)} pretrains with the {task} objective, not {options['task']}")
     model_config, config = resolve_configs(
-        preset_name=DEFAULT_PRESET[arch], preset_option=preset_name, config_file=config_file, sets=sets, options=options,
-        model_fixed={"vocab_size": tokenizer.vocab_size, "arch": arch}, train_fixed={"task": task},
+        preset_name=DEFAULT_PRESET[arch],
+        preset_option=preset_name,
+        config_file=config_file,
+        sets=sets,
+        options=options,
+        model_fixed={"vocab_size": tokenizer.vocab_size, "arch": arch},
+        train_fixed={"task": task},
         fixed_by={"vocab_size": "the tokenizer", "arch": "--arch", "task": f"{a_or_an(arch)}'s pretraining objective"},
     )
     check_settings_apply(config, finetune=False)
     if model_config.n_classes:
-        raise TfcliError("pretraining does not train a classification head (n_classes)",
-                         hint="pretrain without n_classes, then `tfcli train finetune --task classify` adds and trains the head")
+        raise TfcliError(
+            "pretraining does not train a classification head (n_classes)",
+            hint="pretrain without n_classes, then `tfcli train finetune --task classify` adds and trains the head",
+        )
     if meta.vocab_size != tokenizer.vocab_size:
         raise TfcliError(f"the shards hold ids for {meta.vocab_size:,} tokens but the tokenizer has {tokenizer.vocab_size:,}")
     _check_block(config, model_config, finetune=False)
@@ -183,8 +218,19 @@ def pretrain_job(*, data: Path, output: Path, arch: str | None, preset_name: str
     return job
 
 
-def finetune_job(*, init_from: Path, task: str, data: Path, val_data: Path | None, output: Path, config_file: Path | None,
-                 sets: list[str], options: dict[str, Any], resume: bool, fields: dict[str, str] | None = None) -> TrainingJob:
+def finetune_job(
+    *,
+    init_from: Path,
+    task: str,
+    data: Path,
+    val_data: Path | None,
+    output: Path,
+    config_file: Path | None,
+    sets: list[str],
+    options: dict[str, Any],
+    resume: bool,
+    fields: dict[str, str] | None = None,
+) -> TrainingJob:
     """`fields` renames the fields of a labeled set (role -> name in the data, e.g. {"label": "stars"})."""
     from tfcli.checkpoint import read_run_config
     from tfcli.data.labeled import FIELD_OPTIONS, field_names, load_labeled, split_validation
@@ -192,8 +238,7 @@ def finetune_job(*, init_from: Path, task: str, data: Path, val_data: Path | Non
 
     fields = dict(fields or {})
     if fields and task not in LABELED_TASKS:
-        raise TfcliError(f"{FIELD_OPTIONS[next(iter(fields))]} applies to --task classify and seq2seq, not {task}",
-                         hint=f"--task {task} reads shards")
+        raise TfcliError(f"{FIELD_OPTIONS[next(iter(fields))]} applies to --task classify and seq2seq, not {task}", hint=f"--task {task} reads shards")
     if fields:
         field_names(task, fields)  # refuses a field the task does not read
 
@@ -204,20 +249,29 @@ def finetune_job(*, init_from: Path, task: str, data: Path, val_data: Path | Non
     if tokenizer.sha256 != parent.tokenizer_sha256:
         raise TfcliError(f"{init_from}/{TOKENIZER_FILE} is not the tokenizer its model was saved with")
     arch = parent.model.arch
-    allowed = {"lm": ("decoder",), "mlm": ("encoder",), "classify": ("encoder", "decoder"), "seq2seq": ("encoder-decoder",),
-               "denoise": ("encoder-decoder",)}
+    allowed = {"lm": ("decoder",), "mlm": ("encoder",), "classify": ("encoder", "decoder"), "seq2seq": ("encoder-decoder",), "denoise": ("encoder-decoder",)}
     if arch not in allowed[task]:
         own = PRETRAIN_TASK[arch]
-        raise TfcliError(f"--task {task} needs {' or '.join(a_or_an(a) for a in allowed[task])} model; {init_from} is {a_or_an(arch)}",
-                         hint=f"continue its pretraining with --task {own}" if task in PRETRAIN_TASK.values() else None)
-    model_config, config = resolve_configs(preset_name="", config_file=config_file, sets=sets, options=options, train_fixed={"task": task},
-                                           fixed_by={"task": "--task"},
-                                           base_model=dataclasses.replace(parent.model, n_classes=0 if task == "classify" else parent.model.n_classes))
+        raise TfcliError(
+            f"--task {task} needs {' or '.join(a_or_an(a) for a in allowed[task])} model; {init_from} is {a_or_an(arch)}",
+            hint=f"continue its pretraining with --task {own}" if task in PRETRAIN_TASK.values() else None,
+        )
+    model_config, config = resolve_configs(
+        preset_name="",
+        config_file=config_file,
+        sets=sets,
+        options=options,
+        train_fixed={"task": task},
+        fixed_by={"task": "--task"},
+        base_model=dataclasses.replace(parent.model, n_classes=0 if task == "classify" else parent.model.n_classes),
+    )
     if model_config.n_classes != (0 if task == "classify" else parent.model.n_classes):
-        raise TfcliError("fine-tuning does not take n_classes as a setting",
-                         hint="--task classify sizes the classification head from the labels in --data")
-    changed = [f.name for f in dataclasses.fields(ModelConfig)
-               if f.name not in ("dropout", "n_classes") and getattr(model_config, f.name) != getattr(parent.model, f.name)]
+        raise TfcliError("fine-tuning does not take n_classes as a setting", hint="--task classify sizes the classification head from the labels in --data")
+    changed = [
+        f.name
+        for f in dataclasses.fields(ModelConfig)
+        if f.name not in ("dropout", "n_classes") and getattr(model_config, f.name) != getattr(parent.model, f.name)
+    ]
     if changed:
         raise TfcliError(f"fine-tuning cannot change the model's {changed[0]}", hint="only dropout may change; the shape comes from --init-from")
     check_settings_apply(config, finetune=True, val_data=val_data is not None)
@@ -243,8 +297,10 @@ def finetune_job(*, init_from: Path, task: str, data: Path, val_data: Path | Non
     else:
         meta = load_shard_meta(data)
         if meta.tokenizer_sha256 != tokenizer.sha256:
-            raise TfcliError(f"the shards in {data} were encoded with another tokenizer than {init_from}'s",
-                             hint=f"re-encode them with `tfcli tokenize encode ... --tokenizer {init_from}/{TOKENIZER_FILE}`")
+            raise TfcliError(
+                f"the shards in {data} were encoded with another tokenizer than {init_from}'s",
+                hint=f"re-encode them with `tfcli tokenize encode ... --tokenizer {init_from}/{TOKENIZER_FILE}`",
+            )
         job.data_fingerprint = shard_fingerprint(data)
     _check_output(output, resume)
     if resume:
@@ -266,10 +322,14 @@ def _saved_labels(run_dir: Path) -> list[str] | None:
 def _check_block(config: TrainConfig, model_config: ModelConfig, *, finetune: bool) -> None:
     if config.block_size is not None and config.block_size > model_config.block_size:
         if finetune:
-            raise TfcliError(f"--block-size {config.block_size} is longer than the model's context ({model_config.block_size})",
-                             hint="a fine-tune keeps its parent's context; use a smaller block size")
-        raise TfcliError(f"training windows of {config.block_size} tokens (train.block_size) are longer than the model's context "
-                         f"({model_config.block_size})", hint="set the context with --block-size, which sizes both")
+            raise TfcliError(
+                f"--block-size {config.block_size} is longer than the model's context ({model_config.block_size})",
+                hint="a fine-tune keeps its parent's context; use a smaller block size",
+            )
+        raise TfcliError(
+            f"training windows of {config.block_size} tokens (train.block_size) are longer than the model's context ({model_config.block_size})",
+            hint="set the context with --block-size, which sizes both",
+        )
     if config.task == "classify" and model_config.arch == "encoder-decoder":
         raise TfcliError("classification needs an encoder or a decoder model")
 

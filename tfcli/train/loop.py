@@ -90,6 +90,7 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
             plot = job.run_dir / LOSS_PLOT
     if reason == "interrupted":
         signum = signals.received or signal.SIGINT
-        raise Interrupted(f"stopped at step {trainer.step}; the checkpoint is saved in {job.run_dir}; continue with the same command "
-                          "and --resume", 128 + int(signum))
+        raise Interrupted(
+            f"stopped at step {trainer.step}; the checkpoint is saved in {job.run_dir}; continue with the same command and --resume", 128 + int(signum)
+        )
     yield trainer.finished(reason, plot)

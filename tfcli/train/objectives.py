@@ -23,8 +23,14 @@ def loss_sum(model: nn.Module, batch: Batch, task: str, label_smoothing: float =
         return F.cross_entropy(class_logits.float(), labels, reduction="sum", label_smoothing=label_smoothing)
     if task in ("lm", "mlm"):
         return model(t["ids"], targets=labels, label_smoothing=label_smoothing).loss
-    return model(t["ids"], t["padding"], decoder_ids=t["decoder_ids"], decoder_padding=t["decoder_padding"],  # seq2seq, denoise
-                 targets=labels, label_smoothing=label_smoothing).loss
+    return model(
+        t["ids"],
+        t["padding"],
+        decoder_ids=t["decoder_ids"],
+        decoder_padding=t["decoder_padding"],  # seq2seq, denoise
+        targets=labels,
+        label_smoothing=label_smoothing,
+    ).loss
 
 
 def macro_f1(predictions: list[int], labels: list[int]) -> float:
@@ -41,8 +47,9 @@ def macro_f1(predictions: list[int], labels: list[int]) -> float:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: Iterable[Batch], task: str, device: torch.device, autocast,
-             token_bytes: torch.Tensor | None = None) -> dict[str, float]:
+def evaluate(
+    model: nn.Module, batches: Iterable[Batch], task: str, device: torch.device, autocast, token_bytes: torch.Tensor | None = None
+) -> dict[str, float]:
     """val_loss (mean per target) and, by task: val_ppl, val_bpb (lm, given each token's byte length),
     val_accuracy and val_macro_f1 (classify)."""
     was_training = model.training

@@ -31,7 +31,10 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def make_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     return torch.optim.AdamW(
-        parameter_groups(model, config.weight_decay), lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps,
+        parameter_groups(model, config.weight_decay),
+        lr=config.lr,
+        betas=(config.beta1, config.beta2),
+        eps=config.eps,
         fused=device.type == "cuda" or None,
     )
 
@@ -98,6 +101,8 @@ def load_optimizer_tensors(optimizer: torch.optim.Optimizer, tensors: dict[str, 
             index += 1
     unknown = sorted(set(tensors) - expected)
     if unknown:
-        raise TfcliError(f"the optimizer state holds {unknown[0]}, which is not a trainable parameter of this model",
-                         hint="resume with the same model and --freeze as the run was started with")
+        raise TfcliError(
+            f"the optimizer state holds {unknown[0]}, which is not a trainable parameter of this model",
+            hint="resume with the same model and --freeze as the run was started with",
+        )
     optimizer.load_state_dict({"state": state, "param_groups": state_dict["param_groups"]})

@@ -23,12 +23,19 @@ def save_run(job: TrainingJob, model, tensors: dict[str, torch.Tensor], state: T
     from tfcli.checkpoint import save_checkpoint
 
     try:
-        save_checkpoint(job.run_dir, model, job.tokenizer, training=job.training_record(state.step),
-                        before_commit=lambda weights: stage_trainer_state(job.run_dir, state, tensors, weights))
+        save_checkpoint(
+            job.run_dir,
+            model,
+            job.tokenizer,
+            training=job.training_record(state.step),
+            before_commit=lambda weights: stage_trainer_state(job.run_dir, state, tensors, weights),
+        )
         commit_trainer_state(job.run_dir)
     except WRITE_ERRORS as exc:
-        raise TfcliError(f"cannot write the checkpoint in {job.run_dir}: {describe_write_error(exc)}",
-                         hint="free some space or fix the folder's permissions; the previous checkpoint is intact") from exc
+        raise TfcliError(
+            f"cannot write the checkpoint in {job.run_dir}: {describe_write_error(exc)}",
+            hint="free some space or fix the folder's permissions; the previous checkpoint is intact",
+        ) from exc
     return job.run_dir
 
 
@@ -38,8 +45,10 @@ def save_best(job: TrainingJob, model, step: int, val_loss: float) -> Path:
     try:
         save_checkpoint(job.run_dir / BEST_DIR, model, job.tokenizer, training={**job.training_record(step), "val_loss": val_loss})
     except WRITE_ERRORS as exc:
-        raise TfcliError(f"cannot write the best checkpoint in {job.run_dir / BEST_DIR}: {describe_write_error(exc)}",
-                         hint="free some space or fix the folder's permissions; the previous best checkpoint is intact") from exc
+        raise TfcliError(
+            f"cannot write the best checkpoint in {job.run_dir / BEST_DIR}: {describe_write_error(exc)}",
+            hint="free some space or fix the folder's permissions; the previous best checkpoint is intact",
+        ) from exc
     return job.run_dir / BEST_DIR
 
 
@@ -61,8 +70,7 @@ def save_kept(job: TrainingJob, model, step: int) -> Path:
         folder.parent.mkdir(exist_ok=True)
         save_checkpoint(folder, model, job.tokenizer, training=job.training_record(step))
     except WRITE_ERRORS as exc:
-        raise TfcliError(f"cannot keep the checkpoint {folder}: {describe_write_error(exc)}",
-                         hint="free some space or fix the folder's permissions") from exc
+        raise TfcliError(f"cannot keep the checkpoint {folder}: {describe_write_error(exc)}", hint="free some space or fix the folder's permissions") from exc
     return folder
 
 

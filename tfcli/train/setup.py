@@ -69,8 +69,10 @@ def check_token_ids(batch, task: str, vocab_size: int, data: Path) -> None:
     for key in keys:
         tensor = batch.tensors.get(key)
         if tensor is not None and tensor.numel() and int(tensor.max()) >= vocab_size:
-            raise TfcliError(f"{data} holds the token id {int(tensor.max())}, outside the model's vocabulary of {vocab_size:,}",
-                             hint="the data is damaged or from another tokenizer; encode it again with `tfcli tokenize encode`")
+            raise TfcliError(
+                f"{data} holds the token id {int(tensor.max())}, outside the model's vocabulary of {vocab_size:,}",
+                hint="the data is damaged or from another tokenizer; encode it again with `tfcli tokenize encode`",
+            )
 
 
 def build_source(job: TrainingJob, world: World):
@@ -81,16 +83,28 @@ def build_source(job: TrainingJob, world: World):
     per_rank, block = cfg.batch_size, job.block_size
     if cfg.task in ("classify", "seq2seq"):
         train_set, val_set = job.labeled
-        return d.LabeledSource(cfg.task, train_set, val_set, per_rank, cfg.seed, pad_id=tok.require("pad"),
-                               eos_id=tok.special_ids.get("eos", 0), accum=cfg.grad_accum)
+        return d.LabeledSource(
+            cfg.task, train_set, val_set, per_rank, cfg.seed, pad_id=tok.require("pad"), eos_id=tok.special_ids.get("eos", 0), accum=cfg.grad_accum
+        )
     train, val = open_shard(job.data, "train"), open_shard(job.data, "val")
     if cfg.task == "lm":
         return d.LMSource(train, val, block, per_rank, cfg.seed)
     if cfg.task == "mlm":
-        return d.MLMSource(train, val, block, per_rank, cfg.seed, cls_id=tok.require("cls"), mask_id=tok.require("mask"),
-                           vocab=tok.vocab_size, prob=cfg.mask_prob)
-    return d.DenoiseSource(train, val, block, per_rank, cfg.seed, pad_id=tok.require("pad"), mask_id=tok.require("mask"),
-                           eos_id=tok.require("eos"), density=cfg.noise_density, mean_span=cfg.mean_span)
+        return d.MLMSource(
+            train, val, block, per_rank, cfg.seed, cls_id=tok.require("cls"), mask_id=tok.require("mask"), vocab=tok.vocab_size, prob=cfg.mask_prob
+        )
+    return d.DenoiseSource(
+        train,
+        val,
+        block,
+        per_rank,
+        cfg.seed,
+        pad_id=tok.require("pad"),
+        mask_id=tok.require("mask"),
+        eos_id=tok.require("eos"),
+        density=cfg.noise_density,
+        mean_span=cfg.mean_span,
+    )
 
 
 def token_byte_lengths(job: TrainingJob) -> torch.Tensor:

@@ -46,8 +46,11 @@ def full_optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(**_FULL)).get("state", {})
-    return {f"{name}/{key}": (value if torch.is_tensor(value) else torch.tensor(value)).detach().contiguous()
-            for name, entry in state.items() for key, value in entry.items()}
+    return {
+        f"{name}/{key}": (value if torch.is_tensor(value) else torch.tensor(value)).detach().contiguous()
+        for name, entry in state.items()
+        for key, value in entry.items()
+    }
 
 
 def load_full_optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor]) -> None:
@@ -59,8 +62,7 @@ def load_full_optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimiz
     for key, tensor in tensors.items():
         name, field = key.split("/", 1)
         state.setdefault(name, {})[field] = tensor
-    set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": template["param_groups"]},
-                             options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": template["param_groups"]}, options=StateDictOptions(full_state_dict=True))
 
 
 def local_value(tensor: torch.Tensor) -> torch.Tensor:

@@ -86,8 +86,10 @@ def find_trainer_state(run_dir: Path) -> tuple[Path, TrainerState]:
     weights = run_dir / WEIGHTS_FILE
     candidates = [run_dir / name for name in (TRAINER_DIR, STAGED_TRAINER_DIR, OLD_TRAINER_DIR)]
     if not weights.is_file() or not any((c / STATE_FILE).is_file() for c in candidates):
-        raise TfcliError(f"{run_dir} holds no checkpoint to resume from",
-                         hint="start the run without --resume (a run saves its first checkpoint at --save-every or at the end)")
+        raise TfcliError(
+            f"{run_dir} holds no checkpoint to resume from",
+            hint="start the run without --resume (a run saves its first checkpoint at --save-every or at the end)",
+        )
     checksum = sha256_file(weights)
     for folder in candidates:
         if (folder / STATE_FILE).is_file() and (folder / OPTIMIZER_FILE).is_file():
@@ -96,8 +98,10 @@ def find_trainer_state(run_dir: Path) -> tuple[Path, TrainerState]:
                 raise TfcliError(f"{folder / STATE_FILE} has trainer format {state.format_version}; this tfcli reads {TRAINER_FORMAT}")
             if state.model_sha256 == checksum:
                 return folder, state
-    raise TfcliError(f"the trainer state in {run_dir} does not belong to its model.safetensors",
-                     hint="the checkpoint was damaged outside tfcli; start a new run or restore the folder")
+    raise TfcliError(
+        f"the trainer state in {run_dir} does not belong to its model.safetensors",
+        hint="the checkpoint was damaged outside tfcli; start a new run or restore the folder",
+    )
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

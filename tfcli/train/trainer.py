@@ -46,8 +46,10 @@ class Trainer:
         cfg = self.cfg = job.config
         self.job, self.world = job, world
         if cfg.fsdp and not world.enabled:
-            raise TfcliError("--fsdp shards the model across the processes torchrun starts; this is one process",
-                             hint="launch with torchrun --nproc-per-node N -m tfcli train ... --fsdp, or drop --fsdp")
+            raise TfcliError(
+                "--fsdp shards the model across the processes torchrun starts; this is one process",
+                hint="launch with torchrun --nproc-per-node N -m tfcli train ... --fsdp, or drop --fsdp",
+            )
         self.device = pick_device(cfg.device, world)
         self.bf16 = use_bf16(cfg.precision, self.device)
         self.source = build_source(job, world)  # data problems surface before anything is written
@@ -113,12 +115,12 @@ class Trainer:
         trainer_folder, saved = find_trainer_state(job.run_dir)
         val = f" and {job.val_data}" if job.val_data is not None else ""
         for before, now, problem in (
-                (saved.world_size, world.size, f"the world size was {saved.world_size}, now {world.size}"),
-                (saved.data_fingerprint, job.data_fingerprint, f"{job.data}{val} is not the data the run was trained on (its contents differ)"),
-                (saved.tokenizer_sha256, job.tokenizer.sha256, "the tokenizer is not the one the run was trained with")):
+            (saved.world_size, world.size, f"the world size was {saved.world_size}, now {world.size}"),
+            (saved.data_fingerprint, job.data_fingerprint, f"{job.data}{val} is not the data the run was trained on (its contents differ)"),
+            (saved.tokenizer_sha256, job.tokenizer.sha256, "the tokenizer is not the one the run was trained with"),
+        ):
             if before != now:
-                raise TfcliError(f"cannot resume: {problem}",
-                                 hint="resume with the data, tokenizer and process count the run was started with")
+                raise TfcliError(f"cannot resume: {problem}", hint="resume with the data, tokenizer and process count the run was started with")
         self.start_step, self.tokens_seen, self.elapsed_before = saved.step, saved.tokens_seen, saved.elapsed_seconds
         self.best_val = lowest(saved.best_val_loss, best_saved_val_loss(job.run_dir))  # best/ may be newer than the checkpoint
         return saved, trainer_folder
@@ -133,10 +135,14 @@ class Trainer:
 
             unused = self.cfg.task == "classify" or self.model.config.n_classes > 0
             # the buffers (position tables) are the same on every rank: no syncing before each forward
-            no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters \
-                else {"broadcast_buffers": False}  # the older name
-            ddp = runner = DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                                                   find_unused_parameters=unused, **no_sync)
+            no_sync = (
+                {"forward_sync_buffers": False}
+                if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                else {"broadcast_buffers": False}
+            )  # the older name
+            ddp = runner = DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None, find_unused_parameters=unused, **no_sync
+            )
         if self.cfg.compile:
             runner = torch.compile(runner)
         return ddp, runner
@@ -158,9 +164,19 @@ class Trainer:
     def started(self) -> Started:
         cfg = self.cfg
         budget = cfg.time_budget
-        return Started(self.start_step, None if budget else cfg.max_steps, budget, sum(p.numel() for p in self.model.parameters()),
-                       sum(p.numel() for p in self.trainable), str(self.device), "bf16" if self.bf16 else "fp32", self.world.size,
-                       self.tokens_per_step, self.peak, self.job.run_dir)
+        return Started(
+            self.start_step,
+            None if budget else cfg.max_steps,
+            budget,
+            sum(p.numel() for p in self.model.parameters()),
+            sum(p.numel() for p in self.trainable),
+            str(self.device),
+            "bf16" if self.bf16 else "fp32",
+            self.world.size,
+            self.tokens_per_step,
+            self.peak,
+            self.job.run_dir,
+        )
 
     def notes_at_start(self) -> Iterator[Note]:
         cfg = self.cfg
@@ -174,11 +190,10 @@ class Trainer:
         self.window_start = self.run_start = time.perf_counter()
 
     def stop_reason(self, signal_received: bool) -> str | None:
-        """"interrupted", "steps" or "budget" when the run should stop before another step, else None.
+        """ "interrupted", "steps" or "budget" when the run should stop before another step, else None.
         Every rank agrees (a collective)."""
         cfg = self.cfg
-        interrupted, self.elapsed = agree(self.world, signal_received, self.elapsed_before + time.perf_counter() - self.run_start,
-                                          self.device)
+        interrupted, self.elapsed = agree(self.world, signal_received, self.elapsed_before + time.perf_counter() - self.run_start, self.device)
         if interrupted:
             return "interrupted"
         if cfg.time_budget is None and self.step >= cfg.max_steps:
@@ -217,10 +232,15 @@ class Trainer:
         norm = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         self.grad_norm = float(sharding.local_value(norm))
         if not math.isfinite(self.grad_norm):
-            kept = f"the last good checkpoint (step {self.saved_step if self.saved_step >= 0 else self.start_step}) is kept" \
-                if self.saved_step >= 0 or job.resume else "no checkpoint was written"
-            raise TfcliError(f"step {self.step + 1}: the loss or the gradient norm is not finite ({self.grad_norm}); {kept}",
-                             hint="lower --lr, raise warm-up (--set warmup_steps=N) or check the data")
+            kept = (
+                f"the last good checkpoint (step {self.saved_step if self.saved_step >= 0 else self.start_step}) is kept"
+                if self.saved_step >= 0 or job.resume
+                else "no checkpoint was written"
+            )
+            raise TfcliError(
+                f"step {self.step + 1}: the loss or the gradient norm is not finite ({self.grad_norm}); {kept}",
+                hint="lower --lr, raise warm-up (--set warmup_steps=N) or check the data",
+            )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
@@ -265,8 +285,7 @@ class Trainer:
         """At the end (or an interruption): evaluate, log and save what the last step has not had. An
         interruption keeps its metrics window (saved in the trainer state) and is not evaluated."""
         finishing = self.step > self.start_step and reason != "interrupted"
-        yield from self._record(evaluate=finishing and self.evaluated_step != self.step,
-                                log=finishing and self.logged_step != self.step, amend=True)
+        yield from self._record(evaluate=finishing and self.evaluated_step != self.step, log=finishing and self.logged_step != self.step, amend=True)
         if self.saved_step != self.step and (self.step > self.start_step or not self.job.resume):
             yield from self._save(sync_metrics=False)
 
@@ -339,9 +358,18 @@ class Trainer:
 
     def _trainer_state(self, totals: torch.Tensor) -> TrainerState:
         job = self.job
-        return TrainerState(TRAINER_FORMAT, self.step, self.tokens_seen, self.elapsed, self.world.size, job.data_fingerprint,
-                            job.tokenizer.sha256, best_val_loss=self.best_val, window_loss=float(totals[0].item()),
-                            window_count=int(totals[1].item()))
+        return TrainerState(
+            TRAINER_FORMAT,
+            self.step,
+            self.tokens_seen,
+            self.elapsed,
+            self.world.size,
+            job.data_fingerprint,
+            job.tokenizer.sha256,
+            best_val_loss=self.best_val,
+            window_loss=float(totals[0].item()),
+            window_count=int(totals[1].item()),
+        )
 
     def _utilisation(self, rate: float) -> float:
         """MFU at `rate` tokens/s. The peak was probed for a moment at the start; on a busy machine that can
@@ -358,8 +386,16 @@ class Trainer:
         record: dict[str, Any] = {"step": self.step}
         if totals[1].item() > 0:
             record["loss"] = totals[0].item() / totals[1].item()
-        record.update({"lr": self.lr, "grad_norm": self.grad_norm, "tokens": self.tokens_seen, "tokens_per_sec": rate,
-                       "mfu": self._utilisation(rate), "elapsed": self.elapsed})
+        record.update(
+            {
+                "lr": self.lr,
+                "grad_norm": self.grad_norm,
+                "tokens": self.tokens_seen,
+                "tokens_per_sec": rate,
+                "mfu": self._utilisation(rate),
+                "elapsed": self.elapsed,
+            }
+        )
         record.update(extra)
         record = strict_json({k: (round(v, 4) if k in ("tokens_per_sec", "mfu", "elapsed") else v) for k, v in record.items()})
         if self.writer is not None:
