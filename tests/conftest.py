@@ -111,7 +111,8 @@ def tiny_corpus(tmp_path: Path) -> Path:
 def trained_tokenizer(tmp_path_factory) -> Path:
     """A byte-level tokenizer (vocab 320) trained on the tiny text; returns its folder."""
     from tfcli.corpus.reader import resolve_corpus
-    from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
+    from tfcli.tokenizer.train import train_tokenizer
+    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
 
     folder = tmp_path_factory.mktemp("tok")
     corpus = folder / "corpus.txt"

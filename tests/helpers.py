@@ -1,5 +1,6 @@
-"""Helpers the tests share that the library has no use for: the page's weights unpacked as the browser
-does, and a headless Chromium to look at a page with."""
+"""Helpers the tests share that the library has no use for: documents joined from their pieces, `--help`
+checked for heavy imports, the page's weights unpacked as the browser does, and a headless Chromium to look at
+a page with."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import zlib
 from pathlib import Path
@@ -17,6 +19,34 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+
+def heavy_imports_of(args: list[str], heavy: tuple[str, ...]) -> list[str]:
+    """The modules of `heavy` that `tfcli ARGS...` (e.g. a --help) imports, run in a fresh interpreter."""
+    code = (
+        "import sys\n"
+        "from tfcli.cli.app import main\n"
+        "try:\n"
+        f"    main({args!r})\n"
+        "except SystemExit as e:\n"
+        "    assert e.code in (0, None), e.code\n"
+        f"print('HEAVY=' + ','.join(m for m in {heavy!r} if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    return [m for m in done.stdout.strip().splitlines()[-1].removeprefix("HEAVY=").split(",") if m]
+
+
+def join_documents(pieces) -> list[str]:
+    """The documents that `DocumentPiece`s spell, each joined from its pieces; the last piece ends one."""
+    documents, current = [], ""
+    for piece in pieces:
+        current += piece.text
+        if piece.ends_document:
+            documents.append(current)
+            current = ""
+    assert current == ""
+    return documents
 
 
 def unpack_weights(data: list[str], shape: tuple[int, int, int, int], causal: bool) -> np.ndarray:

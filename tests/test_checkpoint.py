@@ -198,7 +198,8 @@ def test_a_hugging_face_folder_is_named_as_one(run):
 
 def test_a_tokenizer_that_does_not_match(run, tmp_path, tiny_corpus):
     from tfcli.corpus.reader import resolve_corpus
-    from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
+    from tfcli.tokenizer.train import train_tokenizer
+    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
 
     for size, message in [(350, "has 350 tokens but the model's vocabulary only 320"), (290, "not the tokenizer this model was saved with")]:
         train_tokenizer(resolve_corpus([tiny_corpus]), tmp_path / f"other-{size}", TokenizerTrainingConfig(vocab_size=size, min_frequency=1))

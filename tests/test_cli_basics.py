@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO
+from tests.helpers import heavy_imports_of
 
 COMMANDS = [
     ["tokenize", "train"],
@@ -46,19 +47,7 @@ TREE = _command_tree()
 
 @pytest.mark.parametrize("args", [["--help"], ["tokenize", "--help"], ["tokenize", "train", "--help"]])
 def test_help_does_not_import_torch_or_tokenizers(args):
-    code = (
-        "import sys\n"
-        "from tfcli.cli.app import main\n"
-        "try:\n"
-        f"    main({args!r})\n"
-        "except SystemExit as e:\n"
-        "    assert e.code in (0, None), e.code\n"
-        "heavy = [m for m in ('torch', 'tokenizers', 'numpy', 'pydantic', 'pyarrow', 'tiktoken', 'zstandard') if m in sys.modules]\n"
-        "print('HEAVY=' + ','.join(heavy))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "HEAVY="
+    assert heavy_imports_of(args, ("torch", "tokenizers", "numpy", "pydantic", "pyarrow", "tiktoken", "zstandard")) == []
 
 
 def test_version_and_python_dash_m():

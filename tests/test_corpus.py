@@ -6,14 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfcli.corpus.reader import (
-    ReadStats,
-    iter_document_pieces,
-    iter_lines,
-    read_text_blocks,
-    resolve_corpus,
-    split_long,
-)
+from tests.helpers import join_documents
+from tfcli.corpus.documents import iter_document_pieces
+from tfcli.corpus.reader import ReadStats, iter_lines, read_text_blocks, resolve_corpus, split_long
 from tfcli.errors import TfcliError
 
 
@@ -110,14 +105,7 @@ def test_a_huge_line_comes_in_bounded_pieces(tmp_path):
 def test_document_boundaries(tmp_path, boundary, expected):
     path = tmp_path / "docs.txt"
     path.write_text("one\ntwo\n\n \nthree\n\n\nfour\n")
-    pieces = list(iter_document_pieces(resolve_corpus([path]), boundary, ReadStats()))
-    documents, current = [], ""
-    for piece in pieces:
-        current += piece.text
-        if piece.ends_document:
-            documents.append(current)
-            current = ""
-    assert documents == expected
+    assert join_documents(iter_document_pieces(resolve_corpus([path]), boundary, ReadStats())) == expected
 
 
 def test_long_documents_come_in_bounded_pieces(tmp_path):

@@ -13,7 +13,8 @@ from tfcli.data.shards import encode_corpus
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.fast import ENCODER_ENV, fast_encoder
 from tfcli.tokenizer.specials import DEFAULT_SPECIALS
-from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
+from tfcli.tokenizer.train import train_tokenizer
+from tfcli.tokenizer.training_config import TokenizerTrainingConfig
 
 pytest.importorskip("tiktoken")
 

@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import snapshot
-from tfcli.corpus.reader import ReadStats, iter_document_pieces, resolve_corpus
+from tests.helpers import join_documents
+from tfcli.corpus.documents import iter_document_pieces
+from tfcli.corpus.reader import ReadStats, resolve_corpus
 from tfcli.data.shards import META_FILE, ShardMeta
 from tfcli.errors import TfcliError
 from tfcli.tokenizer.core import TextTokenizer
@@ -24,20 +26,9 @@ from tfcli.tokenizer.core import TextTokenizer
 DOCS = [f'Story {i}: the fox met a bird,\nsaid "hi" and left.\tZoë 🦊 中文 {i * 7}' for i in range(30)]
 
 
-def _documents(pieces) -> list[str]:
-    documents, current = [], ""
-    for piece in pieces:
-        current += piece.text
-        if piece.ends_document:
-            documents.append(current)
-            current = ""
-    assert current == ""
-    return documents
-
-
 def _read(paths, **options) -> tuple[list[str], ReadStats]:
     stats = ReadStats()
-    return _documents(iter_document_pieces(resolve_corpus(paths, **options), "paragraph", stats)), stats
+    return join_documents(iter_document_pieces(resolve_corpus(paths, **options), "paragraph", stats)), stats
 
 
 def _shard_documents(folder, tokenizer: TextTokenizer) -> list[str]:
@@ -125,7 +116,7 @@ def test_csv_with_quoted_newlines_and_tsv(tmp_path):
 def test_parquet_is_read_in_row_groups_one_batch_at_a_time(tmp_path, monkeypatch):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
-    import tfcli.corpus.formats as formats
+    import tfcli.corpus.records as records
 
     texts = DOCS + [None, ""]
     table = pa.table({"id": list(range(len(texts))), "text": texts, "meta": [{"title": f"t{i}", "n": i} for i in range(len(texts))]})
@@ -143,7 +134,7 @@ def test_parquet_is_read_in_row_groups_one_batch_at_a_time(tmp_path, monkeypatch
         _read([path], field="body")
 
     # streaming: the first document comes after one batch is read, not the whole file
-    monkeypatch.setattr(formats, "PARQUET_BATCH_ROWS", 3)
+    monkeypatch.setattr(records, "PARQUET_BATCH_ROWS", 3)
     read_batches = []
     original = pq.ParquetFile.iter_batches
 
@@ -196,7 +187,7 @@ def test_json_lines_compressed_by_magic_and_a_folder_that_mixes_formats(tmp_path
         ("d.parquet", "parquet", None),
     ]
     assert [p.name for p in corpus.skipped_binary] == ["e.bin"]
-    assert _documents(iter_document_pieces(corpus, "paragraph", ReadStats())) == ["plain one", "plain two", "json one", "csv one", "parquet one"]
+    assert join_documents(iter_document_pieces(corpus, "paragraph", ReadStats())) == ["plain one", "plain two", "json one", "csv one", "parquet one"]
 
 
 def test_standard_input(cli, tmp_path, trained_tokenizer, monkeypatch):

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +12,8 @@ import pytest
 import torch
 from rich.cells import cell_len
 
-from tests.conftest import REPO, snapshot
+from tests.conftest import snapshot
+from tests.helpers import heavy_imports_of
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.inspect.capture import capture_attention, find_token, parse_index
@@ -302,7 +301,8 @@ def test_compare_run_refuses_another_shape(cli, runs, other, message):
 
 def test_compare_run_refuses_another_tokenizer(cli, runs, tmp_path, tiny_corpus):
     from tfcli.corpus.reader import resolve_corpus
-    from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
+    from tfcli.tokenizer.train import train_tokenizer
+    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
 
     train_tokenizer(resolve_corpus([tiny_corpus]), tmp_path / "tok", TokenizerTrainingConfig(vocab_size=320, lowercase=True))
     other = _save(tmp_path / "run", TextTokenizer.load(tmp_path / "tok"))
@@ -470,15 +470,4 @@ def test_help_has_an_example_and_does_not_import_torch(cli):
     result = cli("inspect-attention", "--help")
     assert result.code == 0
     assert "Example: tfcli inspect-attention" in " ".join(result.stdout.split())
-    code = (
-        "import sys\n"
-        "from tfcli.cli.app import main\n"
-        "try:\n"
-        "    main(['inspect-attention', '--help'])\n"
-        "except SystemExit as e:\n"
-        "    assert e.code in (0, None), e.code\n"
-        "print('HEAVY=' + ','.join(m for m in ('torch', 'numpy', 'matplotlib', 'tokenizers') if m in sys.modules))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "HEAVY="
+    assert heavy_imports_of(["inspect-attention", "--help"], ("torch", "numpy", "matplotlib", "tokenizers")) == []

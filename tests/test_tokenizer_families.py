@@ -18,8 +18,10 @@ from tfcli.corpus.reader import resolve_corpus
 from tfcli.errors import TfcliError
 from tfcli.generate.stream import TokenBytes, text_of
 from tfcli.tokenizer.core import TextTokenizer
+from tfcli.tokenizer.families import char_vocabulary
 from tfcli.tokenizer.specials import BERT_SPECIALS, DEFAULT_SPECIALS, parse_special_tokens
-from tfcli.tokenizer.train import TokenizerTrainingConfig, char_vocabulary, train_tokenizer
+from tfcli.tokenizer.train import train_tokenizer
+from tfcli.tokenizer.training_config import TokenizerTrainingConfig
 
 # Coriolanus, Act 1 Scene 1 (public domain): the opening of nanoGPT's tiny Shakespeare.
 SHAKESPEARE = (

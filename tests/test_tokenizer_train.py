@@ -14,7 +14,8 @@ from tfcli.corpus.reader import resolve_corpus
 from tfcli.errors import TfcliError
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.specials import DEFAULT_SPECIALS, parse_special_tokens
-from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
+from tfcli.tokenizer.train import train_tokenizer
+from tfcli.tokenizer.training_config import TokenizerTrainingConfig
 
 SAMPLE = 'The fox saw 3 apples. "Hi!" said Zoë at the café 🦊 — 東京\n  indented line\n'
 

@@ -717,7 +717,8 @@ def test_finetune_refusals(cli, shards, reviews, tmp_path, trained_tokenizer):
     from tfcli.corpus.reader import resolve_corpus
     from tfcli.data.shards import encode_corpus
     from tfcli.tokenizer.core import TextTokenizer
-    from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
+    from tfcli.tokenizer.train import train_tokenizer
+    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
 
     corpus = tmp_path / "c.txt"
     corpus.write_text(TINY_TEXT * 10)

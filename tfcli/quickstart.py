@@ -43,12 +43,21 @@ def run_quickstart(
     data_dir: Path, out_dir: Path, force: bool = False, pretrain_steps: int = PRETRAIN_STEPS, classifier_steps: int = CLASSIFIER_STEPS, device: str = "auto"
 ) -> Iterator[Any]:
     from tfcli.corpus.reader import resolve_corpus
-    from tfcli.data.shards import encode_corpus, load_shard_meta
-    from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
-    from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
 
     corpus = resolve_corpus([data_dir / "corpus"])
-    tokenizer_dir = out_dir / "tokenizer"
+    tokenizer_dir, shard_dir, model_dir = out_dir / "tokenizer", out_dir / "shards", out_dir / "model"
+    tokenizer = yield from _tokenizer_step(corpus, tokenizer_dir, force)
+    yield from _shards_step(corpus, tokenizer, shard_dir, force)
+    made = yield from _model_step(shard_dir, model_dir, tokenizer, tokenizer_dir, force, pretrain_steps, device)
+    yield from _classifier_step(data_dir / "reviews.jsonl", model_dir, out_dir / "classifier", tokenizer, force or made, classifier_steps, device)
+
+
+def _tokenizer_step(corpus, tokenizer_dir: Path, force: bool) -> Iterator[Any]:
+    """A BPE tokenizer of QUICKSTART_VOCAB_SIZE tokens on the corpus; returns it loaded."""
+    from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
+    from tfcli.tokenizer.train import train_tokenizer
+    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+
     tokenizer = _existing(lambda: TextTokenizer.load(tokenizer_dir / TOKENIZER_FILE)) if not force else None
     if tokenizer is None:
         summary = train_tokenizer(corpus, tokenizer_dir, TokenizerTrainingConfig(vocab_size=QUICKSTART_VOCAB_SIZE))
@@ -56,31 +65,43 @@ def run_quickstart(
         yield QuickstartStep("tokenizer", True, tokenizer_dir, f"{summary.vocab_size:,} tokens, {summary.bytes_per_token:.2f} bytes per token")
     else:
         yield QuickstartStep("tokenizer", False, tokenizer_dir, f"{tokenizer.vocab_size:,} tokens")
+    return tokenizer
 
-    shard_dir = out_dir / "shards"
+
+def _shards_step(corpus, tokenizer, shard_dir: Path, force: bool) -> Iterator[Any]:
+    """The corpus encoded with the tokenizer (kept when shards of this tokenizer are there)."""
+    from tfcli.data.shards import encode_corpus, load_shard_meta
+
     meta = _existing(lambda: load_shard_meta(shard_dir)) if not force else None
-    if meta is not None and meta.tokenizer_sha256 == tokenizer.sha256:
-        yield QuickstartStep("shards", False, shard_dir, f"{meta.train_tokens:,} train / {meta.val_tokens:,} val tokens")
-    else:
+    made = meta is None or meta.tokenizer_sha256 != tokenizer.sha256
+    if made:
         meta = encode_corpus(corpus, tokenizer, shard_dir, val_fraction=QUICKSTART_VAL_FRACTION)
-        yield QuickstartStep("shards", True, shard_dir, f"{meta.train_tokens:,} train / {meta.val_tokens:,} val tokens")
+    yield QuickstartStep("shards", made, shard_dir, f"{meta.train_tokens:,} train / {meta.val_tokens:,} val tokens")
 
-    from tfcli.train.evaluate import unigram_entropy
-    from tfcli.train.job import finetune_job, pretrain_job
 
-    model_dir = out_dir / "model"
-    settings = {
-        "max_steps": pretrain_steps,
+def _settings(steps: int, lr: float, evaluations: int, device: str) -> dict[str, Any]:
+    """The training options of a quickstart run: batch 32, `evaluations` evaluations, a checkpoint halfway."""
+    return {
+        "max_steps": steps,
         "batch_size": 32,
-        "lr": 3e-3,
-        "eval_every": max(pretrain_steps // 4, 1),
-        "save_every": max(pretrain_steps // 2, 1),
+        "lr": lr,
+        "eval_every": max(steps // evaluations, 1),
+        "save_every": max(steps // 2, 1),
         "device": device,
     }
+
+
+def _model_step(shard_dir: Path, model_dir: Path, tokenizer, tokenizer_dir: Path, force: bool, steps: int, device: str) -> Iterator[Any]:
+    """The tiny decoder pretrained on the shards; returns whether it trained."""
+    from tfcli.tokenizer.core import TOKENIZER_FILE
+    from tfcli.train.evaluate import unigram_entropy
+    from tfcli.train.job import pretrain_job
+
+    settings = _settings(steps, 3e-3, 4, device)
     made = yield from _train_step(
         model_dir,
         force,
-        pretrain_steps,
+        steps,
         tokenizer.sha256,
         lambda resume: pretrain_job(
             data=shard_dir,
@@ -97,21 +118,18 @@ def run_quickstart(
     val_loss = _last_metric(model_dir, "val_loss")
     entropy = unigram_entropy(shard_dir)
     yield QuickstartStep("model", made, model_dir, f"validation loss {val_loss:.3f} nats per token; the unigram entropy of the shards is {entropy:.3f}")
+    return made
 
-    classifier_dir = out_dir / "classifier"
-    reviews = data_dir / "reviews.jsonl"
-    settings = {
-        "max_steps": classifier_steps,
-        "batch_size": 32,
-        "lr": 2e-3,
-        "eval_every": max(classifier_steps // 2, 1),
-        "save_every": max(classifier_steps // 2, 1),
-        "device": device,
-    }
+
+def _classifier_step(reviews: Path, model_dir: Path, classifier_dir: Path, tokenizer, force: bool, steps: int, device: str) -> Iterator[Any]:
+    """The sentiment classifier fine-tuned from the decoder on the reviews."""
+    from tfcli.train.job import finetune_job
+
+    settings = _settings(steps, 2e-3, 2, device)
     made = yield from _train_step(
         classifier_dir,
-        force or made,
-        classifier_steps,
+        force,
+        steps,
         tokenizer.sha256,
         lambda resume: finetune_job(
             init_from=model_dir, task="classify", data=reviews, val_data=None, output=classifier_dir, config_file=None, sets=[], options=settings, resume=resume

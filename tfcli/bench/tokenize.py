@@ -80,7 +80,8 @@ class TokenizeBench:
 
 def synthesize_corpus(source: Path, out_dir: Path, size_mb: float, seed: int = 0) -> list[Path]:
     """Write about `size_mb` MB of text into SYNTH_FILES files by drawing paragraphs of `source` at random."""
-    from tfcli.corpus.reader import ReadStats, iter_document_pieces, resolve_corpus
+    from tfcli.corpus.documents import iter_document_pieces
+    from tfcli.corpus.reader import ReadStats, resolve_corpus
 
     paragraphs = [p.text for p in iter_document_pieces(resolve_corpus([source]), "paragraph", ReadStats()) if p.text]
     if not paragraphs:
@@ -126,7 +127,8 @@ def _job(job: str, files: list[Path], work: Path) -> Measurement:
         return Measurement(job, time.perf_counter() - started, peak_rss_mb(), total)
     if job == "train_tfcli":
         from tfcli.corpus.reader import resolve_corpus
-        from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
+        from tfcli.tokenizer.train import train_tokenizer
+        from tfcli.tokenizer.training_config import TokenizerTrainingConfig
 
         started = time.perf_counter()
         config = TokenizerTrainingConfig(vocab_size=BENCH_VOCAB_SIZE, min_frequency=BENCH_MIN_FREQUENCY)

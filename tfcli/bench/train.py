@@ -37,7 +37,8 @@ def _make_data(folder: Path, vocab_size: int, tokens: int, seed: int = 0):
 
     from tfcli.data.shards import SHARD_FORMAT_VERSION, ShardMeta, shard_dtype_name
     from tfcli.tokenizer.core import TextTokenizer
-    from tfcli.tokenizer.train import TokenizerTrainingConfig, build_untrained
+    from tfcli.tokenizer.families import build_untrained
+    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
 
     tokenizer_dir = folder / "tokenizer"
     tokenizer_dir.mkdir(parents=True)

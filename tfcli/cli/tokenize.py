@@ -112,7 +112,8 @@ def train(
     """
     from tfcli.corpus.reader import resolve_corpus
     from tfcli.tokenizer.specials import default_specials, parse_special_tokens
-    from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
+    from tfcli.tokenizer.train import train_tokenizer
+    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
 
     config = TokenizerTrainingConfig(
         vocab_size=vocab_size,
@@ -181,12 +182,9 @@ def _render_train_summary(summary) -> None:
     table.add_row("special tokens", " ".join(summary.special_tokens))
     table.add_row("corpus", f"{counted(summary.files, 'file')}, {human_bytes(summary.bytes_read)}")
     table.add_row("bytes per token", f"{summary.bytes_per_token:.2f} (on {human_bytes(summary.sample_bytes)} of the training text)")
-    if summary.invalid_bytes:
-        table.add_row("invalid UTF-8", f"{counted(summary.invalid_bytes, 'byte')} in {counted(summary.files_with_invalid_utf8, 'file')}, replaced with U+FFFD")
-    if summary.skipped_binary:
-        table.add_row("skipped", f"{counted(len(summary.skipped_binary), 'binary file')}")
-    if summary.skipped_records:
-        table.add_row("skipped records", _skipped_records(summary.skipped_records, summary.skipped_examples))
+    _add_reading_rows(
+        table, summary.invalid_bytes, summary.files_with_invalid_utf8, len(summary.skipped_binary), summary.skipped_records, summary.skipped_examples
+    )
     table.add_row("time", f"{summary.seconds:.2f} s")
     print_table(stdout_console(), table)
 
@@ -219,7 +217,8 @@ def encode(
     \b
     Example: tfcli tokenize encode sample_data/corpus -t runs/tok -o runs/shards --val-fraction 0.1
     """
-    from tfcli.corpus.reader import DOCUMENT_BOUNDARIES, resolve_corpus
+    from tfcli.corpus.documents import DOCUMENT_BOUNDARIES
+    from tfcli.corpus.reader import resolve_corpus
     from tfcli.data.shards import encode_corpus
     from tfcli.errors import TfcliError
     from tfcli.tokenizer.core import TextTokenizer
@@ -252,18 +251,25 @@ def encode(
     table.add_row("dtype", f"{meta.dtype} (vocab {meta.vocab_size:,})")
     table.add_row("encoder", meta.encoder)
     table.add_row("corpus", f"{counted(len(meta.sources), 'file')}, {human_bytes(total_bytes)}")
-    if meta.invalid_utf8_bytes:
-        table.add_row("invalid UTF-8", f"{counted(meta.invalid_utf8_bytes, 'byte')} in {counted(meta.invalid_utf8_files, 'file')}, replaced with U+FFFD")
-    if meta.skipped_binary_files:
-        table.add_row("skipped", f"{counted(len(meta.skipped_binary_files), 'binary file')}")
-    if meta.skipped_records:
-        table.add_row("skipped records", _skipped_records(meta.skipped_records, meta.skipped_record_examples))
+    _add_reading_rows(
+        table, meta.invalid_utf8_bytes, meta.invalid_utf8_files, len(meta.skipped_binary_files), meta.skipped_records, meta.skipped_record_examples
+    )
     rate = total_bytes / meta.seconds / 1e6 if meta.seconds else 0.0
     packed = any(f.compression or f.format == "parquet" for f in sources.files)  # the rate counts bytes on disk
     table.add_row("time", f"{meta.seconds:.2f} s ({rate:.1f} MB/s{' of compressed files' if packed else ''})")
     if meta.val_fraction > 0 and meta.val_documents == 0:
         table.add_row("warning", "no document went to validation; use more documents or a larger --val-fraction")
     print_table(stdout_console(), table)
+
+
+def _add_reading_rows(table, invalid_bytes: int, invalid_files: int, binary_files: int, skipped_records: int, skipped_examples: list[str]) -> None:
+    """The rows on what reading met, each only when it happened: invalid UTF-8, binary files, records without text."""
+    if invalid_bytes:
+        table.add_row("invalid UTF-8", f"{counted(invalid_bytes, 'byte')} in {counted(invalid_files, 'file')}, replaced with U+FFFD")
+    if binary_files:
+        table.add_row("skipped", f"{counted(binary_files, 'binary file')}")
+    if skipped_records:
+        table.add_row("skipped records", _skipped_records(skipped_records, skipped_examples))
 
 
 def _skipped_records(count: int, examples: list[str]):

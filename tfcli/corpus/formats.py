@@ -1,29 +1,26 @@
 """Input formats: plain text, JSON lines, CSV / TSV and Parquet, each possibly compressed (gzip, zstd, xz,
 bzip2), told by extension or by magic bytes; `-` is standard input.
 
-This module opens and parses; it never holds a whole file: bytes come through a decompressing stream,
-JSON lines and CSV rows one at a time from text blocks, Parquet in record batches read row group by row
-group. pyarrow and zstandard are optional and imported only when a file needs them.
+This module tells a file's format and opens it; it never holds a whole file: bytes come through a
+decompressing stream, and a Parquet file is handed to pyarrow (spooled to a temporary file first when it
+comes compressed or through a pipe). Parsing the records is `tfcli.corpus.records`. pyarrow and zstandard
+are optional and imported only when a file needs them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import dataclasses
-import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO
 
 from tfcli.errors import TfcliError
 
 STDIN = "-"
 SNIFF_BYTES = 8192
-PARQUET_BATCH_ROWS = 1024
 SPOOL_BLOCK_BYTES = 1 << 20
-CSV_FIELD_LIMIT = 1 << 27  # characters: csv's default (128 Ki) is smaller than many real documents; a broken quote stops here
 
 COMPRESSION_SUFFIXES = {".gz": "gzip", ".gzip": "gzip", ".zst": "zstd", ".zstd": "zstd", ".xz": "xz", ".bz2": "bzip2"}
 FORMAT_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet"}
@@ -31,23 +28,6 @@ INPUT_FORMATS: tuple[str, ...] = ("auto", "text", "jsonl", "csv", "tsv", "parque
 RECORD_FORMATS: tuple[str, ...] = ("jsonl", "csv", "tsv", "parquet")
 FORMAT_NAMES = {"text": "text", "jsonl": "JSON lines", "csv": "CSV", "tsv": "TSV", "parquet": "Parquet"}
 INSTALL_HINT = "pip install {package} (or pip install 'tfcli[data]')"
-
-
-class _Missing:
-    def __repr__(self) -> str:
-        return "MISSING"
-
-
-MISSING: Any = _Missing()  # a field the record does not have
-
-
-class Row(NamedTuple):
-    """One record: where it is (`number`, a line or a row, see `RecordReader.unit`), the values of the
-    fields asked for (MISSING where absent) and, when it cannot be read at all, why (`problem`)."""
-
-    number: int
-    values: tuple
-    problem: str | None = None
 
 
 def display_name(path: Path | str) -> str:
@@ -330,187 +310,9 @@ def _open_parquet(path: Path, stream: Any, compression: str | None, stack: conte
     try:
         return pq.ParquetFile(target, buffer_size=1 << 20, pre_buffer=False)
     except (pyarrow.ArrowException, OSError, ValueError) as exc:
-        raise TfcliError(f"{where} is not a readable Parquet file ({_first_line(exc)})", hint="check the file; a download cut short looks like this") from exc
+        raise TfcliError(f"{where} is not a readable Parquet file ({first_line(exc)})", hint="check the file; a download cut short looks like this") from exc
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
-
-
-def lookup(record: Any, field: str) -> Any:
-    """A field of a JSON object, by name or by a dotted path into nested objects and lists; MISSING if absent.
-
-    Example: lookup({"meta": {"body": "hi"}}, "meta.body") -> "hi"; lookup({"a": [1, 2]}, "a.1") -> 2
-    """
-    if isinstance(record, dict) and field in record:
-        return record[field]
-    value = record
-    for part in field.split("."):
-        if isinstance(value, dict) and part in value:
-            value = value[part]
-        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
-            value = value[int(part)]
-        else:
-            return MISSING
-    return value
-
-
-def _keys(record: dict) -> str:
-    keys = list(record)
-    shown = ", ".join(map(repr, keys[:8]))
-    return shown + (f" and {len(keys) - 8} more" if len(keys) > 8 else "") if keys else "no fields"
-
-
-def record_lines(blocks: Iterator[str]) -> Iterator[str]:
-    """Lines of a stream of text blocks, cut at "\\n" only (a JSON string or a quoted CSV field may hold
-    other line separators), each with its "\\n"; a line longer than a block is joined from its parts."""
-    held: list[str] = []
-    for block in blocks:
-        if "\n" not in block:
-            held.append(block)
-            continue
-        lines = block.split("\n")
-        if held:
-            lines[0] = "".join(held) + lines[0]
-            held = []
-        last = lines.pop()
-        for line in lines:
-            yield line + "\n"
-        if last:
-            held.append(last)
-    if held:
-        yield "".join(held)
-
-
-def jsonl_rows(lines: Iterator[str], where: str, fields: Sequence[str], strict: bool) -> Iterator[Row]:
-    """The fields of each JSON line. A first line that is not JSON means the file is not JSON lines (an
-    error); later bad lines come back with a `problem`, or are errors too when `strict`."""
-    first = True
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        if first:
-            line = line.removeprefix("\ufeff")
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if first or strict:
-                what = "is not valid JSON" if not first else "is not valid JSON, so the file is not JSON lines"
-                hint = "pass JSON lines: one object per line" + ("" if strict else ", or --input-format text to read it as text")
-                raise TfcliError(f"{where} line {number} {what} ({exc.msg})", hint=hint) from exc
-            yield Row(number, (MISSING,) * len(fields), f"is not valid JSON ({exc.msg})")
-            continue
-        first = False
-        if not isinstance(record, dict):
-            if strict:
-                raise TfcliError(f"{where} line {number} is not a JSON object")
-            yield Row(number, (MISSING,) * len(fields), "is not a JSON object")
-            continue
-        values = tuple(lookup(record, f) for f in fields)
-        problem = None
-        for field, value in zip(fields, values):
-            if value is MISSING:
-                problem = f"has no {field!r} field (it has {_keys(record)})"
-                break
-        yield Row(number, values, problem)
-
-
-def csv_rows(lines: Iterator[str], where: str, fields: Sequence[str], delimiter: str, hint: str) -> Iterator[Row]:
-    """The named columns of each CSV / TSV row after the header; a quoted field may span lines. `number`
-    is the line the row starts on."""
-    if csv.field_size_limit() < CSV_FIELD_LIMIT:
-        csv.field_size_limit(CSV_FIELD_LIMIT)
-    reader = csv.reader(lines, delimiter=delimiter, strict=True)
-    try:
-        header = next(reader, None)
-    except csv.Error as exc:
-        raise TfcliError(f"{where} line 1 is not valid {'TSV' if delimiter == chr(9) else 'CSV'} ({exc})") from exc
-    if header is None:
-        return
-    if header:
-        header[0] = header[0].removeprefix("\ufeff")
-    columns = []
-    for field in fields:
-        if field not in header:
-            shown = ", ".join(repr(h) for h in header[:12]) + (", ..." if len(header) > 12 else "")
-            raise TfcliError(f"{where} has no column {field!r} (its header: {shown})", hint=hint)
-        columns.append(header.index(field))
-    while True:
-        start = reader.line_num + 1
-        try:
-            row = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as exc:
-            raise TfcliError(
-                f"{where} line {start} is not valid {'TSV' if delimiter == chr(9) else 'CSV'} ({exc})", hint="check the quoting around that line"
-            ) from exc
-        if not row:
-            continue
-        values = tuple(row[i] if i < len(row) else MISSING for i in columns)
-        problem = None
-        for field, value in zip(fields, values):
-            if value is MISSING:
-                problem = f"has no value for the column {field!r} ({len(row)} of {len(header)} columns)"
-                break
-        yield Row(start, values, problem)
-
-
-def parquet_rows(parquet: Any, where: str, fields: Sequence[str], hint: str, progress: Callable[[int, int], None] | None = None) -> Iterator[Row]:
-    """The named columns of each row, read in batches of PARQUET_BATCH_ROWS rows, one row group at a time,
-    only the columns asked for. A dotted name reaches into a struct column. `progress(rows_done, rows)`
-    after each batch."""
-    import pyarrow
-
-    names = parquet.schema_arrow.names
-    tops = []
-    for field in fields:
-        top = field if field in names else field.split(".")[0]
-        if top not in names:
-            shown = ", ".join(repr(n) for n in names[:12]) + (", ..." if len(names) > 12 else "")
-            raise TfcliError(f"{where} has no column {field!r} (its columns: {shown})", hint=hint)
-        tops.append(top)
-    wanted = list(dict.fromkeys(tops))
-    total = parquet.metadata.num_rows
-    number = 0
-    batches = parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=wanted, use_threads=False)
-    while True:
-        try:
-            batch = next(batches, None)
-        except (pyarrow.ArrowException, OSError) as exc:
-            raise TfcliError(f"{where} is damaged near row {number + 1} ({_first_line(exc)})", hint="fetch it again, or leave it out") from exc
-        if batch is None:
-            break
-        columns = {name: batch.column(i).to_pylist() for i, name in enumerate(wanted)}
-        picked = []
-        for field, top in zip(fields, tops):
-            values = columns[top]
-            if field != top:
-                rest = field[len(top) + 1 :]
-                values = [lookup(v, rest) if isinstance(v, dict) else (None if v is None else MISSING) for v in values]
-            picked.append(values)
-        for values in zip(*picked):
-            number += 1
-            problem = None
-            for field, value in zip(fields, values):
-                if value is MISSING:
-                    problem = f"has no {field!r} field"
-                    break
-            yield Row(number, values, problem)
-        if progress:
-            progress(number, total)
-
-
-def value_problem(field: str, value: Any) -> str | None:
-    """Why a field's value is not text, or None when it is a string.
-
-    Example: value_problem("text", None) -> "'text' is null"; value_problem("text", 3) -> "'text' is a number, not a string"
-    """
-    if isinstance(value, str):
-        return None
-    if value is None:
-        return f"{field!r} is null"
-    kinds = {bool: "true or false", int: "a number", float: "a number", dict: "an object", list: "a list", bytes: "binary data"}
-    kind = next((name for tp, name in kinds.items() if isinstance(value, tp)), type(value).__name__)
-    return f"{field!r} is {kind}, not a string"

@@ -1,4 +1,6 @@
-"""Reading corpora: resolve files, folders, globs and standard input; stream them as text in bounded pieces.
+"""Reading corpora: resolve files, folders, globs and standard input; stream them as text in bounded pieces,
+and the texts of records. Cutting the text into documents (and into batches for tokenizer training) is
+`tfcli.corpus.documents`.
 
 tfcli reads input itself (never through a library's file reader) so that one invalid UTF-8 byte is
 replaced and counted instead of aborting a run, and so a line of megabytes without a newline is cut
@@ -17,9 +19,8 @@ import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Literal
 
-from tfcli.corpus import formats
+from tfcli.corpus import formats, records
 from tfcli.errors import TfcliError
 from tfcli.fsutil import artifact_kind
 
@@ -28,18 +29,10 @@ MAX_PIECE_CHARS = 1 << 16
 MAX_SKIP_EXAMPLES = 3  # skipped records named in summaries (all are counted)
 DEFAULT_FIELD = "text"
 
-DocumentBoundary = Literal["paragraph", "line", "file"]
-DOCUMENT_BOUNDARIES: tuple[str, ...] = ("paragraph", "line", "file")
-
 # Bytes that are not valid UTF-8 come back from the "surrogateescape" decoder as lone surrogates
 # U+DC80..U+DCFF (one per byte); valid UTF-8 never decodes to them, so they count the bad bytes exactly.
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-# A paragraph ends at a line break followed by one or more blank (whitespace-only) lines.
-_LINE_BREAK = r"(?:\r\n|\r(?!\n)|\n)"
-_TRAILING_BLANK_LINE = re.compile(_LINE_BREAK + r"[^\S\r\n]*\Z")
-_PARAGRAPH_BREAK = re.compile(_LINE_BREAK + r"(?:[^\S\r\n]*" + _LINE_BREAK + ")+")
-_LEADING_BLANK_LINES = re.compile(r"\A(?:[^\S\r\n]*" + _LINE_BREAK + ")+")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,14 +255,14 @@ def split_long(text: str, limit: int = MAX_PIECE_CHARS) -> list[str]:
     return pieces
 
 
-def iter_line_blocks(path: CorpusFile | Path, stats: ReadStats, limit: int = MAX_PIECE_CHARS) -> Iterator[list[str]]:
+def iterline_blocks(path: CorpusFile | Path, stats: ReadStats, limit: int = MAX_PIECE_CHARS) -> Iterator[list[str]]:
     """Yield the file's lines, with their line endings, a read block's worth at a time; a line longer
     than `limit` comes in pieces. Lists rather than single lines keep Python's per-line cost off the
     hot path of tokenizer training."""
-    return _line_blocks(read_text_blocks(path, stats), limit)
+    return line_blocks(read_text_blocks(path, stats), limit)
 
 
-def _line_blocks(blocks: Iterator[str], limit: int) -> Iterator[list[str]]:
+def line_blocks(blocks: Iterator[str], limit: int) -> Iterator[list[str]]:
     pending = ""
     for block in blocks:
         lines = (pending + block).splitlines(keepends=True)
@@ -287,11 +280,11 @@ def _line_blocks(blocks: Iterator[str], limit: int) -> Iterator[list[str]]:
 
 def iter_lines(path: CorpusFile | Path, stats: ReadStats, limit: int = MAX_PIECE_CHARS) -> Iterator[str]:
     """Yield the file's lines with their line endings; a line longer than `limit` comes in pieces."""
-    for lines in iter_line_blocks(path, stats, limit):
+    for lines in iterline_blocks(path, stats, limit):
         yield from lines
 
 
-def iter_records(opened: formats.OpenedSource, fields: Sequence[str], stats: ReadStats, *, strict: bool = False, hint: str = "") -> Iterator[formats.Row]:
+def iter_records(opened: formats.OpenedSource, fields: Sequence[str], stats: ReadStats, *, strict: bool = False, hint: str = "") -> Iterator[records.Row]:
     """The rows of an opened JSON lines, CSV / TSV or Parquet file, with the values of `fields`.
 
     `strict`: a line that is not JSON is an error (else it comes back with a `problem`, after the first).
@@ -307,13 +300,13 @@ def iter_records(opened: formats.OpenedSource, fields: Sequence[str], stats: Rea
             stats.add_read(target - credited)
             credited = target
 
-        yield from formats.parquet_rows(opened.parquet, opened.name, fields, hint, progress if size else None)
+        yield from records.parquet_rows(opened.parquet, opened.name, fields, hint, progress if size else None)
         return
-    lines = formats.record_lines(decode_blocks(opened, stats))
+    lines = records.record_lines(decode_blocks(opened, stats))
     if opened.format == "jsonl":
-        yield from formats.jsonl_rows(lines, opened.name, fields, strict)
+        yield from records.jsonl_rows(lines, opened.name, fields, strict)
     elif opened.format in ("csv", "tsv"):
-        yield from formats.csv_rows(lines, opened.name, fields, "\t" if opened.format == "tsv" else ",", hint)
+        yield from records.csv_rows(lines, opened.name, fields, "\t" if opened.format == "tsv" else ",", hint)
     else:  # pragma: no cover - callers dispatch text files elsewhere
         raise AssertionError(opened.format)
 
@@ -332,7 +325,7 @@ def iter_record_texts(opened: formats.OpenedSource, field: str, stats: ReadStats
     for row in iter_records(opened, (field,), stats, hint=hint):
         value = row.values[0]
         if type(value) is not str:
-            problem = row.problem or formats.value_problem(field, value)
+            problem = row.problem or records.value_problem(field, value)
             stats.skip(f"{opened.name} {unit} {row.number} {problem}" if row.problem else f"{opened.name} {unit} {row.number}: {problem}")
             continue
         if not value or value.isspace():
@@ -340,60 +333,6 @@ def iter_record_texts(opened: formats.OpenedSource, field: str, stats: ReadStats
         if json_lines:  # JSON escapes can spell lone surrogates, which no UTF-8 encoder takes
             value = replace_lone_surrogates(value)
         yield value
-
-
-@dataclasses.dataclass(frozen=True)
-class DocumentPiece:
-    """A bounded piece of one document; `ends_document` marks its last piece."""
-
-    text: str
-    ends_document: bool
-
-
-def iter_document_pieces(corpus: Corpus, boundary: DocumentBoundary, stats: ReadStats, limit: int = MAX_PIECE_CHARS) -> Iterator[DocumentPiece]:
-    """Stream the corpus as documents, each in pieces of at most about `limit` characters.
-
-    Text files, by `boundary`: "paragraph": a blank line ends a document; "line": every non-blank line is
-    one; "file": every file is one. A document's trailing line break is dropped (the end-of-text id
-    takes its place). JSON lines, CSV / TSV and Parquet: the text of each record (`corpus.field`) is one
-    document, as it is. Empty documents are never produced.
-    """
-    for corpus_file in corpus.files:
-        with open_corpus_file(corpus_file, stats) as opened:
-            if opened.format != "text":
-                for text in iter_record_texts(opened, corpus.field, stats):
-                    yield from _bounded(text, limit, ends=True)
-            elif boundary == "file":
-                yield from _file_document(decode_blocks(opened, stats), limit)
-            elif boundary == "paragraph":
-                yield from _paragraph_documents(decode_blocks(opened, stats), limit)
-            else:
-                yield from _line_documents(decode_blocks(opened, stats), limit)
-        stats.files_done += 1
-
-
-def iter_text_batches(corpus: Corpus, stats: ReadStats, limit: int = MAX_PIECE_CHARS) -> Iterator[list[str]]:
-    """The corpus as lists of strings of about a read block each, for tokenizer training: the lines of
-    text files (with their line endings), the texts of records; nothing longer than `limit`."""
-    for corpus_file in corpus.files:
-        with open_corpus_file(corpus_file, stats) as opened:
-            if opened.format == "text":
-                yield from _line_blocks(decode_blocks(opened, stats), limit)
-            else:
-                batch: list[str] = []
-                chars = 0
-                for text in iter_record_texts(opened, corpus.field, stats):
-                    if len(text) > limit:
-                        batch.extend(split_long(text, limit))
-                    else:
-                        batch.append(text)
-                    chars += len(text)
-                    if chars >= READ_BLOCK_BYTES:
-                        yield batch
-                        batch, chars = [], 0
-                if batch:
-                    yield batch
-        stats.files_done += 1
 
 
 def empty_corpus_error(corpus: Corpus, stats: ReadStats) -> TfcliError:
@@ -404,70 +343,3 @@ def empty_corpus_error(corpus: Corpus, stats: ReadStats) -> TfcliError:
             hint="name the field or column that holds the text with --field",
         )
     return TfcliError("the corpus is empty (no text in any file)", hint="pass files that hold text")
-
-
-def _file_document(blocks: Iterator[str], limit: int) -> Iterator[DocumentPiece]:
-    held = ""
-    sent = False
-    for block in blocks:
-        held += block
-        if len(held) > limit:
-            *ready, held = split_long(held, limit)
-            for piece in ready:
-                yield DocumentPiece(piece, False)
-                sent = True
-    held = held.rstrip("\r\n")
-    if held or sent:
-        yield DocumentPiece(held, True)
-
-
-def _paragraph_documents(blocks: Iterator[str], limit: int) -> Iterator[DocumentPiece]:
-    """Documents separated by blank lines; the splitting runs once per read block, in C."""
-    held = ""  # the start of a paragraph whose end has not been read yet
-    continued = False  # pieces of that paragraph were already sent
-    for block in blocks:
-        *complete, held = _PARAGRAPH_BREAK.split(held + block)
-        for paragraph in complete:
-            if not continued:
-                paragraph = _LEADING_BLANK_LINES.sub("", paragraph)
-            if paragraph.strip() or continued:
-                yield from _bounded(paragraph, limit, ends=True)
-            continued = False
-        if len(held) > limit:  # a paragraph longer than the limit: send all but its tail
-            *ready, held = split_long(held, limit)
-            for piece in ready:
-                if not continued:
-                    piece = _LEADING_BLANK_LINES.sub("", piece)
-                if continued or piece.strip():
-                    yield DocumentPiece(piece, False)
-                    continued = True
-    held = _TRAILING_BLANK_LINE.sub("", held)
-    held = held.rstrip("\r\n") if continued else _LEADING_BLANK_LINES.sub("", held).rstrip("\r\n")
-    if held.strip() or continued:
-        yield from _bounded(held, limit, ends=True)
-
-
-def _bounded(text: str, limit: int, ends: bool) -> Iterator[DocumentPiece]:
-    pieces = split_long(text, limit) if len(text) > limit else [text]
-    for i, piece in enumerate(pieces):
-        yield DocumentPiece(piece, ends and i == len(pieces) - 1)
-
-
-def _line_documents(blocks: Iterator[str], limit: int) -> Iterator[DocumentPiece]:
-    """Every non-blank line is a document; a line longer than `limit` arrives (and leaves) in pieces."""
-    open_piece: str | None = None  # a piece of a long line, held until we know whether the line goes on
-    for lines in _line_blocks(blocks, limit):
-        for line in lines:
-            body = line.rstrip("\r\n")
-            ends_line = len(body) < len(line)
-            if open_piece is not None:
-                yield DocumentPiece(open_piece, False)
-                open_piece = None
-            elif not body.strip():
-                continue
-            if ends_line:
-                yield DocumentPiece(body, True)
-            else:
-                open_piece = body
-    if open_piece is not None:
-        yield DocumentPiece(open_piece, True)

@@ -14,8 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tfcli.corpus.formats import sniff_file, value_problem
+from tfcli.corpus.formats import sniff_file
 from tfcli.corpus.reader import CorpusFile, ReadStats, iter_records, open_corpus_file, record_unit
+from tfcli.corpus.records import value_problem
 from tfcli.errors import TfcliError
 from tfcli.tokenizer.core import TextTokenizer
 

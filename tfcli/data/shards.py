@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from tfcli.corpus.reader import Corpus, DocumentBoundary, DocumentPiece, ReadStats, empty_corpus_error, iter_document_pieces
+from tfcli.corpus.documents import DocumentBoundary, DocumentPiece, empty_corpus_error, iter_document_pieces
+from tfcli.corpus.reader import Corpus, ReadStats
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json, prepare_output_dir
 from tfcli.schema import JsonRecord
@@ -119,25 +120,76 @@ def _batches(pieces: Iterator[DocumentPiece]) -> Iterator[list[DocumentPiece]]:
         yield batch
 
 
-def _write_batch(batch, ids_per_piece, writers, split, eos_id, draw, val_fraction) -> str:
-    """Append a batch's ids (lists from tokenizers, arrays from tiktoken) to the writers, an end-of-text id
-    after each document; a new draw picks the split of each next document. Returns the split of the
-    document still open."""
-    import numpy as np
+class _DocumentSplits:
+    """The train and validation writers, and the seeded draw that sends each document whole to one of them
+    (an end-of-text id after each document)."""
 
-    eos = np.array([eos_id], dtype=np.uint32)
-    parts: dict[str, list] = {"train": [], "val": []}
-    for piece, ids in zip(batch, ids_per_piece):
-        target = parts[split]
-        target.append(np.asarray(ids, dtype=np.uint32))
-        if piece.ends_document:
-            target.append(eos)
-            writers[split].documents += 1
-            split = "val" if draw() < val_fraction else "train"
-    for name, arrays in parts.items():
-        if arrays:
-            writers[name].write(np.concatenate(arrays))
-    return split
+    def __init__(self, out_dir: Path, dtype: str, eos_id: int, seed: int, val_fraction: float) -> None:
+        self.writers = {split: ShardWriter(out_dir / f"{split}.bin", dtype) for split in SPLITS}
+        self.eos_id, self.val_fraction = eos_id, val_fraction
+        self._draw = random.Random(seed).random
+        self.split = self._pick()  # the split of the document still open
+
+    def _pick(self) -> str:
+        return "val" if self._draw() < self.val_fraction else "train"
+
+    @property
+    def tokens(self) -> int:
+        return self.writers["train"].tokens + self.writers["val"].tokens
+
+    def write(self, batch: list[DocumentPiece], ids_per_piece) -> None:
+        """Append a batch's ids (lists from tokenizers, arrays from tiktoken); a new draw picks the split of
+        each next document."""
+        import numpy as np
+
+        eos = np.array([self.eos_id], dtype=np.uint32)
+        parts: dict[str, list] = {"train": [], "val": []}
+        for piece, ids in zip(batch, ids_per_piece):
+            target = parts[self.split]
+            target.append(np.asarray(ids, dtype=np.uint32))
+            if piece.ends_document:
+                target.append(eos)
+                self.writers[self.split].documents += 1
+                self.split = self._pick()
+        for name, arrays in parts.items():
+            if arrays:
+                self.writers[name].write(np.concatenate(arrays))
+
+    def refuse_empty(self, corpus: Corpus, stats: ReadStats) -> None:
+        """No document at all, or none left for training, is an error."""
+        train, val = self.writers["train"], self.writers["val"]
+        if train.documents + val.documents == 0:
+            raise empty_corpus_error(corpus, stats)
+        if train.documents == 0:
+            raise TfcliError(
+                f"every document went to validation ({val.documents} in all)",
+                hint="lower --val-fraction, or pass --documents line/paragraph to get more documents",
+            )
+
+    def commit(self) -> None:
+        for writer in self.writers.values():
+            writer.commit()
+
+    def discard(self) -> None:
+        for writer in self.writers.values():
+            writer.discard()
+
+
+def _encode_pipelined(batches: Iterator[list[DocumentPiece]], encode_batch: Callable, write: Callable, report: Callable[[], None]) -> None:
+    """Encode each batch and `write` its ids, in order; `report()` after each write and at the end. One worker
+    thread encodes batch k+1 (the encoder releases the GIL and uses every core) while this thread writes batch
+    k and reads batch k+2."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfcli-encode") as pool:
+        pending = None
+        for batch in batches:
+            submitted = (batch, pool.submit(encode_batch, [p.text for p in batch]))
+            if pending is not None:
+                write(pending[0], pending[1].result())
+                report()
+            pending = submitted
+        if pending is not None:
+            write(pending[0], pending[1].result())
+    report()
 
 
 def encode_corpus(
@@ -166,34 +218,17 @@ def encode_corpus(
     fast, _ = fast_encoder(tokenizer)
     encode_batch = fast.encode_batch if fast else tokenizer.encode_batch
     out_dir = prepare_output_dir(out_dir, "shard output")
-    writers = {split: ShardWriter(out_dir / f"{split}.bin", dtype) for split in SPLITS}
+    splits = _DocumentSplits(out_dir, dtype, eos_id, seed, val_fraction)
     stats = ReadStats()
-    draw = random.Random(seed).random
-    try:
-        split = "val" if draw() < val_fraction else "train"
-        pieces = iter_document_pieces(corpus, boundary, stats)
-        # One worker thread encodes batch k+1 (the encoder releases the GIL and uses every core)
-        # while this thread writes batch k and reads batch k+2.
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfcli-encode") as pool:
-            pending = None
-            for batch in _batches(pieces):
-                submitted = (batch, pool.submit(encode_batch, [p.text for p in batch]))
-                if pending is not None:
-                    split = _write_batch(pending[0], pending[1].result(), writers, split, eos_id, draw, val_fraction)
-                    if progress:
-                        progress(stats.bytes_read, corpus.total_bytes, writers["train"].tokens + writers["val"].tokens)
-                pending = submitted
-            if pending is not None:
-                split = _write_batch(pending[0], pending[1].result(), writers, split, eos_id, draw, val_fraction)
+
+    def report() -> None:
         if progress:
-            progress(stats.bytes_read, corpus.total_bytes, writers["train"].tokens + writers["val"].tokens)
-        if writers["train"].documents + writers["val"].documents == 0:
-            raise empty_corpus_error(corpus, stats)
-        if writers["train"].documents == 0:
-            raise TfcliError(
-                f"every document went to validation ({writers['val'].documents} in all)",
-                hint="lower --val-fraction, or pass --documents line/paragraph to get more documents",
-            )
+            progress(stats.bytes_read, corpus.total_bytes, splits.tokens)
+
+    try:
+        _encode_pipelined(_batches(iter_document_pieces(corpus, boundary, stats)), encode_batch, splits.write, report)
+        splits.refuse_empty(corpus, stats)
+        train, val = splits.writers["train"], splits.writers["val"]
         meta = ShardMeta(
             format_version=SHARD_FORMAT_VERSION,
             dtype=dtype,
@@ -201,10 +236,10 @@ def encode_corpus(
             eos_id=eos_id,
             tokenizer_sha256=tokenizer.sha256,
             tokenizer_path=str(Path(tokenizer.path).resolve()) if tokenizer.path else "",
-            train_tokens=writers["train"].tokens,
-            val_tokens=writers["val"].tokens,
-            train_documents=writers["train"].documents,
-            val_documents=writers["val"].documents,
+            train_tokens=train.tokens,
+            val_tokens=val.tokens,
+            train_documents=train.documents,
+            val_documents=val.documents,
             val_fraction=val_fraction,
             seed=seed,
             document_boundary=boundary,
@@ -219,15 +254,13 @@ def encode_corpus(
             seconds=round(time.perf_counter() - started, 3),
         )
         # meta.json goes last; a crash between the renames leaves sizes that load_shard_meta refuses.
-        for writer in writers.values():
-            writer.commit()
+        splits.commit()
         atomic_write_json(out_dir / META_FILE, meta.to_json())
         return meta
     finally:
         if fast:
             fast.close()
-        for writer in writers.values():
-            writer.discard()
+        splits.discard()
 
 
 def load_shard_meta(shard_dir: Path) -> ShardMeta:

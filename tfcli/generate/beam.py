@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from tfcli.generate.events import Chunk, Completion, Event, Finished
 from tfcli.generate.sampling import apply_repetition_penalty
+from tfcli.generate.settings import GenerationSettings
 from tfcli.generate.stream import CompletionText, text_of
 
 if TYPE_CHECKING:
@@ -68,86 +69,13 @@ class Candidate:
 def beam_search(g: Generator, indices: list[int], prompts: list[str], rows: list[list[int]]) -> Iterator[Event]:
     """Decode rows (the prompts `indices`) with beams; yields a Chunk and a Finished per returned completion."""
     s = g.settings
-    K, P = s.num_beams, len(rows)
-    window, logits = g._open(rows, K)
+    window, logits = g._open(rows, s.num_beams)
     started = time.perf_counter()
-    seen = g._seen(window, rows, K)
-    V = logits.shape[-1]
-    eos = g.vocab.eos_id if s.stop_at_eos else None
-
-    def start() -> list[Hypothesis]:  # every beam starts as the prompt: use one
-        first = Hypothesis([], [], 0.0, CompletionText(g.token_bytes, s.stop) if s.stop else None)
-        return [first] + [Hypothesis([], [], MINUS_INF, None) for _ in range(K - 1)]
-
-    beams = [start() for _ in range(P)]
-    ended: list[list[Ended]] = [[] for _ in range(P)]
-    done = [False] * P
-
-    def end(p: int, hypothesis: Hypothesis, total: float, reason: str, text: str) -> None:
-        length = max(1, len(hypothesis.tokens) + (reason == "eos"))
-        ended[p].append(Ended(total / length**s.length_penalty, hypothesis.tokens, hypothesis.logprobs, reason, text))
-        ended[p].sort(key=lambda e: -e.score)
-        del ended[p][K:]
-
-    def going_on(p: int, candidates: list[Candidate]) -> list[tuple[int, Hypothesis]]:
-        """The best K continuations that go on; those among the best K that end are kept in ended[p]."""
-        kept: list[tuple[int, Hypothesis]] = []
-        for rank, candidate in enumerate(candidates):
-            if candidate.total == MINUS_INF:
-                break
-            parent = beams[p][candidate.beam]
-            if candidate.token == eos:
-                if rank < K:
-                    end(p, parent, candidate.total, "eos", text_of(g.token_bytes, parent.tokens))
-                continue
-            child = parent.extended(candidate.token, candidate.total, candidate.logprob)
-            if child.text is not None and child.text.stopped:
-                if rank < K:
-                    end(p, child, candidate.total, "stop", child.text.text)
-                continue
-            kept.append((candidate.beam, child))
-            if len(kept) == K:
-                break
-        return kept
-
-    def finished_prompt(p: int, kept: list[tuple[int, Hypothesis]], step: int) -> bool:
-        if not kept:
-            return True
-        if len(ended[p]) < K:
-            return False
-        if s.early_stopping:
-            return True
-        # stop only when no running beam could still beat the worst ended hypothesis
-        best = kept[0][1].total
-        best_possible = best / (step + 1) ** s.length_penalty if s.length_penalty > 0 else best
-        return ended[p][-1].score >= best_possible
-
+    seen = g._seen(window, rows, s.num_beams)
+    search = _Search(g, len(rows))
     for step in range(s.max_new_tokens):
-        scores = logits if seen is None else apply_repetition_penalty(logits, seen, s.repetition_penalty)
-        step_logprobs = F.log_softmax(scores, dim=-1)  # (P*K, V)
-        raw_logprobs = step_logprobs if seen is None else F.log_softmax(logits, dim=-1)
-        beam_scores = torch.tensor([[h.total for h in beams[p]] for p in range(P)], device=g.device)  # (P, K)
-        totals = (beam_scores.view(-1, 1) + step_logprobs).view(P, K * V)
-        top_totals, top_index = totals.topk(min(2 * K, K * V), dim=1)  # (P, 2K): enough to find K that go on
-        top_beam, top_token = (top_index // V).tolist(), (top_index % V).tolist()
-        top_totals_list = top_totals.tolist()
-        picked_logprobs = raw_logprobs.view(P, K * V).gather(1, top_index).tolist()
-        next_rows, next_tokens = [], []
-        for p in range(P):
-            kept: list[tuple[int, Hypothesis]] = []
-            if not done[p]:
-                candidates = [Candidate(top_beam[p][r], top_token[p][r], top_totals_list[p][r], picked_logprobs[p][r]) for r in range(len(top_beam[p]))]
-                kept = going_on(p, candidates)
-                done[p] = finished_prompt(p, kept, step)
-            if done[p]:  # a finished prompt's rows idle
-                kept = [(0, Hypothesis(beams[p][0].tokens + [g.vocab.pad_id], beams[p][0].logprobs + [0.0], MINUS_INF, None))] * K
-            while len(kept) < K:
-                beam, first = kept[0]
-                kept.append((beam, Hypothesis(first.tokens, first.logprobs, MINUS_INF, None)))
-            beams[p] = [hypothesis for _, hypothesis in kept]
-            next_rows += [p * K + beam for beam, _ in kept]
-            next_tokens += [hypothesis.tokens[-1] for _, hypothesis in kept]
-        if all(done) or step == s.max_new_tokens - 1:
+        next_rows, next_tokens = search.step(logits, seen, step)
+        if all(search.done) or step == s.max_new_tokens - 1:
             break
         rows_index = torch.tensor(next_rows, dtype=torch.long, device=g.device)
         token_index = torch.tensor(next_tokens, dtype=torch.long, device=g.device)
@@ -156,25 +84,137 @@ def beam_search(g: Generator, indices: list[int], prompts: list[str], rows: list
             seen = seen[rows_index]
             seen.scatter_(1, token_index[:, None], True)
         logits = window.push(token_index)
-    for p in range(P):
-        if not done[p]:  # out of tokens: the running beams compete with the ended hypotheses
-            for hypothesis in beams[p]:
-                if hypothesis.total > MINUS_INF:
-                    end(p, hypothesis, hypothesis.total, "length", text_of(g.token_bytes, hypothesis.tokens))
-        for sample_index, e in enumerate(ended[p][: s.num_samples]):
-            completion = Completion(
-                prompt_index=indices[p],
-                sample_index=sample_index,
-                prompt=prompts[p],
-                prompt_tokens=len(rows[p]),
-                text=e.text,
-                tokens=e.tokens,
-                logprobs=e.logprobs if s.logprobs else None,
-                finish_reason=e.reason,
-                score=e.score,
-            )
-            index = indices[p] * s.num_samples + sample_index
-            if e.text:
-                yield Chunk(index, e.text)
-            yield Finished(index, completion)
+    for p in range(len(rows)):
+        search.end_running(p)
+        yield from _events(s, search.ended[p], indices[p], prompts[p], len(rows[p]))
     g.timing.decode_seconds += time.perf_counter() - started
+
+
+class _Search:
+    """The state of one beam search over P prompts of K beams each: per prompt its running hypotheses
+    (`beams`), the best K that ended (`ended`, best first) and whether it is done."""
+
+    def __init__(self, g: Generator, prompts: int) -> None:
+        self.g, self.s = g, g.settings
+        self.K, self.P = self.s.num_beams, prompts
+        self.eos = g.vocab.eos_id if self.s.stop_at_eos else None
+        self.beams = [self._start() for _ in range(prompts)]
+        self.ended: list[list[Ended]] = [[] for _ in range(prompts)]
+        self.done = [False] * prompts
+
+    def _start(self) -> list[Hypothesis]:
+        """Every beam starts as the prompt: use one."""
+        first = Hypothesis([], [], 0.0, CompletionText(self.g.token_bytes, self.s.stop) if self.s.stop else None)
+        return [first] + [Hypothesis([], [], MINUS_INF, None) for _ in range(self.K - 1)]
+
+    def step(self, logits: torch.Tensor, seen: torch.Tensor | None, step: int) -> tuple[list[int], list[int]]:
+        """Extend every prompt's beams by this step's logits (P*K, V); returns the rows the next step reads
+        (which beam each new row continues) and the token each row feeds."""
+        candidates = self._candidates(logits, seen)
+        next_rows, next_tokens = [], []
+        for p in range(self.P):
+            kept: list[tuple[int, Hypothesis]] = []
+            if not self.done[p]:
+                kept = self._going_on(p, candidates[p])
+                self.done[p] = self._finished_prompt(p, kept, step)
+            kept = self._fill(p, kept)
+            self.beams[p] = [hypothesis for _, hypothesis in kept]
+            next_rows += [p * self.K + beam for beam, _ in kept]
+            next_tokens += [hypothesis.tokens[-1] for _, hypothesis in kept]
+        return next_rows, next_tokens
+
+    def _candidates(self, logits: torch.Tensor, seen: torch.Tensor | None) -> list[list[Candidate]]:
+        """Per prompt, the best 2K continuations of its beams, best first: enough to find K that go on."""
+        s, K, P = self.s, self.K, self.P
+        V = logits.shape[-1]
+        scores = logits if seen is None else apply_repetition_penalty(logits, seen, s.repetition_penalty)
+        step_logprobs = F.log_softmax(scores, dim=-1)  # (P*K, V)
+        raw_logprobs = step_logprobs if seen is None else F.log_softmax(logits, dim=-1)
+        beam_scores = torch.tensor([[h.total for h in self.beams[p]] for p in range(P)], device=self.g.device)  # (P, K)
+        totals = (beam_scores.view(-1, 1) + step_logprobs).view(P, K * V)
+        top_totals, top_index = totals.topk(min(2 * K, K * V), dim=1)  # (P, 2K)
+        top_beam, top_token = (top_index // V).tolist(), (top_index % V).tolist()
+        top_totals_list = top_totals.tolist()
+        picked_logprobs = raw_logprobs.view(P, K * V).gather(1, top_index).tolist()
+        return [[Candidate(top_beam[p][r], top_token[p][r], top_totals_list[p][r], picked_logprobs[p][r]) for r in range(len(top_beam[p]))] for p in range(P)]
+
+    def _end(self, p: int, hypothesis: Hypothesis, total: float, reason: str, text: str) -> None:
+        length = max(1, len(hypothesis.tokens) + (reason == "eos"))
+        ended = self.ended[p]
+        ended.append(Ended(total / length**self.s.length_penalty, hypothesis.tokens, hypothesis.logprobs, reason, text))
+        ended.sort(key=lambda e: -e.score)
+        del ended[self.K :]
+
+    def _going_on(self, p: int, candidates: list[Candidate]) -> list[tuple[int, Hypothesis]]:
+        """The best K continuations that go on; those among the best K that end are kept in ended[p]."""
+        K, token_bytes = self.K, self.g.token_bytes
+        kept: list[tuple[int, Hypothesis]] = []
+        for rank, candidate in enumerate(candidates):
+            if candidate.total == MINUS_INF:
+                break
+            parent = self.beams[p][candidate.beam]
+            if candidate.token == self.eos:
+                if rank < K:
+                    self._end(p, parent, candidate.total, "eos", text_of(token_bytes, parent.tokens))
+                continue
+            child = parent.extended(candidate.token, candidate.total, candidate.logprob)
+            if child.text is not None and child.text.stopped:
+                if rank < K:
+                    self._end(p, child, candidate.total, "stop", child.text.text)
+                continue
+            kept.append((candidate.beam, child))
+            if len(kept) == K:
+                break
+        return kept
+
+    def _finished_prompt(self, p: int, kept: list[tuple[int, Hypothesis]], step: int) -> bool:
+        s = self.s
+        if not kept:
+            return True
+        if len(self.ended[p]) < self.K:
+            return False
+        if s.early_stopping:
+            return True
+        # stop only when no running beam could still beat the worst ended hypothesis
+        best = kept[0][1].total
+        best_possible = best / (step + 1) ** s.length_penalty if s.length_penalty > 0 else best
+        return self.ended[p][-1].score >= best_possible
+
+    def _fill(self, p: int, kept: list[tuple[int, Hypothesis]]) -> list[tuple[int, Hypothesis]]:
+        """K rows for the prompt: a finished prompt's rows idle (padding), and rows no continuation went
+        to repeat the first one with a score of -inf."""
+        if self.done[p]:
+            first = self.beams[p][0]
+            return [(0, Hypothesis(first.tokens + [self.g.vocab.pad_id], first.logprobs + [0.0], MINUS_INF, None))] * self.K
+        while len(kept) < self.K:
+            beam, first = kept[0]
+            kept.append((beam, Hypothesis(first.tokens, first.logprobs, MINUS_INF, None)))
+        return kept
+
+    def end_running(self, p: int) -> None:
+        """Out of tokens: the running beams of an unfinished prompt compete with its ended hypotheses."""
+        if self.done[p]:
+            return
+        for hypothesis in self.beams[p]:
+            if hypothesis.total > MINUS_INF:
+                self._end(p, hypothesis, hypothesis.total, "length", text_of(self.g.token_bytes, hypothesis.tokens))
+
+
+def _events(s: GenerationSettings, ended: list[Ended], prompt_index: int, prompt: str, prompt_tokens: int) -> Iterator[Event]:
+    """A Chunk (when there is text) and a Finished for each of the best num_samples ended hypotheses."""
+    for sample_index, e in enumerate(ended[: s.num_samples]):
+        completion = Completion(
+            prompt_index=prompt_index,
+            sample_index=sample_index,
+            prompt=prompt,
+            prompt_tokens=prompt_tokens,
+            text=e.text,
+            tokens=e.tokens,
+            logprobs=e.logprobs if s.logprobs else None,
+            finish_reason=e.reason,
+            score=e.score,
+        )
+        index = prompt_index * s.num_samples + sample_index
+        if e.text:
+            yield Chunk(index, e.text)
+        yield Finished(index, completion)

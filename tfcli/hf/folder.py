@@ -24,13 +24,7 @@ def read_hf_config(src: Path) -> dict[str, Any]:
     path = src / "config.json"
     if not path.is_file():
         raise TfcliError(f"{src} has no config.json", hint="pass a Hugging Face model folder (config.json + model.safetensors + tokenizer)")
-    try:
-        hf = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TfcliError(f"{path} is not valid JSON ({exc})") from exc
-    if not isinstance(hf, dict):
-        raise TfcliError(f"{path} must hold a JSON object")
-    return hf
+    return read_json_object(path)
 
 
 class HfConfig:
@@ -144,6 +138,7 @@ class WeightFiles:
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file that must hold an object; anything else is one clear line."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

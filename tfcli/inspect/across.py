@@ -76,8 +76,7 @@ class Across:
 def across_checkpoints(run: Path, text: str, *, kind: str | None = None, device: str = "auto") -> Across:
     """The detector scores of every head at every kept checkpoint of `run`, on `text` (previous-token,
     first-token) and on a repeated random sequence (duplicate, induction)."""
-    from tfcli.inspect.capture import capture_attention, load_run, probe
-    from tfcli.inspect.stats import summarize_heads
+    from tfcli.inspect.capture import capture_attention, load_run, summarize_capture
 
     if not text.strip():
         raise TfcliError("the text is empty", hint="pass --text TEXT")
@@ -93,14 +92,7 @@ def across_checkpoints(run: Path, text: str, *, kind: str | None = None, device:
             shape = (capture.n_layers, capture.n_heads)
         elif shape != (capture.n_layers, capture.n_heads):
             raise TfcliError(f"{path} has another shape than the checkpoints before it", hint="keep checkpoints of one run only")
-        probed = probe(checkpoint, capture)
-        summaries = summarize_heads(
-            capture.weights,
-            capture.query_ids if capture.self_attention else None,
-            causal=capture.causal,
-            probe_weights=None if probed is None else probed[0],
-            probe_ids=None if probed is None else probed[1],
-        )
+        summaries = summarize_capture(checkpoint, capture)
         for name in PATTERNS:
             grid = np.full(shape, np.nan, dtype=np.float32)
             for s in summaries:

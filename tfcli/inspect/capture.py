@@ -19,6 +19,7 @@ from tfcli.tokenizer.show import TokenView, token_views, visible
 
 if TYPE_CHECKING:
     from tfcli.checkpoint import Checkpoint
+    from tfcli.inspect.stats import HeadSummary
     from tfcli.model.config import ModelConfig
     from tfcli.tokenizer.core import TextTokenizer
 
@@ -195,6 +196,21 @@ def probe(checkpoint: Checkpoint, capture: AttentionCapture, seed: int = 0) -> t
     if capture.kind == "encoder":
         return forward_weights(checkpoint.model, "encoder", ids, capture.decoder_ids), ids
     return forward_weights(checkpoint.model, "decoder", capture.source_ids, ids), ids
+
+
+def summarize_capture(checkpoint: Checkpoint, capture: AttentionCapture) -> list[HeadSummary]:
+    """Every head's summary of `capture`, its duplicate and induction scores read on `probe`'s repeated random
+    sequence (self-attention only)."""
+    from tfcli.inspect.stats import summarize_heads
+
+    probed = probe(checkpoint, capture)
+    return summarize_heads(
+        capture.weights,
+        capture.query_ids if capture.self_attention else None,
+        causal=capture.causal,
+        probe_weights=None if probed is None else probed[0],
+        probe_ids=None if probed is None else probed[1],
+    )
 
 
 def find_token(views: list[TokenView], word: str, occurrence: int = 1, where: str = "the text") -> tuple[int, str]:

@@ -14,9 +14,9 @@ from typing import IO, Any
 import numpy as np
 
 from tfcli.errors import TfcliError
-from tfcli.inspect.capture import AttentionCapture, capture_attention, check_comparable, find_token, load_run, parse_index, probe
+from tfcli.inspect.capture import AttentionCapture, capture_attention, check_comparable, find_token, load_run, parse_index, summarize_capture
 from tfcli.inspect.labels import excerpts, kind_label
-from tfcli.inspect.stats import HeadChange, HeadSummary, head_changes, summarize_heads
+from tfcli.inspect.stats import HeadChange, HeadSummary, head_changes
 
 FORMATS: tuple[str, ...] = ("terminal", "html", "png", "json")
 SUFFIXES = {".html": "html", ".htm": "html", ".png": "png", ".json": "json"}
@@ -115,14 +115,7 @@ def inspect_attention(request: InspectRequest) -> Inspection:
     if request.summary:
         inspection.summaries = []
         for capture, checkpoint_used in zip(captures, [checkpoint, other_checkpoint or checkpoint]):
-            probed = probe(checkpoint_used, capture)
-            summaries = summarize_heads(
-                capture.weights,
-                capture.query_ids if capture.self_attention else None,
-                causal=capture.causal,
-                probe_weights=None if probed is None else probed[0],
-                probe_ids=None if probed is None else probed[1],
-            )
+            summaries = summarize_capture(checkpoint_used, capture)
             inspection.summaries.append([s for s in summaries if s.layer in layers and s.head in heads])
     return inspection
 

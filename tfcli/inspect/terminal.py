@@ -297,9 +297,44 @@ def changes_table(changes: Sequence[HeadChange], top: int = 10) -> Table:
 def render_inspection(inspection, *, width: int = 80, start: int = 0, key_start: int = 0) -> list[RenderableType]:
     """Everything the terminal view prints for an `Inspection` (see session.py), top to bottom."""
     first = inspection.first
-    out: list[RenderableType] = []
     notes = list(inspection.notes)
     pairs = [(layer, head) for layer in inspection.layers for head in inspection.heads]
+    _check_window(inspection, start, key_start)
+    single_map = len(pairs) == 1 and inspection.focus is None and inspection.summaries is None
+    if (start or key_start) and not single_map:
+        notes.append("--start and --key-start move a single head's map; they change nothing here")
+    out: list[RenderableType] = [_header(first)]
+    compare = len(inspection.captures) == 2
+    out.extend(_head_tables(inspection, compare, notes))
+    if inspection.summaries is not None and inspection.focus is None:
+        out.extend(Text(note, style="dim") for note in notes)
+        return out
+
+    panel_width = width if not compare else max((width - 3) // 2, 10)
+    panels: list[RenderableType] = []
+    for index, capture in enumerate(inspection.captures):
+        focus = None if inspection.focus is None else inspection.focus[index]
+        panel, note = _panel(capture, pairs, focus, panel_width, compare, start, key_start)
+        panels.append(panel)
+        if note and note not in notes:
+            notes.append(note)
+    if inspection.focus_note:
+        notes.append(f"--token: {inspection.focus_note}")
+    if compare:
+        out.append(side_by_side(panels[0], panels[1], (inspection.titles[0], inspection.titles[1]), width))
+    else:
+        out.extend(panels)
+    if inspection.focus is None:  # the maps' legend; a token's view has none
+        notes.append(LEGEND)
+    if len(pairs) == 1 and first.n_heads > 1 and inspection.focus is None:
+        notes.append(f"--layer 0..{first.n_layers - 1} and --head 0..{first.n_heads - 1} pick another; --head all shows every head")
+    out.extend(Text(note, style="dim") for note in notes)
+    return out
+
+
+def _check_window(inspection, start: int, key_start: int) -> None:
+    """--start and --key-start must fall inside the texts (--key-start: only a cross-attention map has one)."""
+    first = inspection.first
     shortest = min(len(c.queries) for c in inspection.captures)
     if start >= shortest:
         raise TfcliError(f"--start {start} is past the last token (position {shortest - 1})", hint=f"pass 0 to {shortest - 1}")
@@ -307,19 +342,22 @@ def render_inspection(inspection, *, width: int = 80, start: int = 0, key_start:
         raise TfcliError("--key-start moves the columns of a cross-attention map", hint="self-attention's window moves with --start")
     if key_start >= len(first.keys):
         raise TfcliError(f"--key-start {key_start} is past the last source token (position {len(first.keys) - 1})", hint=f"pass 0 to {len(first.keys) - 1}")
-    single_map = len(pairs) == 1 and inspection.focus is None and inspection.summaries is None
-    if (start or key_start) and not single_map:
-        notes.append("--start and --key-start move a single head's map; they change nothing here")
+
+
+def _header(first) -> Text:
     header = Text(f"{kind_label(first)} · {first.n_layers} layers × {first.n_heads} heads · {len(first.queries)} tokens", style="bold")
     if not first.self_attention:
         header.append(f" over {len(first.keys)} source tokens", style="bold")
-    out.append(header)
-    compare = len(inspection.captures) == 2
+    return header
 
+
+def _head_tables(inspection, compare: bool, notes: list[str]) -> list[RenderableType]:
+    """The tables over heads: the heads that changed most (--compare-step), the head summaries (--summary)."""
+    first = inspection.first
+    out: list[RenderableType] = []
     if inspection.changes is not None:
         out.append(Text("heads that changed most (mean over queries of the Jensen-Shannon divergence):", style="bold"))
         out.append(changes_table(inspection.changes))
-
     if inspection.summaries is not None:
         for summaries, title in zip(inspection.summaries, inspection.titles):
             if compare:
@@ -330,57 +368,35 @@ def render_inspection(inspection, *, width: int = 80, start: int = 0, key_start:
                 "entropy in bits; distance in tokens; previous-token and first-token scored on this text, "
                 "duplicate and induction on a repeated random sequence; a pattern needs a score ≥ 0.4"
             )
-        if inspection.focus is None:
-            out.extend(Text(note, style="dim") for note in notes)
-            return out
-
-    panel_width = width if not compare else max((width - 3) // 2, 10)
-    panels: list[RenderableType] = []
-    legend = True
-    for index, capture in enumerate(inspection.captures):
-        queries = [v.text for v in capture.queries]
-        keys = [v.text for v in capture.keys]
-        if inspection.focus is not None:
-            position = inspection.focus[index]
-            label = queries[position]
-            intro = Text(f"where '{_short(label)}' (position {position}) looks", style="bold")
-            if len(pairs) == 1:
-                layer, head = pairs[0]
-                intro.append(f", layer {layer}, head {head}", style="bold")
-                body, note = token_distribution(capture.weights[layer, head, position], keys, width=panel_width, upto=position if capture.causal else None)
-            else:
-                rows = [(f"L{layer} H{head}", capture.weights[layer, head, position]) for layer, head in pairs]
-                body = token_bars(rows, keys, width=panel_width, top=3 if not compare else 2, upto=position if capture.causal else None)
-                note = "the keys each head attends to most"
-            panels.append(Group(intro, body))
-            legend = False
-        elif len(pairs) == 1:
-            layer, head = pairs[0]
-            body, note = heatmap(
-                capture.weights[layer, head],
-                queries,
-                keys,
-                width=panel_width,
-                start=start,
-                key_start=key_start,
-                self_attention=capture.self_attention,
-                causal=capture.causal,
-            )
-            panels.append(Group(Text(f"layer {layer}, head {head}", style="bold"), body))
-        else:
-            body, note = grid([(f"L{layer} H{head}", capture.weights[layer, head]) for layer, head in pairs], width=panel_width)
-            panels.append(body)
-        if note and note not in notes:
-            notes.append(note)
-    if inspection.focus_note:
-        notes.append(f"--token: {inspection.focus_note}")
-    if compare:
-        out.append(side_by_side(panels[0], panels[1], (inspection.titles[0], inspection.titles[1]), width))
-    else:
-        out.extend(panels)
-    if legend:
-        notes.append(LEGEND)
-    if len(pairs) == 1 and first.n_heads > 1 and inspection.focus is None:
-        notes.append(f"--layer 0..{first.n_layers - 1} and --head 0..{first.n_heads - 1} pick another; --head all shows every head")
-    out.extend(Text(note, style="dim") for note in notes)
     return out
+
+
+def _panel(capture, pairs, focus: int | None, width: int, compare: bool, start: int, key_start: int) -> tuple[RenderableType, str | None]:
+    """One capture's view and its note: where the token at `focus` looks, else one head's map, else a grid of maps."""
+    queries = [v.text for v in capture.queries]
+    keys = [v.text for v in capture.keys]
+    if focus is not None:
+        intro = Text(f"where '{_short(queries[focus])}' (position {focus}) looks", style="bold")
+        if len(pairs) == 1:
+            layer, head = pairs[0]
+            intro.append(f", layer {layer}, head {head}", style="bold")
+            body, note = token_distribution(capture.weights[layer, head, focus], keys, width=width, upto=focus if capture.causal else None)
+        else:
+            rows = [(f"L{layer} H{head}", capture.weights[layer, head, focus]) for layer, head in pairs]
+            body = token_bars(rows, keys, width=width, top=3 if not compare else 2, upto=focus if capture.causal else None)
+            note = "the keys each head attends to most"
+        return Group(intro, body), note
+    if len(pairs) == 1:
+        layer, head = pairs[0]
+        body, note = heatmap(
+            capture.weights[layer, head],
+            queries,
+            keys,
+            width=width,
+            start=start,
+            key_start=key_start,
+            self_attention=capture.self_attention,
+            causal=capture.causal,
+        )
+        return Group(Text(f"layer {layer}, head {head}", style="bold"), body), note
+    return grid([(f"L{layer} H{head}", capture.weights[layer, head]) for layer, head in pairs], width=width)

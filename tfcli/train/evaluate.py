@@ -19,7 +19,8 @@ from tfcli.fsutil import artifact_kind
 
 def _text_tokens(path: Path, tokenizer) -> np.ndarray:
     """A text file (or a folder of them) as one token stream, documents (paragraphs) ended by [eos]."""
-    from tfcli.corpus.reader import ReadStats, iter_document_pieces, resolve_corpus
+    from tfcli.corpus.documents import iter_document_pieces
+    from tfcli.corpus.reader import ReadStats, resolve_corpus
 
     eos = tokenizer.require("eos")
     ids: list[int] = []
