@@ -346,6 +346,24 @@ def test_inspect_patch_command(cli, runs):
     assert result.code == 0 and "fraction restored" in result.stdout
 
 
+def test_logit_lens_of_an_encoder_decoder_reads_its_decoder(cli, runs):
+    result = cli("inspect-logits", runs["seq2seq"], "--text", TEXT, "--target", "The fox played.", "--json")
+    assert result.code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    checkpoint = load_checkpoint(runs["seq2seq"])
+    tokenizer = checkpoint.tokenizer
+    assert doc["target"] == "The fox played." and doc["tokens"][0]["id"] == tokenizer.special_ids["eos"]  # the start token, then the target
+    source, decoder = tokenizer.encode(TEXT), [t["id"] for t in doc["tokens"]]
+    assert decoder[1:] == tokenizer.encode("The fox played.") and len(doc["cells"]) == 1 + checkpoint.config.model.decoder_layers
+    lens = lens_logits(checkpoint.model, source, decoder)
+    with torch.no_grad():
+        own = checkpoint.model(torch.tensor([source]), decoder_ids=torch.tensor([decoder])).logits[0]
+    assert (lens[-1] - own).abs().max().item() < 1e-5  # the last layer's lens is the decoder's own logits
+    assert doc["cells"][-1][0]["top"][0]["id"] == int(own[0].argmax())
+    result = cli("inspect-logits", runs["seq2seq"], "--text", TEXT, "--target", "The fox played.")
+    assert result.code == 0 and "block 1" in result.stdout
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -360,7 +378,9 @@ def test_inspect_patch_command(cli, runs):
         (["inspect-ablate", "{decoder}", "--text", TEXT, "--position", "99"], "--position 99 is out of range"),
         (["inspect-ablate", "{encoder}", "--text", TEXT], "inspect-ablate works on decoder runs; this run is an encoder"),
         (["inspect-patch", "{seq2seq}", "--clean", "a", "--corrupt", "b", "--answer", " so"], "inspect-patch works on decoder runs"),
-        (["inspect-logits", "{seq2seq}", "--text", TEXT], "inspect-logits works on decoder runs and encoder runs; this run is an encoder-decoder"),
+        (["inspect-logits", "{seq2seq}", "--text", TEXT], "an encoder-decoder's logit lens reads its decoder: it needs the target text"),
+        (["inspect-logits", "{decoder}", "--text", TEXT, "--target", "x"], "--target is for encoder-decoder runs; this one is a decoder"),
+        (["inspect-ablate", "{seq2seq}", "--text", TEXT], "inspect-ablate works on decoder runs; this run is an encoder-decoder"),
         (["inspect-logits", "{decoder}", "--text", " "], "the text is empty"),
         (["inspect-logits", "{decoder}", "--text", TEXT, "-o", "out.txt"], "writes .json, .html and .png files"),
         (["inspect-logits", "{decoder}", "--text", TEXT, "--format", "png"], "--format png writes a file"),
