@@ -346,6 +346,12 @@ def test_inspect_patch_command(cli, runs):
     assert result.code == 0 and "fraction restored" in result.stdout
 
 
+def test_head_as_layer_dot_head_in_the_single_run_view(cli, runs):
+    result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--head", "1.2")
+    assert result.code == 0, result.stderr
+    assert "layer 1, head 2" in result.stdout
+
+
 def test_logit_lens_of_an_encoder_decoder_reads_its_decoder(cli, runs):
     result = cli("inspect-logits", runs["seq2seq"], "--text", TEXT, "--target", "The fox played.", "--json")
     assert result.code == 0, result.stderr
