@@ -86,10 +86,13 @@ _PROBE = """<script>setTimeout(function () {
 """
 
 
-def browse(page: Path, probe: str, *, size: tuple[int, int] = (1400, 1000), timeout: float = 120) -> tuple[Path, Any]:
+def browse(page: Path, probe: str, *, size: tuple[int, int] = (1400, 1000), timeout: float = 120, console: list[str] | None = None) -> tuple[Path, Any]:
     """Open `page` in headless Chromium at `size` (CSS pixels): take a screenshot beside it (PAGE.png), and
     run `probe`, the body of a JavaScript function returning JSON-able data, once the page has drawn; returns
-    the screenshot and the probe's result. The probe runs in a copy of the page (the page stays as written).
+    the screenshot and the probe's result. The probe runs in a copy of the page (the page stays as written;
+    a page whose policy allows no script gets `script-src 'unsafe-inline'` in the copy, and nothing else).
+    `console`: a list that gets every console message of the page as it was written (errors, a blocked
+    fetch of anything), from the screenshot's run.
 
     Skips the calling test where Chromium is not installed. With TFCLI_SCREENSHOTS=DIR the screenshot is
     also copied into DIR, for a person to look at.
@@ -107,13 +110,19 @@ def browse(page: Path, probe: str, *, size: tuple[int, int] = (1400, 1000), time
         f"--user-data-dir={profile}",
         f"--window-size={size[0]},{size[1]}",
         "--virtual-time-budget=10000",
+        "--enable-logging=stderr",
+        "--v=0",
     ]
     try:
         png = page.with_suffix(".png")
         shot = subprocess.run([*base, f"--screenshot={png}", page.resolve().as_uri()], capture_output=True, text=True, timeout=timeout, check=False)
         assert png.is_file(), shot.stderr[-2000:]
+        if console is not None:
+            console.extend(line for line in shot.stderr.splitlines() if ":CONSOLE" in line)
         probed = page.with_name(page.stem + "-probe.html")
         text = page.read_text(encoding="utf-8")
+        if "script-src" not in text:
+            text = text.replace("default-src 'none';", "default-src 'none'; script-src 'unsafe-inline';", 1)
         body, end, rest = text.rpartition("</body>")
         probed.write_text(body + _PROBE % probe + end + rest, encoding="utf-8")
         dump = subprocess.run([*base, "--dump-dom", probed.resolve().as_uri()], capture_output=True, text=True, timeout=timeout, check=False)

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
 import torch
 
+from tests.helpers import needs_chromium
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
 from tfcli.inspect.ablation import ablated_runs, head_means, parse_heads
 from tfcli.inspect.hooks import Hooks
@@ -59,6 +61,50 @@ def previous_token_model() -> Transformer:
 
 
 ALTERNATING = [0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1]
+
+
+def induction_model() -> Transformer:
+    """Two layers of two heads, built by hand to hold an induction circuit: layer 0's head 0 attends to the
+    previous position (by the angle of a learned position code) and writes that token into a "previous
+    token" block; layer 1's head 0 queries with the current token and keys on that block, so it attends to
+    the position right after an earlier occurrence of the current token (A B ... A -> B). The other heads
+    write nothing and attend evenly.
+
+    Residual stream (d = 24): [0, 8) the token, [8, 16) the previous token, [16, 18) the position code.
+    """
+    d, theta = 24, math.pi / 16
+    config = ModelConfig(vocab_size=V, block_size=16, n_layers=2, n_heads=2, d_model=d, d_ff=8, norm="rmsnorm", positions="learned", tie_embeddings=False)
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.fill_(1.0) if "norm" in name else p.zero_()
+        model.tok_emb.weight[:, :V] = torch.eye(V)
+        t = torch.arange(16, dtype=torch.float32)
+        model.pos_emb.weight[:, 16] = torch.cos(theta * t)
+        model.pos_emb.weight[:, 17] = torch.sin(theta * t)
+        previous = model.decoder.blocks[0].attn
+        rotate = torch.tensor([[math.cos(theta), math.sin(theta)], [-math.sin(theta), math.cos(theta)]])  # by -theta
+        previous.qkv.weight[0:2, 16:18] = 300.0 * rotate  # q: the code of the position before
+        previous.qkv.weight[d : d + 2, 16:18] = torch.eye(2)  # k: the position's code
+        previous.qkv.weight[2 * d : 2 * d + V, 0:V] = torch.eye(V)  # v: the token
+        previous.out.weight[V : 2 * V, 0:V] = torch.eye(V) / math.sqrt(12)  # into the previous-token block
+        induction = model.decoder.blocks[1].attn
+        induction.qkv.weight[0:V, 0:V] = 30.0 * torch.eye(V)  # q: the current token
+        induction.qkv.weight[d : d + V, V : 2 * V] = torch.eye(V)  # k: the token before the key
+    return model
+
+
+def test_a_hand_built_induction_head_scores_high_on_the_detector():
+    from tfcli.inspect.capture import forward_weights
+    from tfcli.inspect.stats import pattern_scores
+
+    model = induction_model()
+    ids = [3, 1, 6, 0, 5, 2, 7, 4] * 2  # a repeated random sequence, as the detector's probe
+    scores = pattern_scores(forward_weights(model, "decoder", ids), ids)
+    assert scores["previous-token"][0, 0] > 0.95 and scores["induction"][1, 0] > 0.9  # 15/16: position 0 is its own "previous"
+    others = [(0, 0), (0, 1), (1, 1)]
+    assert all(scores["induction"][pair] < 0.2 for pair in others)  # even attention: about 1/12 on the right key
+    assert all(scores["previous-token"][pair] < 0.5 for pair in [(0, 1), (1, 0), (1, 1)])
 
 
 def _loss(logits: torch.Tensor, ids: list[int]) -> float:
@@ -300,6 +346,30 @@ def test_inspect_patch_command(cli, runs):
     assert result.code == 0 and "fraction restored" in result.stdout
 
 
+def test_head_as_layer_dot_head_in_the_single_run_view(cli, runs):
+    result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--head", "1.2")
+    assert result.code == 0, result.stderr
+    assert "layer 1, head 2" in result.stdout
+
+
+def test_logit_lens_of_an_encoder_decoder_reads_its_decoder(cli, runs):
+    result = cli("inspect-logits", runs["seq2seq"], "--text", TEXT, "--target", "The fox played.", "--json")
+    assert result.code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    checkpoint = load_checkpoint(runs["seq2seq"])
+    tokenizer = checkpoint.tokenizer
+    assert doc["target"] == "The fox played." and doc["tokens"][0]["id"] == tokenizer.special_ids["eos"]  # the start token, then the target
+    source, decoder = tokenizer.encode(TEXT), [t["id"] for t in doc["tokens"]]
+    assert decoder[1:] == tokenizer.encode("The fox played.") and len(doc["cells"]) == 1 + checkpoint.config.model.decoder_layers
+    lens = lens_logits(checkpoint.model, source, decoder)
+    with torch.no_grad():
+        own = checkpoint.model(torch.tensor([source]), decoder_ids=torch.tensor([decoder])).logits[0]
+    assert (lens[-1] - own).abs().max().item() < 1e-5  # the last layer's lens is the decoder's own logits
+    assert doc["cells"][-1][0]["top"][0]["id"] == int(own[0].argmax())
+    result = cli("inspect-logits", runs["seq2seq"], "--text", TEXT, "--target", "The fox played.")
+    assert result.code == 0 and "block 1" in result.stdout
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -314,7 +384,9 @@ def test_inspect_patch_command(cli, runs):
         (["inspect-ablate", "{decoder}", "--text", TEXT, "--position", "99"], "--position 99 is out of range"),
         (["inspect-ablate", "{encoder}", "--text", TEXT], "inspect-ablate works on decoder runs; this run is an encoder"),
         (["inspect-patch", "{seq2seq}", "--clean", "a", "--corrupt", "b", "--answer", " so"], "inspect-patch works on decoder runs"),
-        (["inspect-logits", "{seq2seq}", "--text", TEXT], "inspect-logits works on decoder runs and encoder runs; this run is an encoder-decoder"),
+        (["inspect-logits", "{seq2seq}", "--text", TEXT], "an encoder-decoder's logit lens reads its decoder: it needs the target text"),
+        (["inspect-logits", "{decoder}", "--text", TEXT, "--target", "x"], "--target is for encoder-decoder runs; this one is a decoder"),
+        (["inspect-ablate", "{seq2seq}", "--text", TEXT], "inspect-ablate works on decoder runs; this run is an encoder-decoder"),
         (["inspect-logits", "{decoder}", "--text", " "], "the text is empty"),
         (["inspect-logits", "{decoder}", "--text", TEXT, "-o", "out.txt"], "writes .json, .html and .png files"),
         (["inspect-logits", "{decoder}", "--text", TEXT, "--format", "png"], "--format png writes a file"),
@@ -406,6 +478,41 @@ def test_keep_checkpoints_and_the_scores_across_them(cli, tmp_path, trained_toke
     assert result.code == 2 and "kept no checkpoints" in result.stderr and "--keep-checkpoints" in result.stderr
     result = cli("inspect-attention", run, "--text", TEXT, "--checkpoints", "--pattern", "copying")
     assert result.code == 2 and "unknown --pattern" in result.stderr
+    # one head at every kept step: the single-run view's renderers, a capture per checkpoint
+    result = cli("inspect-attention", run, "--text", TEXT, "--checkpoints", "--head", "1.0")
+    assert result.code == 0, result.stderr
+    assert "layer 1, head 0 at 3 checkpoints" in result.stdout and "step 2" in result.stdout and "induct" in result.stdout
+    result = cli("inspect-attention", run, "--text", TEXT, "--checkpoints", "--layer", "1", "--head", "0", "--json")
+    assert result.code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["format"] == "tfcli-attention" and doc["layers"] == [1] and doc["heads"] == [0]
+    assert [c["title"] for c in doc["captures"]] == ["step 2", "step 4", "step 5"] and [c["step"] for c in doc["checkpoints"]] == [2, 4, 5]
+    steps = [load_checkpoint(p) for p in (run / "checkpoints" / "step-0000002", run)]
+    for capture, checkpoint in zip((doc["captures"][0], doc["captures"][2]), steps):  # each step's own weights
+        from tfcli.inspect.capture import capture_attention
+
+        expected = capture_attention(checkpoint, TEXT).weights[1, 0]
+        np.testing.assert_allclose(np.array(capture["weights"])[0, 0], expected, atol=1e-6)
+    assert doc["captures"][0]["weights"] != doc["captures"][2]["weights"]
+    assert 0 <= doc["checkpoints"][1]["scores"]["induction"] <= 1
+    for suffix, magic in ((".png", b"\x89PNG"), (".html", b"<!DOCTYPE html>")):
+        out = tmp_path / f"steps{suffix}"
+        result = cli("inspect-attention", run, "--text", TEXT, "--checkpoints", "-o", out)  # the best induction head
+        assert result.code == 0, result.stderr
+        assert out.read_bytes().startswith(magic) and "the best induction score" in result.stderr
+    page = (tmp_path / "steps.html").read_text(encoding="utf-8")
+    data = json.loads(re.search(r'<script type="application/json" id="tfcli-data">(.*?)</script>', page, re.DOTALL).group(1))
+    assert [panel["title"] for panel in data["panels"]] == ["step 2", "step 4", "step 5"] and len(data["table"]["rows"]) == 3
+    for args, message in (
+        (["--head", "1.x"], "--head must be a number"),
+        (["--head", "2.0"], "--layer 2 is out of range"),
+        (["--layer", "1", "--head", "1.0"], "names its layer already"),
+        (["--head", "1.0.1"], "is not LAYER.HEAD"),
+        (["--layer", "all", "-o", tmp_path / "x.png"], "pick it with --head LAYER.HEAD"),
+    ):
+        result = cli("inspect-attention", run, "--text", TEXT, "--checkpoints", *args)
+        assert result.code == 2 and message in result.stderr, (args, result.stderr)
+    assert not (tmp_path / "x.png").exists()
 
 
 EVIL = "The <script>x</script> <img src=y onerror=z> fox\u202e was"
@@ -430,6 +537,67 @@ def test_html_pages_are_self_contained_and_inert(cli, runs, tmp_path, args):
     assert "&lt;script&gt;" in page and "&lt;img" in page  # the text, escaped
     assert "\u202e" not in page  # the bidi override shows escaped, never acts
     assert "default-src 'none'" in page
+
+
+PAGE_PROBE = """
+  const cells = Array.from(document.querySelectorAll("td[style]"));
+  const plain = ["rgba(0, 0, 0, 0)", "rgb(255, 255, 255)"];
+  const drawn = Array.from(document.querySelectorAll("canvas.map")).map((c) => {
+    const data = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+    let inked = 0;
+    for (let i = 0; i < data.length; i += 4) if (data[i] < 250) inked++;
+    return inked;
+  });
+  return { cells: cells.length, coloured: cells.filter((c) => !plain.includes(getComputedStyle(c).backgroundColor)).length, drawn,
+           panels: Array.from(document.querySelectorAll(".panel h2")).map((h) => h.textContent),
+           rows: document.querySelectorAll("#extra tr").length, images: document.images.length,
+           text: document.body.innerText, pageWidth: document.documentElement.scrollWidth, viewport: window.innerWidth };
+"""
+
+
+@pytest.fixture(scope="module")
+def kept_run(tmp_path_factory, trained_tokenizer):
+    """A run with two kept checkpoints (random weights, two seeds), as `train --keep-checkpoints` leaves one."""
+    tokenizer = TextTokenizer.load(trained_tokenizer)
+    run = tmp_path_factory.mktemp("kept") / "run"
+    config = preset("tiny", vocab_size=tokenizer.vocab_size, block_size=64, n_layers=2, n_heads=2, d_model=32, d_ff=64, init_std=0.2)
+    for seed, folder in ((0, run / "checkpoints" / "step-0000001"), (1, run / "checkpoints" / "step-0000002")):
+        torch.manual_seed(seed)
+        save_checkpoint(folder, Transformer(config), tokenizer)
+    return run
+
+
+@needs_chromium
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["inspect-logits", "{decoder}", "--text", EVIL],
+        ["inspect-ablate", "{decoder}", "--text", EVIL],
+        ["inspect-patch", "{decoder}", "--clean", EVIL, "--corrupt", EVIL.replace("fox", "ball"), "--answer", " was", "--per-head"],
+        ["inspect-attention", "{kept}", "--text", EVIL, "--checkpoints", "--head", "1.1"],
+    ],
+    ids=["logits", "ablate", "patch", "checkpoints"],
+)
+def test_the_pages_in_a_browser(cli, runs, kept_run, tmp_path, args):
+    """Each page drawn by Chromium: coloured cells (or heatmaps) on the page, no console message (no error,
+    no blocked fetch), the hostile text shown as text, nothing wider than the window."""
+    from tests.helpers import browse
+
+    out = tmp_path / "page.html"
+    names = {**{k: str(v) for k, v in runs.items()}, "kept": str(kept_run)}
+    result = cli(*[a.format(**names) for a in args], "-o", out)
+    assert result.code == 0, result.stderr
+    console: list[str] = []
+    _, seen = browse(out, PAGE_PROBE, console=console)
+    assert console == []
+    assert seen["images"] == 0 and "<script>x</script>" in seen["text"] and "<img src=y onerror=z>" in seen["text"]
+    assert "\u202e" not in seen["text"]  # the override shows as an escape or a badge, never acts
+    assert seen["pageWidth"] <= seen["viewport"]
+    if args[0] == "inspect-attention":
+        assert seen["panels"] == ["step 1", "step 2"] and seen["rows"] == 3  # a header and a row per step
+        assert len(seen["drawn"]) == 2 and min(seen["drawn"]) > 100  # both heatmaps drawn
+    else:
+        assert seen["cells"] > 0 and seen["coloured"] > (0 if args[0] == "inspect-patch" else seen["cells"] // 2)  # patching: 0 is white
 
 
 @pytest.mark.parametrize("positions", ["learned", "rotary"])

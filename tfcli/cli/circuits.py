@@ -112,6 +112,9 @@ def inspect_logits(
     run: RunArgument,
     text: Annotated[Optional[str], typer.Option("--text", help="The text to read (an encoder's with one or more [MASK]).", show_default=False)] = None,
     text_file: Annotated[Optional[Path], typer.Option("--text-file", help="Read the text from a UTF-8 file instead.", show_default=False)] = None,
+    target: Annotated[
+        Optional[str], typer.Option("--target", help="Encoder-decoder only: the target its decoder reads (--text is the source).", show_default=False)
+    ] = None,
     top_k: TopOption = 5,
     output_format: FormatOption = None,
     output: OutputOption = None,
@@ -127,8 +130,9 @@ def inspect_logits(
     layer's loss on the text. --json and -o FILE.json give the top-k tokens with probabilities and the rank
     and probability of the actual next token, per layer and position.
 
-    Supports decoder runs (trained or imported GPT-2) and encoder runs, read at each [MASK] of the text.
-    Encoder-decoder runs are refused.
+    Supports decoder runs (trained or imported GPT-2), encoder runs, read at each [MASK] of the text, and
+    encoder-decoder runs on the decoder's side: --text SOURCE --target TARGET, the decoder reading its
+    start token and the target.
 
     \b
     Example: tfcli inspect-logits runs/quickstart/model --text "Once upon a time, a little fox found a red ball."
@@ -144,7 +148,7 @@ def inspect_logits(
     source = _text(text, text_file)
     checkpoint = load_run(run, device)
     with stderr_console().status("reading every layer"):
-        lens = logit_lens(checkpoint, source, top_k=top_k)
+        lens = logit_lens(checkpoint, source, target=target, top_k=top_k)
     document = lens.to_json(lambda i: token_text(checkpoint.tokenizer, i)) if fmt == "json" else {}
     _emit(
         fmt,
@@ -195,7 +199,8 @@ def inspect_ablate(
     and after). Without --heads, every head one at a time (run together as rows of one batch): a layers x
     heads table of the loss change, where the heads that matter light up.
 
-    Supports decoder runs (trained or imported GPT-2); encoder and encoder-decoder runs are refused.
+    Supports decoder runs (trained or imported GPT-2); encoder and encoder-decoder runs are refused (one
+    line, exit code 2).
 
     \b
     Example: tfcli inspect-ablate runs/quickstart/model --text "The fox was happy, so it played with the ball all day."
@@ -257,7 +262,8 @@ def inspect_patch(
     logit difference answer - wrong (at the last position) that comes back: 1 restores the clean answer,
     0 changes nothing. The two texts must have the same number of tokens.
 
-    Supports decoder runs (trained or imported GPT-2); encoder and encoder-decoder runs are refused.
+    Supports decoder runs (trained or imported GPT-2); encoder and encoder-decoder runs are refused (one
+    line, exit code 2).
 
     \b
     Example: tfcli inspect-patch runs/gpt2 --clean "When Mary and John went to the store, John gave a drink to" --corrupt "When Mary and John went to the store, Mary gave a drink to" --answer " Mary" --wrong " John"

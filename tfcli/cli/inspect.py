@@ -39,62 +39,95 @@ def _read_text(value: str | None, file: Path | None, what: str, flag: str) -> st
         return raw.decode("utf-8", errors="replace")
 
 
+RunArgument = Annotated[Path, typer.Argument(help="A run directory (config.json, model.safetensors, tokenizer.json).", show_default=False)]
+TextOption = Annotated[Optional[str], typer.Option("--text", help="The text to look at (for an encoder-decoder: the source).", show_default=False)]
+TextFileOption = Annotated[Optional[Path], typer.Option("--text-file", help="Read the text from a UTF-8 file instead.", show_default=False)]
+TargetOption = Annotated[
+    Optional[str], typer.Option("--target", help="Encoder-decoder only: the target text the decoder reads (after its start token).", show_default=False)
+]
+TargetFileOption = Annotated[Optional[Path], typer.Option("--target-file", help="Read the target from a UTF-8 file instead.", show_default=False)]
+AttentionOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--attention", help="encoder, decoder or cross: which attention of an encoder-decoder (default: cross; other models have one).", show_default=False
+    ),
+]
+LayerOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--layer", "-l", help="A layer number (negative counts from the end) or 'all'. Default 0; all for --summary and a JSON file.", show_default=False
+    ),
+]
+HeadOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--head",
+        help="A head number or 'all' (a grid of small maps), or LAYER.HEAD (1.0: layer 1, head 0). Default 0; all with --token, --summary and a JSON file.",
+        show_default=False,
+    ),
+]
+TokenOption = Annotated[Optional[str], typer.Option("--token", help="Show where this word of the text looks: a bar per head.", show_default=False)]
+OccurrenceOption = Annotated[int, typer.Option("--occurrence", help="With --token: which occurrence of the word (1 = the first).")]
+SummaryOption = Annotated[
+    bool, typer.Option("--summary", help="Per head: mean entropy, mean attended distance, and the known pattern it matches best, with scores.")
+]
+CompareOption = Annotated[Optional[str], typer.Option("--compare", help="A second text: the same head on both, side by side.", show_default=False)]
+CompareRunOption = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--compare-run", help="A second run of the same shape and tokenizer: the same text through both, and which heads changed most.", show_default=False
+    ),
+]
+FormatOption = Annotated[
+    Optional[str], typer.Option("--format", "-f", help="terminal, html, png or json (default: from -o's suffix, else terminal).", show_default=False)
+]
+OutputOption = Annotated[
+    Optional[Path], typer.Option("--output", "-o", help="The file to write (html, png; json prints to stdout without it).", show_default=False)
+]
+StartOption = Annotated[int, typer.Option("--start", help="Terminal heatmap of a long text: the first token of the window shown.")]
+KeyStartOption = Annotated[
+    int, typer.Option("--key-start", help="Terminal cross-attention heatmap of a long source: the first source token of the columns shown.")
+]
+CropOption = Annotated[bool, typer.Option("--crop", help="Keep the first block-size tokens of a text longer than the model's context (default: an error).")]
+DeviceOption = Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu, cuda, cuda:N or mps.")]
+CheckpointsOption = Annotated[
+    bool,
+    typer.Option(
+        "--checkpoints",
+        help="Across the checkpoints the run kept (train --keep-checkpoints N): each head's detector scores step by step; "
+        "with one head (--head L.H), its pattern at each step (terminal, html, png or json).",
+    ),
+]
+PatternOption = Annotated[
+    str,
+    typer.Option(
+        "--pattern", help="With --checkpoints: previous-token, first-token, duplicate or induction (the score shown; png and html default to its best head)."
+    ),
+]
+
+
 def inspect_attention(
-    run: Annotated[Path, typer.Argument(help="A run directory (config.json, model.safetensors, tokenizer.json).", show_default=False)],
-    text: Annotated[Optional[str], typer.Option("--text", help="The text to look at (for an encoder-decoder: the source).", show_default=False)] = None,
-    text_file: Annotated[Optional[Path], typer.Option("--text-file", help="Read the text from a UTF-8 file instead.", show_default=False)] = None,
-    target: Annotated[
-        Optional[str], typer.Option("--target", help="Encoder-decoder only: the target text the decoder reads (after its start token).", show_default=False)
-    ] = None,
-    target_file: Annotated[Optional[Path], typer.Option("--target-file", help="Read the target from a UTF-8 file instead.", show_default=False)] = None,
-    attention: Annotated[
-        Optional[str],
-        typer.Option(
-            "--attention", help="encoder, decoder or cross: which attention of an encoder-decoder (default: cross; other models have one).", show_default=False
-        ),
-    ] = None,
-    layer: Annotated[
-        Optional[str],
-        typer.Option(
-            "--layer", "-l", help="A layer number (negative counts from the end) or 'all'. Default 0; all for --summary and a JSON file.", show_default=False
-        ),
-    ] = None,
-    head: Annotated[
-        Optional[str],
-        typer.Option(
-            "--head", help="A head number or 'all' (a grid of small maps). Default 0; all with --token, --summary and a JSON file.", show_default=False
-        ),
-    ] = None,
-    token: Annotated[Optional[str], typer.Option("--token", help="Show where this word of the text looks: a bar per head.", show_default=False)] = None,
-    occurrence: Annotated[int, typer.Option("--occurrence", help="With --token: which occurrence of the word (1 = the first).")] = 1,
-    summary: Annotated[
-        bool, typer.Option("--summary", help="Per head: mean entropy, mean attended distance, and the known pattern it matches best, with scores.")
-    ] = False,
-    compare: Annotated[Optional[str], typer.Option("--compare", help="A second text: the same head on both, side by side.", show_default=False)] = None,
-    compare_run: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--compare-run", help="A second run of the same shape and tokenizer: the same text through both, and which heads changed most.", show_default=False
-        ),
-    ] = None,
-    output_format: Annotated[
-        Optional[str], typer.Option("--format", "-f", help="terminal, html, png or json (default: from -o's suffix, else terminal).", show_default=False)
-    ] = None,
-    output: Annotated[
-        Optional[Path], typer.Option("--output", "-o", help="The file to write (html, png; json prints to stdout without it).", show_default=False)
-    ] = None,
-    start: Annotated[int, typer.Option("--start", help="Terminal heatmap of a long text: the first token of the window shown.")] = 0,
-    key_start: Annotated[
-        int, typer.Option("--key-start", help="Terminal cross-attention heatmap of a long source: the first source token of the columns shown.")
-    ] = 0,
-    crop: Annotated[
-        bool, typer.Option("--crop", help="Keep the first block-size tokens of a text longer than the model's context (default: an error).")
-    ] = False,
-    device: Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu, cuda, cuda:N or mps.")] = "auto",
-    checkpoints: Annotated[
-        bool, typer.Option("--checkpoints", help="Across the checkpoints the run kept (train --keep-checkpoints N): each head's detector score, step by step.")
-    ] = False,
-    pattern: Annotated[str, typer.Option("--pattern", help="With --checkpoints: previous-token, first-token, duplicate or induction.")] = "induction",
+    run: RunArgument,
+    text: TextOption = None,
+    text_file: TextFileOption = None,
+    target: TargetOption = None,
+    target_file: TargetFileOption = None,
+    attention: AttentionOption = None,
+    layer: LayerOption = None,
+    head: HeadOption = None,
+    token: TokenOption = None,
+    occurrence: OccurrenceOption = 1,
+    summary: SummaryOption = False,
+    compare: CompareOption = None,
+    compare_run: CompareRunOption = None,
+    output_format: FormatOption = None,
+    output: OutputOption = None,
+    start: StartOption = 0,
+    key_start: KeyStartOption = 0,
+    crop: CropOption = False,
+    device: DeviceOption = "auto",
+    checkpoints: CheckpointsOption = False,
+    pattern: PatternOption = "induction",
     json_output: JsonFlag = False,
 ) -> None:
     """See what every layer and head of a model attends to, for any text.
@@ -111,30 +144,63 @@ def inspect_attention(
     More: --head all; --summary; --compare "...because it was too wide"; --compare-run runs/child;
     --format html -o attention.html; --format png -o head.png; --format json -o weights.json;
     encoder-decoder: --text SOURCE --target TARGET --attention cross; --checkpoints --pattern induction
-    (a table of steps x heads: watch an induction head form).
+    (a table of steps x heads: watch an induction head form); --checkpoints --head 1.2 (that head's
+    pattern at every kept step; -o steps.html, -o steps.png or --json).
     """
-    import time
+    from tfcli.inspect.session import InspectRequest
 
-    from tfcli.errors import TfcliError
-    from tfcli.inspect.session import (
-        InspectRequest,
-        attention_document,
-        check_output,
-        html_page,
-        png_image,
-        resolve_format,
-        save_document,
-        write_document,
-        write_output,
-    )
-    from tfcli.inspect.session import (
-        inspect_attention as run_inspection,
-    )
-
-    began = time.perf_counter()
+    layer, head = _layer_and_head(layer, head)
     if checkpoints:
-        _across(run, text, text_file, attention, layer, head, pattern, output_format, output, device, json_output)
+        _across(run, _required_text(text, text_file), attention, layer, head, pattern, output_format, output, device, json_output)
         return
+    fmt = _single_format(output_format, output, json_output, start, key_start, summary)
+    request = InspectRequest(
+        run=run,
+        text=_required_text(text, text_file),
+        target=_read_text(target, target_file, "target", "--target"),
+        attention=attention,
+        layer=layer,
+        head=head,
+        token=token,
+        occurrence=occurrence,
+        summary=summary,
+        compare=compare,
+        compare_run=compare_run,
+        crop=crop,
+        device=device,
+        select_all_by_default=fmt == "json" and not json_output,
+    )
+    _single(request, fmt, output, start=start, key_start=key_start, json_output=json_output)
+
+
+def _required_text(text: str | None, text_file: Path | None) -> str:
+    from tfcli.errors import TfcliError
+
+    source = _read_text(text, text_file, "text", "--text")
+    if source is None:
+        raise TfcliError("no text given", hint="pass --text TEXT or --text-file FILE")
+    return source
+
+
+def _layer_and_head(layer: str | None, head: str | None) -> tuple[str | None, str | None]:
+    """--head LAYER.HEAD as --layer LAYER --head HEAD. Example: (None, "1.0") -> ("1", "0")"""
+    from tfcli.errors import TfcliError
+
+    if head is None or "." not in head:
+        return layer, head
+    if layer is not None:
+        raise TfcliError(f"--head {head} names its layer already", hint="drop --layer, or pass --head as a head number")
+    layer_part, _, head_part = head.partition(".")
+    if not layer_part.strip() or not head_part.strip() or "." in head_part:
+        raise TfcliError(f"--head {head!r} is not LAYER.HEAD", hint="write 1.0 for layer 1, head 0")
+    return layer_part.strip(), head_part.strip()
+
+
+def _single_format(output_format: str | None, output: Path | None, json_output: bool, start: int, key_start: int, summary: bool) -> str:
+    """The single-run view's format, and every option that cannot go with it refused before any work."""
+    from tfcli.errors import TfcliError
+    from tfcli.inspect.session import check_output, resolve_format
+
     if json_output:
         if output_format not in (None, "json", "terminal"):
             raise TfcliError(f"--json prints JSON; it cannot be combined with --format {output_format}", hint="drop one of them")
@@ -150,31 +216,21 @@ def inspect_attention(
             raise TfcliError(f"{name} moves the terminal heatmap's window", hint=f"html, png and json show the whole text; drop {name}")
     if summary and fmt == "png":
         raise TfcliError("--summary is a table", hint="use it in the terminal, with --json, or in an html page")
-    source = _read_text(text, text_file, "text", "--text")
-    if source is None:
-        raise TfcliError("no text given", hint="pass --text TEXT or --text-file FILE")
-    target_text = _read_text(target, target_file, "target", "--target")
-    request = InspectRequest(
-        run=run,
-        text=source,
-        target=target_text,
-        attention=attention,
-        layer=layer,
-        head=head,
-        token=token,
-        occurrence=occurrence,
-        summary=summary,
-        compare=compare,
-        compare_run=compare_run,
-        crop=crop,
-        device=device,
-        select_all_by_default=fmt == "json" and not json_output,
-    )
+    return fmt
+
+
+def _single(request, fmt: str, output: Path | None, *, start: int, key_start: int, json_output: bool) -> None:
+    """Capture one run (or two side by side) and show or write it in `fmt`."""
+    import time
+
+    from tfcli.inspect.session import attention_document, html_page, png_image, save_document, write_document, write_output
+    from tfcli.inspect.session import inspect_attention as run_inspection
+
+    began = time.perf_counter()
     console = stderr_console()
     with console.status("capturing attention"):
         inspection = run_inspection(request)
     captured = time.perf_counter()
-
     if fmt == "terminal":
         from tfcli.inspect.terminal import render_inspection
 
@@ -185,7 +241,7 @@ def inspect_attention(
         return
     if fmt == "json":
         # --json: the data of what the terminal shows (summary, changes or a token's rows need no full maps)
-        weights = not json_output or (not summary and compare_run is None and token is None)
+        weights = not json_output or (not request.summary and request.compare_run is None and request.token is None)
         document = attention_document(inspection, weights=weights)
         if output is None:
             import sys
@@ -198,11 +254,11 @@ def inspect_attention(
         write_output(output, html_page(inspection))
     else:
         write_output(output, png_image(inspection))
-    done = time.perf_counter()
     from rich.text import Text
 
     for note in inspection.notes:
         console.print(Text(note, style="dim"))
+    done = time.perf_counter()
     console.print(
         Text(
             f"wrote {output} ({human_bytes(output.stat().st_size)}) in {done - began:.1f} s "
@@ -211,42 +267,75 @@ def inspect_attention(
     )
 
 
-def _across(run, text, text_file, attention, layer, head, pattern, output_format, output, device, json_output) -> None:
-    """inspect-attention --checkpoints: the detector scores of every kept checkpoint (terminal or JSON)."""
+def _across_format(output_format: str | None, output: Path | None, json_output: bool) -> str:
     from tfcli.errors import TfcliError
-    from tfcli.inspect.across import across_checkpoints
+    from tfcli.inspect.session import check_output, resolve_format
+
+    if json_output:
+        if output_format not in (None, "json", "terminal") or output is not None:
+            raise TfcliError("--json prints JSON to stdout", hint="drop --format and -o, or use --format json -o FILE")
+        return "json"
+    fmt = resolve_format(output_format, output)
+    if output is not None:
+        check_output(output)
+    return fmt
+
+
+def _across(run, text, attention, layer, head, pattern, output_format, output, device, json_output) -> None:
+    """inspect-attention --checkpoints: the detector scores of every kept checkpoint (a table, or JSON), or
+    with one head chosen (or a png or html) that head's pattern at every step, drawn as the single-run view."""
+    from tfcli.errors import TfcliError
+    from tfcli.inspect import across as views
     from tfcli.inspect.capture import parse_index
-    from tfcli.inspect.session import check_output, save_document
+    from tfcli.inspect.session import save_document, write_output
     from tfcli.inspect.stats import PATTERNS
 
     if pattern not in PATTERNS:
         raise TfcliError(f"unknown --pattern {pattern!r}", hint=f"use one of {', '.join(PATTERNS)}")
-    fmt = "json" if json_output or output_format == "json" or (output is not None and output.suffix.lower() == ".json") else output_format or "terminal"
-    if fmt not in ("terminal", "json"):
-        raise TfcliError("--checkpoints shows a table: terminal or json", hint="drop --format, or pass --format json")
-    if output is not None:
-        if json_output or output.suffix.lower() != ".json":
-            raise TfcliError("--checkpoints writes only .json files with -o", hint="name the file .json, or drop -o")
-        check_output(output)
-    source = _read_text(text, text_file, "text", "--text")
-    if source is None:
-        raise TfcliError("no text given", hint="pass --text TEXT or --text-file FILE")
+    fmt = _across_format(output_format, output, json_output)
+    one_head = layer is not None and head is not None and "all" not in (layer.strip().lower(), head.strip().lower())
     with stderr_console().status("capturing every checkpoint"):
-        across = across_checkpoints(run, source, kind=attention, device=device)
-    if fmt == "json":
-        if output is None:
-            from tfcli.cli.common import print_json
-
-            print_json(across.to_json())
-        else:
-            save_document(output, across.to_json())
-        return
-    from tfcli.cli.common import print_table
-    from tfcli.inspect.tables import across_view
-
-    layers = parse_index(layer, across.n_layers, "layer", None)
-    heads = parse_index(head, across.n_heads, "head", None)
+        across = views.across_checkpoints(run, text, kind=attention, device=device, keep_weights=one_head or fmt in ("png", "html"))
+    chosen = None
+    if one_head:
+        chosen = (parse_index(layer, across.n_layers, "layer")[0], parse_index(head, across.n_heads, "head")[0])
+    elif fmt in ("png", "html"):
+        if layer is not None or head is not None:
+            raise TfcliError("--checkpoints draws one head's pattern in a png or html file", hint="pick it with --head LAYER.HEAD, or drop --layer and --head")
+        chosen = views.best_head(across, pattern)
+        stderr_console().print(f"layer {chosen[0]}, head {chosen[1]}: the best {pattern} score at the last step (--head L.H picks another)", style="dim")
     out = stdout_console()
     width = out.width if out.width != PIPED_WIDTH else 80
-    for renderable in across_view(across, pattern, layers, heads, width=width):
-        print_table(out, renderable)
+    if fmt == "json":
+        document = across.to_json() if chosen is None else views.head_document(across, *chosen)
+        if output is None:
+            import sys
+
+            from tfcli.inspect.session import write_document
+
+            write_document(sys.stdout, document)
+            sys.stdout.flush()
+        else:
+            save_document(output, document)
+    elif fmt == "png":
+        write_output(output, views.head_png(across, *chosen, pattern))
+    elif fmt == "html":
+        write_output(output, views.head_page(across, *chosen))
+    else:
+        from rich.text import Text
+
+        from tfcli.cli.common import print_table
+        from tfcli.inspect.tables import across_view
+
+        shown = views.head_view(across, *chosen, width=width) if chosen is not None else []
+        if chosen is None:
+            layers, heads = parse_index(layer, across.n_layers, "layer", None), parse_index(head, across.n_heads, "head", None)
+            shown = across_view(across, pattern, layers, heads, width=width)
+            best = views.best_head(across, pattern)
+            shown.append(
+                Text(f"--head L.H shows one head's pattern at each step (the best {pattern} score at the last step: --head {best[0]}.{best[1]})", style="dim")
+            )
+        for renderable in shown:
+            print_table(out, renderable)
+    if output is not None:
+        stderr_console().print(f"wrote {output} ({human_bytes(output.stat().st_size)})", highlight=False)

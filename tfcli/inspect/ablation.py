@@ -74,11 +74,10 @@ def ablated_runs(
     ablation); an empty row is the plain model. Returns each row's mean cross-entropy on the text's next
     tokens (rows,) and its log-probabilities at `position` (rows, vocab).
 
-    Rows are grouped by the first layer they touch; each group is one batch (of at most `batch` rows)
-    fanned out there, so the layers before it run once, at batch size one.
+    Rows are grouped by the first layer they touch (the plain run with layer 0's); each group is one batch
+    (of at most `batch` rows) fanned out there, so the layers before it run once, at batch size one.
     """
     import torch
-    import torch.nn.functional as F
 
     from tfcli.inspect.hooks import Hooks, lens_stack, vocabulary
 
@@ -88,31 +87,33 @@ def ablated_runs(
     targets = src[0, 1:]
     losses = torch.zeros(len(rows))
     log_probs = torch.zeros(len(rows), model.config.vocab_size)
-    order = sorted(range(len(rows)), key=lambda r: min((l for l, _ in rows[r]), default=-1))
+
+    def first_layer(r: int) -> int:  # the plain run (no heads) goes with the rows fanned out at layer 0
+        return min((l for l, _ in rows[r]), default=0)
+
     groups: list[list[int]] = []
-    for r in order:
-        first = min((l for l, _ in rows[r]), default=-1)
-        if groups and len(groups[-1]) < batch and min((l for l, _ in rows[groups[-1][0]]), default=-1) == first:
+    for r in sorted(range(len(rows)), key=first_layer):
+        if groups and len(groups[-1]) < batch and first_layer(groups[-1][0]) == first_layer(r):
             groups[-1].append(r)
         else:
             groups.append([r])
     with torch.inference_mode():
         for group in groups:
-            first = min((l for l, _ in rows[group[0]]), default=-1)
             with Hooks() as hooks:
-                if first >= 0:
-                    hooks.fan_out(stack, first, len(group))
-                    by_layer: dict[int, list[tuple[int, int]]] = {}
-                    for i, r in enumerate(group):
-                        for layer, head in rows[r]:
-                            by_layer.setdefault(layer, []).append((i, head))
-                    for layer, pairs in by_layer.items():
-                        hooks.edit_heads(stack, layer, _replace(pairs, replacement[layer]))
+                hooks.fan_out(stack, first_layer(group[0]), len(group))
+                by_layer: dict[int, list[tuple[int, int]]] = {}
+                for i, r in enumerate(group):
+                    for layer, head in rows[r]:
+                        by_layer.setdefault(layer, []).append((i, head))
+                for layer, pairs in by_layer.items():
+                    hooks.edit_heads(stack, layer, _replace(pairs, replacement[layer]))
                 hidden = model(src, logits=False).hidden  # (rows, T, d)
             for i, r in enumerate(group):
                 logits = vocabulary(model, hidden[i]).float()  # (T, vocab)
-                losses[r] = F.cross_entropy(logits[:-1], targets) if len(ids) > 1 else 0.0
-                log_probs[r] = torch.log_softmax(logits[position], dim=-1).cpu()
+                log_norm = torch.logsumexp(logits, dim=-1)  # (T,): log-softmax without a second (T, vocab) tensor
+                if len(ids) > 1:
+                    losses[r] = (log_norm[:-1] - logits[:-1].gather(1, targets[:, None])[:, 0]).mean()
+                log_probs[r] = (logits[position] - log_norm[position]).cpu()
     return losses, log_probs
 
 

@@ -105,7 +105,7 @@ def lens_stack(model: nn.Module, command: str, supported: tuple[str, ...] = ("de
         raise TfcliError(
             f"{command} works on {' and '.join(s + ' runs' for s in supported)}; this run is {a_or_an(arch)}", hint=f"see `tfcli {command} --help`"
         )
-    return model.decoder if arch == "decoder" else model.encoder
+    return model.encoder if arch == "encoder" else model.decoder  # an encoder-decoder: its decoder's stream
 
 
 def unembed(model: nn.Module, stack: nn.Module, residual: torch.Tensor) -> torch.Tensor:

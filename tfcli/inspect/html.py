@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tfcli.inspect.capture import AttentionCapture
-from tfcli.inspect.labels import kind_label
+from tfcli.inspect.labels import excerpts, kind_label
 from tfcli.inspect.stats import HeadChange, HeadSummary
 from tfcli.tokenizer.show import TokenView
 
@@ -202,18 +202,26 @@ def render_page(
     focus: Sequence[int] | None = None,
     summary: Sequence[HeadSummary] | None = None,
     changes: Sequence[HeadChange] | None = None,
+    heading: str | None = None,
+    about: Sequence[str] | None = None,
+    table: dict[str, Any] | None = None,
 ) -> str:
-    """The whole page as a string."""
+    """The whole page as a string. `about` replaces the per-capture lines under the heading; `table`
+    ({"title", "columns", "rows": a list of cells per panel}) is a small table whose row i shows panel i."""
     first = captures[0]
-    heading = f"attention of {first.run}"
-    about = [f"{kind_label(first)}, {first.n_layers} layers x {first.n_heads} heads"]
-    for capture, title in zip(captures, titles):
-        about.append(f"{title}: {len(capture.queries)} tokens" + ("" if capture.self_attention else f" over {len(capture.keys)} source tokens"))
-        about.extend(capture.notes)
+    heading = heading or f"attention of {first.run}"
+    lines = [f"{kind_label(first)}, {first.n_layers} layers x {first.n_heads} heads"]
+    if about is not None:
+        lines.extend(about)
+        lines.append(f"{excerpts([first.text], 80)[0]}: {len(first.queries)} tokens")
+    for capture, title in zip(captures, titles) if about is None else ():
+        lines.append(f"{title}: {len(capture.queries)} tokens" + ("" if capture.self_attention else f" over {len(capture.keys)} source tokens"))
+        lines.extend(capture.notes)
     data = page_data(captures, titles, layer=layer, head=head, focus=focus, summary=summary, changes=changes)
+    data["table"] = table
     fields = {
         "TITLE": html.escape(heading, quote=True),
-        "ABOUT": "".join(f"<li>{html.escape(line, quote=True)}</li>" for line in about),
+        "ABOUT": "".join(f"<li>{html.escape(line, quote=True)}</li>" for line in lines),
         "DATA": json_for_script(data),
         "STYLE": asset("page.css"),
         "SCRIPT": asset("page.js"),

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tfcli.errors import TfcliError
+from tfcli.errors import TfcliError, a_or_an
 from tfcli.tokenizer.show import TokenView, token_views, visible
 
 if TYPE_CHECKING:
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 MASK_PLACEHOLDER = "[MASK]"
 LENS_FORMAT = "tfcli-logit-lens"
 LENS_VERSION = 1
+SUPPORTED = ("decoder", "encoder", "encoder-decoder")
 
 
 def token_text(tokenizer: TextTokenizer, token_id: int) -> str:
@@ -71,18 +72,20 @@ def encoder_views(checkpoint: Checkpoint, text: str) -> tuple[list[TokenView], l
     return views, masks
 
 
-def lens_logits(model, ids: list[int]) -> torch.Tensor:
+def lens_logits(model, ids: list[int], decoder_ids: list[int] | None = None) -> torch.Tensor:
     """The logit lens of one text: float32 (L + 1, T, vocab), [0] from the embeddings, [l + 1] after block l.
-    The last entry is the model's own logits."""
+    The last entry is the model's own logits. An encoder-decoder reads `ids` as the source and is looked at
+    on its decoder's side, over `decoder_ids` (T of them)."""
     import torch
 
     from tfcli.inspect.hooks import Hooks, lens_stack, unembed
 
-    stack = lens_stack(model, "inspect-logits")
+    stack = lens_stack(model, "inspect-logits", SUPPORTED)
     device = model.lm_head.weight.device
     with torch.inference_mode(), Hooks() as hooks:
         stream = hooks.residual_stream(stack)
-        model(torch.tensor([ids], device=device), logits=False)
+        decoder = None if decoder_ids is None else torch.tensor([decoder_ids], device=device)  # (1, T)
+        model(torch.tensor([ids], device=device), decoder_ids=decoder, logits=False)
         return torch.stack([unembed(model, stack, x[0]).float() for x in stream])  # (L + 1, T, vocab)
 
 
@@ -113,6 +116,7 @@ class LogitLens:
     cells: list[list[LensCell]]  # [layer][position read]
     losses: list[float | None]  # per layer: mean cross-entropy (nats) on the targets; None without targets
     top_k: int
+    target: str | None = None  # an encoder-decoder's target (`text` is its source; `tokens` the decoder's)
 
     def to_json(self, tokenizer_text) -> dict[str, Any]:
         return {
@@ -120,6 +124,7 @@ class LogitLens:
             "version": LENS_VERSION,
             "run": self.run,
             "text": self.text,
+            "target": self.target,
             "arch": self.arch,
             "tokens": [v.to_json() for v in self.tokens],
             "layers": self.layers,
@@ -130,8 +135,25 @@ class LogitLens:
         }
 
 
-def logit_lens(checkpoint: Checkpoint, text: str, *, top_k: int = 5) -> LogitLens:
-    """What each layer predicts at each position of `text`; see `lens_logits`."""
+def _seq2seq_views(checkpoint: Checkpoint, text: str, target: str | None) -> tuple[list[int], list[TokenView]]:
+    """An encoder-decoder's source ids and its decoder's tokens: the start token (eos), then the target, as
+    training feeds them."""
+    if target is None:
+        raise TfcliError("an encoder-decoder's logit lens reads its decoder: it needs the target text", hint="pass --target TEXT (--text is the source)")
+    if not target.strip():
+        raise TfcliError("the target is empty", hint="pass --target TEXT")
+    tokenizer = checkpoint.tokenizer
+    source = decoder_views(checkpoint, text, "source text")
+    start = _special_view(tokenizer, tokenizer.require("eos"))
+    views = [start, *decoder_views(checkpoint, target, "target text")]
+    if len(views) > checkpoint.config.model.block_size:
+        raise TfcliError(f"the target and its start token are {len(views):,} tokens, longer than the model's block size", hint="shorten it")
+    return [v.id for v in source], views
+
+
+def logit_lens(checkpoint: Checkpoint, text: str, *, target: str | None = None, top_k: int = 5) -> LogitLens:
+    """What each layer predicts at each position of `text` (an encoder-decoder: of its decoder, reading
+    `target` after its start token, with `text` as the source); see `lens_logits`."""
     import torch
 
     if top_k < 1:
@@ -141,16 +163,25 @@ def logit_lens(checkpoint: Checkpoint, text: str, *, top_k: int = 5) -> LogitLen
     config = checkpoint.config.model
     from tfcli.inspect.hooks import lens_stack
 
-    lens_stack(checkpoint.model, "inspect-logits")  # an unsupported architecture fails before any work
+    lens_stack(checkpoint.model, "inspect-logits", SUPPORTED)  # an unsupported architecture fails before any work
+    if target is not None and config.arch != "encoder-decoder":
+        raise TfcliError(f"--target is for encoder-decoder runs; this one is {a_or_an(config.arch)}", hint="drop --target")
+    source_ids = None
     if config.arch == "encoder":
         views, positions = encoder_views(checkpoint, text)
         targets: list[int | None] = [None] * len(positions)
     else:
-        views = decoder_views(checkpoint, text)
+        if config.arch == "encoder-decoder":
+            source_ids, views = _seq2seq_views(checkpoint, text, target)
+        else:
+            views = decoder_views(checkpoint, text)
         positions = list(range(len(views)))
         targets = [views[p + 1].id if p + 1 < len(views) else None for p in positions]
     ids = [v.id for v in views]
-    logits = lens_logits(checkpoint.model, ids)[:, positions]  # (L + 1, P, vocab)
+    if source_ids is None:
+        logits = lens_logits(checkpoint.model, ids)[:, positions]  # (L + 1, P, vocab)
+    else:
+        logits = lens_logits(checkpoint.model, source_ids, ids)[:, positions]
     log_probs = torch.log_softmax(logits, dim=-1)
     probs = log_probs.exp()
     k = min(top_k, logits.shape[-1])
@@ -186,6 +217,7 @@ def logit_lens(checkpoint: Checkpoint, text: str, *, top_k: int = 5) -> LogitLen
     return LogitLens(
         run=str(checkpoint.path),
         text=text,
+        target=target,
         arch=config.arch,
         tokens=views,
         layers=layers,

@@ -31,6 +31,14 @@ def _signed(value: float, scale: float) -> str:
     return f"rgb({r},{g},{b})"
 
 
+def _signed_light(value: float, scale: float) -> tuple[str, bool]:
+    """The page's diverging colour (white at 0, red for a rise, blue for a fall) and whether it is dark."""
+    f = 0.0 if scale <= 0 or not math.isfinite(value) else min(abs(value) / scale, 1.0) ** 0.5
+    base = (215, 48, 39) if value > 0 else (49, 54, 149)
+    r, g, b = (round(255 + (c - 255) * f) for c in base)
+    return f"rgb({r},{g},{b})", f > 0.6
+
+
 def window(count: int, start: int, width: int, label_width: int, extra: int = 0) -> tuple[int, int]:
     """The first and one-past-last column of a window of cells that fits in `width` terminal columns."""
     if start < 0 or (count and start >= count):
@@ -384,7 +392,7 @@ def ablation_html(ablation) -> str:
     scale = float(np.abs(delta).max()) or 1.0
     cells = [
         [
-            (f"{float(delta[l, h]):+.4f}", _signed(float(delta[l, h]), scale), True, f"KL at position {ablation.position}: {float(ablation.kl[l, h]):.4f}")
+            (f"{float(delta[l, h]):+.4f}", *_signed_light(float(delta[l, h]), scale), f"KL at position {ablation.position}: {float(ablation.kl[l, h]):.4f}")
             for h in range(delta.shape[1])
         ]
         for l in range(delta.shape[0])
@@ -402,7 +410,7 @@ def ablation_html(ablation) -> str:
 
 def patching_html(patching) -> str:
     columns = [a.text if a.text == b.text else f"{a.text}/{b.text}" for a, b in zip(patching.clean_tokens, patching.corrupt_tokens)]
-    cells = [[(f"{round(float(v), 2) + 0.0:.2f}", _signed(float(v), 1.0), True, "") for v in row] for row in patching.restored]
+    cells = [[(f"{round(float(v), 2) + 0.0:.2f}", *_signed_light(float(v), 1.0), "") for v in row] for row in patching.restored]
     tables = [
         html_table(
             "fraction restored by patching the clean residual stream (before each block)",
@@ -418,7 +426,7 @@ def patching_html(patching) -> str:
                 "fraction restored by patching one head's clean output",
                 [f"layer {l}" for l in range(heads.shape[0])],
                 [f"head {h}" for h in range(heads.shape[1])],
-                [[(f"{round(float(v), 2) + 0.0:.2f}", _signed(float(v), 1.0), True, "") for v in row] for row in heads],
+                [[(f"{round(float(v), 2) + 0.0:.2f}", *_signed_light(float(v), 1.0), "") for v in row] for row in heads],
             )
         )
     return html_page(

@@ -257,7 +257,7 @@
     const to = tokenBlock(panel, panel.keys, "", "key");
     const by = tokenBlock(panel, panel.queries, "", "query");
     root.appendChild(to[0]); root.appendChild(by[0]);
-    Object.assign(panel, { canvas, box, plot, xAxis, yAxis, rowBand, colBand, status });
+    Object.assign(panel, { root, canvas, box, plot, xAxis, yAxis, rowBand, colBand, status });
     panel.keySpans = to[1]; panel.toTitle = to[2]; panel.querySpans = by[1]; panel.byTitle = by[2];
     $("panels").appendChild(root);
   }
@@ -294,7 +294,7 @@
     rows.forEach((row) => {
       const tr = make("tr");
       row.cells.forEach((c) => tr.appendChild(make("td", c)));
-      tr.addEventListener("click", () => select(row.layer, row.head));
+      tr.addEventListener("click", () => row.panel !== undefined ? panels[row.panel].root.scrollIntoView() : select(row.layer, row.head));
       table.appendChild(tr);
     });
     box.appendChild(table);
@@ -321,6 +321,9 @@
     if (DATA.summary) {
       $("extra").appendChild(smallTable("head summary (click to show)", ["layer", "head", "entropy", "distance", "pattern", "score"],
         DATA.summary.map((s) => ({ layer: s.layer, head: s.head, cells: [s.layer, s.head, fmt(s.entropy_bits), fmt(s.mean_distance), s.pattern, fmt(s.score)] }))));
+    }
+    if (DATA.table) {  // a row per panel (e.g. a head's scores at each checkpoint): click to scroll to it
+      $("extra").appendChild(smallTable(DATA.table.title, DATA.table.columns, DATA.table.rows.map((cells, i) => ({ panel: i, cells }))));
     }
     setZoom(Math.min(...panels.map(defaultCell)));
     select(state.layer, state.head);
