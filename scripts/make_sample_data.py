@@ -10,6 +10,8 @@ Files written under --out:
     corpus/stories.txt  simple children's stories, one per line, one blank line between stories
     reviews.jsonl       {"text": ..., "label": "positive" | "negative"}
     dates.jsonl         {"source": <a date in a human format>, "target": <ISO 8601 date>}
+    chat_train.jsonl    {"messages": [...]}: arithmetic questions and answers, one or two exchanges
+    chat_val.jsonl      the same, on sums and differences that chat_train.jsonl never asks
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from pathlib import Path
 STORIES_TARGET_BYTES = 500_000
 N_REVIEWS = 3000
 N_DATES = 8000
+N_CHAT_TRAIN = 3000
+N_CHAT_VAL = 200
+CHAT_MAX = 20  # chat questions add and subtract whole numbers from 0 to CHAT_MAX
+CHAT_VAL_FACTS = 60  # facts (a op b) kept for validation only
 
 # --------------------------------------------------------------------------------------------
 # Small English helpers
@@ -1360,6 +1366,47 @@ def make_dates(rng: random.Random, n: int = N_DATES) -> list[dict]:
 
 
 # --------------------------------------------------------------------------------------------
+# Chat: arithmetic questions and answers
+# --------------------------------------------------------------------------------------------
+
+CHAT_SYSTEM = "You are a calculator. Answer with the number only."
+CHAT_QUESTIONS = {
+    "plus": ("What is {a} plus {b}?", "How much is {a} plus {b}?", "Add {a} and {b}.", "What do you get when you add {b} to {a}?"),
+    "minus": ("What is {a} minus {b}?", "How much is {a} minus {b}?", "Take {b} away from {a}.", "What do you get when you subtract {b} from {a}?"),
+}
+CHAT_FOLLOW_UPS = {"plus": "And {a} plus {b}?", "minus": "And {a} minus {b}?"}
+
+
+def chat_facts() -> list[tuple[str, int, int]]:
+    facts = [("plus", a, b) for a in range(CHAT_MAX + 1) for b in range(CHAT_MAX + 1)]
+    return facts + [("minus", a, b) for a in range(CHAT_MAX + 1) for b in range(a + 1)]
+
+
+def chat_answer(op: str, a: int, b: int) -> str:
+    return str(a + b if op == "plus" else a - b)
+
+
+def chat_conversation(rng: random.Random, facts: list[tuple[str, int, int]]) -> dict:
+    """One or two exchanges over facts drawn from `facts`, half of them after a system message."""
+    messages = [{"role": "system", "content": CHAT_SYSTEM}] if rng.random() < 0.5 else []
+    op, a, b = rng.choice(facts)
+    messages.append({"role": "user", "content": rng.choice(CHAT_QUESTIONS[op]).format(a=a, b=b)})
+    messages.append({"role": "assistant", "content": chat_answer(op, a, b)})
+    if rng.random() < 0.3:
+        op, a, b = rng.choice(facts)
+        messages.append({"role": "user", "content": CHAT_FOLLOW_UPS[op].format(a=a, b=b)})
+        messages.append({"role": "assistant", "content": chat_answer(op, a, b)})
+    return {"messages": messages}
+
+
+def make_chat(rng: random.Random, n_train: int = N_CHAT_TRAIN, n_val: int = N_CHAT_VAL) -> tuple[list[dict], list[dict]]:
+    facts = chat_facts()
+    rng.shuffle(facts)
+    val_facts, train_facts = facts[:CHAT_VAL_FACTS], facts[CHAT_VAL_FACTS:]
+    return [chat_conversation(rng, train_facts) for _ in range(n_train)], [chat_conversation(rng, val_facts) for _ in range(n_val)]
+
+
+# --------------------------------------------------------------------------------------------
 # Output
 # --------------------------------------------------------------------------------------------
 
@@ -1385,11 +1432,14 @@ def main(argv: list[str] | None = None) -> None:
     stories = make_stories(random.Random(f"stories-{args.seed}"))
     reviews = make_reviews(random.Random(f"reviews-{args.seed}"))
     dates = make_dates(random.Random(f"dates-{args.seed}"))
+    chat_train, chat_val = make_chat(random.Random(f"chat-{args.seed}"))
 
     write_text(args.out / "corpus" / "stories.txt", "\n\n".join(stories) + "\n")
     write_jsonl(args.out / "reviews.jsonl", reviews)
     write_jsonl(args.out / "dates.jsonl", dates)
-    print(f"wrote {len(stories)} stories, {len(reviews)} reviews, {len(dates)} dates to {args.out}")
+    write_jsonl(args.out / "chat_train.jsonl", chat_train)
+    write_jsonl(args.out / "chat_val.jsonl", chat_val)
+    print(f"wrote {len(stories)} stories, {len(reviews)} reviews, {len(dates)} dates, {len(chat_train)} + {len(chat_val)} chats to {args.out}")
 
 
 if __name__ == "__main__":
