@@ -11,7 +11,7 @@ Files written under --out:
     reviews.jsonl       {"text": ..., "label": "positive" | "negative"}
     dates.jsonl         {"source": <a date in a human format>, "target": <ISO 8601 date>}
     chat_train.jsonl    {"messages": [...]}: arithmetic questions and answers, one or two exchanges
-    chat_val.jsonl      the same, on sums and differences that chat_train.jsonl never asks
+    chat_val.jsonl      more conversations drawn the same way, for validation
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from pathlib import Path
 STORIES_TARGET_BYTES = 500_000
 N_REVIEWS = 3000
 N_DATES = 8000
-N_CHAT_TRAIN = 3000
+N_CHAT_TRAIN = 2000
 N_CHAT_VAL = 200
-CHAT_MAX = 20  # chat questions add and subtract whole numbers from 0 to CHAT_MAX
-CHAT_VAL_FACTS = 60  # facts (a op b) kept for validation only
+CHAT_MAX = 9  # chat questions add and subtract whole numbers from 0 to CHAT_MAX
 
 # --------------------------------------------------------------------------------------------
 # Small English helpers
@@ -1400,10 +1399,16 @@ def chat_conversation(rng: random.Random, facts: list[tuple[str, int, int]]) -> 
 
 
 def make_chat(rng: random.Random, n_train: int = N_CHAT_TRAIN, n_val: int = N_CHAT_VAL) -> tuple[list[dict], list[dict]]:
+    """Conversations over the same facts in both files; a validation conversation repeats one of training only by chance."""
     facts = chat_facts()
-    rng.shuffle(facts)
-    val_facts, train_facts = facts[:CHAT_VAL_FACTS], facts[CHAT_VAL_FACTS:]
-    return [chat_conversation(rng, train_facts) for _ in range(n_train)], [chat_conversation(rng, val_facts) for _ in range(n_val)]
+    train = [chat_conversation(rng, facts) for _ in range(n_train)]
+    seen = {json.dumps(c) for c in train}
+    val: list[dict] = []
+    while len(val) < n_val:
+        conversation = chat_conversation(rng, facts)
+        if json.dumps(conversation) not in seen:
+            val.append(conversation)
+    return train, val
 
 
 # --------------------------------------------------------------------------------------------

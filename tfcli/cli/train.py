@@ -225,7 +225,7 @@ def finetune(
         Optional[Path],
         typer.Option(
             "--chat-template",
-            help="chat, instruct: a Jinja chat template file (transformers' format) [default: the parent's, else ChatML: <|im_start|>role\\n...<|im_end|>, whose two tokens are added]. Conversations are padded, not packed; the loss counts the assistant's tokens only.",
+            help="chat, instruct: a Jinja chat template file (transformers' format) [default: the parent's, else ChatML: <|im_start|>role\\n...<|im_end|>, its two markers added to a tokenizer that lacks them]. Conversations are padded, not packed; the loss counts the assistant's tokens only.",
             show_default=False,
         ),
     ] = None,

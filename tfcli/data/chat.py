@@ -102,7 +102,7 @@ def read_conversations(path: Path, task: str) -> list[Conversation]:
     return conversations
 
 
-def _without_oldest_exchange(messages: Sequence[Message]) -> list[Message] | None:
+def without_oldest_exchange(messages: Sequence[Message]) -> list[Message] | None:
     """The messages without their oldest exchange (a leading system message stays); None when only one is left.
 
     Example: [system, user a, assistant a, user b, assistant b] -> [system, user b, assistant b]
@@ -124,7 +124,7 @@ def fit_conversation(template: ChatTemplate, messages: Sequence[Message], max_to
         encoded = template.encode(kept)
         if len(encoded.ids) <= max_tokens:
             return encoded, cropped
-        kept, cropped = _without_oldest_exchange(kept), True
+        kept, cropped = without_oldest_exchange(kept), True
     return None, cropped
 
 

@@ -8,7 +8,8 @@ block), so `AutoTokenizer.from_pretrained(run).apply_chat_template(messages, tok
 `encode` gives. The rendered text is tokenized with special-token text read as the special tokens (the
 template's markers); the text of a special token inside a message is refused, so no message can forge a
 turn. Which ids are the assistant's is found by rendering the conversation prefix by prefix: the
-assistant's text is what a message adds after the generation prompt, up to and including the end-of-turn token.
+assistant's text is what a message adds after the generation prompt, up to and including the end-of-turn
+token; a token counts when any of its characters does.
 """
 
 from __future__ import annotations
@@ -184,7 +185,8 @@ class ChatTemplate:
         full = self.render(messages)
         spans = list(self._assistant_spans(messages, full))
         ids, offsets = self._ids_and_offsets(full)
-        trained = [any(start <= begin < end for start, end in spans) for begin, _ in offsets]
+        # a token that straddles the start of a reply (" red" after "A:") carries the reply's first characters
+        trained = [any(begin < end and finish > start for start, end in spans) for begin, finish in offsets]
         return EncodedChat(ids, trained)
 
     def _assistant_spans(self, messages: Sequence[Message], full: str) -> Iterator[tuple[int, int]]:
@@ -234,18 +236,18 @@ class ChatTemplate:
 def chat_tokenizer_files(tokenizer: TextTokenizer, config: dict[str, Any], source: str) -> tuple[str, dict[str, Any], list[str]]:
     """The tokenizer.json text and tokenizer_config.json of `tokenizer` made to chat with the template
     `source`: the template under `chat_template`, special-token text read as the special tokens (so that
-    transformers' apply_chat_template reads the template's markers as tfcli does), and, for tfcli's default
-    template, its two markers added as special tokens where the tokenizer lacks them. Returns the added tokens too."""
+    transformers' apply_chat_template reads the template's markers as tfcli does), and ChatML's two markers
+    added as special tokens where the template writes them and the tokenizer lacks them. Returns the added tokens too."""
     from tokenizers import Tokenizer
 
     text = tokenizer.path.read_text(encoding="utf-8")
     added: list[str] = []
-    if source == DEFAULT_TEMPLATE:
-        hf = Tokenizer.from_str(text)
-        added = [t for t in (TURN_START, TURN_END) if t not in {a.content for a in hf.get_added_tokens_decoder().values() if a.special}]
-        if added:
-            hf.add_special_tokens(added)
-            text = hf.to_str(pretty=True)
+    hf = Tokenizer.from_str(text)
+    specials = {a.content for a in hf.get_added_tokens_decoder().values() if a.special}
+    added = [t for t in (TURN_START, TURN_END) if t in source and t not in specials]
+    if added:
+        hf.add_special_tokens(added)
+        text = hf.to_str(pretty=True)
     config = dict(config)
     config[TEMPLATE_KEY] = source
     config["split_special_tokens"] = False

@@ -2,7 +2,7 @@
 batches, and the parent's embedding grown by the tokens the template adds.
 
 The template is --chat-template FILE, else the parent's (its tokenizer_config.json), else tfcli's default
-(ChatML), whose two markers are added to a tokenizer that lacks them: the embedding (and an untied output
+(ChatML); ChatML's two markers are added to a tokenizer that lacks them where the template writes them: the embedding (and an untied output
 layer) grows by as many rows, started at the mean of the existing rows. Conversations are padded on the
 right to the longest in the batch (a decoder's causal mask keeps real tokens from seeing the padding, whose
 targets carry no loss); they are not packed.
