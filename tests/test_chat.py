@@ -202,6 +202,21 @@ def test_chat_finetune_learns_and_generate_chat_answers(chat_run, cli):
     assert result.stdout == "a park\n", result.stderr
 
 
+def test_an_exported_chat_run_ends_transformers_generate_at_the_end_of_turn(chat_run, cli, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    result = cli("export", chat_run, "--to", "hf", "-o", tmp_path / "hf")
+    assert result.code == 0, result.stderr
+    tokenizer = TextTokenizer.load(chat_run)
+    ends = [tokenizer.hf.token_to_id("<|im_end|>"), tokenizer.special_ids["eos"]]
+    assert json.loads((tmp_path / "hf" / "generation_config.json").read_text())["eos_token_id"] == ends
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    messages = [{"role": "user", "content": "What about the dog?"}]
+    prompt = hf_tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, return_tensors="pt")["input_ids"]
+    out = model.generate(prompt, max_new_tokens=10, do_sample=False)
+    assert hf_tokenizer.decode(out[0, prompt.shape[1] :]) == "the rain<|im_end|>"  # the end-of-turn token stopped it
+
+
 def test_generate_chat_on_stdin_keeps_the_history_and_drops_the_oldest_turns(chat_run, cli, monkeypatch):
     lines = "".join(f"What about the {animal}?\n" for animal in ("fox", "dog", "cat", "fox", "dog")) + "/reset\nWhat about the cat?\n"
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(lines.encode())))
