@@ -202,6 +202,19 @@ def test_chat_finetune_learns_and_generate_chat_answers(chat_run, cli):
     assert result.stdout == "a park\n", result.stderr
 
 
+def test_eval_scores_a_chat_run_on_conversations_as_validation_does(chat_run, cli, chats, tmp_path):
+    result = cli("eval", chat_run, "--data", chats, "--json")
+    assert result.code == 0, result.stderr
+    right = json.loads(result.stdout)
+    assert right["task"] == "chat" and right["examples"] == 90 and right["accuracy"] == 1.0 and right["loss"] < 0.5
+    wrong = tmp_path / "wrong.jsonl"
+    wrong.write_text(json.dumps({"messages": [{"role": "user", "content": "What about the fox?"}, {"role": "assistant", "content": "the rain"}]}) + "\n")
+    scored = json.loads(cli("eval", chat_run, "--data", wrong, "--json").stdout)
+    assert scored["examples"] == 1 and scored["accuracy"] == 0.0 and scored["loss"] > 2 * right["loss"]  # "the" was right
+    table = cli("eval", chat_run, "--data", chats)
+    assert "accuracy" in table.stdout and "1.0000" in table.stdout
+
+
 def test_an_exported_chat_run_ends_transformers_generate_at_the_end_of_turn(chat_run, cli, tmp_path):
     transformers = pytest.importorskip("transformers")
     result = cli("export", chat_run, "--to", "hf", "-o", tmp_path / "hf")
