@@ -10,8 +10,8 @@ Files written under --out:
     corpus/stories.txt  simple children's stories, one per line, one blank line between stories
     reviews.jsonl       {"text": ..., "label": "positive" | "negative"}
     dates.jsonl         {"source": <a date in a human format>, "target": <ISO 8601 date>}
-    chat_train.jsonl    {"messages": [...]}: arithmetic questions and answers, one or two exchanges
-    chat_val.jsonl      more conversations drawn the same way, for validation
+    chat_train.jsonl    {"messages": [...]}: word games (first word, last word, repeat), one or two exchanges
+    chat_val.jsonl      more conversations drawn the same way over word triples not in training, for validation
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ N_REVIEWS = 3000
 N_DATES = 8000
 N_CHAT_TRAIN = 2000
 N_CHAT_VAL = 200
-CHAT_MAX = 9  # chat questions add and subtract whole numbers from 0 to CHAT_MAX
 
 # --------------------------------------------------------------------------------------------
 # Small English helpers
@@ -1365,49 +1364,58 @@ def make_dates(rng: random.Random, n: int = N_DATES) -> list[dict]:
 
 
 # --------------------------------------------------------------------------------------------
-# Chat: arithmetic questions and answers
+# Chat: word games a small transformer learns by attention (copying words from the question)
 # --------------------------------------------------------------------------------------------
 
-CHAT_SYSTEM = "You are a calculator. Answer with the number only."
-CHAT_QUESTIONS = {
-    "plus": ("What is {a} plus {b}?", "How much is {a} plus {b}?", "Add {a} and {b}.", "What do you get when you add {b} to {a}?"),
-    "minus": ("What is {a} minus {b}?", "How much is {a} minus {b}?", "Take {b} away from {a}.", "What do you get when you subtract {b} from {a}?"),
+CHAT_SYSTEM = "You play word games."
+CHAT_WORDS = (
+    "fox dog cat bird ball tree park apple bear frog duck fish hat box boat kite sun moon rain book bed door red blue green "
+    "big small happy sad little old new cold tall soft fast slow girl boy mom dad friend rabbit mouse owl horse cow pig lion "
+    "garden river hill house car train toy sock"
+).split()  # words of the stories that their tokenizer keeps whole after a space
+CHAT_GAMES = {
+    "first": (("What is the first word of: {words}?", "Which word comes first in: {words}?"), "It is {first}."),
+    "last": (("What is the last word of: {words}?", "Which word comes last in: {words}?"), "It is {last}."),
+    "repeat": (("Repeat after me: {words}.", "Say this back: {words}."), "Sure: {words}."),
 }
-CHAT_FOLLOW_UPS = {"plus": "And {a} plus {b}?", "minus": "And {a} minus {b}?"}
+CHAT_FOLLOW_UP = "And now: {question}"
+CHAT_TWO_EXCHANGES = 0.3  # the share of conversations with a second exchange (a game on other words)
 
 
-def chat_facts() -> list[tuple[str, int, int]]:
-    facts = [("plus", a, b) for a in range(CHAT_MAX + 1) for b in range(CHAT_MAX + 1)]
-    return facts + [("minus", a, b) for a in range(CHAT_MAX + 1) for b in range(a + 1)]
+def chat_instance(rng: random.Random) -> tuple[str, tuple[str, ...]]:
+    """A game and the three words it is played on."""
+    return rng.choice(sorted(CHAT_GAMES)), tuple(rng.sample(CHAT_WORDS, 3))
 
 
-def chat_answer(op: str, a: int, b: int) -> str:
-    return str(a + b if op == "plus" else a - b)
+def chat_exchange(rng: random.Random, game: str, words: tuple[str, ...]) -> tuple[str, str]:
+    questions, answer = CHAT_GAMES[game]
+    fields = {"words": " ".join(words), "first": words[0], "last": words[-1]}
+    return rng.choice(questions).format(**fields), answer.format(**fields)
 
 
-def chat_conversation(rng: random.Random, facts: list[tuple[str, int, int]]) -> dict:
-    """One or two exchanges over facts drawn from `facts`, half of them after a system message."""
+def chat_conversation(rng: random.Random, instances: list[tuple[str, tuple[str, ...]]]) -> dict:
+    """One or two exchanges over `instances`, half of them after a system message."""
     messages = [{"role": "system", "content": CHAT_SYSTEM}] if rng.random() < 0.5 else []
-    op, a, b = rng.choice(facts)
-    messages.append({"role": "user", "content": rng.choice(CHAT_QUESTIONS[op]).format(a=a, b=b)})
-    messages.append({"role": "assistant", "content": chat_answer(op, a, b)})
-    if rng.random() < 0.3:
-        op, a, b = rng.choice(facts)
-        messages.append({"role": "user", "content": CHAT_FOLLOW_UPS[op].format(a=a, b=b)})
-        messages.append({"role": "assistant", "content": chat_answer(op, a, b)})
+    for turn, (game, words) in enumerate(instances):
+        question, answer = chat_exchange(rng, game, words)
+        messages.append({"role": "user", "content": CHAT_FOLLOW_UP.format(question=question) if turn else question})
+        messages.append({"role": "assistant", "content": answer})
     return {"messages": messages}
 
 
 def make_chat(rng: random.Random, n_train: int = N_CHAT_TRAIN, n_val: int = N_CHAT_VAL) -> tuple[list[dict], list[dict]]:
-    """Conversations over the same facts in both files; a validation conversation repeats one of training only by chance."""
-    facts = chat_facts()
-    train = [chat_conversation(rng, facts) for _ in range(n_train)]
-    seen = {json.dumps(c) for c in train}
+    """Training and validation conversations; no game is played on the same three words in both files, so the
+    validation questions are new to a model trained on the first (it must copy, not remember)."""
+    train, seen = [], set()
+    for _ in range(n_train):
+        instances = [chat_instance(rng) for _ in range(2 if rng.random() < CHAT_TWO_EXCHANGES else 1)]
+        seen.update(instances)
+        train.append(chat_conversation(rng, instances))
     val: list[dict] = []
     while len(val) < n_val:
-        conversation = chat_conversation(rng, facts)
-        if json.dumps(conversation) not in seen:
-            val.append(conversation)
+        instances = [chat_instance(rng) for _ in range(2 if rng.random() < CHAT_TWO_EXCHANGES else 1)]
+        if not seen & set(instances):
+            val.append(chat_conversation(rng, instances))
     return train, val
 
 
