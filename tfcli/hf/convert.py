@@ -212,7 +212,10 @@ def chat_generation_config(hf_config: dict[str, Any], tokenizer, tokenizer_confi
     end-of-turn token (<|im_end|>) comes first and the end-of-text token after it. None for other runs."""
     from tfcli.tokenizer.chat_template import ChatTemplate
 
-    template = ChatTemplate.for_tokenizer(tokenizer, tokenizer_config, str(run_dir))
+    try:
+        template = ChatTemplate.for_tokenizer(tokenizer, tokenizer_config, str(run_dir))
+    except TfcliError:  # a template jinja2 cannot compile is exported as it is, as transformers would read it
+        return None
     if template is None:
         return None
     ends = [tokenizer.hf.token_to_id(text) for text in template.end_of_turn_texts] + [hf_config.get("eos_token_id")]
