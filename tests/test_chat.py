@@ -213,6 +213,10 @@ def test_eval_scores_a_chat_run_on_conversations_as_validation_does(chat_run, cl
     assert scored["examples"] == 1 and scored["accuracy"] == 0.0 and scored["loss"] > 2 * right["loss"]  # "the" was right
     table = cli("eval", chat_run, "--data", chats)
     assert "accuracy" in table.stdout and "1.0000" in table.stdout
+    labeled = tmp_path / "labeled.jsonl"
+    labeled.write_text(json.dumps({"text": "a fox", "label": "fox"}) + "\n")
+    refused = cli("eval", chat_run, "--data", labeled)
+    assert refused.code == 2 and "has no 'messages' field" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
 
 
 def test_an_exported_chat_run_ends_transformers_generate_at_the_end_of_turn(chat_run, cli, tmp_path):
