@@ -261,6 +261,8 @@ def test_a_parents_template_is_kept_and_adds_no_tokens(cli, parent, chats, tmp_p
     shutil.copytree(parent, own)
     plain = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
     (own / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>", "chat_template": plain}))
+    scored = cli("eval", own, "--data", chats, "--json")  # a model with a template (as imported) is scored on conversations
+    assert scored.code == 0 and json.loads(scored.stdout)["task"] == "chat" and json.loads(scored.stdout)["examples"] == 90
     result = cli(*finetune_args(own, chats, tmp_path / "run", "--max-steps", "2"))
     assert result.code == 0, result.stderr
     assert "embedding grows" not in result.stderr
