@@ -10,6 +10,8 @@ Files written under --out:
     corpus/stories.txt  simple children's stories, one per line, one blank line between stories
     reviews.jsonl       {"text": ..., "label": "positive" | "negative"}
     dates.jsonl         {"source": <a date in a human format>, "target": <ISO 8601 date>}
+    chat_train.jsonl    {"messages": [...]}: word games (first word, last word, repeat), one or two exchanges
+    chat_val.jsonl      more conversations drawn the same way over word triples not in training, for validation
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pathlib import Path
 STORIES_TARGET_BYTES = 500_000
 N_REVIEWS = 3000
 N_DATES = 8000
+N_CHAT_TRAIN = 2000
+N_CHAT_VAL = 200
 
 # --------------------------------------------------------------------------------------------
 # Small English helpers
@@ -1360,6 +1364,62 @@ def make_dates(rng: random.Random, n: int = N_DATES) -> list[dict]:
 
 
 # --------------------------------------------------------------------------------------------
+# Chat: word games a small transformer learns by attention (copying words from the question)
+# --------------------------------------------------------------------------------------------
+
+CHAT_SYSTEM = "You play word games."
+CHAT_WORDS = (
+    "fox dog cat bird ball tree park apple bear frog duck fish hat box boat kite sun moon rain book bed door red blue green "
+    "big small happy sad little old new cold tall soft fast slow girl boy mom dad friend rabbit mouse owl horse cow pig lion "
+    "garden river hill house car train toy sock"
+).split()  # words of the stories that their tokenizer keeps whole after a space
+CHAT_GAMES = {
+    "first": (("What is the first word of: {words}?", "Which word comes first in: {words}?"), "It is {first}."),
+    "last": (("What is the last word of: {words}?", "Which word comes last in: {words}?"), "It is {last}."),
+    "repeat": (("Repeat after me: {words}.", "Say this back: {words}."), "Sure: {words}."),
+}
+CHAT_FOLLOW_UP = "And now: {question}"
+CHAT_TWO_EXCHANGES = 0.3  # the share of conversations with a second exchange (a game on other words)
+
+
+def chat_instance(rng: random.Random) -> tuple[str, tuple[str, ...]]:
+    """A game and the three words it is played on."""
+    return rng.choice(sorted(CHAT_GAMES)), tuple(rng.sample(CHAT_WORDS, 3))
+
+
+def chat_exchange(rng: random.Random, game: str, words: tuple[str, ...]) -> tuple[str, str]:
+    questions, answer = CHAT_GAMES[game]
+    fields = {"words": " ".join(words), "first": words[0], "last": words[-1]}
+    return rng.choice(questions).format(**fields), answer.format(**fields)
+
+
+def chat_conversation(rng: random.Random, instances: list[tuple[str, tuple[str, ...]]]) -> dict:
+    """One or two exchanges over `instances`, half of them after a system message."""
+    messages = [{"role": "system", "content": CHAT_SYSTEM}] if rng.random() < 0.5 else []
+    for turn, (game, words) in enumerate(instances):
+        question, answer = chat_exchange(rng, game, words)
+        messages.append({"role": "user", "content": CHAT_FOLLOW_UP.format(question=question) if turn else question})
+        messages.append({"role": "assistant", "content": answer})
+    return {"messages": messages}
+
+
+def make_chat(rng: random.Random, n_train: int = N_CHAT_TRAIN, n_val: int = N_CHAT_VAL) -> tuple[list[dict], list[dict]]:
+    """Training and validation conversations; no game is played on the same three words in both files, so the
+    validation questions are new to a model trained on the first (it must copy, not remember)."""
+    train, seen = [], set()
+    for _ in range(n_train):
+        instances = [chat_instance(rng) for _ in range(2 if rng.random() < CHAT_TWO_EXCHANGES else 1)]
+        seen.update(instances)
+        train.append(chat_conversation(rng, instances))
+    val: list[dict] = []
+    while len(val) < n_val:
+        instances = [chat_instance(rng) for _ in range(2 if rng.random() < CHAT_TWO_EXCHANGES else 1)]
+        if not seen & set(instances):
+            val.append(chat_conversation(rng, instances))
+    return train, val
+
+
+# --------------------------------------------------------------------------------------------
 # Output
 # --------------------------------------------------------------------------------------------
 
@@ -1385,11 +1445,14 @@ def main(argv: list[str] | None = None) -> None:
     stories = make_stories(random.Random(f"stories-{args.seed}"))
     reviews = make_reviews(random.Random(f"reviews-{args.seed}"))
     dates = make_dates(random.Random(f"dates-{args.seed}"))
+    chat_train, chat_val = make_chat(random.Random(f"chat-{args.seed}"))
 
     write_text(args.out / "corpus" / "stories.txt", "\n\n".join(stories) + "\n")
     write_jsonl(args.out / "reviews.jsonl", reviews)
     write_jsonl(args.out / "dates.jsonl", dates)
-    print(f"wrote {len(stories)} stories, {len(reviews)} reviews, {len(dates)} dates to {args.out}")
+    write_jsonl(args.out / "chat_train.jsonl", chat_train)
+    write_jsonl(args.out / "chat_val.jsonl", chat_val)
+    print(f"wrote {len(stories)} stories, {len(reviews)} reviews, {len(dates)} dates, {len(chat_train)} + {len(chat_val)} chats to {args.out}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import dataclasses
 from tfcli.errors import TfcliError
 from tfcli.schema import JsonRecord
 
-TASKS = ("lm", "mlm", "denoise", "classify", "seq2seq")
+TASKS = ("lm", "mlm", "denoise", "classify", "seq2seq", "chat", "instruct")
 PRETRAIN_TASK = {"decoder": "lm", "encoder": "mlm", "encoder-decoder": "denoise"}
 SCHEDULES = ("cosine", "linear", "constant")
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -22,7 +22,7 @@ RESUMABLE_CHANGES = ("max_steps", "time_budget", "eval_every", "eval_batches", "
 
 @dataclasses.dataclass
 class TrainConfig(JsonRecord):
-    task: str = "lm"  # lm (decoder) | mlm (encoder) | denoise (encoder-decoder on text) | classify | seq2seq
+    task: str = "lm"  # lm (decoder) | mlm (encoder) | denoise (encoder-decoder on text) | classify | seq2seq | chat | instruct
     max_steps: int = 1000  # optimizer updates (ignored when time_budget is set)
     time_budget: float | None = None  # seconds of training; the schedule is laid over the budget
     batch_size: int = 16  # sequences per micro-batch, per process

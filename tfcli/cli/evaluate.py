@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, at_least, print_json, print_table, stdout_console
+from tfcli.cli.common import JsonFlag, at_least, print_json, print_table, stderr_console, stdout_console
 
 
 def evaluate(
@@ -16,7 +16,7 @@ def evaluate(
         Path,
         typer.Option(
             "--data",
-            help="A shard folder, a text file (or folder of them), or a labeled set (JSON lines, CSV or Parquet; read with the field names the run was fine-tuned with).",
+            help="A shard folder, a text file (or folder of them), or a labeled set (JSON lines, CSV or Parquet; read with the field names the run was fine-tuned with), or conversations for a chat run.",
             show_default=False,
         ),
     ],
@@ -29,7 +29,8 @@ def evaluate(
     json_output: JsonFlag = False,
 ) -> None:
     """Loss, perplexity and bits per byte of a language model on shards or text; accuracy and macro-F1 of
-    a classifier (or the loss of an encoder-decoder) on a labeled set (JSON lines, CSV or Parquet).
+    a classifier (or the loss of an encoder-decoder) on a labeled set (JSON lines, CSV or Parquet); the
+    loss per assistant token and the share of replies exactly right of a chat run on conversations.
 
     \b
     Example: tfcli eval runs/quickstart/model --data runs/quickstart/shards
@@ -43,6 +44,8 @@ def evaluate(
     if split not in ("val", "train"):
         raise TfcliError(f"--split must be val or train, not {split!r}")
     result = evaluate_run(run, data, split=split, batch_size=batch_size, max_batches=max_batches, device=device)
+    if "note" in result:
+        stderr_console().print(f"note: {result['note']}", markup=False, highlight=False)
     if json_output:
         print_json(result)
         return

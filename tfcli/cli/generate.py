@@ -145,6 +145,14 @@ def generate(
             help="A conversation on stdin: each line is added to the context and answered; a reply ends at a newline unless --stop says otherwise (/reset, /quit).",
         ),
     ] = False,
+    chat: Annotated[
+        bool,
+        typer.Option(
+            "--chat",
+            help="A chat with a run that has a chat template (tfcli train finetune --task chat): answers --prompt once, else each line typed on stdin; the oldest exchanges leave the context when it is full.",
+        ),
+    ] = False,
+    system: Annotated[Optional[str], typer.Option("--system", help="--chat: the system message the conversation starts with.", show_default=False)] = None,
     device: Annotated[str, typer.Option(help="auto (a GPU when there is one), cpu, cuda, cuda:N or mps.")] = "auto",
     threads: Annotated[
         int,
@@ -165,10 +173,16 @@ def generate(
     the window: the last 3/4 of the context is run again and decoding goes on. Text stops at the
     end-of-text token (unless --ignore-eos), a --stop string (not kept) or --max-new-tokens.
 
+    --chat renders the conversation with the run's chat template and stops each reply at its end-of-turn
+    token; with --prompt it answers once and exits.
+
     \b
     Example: tfcli generate runs/story --prompt "Once upon a time" --strategy sample --top-p 0.9 --seed 1
+    Example: tfcli generate runs/chat --chat --system "Answer with the number only." --prompt "What is 7 plus 5?"
     """
     from tfcli.errors import TfcliError
+
+    _check_chat_options(chat, system, prompt_file, interactive, fill_mask, classify, json_output)
 
     modes = [
         name
@@ -177,11 +191,12 @@ def generate(
             ("--fill-mask", fill_mask is not None),
             ("--classify", classify is not None),
             ("--interactive", interactive),
+            ("--chat", chat and prompt is None),
         )
         if on
     ]
     if not modes:
-        raise TfcliError("nothing to do", hint="pass --prompt TEXT, --prompt-file FILE, --interactive, --fill-mask TEXT or --classify TEXT")
+        raise TfcliError("nothing to do", hint="pass --prompt TEXT, --prompt-file FILE, --interactive, --chat, --fill-mask TEXT or --classify TEXT")
     if len(modes) > 1 and modes != ["--prompt/--prompt-file"]:
         raise TfcliError(f"{modes[0]} and {modes[1]} do not go together", hint="pick one")
     if threads < 0:
@@ -243,6 +258,8 @@ def generate(
             device,
             threads,
             json_output,
+            chat,
+            system,
         )
     finally:
         torch.set_num_threads(threads_before)
@@ -275,6 +292,8 @@ def _generate(
     device,
     threads,
     json_output,
+    chat=False,
+    system=None,
 ) -> None:
     from tfcli.errors import TfcliError
     from tfcli.generate.settings import GenerationSettings, resolve_strategy
@@ -297,20 +316,33 @@ def _generate(
         length_penalty=length_penalty,
         early_stopping=early_stopping,
         num_samples=num_samples,
-        stop=tuple(stop or ()) if (stop or not interactive) else ("\n",),
+        stop=tuple(stop or ()) if (stop or not interactive) else ("\n",),  # a plain conversation's reply is a line
         seed=seed,
         stop_at_eos=not ignore_eos,
         use_cache=not no_cache,
         logprobs=json_output,
     )
-    prompts = None if interactive else _read_prompts(prompt, prompt_file)
+    prompts = None if interactive or chat else _read_prompts(prompt, prompt_file)
+    if chat and prompt is not None:
+        _read_prompts(prompt, None)  # the same checks: UTF-8, not empty
     checkpoint = _load(run, device, threads)
 
     from tfcli.generate.decoding import Generator
 
     generator = Generator(checkpoint.model, checkpoint.tokenizer, settings, batch_size=batch_size)
+    if chat:
+        from tfcli.generate.chat import ChatSession, run_template
+
+        session = ChatSession(generator, run_template(run, generator), system)
+        if prompt is not None:
+            _answer_once(session, prompt, stream=not no_stream)
+        else:
+            _interactive(generator, session)
+        return
     if interactive:
-        _interactive(generator)
+        from tfcli.generate.conversation import Conversation
+
+        _interactive(generator, Conversation(generator))
         return
     assert prompts is not None
     _render(generator, prompts, stream=not no_stream, json_output=json_output, run=run)
@@ -400,14 +432,59 @@ def _print_completion(out: _Writer, completion, n_completions: int, settings) ->
     out.write(completion.text + "\n")
 
 
-def _interactive(generator) -> None:
+def _check_chat_options(chat: bool, system, prompt_file, interactive: bool, fill_mask, classify, json_output: bool) -> None:
+    from tfcli.errors import TfcliError
+
+    if system is not None and not chat:
+        raise TfcliError("--system sets a chat's system message; it needs --chat")
+    if not chat:
+        return
+    for name, given in (("--prompt-file", prompt_file is not None), ("--interactive", interactive), ("--fill-mask", fill_mask is not None)):
+        if given:
+            raise TfcliError(f"--chat and {name} do not go together", hint="--chat alone reads a conversation from stdin; --chat --prompt TEXT answers once")
+    if classify is not None:
+        raise TfcliError("--chat and --classify do not go together", hint="pick one")
+    if json_output:
+        raise TfcliError("--chat prints a conversation, not JSON", hint="drop --json")
+    if system is not None:
+        require_utf8(system, "the system message")
+
+
+def _answer_once(session, prompt: str, *, stream: bool) -> None:
+    """One chat reply to --prompt, streamed (or printed whole with --no-stream), then the timing line."""
+    from rich.text import Text
+
+    from tfcli.generate.events import Chunk, Finished, Notice
+
+    errors = stderr_console()
+    out = _Writer()
+    finished = None
+    for event in session.reply(prompt):
+        if isinstance(event, Chunk) and stream:
+            out.write(event.text)
+        elif isinstance(event, Notice):
+            errors.print(Text(f"{event.level}: {event.message}", style="yellow"), soft_wrap=True)
+        elif isinstance(event, Finished):
+            finished = event.result
+    assert finished is not None
+    out.write(("" if stream else finished.text) + "\n")
+    timing = session.generator.timing
+    errors.print(
+        Text(
+            f"{timing.new_tokens:,} tokens in {timing.total_seconds:.2f} s ({timing.tokens_per_second:,.1f} tokens/s), stopped by {finished.finish_reason}",
+            style="dim",
+        ),
+        soft_wrap=True,
+    )
+
+
+def _interactive(generator, conversation) -> None:
+    """Read lines from stdin and answer each with `conversation` (a plain Conversation or a ChatSession)."""
     from rich.text import Text
 
     from tfcli.errors import TfcliError
-    from tfcli.generate.conversation import Conversation
     from tfcli.generate.events import Chunk, Notice
 
-    conversation = Conversation(generator)
     errors = stderr_console()
     out = _Writer()
     long_run = generator.length_notice()

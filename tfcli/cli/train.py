@@ -182,7 +182,7 @@ def finetune(
         str,
         typer.Option(
             "--task",
-            help="lm, mlm or denoise (continued pretraining of a decoder, encoder or encoder-decoder, on shards), classify (text/label records) or seq2seq (source/target records).",
+            help="lm, mlm or denoise (continued pretraining of a decoder, encoder or encoder-decoder, on shards), classify (text/label records), seq2seq (source/target records), chat (messages records) or instruct (prompt/response records).",
             show_default=False,
         ),
     ],
@@ -190,7 +190,7 @@ def finetune(
         Path,
         typer.Option(
             "--data",
-            help="Shards for lm, mlm and denoise; for classify and seq2seq a labeled set: JSON lines, CSV / TSV or Parquet, compressed or not (.gz, .zst, .xz, .bz2).",
+            help="Shards for lm, mlm and denoise; for classify and seq2seq a labeled set: JSON lines, CSV / TSV or Parquet, compressed or not (.gz, .zst, .xz, .bz2); for chat and instruct JSON lines or Parquet.",
             show_default=False,
         ),
     ],
@@ -221,6 +221,14 @@ def finetune(
     freeze: Annotated[
         Optional[str], typer.Option("--freeze", help="none, embeddings, or body (train only the new classification head) [default: none].", show_default=False)
     ] = None,
+    chat_template: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--chat-template",
+            help="chat, instruct: a Jinja chat template file (transformers' format) [default: the parent's, else ChatML: <|im_start|>role\\n...<|im_end|>, its two markers added to a tokenizer that lacks them]. Conversations are padded, not packed; the loss counts the assistant's tokens only.",
+            show_default=False,
+        ),
+    ] = None,
     config: ConfigFile = None,
     sets: Sets = None,
     max_steps: MaxSteps = None,
@@ -243,11 +251,13 @@ def finetune(
     resume: Resume = False,
     json_output: JsonFlag = False,
 ) -> None:
-    """Fine-tune a run directory: continued LM on shards, text classification, or sequence-to-sequence.
+    """Fine-tune a run directory: continued LM on shards, text classification, sequence-to-sequence, or chat.
 
     The model and its tokenizer come from --init-from; classify adds a new head sized by the labels in the
-    data (reported with accuracy and macro-F1 on the validation split). The run directory has the same
-    layout as a pretraining run.
+    data (reported with accuracy and macro-F1 on the validation split). chat and instruct render each
+    conversation with a chat template (kept in the run's tokenizer_config.json) and train on the assistant's
+    tokens only; a conversation longer than the context loses its oldest exchanges (one whose last exchange
+    does not fit is dropped, and counted). The run directory has the same layout as a pretraining run.
 
     \b
     Example: tfcli train finetune --init-from runs/tiny --task classify --data sample_data/reviews.jsonl -o runs/reviews
@@ -255,7 +265,7 @@ def finetune(
     from tfcli.train.job import finetune_job
     from tfcli.training_config import TASKS
 
-    _check_choice("--task", task, tuple(t for t in TASKS if t in ("lm", "mlm", "denoise", "classify", "seq2seq")))
+    _check_choice("--task", task, TASKS)
     options = _options(
         max_steps=max_steps,
         time_budget=time_budget,
@@ -287,6 +297,7 @@ def finetune(
             options=options,
             resume=resume,
             fields={k: v for k, v in fields.items() if v is not None},
+            chat_template=chat_template,
         )
         _run(job, json_output)
 

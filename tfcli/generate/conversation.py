@@ -57,6 +57,16 @@ class Conversation:
         context = self.history if len(self.history) <= block else self.history[-window_keep:]
         if len(turn) > len(context):
             yield Notice(f"the line has {len(turn):,} tokens, more than the context keeps ({len(context):,}); the model sees its last {len(context):,}")
+        finished = yield from self.respond(context, line, started)
+        # the reply as it was shown (a stop string cut off, end-of-text dropped) is what the next turn sees
+        self.history += g.tokenizer.encode(finished.result.text + "\n")
+        yield finished
+
+    def respond(self, context: list[int], prompt: str, started: float) -> Iterator[Event]:
+        """Run `context` (reusing what the cache holds of it) and yield the reply's Chunk events; returns the
+        Finished event, for the caller to give out once its conversation holds the reply. `started`: when the
+        turn began, for the prefill time."""
+        g = self.generator
         logits = self._prime(context)
         g.timing.prefill_seconds += time.perf_counter() - started
         started = time.perf_counter()
@@ -64,20 +74,18 @@ class Conversation:
         assert window is not None
 
         def completion(b: int, row, reason: str) -> Completion:
-            return Completion(0, 0, line, len(context), row.text.text, row.tokens, None, reason)
+            return Completion(0, 0, prompt, len(context), row.text.text, row.tokens, None, reason)
 
         finished = None
         for event in g.sampling_loop(window, logits, None, [0], completion):
             if isinstance(event, Finished):
-                finished = event  # given out once the conversation holds the reply
+                finished = event
             else:
                 yield event
         assert finished is not None
         g.timing.decode_seconds += time.perf_counter() - started
         g.timing.new_tokens += len(finished.result.tokens)
-        # the reply as it was shown (a stop string cut off, end-of-text dropped) is what the next turn sees
-        self.history += g.tokenizer.encode(finished.result.text + "\n")
-        yield finished
+        return finished
 
     def _prime(self, context: list[int]) -> torch.Tensor:
         """Make the window hold `context` and return the logits after it, reusing the longest common prefix."""

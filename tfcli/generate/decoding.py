@@ -53,6 +53,8 @@ class Generator:
         if config.arch == "encoder-decoder" and self.vocab.eos_id is None:
             tokenizer.require("eos")  # the decoder starts from it
         self.token_bytes = TokenBytes(tokenizer)
+        # ids that end a text (a chat adds its end-of-turn token)
+        self.end_ids: set[int] = {self.vocab.eos_id} if self.vocab.eos_id is not None else set()
         self.device = model.lm_head.weight.device
         self.seed = settings.seed
         if settings.strategy == "sample" and not settings.greedy and self.seed is None:
@@ -221,7 +223,7 @@ class Generator:
         penalty (None: no penalty)."""
         s = self.settings
         rows = [Row(CompletionText(self.token_bytes, s.stop)) for _ in completion_ids]
-        eos = self.vocab.eos_id if s.stop_at_eos else None
+        ends = self.end_ids if s.stop_at_eos else set()
 
         def finish(b: int, reason: str) -> Iterator[Event]:
             rows[b].active = False
@@ -239,7 +241,7 @@ class Generator:
                 if not row.active:
                     continue
                 token = chosen_list[b]
-                if token == eos:
+                if token in ends:
                     yield from finish(b, "eos")
                     continue
                 row.tokens.append(token)

@@ -201,4 +201,23 @@ def export_hf(run_dir: Path, out_dir: Path) -> tuple[str, dict[str, Any]]:
         tokenizer_config["model_max_length"] = config.block_size
         tokenizer_config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
         atomic_write_json(out_dir / TOKENIZER_CONFIG_FILE, tokenizer_config)
+    generation = chat_generation_config(hf_config, checkpoint.tokenizer, tokenizer_config, run_dir)
+    if generation is not None:
+        atomic_write_json(out_dir / "generation_config.json", generation)
     return hf_class, hf_config
+
+
+def chat_generation_config(hf_config: dict[str, Any], tokenizer, tokenizer_config: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
+    """A chat run's generation_config.json: transformers' generate stops at any id of eos_token_id, so the
+    end-of-turn token (<|im_end|>) comes first and the end-of-text token after it. None for other runs."""
+    from tfcli.tokenizer.chat_template import ChatTemplate
+
+    try:
+        template = ChatTemplate.for_tokenizer(tokenizer, tokenizer_config, str(run_dir))
+    except TfcliError:  # a template jinja2 cannot compile is exported as it is, as transformers would read it
+        return None
+    if template is None:
+        return None
+    ends = [tokenizer.hf.token_to_id(text) for text in template.end_of_turn_texts] + [hf_config.get("eos_token_id")]
+    ends = list(dict.fromkeys(i for i in ends if i is not None))
+    return {"bos_token_id": hf_config.get("bos_token_id"), "eos_token_id": ends}

@@ -15,7 +15,7 @@ from tfcli.schema import expect
 from tfcli.training_config import TrainConfig
 
 # Settings that only one objective (or data layout) reads; anything else given a non-default value is an error.
-TASK_SETTINGS = {"mask_prob": ("mlm",), "noise_density": ("denoise",), "mean_span": ("denoise",), "val_fraction": ("classify", "seq2seq")}
+TASK_SETTINGS = {"mask_prob": ("mlm",), "noise_density": ("denoise",), "mean_span": ("denoise",), "val_fraction": ("classify", "seq2seq", "chat", "instruct")}
 
 
 def check_settings_apply(config: TrainConfig, *, finetune: bool, val_data: bool = False) -> None:

@@ -70,6 +70,9 @@ def _labeled_batches(checkpoint, run: Path, data: Path, batch_size: int, max_bat
     from tfcli.train import data as d
 
     tokenizer, config = checkpoint.tokenizer, checkpoint.config.model
+    template = _chat_template(checkpoint, run) if config.arch == "decoder" and not config.n_classes else None
+    if template is not None:
+        return _chat_batches(checkpoint, template, data, batch_size, max_batches, seed, result)
     if config.n_classes:
         task = "classify"
         labels = (checkpoint.config.training or {}).get("labels") or [str(i) for i in range(config.n_classes)]
@@ -77,7 +80,7 @@ def _labeled_batches(checkpoint, run: Path, data: Path, batch_size: int, max_bat
         task, labels = "seq2seq", None
     else:
         raise TfcliError(
-            f"{run} has no classification head and is not an encoder-decoder; a labeled set cannot score it",
+            f"{run} has no classification head, no chat template and is not an encoder-decoder; a labeled set cannot score it",
             hint="evaluate a language model on shards or a text file",
         )
     fields = (checkpoint.config.training or {}).get("fields")  # the field names it was fine-tuned with
@@ -87,6 +90,40 @@ def _labeled_batches(checkpoint, run: Path, data: Path, batch_size: int, max_bat
     if max_batches:
         batches = batches[:max_batches]
     result["examples"] = min(len(labeled), len(batches) * batch_size)
+    return task, batches
+
+
+def _chat_template(checkpoint, run: Path):
+    """The chat template a decoder run keeps in its tokenizer_config.json, or None."""
+    import json
+
+    from tfcli.tokenizer.chat_template import ChatTemplate
+    from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE
+
+    path = checkpoint.tokenizer.path.parent / TOKENIZER_CONFIG_FILE
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return ChatTemplate.for_tokenizer(checkpoint.tokenizer, config, str(run))
+
+
+def _chat_batches(checkpoint, template, data: Path, batch_size: int, max_batches: int | None, seed: int, result: dict):
+    """(task, batches) of a chat or instruct file (as the run was fine-tuned; chat for a run imported with a
+    template), encoded and fitted to the context as training does: the loss and accuracy of the replies."""
+    from tfcli.data.chat import encode_conversations, read_conversations
+    from tfcli.train.chat import ChatSource
+
+    trained = (checkpoint.config.training or {}).get("task")
+    task = trained if trained in ("chat", "instruct") else "chat"
+    conversations, report = encode_conversations(read_conversations(data, task), template, checkpoint.config.model.block_size, data)
+    if len(conversations) == 0:
+        raise TfcliError(f"no conversation in {data} fits the context of the run", hint="shorten them")
+    tokenizer = checkpoint.tokenizer
+    pad = tokenizer.special_ids.get("pad", tokenizer.special_ids.get("eos", 0))
+    batches = ChatSource(task, conversations, conversations, batch_size, seed, pad_id=pad, eos_id=pad, accum=1).validation(0, batch_size)
+    if max_batches:
+        batches = batches[:max_batches]
+    result["examples"] = min(len(conversations), len(batches) * batch_size)
+    if report.cropped or report.dropped:
+        result["note"] = f"{report.cropped:,} conversations lost their oldest exchanges to fit the context, {report.dropped:,} were dropped"
     return task, batches
 
 

@@ -17,6 +17,7 @@ from tfcli.training_config import PRETRAIN_TASK, RESUMABLE_CHANGES, TrainConfig
 
 DEFAULT_PRESET = {"decoder": "tiny", "encoder": "tiny", "encoder-decoder": "seq2seq-tiny"}
 LABELED_TASKS = ("classify", "seq2seq")
+CHAT_TASKS = ("chat", "instruct")
 
 
 @dataclasses.dataclass
@@ -32,6 +33,8 @@ class TrainingJob:
     data_fingerprint: str = ""
     labeled: Any = None  # (train LabeledSet, val LabeledSet) for classify / seq2seq
     fields: dict[str, str] | None = None  # classify / seq2seq: fields of the data renamed (--text-field ...)
+    notes: list[str] = dataclasses.field(default_factory=list)  # said when training starts
+    chat_files: Any = None  # chat / instruct: (tokenizer.json text, tokenizer_config.json) the run gets
 
     @property
     def block_size(self) -> int:
@@ -230,6 +233,7 @@ def finetune_job(
     options: dict[str, Any],
     resume: bool,
     fields: dict[str, str] | None = None,
+    chat_template: Path | None = None,
 ) -> TrainingJob:
     """`fields` renames the fields of a labeled set (role -> name in the data, e.g. {"label": "stars"})."""
     from tfcli.checkpoint import read_run_config
@@ -250,6 +254,7 @@ def finetune_job(
         raise TfcliError(f"{init_from}/{TOKENIZER_FILE} is not the tokenizer its model was saved with")
     arch = parent.model.arch
     allowed = {"lm": ("decoder",), "mlm": ("encoder",), "classify": ("encoder", "decoder"), "seq2seq": ("encoder-decoder",), "denoise": ("encoder-decoder",)}
+    allowed |= {"chat": ("decoder",), "instruct": ("decoder",)}
     if arch not in allowed[task]:
         own = PRETRAIN_TASK[arch]
         raise TfcliError(
@@ -278,7 +283,13 @@ def finetune_job(
     _check_block(config, model_config, finetune=True)
     _require_roles(tokenizer, task)
     job = TrainingJob(output, model_config, config, tokenizer, data, val_data=val_data, init_from=Path(init_from), resume=resume)
-    if task in LABELED_TASKS:
+    if chat_template is not None and task not in CHAT_TASKS:
+        raise TfcliError(f"--chat-template applies to --task chat and instruct, not {task}")
+    if task in CHAT_TASKS:
+        from tfcli.train.chat import prepare_chat
+
+        prepare_chat(job, template_file=chat_template, resume=resume)
+    elif task in LABELED_TASKS:
         block = job.block_size
         train_set, labels = load_labeled(data, task, tokenizer, arch, block, labels=None, fields=fields)
         if val_data is not None:
@@ -303,6 +314,10 @@ def finetune_job(
             )
         job.data_fingerprint = shard_fingerprint(data)
     _check_output(output, resume)
+    if task in CHAT_TASKS:
+        from tfcli.train.chat import install_chat_tokenizer
+
+        install_chat_tokenizer(job)
     if resume:
         saved_labels = _saved_labels(output)
         if task == "classify" and saved_labels != job.config.labels:
@@ -335,6 +350,14 @@ def _check_block(config: TrainConfig, model_config: ModelConfig, *, finetune: bo
 
 
 def _require_roles(tokenizer: TextTokenizer, task: str) -> None:
-    roles = {"lm": ("eos",), "mlm": ("mask", "cls"), "denoise": ("mask", "pad", "eos"), "classify": ("pad",), "seq2seq": ("pad", "eos")}
+    roles = {
+        "lm": ("eos",),
+        "mlm": ("mask", "cls"),
+        "denoise": ("mask", "pad", "eos"),
+        "classify": ("pad",),
+        "seq2seq": ("pad", "eos"),
+        "chat": (),
+        "instruct": (),
+    }
     for role in roles[task]:
         tokenizer.require(role)

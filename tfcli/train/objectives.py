@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tfcli.model.loss import IGNORE_INDEX
 from tfcli.train.data import Batch
 
 
@@ -21,7 +22,7 @@ def loss_sum(model: nn.Module, batch: Batch, task: str, label_smoothing: float =
     if task == "classify":
         class_logits = model(t["ids"], t["padding"], logits=False).class_logits  # (B, n_classes)
         return F.cross_entropy(class_logits.float(), labels, reduction="sum", label_smoothing=label_smoothing)
-    if task in ("lm", "mlm"):
+    if task in ("lm", "mlm", "chat", "instruct"):
         return model(t["ids"], targets=labels, label_smoothing=label_smoothing).loss
     return model(
         t["ids"],
@@ -46,12 +47,25 @@ def macro_f1(predictions: list[int], labels: list[int]) -> float:
     return sum(scores) / len(scores) if scores else 0.0
 
 
+def _chat_scores(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> tuple[float, list[bool]]:
+    """The summed loss over the assistant's tokens, and for each conversation whether every one of them is the
+    model's most likely next token (then greedy decoding writes each reply exactly, given the turns before it)."""
+    scored = labels != IGNORE_INDEX  # (B, T)
+    logits = model(ids, logits_at=scored).logits.float()  # (N, vocab), the scored positions only
+    targets = labels[scored]
+    loss = F.cross_entropy(logits, targets, reduction="sum").item()
+    wrong = torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device)
+    wrong.index_add_(0, scored.nonzero()[:, 0], (logits.argmax(-1) != targets).long())
+    return loss, (wrong == 0).tolist()
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module, batches: Iterable[Batch], task: str, device: torch.device, autocast, token_bytes: torch.Tensor | None = None
 ) -> dict[str, float]:
     """val_loss (mean per target) and, by task: val_ppl, val_bpb (lm, given each token's byte length),
-    val_accuracy and val_macro_f1 (classify)."""
+    val_accuracy and val_macro_f1 (classify), val_accuracy (chat, instruct: the share of conversations whose
+    every assistant token is the most likely one)."""
     was_training = model.training
     model.eval()
     total, count, target_bytes = 0.0, 0, 0
@@ -67,6 +81,10 @@ def evaluate(
                     total += F.cross_entropy(class_logits, t["labels"], reduction="sum").item()
                     predictions += class_logits.argmax(-1).tolist()
                     truth += t["labels"].tolist()
+                elif task in ("chat", "instruct"):
+                    loss, replies_right = _chat_scores(model, batch.tensors["ids"], batch.tensors["labels"])
+                    total += loss
+                    predictions += replies_right
                 else:
                     total += loss_sum(model, batch, task).item()
             count += batch.count
@@ -77,6 +95,8 @@ def evaluate(
     if count == 0:
         return {}
     metrics = {"val_loss": total / count}
+    if task in ("chat", "instruct"):
+        metrics["val_accuracy"] = sum(predictions) / len(predictions)
     if task == "classify":
         metrics["val_accuracy"] = sum(p == y for p, y in zip(predictions, truth)) / len(truth)
         metrics["val_macro_f1"] = macro_f1(predictions, truth)

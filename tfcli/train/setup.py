@@ -57,6 +57,10 @@ def initial_model(job: TrainingJob):
         weights = parent.state_dict()
         if job.config.task == "classify":
             weights = {k: v for k, v in weights.items() if not k.startswith("classifier.")}
+        if job.model_config.vocab_size > parent.config.vocab_size:  # a chat template's tokens were added
+            from tfcli.train.chat import grow_vocabulary
+
+            weights = grow_vocabulary(weights, job.model_config.vocab_size)
         missing, unexpected = model.load_state_dict(weights, strict=False)
         fresh = ("classifier.", "pooler.") if job.config.task == "classify" else ()  # a new head (and a BERT's pooler)
         assert not unexpected and all(k.startswith(fresh) for k in missing), (missing, unexpected)
@@ -81,6 +85,12 @@ def build_source(job: TrainingJob, world: World):
 
     cfg, tok = job.config, job.tokenizer
     per_rank, block = cfg.batch_size, job.block_size
+    if cfg.task in ("chat", "instruct"):
+        from tfcli.train.chat import ChatSource
+
+        train_set, val_set = job.labeled
+        pad = tok.special_ids.get("pad", tok.special_ids.get("eos", 0))
+        return ChatSource(cfg.task, train_set, val_set, per_rank, cfg.seed, pad_id=pad, eos_id=pad, accum=cfg.grad_accum)
     if cfg.task in ("classify", "seq2seq"):
         train_set, val_set = job.labeled
         return d.LabeledSource(

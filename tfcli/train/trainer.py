@@ -182,6 +182,8 @@ class Trainer:
         cfg = self.cfg
         if cfg.time_budget is None and self.start_step >= cfg.max_steps:
             yield Note(f"the run is already at step {self.start_step} of {cfg.max_steps}; raise --max-steps to train further")
+        if self.world.is_main:
+            yield from (Note(note) for note in self.job.notes)
         if self.world.is_main and not self.val_batches:
             yield Note("the validation split is empty: nothing is validated and no best/ checkpoint is kept")
 
