@@ -293,15 +293,18 @@ def _across(run, text, attention, layer, head, pattern, output_format, output, d
     if pattern not in PATTERNS:
         raise TfcliError(f"unknown --pattern {pattern!r}", hint=f"use one of {', '.join(PATTERNS)}")
     fmt = _across_format(output_format, output, json_output)
+    for name, value in (("layer", layer), ("head", head)):  # before any checkpoint is read; the ranges after
+        if value is not None and value.strip().lower() != "all" and not value.strip().lstrip("-").isdigit():
+            raise TfcliError(f"--{name} must be a number or 'all', not {value!r}")
     one_head = layer is not None and head is not None and "all" not in (layer.strip().lower(), head.strip().lower())
+    if fmt in ("png", "html") and not one_head and (layer is not None or head is not None):
+        raise TfcliError("--checkpoints draws one head's pattern in a png or html file", hint="pick it with --head LAYER.HEAD, or drop --layer and --head")
     with stderr_console().status("capturing every checkpoint"):
         across = views.across_checkpoints(run, text, kind=attention, device=device, keep_weights=one_head or fmt in ("png", "html"))
     chosen = None
     if one_head:
         chosen = (parse_index(layer, across.n_layers, "layer")[0], parse_index(head, across.n_heads, "head")[0])
     elif fmt in ("png", "html"):
-        if layer is not None or head is not None:
-            raise TfcliError("--checkpoints draws one head's pattern in a png or html file", hint="pick it with --head LAYER.HEAD, or drop --layer and --head")
         chosen = views.best_head(across, pattern)
         stderr_console().print(f"layer {chosen[0]}, head {chosen[1]}: the best {pattern} score at the last step (--head L.H picks another)", style="dim")
     out = stdout_console()

@@ -53,12 +53,17 @@ def _resume_cache(model, keys: torch.Tensor, values: torch.Tensor, rows: int, st
     """A KV cache that lets the model run only positions start.. of the corrupted text: the blocks from
     `first_layer` on read the corrupted run's keys and values before `start` (one copy per row); the blocks
     before it, whose output the fan-out replaces, get a scratch cache of one row."""
+    import torch
+
     from tfcli.model.attention import KVCache, LayerKVCache
 
     class Resume(KVCache):
-        def __init__(self) -> None:  # the parent's fields, filled from the corrupted run
-            self.keys = keys.expand(keys.shape[0], rows, *keys.shape[2:]).clone()  # (L, rows, nkv, T, hs)
-            self.values = values.expand(values.shape[0], rows, *values.shape[2:]).clone()
+        def __init__(self) -> None:  # the parent's fields; only what the rows read is copied from the corrupted run
+            shape = (keys.shape[0], rows, *keys.shape[2:])  # (L, rows, nkv, T, hs)
+            self.keys = torch.empty(shape, dtype=keys.dtype, device=keys.device)
+            self.values = torch.empty(shape, dtype=values.dtype, device=values.device)
+            self.keys[first_layer:, :, :, :start] = keys[first_layer:, :, :, :start]  # each row: positions before `start`
+            self.values[first_layer:, :, :, :start] = values[first_layer:, :, :, :start]
             self.cross = [None] * keys.shape[0]
             self.capacity, self.length = keys.shape[3], start
             self.scratch = KVCache(model.config, 1, keys.shape[3], keys.dtype, keys.device)
