@@ -1,4 +1,7 @@
-"""`tfcli bench`: speed on this machine, side by side with peers, as ratios measured in one run."""
+"""`tfcli bench`: speed on this machine, side by side with peers, as ratios measured in one run.
+
+One module for the bench commands (over 400 lines): most of it is their typer option lists and tables; each
+command only checks its options and renders what a `tfcli.bench` module measured."""
 
 from __future__ import annotations
 
