@@ -185,28 +185,31 @@ def test_ctrl_c_exits_130(cli, monkeypatch):
     assert "interrupted" in result.stderr
 
 
+def _into_a_closed_pipe(*commands: list[str]) -> list[tuple[int, str]]:
+    """Run each `tfcli ARGS...` (all at once) with stdout a pipe that nobody reads, so every write to it fails
+    with EPIPE; returns each one's exit code and stderr."""
+    processes = []
+    for args in commands:
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        processes.append(subprocess.Popen([sys.executable, "-m", "tfcli", *args], stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=REPO))
+        os.close(write_end)
+    done = []
+    for process in processes:
+        _, err = process.communicate()
+        done.append((process.returncode, err))
+    return done
+
+
 def test_a_reader_that_stops_early_is_not_an_error():
     """`tfcli ... | head`: the pipe closes before the table is printed; rich alone would exit 1."""
-    import os
-
-    read_end, write_end = os.pipe()
-    os.close(read_end)  # nobody reads: every write to the pipe fails with EPIPE
-    done = subprocess.run(
-        [sys.executable, "-m", "tfcli", "tokenize", "trace", "a sailor went to sea sea sea " * 20, "--merges", "30"],
-        stdout=write_end,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-    )
-    os.close(write_end)
-    assert done.returncode == 0, done.stderr
-    assert "Traceback" not in done.stderr
+    ((code, err),) = _into_a_closed_pipe(["tokenize", "trace", "a sailor went to sea sea sea " * 20, "--merges", "30"])
+    assert code == 0, err
+    assert "Traceback" not in err
 
 
 def test_a_reader_that_stops_early_is_not_an_error_for_streamed_text(tmp_path, trained_tokenizer):
     """`tfcli generate ... | head -c 20`: the streamed text meets the closed pipe, not rich."""
-    import os
-
     from tfcli.checkpoint import save_checkpoint
     from tfcli.model.config import ModelConfig
     from tfcli.model.transformer import Transformer
@@ -214,19 +217,10 @@ def test_a_reader_that_stops_early_is_not_an_error_for_streamed_text(tmp_path, t
 
     tokenizer = TextTokenizer.load(trained_tokenizer)
     save_checkpoint(tmp_path / "run", Transformer(ModelConfig(vocab_size=tokenizer.vocab_size, block_size=16, n_layers=1, n_heads=2, d_model=16)), tokenizer)
-    for extra in ([], ["--json"]):
-        read_end, write_end = os.pipe()
-        os.close(read_end)
-        done = subprocess.run(
-            [sys.executable, "-m", "tfcli", "generate", str(tmp_path / "run"), "-p", "The fox", "-n", "40", "--ignore-eos", *extra],
-            stdout=write_end,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-        )
-        os.close(write_end)
-        assert done.returncode == 0, done.stderr
-        assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    generate = ["generate", str(tmp_path / "run"), "-p", "The fox", "-n", "40", "--ignore-eos"]
+    for code, err in _into_a_closed_pipe(generate, [*generate, "--json"]):  # text and JSON, side by side
+        assert code == 0, err
+        assert "Traceback" not in err and "Exception ignored" not in err
 
 
 @pytest.mark.parametrize("group", [[], ["train"], ["tokenize"], ["bench"]])

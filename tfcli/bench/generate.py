@@ -287,11 +287,12 @@ def run_generate_bench(
     device: str = "cpu",
     no_cache: bool | None = None,
     peer: bool = True,
+    first_run: bool = True,
     progress=None,
 ) -> GenerateBench:
-    """Measure every job `repeat` rounds, interleaved, best time kept. The uncached job re-runs the whole
-    text for every token; it runs every round for small models and once for large ones (no_cache=None),
-    always (True) or never (False)."""
+    """Measure every job `repeat` rounds, interleaved, best time kept (after the untimed first run unless
+    `first_run` is False). The uncached job re-runs the whole text for every token; it runs every round for
+    small models and once for large ones (no_cache=None), always (True) or never (False)."""
     if repeat < 1:
         raise TfcliError(f"--repeat must be at least 1, not {repeat}")
     if prompt_tokens < 1 or new_tokens < 1:
@@ -310,10 +311,10 @@ def run_generate_bench(
     block = config.block_size
     results: dict[str, DecodeMeasurement] = {}
     args = [str(run_dir), str(hf_dir), str(prompt_tokens), str(new_tokens), str(threads), device, str(weight_bytes)]
-    if progress:
-        progress("tfcli measuring its choices here (once)")
-    # untimed: tfcli measures its choices for this shape here once, as any first run on a machine does
-    run_worker("tfcli.bench.generate", ["tfcli", *args[:3], "2", *args[4:]])
+    if first_run:  # untimed: tfcli measures its choices for this shape here once, as any first run on a machine does
+        if progress:
+            progress("tfcli measuring its choices here (once)")
+        run_worker("tfcli.bench.generate", ["tfcli", *args[:3], "2", *args[4:]])
     for round_number in range(1, repeat + 1):
         for job in JOBS:
             if job == "transformers" and not peer:

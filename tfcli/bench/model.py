@@ -75,12 +75,13 @@ def _step_job(implementation: str, preset_name: str, batch: int, length: int, st
 
 
 def run_model_bench(
-    preset_name: str = "gpt2-small", batch: int = 4, length: int = 256, steps: int = 3, threads: int = 0, repeat: int = 1
+    preset_name: str = "gpt2-small", batch: int = 4, length: int = 256, steps: int = 3, threads: int = 0, repeat: int = 1, first_run: bool = True
 ) -> list[StepMeasurement]:
-    """Both implementations, `repeat` interleaved rounds, each job's fastest round kept."""
+    """Both implementations, `repeat` interleaved rounds, each job's fastest round kept (after the untimed
+    first run unless `first_run` is False)."""
     results: dict[str, StepMeasurement] = {}
-    # untimed: tfcli measures its choices for this shape here once, as any first run on a machine does
-    run_worker("tfcli.bench.model", ["tfcli", preset_name, str(batch), str(length), "1", str(threads)])
+    if first_run:  # untimed: tfcli measures its choices for this shape here once, as any first run on a machine does
+        run_worker("tfcli.bench.model", ["tfcli", preset_name, str(batch), str(length), "1", str(threads)])
     for _ in range(repeat):
         for implementation in ("tfcli", "transformers"):
             args = [implementation, preset_name, str(batch), str(length), str(steps), str(threads)]

@@ -164,12 +164,12 @@ def _sync(device) -> None:
 
 
 def run_train_bench(
-    presets: list[str], batch: int, steps: int, repeat: int = 1, threads: int = 0, device: str = "cpu", precision: str = "auto"
+    presets: list[str], batch: int, steps: int, repeat: int = 1, threads: int = 0, device: str = "cpu", precision: str = "auto", first_run: bool = True
 ) -> list[TrainMeasurement]:
-    """Best of `repeat` interleaved rounds per preset and implementation; MFU against the highest matmul
-    rate any worker measured."""
+    """Best of `repeat` interleaved rounds per preset and implementation (after the untimed first run unless
+    `first_run` is False); MFU against the highest matmul rate any worker measured."""
     best: dict[tuple[str, str], TrainMeasurement] = {}
-    for name in presets:  # untimed: tfcli measures its choices for these shapes here once, as any first run does
+    for name in presets if first_run else []:  # untimed: tfcli measures its choices for these shapes here once, as any first run does
         run_worker("tfcli.bench.train", ["tfcli", name, str(batch), "1", str(threads), device, precision])
     for _ in range(repeat):
         for name in presets:

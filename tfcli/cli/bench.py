@@ -1,4 +1,7 @@
-"""`tfcli bench`: speed on this machine, side by side with peers, as ratios measured in one run."""
+"""`tfcli bench`: speed on this machine, side by side with peers, as ratios measured in one run.
+
+One module for the bench commands (over 400 lines): most of it is their typer option lists and tables; each
+command only checks its options and renders what a `tfcli.bench` module measured."""
 
 from __future__ import annotations
 
@@ -17,6 +20,14 @@ app = Typer(
 )
 
 
+FirstRun = Annotated[
+    bool,
+    typer.Option(
+        "--first-run/--no-first-run",
+        help="An untimed run first, in which tfcli measures its choices for these shapes on this machine (kept in its decisions file), "
+        "so the rounds time what every later run does. --no-first-run leaves it out: where an earlier run measured them, or for a quick check.",
+    ),
+]
 MAX_BENCH_TOKENS = 8192  # prompt + new tokens in `bench generate` (the uncached job re-runs all of them per token)
 
 
@@ -142,6 +153,7 @@ def model(
     ] = None,
     steps: Annotated[int, typer.Option(help="Timed steps per implementation (best kept), after one warm-up step.")] = 3,
     repeat: Annotated[int, typer.Option(help="Interleaved rounds, each implementation in a fresh process; the fastest kept.")] = 2,
+    first_run: FirstRun = True,
     json_output: JsonFlag = False,
 ) -> None:
     """Time one training step (forward + backward, fp32 on CPU) of tfcli's model beside transformers' GPT-2.
@@ -174,7 +186,7 @@ def model(
     except ImportError as exc:
         raise TfcliError("bench model compares against transformers, which is not installed", hint="pip install transformers") from exc
     with stderr_console().status(f"benchmarking {preset} at {batch} x {length}"):
-        results = run_model_bench(preset, batch, length, steps, repeat=repeat)
+        results = run_model_bench(preset, batch, length, steps, repeat=repeat, first_run=first_run)
     ours, theirs = results
     ratio = ours.seconds_per_step / theirs.seconds_per_step
     machine = _machine()
@@ -230,6 +242,7 @@ def generate(
     workdir: Annotated[
         Optional[Path], typer.Option(help="Scratch folder for the weights (default: a temporary one, removed afterwards).", show_default=False)
     ] = None,
+    first_run: FirstRun = True,
     json_output: JsonFlag = False,
 ) -> None:
     """Time batch-1 greedy decoding: tfcli's generator (with and without its KV cache) beside
@@ -283,6 +296,7 @@ def generate(
                         threads=threads,
                         device=device,
                         no_cache=no_cache,
+                        first_run=first_run,
                         progress=lambda job, name=name: status.update(f"benchmarking {name}: {job}"),
                     )
                 )
@@ -341,6 +355,7 @@ def train(
     repeat: Annotated[int, typer.Option(help="Interleaved rounds; the best of each is kept.")] = 1,
     device: Annotated[str, typer.Option(help="cpu, cuda, mps or auto.")] = "cpu",
     precision: Annotated[str, typer.Option(help="auto (bf16 on a GPU that has it, else fp32), fp32 or bf16.")] = "auto",
+    first_run: FirstRun = True,
     json_output: JsonFlag = False,
 ) -> None:
     """Training throughput: tfcli's training loop beside a plain loop over transformers' GPT-2 of the same
@@ -379,7 +394,7 @@ def train(
     except ImportError as exc:
         raise TfcliError("bench train compares against transformers, which is not installed", hint="pip install transformers") from exc
     with stderr_console().status(f"benchmarking training of {', '.join(names)} at batch {batch}"):
-        results = run_train_bench(names, batch, steps, repeat=repeat, device=device, precision=precision)
+        results = run_train_bench(names, batch, steps, repeat=repeat, device=device, precision=precision, first_run=first_run)
     machine = f"{_machine()}, device {device}"
     ratios = {
         name: next(r for r in results if r.preset == name and r.implementation == "tfcli").tokens_per_sec

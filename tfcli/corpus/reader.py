@@ -333,13 +333,3 @@ def iter_record_texts(opened: formats.OpenedSource, field: str, stats: ReadStats
         if json_lines:  # JSON escapes can spell lone surrogates, which no UTF-8 encoder takes
             value = replace_lone_surrogates(value)
         yield value
-
-
-def empty_corpus_error(corpus: Corpus, stats: ReadStats) -> TfcliError:
-    """The error for a corpus that gave no text: which records were skipped, if any, and why."""
-    if stats.skipped_records:
-        return TfcliError(
-            f"no record in the corpus has text in {corpus.field!r}: {stats.skipped_records:,} skipped (the first: {stats.skipped_examples[0]})",
-            hint="name the field or column that holds the text with --field",
-        )
-    return TfcliError("the corpus is empty (no text in any file)", hint="pass files that hold text")

@@ -61,6 +61,16 @@ def _save(figure, dpi: int) -> bytes:
     return buffer.getvalue()
 
 
+def _weights_image(ax, weights: np.ndarray, aspect: str):
+    """Attention weights as an image on `ax`: zeros (masked or never attended) left blank."""
+    return ax.imshow(np.ma.masked_equal(weights, 0.0), cmap=_cmap(), norm=_norm(), interpolation="nearest", aspect=aspect)
+
+
+def _suptitle(figure, suptitle: str) -> None:
+    if suptitle:
+        figure.suptitle(_label(suptitle, 160), fontsize=11)
+
+
 def heatmaps_png(items: Sequence[tuple[str, np.ndarray, Sequence[str], Sequence[str]]], suptitle: str = "") -> bytes:
     """One labelled heatmap per item (title, weights (T, S), query labels, key labels), side by side."""
     n = max(max(w.shape) for _, w, _, _ in items)
@@ -70,7 +80,7 @@ def heatmaps_png(items: Sequence[tuple[str, np.ndarray, Sequence[str], Sequence[
     axes = figure.subplots(1, len(items), squeeze=False)[0]
     image = None
     for ax, (title, weights, queries, keys) in zip(axes, items):
-        image = ax.imshow(np.ma.masked_equal(weights, 0.0), cmap=_cmap(), norm=_norm(), interpolation="nearest", aspect="equal")
+        image = _weights_image(ax, weights, "equal")
         ax.set_title(_label(title, 120), fontsize=10)
         _ticks(ax.set_yticks, queries, False, fontsize)
         _ticks(ax.set_xticks, keys, True, fontsize)
@@ -78,8 +88,7 @@ def heatmaps_png(items: Sequence[tuple[str, np.ndarray, Sequence[str], Sequence[
         ax.set_ylabel("query (attending)", fontsize=9)
         ax.tick_params(length=0)
     figure.colorbar(image, ax=list(axes), shrink=0.6, label="attention weight")
-    if suptitle:
-        figure.suptitle(_label(suptitle, 160), fontsize=11)
+    _suptitle(figure, suptitle)
     return _save(figure, 110 if n <= 60 else 130)
 
 
@@ -97,11 +106,10 @@ def grid_png(maps: Sequence[tuple[str, np.ndarray]], columns: int, suptitle: str
             ax.set_axis_off()
             continue
         title, weights = maps[index]
-        image = ax.imshow(np.ma.masked_equal(weights, 0.0), cmap=_cmap(), norm=_norm(), interpolation="nearest", aspect="equal")
+        image = _weights_image(ax, weights, "equal")
         ax.set_title(_label(title, 40), fontsize=8)
     figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.5, label="attention weight")
-    if suptitle:
-        figure.suptitle(_label(suptitle, 160), fontsize=11)
+    _suptitle(figure, suptitle)
     return _save(figure, 110)
 
 
@@ -117,7 +125,7 @@ def token_png(items: Sequence[tuple[str, np.ndarray, Sequence[str], Sequence[str
     axes = figure.subplots(len(items), 1, squeeze=False)[:, 0]
     image = None
     for ax, (title, weights, heads, keys) in zip(axes, items):
-        image = ax.imshow(np.ma.masked_equal(weights, 0.0), cmap=_cmap(), norm=_norm(), interpolation="nearest", aspect="auto")
+        image = _weights_image(ax, weights, "auto")
         ax.set_title(_label(title, 120), fontsize=10)
         _ticks(ax.set_yticks, heads, False, fontsize)
         _ticks(ax.set_xticks, keys, True, fontsize)
@@ -127,8 +135,7 @@ def token_png(items: Sequence[tuple[str, np.ndarray, Sequence[str], Sequence[str
                 if w >= 0.05:
                     ax.text(k, r, f"{w:.2f}"[1:] if w < 1 else "1", ha="center", va="center", fontsize=6, color="black" if w > 0.3 else "white")
     figure.colorbar(image, ax=list(axes), shrink=0.8, label="attention weight")
-    if suptitle:
-        figure.suptitle(_label(suptitle, 160), fontsize=11)
+    _suptitle(figure, suptitle)
     return _save(figure, 110)
 
 

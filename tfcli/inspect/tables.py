@@ -1,7 +1,11 @@
 """Terminal views of the logit lens, head ablation and activation patching: grids of layers down and
 positions (or heads) across, each cell coloured by its value. Token text goes through `rich.text.Text` only
 (already escaped by `tokenizer.show.visible`), so markup or control characters in a token print as
-themselves. A text wider than the screen is windowed; the output says which positions are shown."""
+themselves. A text wider than the screen is windowed; the output says which positions are shown.
+
+The PNG and HTML forms of the same three views are here too (a little over 400 lines in all): each view's
+terminal, PNG and HTML renderings read the same fields and labels, and a change to one is seen beside the
+others."""
 
 from __future__ import annotations
 

@@ -5,6 +5,10 @@ Each step: the learning rate from the schedule, dropout seeded from (seed, step,
 micro-batches (rank r takes its slice), the summed loss divided by the global target count (so any number
 of processes and micro-steps computes the same mean), gradient clipping whose returned norm is checked for
 NaN and infinity before the update.
+
+One class on purpose (a little over 400 lines): the step, the evaluation, the records and the saving read
+and change the same state (step, the metrics window, the best loss), which is what the issue asked to gather
+from closures into one object; what needs none of it already lives beside it (state.py, saving.py, evaluate.py).
 """
 
 from __future__ import annotations
