@@ -755,13 +755,13 @@ def _torchrun(args: list, nproc: int = 2) -> subprocess.Popen:
 
 def test_two_gloo_ranks_match_one_process_with_the_whole_batch(cli, shards, tmp_path):
     common = ["--max-steps", "6", "--eval-every", "3", "--set", "bias=false", "--grad-accum", "2"]
-    single = tmp_path / "single"
-    # the reference runs like a rank does (its own process, one thread), so only the process count differs
-    process = _torchrun(pretrain_args(shards, single, *common, "--batch-size", "8"), nproc=1)
-    _, err = process.communicate(timeout=240)
-    assert process.returncode == 0, err
-    double = tmp_path / "double"
+    single, double = tmp_path / "single", tmp_path / "double"
+    # the reference runs like a rank does (its own process, one thread), so only the process count differs;
+    # the two runs go side by side (every rank has one thread)
+    reference = _torchrun(pretrain_args(shards, single, *common, "--batch-size", "8"), nproc=1)
     process = _torchrun(pretrain_args(shards, double, *common, "--batch-size", "4"))
+    _, err = reference.communicate(timeout=240)
+    assert reference.returncode == 0, err
     out, err = process.communicate(timeout=240)
     assert process.returncode == 0, err
     assert out.count("done:") == 1  # rank 0 alone speaks
@@ -799,12 +799,14 @@ def test_fsdp_ranks_train_like_ddp_ranks_and_resume_sharded(cli, shards, tmp_pat
         "warmup_steps=0",
     ]
     ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
-    process = _torchrun(pretrain_args(shards, ddp, *common, "--max-steps", "6"))
-    _, err = process.communicate(timeout=240)
-    assert process.returncode == 0, err
-    process = _torchrun(pretrain_args(shards, fsdp, *common, "--max-steps", "4", "--fsdp"))
-    _, err = process.communicate(timeout=240)
-    assert process.returncode == 0, err
+    # the DDP run and the first FSDP run go side by side (every rank has one thread)
+    processes = [
+        _torchrun(pretrain_args(shards, ddp, *common, "--max-steps", "6")),
+        _torchrun(pretrain_args(shards, fsdp, *common, "--max-steps", "4", "--fsdp")),
+    ]
+    for process in processes:
+        _, err = process.communicate(timeout=240)
+        assert process.returncode == 0, err
     assert (fsdp / "best" / "model.safetensors").is_file()
     # the optimizer state was gathered whole on save and is sharded again on resume
     process = _torchrun(pretrain_args(shards, fsdp, *common, "--max-steps", "6", "--fsdp", "--resume"))
