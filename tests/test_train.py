@@ -219,24 +219,27 @@ def test_a_closed_stderr_does_not_stop_training(shards, tmp_path):
     assert json.loads((run / "trainer" / "state.json").read_text())["step"] == 40
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_saves_a_checkpoint_that_resumes(cli, shards, tmp_path, signum, code):
+def test_a_signal_saves_a_checkpoint_that_resumes(cli, shards, tmp_path):
+    """Ctrl-C (exit 130) and SIGTERM (143), one run each, side by side."""
     args = ["--max-steps", "400", "--save-every", "1000", "--eval-every", "1000", "--batch-size", "16"]
-    run = tmp_path / "run"
-    process = _spawn(pretrain_args(shards, run, *args))
-    _wait_for_step(run, process, 3)
-    process.send_signal(signum)
-    _, err = process.communicate(timeout=60)
-    assert process.returncode == code, err
-    assert "--resume" in err and "Traceback" not in err
-    state = json.loads((run / "trainer" / "state.json").read_text())
-    assert 3 <= state["step"] < 400
-    assert records(run)[-1]["step"] == state["step"]
-    result = cli(
-        *pretrain_args(shards, run, "--max-steps", str(state["step"] + 2), "--save-every", "1000", "--eval-every", "1000", "--batch-size", "16", "--resume")
-    )
-    assert result.code == 0, result.stderr
-    assert json.loads((run / "trainer" / "state.json").read_text())["step"] == state["step"] + 2
+    runs = {signal.SIGINT: (tmp_path / "sigint", 130), signal.SIGTERM: (tmp_path / "sigterm", 143)}
+    processes = {signum: _spawn(pretrain_args(shards, run, *args)) for signum, (run, _) in runs.items()}
+    for signum, process in processes.items():
+        _wait_for_step(runs[signum][0], process, 3)
+        process.send_signal(signum)
+    for signum, process in processes.items():
+        run, code = runs[signum]
+        _, err = process.communicate(timeout=60)
+        assert process.returncode == code, err
+        assert "--resume" in err and "Traceback" not in err
+        state = json.loads((run / "trainer" / "state.json").read_text())
+        assert 3 <= state["step"] < 400
+        assert records(run)[-1]["step"] == state["step"]
+        result = cli(
+            *pretrain_args(shards, run, "--max-steps", str(state["step"] + 2), "--save-every", "1000", "--eval-every", "1000", "--batch-size", "16", "--resume")
+        )
+        assert result.code == 0, result.stderr
+        assert json.loads((run / "trainer" / "state.json").read_text())["step"] == state["step"] + 2
 
 
 def test_a_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(cli, shards, tmp_path, monkeypatch):
