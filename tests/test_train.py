@@ -219,24 +219,27 @@ def test_a_closed_stderr_does_not_stop_training(shards, tmp_path):
     assert json.loads((run / "trainer" / "state.json").read_text())["step"] == 40
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_saves_a_checkpoint_that_resumes(cli, shards, tmp_path, signum, code):
+def test_a_signal_saves_a_checkpoint_that_resumes(cli, shards, tmp_path):
+    """Ctrl-C (exit 130) and SIGTERM (143), one run each, side by side."""
     args = ["--max-steps", "400", "--save-every", "1000", "--eval-every", "1000", "--batch-size", "16"]
-    run = tmp_path / "run"
-    process = _spawn(pretrain_args(shards, run, *args))
-    _wait_for_step(run, process, 3)
-    process.send_signal(signum)
-    _, err = process.communicate(timeout=60)
-    assert process.returncode == code, err
-    assert "--resume" in err and "Traceback" not in err
-    state = json.loads((run / "trainer" / "state.json").read_text())
-    assert 3 <= state["step"] < 400
-    assert records(run)[-1]["step"] == state["step"]
-    result = cli(
-        *pretrain_args(shards, run, "--max-steps", str(state["step"] + 2), "--save-every", "1000", "--eval-every", "1000", "--batch-size", "16", "--resume")
-    )
-    assert result.code == 0, result.stderr
-    assert json.loads((run / "trainer" / "state.json").read_text())["step"] == state["step"] + 2
+    runs = {signal.SIGINT: (tmp_path / "sigint", 130), signal.SIGTERM: (tmp_path / "sigterm", 143)}
+    processes = {signum: _spawn(pretrain_args(shards, run, *args)) for signum, (run, _) in runs.items()}
+    for signum, process in processes.items():
+        _wait_for_step(runs[signum][0], process, 3)
+        process.send_signal(signum)
+    for signum, process in processes.items():
+        run, code = runs[signum]
+        _, err = process.communicate(timeout=60)
+        assert process.returncode == code, err
+        assert "--resume" in err and "Traceback" not in err
+        state = json.loads((run / "trainer" / "state.json").read_text())
+        assert 3 <= state["step"] < 400
+        assert records(run)[-1]["step"] == state["step"]
+        result = cli(
+            *pretrain_args(shards, run, "--max-steps", str(state["step"] + 2), "--save-every", "1000", "--eval-every", "1000", "--batch-size", "16", "--resume")
+        )
+        assert result.code == 0, result.stderr
+        assert json.loads((run / "trainer" / "state.json").read_text())["step"] == state["step"] + 2
 
 
 def test_a_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(cli, shards, tmp_path, monkeypatch):
@@ -755,13 +758,13 @@ def _torchrun(args: list, nproc: int = 2) -> subprocess.Popen:
 
 def test_two_gloo_ranks_match_one_process_with_the_whole_batch(cli, shards, tmp_path):
     common = ["--max-steps", "6", "--eval-every", "3", "--set", "bias=false", "--grad-accum", "2"]
-    single = tmp_path / "single"
-    # the reference runs like a rank does (its own process, one thread), so only the process count differs
-    process = _torchrun(pretrain_args(shards, single, *common, "--batch-size", "8"), nproc=1)
-    _, err = process.communicate(timeout=240)
-    assert process.returncode == 0, err
-    double = tmp_path / "double"
+    single, double = tmp_path / "single", tmp_path / "double"
+    # the reference runs like a rank does (its own process, one thread), so only the process count differs;
+    # the two runs go side by side (every rank has one thread)
+    reference = _torchrun(pretrain_args(shards, single, *common, "--batch-size", "8"), nproc=1)
     process = _torchrun(pretrain_args(shards, double, *common, "--batch-size", "4"))
+    _, err = reference.communicate(timeout=240)
+    assert reference.returncode == 0, err
     out, err = process.communicate(timeout=240)
     assert process.returncode == 0, err
     assert out.count("done:") == 1  # rank 0 alone speaks
@@ -799,12 +802,14 @@ def test_fsdp_ranks_train_like_ddp_ranks_and_resume_sharded(cli, shards, tmp_pat
         "warmup_steps=0",
     ]
     ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
-    process = _torchrun(pretrain_args(shards, ddp, *common, "--max-steps", "6"))
-    _, err = process.communicate(timeout=240)
-    assert process.returncode == 0, err
-    process = _torchrun(pretrain_args(shards, fsdp, *common, "--max-steps", "4", "--fsdp"))
-    _, err = process.communicate(timeout=240)
-    assert process.returncode == 0, err
+    # the DDP run and the first FSDP run go side by side (every rank has one thread)
+    processes = [
+        _torchrun(pretrain_args(shards, ddp, *common, "--max-steps", "6")),
+        _torchrun(pretrain_args(shards, fsdp, *common, "--max-steps", "4", "--fsdp")),
+    ]
+    for process in processes:
+        _, err = process.communicate(timeout=240)
+        assert process.returncode == 0, err
     assert (fsdp / "best" / "model.safetensors").is_file()
     # the optimizer state was gathered whole on save and is sharded again on resume
     process = _torchrun(pretrain_args(shards, fsdp, *common, "--max-steps", "6", "--fsdp", "--resume"))
