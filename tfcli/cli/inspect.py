@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import PIPED_WIDTH, JsonFlag, human_bytes, stderr_console, stdout_console
+from tfcli.cli.common import PIPED_WIDTH, JsonFlag, human_bytes, require_utf8, stderr_console, stdout_console
 
 
 def _read_text(value: str | None, file: Path | None, what: str, flag: str) -> str | None:
@@ -17,6 +17,7 @@ def _read_text(value: str | None, file: Path | None, what: str, flag: str) -> st
     if value is not None and file is not None:
         raise TfcliError(f"pass {flag} or {flag}-file, not both")
     if file is None:
+        require_utf8(value, f"the {what}", f"{flag}-file")
         return value
     if file.is_dir():
         raise TfcliError(f"{what} file {file} is a folder", hint=f"pass a text file to {flag}-file")
@@ -154,6 +155,8 @@ def inspect_attention(
     if source is None:
         raise TfcliError("no text given", hint="pass --text TEXT or --text-file FILE")
     target_text = _read_text(target, target_file, "target", "--target")
+    require_utf8(compare, "--compare's text")
+    require_utf8(token, "--token's word")
     request = InspectRequest(
         run=run,
         text=source,

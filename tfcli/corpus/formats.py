@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
 from tfcli.errors import TfcliError
+from tfcli.jsontext import loads_json
 
 STDIN = "-"
 SNIFF_BYTES = 8192
@@ -393,7 +394,7 @@ def jsonl_rows(lines: Iterator[str], where: str, fields: Sequence[str], strict: 
         if first:
             line = line.removeprefix("\ufeff")
         try:
-            record = json.loads(line)
+            record = loads_json(line)
         except json.JSONDecodeError as exc:
             if first or strict:
                 what = "is not valid JSON" if not first else "is not valid JSON, so the file is not JSON lines"

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from tfcli.corpus.reader import Corpus, DocumentBoundary, DocumentPiece, ReadStats, empty_corpus_error, iter_document_pieces
 from tfcli.errors import TfcliError
-from tfcli.fsutil import atomic_write_json, prepare_output_dir
+from tfcli.fsutil import commit_staged, discard_staged, prepare_output_dir, stage_file
+from tfcli.jsontext import dumps_json
 from tfcli.schema import JsonRecord
 from tfcli.tokenizer.core import TextTokenizer
 
@@ -76,7 +77,8 @@ class ShardMeta(JsonRecord):
 
 
 class ShardWriter:
-    """Appends token ids to a temp file beside `path`; `commit` renames it into place."""
+    """Appends token ids to a temp file beside `path`; `finish` makes it durable, for `commit_staged` to
+    rename into place."""
 
     def __init__(self, path: Path, dtype: str) -> None:
         import numpy as np
@@ -92,11 +94,10 @@ class ShardWriter:
         self._handle.write(ids.astype(self.dtype, copy=False).tobytes())
         self.tokens += int(ids.size)
 
-    def commit(self) -> None:
+    def finish(self) -> None:
         self._handle.flush()
         os.fsync(self._handle.fileno())
         self._handle.close()
-        os.replace(self.tmp_path, self.path)
 
     def discard(self) -> None:
         if not self._handle.closed:
@@ -119,7 +120,7 @@ def _batches(pieces: Iterator[DocumentPiece]) -> Iterator[list[DocumentPiece]]:
         yield batch
 
 
-def _write_batch(batch, ids_per_piece, writers, split, eos_id, draw, val_fraction) -> str:
+def _write_batch(batch, ids_per_piece, writers, split, eos_id, draw, val_fraction, check_ids) -> str:
     """Append a batch's ids (lists from tokenizers, arrays from tiktoken) to the writers, an end-of-text id
     after each document; a new draw picks the split of each next document. Returns the split of the
     document still open."""
@@ -136,7 +137,9 @@ def _write_batch(batch, ids_per_piece, writers, split, eos_id, draw, val_fractio
             split = "val" if draw() < val_fraction else "train"
     for name, arrays in parts.items():
         if arrays:
-            writers[name].write(np.concatenate(arrays))
+            ids = np.concatenate(arrays)
+            check_ids(int(ids.max()))  # tiktoken's arrays too: an id past the vocabulary would be cut to the shard's dtype
+            writers[name].write(ids)
     return split
 
 
@@ -169,6 +172,7 @@ def encode_corpus(
     writers = {split: ShardWriter(out_dir / f"{split}.bin", dtype) for split in SPLITS}
     stats = ReadStats()
     draw = random.Random(seed).random
+    staged: list[tuple[Path, Path]] = []
     try:
         split = "val" if draw() < val_fraction else "train"
         pieces = iter_document_pieces(corpus, boundary, stats)
@@ -179,12 +183,12 @@ def encode_corpus(
             for batch in _batches(pieces):
                 submitted = (batch, pool.submit(encode_batch, [p.text for p in batch]))
                 if pending is not None:
-                    split = _write_batch(pending[0], pending[1].result(), writers, split, eos_id, draw, val_fraction)
+                    split = _write_batch(pending[0], pending[1].result(), writers, split, eos_id, draw, val_fraction, tokenizer.check_ids)
                     if progress:
                         progress(stats.bytes_read, corpus.total_bytes, writers["train"].tokens + writers["val"].tokens)
                 pending = submitted
             if pending is not None:
-                split = _write_batch(pending[0], pending[1].result(), writers, split, eos_id, draw, val_fraction)
+                split = _write_batch(pending[0], pending[1].result(), writers, split, eos_id, draw, val_fraction, tokenizer.check_ids)
         if progress:
             progress(stats.bytes_read, corpus.total_bytes, writers["train"].tokens + writers["val"].tokens)
         if writers["train"].documents + writers["val"].documents == 0:
@@ -218,16 +222,20 @@ def encode_corpus(
             skipped_binary_files=[str(p) for p in corpus.skipped_binary],
             seconds=round(time.perf_counter() - started, 3),
         )
-        # meta.json goes last; a crash between the renames leaves sizes that load_shard_meta refuses.
+        # Everything is written and fsynced before the first rename, and a signal waits for the last one;
+        # meta.json goes last, so a crash between the renames leaves sizes that load_shard_meta refuses.
         for writer in writers.values():
-            writer.commit()
-        atomic_write_json(out_dir / META_FILE, meta.to_json())
+            writer.finish()
+        staged = [(writer.tmp_path, writer.path) for writer in writers.values()]
+        staged.append((stage_file(out_dir / META_FILE, dumps_json(meta.to_json(), indent=2) + "\n"), out_dir / META_FILE))
+        commit_staged(staged)
         return meta
     finally:
         if fast:
             fast.close()
         for writer in writers.values():
             writer.discard()
+        discard_staged(staged)
 
 
 def load_shard_meta(shard_dir: Path) -> ShardMeta:
@@ -241,6 +249,16 @@ def load_shard_meta(shard_dir: Path) -> ShardMeta:
         raise TfcliError(f"{meta_path} has shard format {meta.format_version}; this tfcli reads {SHARD_FORMAT_VERSION}", hint="re-encode the corpus")
     if meta.dtype not in ("uint16", "uint32"):
         raise TfcliError(f"{meta_path}: dtype must be uint16 or uint32, not {meta.dtype!r}")
+    for name in ("train_tokens", "val_tokens", "train_documents", "val_documents"):
+        if getattr(meta, name) < 0:
+            raise TfcliError(
+                f"{meta_path}: {name} is {getattr(meta, name)}, less than 0", hint="the file was edited or damaged; re-run `tfcli tokenize encode`"
+            )
+    if not 0 <= meta.eos_id < meta.vocab_size:
+        raise TfcliError(
+            f"{meta_path}: eos_id {meta.eos_id} is outside the vocabulary of {meta.vocab_size:,}",
+            hint="the file was edited or damaged; re-run `tfcli tokenize encode`",
+        )
     itemsize = 2 if meta.dtype == "uint16" else 4
     for split in SPLITS:
         path = shard_dir / f"{split}.bin"

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfcli.checkpoint import PICKLE_SUFFIXES, WEIGHTS_FILE
 from tfcli.errors import TfcliError
+from tfcli.jsontext import loads_json
 
 if TYPE_CHECKING:
     import torch
@@ -25,7 +26,7 @@ def read_hf_config(src: Path) -> dict[str, Any]:
     if not path.is_file():
         raise TfcliError(f"{src} has no config.json", hint="pass a Hugging Face model folder (config.json + model.safetensors + tokenizer)")
     try:
-        hf = json.loads(path.read_text(encoding="utf-8"))
+        hf = loads_json(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TfcliError(f"{path} is not valid JSON ({exc})") from exc
     if not isinstance(hf, dict):
@@ -145,7 +146,7 @@ class WeightFiles:
 
 def read_json_object(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads_json(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TfcliError(f"{path} is not valid JSON ({exc})") from exc
     if not isinstance(data, dict):

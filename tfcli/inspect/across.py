@@ -5,7 +5,6 @@ induction head can be watched forming. Each checkpoint is captured as `inspect-a
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import numpy as np
 
 from tfcli.errors import TfcliError
 from tfcli.inspect.stats import PATTERNS
+from tfcli.jsontext import loads_json
 
 ACROSS_FORMAT = "tfcli-attention-across"
 ACROSS_VERSION = 1
@@ -21,7 +21,7 @@ KEPT_DIR = "checkpoints"  # as tfcli.train.saving.KEPT_DIR
 
 def _step(run: Path) -> int | None:
     try:
-        training = json.loads((run / "config.json").read_text(encoding="utf-8")).get("training") or {}
+        training = loads_json((run / "config.json").read_text(encoding="utf-8")).get("training") or {}
     except (OSError, ValueError):
         return None
     step = training.get("step")

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Literal
 
 from tfcli.corpus.reader import Corpus, ReadStats, empty_corpus_error, iter_text_batches, split_long
 from tfcli.errors import TfcliError
-from tfcli.fsutil import artifact_kind, atomic_write_json, atomic_write_text, prepare_output_dir
+from tfcli.fsutil import artifact_kind, commit_staged, discard_staged, prepare_output_dir, stage_file
+from tfcli.jsontext import dumps_json
 from tfcli.tokenizer.core import MAX_VOCAB_SIZE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, WORDPIECE_PREFIX, TextTokenizer
 from tfcli.tokenizer.specials import CONFIG_KEYS, ROLES, SpecialTokens, default_specials
 
@@ -362,10 +363,16 @@ def train_tokenizer(
         )
     _refuse_specials_in_the_vocabulary(tokenizer, specials.all_tokens(), specials.get("unk"), config.model)
 
-    atomic_write_text(out_dir / TOKENIZER_FILE, text)
-    atomic_write_json(out_dir / TOKENIZER_CONFIG_FILE, tokenizer_config(config))
+    files = {TOKENIZER_FILE: text, TOKENIZER_CONFIG_FILE: dumps_json(tokenizer_config(config), indent=2) + "\n"}
     if config.model == "wordpiece":
-        atomic_write_text(out_dir / VOCAB_TXT, wordpiece_vocab_txt(tokenizer))
+        files[VOCAB_TXT] = wordpiece_vocab_txt(tokenizer)
+    staged: list[tuple[Path, Path]] = []
+    try:  # the tokenizer and its config are replaced together or not at all
+        for name, data in files.items():
+            staged.append((stage_file(out_dir / name, data), out_dir / name))
+        commit_staged(staged)
+    finally:
+        discard_staged(staged)
 
     loaded = TextTokenizer.load(out_dir / TOKENIZER_FILE)
     sample_text = "".join(sample)
