@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from tfcli import __version__
 from tfcli.errors import TfcliError
-from tfcli.fsutil import artifact_kind, fsync_dir, fsync_file, prepare_output_dir, set_default_mode, temp_path_beside
+from tfcli.fsutil import artifact_kind, commit_staged, fsync_file, prepare_output_dir, set_default_mode, temp_path_beside
+from tfcli.jsontext import loads_json
 from tfcli.model.config import ModelConfig
 from tfcli.schema import JsonRecord
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
@@ -145,9 +145,7 @@ def save_checkpoint(
         for leftover in run_dir.glob(".*.tmp"):
             leftover.unlink(missing_ok=True)
         raise
-    for tmp, final in staged:
-        os.replace(tmp, final)
-    fsync_dir(run_dir)
+    commit_staged(staged)
     return config
 
 
@@ -202,7 +200,7 @@ def read_run_config(run_dir: Path) -> RunConfig:
 def _refuse_hugging_face_folder(run_dir: Path) -> None:
     """An exported or downloaded transformers folder has a config.json too, in another format."""
     try:
-        data = json.loads((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+        data = loads_json((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return  # RunConfig.load says what is wrong with it
     if isinstance(data, dict) and "format_version" not in data and ("model_type" in data or "architectures" in data):
@@ -223,6 +221,8 @@ def run_file_problems(run_dir: Path, config: RunConfig, tokenizer: TextTokenizer
                 hint="the checkpoint is truncated or from another save; use an intact run directory",
             )
         )
+    elif (header := _weights_header_problem(weights)) is not None:
+        problems.append(header)
     if tokenizer.vocab_size > config.model.vocab_size:
         problems.append(
             TfcliError(
@@ -237,6 +237,23 @@ def run_file_problems(run_dir: Path, config: RunConfig, tokenizer: TextTokenizer
             )
         )
     return problems
+
+
+def _weights_header_problem(weights: Path) -> TfcliError | None:
+    """Whether the weights file's header reads: safetensors checks every tensor's offsets against the file's
+    size, so a header that claims huge tensors in a small file is refused here, before anything is allocated."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(weights), framework="numpy") as handle:
+            handle.keys()
+    except (SafetensorError, OSError) as exc:
+        return _invalid_weights(weights, exc)
+    return None
+
+
+def _invalid_weights(weights: Path, exc: BaseException) -> TfcliError:
+    return TfcliError(f"{weights} is not a valid safetensors file ({exc})", hint="the file is truncated or corrupted")
 
 
 def load_checkpoint(run_dir: Path, device: str = "cpu") -> Checkpoint:
@@ -275,7 +292,7 @@ def load_checkpoint(run_dir: Path, device: str = "cpu") -> Checkpoint:
                     raise TfcliError(f"tensor {name} has shape {list(shape)} but the config implies {list(expected[name])}")
             tensors = {name: handle.get_tensor(name) for name in sorted(names)}
     except SafetensorError as exc:
-        raise TfcliError(f"{weights} is not a valid safetensors file ({exc})", hint="the file is truncated or corrupted") from exc
+        raise _invalid_weights(weights, exc) from exc
     for name, tensor in tensors.items():
         if not tensor.is_floating_point():
             raise TfcliError(f"tensor {name} has dtype {tensor.dtype}, not a floating-point type")

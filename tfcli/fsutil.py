@@ -7,7 +7,6 @@ over the final name; a crash leaves either the old file or the new one, never a 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import tempfile
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tfcli.errors import TfcliError
+from tfcli.jsontext import dumps_json
 
 
 def _current_umask() -> int:
@@ -91,7 +91,63 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_json(path: Path, obj: Any) -> None:
     """Strict JSON (NaN and infinities refused), UTF-8, indented, with a final newline."""
-    atomic_write_text(path, json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    atomic_write_text(path, dumps_json(obj, indent=2) + "\n")
+
+
+def stage_file(path: Path, data: bytes | str) -> Path:
+    """Write `data` (text as UTF-8) to a temp file beside `path`, fsynced, and return the temp path, for
+    `commit_staged` to rename into place with the other files of the same artifact. On an error (a full
+    disk) the temp file is removed."""
+    tmp = temp_path_beside(path)
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def commit_staged(staged: list[tuple[Path, Path]]) -> None:
+    """Rename each staged (temp, final) pair in order, with SIGINT and SIGTERM held until the last one is in
+    place: an artifact of several files (shards and their meta.json, a checkpoint, a tokenizer and its
+    config) is replaced whole or not at all by a Ctrl-C or a kill. Everything that can fail for want of
+    space happened while staging."""
+    with signals_deferred():
+        for tmp, final in staged:
+            os.replace(tmp, final)
+    for folder in dict.fromkeys(final.parent for _, final in staged):
+        fsync_dir(folder)
+
+
+def discard_staged(staged: list[tuple[Path, Path]]) -> None:
+    for tmp, _ in staged:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back while the block runs and deliver them when it ends, in the order they
+    came. Python runs signal handlers in the main thread, whichever thread the signal reached, so swapping
+    the handlers there is enough; elsewhere (another thread, a handler set outside Python) the block runs as is."""
+    import signal
+    import threading
+
+    signums = (signal.SIGINT, signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or any(signal.getsignal(s) is None for s in signums):
+        yield
+        return
+    received: list[int] = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum)) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(received):
+            signal.raise_signal(signum)
 
 
 def prepare_output_dir(path: Path, what: str = "output", option: str = "-o") -> Path:

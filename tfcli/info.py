@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tfcli.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, read_run_config, run_file_problems
+from tfcli.jsontext import loads_json
 from tfcli.model.config import ModelConfig
 from tfcli.tokenizer.core import TextTokenizer
 
@@ -82,7 +83,7 @@ def training_history(path: Path) -> dict[str, Any] | None:
     tail_only = size > 2 * TAIL_BYTES
     with open(path, "rb") as handle:
         if tail_only:
-            lines = [handle.readline()]
+            lines = [handle.readline(TAIL_BYTES)]  # a file of NUL bytes (a crash, a sparse file) has no first line to stop at
             handle.seek(size - TAIL_BYTES)
             lines += handle.read().split(b"\n")[1:]  # the first piece is the end of a line cut by the seek
         else:
@@ -92,7 +93,7 @@ def training_history(path: Path) -> dict[str, Any] | None:
         line = line.strip()
         if line:
             try:
-                record = json.loads(line)
+                record = loads_json(line)
             except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
             if isinstance(record, dict):  # anything else is not a metrics record

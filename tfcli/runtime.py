@@ -28,6 +28,16 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
 
 
+def physical_memory() -> int | None:
+    """This machine's memory in bytes, or None where the system does not say."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 def resolve_device(name: str) -> str:
     """A device name checked against this machine: auto (a CUDA GPU, else Apple's MPS, else the CPU), cpu,
     cuda, cuda:N or mps. Anything else, or a device that is not there, is a TfcliError."""

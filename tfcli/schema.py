@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar, Union
 
 from tfcli.errors import TfcliError
+from tfcli.jsontext import loads_json
 
 R = TypeVar("R", bound="JsonRecord")
 
@@ -146,7 +147,7 @@ class JsonRecord:
         except (OSError, UnicodeDecodeError) as exc:
             raise TfcliError(f"cannot read {path}: {exc}") from exc
         try:
-            data = json.loads(text)
+            data = loads_json(text)
         except json.JSONDecodeError as exc:
             raise TfcliError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from exc
         return cls.from_json(data, where=path.name)

@@ -13,7 +13,6 @@ A file that cannot be read is set aside with a note and the decisions are measur
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import threading
@@ -24,6 +23,7 @@ from typing import Any
 
 from tfcli.accel.machine import cache_dir, machine_digest, processor_name
 from tfcli.errors import TfcliError
+from tfcli.jsontext import loads_json
 from tfcli.schema import JsonRecord
 
 VERSION = 1
@@ -139,7 +139,7 @@ class Choices:
         on_disk = {}
         if self.path.exists():
             try:
-                on_disk = {k: v for k, v in json.loads(self.path.read_text()).get("decisions", {}).items() if isinstance(v, dict)}
+                on_disk = {k: v for k, v in loads_json(self.path.read_text()).get("decisions", {}).items() if isinstance(v, dict)}
                 on_disk = {k: Decision.from_json(v).to_json() for k, v in on_disk.items()}
             except (OSError, ValueError, AttributeError, TfcliError):
                 on_disk = {}

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
-import json
 import os
 import platform
 import re
@@ -35,6 +34,7 @@ import torch.nn.functional as F
 
 from tfcli.accel import layout
 from tfcli.accel.machine import cache_dir, processor_key
+from tfcli.jsontext import loads_json
 
 SOURCE = Path(__file__).with_name("native.c")
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]
@@ -186,7 +186,7 @@ def _build_and_load() -> NativeLibrary:
 
 def _remembered(failed: Path) -> str:
     try:
-        reason = json.loads(failed.read_text()).get("reason")
+        reason = loads_json(failed.read_text()).get("reason")
         return str(reason) if reason else "the build failed"
     except (OSError, ValueError, AttributeError):
         return "the build failed"

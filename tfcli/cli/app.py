@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import sys
 from typing import Annotated
 
@@ -56,8 +57,29 @@ def main(argv: list[str] | None = None) -> None:
     """Run the command line; exit 0 on success, 1 when `tfcli info` finds a problem in a run, 2 on a user
     error, 130 on Ctrl-C, 143 on SIGTERM."""
     args = sys.argv[1:] if argv is None else list(argv)
-    with _sigterm_unwinds():
+    with _sigterm_unwinds(), _stdout_passes_undecodable_names():
         _run(args)
+
+
+@contextlib.contextmanager
+def _stdout_passes_undecodable_names():
+    """A file name that is not UTF-8 reaches Python holding lone surrogates (its bytes, escaped); printed in a
+    table or a line, it goes out as the bytes it was, as `ls` prints it, where a strict UTF-8 stdout would
+    raise. JSON escapes them itself (tfcli.jsontext), so --json stays UTF-8."""
+    stream = sys.stdout
+    if getattr(stream, "errors", None) != "strict" or not hasattr(stream, "reconfigure"):
+        yield
+        return
+    try:
+        stream.reconfigure(errors="surrogateescape")
+    except (AttributeError, ValueError, OSError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            stream.reconfigure(errors="strict")
 
 
 @contextlib.contextmanager
@@ -79,6 +101,12 @@ def _sigterm_unwinds():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+# What the machine, not the command, got wrong: a full disk or quota, a read-only or failing file system, a
+# folder without permission, a name too long. Any command that meets one ends with one line, exit 2; the
+# writers remove their temp files on the way out, so what was on disk stays as it was.
+_ENVIRONMENT_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG}
 
 
 def _run(args: list[str]) -> None:
@@ -111,6 +139,18 @@ def _run(args: list[str]) -> None:
     except (BrokenPipeError, StdoutClosed):
         point_at_devnull(sys.stdout)
         sys.exit(0)
+    except OSError as exc:
+        if exc.errno not in _ENVIRONMENT_ERRORS:
+            raise
+        if state.debug:
+            import traceback
+
+            traceback.print_exc()
+        from tfcli.fsutil import describe_write_error
+
+        where = f" ({exc.filename})" if exc.filename else ""
+        print_error(f"{describe_write_error(exc)}{where}; check the free space and the permissions of the folders it writes to")
+        sys.exit(2)
     except Exception as exc:
         # click's usage errors (typer vendors click from 0.26 on, so match the shape, not the class)
         if not (hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int)):

@@ -14,6 +14,7 @@ from tfcli.cli.common import (
     PIPED_WIDTH,
     JsonFlag,
     human_bytes,
+    require_utf8,
     stderr_console,
     stdout_console,
 )
@@ -89,13 +90,13 @@ def _emit(
 
         print_json(document)
         return
-    import json
 
     from rich.text import Text
 
     from tfcli.inspect.session import write_output
+    from tfcli.jsontext import dumps_json
 
-    write_output(output, json.dumps(document, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+    write_output(output, dumps_json(document, indent=1) + "\n")
     stderr_console().print(Text(f"wrote {output} ({human_bytes(output.stat().st_size)}) in {seconds:.1f} s"))
 
 
@@ -219,6 +220,7 @@ def inspect_ablate(
 
         raise TfcliError("the png shows every head's loss change", hint="drop --heads, or use the terminal or --json for chosen heads")
     source = _text(text, text_file)
+    require_utf8(reference_text, "--reference-text")
     checkpoint = load_run(run, device)
     accelerate(checkpoint.model)  # this machine's fastest products (the same modules and hooks); TFCLI_ACCEL=0: plain
     with stderr_console().status("ablating heads"):
@@ -277,6 +279,8 @@ def inspect_patch(
 
     began = time.perf_counter()
     fmt = _format(output_format, output, json_output)
+    for value, what in ((clean, "--clean's text"), (corrupt, "--corrupt's text"), (answer, "--answer"), (wrong, "--wrong")):
+        require_utf8(value, what)
     checkpoint = load_run(run, device)
     accelerate(checkpoint.model)
     with stderr_console().status("patching"):

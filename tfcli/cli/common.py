@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
@@ -137,6 +136,20 @@ def at_least(minimum: int, **options: int | None) -> None:
             raise TfcliError(f"--{name.replace('_', '-')} must be at least {minimum}, not {value}")
 
 
+def require_utf8(text: str | None, what: str, file_option: str | None = None) -> None:
+    """Text from the command line that was not UTF-8 arrives holding lone surrogates (Python's escape for
+    the bytes it could not decode); refuse it, as a file that is not UTF-8 is refused."""
+    from tfcli.errors import TfcliError
+
+    if text is None:
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        hint = f"pass it in UTF-8, or in a UTF-8 file with {file_option}" if file_option else "pass it in UTF-8"
+        raise TfcliError(f"{what} is not UTF-8 text (character {exc.start + 1})", hint=hint) from exc
+
+
 def print_error(message: str) -> None:
     """One red line on stderr. The message is data: rich markup in it is printed, not interpreted."""
     from rich.text import Text
@@ -162,7 +175,9 @@ def print_table(console: Console, table: Any) -> None:
 
 
 def print_json(data: Any) -> None:
-    write_stdout(json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    from tfcli.jsontext import dumps_json
+
+    write_stdout(dumps_json(data, indent=2) + "\n")
 
 
 def make_progress(console: Console, *, tokens: bool = False) -> Progress:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, print_json, stderr_console, write_stdout
+from tfcli.cli.common import JsonFlag, print_json, require_utf8, stderr_console, write_stdout
 
 _BIDI_CONTROLS = set(range(0x202A, 0x202F)) | set(range(0x2066, 0x206A)) | {0x200E, 0x200F, 0x061C}
 
@@ -39,24 +39,13 @@ class _Writer:
         write_stdout(terminal_safe(text) if self.terminal else text)
 
 
-def require_utf8(text: str, what: str) -> None:
-    """Text from the command line that was not UTF-8 arrives holding lone surrogates (Python's escape for
-    the bytes it could not decode); refuse it, as a file that is not UTF-8 is refused."""
-    from tfcli.errors import TfcliError
-
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise TfcliError(f"{what} is not UTF-8 text (character {exc.start + 1})", hint="pass it in UTF-8, or in a UTF-8 file with --prompt-file") from exc
-
-
 def _read_prompts(prompt: str | None, prompt_file: Path | None) -> list[str]:
     from tfcli.errors import TfcliError
 
     if prompt is not None and prompt_file is not None:
         raise TfcliError("pass --prompt or --prompt-file, not both")
     if prompt is not None:
-        require_utf8(prompt, "the prompt")
+        require_utf8(prompt, "the prompt", "--prompt-file")
         if not prompt.strip():
             raise TfcliError("the prompt is empty", hint='pass some text to continue, e.g. --prompt "Once upon a time"')
         return [prompt]

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import PIPED_WIDTH, JsonFlag, human_bytes, stderr_console, stdout_console
+from tfcli.cli.common import PIPED_WIDTH, JsonFlag, human_bytes, require_utf8, stderr_console, stdout_console
 
 
 def _read_text(value: str | None, file: Path | None, what: str, flag: str) -> str | None:
@@ -17,6 +17,7 @@ def _read_text(value: str | None, file: Path | None, what: str, flag: str) -> st
     if value is not None and file is not None:
         raise TfcliError(f"pass {flag} or {flag}-file, not both")
     if file is None:
+        require_utf8(value, f"the {what}", f"{flag}-file")
         return value
     if file.is_dir():
         raise TfcliError(f"{what} file {file} is a folder", hint=f"pass a text file to {flag}-file")
@@ -154,6 +155,8 @@ def inspect_attention(
         _across(run, _required_text(text, text_file), attention, layer, head, pattern, output_format, output, device, json_output)
         return
     fmt = _single_format(output_format, output, json_output, start, key_start, summary)
+    require_utf8(compare, "--compare's text")
+    require_utf8(token, "--token's word")
     request = InspectRequest(
         run=run,
         text=_required_text(text, text_file),

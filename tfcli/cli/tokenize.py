@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from tfcli.cli.common import JsonFlag, Typer, counted, human_bytes, make_progress, print_json, print_table, stderr_console, stdout_console
+from tfcli.fsutil import no_empty_folder_left
 
 app = Typer(
     help="Train a tokenizer (BPE, WordPiece, Unigram, char), encode text into token shards, and look at tokens and merges.\n\n"
@@ -142,7 +143,8 @@ def train(
             elif done:
                 progress.update(merging, total=1, completed=1)
 
-        summary = train_tokenizer(sources, output, config, progress=report)
+        with no_empty_folder_left(output):
+            summary = train_tokenizer(sources, output, config, progress=report)
     if json_output:
         print_json(summary.to_json())
         return
@@ -235,7 +237,8 @@ def encode(
         def report(done: int, total_bytes: int, tokens: int) -> None:
             progress.update(task, completed=done, tokens=tokens)
 
-        meta = encode_corpus(sources, loaded, output, val_fraction=val_fraction, seed=seed, boundary=documents, progress=report)  # type: ignore[arg-type]
+        with no_empty_folder_left(output):
+            meta = encode_corpus(sources, loaded, output, val_fraction=val_fraction, seed=seed, boundary=documents, progress=report)  # type: ignore[arg-type]
     if json_output:
         print_json({"output": str(output), **meta.to_json()})
         return

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from tfcli.corpus.formats import first_line
 from tfcli.errors import TfcliError
+from tfcli.jsontext import loads_json
 
 PARQUET_BATCH_ROWS = 1024
 CSV_FIELD_LIMIT = 1 << 27  # characters: csv's default (128 Ki) is smaller than many real documents; a broken quote stops here
@@ -101,7 +102,7 @@ def jsonl_rows(lines: Iterator[str], where: str, fields: Sequence[str], strict: 
         if first:
             line = line.removeprefix("\ufeff")
         try:
-            record = json.loads(line)
+            record = loads_json(line)
         except json.JSONDecodeError as exc:
             if first or strict:
                 what = "is not valid JSON" if not first else "is not valid JSON, so the file is not JSON lines"

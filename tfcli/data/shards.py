@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, BinaryIO
 from tfcli.corpus.documents import DocumentBoundary, DocumentPiece, empty_corpus_error, iter_document_pieces
 from tfcli.corpus.reader import Corpus, ReadStats
 from tfcli.errors import TfcliError
-from tfcli.fsutil import atomic_write_json, prepare_output_dir
+from tfcli.fsutil import commit_staged, discard_staged, prepare_output_dir, stage_file
+from tfcli.jsontext import dumps_json
 from tfcli.schema import JsonRecord
 from tfcli.tokenizer.core import TextTokenizer
 
@@ -77,7 +78,8 @@ class ShardMeta(JsonRecord):
 
 
 class ShardWriter:
-    """Appends token ids to a temp file beside `path`; `commit` renames it into place."""
+    """Appends token ids to a temp file beside `path`; `finish` makes it durable, for `commit_staged` to
+    rename into place."""
 
     def __init__(self, path: Path, dtype: str) -> None:
         import numpy as np
@@ -93,11 +95,10 @@ class ShardWriter:
         self._handle.write(ids.astype(self.dtype, copy=False).tobytes())
         self.tokens += int(ids.size)
 
-    def commit(self) -> None:
+    def finish(self) -> None:
         self._handle.flush()
         os.fsync(self._handle.fileno())
         self._handle.close()
-        os.replace(self.tmp_path, self.path)
 
     def discard(self) -> None:
         if not self._handle.closed:
@@ -124,7 +125,8 @@ class _DocumentSplits:
     """The train and validation writers, and the seeded draw that sends each document whole to one of them
     (an end-of-text id after each document)."""
 
-    def __init__(self, out_dir: Path, dtype: str, eos_id: int, seed: int, val_fraction: float) -> None:
+    def __init__(self, out_dir: Path, dtype: str, eos_id: int, seed: int, val_fraction: float, check_ids: Callable[[int], None]) -> None:
+        self.check_ids = check_ids
         self.writers = {split: ShardWriter(out_dir / f"{split}.bin", dtype) for split in SPLITS}
         self.eos_id, self.val_fraction = eos_id, val_fraction
         self._draw = random.Random(seed).random
@@ -153,7 +155,9 @@ class _DocumentSplits:
                 self.split = self._pick()
         for name, arrays in parts.items():
             if arrays:
-                self.writers[name].write(np.concatenate(arrays))
+                ids = np.concatenate(arrays)
+                self.check_ids(int(ids.max()))  # tiktoken's arrays too: an id past the vocabulary would be cut to the shard's dtype
+                self.writers[name].write(ids)
 
     def refuse_empty(self, corpus: Corpus, stats: ReadStats) -> None:
         """No document at all, or none left for training, is an error."""
@@ -166,9 +170,11 @@ class _DocumentSplits:
                 hint="lower --val-fraction, or pass --documents line/paragraph to get more documents",
             )
 
-    def commit(self) -> None:
+    def finish(self) -> list[tuple[Path, Path]]:
+        """Make both shards durable; (temporary path, final path) of each, for `commit_staged`."""
         for writer in self.writers.values():
-            writer.commit()
+            writer.finish()
+        return [(writer.tmp_path, writer.path) for writer in self.writers.values()]
 
     def discard(self) -> None:
         for writer in self.writers.values():
@@ -218,7 +224,8 @@ def encode_corpus(
     fast, _ = fast_encoder(tokenizer)
     encode_batch = fast.encode_batch if fast else tokenizer.encode_batch
     out_dir = prepare_output_dir(out_dir, "shard output")
-    splits = _DocumentSplits(out_dir, dtype, eos_id, seed, val_fraction)
+    splits = _DocumentSplits(out_dir, dtype, eos_id, seed, val_fraction, tokenizer.check_ids)
+    staged: list[tuple[Path, Path]] = []
     stats = ReadStats()
 
     def report() -> None:
@@ -253,14 +260,17 @@ def encode_corpus(
             skipped_binary_files=[str(p) for p in corpus.skipped_binary],
             seconds=round(time.perf_counter() - started, 3),
         )
-        # meta.json goes last; a crash between the renames leaves sizes that load_shard_meta refuses.
-        splits.commit()
-        atomic_write_json(out_dir / META_FILE, meta.to_json())
+        # Everything is written and fsynced before the first rename, and a signal waits for the last one;
+        # meta.json goes last, so a crash between the renames leaves sizes that load_shard_meta refuses.
+        staged = splits.finish()
+        staged.append((stage_file(out_dir / META_FILE, dumps_json(meta.to_json(), indent=2) + "\n"), out_dir / META_FILE))
+        commit_staged(staged)
         return meta
     finally:
         if fast:
             fast.close()
         splits.discard()
+        discard_staged(staged)
 
 
 def load_shard_meta(shard_dir: Path) -> ShardMeta:
@@ -274,6 +284,16 @@ def load_shard_meta(shard_dir: Path) -> ShardMeta:
         raise TfcliError(f"{meta_path} has shard format {meta.format_version}; this tfcli reads {SHARD_FORMAT_VERSION}", hint="re-encode the corpus")
     if meta.dtype not in ("uint16", "uint32"):
         raise TfcliError(f"{meta_path}: dtype must be uint16 or uint32, not {meta.dtype!r}")
+    for name in ("train_tokens", "val_tokens", "train_documents", "val_documents"):
+        if getattr(meta, name) < 0:
+            raise TfcliError(
+                f"{meta_path}: {name} is {getattr(meta, name)}, less than 0", hint="the file was edited or damaged; re-run `tfcli tokenize encode`"
+            )
+    if not 0 <= meta.eos_id < meta.vocab_size:
+        raise TfcliError(
+            f"{meta_path}: eos_id {meta.eos_id} is outside the vocabulary of {meta.vocab_size:,}",
+            hint="the file was edited or damaged; re-run `tfcli tokenize encode`",
+        )
     itemsize = 2 if meta.dtype == "uint16" else 4
     for split in SPLITS:
         path = shard_dir / f"{split}.bin"

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfcli.checkpoint import PICKLE_SUFFIXES, WEIGHTS_FILE
 from tfcli.errors import TfcliError
+from tfcli.jsontext import loads_json
 
 if TYPE_CHECKING:
     import torch
@@ -140,7 +141,7 @@ class WeightFiles:
 def read_json_object(path: Path) -> dict[str, Any]:
     """A JSON file that must hold an object; anything else is one clear line."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads_json(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TfcliError(f"{path} is not valid JSON ({exc})") from exc
     if not isinstance(data, dict):

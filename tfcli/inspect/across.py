@@ -7,7 +7,6 @@ checkpoint, drawn by the single-run renderers (terminal grid, PNG grid, the HTML
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +15,7 @@ import numpy as np
 from tfcli.errors import TfcliError
 from tfcli.inspect.capture import AttentionCapture
 from tfcli.inspect.stats import PATTERNS
+from tfcli.jsontext import loads_json
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -29,7 +29,7 @@ KEPT_DIR = "checkpoints"  # as tfcli.train.saving.KEPT_DIR
 
 def _step(run: Path) -> int | None:
     try:
-        training = json.loads((run / "config.json").read_text(encoding="utf-8")).get("training") or {}
+        training = loads_json((run / "config.json").read_text(encoding="utf-8")).get("training") or {}
     except (OSError, ValueError):
         return None
     step = training.get("step")

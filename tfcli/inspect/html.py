@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import functools
 import html
-import json
 import os
 import re
 import unicodedata
@@ -32,6 +31,7 @@ import numpy as np
 from tfcli.inspect.capture import AttentionCapture
 from tfcli.inspect.labels import excerpts, kind_label
 from tfcli.inspect.stats import HeadChange, HeadSummary
+from tfcli.jsontext import dumps_json
 from tfcli.tokenizer.show import TokenView
 
 PAGE_FORMAT = 2  # 2: tokens as pieces (characters, badges), not escaped text
@@ -42,7 +42,7 @@ def json_for_script(data: Any) -> str:
 
     Example: json_for_script({"t": "</script>"}) -> '{"t": "\\u003c/script\\u003e"}'
     """
-    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    text = dumps_json(data, separators=(",", ":"))
     for raw, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
         text = text.replace(raw, escaped)
     return text

@@ -17,6 +17,7 @@ from tfcli.errors import TfcliError
 from tfcli.inspect.capture import AttentionCapture, capture_attention, check_comparable, find_token, load_run, parse_index, summarize_capture
 from tfcli.inspect.labels import excerpts, kind_label
 from tfcli.inspect.stats import HeadChange, HeadSummary, head_changes
+from tfcli.jsontext import dumps_json
 
 FORMATS: tuple[str, ...] = ("terminal", "html", "png", "json")
 SUFFIXES = {".html": "html", ".htm": "html", ".png": "png", ".json": "json"}
@@ -287,7 +288,7 @@ def _json_key(key: Any) -> str:
 
 def _json_scalar(value: Any) -> str:
     """A string, number, bool or None (or an empty list or dict) as JSON; anything else is a TypeError."""
-    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    return dumps_json(value)
 
 
 def save_document(path: Path, document: dict[str, Any]) -> None:

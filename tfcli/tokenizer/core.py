@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfcli.corpus.reader import replace_lone_surrogates
 from tfcli.errors import TfcliError
+from tfcli.jsontext import loads_json
 from tfcli.tokenizer.specials import CONFIG_KEYS, KNOWN_NAMES, LOADED_ROLES
 
 if TYPE_CHECKING:
@@ -102,14 +103,17 @@ class TextTokenizer:
         return self.hf.get_vocab_size(with_added_tokens=True)
 
     @cached_property
-    def _spec(self) -> dict[str, Any]:
+    def spec(self) -> dict[str, Any]:
+        """tokenizer.json as a dictionary. Its ids are checked first: the library writes a vocabulary by
+        walking every id up to the largest, so one token numbered 1,000,000,000 costs it gigabytes."""
+        self.check_ids(max(self.hf.get_vocab(with_added_tokens=True).values(), default=0))
         return json.loads(self.hf.to_str())
 
     @cached_property
     def pre_tokenizer_kind(self) -> str:
         """ "byte-level", "whitespace", "metaspace", "bert" (WordPiece's), "characters" (char's), or the
         library's type name for anything else."""
-        spec = self._spec.get("pre_tokenizer") or {}
+        spec = self.spec.get("pre_tokenizer") or {}
         if self.family == "char":
             return "characters"
         kinds = {"ByteLevel": "byte-level", "Whitespace": "whitespace", "Metaspace": "metaspace", "BertPreTokenizer": "bert"}
@@ -119,7 +123,7 @@ class TextTokenizer:
     def family(self) -> str:
         """ "bpe", "wordpiece", "unigram", "char" (a word-level vocabulary of single characters), "wordlevel",
         or the library's model type for anything else."""
-        kind = (self._spec.get("model") or {}).get("type", "")
+        kind = (self.spec.get("model") or {}).get("type", "")
         family = _MODEL_FAMILIES.get(kind, kind.lower() or "none")
         if family == "wordlevel":
             added = {token.content for token in self.hf.get_added_tokens_decoder().values()}
@@ -132,7 +136,7 @@ class TextTokenizer:
         """WordPiece's mark of a token that continues a word ("##"), or None for other families."""
         if self.family != "wordpiece":
             return None
-        return (self._spec.get("model") or {}).get("continuing_subword_prefix") or WORDPIECE_PREFIX
+        return (self.spec.get("model") or {}).get("continuing_subword_prefix") or WORDPIECE_PREFIX
 
     @property
     def words_carry_their_space(self) -> bool:
@@ -151,12 +155,25 @@ class TextTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of user text; special-token text in it stays ordinary text."""
-        return self.hf.encode(replace_lone_surrogates(text), add_special_tokens=False).ids
+        ids = self.hf.encode(replace_lone_surrogates(text), add_special_tokens=False).ids
+        self.check_ids(max(ids, default=0))
+        return ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of many texts, encoded in parallel on all cores."""
         encodings = self.hf.encode_batch_fast([replace_lone_surrogates(t) for t in texts], add_special_tokens=False)
-        return [e.ids for e in encodings]
+        ids = [e.ids for e in encodings]
+        self.check_ids(max((max(row) for row in ids if row), default=0))
+        return ids
+
+    def check_ids(self, largest: int) -> None:
+        """A tokenizer.json may map a token to any id (its vocabulary is a table); an id past the vocabulary
+        would be cut short in a shard or index past the model's embeddings."""
+        if largest >= self.vocab_size:
+            raise TfcliError(
+                f"{self.path} gives the token id {largest:,}, past its vocabulary of {self.vocab_size:,} tokens",
+                hint="its ids must run from 0 to the vocabulary size - 1; use a tokenizer.json written by tfcli or transformers",
+            )
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=False)
@@ -199,7 +216,7 @@ def _read_tokenizer_config(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = loads_json(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TfcliError(f"{path} is not valid JSON ({exc})", hint="fix it or delete it") from exc
     if not isinstance(data, dict):

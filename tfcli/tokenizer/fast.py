@@ -21,7 +21,6 @@ Why the ids are the same (`fast_encoder` checks each condition on the tokenizer.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -87,7 +86,7 @@ def fast_encoder(tokenizer: TextTokenizer, threads: int | None = None) -> tuple[
         return None, "tiktoken is not installed"
     if not hasattr(tiktoken.Encoding, "encode_to_numpy"):
         return None, "tiktoken is older than 0.8"
-    spec = json.loads(tokenizer.hf.to_str())
+    spec = tokenizer.spec
     ranks, why = tiktoken_ranks(spec, tokenizer.hf.model)
     if ranks is None:
         return None, why

@@ -89,6 +89,10 @@ def parse_special_tokens(specs: Iterable[str], defaults: Mapping[str, str] = DEF
     roles = dict(defaults)
     extra: list[str] = []
     for spec in specs:
+        try:
+            spec.encode("utf-8")
+        except UnicodeEncodeError as exc:  # bytes that were not UTF-8 on the command line (lone surrogates)
+            raise TfcliError(f"special token {spec!r} is not UTF-8 text (character {exc.start + 1})", hint="pass it in UTF-8") from None
         role, sep, text = spec.partition("=")
         if sep and role in ROLES:
             if not text:

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING
 from tfcli.corpus.documents import empty_corpus_error, iter_text_batches
 from tfcli.corpus.reader import Corpus, ReadStats, split_long
 from tfcli.errors import TfcliError
-from tfcli.fsutil import artifact_kind, atomic_write_json, atomic_write_text, prepare_output_dir
+from tfcli.fsutil import artifact_kind, commit_staged, discard_staged, prepare_output_dir, stage_file
+from tfcli.jsontext import dumps_json
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, WORDPIECE_PREFIX, TextTokenizer
 from tfcli.tokenizer.families import (
     CharVocabulary,
@@ -140,10 +141,16 @@ def train_tokenizer(
         finish_unigram(tokenizer, specials)
     vocabulary = _check_vocabulary(tokenizer, config, specials, chars)
 
-    atomic_write_text(out_dir / TOKENIZER_FILE, vocabulary.text)
-    atomic_write_json(out_dir / TOKENIZER_CONFIG_FILE, tokenizer_config(config))
+    files = {TOKENIZER_FILE: vocabulary.text, TOKENIZER_CONFIG_FILE: dumps_json(tokenizer_config(config), indent=2) + "\n"}
     if config.model == "wordpiece":
-        atomic_write_text(out_dir / VOCAB_TXT, wordpiece_vocab_txt(tokenizer))
+        files[VOCAB_TXT] = wordpiece_vocab_txt(tokenizer)
+    staged: list[tuple[Path, Path]] = []
+    try:  # the tokenizer and its config are replaced together or not at all
+        for name, data in files.items():
+            staged.append((stage_file(out_dir / name, data), out_dir / name))
+        commit_staged(staged)
+    finally:
+        discard_staged(staged)
 
     loaded = TextTokenizer.load(out_dir / TOKENIZER_FILE)
     sample_text = "".join(sample)

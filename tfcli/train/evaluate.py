@@ -15,6 +15,7 @@ import torch
 from tfcli.corpus.formats import RECORD_FORMATS, format_of_name
 from tfcli.errors import TfcliError
 from tfcli.fsutil import artifact_kind
+from tfcli.train.setup import check_token_ids
 
 
 def _text_tokens(path: Path, tokenizer) -> np.ndarray:
@@ -202,7 +203,10 @@ def _text_batches(checkpoint, run: Path, data: Path, split: str, batch_size: int
     gen = d.generator(seed, "eval")
     make = (lambda rows: source._make(rows)) if task == "lm" else (lambda rows: source._make(rows, gen))
     result["tokens"] = int(starts.numel() * stride)
-    return task, [make(source.val.rows(chunk)) for chunk in starts.split(batch_size)]
+    batches = [make(source.val.rows(chunk)) for chunk in starts.split(batch_size)]
+    for batch in batches:  # damaged shards (or another tokenizer's) would fail deep inside the embedding
+        check_token_ids(batch, task, config.vocab_size, data)
+    return task, batches
 
 
 def _default_train_config():

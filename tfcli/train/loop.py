@@ -63,8 +63,10 @@ def train(job: TrainingJob) -> Iterator[Any]:
     finally:
         # FSDP leaves reference cycles (its parameters, DTensors, hooks): free them now, while the process
         # group is alive, not at interpreter exit, where a gloo rank once aborted ("terminate called
-        # without an active exception").
-        gc.collect()
+        # without an active exception"). One process has no group to outlive (and a full collection in a
+        # big process, a test session's, costs most of a second).
+        if world.enabled:
+            gc.collect()
         leave_world(world, together=together)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from tfcli.errors import TfcliError
-from tfcli.runtime import resolve_device
+from tfcli.runtime import physical_memory, resolve_device
 from tfcli.train.data import derived_seed
 from tfcli.train.distributed import World
 from tfcli.train.job import TrainingJob
@@ -51,6 +51,7 @@ def initial_model(job: TrainingJob):
     torch.manual_seed(derived_seed(job.config.seed, "init"))
     if job.resume:
         return load_checkpoint(job.run_dir).model
+    refuse_what_memory_cannot_hold(job.model_config)
     model = Transformer(job.model_config)
     if job.init_from is not None:
         parent = load_checkpoint(job.init_from).model
@@ -65,6 +66,18 @@ def initial_model(job: TrainingJob):
         fresh = ("classifier.", "pooler.") if job.config.task == "classify" else ()  # a new head (and a BERT's pooler)
         assert not unexpected and all(k.startswith(fresh) for k in missing), (missing, unexpected)
     return model
+
+
+def refuse_what_memory_cannot_hold(config) -> None:
+    """A model whose weights alone (fp32, built in this machine's memory before any move to a GPU) exceed
+    the memory would end in an allocation error deep in torch or, worse, the kernel killing the process
+    halfway through initialisation; say so first. Training needs about four times this (gradients, AdamW)."""
+    total, weights = physical_memory(), 4 * config.parameter_estimate()
+    if total and weights > total:
+        raise TfcliError(
+            f"the model's {config.parameter_estimate():,} parameters need {weights / 1e9:,.1f} GB for their weights alone; this machine has {total / 1e9:,.1f} GB",
+            hint="choose a smaller model: --preset, or --set d_model, n_layers, d_ff",
+        )
 
 
 def check_token_ids(batch, task: str, vocab_size: int, data: Path) -> None:

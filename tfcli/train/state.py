@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from tfcli.errors import TfcliError
-from tfcli.fsutil import atomic_write_text, fsync_dir, fsync_file, set_default_mode, sha256_file
+from tfcli.fsutil import atomic_write_text, describe_write_error, fsync_dir, fsync_file, set_default_mode, sha256_file
+from tfcli.jsontext import loads_json
 from tfcli.schema import JsonRecord
 
 TRAINER_DIR = "trainer"
@@ -60,12 +61,31 @@ def stage_trainer_state(run_dir: Path, state: TrainerState, optimizer_tensors: d
     staged = run_dir / STAGED_TRAINER_DIR
     shutil.rmtree(staged, ignore_errors=True)
     staged.mkdir()
-    save_file(optimizer_tensors, str(staged / OPTIMIZER_FILE), metadata={"format": "pt"})
-    set_default_mode(staged / OPTIMIZER_FILE)
-    fsync_file(staged / OPTIMIZER_FILE)
-    state = dataclasses.replace(state, model_sha256=sha256_file(weights))
-    atomic_write_text(staged / STATE_FILE, json.dumps(state.to_json(), indent=2, allow_nan=False) + "\n")
-    fsync_dir(staged)
+    try:
+        save_file(optimizer_tensors, str(staged / OPTIMIZER_FILE), metadata={"format": "pt"})
+        set_default_mode(staged / OPTIMIZER_FILE)
+        fsync_file(staged / OPTIMIZER_FILE)
+        state = dataclasses.replace(state, model_sha256=sha256_file(weights))
+        atomic_write_text(staged / STATE_FILE, json.dumps(state.to_json(), indent=2, allow_nan=False) + "\n")
+        fsync_dir(staged)
+    except BaseException:  # a full disk, a signal: no half-written state is left to be mistaken for one
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+
+
+def read_optimizer_tensors(path: Path) -> dict[str, Any]:
+    """RUN/trainer/optimizer.safetensors, or one line on what is wrong with it. safetensors checks the header
+    against the file's size before it allocates anything, so a header that claims huge tensors costs nothing."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as exc:
+        raise TfcliError(
+            f"{path} is not a valid safetensors file ({describe_write_error(exc)})",
+            hint="the trainer state was damaged outside tfcli; start a new run, or restore the folder",
+        ) from exc
 
 
 def commit_trainer_state(run_dir: Path) -> None:
@@ -104,16 +124,27 @@ def find_trainer_state(run_dir: Path) -> tuple[Path, TrainerState]:
     )
 
 
+METRICS_LINE_BYTES = 1 << 20  # far more than any record; a longer "line" is damage (a crash's NUL bytes), not one
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of metrics.jsonl up to the first line that is not one (cut short by a crash, or damaged),
+    read line by line: a damaged file of gigabytes costs no more than its good part."""
     records = []
     if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            line = line.strip()
-            if line:
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break  # a line cut short by a crash ends the usable history
+        with open(path, "rb") as handle:
+            while line := handle.readline(METRICS_LINE_BYTES):
+                if not line.endswith(b"\n") and len(line) == METRICS_LINE_BYTES:
+                    break
+                line = line.strip()
+                if line:
+                    try:
+                        record = loads_json(line)
+                    except (json.JSONDecodeError, UnicodeDecodeError):
+                        break  # a line cut short by a crash ends the usable history
+                    if not isinstance(record, dict):
+                        break
+                    records.append(record)
     return records
 
 

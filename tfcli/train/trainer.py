@@ -35,6 +35,7 @@ from tfcli.train.state import (
     MetricsWriter,
     TrainerState,
     find_trainer_state,
+    read_optimizer_tensors,
     strict_json,
     truncate_metrics,
 )
@@ -70,9 +71,7 @@ class Trainer:
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.model, cfg, self.device)
         if trainer_folder is not None:
-            from safetensors.torch import load_file
-
-            saved_tensors = load_file(str(trainer_folder / OPTIMIZER_FILE))
+            saved_tensors = read_optimizer_tensors(trainer_folder / OPTIMIZER_FILE)
             if self.fsdp:
                 sharding.load_full_optimizer_tensors(self.model, self.optimizer, saved_tensors)
             else:
