@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tfcli.corpus.formats import sniff_file, value_problem
+from tfcli.corpus.formats import sniff_file
 from tfcli.corpus.reader import CorpusFile, ReadStats, iter_records, open_corpus_file, record_unit
+from tfcli.corpus.records import value_problem
 from tfcli.data.labeled import LabeledSet
 from tfcli.errors import TfcliError
 from tfcli.tokenizer.chat_template import CHAT_ROLES, ChatTemplate, EncodedChat, Message
