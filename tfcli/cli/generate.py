@@ -167,7 +167,7 @@ def generate(
 
     \b
     Example: tfcli generate runs/story --prompt "Once upon a time" --strategy sample --top-p 0.9 --seed 1
-    Example: tfcli generate runs/chat --chat --system "Answer with the number only." --prompt "What is 7 plus 5?"
+    Or chat: tfcli generate runs/chat --chat --system "Answer briefly." --prompt "What is the last word of: fox red tree?"
     """
     from tfcli.errors import TfcliError
 
