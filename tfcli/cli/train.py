@@ -221,6 +221,24 @@ def finetune(
     freeze: Annotated[
         Optional[str], typer.Option("--freeze", help="none, embeddings, or body (train only the new classification head) [default: none].", show_default=False)
     ] = None,
+    lora_rank: Annotated[
+        Optional[int],
+        typer.Option(
+            "--lora-rank",
+            help="Train LoRA adapters of this rank on the frozen model instead of its weights; the run keeps only the adapters (a few MB) and names its parent.",
+            show_default=False,
+        ),
+    ] = None,
+    lora_alpha: Annotated[
+        Optional[float], typer.Option("--lora-alpha", help="LoRA: the update is scaled by alpha / rank [default: 2 x rank].", show_default=False)
+    ] = None,
+    lora_dropout: Annotated[
+        Optional[float], typer.Option("--lora-dropout", help="LoRA: dropout on the adapters' input [default: 0].", show_default=False)
+    ] = None,
+    lora_targets: Annotated[
+        Optional[str],
+        typer.Option("--lora-targets", help="LoRA: the layers that get adapters, comma-separated: qkv, out, mlp [default: qkv,out,mlp].", show_default=False),
+    ] = None,
     config: ConfigFile = None,
     sets: Sets = None,
     max_steps: MaxSteps = None,
@@ -247,7 +265,9 @@ def finetune(
 
     The model and its tokenizer come from --init-from; classify adds a new head sized by the labels in the
     data (reported with accuracy and macro-F1 on the validation split). The run directory has the same
-    layout as a pretraining run.
+    layout as a pretraining run; with --lora-rank it keeps the adapters instead of the weights
+    (adapter_config.json + adapter_model.safetensors, PEFT's layout) and every command loads it onto its
+    parent; `tfcli export RUN --merge -o OUT` writes a full run.
 
     \b
     Example: tfcli train finetune --init-from runs/tiny --task classify --data sample_data/reviews.jsonl -o runs/reviews
@@ -256,6 +276,10 @@ def finetune(
     from tfcli.training_config import TASKS
 
     _check_choice("--task", task, tuple(t for t in TASKS if t in ("lm", "mlm", "denoise", "classify", "seq2seq")))
+    if lora_rank is not None and lora_rank < 1:
+        from tfcli.errors import TfcliError
+
+        raise TfcliError(f"--lora-rank must be at least 1, not {lora_rank}", hint="a rank of 4 to 64 is usual")
     options = _options(
         max_steps=max_steps,
         time_budget=time_budget,
@@ -273,6 +297,10 @@ def finetune(
         compile=compile_model,
         fsdp=fsdp,
         freeze=freeze,
+        lora_rank=lora_rank,
+        lora_alpha=lora_alpha,
+        lora_dropout=lora_dropout,
+        lora_targets=lora_targets,
     )
     with no_empty_folder_left(output):
         fields = {"text": text_field, "label": label_field, "source": source_field, "target": target_field}
@@ -349,7 +377,7 @@ def _run(job, json_output: bool) -> None:
                 what = counted(event.max_steps, "step") if event.max_steps else f"{event.time_budget:.0f} s budget"
                 console.print(
                     Text(
-                        f"training {event.parameters:,} parameters ({event.trainable:,} trainable) on {event.device} "
+                        f"training {event.parameters:,} parameters ({event.trainable:,} trainable, {event.trainable / max(event.parameters, 1):.2%}) on {event.device} "
                         f"{event.precision}, {counted(event.world_size, 'process', 'processes')}, {event.tokens_per_step:,} tokens per step, {what}"
                         + (f", from step {event.step}" if event.step else ""),
                         style="dim",
