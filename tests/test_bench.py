@@ -89,6 +89,29 @@ def test_bench_train_bad_options(cli):
         assert result.code == 2 and "no CUDA GPU" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+def test_bench_lora_measures_full_and_lora_fine_tuning(cli, tmp_path):
+    result = cli("bench", "lora", "--preset", "tiny", "--rank", "4", "--batch", "2", "--block-size", "32", "--steps", "1", "--workdir", tmp_path, "--json")
+    assert result.code == 0, result.stderr
+    data = json.loads(result.stdout)
+    full, lora = data["full"], data["lora"]
+    assert full["parameters"] == full["trainable"] and 0 < lora["trainable"] < lora["parameters"] // 10
+    assert all(m["seconds_per_step"] > 0 and m["peak_rss_mb"] > 0 for m in (full, lora))
+    assert data["rss_ratio"] == round(lora["peak_rss_mb"] / full["peak_rss_mb"], 4) and data["step_time_ratio"] > 0
+    assert list(tmp_path.iterdir()) == []  # the parent run and the shards are gone
+
+
+def test_bench_lora_bad_options(cli):
+    for args, message in (
+        (["--preset", "bert-base"], "bench lora fine-tunes a decoder"),
+        (["--preset", "tiny", "--rank", "0"], "--rank must be at least 1"),
+        (["--preset", "tiny", "--rank", "65"], "is larger than the smallest targeted layer"),
+        (["--preset", "tiny", "--targets", "ffn"], "unknown group 'ffn'"),
+        (["--preset", "tiny", "--block-size", "4096"], "--block-size must be between 2 and the preset's context (128)"),
+    ):
+        result = cli("bench", "lora", *args)
+        assert result.code == 2 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
+
+
 def test_sigterm_ends_a_bench_through_its_cleanup(tmp_path):
     import os
     import signal

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tfcli import __version__
+from tfcli.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, MAX_CHAIN, PEFT_PREFIX, AdapterRecord
 from tfcli.errors import TfcliError
 from tfcli.fsutil import artifact_kind, commit_staged, fsync_file, prepare_output_dir, set_default_mode, temp_path_beside
 from tfcli.jsontext import loads_json
@@ -50,6 +51,7 @@ class RunConfig(JsonRecord):
     training: dict[str, Any] | None = None  # the resolved training config, for runs that were trained
     source: str | None = None  # where the weights came from (e.g. an imported GPT-2 folder)
     source_class: str | None = None  # the Hugging Face class they were imported from (e.g. LlamaForCausalLM)
+    adapter: AdapterRecord | None = None  # an adapter run (LoRA): the weights are its parent's plus adapter_model.safetensors
 
 
 @dataclasses.dataclass
@@ -80,9 +82,12 @@ class Checkpoint:
 def _tensors_to_save(model: Transformer) -> dict[str, torch.Tensor]:
     import torch
 
+    from tfcli.adapters.lora import adapter_tensors, attached
+
     tensors = {}
-    for name, tensor in model.state_dict().items():
-        if name == TIED_KEY and model.config.tie_embeddings:
+    adapter = attached(model) is not None
+    for name, tensor in (adapter_tensors(model) if adapter else model.state_dict()).items():
+        if name == TIED_KEY and model.config.tie_embeddings and not adapter:
             continue  # the same tensor as tok_emb.weight: saved once, re-tied on load
         if not torch.isfinite(tensor).all():
             raise TfcliError(f"tensor {name} holds non-finite values; not saving a broken checkpoint")
@@ -102,21 +107,36 @@ def save_checkpoint(
 ) -> RunConfig:
     """Write RUN/config.json, RUN/model.safetensors and RUN/tokenizer.json (+ tokenizer_config.json).
     `before_commit(staged_weights_path)` runs once everything is staged and before anything is renamed
-    (the trainer records the weights' checksum there)."""
+    (the trainer records the weights' checksum there). A model with LoRA adapters (`tfcli.adapters.lora`)
+    saves the adapters only: adapter_model.safetensors and adapter_config.json, its parent named in config.json."""
     import json
 
     from safetensors.torch import save_file
 
+    from tfcli.adapters.lora import attached
+
     if tokenizer.vocab_size > model.config.vocab_size:  # a larger model vocabulary is padding (nanoGPT's 50,304)
         raise TfcliError(f"the tokenizer has {tokenizer.vocab_size:,} tokens but the model only {model.config.vocab_size:,}")
     run_dir = prepare_output_dir(Path(run_dir), "run")
+    adapter = attached(model)
+    if adapter is not None:
+        adapter = adapter.placed_in(run_dir)
     staged: list[tuple[Path, Path]] = []  # (temp, final), renamed in this order
     try:
-        weights_tmp = temp_path_beside(run_dir / WEIGHTS_FILE)
+        weights_name = ADAPTER_WEIGHTS_FILE if adapter is not None else WEIGHTS_FILE
+        weights_tmp = temp_path_beside(run_dir / weights_name)
         save_file(_tensors_to_save(model), str(weights_tmp), metadata={"format": "pt"})
         set_default_mode(weights_tmp)  # safetensors writes a private file of its own
         fsync_file(weights_tmp)
-        staged.append((weights_tmp, run_dir / WEIGHTS_FILE))
+        staged.append((weights_tmp, run_dir / weights_name))
+        if adapter is not None:
+            from tfcli.adapters import peft_config
+
+            adapter_tmp = temp_path_beside(run_dir / ADAPTER_CONFIG_FILE)
+            text = json.dumps(peft_config(adapter, adapter.modules, adapter.modules_to_save, adapter.parent_path), indent=2, allow_nan=False)
+            adapter_tmp.write_text(text + "\n", encoding="utf-8")
+            fsync_file(adapter_tmp)
+            staged.append((adapter_tmp, run_dir / ADAPTER_CONFIG_FILE))
         for name, origin in ((TOKENIZER_FILE, tokenizer.path), (TOKENIZER_CONFIG_FILE, tokenizer.path.parent / TOKENIZER_CONFIG_FILE)):
             if origin.is_file() and origin.resolve() != (run_dir / name).resolve():
                 copy_tmp = temp_path_beside(run_dir / name)
@@ -132,6 +152,7 @@ def save_checkpoint(
             training=training,
             source=source,
             source_class=source_class,
+            adapter=adapter,
         )
         config_tmp = temp_path_beside(run_dir / CONFIG_FILE)
         config_tmp.write_text(json.dumps(config.to_json(), indent=2, allow_nan=False) + "\n", encoding="utf-8")
@@ -207,13 +228,19 @@ def _refuse_hugging_face_folder(run_dir: Path) -> None:
         raise TfcliError(f"{run_dir} is a Hugging Face model folder, not a tfcli run directory", hint=f"import it first: tfcli import {run_dir} -o RUN")
 
 
+def weights_path(run_dir: Path, config: RunConfig | None = None) -> Path:
+    """The file that holds a run's own weights: model.safetensors, or adapter_model.safetensors for an adapter run."""
+    config = config if config is not None else read_run_config(run_dir)
+    return Path(run_dir) / (ADAPTER_WEIGHTS_FILE if config.adapter is not None else WEIGHTS_FILE)
+
+
 def run_file_problems(run_dir: Path, config: RunConfig, tokenizer: TextTokenizer) -> list[TfcliError]:
     """What config.json says the weights file and the tokenizer should be and they are not (the weights are
-    not read: their size is checked, the tokenizer's sha256 too)."""
+    not read: their size is checked, the tokenizer's sha256 too), and for an adapter run a missing parent."""
     problems = []
-    weights = run_dir / WEIGHTS_FILE
+    weights = weights_path(run_dir, config)
     if not weights.is_file():
-        problems.append(TfcliError(f"{run_dir} has no {WEIGHTS_FILE}", hint="use an intact run directory"))
+        problems.append(TfcliError(f"{run_dir} has no {weights.name}", hint="use an intact run directory"))
     elif (size := weights.stat().st_size) != config.weights_bytes:
         problems.append(
             TfcliError(
@@ -236,6 +263,13 @@ def run_file_problems(run_dir: Path, config: RunConfig, tokenizer: TextTokenizer
                 f"{run_dir / TOKENIZER_FILE} is not the tokenizer this model was saved with (sha256 differs)", hint="restore the run's own tokenizer.json"
             )
         )
+    if config.adapter is not None:
+        from tfcli.adapters import find_parent
+
+        try:
+            find_parent(run_dir, config.adapter)
+        except TfcliError as error:
+            problems.insert(0, error)
     return problems
 
 
@@ -256,50 +290,113 @@ def _invalid_weights(weights: Path, exc: BaseException) -> TfcliError:
     return TfcliError(f"{weights} is not a valid safetensors file ({exc})", hint="the file is truncated or corrupted")
 
 
-def load_checkpoint(run_dir: Path, device: str = "cpu") -> Checkpoint:
-    """Load a run directory, checking everything before the model is used."""
+def _read_tensors(path: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file that must hold exactly `expected` (name -> shape), each checked
+    (names, shapes from the header first, floating point, finite) before it is used."""
     import torch
     from safetensors import SafetensorError, safe_open
 
-    from tfcli.model.transformer import Transformer
-
-    run_dir = Path(run_dir)
-    config = read_run_config(run_dir)
-    weights = run_dir / WEIGHTS_FILE
-    tokenizer = TextTokenizer.load(run_dir / TOKENIZER_FILE)
-    problems = run_file_problems(run_dir, config, tokenizer)
-    if problems:
-        raise problems[0]
-
-    with torch.device("meta"):
-        expected = {name: tuple(t.shape) for name, t in Transformer(config.model).state_dict().items()}
-    if config.model.tie_embeddings:
-        expected.pop(TIED_KEY, None)
     try:
-        with safe_open(str(weights), framework="pt") as handle:
+        with safe_open(str(path), framework="pt") as handle:
             names = set(handle.keys())
             missing = sorted(set(expected) - names)
             unexpected = sorted(names - set(expected))
             if missing:
                 raise TfcliError(
-                    f"{weights} lacks the tensor {missing[0]} (and {len(missing) - 1} more)" if len(missing) > 1 else f"{weights} lacks the tensor {missing[0]}"
+                    f"{path} lacks the tensor {missing[0]} (and {len(missing) - 1} more)" if len(missing) > 1 else f"{path} lacks the tensor {missing[0]}"
                 )
             if unexpected:
-                raise TfcliError(f"{weights} holds an unexpected tensor {unexpected[0]}", hint="the weights do not belong to this config")
+                raise TfcliError(f"{path} holds an unexpected tensor {unexpected[0]}", hint="the weights do not belong to this config")
             for name in sorted(names):
                 shape = tuple(handle.get_slice(name).get_shape())
                 if shape != expected[name]:
                     raise TfcliError(f"tensor {name} has shape {list(shape)} but the config implies {list(expected[name])}")
             tensors = {name: handle.get_tensor(name) for name in sorted(names)}
     except SafetensorError as exc:
-        raise _invalid_weights(weights, exc) from exc
+        raise _invalid_weights(path, exc) from exc
     for name, tensor in tensors.items():
         if not tensor.is_floating_point():
             raise TfcliError(f"tensor {name} has dtype {tensor.dtype}, not a floating-point type")
         if not torch.isfinite(tensor).all():
             raise TfcliError(f"tensor {name} holds non-finite values (NaN or infinity)", hint="use an earlier checkpoint")
-    model = model_from_tensors(config.model, {k: v.to(torch.float32) for k, v in tensors.items()})
+    return {k: v.to(torch.float32) for k, v in tensors.items()}
+
+
+def load_checkpoint(run_dir: Path, device: str = "cpu", *, merge_adapter: bool = True, _depth: int = 0) -> Checkpoint:
+    """Load a run directory, checking everything before the model is used. An adapter run loads its parent
+    and applies the adapter: merged into the weights (a plain model, as every command but training wants
+    it), or with merge_adapter=False wrapped as it trains (`tfcli.adapters.lora`)."""
+    import torch
+
+    from tfcli.model.transformer import Transformer
+
+    run_dir = Path(run_dir)
+    config = read_run_config(run_dir)
+    tokenizer = TextTokenizer.load(run_dir / TOKENIZER_FILE)
+    problems = run_file_problems(run_dir, config, tokenizer)
+    if problems:
+        raise problems[0]
+    if config.adapter is not None:
+        model = _load_adapter_run(run_dir, config, merge_adapter, _depth)
+        return Checkpoint(model=model.to(device).eval(), config=config, tokenizer=tokenizer, path=run_dir)
+
+    with torch.device("meta"):
+        expected = {name: tuple(t.shape) for name, t in Transformer(config.model).state_dict().items()}
+    if config.model.tie_embeddings:
+        expected.pop(TIED_KEY, None)
+    tensors = _read_tensors(run_dir / WEIGHTS_FILE, expected)
+    model = model_from_tensors(config.model, tensors)
     return Checkpoint(model=model.to(device).eval(), config=config, tokenizer=tokenizer, path=run_dir)
+
+
+def _load_adapter_run(run_dir: Path, config: RunConfig, merge: bool, depth: int) -> Transformer:
+    """The parent's weights (loaded as any run is, an adapter run's merged) with this run's adapter."""
+    import torch
+
+    from tfcli.adapters import check_parent_weights, find_parent
+    from tfcli.adapters.lora import apply_lora, expected_adapter_shapes, load_adapter, merged_state, saved_module_keys
+    from tfcli.model.transformer import Transformer
+
+    record = config.adapter
+    assert record is not None
+    if depth >= MAX_CHAIN:
+        raise TfcliError(f"{run_dir} is an adapter on an adapter on ... more than {MAX_CHAIN} deep", hint="its config.json's adapter.parent loops back")
+    parent_dir = find_parent(run_dir, record)
+    check_parent_weights(parent_dir, weights_path(parent_dir), record)
+    parent = load_checkpoint(parent_dir, _depth=depth + 1).model
+    adapter = _read_tensors(run_dir / ADAPTER_WEIGHTS_FILE, expected_adapter_shapes(config.model, record))
+    with torch.device("meta"):
+        expected = {name: tuple(t.shape) for name, t in Transformer(config.model).state_dict().items()}
+    state = parent.state_dict()
+    own = saved_module_keys(record, expected)  # the adapter's whole modules (a new head): the parent need not have them
+    for name, shape in expected.items():
+        if name in own:
+            continue
+        if name not in state or tuple(state[name].shape) != shape:
+            raise TfcliError(
+                f"the parent run {parent_dir} does not fit the adapter in {run_dir} (tensor {name})", hint="an adapter fits only the model it was trained on"
+            )
+    state = {name: state[name] for name in expected if name not in own}
+    if merge:
+        return model_from_tensors(config.model, merged_state(state, record, adapter))
+    state.update({key: adapter[PEFT_PREFIX + key] for key in own})
+    model = apply_lora(model_from_tensors(config.model, state), record)
+    load_adapter(model, adapter)
+    return model
+
+
+def save_merged(run_dir: Path, out_dir: Path) -> RunConfig:
+    """Write OUT as a full run: an adapter run's parent weights with the adapter merged into them (its
+    training record kept, `source` naming the adapter run)."""
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    if read_run_config(run_dir).adapter is None:
+        raise TfcliError(f"{run_dir} is not an adapter run; there is nothing to merge", hint="drop --merge")
+    if (out_dir / CONFIG_FILE).exists() or (out_dir / WEIGHTS_FILE).exists():
+        raise TfcliError(f"{out_dir} already holds a run", hint="merge into another folder with -o, or delete that one first")
+    checkpoint = load_checkpoint(run_dir)
+    return save_checkpoint(
+        out_dir, checkpoint.model, checkpoint.tokenizer, training=checkpoint.config.training, source=str(run_dir), source_class=checkpoint.config.source_class
+    )
 
 
 def model_from_tensors(model_config: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transformer:

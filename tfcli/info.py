@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from tfcli.checkpoint import TOKENIZER_FILE, WEIGHTS_FILE, read_run_config, run_file_problems
+from tfcli.checkpoint import TOKENIZER_FILE, read_run_config, run_file_problems, weights_path
 from tfcli.jsontext import loads_json
 from tfcli.model.config import ModelConfig
 from tfcli.tokenizer.core import TextTokenizer
@@ -38,11 +38,12 @@ def run_info(run_dir: Path) -> dict[str, Any]:
     counts = model.parameter_counts()
     total = sum(counts.values())
     tokenizer = TextTokenizer.load(run_dir / TOKENIZER_FILE)
+    weights = weights_path(run_dir, config)
     info: dict[str, Any] = {
         "run": str(run_dir),
         "model": model.to_json(),
         "parameters": {"total": total, **counts},
-        "weights_bytes": {"fp32": total * 4, "bf16": total * 2, "file": (run_dir / WEIGHTS_FILE).stat().st_size if (run_dir / WEIGHTS_FILE).is_file() else 0},
+        "weights_bytes": {"fp32": total * 4, "bf16": total * 2, "file": weights.stat().st_size if weights.is_file() else 0},
         "kv_cache_bytes_per_token": {
             "fp32": model.kv_cache_bytes_per_token(4),
             "bf16": model.kv_cache_bytes_per_token(2),
@@ -66,8 +67,30 @@ def run_info(run_dir: Path) -> dict[str, Any]:
         "training": config.training,
         "history": training_history(run_dir / METRICS_FILE),
         "problems": [problem.message for problem in run_file_problems(run_dir, config, tokenizer)],
+        "adapter": adapter_info(model, config.adapter),
     }
     return info
+
+
+def adapter_info(model: ModelConfig, record) -> dict[str, Any] | None:
+    """An adapter run's LoRA: rank, alpha, layers, the parameters it trains, and its parent (None for a full run)."""
+    if record is None:
+        return None
+    from tfcli.adapters.lora import expected_adapter_shapes
+
+    parameters = sum(math.prod(shape) for shape in expected_adapter_shapes(model, record).values())
+    return {
+        "kind": record.kind,
+        "rank": record.rank,
+        "alpha": record.alpha,
+        "dropout": record.dropout,
+        "targets": record.targets,
+        "layers": len(record.modules),
+        "modules_to_save": record.modules_to_save,
+        "parameters": parameters,
+        "parent": record.parent,
+        "parent_path": record.parent_path,
+    }
 
 
 TAIL_BYTES = 4 << 20  # a metrics file larger than this is summarised from its first line and its last 4 MB

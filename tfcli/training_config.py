@@ -16,6 +16,8 @@ SCHEDULES = ("cosine", "linear", "constant")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 PRECISIONS = ("auto", "fp32", "bf16")
 FREEZE = ("none", "embeddings", "body")
+# LoRA's target groups: the linear layers each wraps (tfcli/adapters/lora.py: TARGET_GROUPS)
+LORA_TARGETS = ("qkv", "out", "mlp")
 # Settings a resumed run may change: they do not alter what the finished steps computed.
 RESUMABLE_CHANGES = ("max_steps", "time_budget", "eval_every", "eval_batches", "log_every", "save_every", "keep_every", "device", "compile", "fsdp")
 
@@ -54,6 +56,10 @@ class TrainConfig(JsonRecord):
     val_fraction: float = 0.1  # labeled data without --val-data: the share held out for validation
     freeze: str = "none"  # finetune: none | embeddings | body (train only the new head)
     labels: list[str] | None = None  # classify: class names, index = class id (read from the data)
+    lora_rank: int | None = None  # finetune: LoRA adapters of this rank on a frozen base (None: train the weights themselves)
+    lora_alpha: float | None = None  # LoRA: the update is scaled by alpha / rank (default: alpha = 2 * rank)
+    lora_dropout: float = 0.0  # LoRA: dropout on the adapters' input
+    lora_targets: str = "qkv,out,mlp"  # LoRA: the groups of linear layers that get adapters, comma-separated
 
     def __post_init__(self) -> None:
         checks = [
@@ -85,7 +91,25 @@ class TrainConfig(JsonRecord):
             ("noise_density", 0 < self.noise_density < 1, "in (0, 1)"),
             ("mean_span", self.mean_span >= 1, "at least 1"),
             ("val_fraction", 0 <= self.val_fraction < 1, "in [0, 1)"),
+            ("lora_rank", self.lora_rank is None or self.lora_rank >= 1, "at least 1"),
+            ("lora_alpha", self.lora_alpha is None or self.lora_alpha > 0, "positive"),
+            ("lora_dropout", 0 <= self.lora_dropout < 1, "in [0, 1)"),
         ]
         for name, ok, expected in checks:
             if not ok:
                 raise TfcliError(f"training setting {name} must be {expected}, not {getattr(self, name)!r}")
+        groups = self.lora_groups
+        unknown = [g for g in groups if g not in LORA_TARGETS]
+        if unknown or not groups:
+            what = f"names an unknown group {unknown[0]!r}" if unknown else "names no group"
+            raise TfcliError(f"training setting lora_targets {what}", hint=f"the groups are {', '.join(LORA_TARGETS)} (comma-separated)")
+
+    @property
+    def lora_groups(self) -> tuple[str, ...]:
+        """lora_targets as a tuple. Example: "qkv, mlp" -> ("qkv", "mlp")"""
+        return tuple(dict.fromkeys(g.strip() for g in self.lora_targets.split(",") if g.strip()))
+
+    @property
+    def resolved_lora_alpha(self) -> float:
+        """alpha: given, else 2 * rank (the update is scaled by alpha / rank)."""
+        return self.lora_alpha if self.lora_alpha is not None else 2.0 * (self.lora_rank or 0)

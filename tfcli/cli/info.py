@@ -87,6 +87,17 @@ def _print_table(data: dict) -> None:
     if model["n_classes"]:
         labels = trained.get("labels") or [f"class {i}" for i in range(model["n_classes"])]
         table.add_row("classes", Text(f"{model['n_classes']}: " + ", ".join(map(str, labels))))
+    adapter = data.get("adapter")
+    if adapter:
+        share = adapter["parameters"] / max(data["parameters"]["total"], 1)
+        saved = f", and {', '.join(adapter['modules_to_save'])} whole" if adapter["modules_to_save"] else ""
+        table.add_row(
+            "adapter",
+            Text(
+                f"LoRA rank {adapter['rank']}, alpha {adapter['alpha']:g} on {', '.join(adapter['targets'])} ({adapter['layers']} layers{saved}): "
+                f"{adapter['parameters']:,} trained parameters ({share:.2%}); parent {adapter['parent_path']}"
+            ),
+        )
     params = data["parameters"]
     parts = ", ".join(f"{name} {params[name]:,}" for name in ("embeddings", "attention", "mlp", "norms", "heads") if params[name])
     table.add_row("parameters", f"{params['total']:,} ({parts})")

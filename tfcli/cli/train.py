@@ -229,6 +229,24 @@ def finetune(
             show_default=False,
         ),
     ] = None,
+    lora_rank: Annotated[
+        Optional[int],
+        typer.Option(
+            "--lora-rank",
+            help="Train LoRA adapters of this rank on the frozen model instead of its weights; the run keeps only the adapters (a few MB) and names its parent.",
+            show_default=False,
+        ),
+    ] = None,
+    lora_alpha: Annotated[
+        Optional[float], typer.Option("--lora-alpha", help="LoRA: the update is scaled by alpha / rank [default: 2 x rank].", show_default=False)
+    ] = None,
+    lora_dropout: Annotated[
+        Optional[float], typer.Option("--lora-dropout", help="LoRA: dropout on the adapters' input [default: 0].", show_default=False)
+    ] = None,
+    lora_targets: Annotated[
+        Optional[str],
+        typer.Option("--lora-targets", help="LoRA: the layers that get adapters, comma-separated: qkv, out, mlp [default: qkv,out,mlp].", show_default=False),
+    ] = None,
     config: ConfigFile = None,
     sets: Sets = None,
     max_steps: MaxSteps = None,
@@ -257,7 +275,9 @@ def finetune(
     data (reported with accuracy and macro-F1 on the validation split). chat and instruct render each
     conversation with a chat template (kept in the run's tokenizer_config.json) and train on the assistant's
     tokens only; a conversation longer than the context loses its oldest exchanges (one whose last exchange
-    does not fit is dropped, and counted). The run directory has the same layout as a pretraining run.
+    does not fit is dropped, and counted). The run directory has the same layout as a pretraining run; with
+    --lora-rank it keeps the adapters instead of the weights (adapter_config.json + adapter_model.safetensors,
+    PEFT's layout) and every command loads it onto its parent; `tfcli export RUN --merge -o OUT` writes a full run.
 
     \b
     Example: tfcli train finetune --init-from runs/tiny --task classify --data sample_data/reviews.jsonl -o runs/reviews
@@ -266,6 +286,10 @@ def finetune(
     from tfcli.training_config import TASKS
 
     _check_choice("--task", task, TASKS)
+    if lora_rank is not None and lora_rank < 1:
+        from tfcli.errors import TfcliError
+
+        raise TfcliError(f"--lora-rank must be at least 1, not {lora_rank}", hint="a rank of 4 to 64 is usual")
     options = _options(
         max_steps=max_steps,
         time_budget=time_budget,
@@ -283,6 +307,10 @@ def finetune(
         compile=compile_model,
         fsdp=fsdp,
         freeze=freeze,
+        lora_rank=lora_rank,
+        lora_alpha=lora_alpha,
+        lora_dropout=lora_dropout,
+        lora_targets=lora_targets,
     )
     with no_empty_folder_left(output):
         fields = {"text": text_field, "label": label_field, "source": source_field, "target": target_field}
@@ -360,7 +388,7 @@ def _run(job, json_output: bool) -> None:
                 what = counted(event.max_steps, "step") if event.max_steps else f"{event.time_budget:.0f} s budget"
                 console.print(
                     Text(
-                        f"training {event.parameters:,} parameters ({event.trainable:,} trainable) on {event.device} "
+                        f"training {event.parameters:,} parameters ({event.trainable:,} trainable, {event.trainable / max(event.parameters, 1):.2%}) on {event.device} "
                         f"{event.precision}, {counted(event.world_size, 'process', 'processes')}, {event.tokens_per_step:,} tokens per step, {what}"
                         + (f", from step {event.step}" if event.step else ""),
                         style="dim",

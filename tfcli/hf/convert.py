@@ -164,17 +164,21 @@ def export_class(config: ModelConfig, recorded: str | None) -> str:
 def export_hf(run_dir: Path, out_dir: Path) -> tuple[str, dict[str, Any]]:
     """Write OUT/config.json, OUT/model.safetensors and the tokenizer files for the transformers class
     that expresses this run; returns that class and its config."""
+    _refuse_to_overwrite(Path(out_dir), "an exported model", "export")
+    checkpoint = load_checkpoint(run_dir)  # an adapter run's adapter is merged (export_lora_hf keeps it apart)
+    return write_hf_folder(checkpoint, checkpoint.model.state_dict(), out_dir)
+
+
+def write_hf_folder(checkpoint, state: dict[str, torch.Tensor], out_dir: Path) -> tuple[str, dict[str, Any]]:
+    """Write the weights `state` (tfcli names) of the checkpoint's model as the transformers class that expresses it."""
     from safetensors.torch import save_file
 
     from tfcli.fsutil import set_default_mode, temp_path_beside
 
-    _refuse_to_overwrite(Path(out_dir), "an exported model", "export")
-    checkpoint = load_checkpoint(run_dir)
     config = checkpoint.config.model
     hf_class = export_class(config, checkpoint.config.source_class)
     family = FAMILIES[hf_class]
     out_dir = prepare_output_dir(out_dir, "export")
-    state = checkpoint.model.state_dict()
     tensors = {}
     for mapping in family.tensor_maps(config, hf_class):
         tensor = state[mapping.ours].detach()
@@ -201,7 +205,7 @@ def export_hf(run_dir: Path, out_dir: Path) -> tuple[str, dict[str, Any]]:
         tokenizer_config["model_max_length"] = config.block_size
         tokenizer_config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
         atomic_write_json(out_dir / TOKENIZER_CONFIG_FILE, tokenizer_config)
-    generation = chat_generation_config(hf_config, checkpoint.tokenizer, tokenizer_config, run_dir)
+    generation = chat_generation_config(hf_config, checkpoint.tokenizer, tokenizer_config, checkpoint.path)
     if generation is not None:
         atomic_write_json(out_dir / "generation_config.json", generation)
     return hf_class, hf_config

@@ -36,6 +36,27 @@ def check_settings_apply(config: TrainConfig, *, finetune: bool, val_data: bool 
             )
     if not finetune and config.freeze != default.freeze:
         raise TfcliError("training setting freeze is for fine-tuning; pretraining trains every weight", hint="drop freeze")
+    check_lora_settings(config, finetune=finetune)
+
+
+def check_lora_settings(config: TrainConfig, *, finetune: bool) -> None:
+    """LoRA's settings go with a rank, with fine-tuning, and without --freeze or --fsdp."""
+    default = TrainConfig()
+    if config.lora_rank is None:
+        given = [name for name in ("lora_alpha", "lora_dropout", "lora_targets") if getattr(config, name) != getattr(default, name)]
+        if given:
+            raise TfcliError(f"training setting {given[0]} is for LoRA, which a rank turns on", hint="add --lora-rank R, or drop it")
+        return
+    if not finetune:
+        raise TfcliError(
+            "LoRA (lora_rank) is for fine-tuning a run; pretraining trains every weight", hint="pretrain first, then: tfcli train finetune --lora-rank R"
+        )
+    if config.freeze != default.freeze:
+        raise TfcliError(f"--freeze {config.freeze} does not go with LoRA, which freezes the whole base already", hint="drop --freeze")
+    if config.fsdp:
+        raise TfcliError(
+            "--fsdp does not go with LoRA", hint="drop --fsdp: under torchrun each process holds the frozen base and only the adapters' gradients are synced"
+        )
 
 
 def _tomllib():

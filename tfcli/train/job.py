@@ -104,6 +104,7 @@ def find_tokenizer(shard_dir: Path, explicit: Path | None) -> TextTokenizer:
 
 # What a run that stopped before its first checkpoint can leave; such a folder may be trained into again.
 RUN_LEFTOVERS = {"metrics.jsonl", "loss.png", "trainer", "trainer.next", "best", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+RUN_LEFTOVERS |= {"adapter_model.safetensors", "adapter_config.json"}  # a LoRA run's
 
 
 def refuse_existing_run(run_dir: Path) -> None:
@@ -313,17 +314,34 @@ def finetune_job(
                 hint=f"re-encode them with `tfcli tokenize encode ... --tokenizer {init_from}/{TOKENIZER_FILE}`",
             )
         job.data_fingerprint = shard_fingerprint(data)
+    if config.lora_rank is not None:
+        from tfcli.adapters.lora import check_rank
+
+        check_rank(job.model_config, config.lora_rank, config.lora_groups)
     _check_output(output, resume)
     if task in CHAT_TASKS:
         from tfcli.train.chat import install_chat_tokenizer
 
         install_chat_tokenizer(job)
     if resume:
+        _check_parent(output, Path(init_from))
         saved_labels = _saved_labels(output)
         if task == "classify" and saved_labels != job.config.labels:
             raise TfcliError(f"cannot resume: the labels in {data} differ from the run's ({', '.join(saved_labels or [])})")
         _check_resume(job)
     return job
+
+
+def _check_parent(run_dir: Path, init_from: Path) -> None:
+    """A resumed adapter run continues on the parent it was trained on, which --init-from names."""
+    from tfcli.adapters import find_parent
+    from tfcli.checkpoint import read_run_config
+
+    record = read_run_config(run_dir).adapter
+    if record is not None and find_parent(run_dir, record).resolve() != init_from.resolve():
+        raise TfcliError(
+            f"cannot resume: the run is an adapter on {record.parent_path}, not on {init_from}", hint="resume with the --init-from it was started with"
+        )
 
 
 def _saved_labels(run_dir: Path) -> list[str] | None:

@@ -50,7 +50,9 @@ def initial_model(job: TrainingJob):
 
     torch.manual_seed(derived_seed(job.config.seed, "init"))
     if job.resume:
-        return load_checkpoint(job.run_dir).model
+        return load_checkpoint(job.run_dir, merge_adapter=False).model  # an adapter run: wrapped, as it trains
+    if job.init_from is not None and job.config.lora_rank is not None:
+        return _lora_model(job)
     refuse_what_memory_cannot_hold(job.model_config)
     model = Transformer(job.model_config)
     if job.init_from is not None:
@@ -78,6 +80,45 @@ def refuse_what_memory_cannot_hold(config) -> None:
             f"the model's {config.parameter_estimate():,} parameters need {weights / 1e9:,.1f} GB for their weights alone; this machine has {total / 1e9:,.1f} GB",
             hint="choose a smaller model: --preset, or --set d_model, n_layers, d_ff",
         )
+
+
+def _lora_model(job: TrainingJob):
+    """The parent's weights, used as they are (the model is never held twice), a fresh head where the task
+    adds one, frozen, with LoRA adapters on the target layers; the fresh modules train whole."""
+    from tfcli.adapters import AdapterRecord, describe_parent
+    from tfcli.adapters.lora import apply_lora, check_rank
+    from tfcli.checkpoint import TIED_KEY, load_checkpoint, model_from_tensors, weights_path
+    from tfcli.model.transformer import Transformer
+
+    cfg = job.config
+    weights = load_checkpoint(job.init_from).model.state_dict()
+    if job.model_config.vocab_size > weights["tok_emb.weight"].shape[0]:
+        raise TfcliError(
+            "--lora-rank keeps the parent's embedding frozen, but the chat template adds tokens to its vocabulary",
+            hint="fine-tune the chat format once without --lora-rank (or pass a --chat-template that uses the parent's tokens), then add LoRA on that run",
+        )
+    if cfg.task == "classify":
+        weights = {k: v for k, v in weights.items() if not k.startswith("classifier.")}
+    with torch.device("meta"):
+        skeleton = Transformer(job.model_config)
+    missing = [k for k in skeleton.state_dict() if k not in weights and not (k == TIED_KEY and job.model_config.tie_embeddings)]
+    new_modules = sorted({k.rpartition(".")[0] for k in missing})
+    assert all(name in ("classifier", "pooler") for name in new_modules), new_modules
+    for name in new_modules:  # a new head (and a BERT's pooler), initialised as the model initialises it
+        module = skeleton.get_submodule(name).to_empty(device="cpu")
+        skeleton._init_weights(module)
+        weights.update({f"{name}.{key}": tensor for key, tensor in module.state_dict().items()})
+    model = model_from_tensors(job.model_config, weights)
+    record = AdapterRecord(
+        rank=cfg.lora_rank,
+        alpha=cfg.resolved_lora_alpha,
+        dropout=cfg.lora_dropout,
+        targets=list(cfg.lora_groups),
+        modules=check_rank(job.model_config, cfg.lora_rank, cfg.lora_groups),
+        modules_to_save=new_modules,
+        **describe_parent(job.init_from, weights_path(job.init_from)),
+    )
+    return apply_lora(model, record)
 
 
 def check_token_ids(batch, task: str, vocab_size: int, data: Path) -> None:

@@ -1,0 +1,77 @@
+"""Export a LoRA run for PEFT: OUT/base, the parent's model as a transformers folder (with the run's new
+head, if it trained one), and OUT/adapter, the adapter in PEFT's layout under the class's module names, so
+that `PeftModel.from_pretrained(AutoModel...from_pretrained(OUT/base), OUT/adapter)` computes what tfcli does.
+
+The names come from each family's tensor map. Where tfcli fuses layers the class keeps apart (Llama's and
+BERT's q, k and v; Llama's gate and up), one LoRA on the fused layer is the same function as one per part
+with the same A and B's rows split: delta = B A, so delta's rows for q are B_q A. GPT-2 stores its layers
+as Conv1D (in, out): PEFT reads them with fan_in_fan_out, its A and B keep the usual shapes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tfcli.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, PEFT_PREFIX, peft_config
+from tfcli.checkpoint import load_checkpoint, read_run_config
+from tfcli.errors import TfcliError
+from tfcli.fsutil import atomic_write_text, prepare_output_dir, set_default_mode
+from tfcli.hf.convert import FAMILIES, export_class, write_hf_folder
+
+BASE_DIR, ADAPTER_DIR = "base", "adapter"
+
+
+def export_lora_hf(run_dir: Path, out_dir: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """Write OUT/base (a transformers folder) and OUT/adapter (adapter_config.json, adapter_model.safetensors);
+    returns the class, its config and the adapter's config."""
+    from safetensors.torch import save_file
+
+    from tfcli.adapters.lora import base_state
+
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    if read_run_config(run_dir).adapter is None:
+        raise TfcliError(f"{run_dir} is not an adapter run", hint="export it with tfcli export RUN --to hf")
+    for sub in (BASE_DIR, ADAPTER_DIR):
+        if (out_dir / sub).exists():
+            raise TfcliError(f"{out_dir / sub} already exists", hint="export into another folder with -o, or delete that one first")
+    checkpoint = load_checkpoint(run_dir, merge_adapter=False)
+    record, config, model = checkpoint.config.adapter, checkpoint.config.model, checkpoint.model
+    hf_class = export_class(config, checkpoint.config.source_class)
+    maps = {m.ours: m for m in FAMILIES[hf_class].tensor_maps(config, hf_class)}
+    tensors, targets, saved, conv1d = {}, [], [], set()
+    for name in record.modules:
+        mapping = maps.get(f"{name}.weight")
+        if mapping is None:
+            raise TfcliError(
+                f"{hf_class} has no layer for tfcli's {name}, so its LoRA adapter cannot be exported", hint="merge it: tfcli export RUN --merge --to hf"
+            )
+        layer = model.get_submodule(name)
+        a, b = layer.lora_A.weight.detach(), layer.lora_B.weight.detach()
+        parts = b.split(list(mapping.split)) if mapping.split else (b,)
+        for theirs, part in zip(mapping.theirs, parts):
+            module = theirs.removesuffix(".weight")
+            tensors[f"{PEFT_PREFIX}{module}.lora_A.weight"] = a.clone().contiguous()
+            tensors[f"{PEFT_PREFIX}{module}.lora_B.weight"] = part.clone().contiguous()
+            targets.append(module)
+        conv1d.add(mapping.transposed)
+    if len(conv1d) > 1:
+        raise TfcliError(f"the adapter wraps both Conv1D and linear layers of {hf_class}; PEFT sets fan_in_fan_out for all of them at once")
+    for name in record.modules_to_save:
+        for key, tensor in model.get_submodule(name).state_dict().items():
+            mapping = maps.get(f"{name}.{key}")
+            if mapping is None or len(mapping.theirs) != 1:
+                raise TfcliError(
+                    f"{hf_class} has no single tensor for tfcli's {name}.{key}, so the adapter cannot be exported",
+                    hint="merge it: tfcli export RUN --merge --to hf",
+                )
+            tensors[PEFT_PREFIX + mapping.theirs[0]] = (tensor.t() if mapping.transposed else tensor).detach().clone().contiguous()
+            saved.append(mapping.theirs[0].rpartition(".")[0])
+    hf_class, hf_config = write_hf_folder(checkpoint, base_state(model), out_dir / BASE_DIR)
+    adapter_dir = prepare_output_dir(out_dir / ADAPTER_DIR, "export")
+    adapter_config = peft_config(record, targets, list(dict.fromkeys(saved)), str((out_dir / BASE_DIR).resolve()), fan_in_fan_out=conv1d == {True})
+    save_file(tensors, str(adapter_dir / ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
+    set_default_mode(adapter_dir / ADAPTER_WEIGHTS_FILE)
+    atomic_write_text(adapter_dir / ADAPTER_CONFIG_FILE, json.dumps(adapter_config, indent=2) + "\n")
+    return hf_class, hf_config, adapter_config
