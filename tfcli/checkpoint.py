@@ -99,10 +99,12 @@ def save_checkpoint(
     source: str | None = None,
     source_class: str | None = None,
     before_commit: Callable[[Path], None] | None = None,
+    after_commit: Callable[[], None] | None = None,
 ) -> RunConfig:
     """Write RUN/config.json, RUN/model.safetensors and RUN/tokenizer.json (+ tokenizer_config.json).
     `before_commit(staged_weights_path)` runs once everything is staged and before anything is renamed
-    (the trainer records the weights' checksum there)."""
+    (the trainer records the weights' checksum there); `after_commit()` right after the renames, before a
+    signal that came during them is delivered (the trainer swaps its state in there)."""
     import json
 
     from safetensors.torch import save_file
@@ -145,7 +147,7 @@ def save_checkpoint(
         for leftover in run_dir.glob(".*.tmp"):
             leftover.unlink(missing_ok=True)
         raise
-    commit_staged(staged)
+    commit_staged(staged, then=after_commit)
     return config
 
 
