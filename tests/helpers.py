@@ -1,11 +1,15 @@
 """Helpers the tests share that the library has no use for: documents joined from their pieces, `--help`
-checked for heavy imports, the page's weights unpacked as the browser does, and a headless Chromium to look at
-a page with."""
+checked for heavy imports, the page's weights unpacked as the browser does, a headless Chromium to look at
+a page with, and `run`, a command in-process with a real process's streams (for module-scoped fixtures too,
+where the `cli` fixture cannot go)."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import dataclasses
 import html
+import io
 import json
 import os
 import re
@@ -137,3 +141,31 @@ def browse(page: Path, probe: str, *, size: tuple[int, int] = (1400, 1000), time
         Path(keep).mkdir(parents=True, exist_ok=True)
         shutil.copy(png, Path(keep) / png.name)
     return png, result
+
+
+@dataclasses.dataclass
+class Ran:
+    code: int
+    stdout: bytes  # a file name that is not UTF-8 goes out as its own bytes, as `ls` prints it
+    stderr: str
+
+    def json(self):
+        return json.loads(self.stdout.decode("utf-8"))  # JSON escapes such names: it is always UTF-8
+
+
+def run(*args) -> Ran:
+    """`tfcli ARGS` in-process, with the streams a UTF-8 terminal gives a process (stdout strict, stderr with
+    backslash escapes); an exception other than SystemExit escapes to the test, as a traceback would."""
+    from tfcli.cli.app import main
+    from tfcli.cli.common import state
+
+    state.debug = False
+    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True)
+    err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="backslashreplace", write_through=True)
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main([str(a) for a in args])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return Ran(code, out.buffer.getvalue(), err.buffer.getvalue().decode("utf-8"))

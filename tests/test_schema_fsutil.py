@@ -77,3 +77,42 @@ def test_output_dir_that_is_a_file(tmp_path):
     with pytest.raises(TfcliError, match="is a file"):
         prepare_output_dir(path)
     assert path.read_text() == "keep me"
+
+
+def test_json_text_round_trips_lone_surrogates_and_refuses_deep_nesting(tmp_path):
+    from tfcli.jsontext import dumps_json, loads_json
+
+    value = {"path": "caf\udce9 \udcff.txt", "plain": "Zoë 🦊"}  # a file name that is not UTF-8, as Python decodes it
+    text = dumps_json(value)
+    assert text.encode("utf-8") and "Zoë 🦊" in text and json.loads(text) == value
+    atomic_write_json(tmp_path / "x.json", value)
+    assert json.loads((tmp_path / "x.json").read_text(encoding="utf-8")) == value
+    with pytest.raises(json.JSONDecodeError, match="nested too deeply"):
+        loads_json("[" * 100_000)
+    (tmp_path / "deep.json").write_text('{"count": ' * 100_000)
+    with pytest.raises(TfcliError, match="deep.json is not valid JSON"):
+        Record.load(tmp_path / "deep.json")
+
+
+def test_a_signal_waits_for_the_last_rename_of_a_staged_commit(tmp_path, monkeypatch):
+    import signal
+
+    from tfcli.fsutil import commit_staged, stage_file
+
+    for name in ("a", "b", "c"):
+        (tmp_path / name).write_text("old")
+    staged = [(stage_file(tmp_path / name, "new"), tmp_path / name) for name in ("a", "b", "c")]
+    real_replace, renamed = os.replace, []
+
+    def replace(tmp, final):
+        if not renamed:
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C as the first file goes in
+        real_replace(tmp, final)
+        renamed.append(final)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        commit_staged(staged)
+    assert len(renamed) == 3 and all((tmp_path / name).read_text() == "new" for name in ("a", "b", "c"))
+    assert sorted(os.listdir(tmp_path)) == ["a", "b", "c"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

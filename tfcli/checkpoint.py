@@ -104,11 +104,14 @@ def save_checkpoint(
     source: str | None = None,
     source_class: str | None = None,
     before_commit: Callable[[Path], None] | None = None,
+    after_commit: Callable[[], None] | None = None,
 ) -> RunConfig:
     """Write RUN/config.json, RUN/model.safetensors and RUN/tokenizer.json (+ tokenizer_config.json).
     `before_commit(staged_weights_path)` runs once everything is staged and before anything is renamed
-    (the trainer records the weights' checksum there). A model with LoRA adapters (`tfcli.adapters.lora`)
-    saves the adapters only: adapter_model.safetensors and adapter_config.json, its parent named in config.json."""
+    (the trainer records the weights' checksum there); `after_commit()` right after the renames, before a
+    signal that came during them is delivered (the trainer swaps its state in there). A model with LoRA adapters
+    (`tfcli.adapters.lora`) saves the adapters only: adapter_model.safetensors and adapter_config.json, its
+    parent named in config.json."""
     import json
 
     from safetensors.torch import save_file
@@ -166,7 +169,7 @@ def save_checkpoint(
         for leftover in run_dir.glob(".*.tmp"):
             leftover.unlink(missing_ok=True)
         raise
-    commit_staged(staged)
+    commit_staged(staged, then=after_commit)
     return config
 
 

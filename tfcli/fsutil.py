@@ -10,7 +10,7 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -110,14 +110,23 @@ def stage_file(path: Path, data: bytes | str) -> Path:
     return tmp
 
 
-def commit_staged(staged: list[tuple[Path, Path]]) -> None:
-    """Rename each staged (temp, final) pair in order, with SIGINT and SIGTERM held until the last one is in
-    place: an artifact of several files (shards and their meta.json, a checkpoint, a tokenizer and its
-    config) is replaced whole or not at all by a Ctrl-C or a kill. Everything that can fail for want of
-    space happened while staging."""
-    with signals_deferred():
-        for tmp, final in staged:
-            os.replace(tmp, final)
+def commit_staged(staged: list[tuple[Path, Path]], then: Callable[[], None] | None = None) -> None:
+    """Rename each staged (temp, final) pair in order, then run `then` (the trainer state's swap), with
+    SIGINT and SIGTERM held until all is done: an artifact of several files (shards and their meta.json, a
+    checkpoint, a tokenizer and its config) is replaced whole or not at all by a Ctrl-C or a kill.
+    Everything that can fail for want of space happened while staging; should a rename still fail, the
+    temp files not yet renamed are removed."""
+    done = 0
+    try:
+        with signals_deferred():
+            for tmp, final in staged:
+                os.replace(tmp, final)
+                done += 1
+            if then is not None:
+                then()
+    except BaseException:
+        discard_staged(staged[done:])
+        raise
     for folder in dict.fromkeys(final.parent for _, final in staged):
         fsync_dir(folder)
 

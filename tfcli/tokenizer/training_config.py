@@ -81,6 +81,13 @@ class TokenizerTrainingConfig:
                     raise TfcliError(
                         f"special token {token!r} holds a line break, which {VOCAB_TXT} (one token per line) cannot hold", hint="spell it on one line"
                     )
+            for role in ("cls", "eos"):  # they are named in the post-processor's template, "[CLS]:0 $A:0 [SEP]:0"
+                token = self.special_tokens.get(role)
+                if token and (token.startswith("$") or ":" in token or any(ch.isspace() for ch in token)):
+                    raise TfcliError(
+                        f"special token {token!r} ({role}) holds a space or ':' or starts with '$', which BERT's [CLS] A [SEP] template cannot name",
+                        hint=f"spell it without them, e.g. {role}={default_specials('wordpiece')[role]}",
+                    )
 
     def _refuse_options_that_do_not_apply(self) -> None:
         """Options another family has: a clear error rather than a silent no-op."""

@@ -29,8 +29,8 @@ def save_run(job: TrainingJob, model, tensors: dict[str, torch.Tensor], state: T
             job.tokenizer,
             training=job.training_record(state.step),
             before_commit=lambda weights: stage_trainer_state(job.run_dir, state, tensors, weights),
+            after_commit=lambda: commit_trainer_state(job.run_dir),
         )
-        commit_trainer_state(job.run_dir)
     except WRITE_ERRORS as exc:
         raise TfcliError(
             f"cannot write the checkpoint in {job.run_dir}: {describe_write_error(exc)}",
