@@ -55,7 +55,7 @@ def _root(
 
 def main(argv: list[str] | None = None) -> None:
     """Run the command line; exit 0 on success, 1 when `tfcli info` finds a problem in a run, 2 on a user
-    error, 130 on Ctrl-C, 143 on SIGTERM."""
+    error or one the machine raised (a full disk, a read-only folder), 130 on Ctrl-C, 143 on SIGTERM."""
     args = sys.argv[1:] if argv is None else list(argv)
     with _sigterm_unwinds(), _stdout_passes_undecodable_names():
         _run(args)
