@@ -344,3 +344,18 @@ def test_a_template_must_render_messages_in_turn(trained_tokenizer, tmp_path):
     template = template_over(trained_tokenizer, tmp_path, reversed_order)
     with pytest.raises(TfcliError, match="does not render a conversation as the conversation before it"):
         template.encode(MULTI_TURN)
+
+
+def test_lora_on_a_chat_run_trains_adapters_and_lora_that_would_add_tokens_is_one_line(cli, parent, chat_run, chats, tmp_path):
+    """A chat run already holds its template's tokens: LoRA fine-tunes it further and keeps only the adapter.
+    On a parent that lacks them, the embedding would have to grow under a frozen model: refused, nothing written."""
+    adapted = tmp_path / "adapted"
+    result = cli(*finetune_args(chat_run, chats, adapted, "--max-steps", "2", "--lora-rank", "2"))
+    assert result.code == 0, result.stderr
+    assert (adapted / "adapter_model.safetensors").is_file() and not (adapted / "model.safetensors").exists()
+
+    refused = tmp_path / "refused"
+    result = cli(*finetune_args(parent, chats, refused, "--max-steps", "2", "--lora-rank", "2"))
+    assert result.code == 2
+    assert "chat template adds tokens" in result.stderr and "Traceback" not in result.stderr
+    assert not (refused / "model.safetensors").exists() and not (refused / "adapter_model.safetensors").exists()
