@@ -124,6 +124,35 @@ def write_stdout(text: str) -> None:
         raise StdoutClosed from None
 
 
+_BIDI_CONTROLS = set(range(0x202A, 0x202F)) | set(range(0x2066, 0x206A)) | {0x200E, 0x200F, 0x061C}
+
+
+def terminal_safe(text: str) -> str:
+    """Generated text shown on a terminal: control characters (other than newline and tab) and bidi
+    overrides are escaped, so a model can never send the terminal an escape sequence. Pipes get the text as is.
+
+    Example: "a\\x1b[2Jb\\n" -> "a\\\\x1b[2Jb\\n"
+    """
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if (code < 0x20 and ch not in "\n\t") or 0x7F <= code < 0xA0 or code in _BIDI_CONTROLS:
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+class TextWriter:
+    """Text to stdout, exactly as made when piped, control characters escaped on a terminal."""
+
+    def __init__(self) -> None:
+        self.terminal = sys.stdout.isatty()
+
+    def write(self, text: str) -> None:
+        write_stdout(terminal_safe(text) if self.terminal else text)
+
+
 def at_least(minimum: int, **options: int | None) -> None:
     """Refuse an option below `minimum` in tfcli's words (not click's range message); None is "not given".
 

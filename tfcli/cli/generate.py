@@ -1,4 +1,7 @@
-"""`tfcli generate RUN`: continue text (greedy, sampling, beam search), fill in masks, or classify."""
+"""`tfcli generate RUN`: continue text (greedy, sampling, beam search), fill in masks, or classify.
+
+The command checks its options and picks the mode; decoding is rendered here, a chat or a conversation on stdin in
+cli/chat.py, fill-mask and classify in cli/masked.py; the decoding options make settings in cli/generate_options.py."""
 
 from __future__ import annotations
 
@@ -8,35 +11,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, print_json, require_utf8, stderr_console, write_stdout
-
-_BIDI_CONTROLS = set(range(0x202A, 0x202F)) | set(range(0x2066, 0x206A)) | {0x200E, 0x200F, 0x061C}
-
-
-def terminal_safe(text: str) -> str:
-    """Generated text shown on a terminal: control characters (other than newline and tab) and bidi
-    overrides are escaped, so a model can never send the terminal an escape sequence. Pipes get the text as is.
-
-    Example: "a\\x1b[2Jb\\n" -> "a\\\\x1b[2Jb\\n"
-    """
-    out = []
-    for ch in text:
-        code = ord(ch)
-        if (code < 0x20 and ch not in "\n\t") or 0x7F <= code < 0xA0 or code in _BIDI_CONTROLS:
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
-class _Writer:
-    """Text to stdout, exactly as made when piped, control characters escaped on a terminal."""
-
-    def __init__(self) -> None:
-        self.terminal = sys.stdout.isatty()
-
-    def write(self, text: str) -> None:
-        write_stdout(terminal_safe(text) if self.terminal else text)
+from tfcli.cli.common import JsonFlag, TextWriter, print_json, require_utf8, stderr_console, terminal_safe, write_stdout
+from tfcli.cli.generate_options import DecodingOptions
 
 
 def _read_prompts(prompt: str | None, prompt_file: Path | None) -> list[str]:
@@ -169,9 +145,51 @@ def generate(
     Example: tfcli generate runs/story --prompt "Once upon a time" --strategy sample --top-p 0.9 --seed 1
     Or chat: tfcli generate runs/chat --chat --system "Answer briefly." --prompt "What is the last word of: fox red tree?"
     """
+    from tfcli.cli.chat import check_chat_options
     from tfcli.errors import TfcliError
 
-    _check_chat_options(chat, system, prompt_file, interactive, fill_mask, classify, json_output)
+    check_chat_options(chat, system, prompt_file, interactive, fill_mask, classify, json_output)
+    modes = _modes(prompt, prompt_file, fill_mask, classify, interactive, chat)
+    if threads < 0:
+        raise TfcliError(f"--threads must be 0 (automatic) or more, not {threads}")
+    decoding = DecodingOptions(
+        max_new_tokens=max_new_tokens,
+        strategy=strategy,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        num_beams=num_beams,
+        length_penalty=length_penalty,
+        early_stopping=early_stopping,
+        num_samples=num_samples,
+        seed=seed,
+        stop=stop,
+        ignore_eos=ignore_eos,
+        no_stream=no_stream,
+        no_cache=no_cache,
+        batch_size=batch_size,
+    )
+    if fill_mask is not None or classify is not None:  # no text is generated: decoding options would do nothing
+        decoding.refuse_given(modes[0], fill_mask=fill_mask is not None)
+    import torch
+
+    threads_before = torch.get_num_threads()
+    try:  # the thread count is this command's alone (tests run many commands in one process)
+        if fill_mask is not None or classify is not None:
+            _fill_mask_or_classify(run, fill_mask, classify, top_k, device, json_output, threads)
+        else:
+            _decode(
+                run, decoding, prompt, prompt_file, interactive=interactive, chat=chat, system=system, device=device, threads=threads, json_output=json_output
+            )
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _modes(prompt, prompt_file, fill_mask, classify, interactive: bool, chat: bool) -> list[str]:
+    """The modes the options ask for: one, or --prompt with --prompt-file (refused later, by _read_prompts)."""
+    from tfcli.errors import TfcliError
 
     modes = [
         name
@@ -188,129 +206,40 @@ def generate(
         raise TfcliError("nothing to do", hint="pass --prompt TEXT, --prompt-file FILE, --interactive, --chat, --fill-mask TEXT or --classify TEXT")
     if len(modes) > 1 and modes != ["--prompt/--prompt-file"]:
         raise TfcliError(f"{modes[0]} and {modes[1]} do not go together", hint="pick one")
-    if threads < 0:
-        raise TfcliError(f"--threads must be 0 (automatic) or more, not {threads}")
-    if fill_mask is not None or classify is not None:  # no text is generated: decoding options would do nothing
-        decoding = {
-            "--max-new-tokens": max_new_tokens != 128,
-            "--strategy": strategy is not None,
-            "--temperature": temperature is not None,
-            "--top-k": top_k is not None and classify is not None,
-            "--top-p": top_p is not None,
-            "--min-p": min_p is not None,
-            "--repetition-penalty": repetition_penalty != 1.0,
-            "--num-beams": num_beams != 1,
-            "--length-penalty": length_penalty != 1.0,
-            "--no-early-stopping": not early_stopping,
-            "--num-samples": num_samples != 1,
-            "--seed": seed is not None,
-            "--stop": bool(stop),
-            "--ignore-eos": ignore_eos,
-            "--no-stream": no_stream,
-            "--no-cache": no_cache,
-            "--batch-size": batch_size != 16,
-        }
-        given = [name for name, on in decoding.items() if on]
-        if given:
-            raise TfcliError(
-                f"{given[0]} does not apply to {modes[0]}, which generates no text",
-                hint="drop it" + ("; --top-k sets how many fillers to list" if fill_mask is not None else ""),
-            )
-    import torch
-
-    threads_before = torch.get_num_threads()
-    try:  # the thread count is this command's alone (tests run many commands in one process)
-        _generate(
-            run,
-            prompt,
-            prompt_file,
-            max_new_tokens,
-            strategy,
-            temperature,
-            top_k,
-            top_p,
-            min_p,
-            repetition_penalty,
-            num_beams,
-            length_penalty,
-            early_stopping,
-            num_samples,
-            seed,
-            stop,
-            ignore_eos,
-            no_stream,
-            no_cache,
-            batch_size,
-            fill_mask,
-            classify,
-            interactive,
-            device,
-            threads,
-            json_output,
-            chat,
-            system,
-        )
-    finally:
-        torch.set_num_threads(threads_before)
+    return modes
 
 
-def _generate(
-    run,
-    prompt,
-    prompt_file,
-    max_new_tokens,
-    strategy,
-    temperature,
-    top_k,
-    top_p,
-    min_p,
-    repetition_penalty,
-    num_beams,
-    length_penalty,
-    early_stopping,
-    num_samples,
-    seed,
-    stop,
-    ignore_eos,
-    no_stream,
-    no_cache,
-    batch_size,
-    fill_mask,
-    classify,
-    interactive,
-    device,
-    threads,
-    json_output,
-    chat=False,
-    system=None,
+def _fill_mask_or_classify(run: Path, fill_mask: str | None, classify: str | None, top_k: int | None, device: str, json_output: bool, threads: int) -> None:
+    from tfcli.cli.masked import show_fillers, show_labels
+
+    require_utf8(fill_mask if fill_mask is not None else classify, "--fill-mask's text" if fill_mask is not None else "--classify's text")
+    checkpoint = _load(run, device, threads)
+    if fill_mask is not None:
+        show_fillers(run, checkpoint, fill_mask, top_k, json_output)
+    else:
+        assert classify is not None
+        show_labels(run, checkpoint, classify, json_output)
+
+
+def _decode(
+    run: Path,
+    decoding: DecodingOptions,
+    prompt: str | None,
+    prompt_file: Path | None,
+    *,
+    interactive: bool,
+    chat: bool,
+    system: str | None,
+    device: str,
+    threads: int,
+    json_output: bool,
 ) -> None:
+    """Continue the prompts, or hold a conversation (--interactive) or a chat (--chat) on stdin."""
     from tfcli.errors import TfcliError
-    from tfcli.generate.settings import GenerationSettings, resolve_strategy
 
-    if fill_mask is not None or classify is not None:
-        _masked_or_classify(run, fill_mask, classify, top_k, device, json_output, threads)
-        return
     if interactive and json_output:
         raise TfcliError("--interactive prints a conversation, not JSON", hint="drop --json")
-    sampling_given = any(v is not None for v in (temperature, top_k, top_p, min_p, seed))
-    settings = GenerationSettings(
-        strategy=resolve_strategy(strategy, num_beams=num_beams, sampling_options_given=sampling_given),
-        max_new_tokens=max_new_tokens,
-        temperature=1.0 if temperature is None else temperature,
-        top_k=top_k or 0,
-        top_p=1.0 if top_p is None else top_p,
-        min_p=min_p or 0.0,
-        repetition_penalty=repetition_penalty,
-        num_beams=num_beams,
-        length_penalty=length_penalty,
-        early_stopping=early_stopping,
-        num_samples=num_samples,
-        stop=tuple(stop or ()) if (stop or not interactive) else ("\n",),  # a plain conversation's reply is a line
-        seed=seed,
-        stop_at_eos=not ignore_eos,
-        use_cache=not no_cache,
-        logprobs=json_output,
-    )
+    settings = decoding.settings(interactive=interactive, json_output=json_output)
     prompts = None if interactive or chat else _read_prompts(prompt, prompt_file)
     if chat and prompt is not None:
         _read_prompts(prompt, None)  # the same checks: UTF-8, not empty
@@ -318,23 +247,20 @@ def _generate(
 
     from tfcli.generate.decoding import Generator
 
-    generator = Generator(checkpoint.model, checkpoint.tokenizer, settings, batch_size=batch_size)
+    generator = Generator(checkpoint.model, checkpoint.tokenizer, settings, batch_size=decoding.batch_size)
     if chat:
-        from tfcli.generate.chat import ChatSession, run_template
+        from tfcli.cli.chat import run_chat
 
-        session = ChatSession(generator, run_template(run, generator), system)
-        if prompt is not None:
-            _answer_once(session, prompt, stream=not no_stream)
-        else:
-            _interactive(generator, session)
+        run_chat(generator, run, system, prompt, stream=not decoding.no_stream)
         return
     if interactive:
+        from tfcli.cli.chat import converse
         from tfcli.generate.conversation import Conversation
 
-        _interactive(generator, Conversation(generator))
+        converse(generator, Conversation(generator))
         return
     assert prompts is not None
-    _render(generator, prompts, stream=not no_stream, json_output=json_output, run=run)
+    _render(generator, prompts, stream=not decoding.no_stream, json_output=json_output, run=run)
 
 
 def _load(run: Path, device: str, threads: int = 0):
@@ -350,7 +276,7 @@ def _render(generator, prompts: list[str], *, stream: bool, json_output: bool, r
 
     settings = generator.settings
     errors = stderr_console()
-    out = _Writer()
+    out = TextWriter()
     n_completions = len(prompts) * settings.num_samples
     single = n_completions == 1 and settings.strategy != "beam"
     streaming = stream and single and not json_output
@@ -414,171 +340,8 @@ def _render(generator, prompts: list[str], *, stream: bool, json_output: bool, r
     )
 
 
-def _print_completion(out: _Writer, completion, n_completions: int, settings) -> None:
+def _print_completion(out: TextWriter, completion, n_completions: int, settings) -> None:
     if n_completions > 1:  # a header line before each completion: which prompt (and sample) it answers
         sample = f", sample {completion.sample_index + 1}" if settings.num_samples > 1 else ""
         out.write(f"[prompt {completion.prompt_index + 1}{sample}] {completion.prompt}\n")
     out.write(completion.text + "\n")
-
-
-def _check_chat_options(chat: bool, system, prompt_file, interactive: bool, fill_mask, classify, json_output: bool) -> None:
-    from tfcli.errors import TfcliError
-
-    if system is not None and not chat:
-        raise TfcliError("--system sets a chat's system message; it needs --chat")
-    if not chat:
-        return
-    for name, given in (("--prompt-file", prompt_file is not None), ("--interactive", interactive), ("--fill-mask", fill_mask is not None)):
-        if given:
-            raise TfcliError(f"--chat and {name} do not go together", hint="--chat alone reads a conversation from stdin; --chat --prompt TEXT answers once")
-    if classify is not None:
-        raise TfcliError("--chat and --classify do not go together", hint="pick one")
-    if json_output:
-        raise TfcliError("--chat prints a conversation, not JSON", hint="drop --json")
-    if system is not None:
-        require_utf8(system, "the system message")
-
-
-def _answer_once(session, prompt: str, *, stream: bool) -> None:
-    """One chat reply to --prompt, streamed (or printed whole with --no-stream), then the timing line."""
-    from rich.text import Text
-
-    from tfcli.generate.events import Chunk, Finished, Notice
-
-    errors = stderr_console()
-    out = _Writer()
-    finished = None
-    for event in session.reply(prompt):
-        if isinstance(event, Chunk) and stream:
-            out.write(event.text)
-        elif isinstance(event, Notice):
-            errors.print(Text(f"{event.level}: {event.message}", style="yellow"), soft_wrap=True)
-        elif isinstance(event, Finished):
-            finished = event.result
-    assert finished is not None
-    out.write(("" if stream else finished.text) + "\n")
-    timing = session.generator.timing
-    errors.print(
-        Text(
-            f"{timing.new_tokens:,} tokens in {timing.total_seconds:.2f} s ({timing.tokens_per_second:,.1f} tokens/s), stopped by {finished.finish_reason}",
-            style="dim",
-        ),
-        soft_wrap=True,
-    )
-
-
-def _interactive(generator, conversation) -> None:
-    """Read lines from stdin and answer each with `conversation` (a plain Conversation or a ChatSession)."""
-    from rich.text import Text
-
-    from tfcli.errors import TfcliError
-    from tfcli.generate.events import Chunk, Notice
-
-    errors = stderr_console()
-    out = _Writer()
-    long_run = generator.length_notice()
-    if long_run is not None:  # each reply may run that long
-        errors.print(Text(f"{long_run.level}: {long_run.message}", style="yellow"), soft_wrap=True)
-    if sys.stdin.isatty():
-        errors.print(Text("a conversation: type a line and press enter; /reset forgets it, /quit (or Ctrl-D) leaves", style="dim"))
-    while True:
-        if sys.stdin.isatty():
-            errors.print(Text("> ", style="bold"), end="")
-        raw = sys.stdin.buffer.readline()
-        if not raw:
-            break
-        try:
-            line = raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError as exc:
-            errors.print(Text(f"error: that line is not UTF-8 text (byte {exc.start}); type it again", style="bold red"), soft_wrap=True)
-            continue
-        command = line.strip()
-        if command in ("/quit", "/exit"):
-            break
-        if command == "/reset":
-            conversation.reset()
-            errors.print(Text("(conversation forgotten)", style="dim"))
-            continue
-        if not command:
-            continue
-        try:
-            for event in conversation.reply(line):
-                if isinstance(event, Chunk):
-                    out.write(event.text)
-                elif isinstance(event, Notice):
-                    errors.print(Text(f"{event.level}: {event.message}", style="yellow"), soft_wrap=True)
-        except TfcliError as exc:
-            errors.print(Text(f"error: {exc}", style="bold red"), soft_wrap=True)
-            continue
-        except KeyboardInterrupt:  # Ctrl-C during a reply ends the reply, not the conversation
-            conversation.abandon_reply()
-            out.write("\n")
-            errors.print(Text("(reply interrupted; Ctrl-C at the prompt or /quit leaves)", style="dim"))
-            continue
-        out.write("\n")
-
-
-def _masked_or_classify(run: Path, fill_mask: str | None, classify: str | None, top_k: int | None, device: str, json_output: bool, threads: int) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    from tfcli.cli.common import print_table, stderr_console, stdout_console
-    from tfcli.generate.masked import classify as classify_texts
-    from tfcli.generate.masked import fill_mask as fill_masks
-    from tfcli.generate.masked import label_names
-    from tfcli.tokenizer.show import visible
-
-    require_utf8(fill_mask if fill_mask is not None else classify, "--fill-mask's text" if fill_mask is not None else "--classify's text")
-    checkpoint = _load(run, device, threads)
-    console = stdout_console()
-    if fill_mask is not None:
-        predictions = fill_masks(checkpoint.model, checkpoint.tokenizer, fill_mask, top_k=5 if top_k is None else top_k)
-        if json_output:
-            print_json(
-                {
-                    "run": str(run),
-                    "text": fill_mask,
-                    "masks": [
-                        {
-                            "mask": p.position,
-                            "fillers": [{"token_id": f.token_id, "token": f.token, "probability": round(f.probability, 6), "text": f.text} for f in p.fillers],
-                        }
-                        for p in predictions
-                    ],
-                }
-            )
-            return
-        for p in predictions:
-            table = Table(title=f"mask {p.position + 1} of {len(predictions)}" if len(predictions) > 1 else None)
-            for column in ("token", "probability", "text"):
-                table.add_column(column, justify="right" if column == "probability" else "left")
-            for f in p.fillers:
-                table.add_row(f'"{visible(f.token)}"', f"{f.probability:.4f}", visible(f.text))
-            print_table(console, table)
-        return
-    assert classify is not None
-    model = checkpoint.model
-    labels = label_names(checkpoint.config.training, model.config.n_classes)
-    tokens = (
-        len(checkpoint.tokenizer.encode(classify)) + 1 + (model.config.arch == "encoder" and "sep" in checkpoint.tokenizer.special_ids)
-    )  # and [cls] or [eos], BERT's [sep]
-    if tokens > model.config.block_size:
-        marker = "[cls]" if model.config.arch == "encoder" else "[eos]"
-        stderr_console().print(
-            Text(
-                f"warning: the text has {tokens:,} tokens with its {marker}, more than the context "
-                f"({model.config.block_size:,}); classifying its first {model.config.block_size - 1:,}",
-                style="yellow",
-            ),
-            soft_wrap=True,
-        )
-    (ranked,) = classify_texts(model, checkpoint.tokenizer, [classify], labels)
-    if json_output:
-        print_json({"run": str(run), "text": classify, "labels": [{"label": label, "probability": round(p, 6)} for label, p in ranked]})
-        return
-    table = Table()
-    table.add_column("label")
-    table.add_column("probability", justify="right")
-    for label, p in ranked:
-        table.add_row(visible(label), f"{p:.4f}")
-    print_table(console, table)
