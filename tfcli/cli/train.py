@@ -1,14 +1,14 @@
-"""`tfcli train pretrain` and `tfcli train finetune`: parse, build the job, render the loop's events."""
+"""`tfcli train pretrain` and `tfcli train finetune`: parse, build the job, render the loop's events (cli/train_progress.py)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, Typer, counted, print_json, stderr_console, stdout_console
+from tfcli.cli.common import JsonFlag, Typer
+from tfcli.cli.train_progress import render_training
 from tfcli.fsutil import no_empty_folder_left
 
 app = Typer(
@@ -172,7 +172,7 @@ def pretrain(
             tokenizer_path=tokenizer,
             resume=resume,
         )
-        _run(job, json_output)
+        render_training(job, json_output)
 
 
 @app.command("finetune")
@@ -327,7 +327,7 @@ def finetune(
             fields={k: v for k, v in fields.items() if v is not None},
             chat_template=chat_template,
         )
-        _run(job, json_output)
+        render_training(job, json_output)
 
 
 def _check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
@@ -335,113 +335,3 @@ def _check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:
 
     if value not in choices:
         raise TfcliError(f"{option} must be one of {', '.join(choices)}, not {value!r}")
-
-
-def _describe(record: dict[str, Any]) -> str:
-    parts = [f"step {record['step']:>6}"]
-    for key, fmt in (
-        ("loss", "loss {:.4f}"),
-        ("val_loss", "val {:.4f}"),
-        ("val_bpb", "bpb {:.3f}"),
-        ("val_accuracy", "acc {:.3f}"),
-        ("val_macro_f1", "F1 {:.3f}"),
-        ("lr", "lr {:.2e}"),
-        ("tokens_per_sec", "{:,.0f} tok/s"),
-        ("mfu", "MFU {:.1%}"),
-    ):
-        if isinstance(record.get(key), (int, float)):
-            parts.append(fmt.format(record[key]))
-    return "  ".join(parts)
-
-
-def _run(job, json_output: bool) -> None:
-    """Render the loop's events: a live bar on a terminal, a line per record otherwise."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.text import Text
-
-    from tfcli.runtime import keep_freed_memory
-    from tfcli.train.events import Finished, Logged, Note, Saved, Started, StepDone
-    from tfcli.train.loop import train
-
-    keep_freed_memory()  # for this process: a training step's large blocks are reused, not mapped afresh
-    console = stderr_console()
-    is_main = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 speaks
-    live = console.is_terminal and is_main
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(bar_width=24),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA {task.fields[eta]}"),
-        console=console,
-        disable=not live,
-    )
-    task_id = None
-    status: dict[str, str] = {"loss": "loss --"}
-    finished = None
-    printed_step = None
-    with progress:
-        for event in train(job):
-            if not is_main:
-                continue
-            if isinstance(event, Started):
-                what = counted(event.max_steps, "step") if event.max_steps else f"{event.time_budget:.0f} s budget"
-                console.print(
-                    Text(
-                        f"training {event.parameters:,} parameters ({event.trainable:,} trainable, {event.trainable / max(event.parameters, 1):.2%}) on {event.device} "
-                        f"{event.precision}, {counted(event.world_size, 'process', 'processes')}, {event.tokens_per_step:,} tokens per step, {what}"
-                        + (f", from step {event.step}" if event.step else ""),
-                        style="dim",
-                    ),
-                    soft_wrap=True,
-                )
-                task_id = progress.add_task("step", total=1.0, status="", eta="--")
-            elif isinstance(event, StepDone):
-                status.update(lr=f"lr {event.lr:.2e}", rate=f"{event.tokens_per_sec:,.0f} tok/s", mfu=f"MFU {event.mfu:.1%}")
-                eta = f"{event.remaining / 60:.1f} min" if event.remaining is not None else "--"
-                progress.update(
-                    task_id,
-                    completed=event.fraction,
-                    description=f"step {event.step:,}",
-                    status="  ".join(status[k] for k in ("loss", "lr", "rate", "mfu") if k in status),
-                    eta=eta,
-                )
-            elif isinstance(event, Logged):
-                record = event.record
-                if isinstance(record.get("loss"), float):
-                    status["loss"] = f"loss {record['loss']:.4f}"
-                if record["step"] == printed_step:  # the final validation joined a step already shown: show what it adds
-                    record = {k: v for k, v in record.items() if k == "step" or k.startswith("val_")}
-                if not live or any(k.startswith("val_") for k in record):
-                    console.print(Text(_describe(record)), soft_wrap=True)
-                    printed_step = record["step"]
-            elif isinstance(event, Saved):
-                console.print(Text(f"saved {'best ' if event.best else ''}checkpoint at step {event.step} in {event.path}", style="dim"), soft_wrap=True)
-            elif isinstance(event, Note):
-                console.print(Text(f"note: {event.message}", style="yellow"), soft_wrap=True)
-            elif isinstance(event, Finished):
-                finished = event
-    if finished is None or not is_main:
-        return
-    summary = {
-        "run": str(finished.run_dir),
-        "step": finished.step,
-        "stopped_by": finished.reason,
-        "best_val_loss": finished.best_val_loss,
-        "elapsed_seconds": round(finished.elapsed, 3),
-        "last": finished.last,
-        "loss_plot": str(finished.plot) if finished.plot else None,
-    }
-    if json_output:
-        print_json(summary)
-        return
-    out = stdout_console()
-    out.print(Text(f"done: {_describe(finished.last)}", style="bold"), soft_wrap=True)
-    out.print(
-        Text(
-            f"run directory {finished.run_dir}"
-            + (f", loss curve {finished.plot}" if finished.plot else "")
-            + (f", best checkpoint {finished.run_dir / 'best'}" if finished.best_val_loss is not None else "")
-        ),
-        soft_wrap=True,
-    )

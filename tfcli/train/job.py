@@ -1,5 +1,5 @@
 """From a command line to a training job: the resolved model and training configs, the tokenizer, the data,
-and the checks that must pass before anything is written (or, on --resume, that nothing changed)."""
+and the checks that must pass before anything is written (the output folder and --resume's: run_checks.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from tfcli.errors import TfcliError, a_or_an
 from tfcli.model.config import ModelConfig
 from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
 from tfcli.train.config import check_settings_apply, resolve_configs
-from tfcli.training_config import PRETRAIN_TASK, RESUMABLE_CHANGES, TrainConfig
+from tfcli.train.run_checks import check_output, check_resumed, check_resumed_finetune
+from tfcli.training_config import PRETRAIN_TASK, TrainConfig
 
 DEFAULT_PRESET = {"decoder": "tiny", "encoder": "tiny", "encoder-decoder": "seq2seq-tiny"}
 LABELED_TASKS = ("classify", "seq2seq")
@@ -102,68 +103,6 @@ def find_tokenizer(shard_dir: Path, explicit: Path | None) -> TextTokenizer:
     raise TfcliError(f"cannot find the tokenizer the shards in {shard_dir} were encoded with", hint="pass it with --tokenizer PATH")
 
 
-# What a run that stopped before its first checkpoint can leave; such a folder may be trained into again.
-RUN_LEFTOVERS = {"metrics.jsonl", "loss.png", "trainer", "trainer.next", "best", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
-RUN_LEFTOVERS |= {"adapter_model.safetensors", "adapter_config.json"}  # a LoRA run's
-
-
-def refuse_existing_run(run_dir: Path) -> None:
-    """A new run never writes over a finished or running one."""
-    from tfcli.checkpoint import CONFIG_FILE
-
-    if (run_dir / CONFIG_FILE).exists():
-        raise TfcliError(f"{run_dir} already holds a run", hint="pass --resume to continue it, or choose another -o")
-
-
-def _check_output(run_dir: Path, resume: bool) -> None:
-    from tfcli.checkpoint import CONFIG_FILE
-    from tfcli.fsutil import artifact_kind, prepare_output_dir
-
-    if resume:
-        if not (run_dir / CONFIG_FILE).is_file():
-            raise TfcliError(f"{run_dir} holds no run to resume", hint="drop --resume to start a new run there")
-        return
-    if run_dir.exists() and run_dir.is_dir():
-        refuse_existing_run(run_dir)
-        kind = artifact_kind(run_dir)
-        if kind:
-            raise TfcliError(f"{run_dir} is {kind}; a run would write over it", hint="choose a new or empty folder with -o")
-        foreign = sorted(p.name for p in run_dir.iterdir() if not p.name.startswith(".") and p.name not in RUN_LEFTOVERS)
-        if foreign:
-            raise TfcliError(
-                f"{run_dir} holds files that are not a run's ({foreign[0]!r}); a run would mix with them", hint="choose a new or empty folder with -o"
-            )
-    prepare_output_dir(run_dir, "run")
-
-
-def _check_resume(job: TrainingJob) -> None:
-    """A resumed run must be the run it continues: same model, tokenizer, data, and training settings
-    (except those in RESUMABLE_CHANGES)."""
-    from tfcli.checkpoint import read_run_config
-
-    saved = read_run_config(job.run_dir)
-    saved_model, now_model = saved.model.to_json(), job.model_config.to_json()
-    for key in saved_model:
-        if saved_model[key] != now_model.get(key):
-            raise TfcliError(
-                f"cannot resume: the model's {key} was {saved_model[key]!r}, now {now_model.get(key)!r}",
-                hint="resume with the settings the run was started with",
-            )
-    if saved.tokenizer_sha256 != job.tokenizer.sha256:
-        raise TfcliError("cannot resume: the tokenizer differs from the run's", hint="resume with the data and tokenizer the run was started with")
-    training = saved.training or {}
-    before = training.get("config") or {}
-    now = job.config.to_json()
-    for key in now:
-        if key in RESUMABLE_CHANGES or key not in before:
-            continue
-        if before[key] != now[key]:
-            raise TfcliError(
-                f"cannot resume: the training setting {key} was {before[key]!r}, now {now[key]!r}",
-                hint=f"only {', '.join(RESUMABLE_CHANGES)} may change on --resume",
-            )
-
-
 def pretrain_job(
     *,
     data: Path,
@@ -216,9 +155,9 @@ def pretrain_job(
     _check_block(config, model_config, finetune=False)
     _require_roles(tokenizer, task)
     job = TrainingJob(output, model_config, config, tokenizer, data, resume=resume, data_fingerprint=shard_fingerprint(data))
-    _check_output(output, resume)
+    check_output(output, resume)
     if resume:
-        _check_resume(job)
+        check_resumed(job)
     return job
 
 
@@ -237,15 +176,52 @@ def finetune_job(
     chat_template: Path | None = None,
 ) -> TrainingJob:
     """`fields` renames the fields of a labeled set (role -> name in the data, e.g. {"label": "stars"})."""
-    from tfcli.checkpoint import read_run_config
-    from tfcli.data.labeled import FIELD_OPTIONS, field_names, load_labeled, split_validation
-    from tfcli.data.shards import load_shard_meta
+    fields = _check_fields(task, fields)
+    parent, tokenizer = _read_parent(init_from, output, task)
+    model_config, config = _finetune_configs(parent.model, task, config_file=config_file, sets=sets, options=options, val_data=val_data)
+    _check_block(config, model_config, finetune=True)
+    _require_roles(tokenizer, task)
+    job = TrainingJob(output, model_config, config, tokenizer, data, val_data=val_data, init_from=Path(init_from), resume=resume)
+    if chat_template is not None and task not in CHAT_TASKS:
+        raise TfcliError(f"--chat-template applies to --task chat and instruct, not {task}")
+    if task in CHAT_TASKS:
+        from tfcli.train.chat import prepare_chat
+
+        prepare_chat(job, template_file=chat_template, resume=resume)
+    elif task in LABELED_TASKS:
+        _read_labeled(job, fields)
+    else:
+        _read_shards(job)
+    if config.lora_rank is not None:
+        from tfcli.adapters.lora import check_rank
+
+        check_rank(job.model_config, config.lora_rank, config.lora_groups)
+    check_output(output, resume)
+    if task in CHAT_TASKS:
+        from tfcli.train.chat import install_chat_tokenizer
+
+        install_chat_tokenizer(job)
+    if resume:
+        check_resumed_finetune(job, Path(init_from), data)
+    return job
+
+
+def _check_fields(task: str, fields: dict[str, str] | None) -> dict[str, str]:
+    """Renamed fields (--text-field ...) only for the labeled tasks, and only the fields the task reads."""
+    from tfcli.data.labeled import FIELD_OPTIONS, field_names
 
     fields = dict(fields or {})
     if fields and task not in LABELED_TASKS:
         raise TfcliError(f"{FIELD_OPTIONS[next(iter(fields))]} applies to --task classify and seq2seq, not {task}", hint=f"--task {task} reads shards")
     if fields:
         field_names(task, fields)  # refuses a field the task does not read
+    return fields
+
+
+def _read_parent(init_from: Path, output: Path, task: str):
+    """The run being fine-tuned (its config and tokenizer), once it is known to be another folder, whole, and of an
+    architecture the task can train."""
+    from tfcli.checkpoint import read_run_config
 
     if Path(output).resolve() == Path(init_from).resolve():
         raise TfcliError("-o is the run being fine-tuned", hint="write the fine-tuned run to a new folder")
@@ -262,6 +238,13 @@ def finetune_job(
             f"--task {task} needs {' or '.join(a_or_an(a) for a in allowed[task])} model; {init_from} is {a_or_an(arch)}",
             hint=f"continue its pretraining with --task {own}" if task in PRETRAIN_TASK.values() else None,
         )
+    return parent, tokenizer
+
+
+def _finetune_configs(
+    parent_model: ModelConfig, task: str, *, config_file: Path | None, sets: list[str], options: dict[str, Any], val_data: Path | None
+) -> tuple[ModelConfig, TrainConfig]:
+    """The model and training configs of a fine-tune: the parent's shape (only dropout may change), the settings given."""
     model_config, config = resolve_configs(
         preset_name="",
         config_file=config_file,
@@ -269,87 +252,54 @@ def finetune_job(
         options=options,
         train_fixed={"task": task},
         fixed_by={"task": "--task"},
-        base_model=dataclasses.replace(parent.model, n_classes=0 if task == "classify" else parent.model.n_classes),
+        base_model=dataclasses.replace(parent_model, n_classes=0 if task == "classify" else parent_model.n_classes),
     )
-    if model_config.n_classes != (0 if task == "classify" else parent.model.n_classes):
+    if model_config.n_classes != (0 if task == "classify" else parent_model.n_classes):
         raise TfcliError("fine-tuning does not take n_classes as a setting", hint="--task classify sizes the classification head from the labels in --data")
     changed = [
         f.name
         for f in dataclasses.fields(ModelConfig)
-        if f.name not in ("dropout", "n_classes") and getattr(model_config, f.name) != getattr(parent.model, f.name)
+        if f.name not in ("dropout", "n_classes") and getattr(model_config, f.name) != getattr(parent_model, f.name)
     ]
     if changed:
         raise TfcliError(f"fine-tuning cannot change the model's {changed[0]}", hint="only dropout may change; the shape comes from --init-from")
     check_settings_apply(config, finetune=True, val_data=val_data is not None)
-    _check_block(config, model_config, finetune=True)
-    _require_roles(tokenizer, task)
-    job = TrainingJob(output, model_config, config, tokenizer, data, val_data=val_data, init_from=Path(init_from), resume=resume)
-    if chat_template is not None and task not in CHAT_TASKS:
-        raise TfcliError(f"--chat-template applies to --task chat and instruct, not {task}")
-    if task in CHAT_TASKS:
-        from tfcli.train.chat import prepare_chat
+    return model_config, config
 
-        prepare_chat(job, template_file=chat_template, resume=resume)
-    elif task in LABELED_TASKS:
-        block = job.block_size
-        train_set, labels = load_labeled(data, task, tokenizer, arch, block, labels=None, fields=fields)
-        if val_data is not None:
-            val_set, _ = load_labeled(val_data, task, tokenizer, arch, block, labels=labels, fields=fields)
-        else:
-            train_set, val_set = split_validation(train_set, config.val_fraction, config.seed)
-        if task == "classify":
-            job.config = dataclasses.replace(config, labels=labels)
-            # A BERT classifier reads its pooler; one a masked-LM BERT lacks starts fresh, as transformers does.
-            bert = model_config.arch == "encoder" and model_config.embedding_norm and model_config.type_vocab_size > 0
-            job.model_config = dataclasses.replace(model_config, n_classes=len(labels), pooler=model_config.pooler or bert)
-        job.labeled = (train_set, val_set)
-        job.fields = fields or None
-        # renamed fields read other examples from the same bytes, so they are part of the data's identity
-        job.data_fingerprint = file_fingerprint(data, val_data) if not fields else _digest([file_fingerprint(data, val_data), fields])
+
+def _read_labeled(job: TrainingJob, fields: dict[str, str]) -> None:
+    """classify / seq2seq: the train and validation sets, a classifier's labels and head, the data's fingerprint."""
+    from tfcli.data.labeled import load_labeled, split_validation
+
+    task, data, val_data, config, model_config = job.config.task, job.data, job.val_data, job.config, job.model_config
+    block = job.block_size
+    train_set, labels = load_labeled(data, task, job.tokenizer, model_config.arch, block, labels=None, fields=fields)
+    if val_data is not None:
+        val_set, _ = load_labeled(val_data, task, job.tokenizer, model_config.arch, block, labels=labels, fields=fields)
     else:
-        meta = load_shard_meta(data)
-        if meta.tokenizer_sha256 != tokenizer.sha256:
-            raise TfcliError(
-                f"the shards in {data} were encoded with another tokenizer than {init_from}'s",
-                hint=f"re-encode them with `tfcli tokenize encode ... --tokenizer {init_from}/{TOKENIZER_FILE}`",
-            )
-        job.data_fingerprint = shard_fingerprint(data)
-    if config.lora_rank is not None:
-        from tfcli.adapters.lora import check_rank
-
-        check_rank(job.model_config, config.lora_rank, config.lora_groups)
-    _check_output(output, resume)
-    if task in CHAT_TASKS:
-        from tfcli.train.chat import install_chat_tokenizer
-
-        install_chat_tokenizer(job)
-    if resume:
-        _check_parent(output, Path(init_from))
-        saved_labels = _saved_labels(output)
-        if task == "classify" and saved_labels != job.config.labels:
-            raise TfcliError(f"cannot resume: the labels in {data} differ from the run's ({', '.join(saved_labels or [])})")
-        _check_resume(job)
-    return job
+        train_set, val_set = split_validation(train_set, config.val_fraction, config.seed)
+    if task == "classify":
+        job.config = dataclasses.replace(config, labels=labels)
+        # A BERT classifier reads its pooler; one a masked-LM BERT lacks starts fresh, as transformers does.
+        bert = model_config.arch == "encoder" and model_config.embedding_norm and model_config.type_vocab_size > 0
+        job.model_config = dataclasses.replace(model_config, n_classes=len(labels), pooler=model_config.pooler or bert)
+    job.labeled = (train_set, val_set)
+    job.fields = fields or None
+    # renamed fields read other examples from the same bytes, so they are part of the data's identity
+    job.data_fingerprint = file_fingerprint(data, val_data) if not fields else _digest([file_fingerprint(data, val_data), fields])
 
 
-def _check_parent(run_dir: Path, init_from: Path) -> None:
-    """A resumed adapter run continues on the parent it was trained on, which --init-from names."""
-    from tfcli.adapters import find_parent
-    from tfcli.checkpoint import read_run_config
+def _read_shards(job: TrainingJob) -> None:
+    """lm / mlm / denoise: shards encoded with the parent's tokenizer; their fingerprint."""
+    from tfcli.data.shards import load_shard_meta
 
-    record = read_run_config(run_dir).adapter
-    if record is not None and find_parent(run_dir, record).resolve() != init_from.resolve():
+    meta = load_shard_meta(job.data)
+    if meta.tokenizer_sha256 != job.tokenizer.sha256:
         raise TfcliError(
-            f"cannot resume: the run is an adapter on {record.parent_path}, not on {init_from}", hint="resume with the --init-from it was started with"
+            f"the shards in {job.data} were encoded with another tokenizer than {job.init_from}'s",
+            hint=f"re-encode them with `tfcli tokenize encode ... --tokenizer {job.init_from}/{TOKENIZER_FILE}`",
         )
-
-
-def _saved_labels(run_dir: Path) -> list[str] | None:
-    from tfcli.checkpoint import read_run_config
-
-    training = read_run_config(run_dir).training or {}
-    labels = training.get("labels")
-    return labels if isinstance(labels, list) else None
+    job.data_fingerprint = shard_fingerprint(job.data)
 
 
 def _check_block(config: TrainConfig, model_config: ModelConfig, *, finetune: bool) -> None:

@@ -17,7 +17,8 @@ import torch
 from tfcli.errors import Interrupted
 from tfcli.fsutil import exclusive_lock
 from tfcli.train.distributed import World, join_world, leave_world
-from tfcli.train.job import TrainingJob, refuse_existing_run
+from tfcli.train.job import TrainingJob
+from tfcli.train.run_checks import refuse_existing_run
 from tfcli.train.state import LOSS_PLOT, read_metrics
 from tfcli.train.trainer import Trainer
 
