@@ -1,5 +1,5 @@
-"""`tfcli tokenize`: train a tokenizer (BPE, WordPiece, Unigram, char), encode corpora into shards, show tokens,
-trace BPE and WordPiece merges."""
+"""`tfcli tokenize`: train a tokenizer (BPE, WordPiece, Unigram, char), encode corpora into shards; show tokens and
+trace BPE and WordPiece merges (cli/tokenize_views.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from tfcli.cli.common import JsonFlag, Typer, counted, human_bytes, make_progress, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.tokenize_views import TokenizerFile, show, trace
 from tfcli.fsutil import no_empty_folder_left
 
 app = Typer(
@@ -41,7 +42,6 @@ InputFormat = Annotated[
         help="auto (by extension, then by the first bytes; standard input that starts with { is JSON lines), text, jsonl, csv, tsv or parquet.",
     ),
 ]
-TokenizerFile = Annotated[Path, typer.Option("--tokenizer", "-t", help="A tokenizer.json, or the folder holding it.", show_default=False)]
 
 
 @app.command("train")
@@ -282,126 +282,5 @@ def _skipped_records(count: int, examples: list[str]):
     return Text(f"{counted(count, 'record')} without text in the field ({'; '.join(examples)}{'; ...' if count > len(examples) else ''})")
 
 
-@app.command("show")
-def show(
-    text: Annotated[str, typer.Argument(help="The text to tokenize.", show_default=False)],
-    tokenizer: TokenizerFile,
-    json_output: JsonFlag = False,
-) -> None:
-    """Show how a tokenizer cuts a text: each token coloured, its id beneath.
-
-    Control characters show escaped (\\n, \\x1b); special-token text in <text> stays ordinary text.
-    A WordPiece token that continues a word is marked with a dim ## in front.
-
-    \b
-    Example: tfcli tokenize show "The cat sat on the mat." -t runs/quickstart/tokenizer
-    """
-    from tfcli.tokenizer.core import TextTokenizer
-    from tfcli.tokenizer.show import token_views
-
-    loaded = TextTokenizer.load(tokenizer)
-    views = token_views(loaded, text)
-    if json_output:
-        print_json({"text": text, "count": len(views), "tokens": [v.to_json() for v in views]})
-        return
-    console = stdout_console()
-    _render_tokens(console, views)
-    console.print(f"{len(views)} tokens, {len(text)} characters, {len(text.encode('utf-8', 'replace'))} bytes", style="dim")
-
-
-def _render_tokens(console, views) -> None:
-    """Rows of tokens on alternating backgrounds, each id printed under its token, wrapped to the width."""
-    from rich.cells import cell_len
-    from rich.text import Text
-
-    colours = ("on dark_blue", "on dark_green", "on dark_magenta", "on dark_red")
-    width = max(console.width, 20)
-    top, bottom, used = Text(), Text(), 0
-    for i, view in enumerate(views):
-        mark = "##" if view.continuation else ""  # a WordPiece piece that continues the word before it
-        shown = cell_len(mark) + cell_len(view.text)
-        cell = max(shown, len(str(view.id)))
-        if used and used + cell + 1 > width:
-            console.print(top, soft_wrap=True)
-            console.print(bottom, soft_wrap=True)
-            top, bottom, used = Text(), Text(), 0
-        if mark:
-            top.append(mark, style="dim")
-        top.append(view.text, style=colours[i % len(colours)])
-        top.append(" " * (cell - shown + 1))
-        bottom.append(str(view.id).ljust(cell + 1), style="dim")
-        used += cell + 1
-    if used:
-        console.print(top, soft_wrap=True)
-        console.print(bottom, soft_wrap=True)
-
-
-@app.command("trace")
-def trace(
-    text: Annotated[str, typer.Argument(help="A short text. Underscores count as spaces, so the blackboard form works too.", show_default=False)],
-    merges: Annotated[Optional[int], typer.Option(help="Stop after this many merges (default: until no pair is left).", show_default=False)] = None,
-    min_count: Annotated[int, typer.Option(help="Merge only pairs that occur at least this often (2: stop when every pair is unique).")] = 1,
-    model: Annotated[str, typer.Option("--model", "-m", help="bpe (merge the most frequent pair) or wordpiece (the pair with the best score).")] = "bpe",
-    json_output: JsonFlag = False,
-) -> None:
-    """Replay byte-pair or WordPiece merges on a small text, step by step, as a lecture does.
-
-    bpe: whitespace is shown as _ and attached to the end of the word before it; a pair whose first
-    token ends in _ is never merged. Each step merges the most frequent pair; a tie goes to the pair of
-    older tokens (characters in code-point order, each merged token after all tokens before it).
-
-    wordpiece: words are cut at spaces and punctuation as BERT does, a character that continues a word
-    is written ##c, and each step merges the pair with the best score count(ab) / (count(a) * count(b));
-    ties as for bpe. The end also shows the text encoded as WordPiece encodes, longest match first.
-
-    The same text with --model wordpiece puts both algorithms side by side.
-
-    \b
-    Example: tfcli tokenize trace "a sailor went to sea sea sea " --merges 5
-    """
-    from tfcli.errors import TfcliError
-    from tfcli.tokenizer.trace import bpe_trace, wordpiece_trace
-
-    if model not in ("bpe", "wordpiece"):
-        raise TfcliError(
-            f"trace replays merges of --model bpe or wordpiece, not {model!r}",
-            hint="unigram prunes a large vocabulary and char has nothing to merge; use --model bpe or --model wordpiece",
-        )
-    if merges is not None and merges < 0:
-        raise TfcliError(f"--merges must be 0 or more, not {merges}")
-    if min_count < 1:
-        raise TfcliError(f"--min-count must be at least 1, not {min_count}")
-    if len(text) > 20_000:
-        raise TfcliError(f"the text has {len(text):,} characters; trace is for small texts", hint="pass at most 20,000 characters")
-    result = (bpe_trace if model == "bpe" else wordpiece_trace)(text, max_merges=merges, min_count=min_count)
-    if json_output:
-        print_json(result.to_json())
-        return
-    from rich.text import Text
-
-    from tfcli.tokenizer.show import visible
-
-    console = stdout_console()
-
-    def table_line(table) -> Text:
-        return Text(", ".join(f"{visible(token)} {count}" for token, count in table))
-
-    console.print(Text("text: ", style="bold") + Text(visible(result.text)), soft_wrap=True)
-    console.print(Text(f"start ({counted(sum(c for _, c in result.initial_table), 'token')}): ", style="bold") + table_line(result.initial_table))
-    for step in result.steps:
-        head = Text(f"merge {step.number}: ", style="bold")
-        head.append(f"{visible(step.left)} + {visible(step.right)} -> {visible(step.token)}", style="cyan")
-        if step.score is None:
-            head.append(f" ({step.count}x)")
-        else:
-            head.append(f" ({step.count}x; score {step.count}/({step.left_count}*{step.right_count}) = {float(step.score):.4g})")
-        console.print(head)
-        console.print(Text("  ") + table_line(step.table))
-    console.print(
-        Text(f"end ({counted(len(result.tokens), 'token')}, {counted(len(result.steps), 'merge')}): ", style="bold")
-        + Text(" ".join(visible(t) for t in result.tokens))
-    )
-    if result.encoded is not None and result.encoded != result.tokens:
-        console.print(
-            Text(f"encoded, longest match first ({counted(len(result.encoded), 'token')}): ", style="bold") + Text(" ".join(visible(t) for t in result.encoded))
-        )
+app.command("show")(show)
+app.command("trace")(trace)

@@ -1,0 +1,66 @@
+"""What the bench commands share: the --first-run option, the machine line beside every table, tfcli.accel's choices,
+the scratch folder."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+FirstRun = Annotated[
+    bool,
+    typer.Option(
+        "--first-run/--no-first-run",
+        help="An untimed run first, in which tfcli measures its choices for these shapes on this machine (kept in its decisions file), "
+        "so the rounds time what every later run does. --no-first-run leaves it out: where an earlier run measured them, or for a quick check.",
+    ),
+]
+
+
+def machine_line() -> str:
+    """The processor as lscpu names it, its vector extensions, cores, Python and torch: beside every table."""
+    import os
+
+    from tfcli.accel.machine import processor_name, vector_extensions
+
+    torch_version = ""
+    try:
+        from importlib.metadata import version
+
+        torch_version = f", torch {version('torch')}"
+    except Exception:  # no metadata: leave it out
+        pass
+    return (
+        f"{processor_name()} ({' '.join(vector_extensions()) or 'no vector extensions listed'}), {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}{torch_version}"
+    )
+
+
+def accel_summary() -> str:
+    """What tfcli.accel chose on this machine so far, kind by kind (`tfcli info --device` lists each)."""
+    from collections import Counter
+
+    from tfcli.accel import enabled, report
+
+    if not enabled():
+        return "none (TFCLI_ACCEL=0: plain PyTorch)"
+    counts: Counter = Counter()
+    for key, decision in report()["decisions"].items():
+        counts[(key.split()[0], decision["choice"])] += 1
+    kinds = {}
+    for (kind, choice), count in sorted(counts.items()):
+        kinds.setdefault(kind, []).append(f"{choice} {count}")
+    return "; ".join(f"{kind}: {', '.join(parts)}" for kind, parts in kinds.items()) or "nothing measured yet"
+
+
+def scratch_folder(workdir: Path | None, name: str = "") -> Path:
+    """Where a bench writes: a new temporary folder (removed afterwards), or --workdir (made if need be)."""
+    import tempfile
+
+    from tfcli.fsutil import prepare_output_dir
+
+    if workdir is None:
+        return Path(tempfile.mkdtemp(prefix="tfcli-bench-"))
+    return prepare_output_dir(workdir / name if name else workdir, "scratch", option="--workdir")

@@ -1,0 +1,140 @@
+"""`tfcli bench generate`: batch-1 greedy decoding beside transformers' generate and the memory-bandwidth floor
+(tfcli.bench.generate)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from tfcli.cli.bench_common import FirstRun, accel_summary, machine_line, scratch_folder
+from tfcli.cli.common import JsonFlag, human_bytes, print_json, print_table, stderr_console, stdout_console
+
+MAX_BENCH_TOKENS = 8192  # prompt + new tokens in `bench generate` (the uncached job re-runs all of them per token)
+
+
+def generate(
+    preset: Annotated[list[str], typer.Option("--preset", help="Model shapes to measure (repeatable; decoder presets GPT-2 can express).")] = [  # noqa: B006
+        "tiny",
+        "gpt2-small",
+    ],
+    prompt_tokens: Annotated[int, typer.Option(help="Prompt length in tokens (random ids, the same on both sides).")] = 16,
+    new_tokens: Annotated[int, typer.Option(help="Tokens generated per call, greedy, end-of-text ignored.")] = 256,
+    repeat: Annotated[int, typer.Option(help="Rounds of every job, interleaved; each job keeps its best time.")] = 3,
+    threads: Annotated[int, typer.Option(help="torch threads in every job (0: torch's default, all cores).")] = 0,
+    device: Annotated[str, typer.Option(help="cpu or cuda (fp32 either way).")] = "cpu",
+    no_cache: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--no-cache/--skip-no-cache",
+            help="Measure decoding without the KV cache every round / never (default: every round for small models, once for large).",
+            show_default=False,
+        ),
+    ] = None,
+    workdir: Annotated[
+        Optional[Path], typer.Option(help="Scratch folder for the weights (default: a temporary one, removed afterwards).", show_default=False)
+    ] = None,
+    first_run: FirstRun = True,
+    json_output: JsonFlag = False,
+) -> None:
+    """Time batch-1 greedy decoding: tfcli's generator (with and without its KV cache) beside
+    transformers' GPT2LMHeadModel.generate on the same random weights, and the memory-bandwidth floor.
+
+    Targets: tiny >= 2x transformers' tokens/s; gpt2-small >= 1.5x and time per token within 1.3x the
+    floor (every weight read once per token at the read bandwidth measured right before and after each
+    call: a 256 MB tensor summed again and again for half a second); cached >= 5x uncached. tfcli's side
+    is loaded as `tfcli generate` loads a run: the same threads and accelerated paths.
+    The context is widened to hold prompt + new tokens, since GPT-2 cannot slide a window.
+
+    \b
+    Example: tfcli bench generate --preset tiny --preset gpt2-small --repeat 3
+    """
+    import shutil
+
+    from tfcli.bench.generate import run_generate_bench
+    from tfcli.errors import TfcliError
+    from tfcli.runtime import resolve_device
+
+    if device != "cpu" and not device.startswith("cuda"):
+        raise TfcliError(f"--device must be cpu, cuda or cuda:N, not {device!r}")
+    device = resolve_device(device)
+    if min(repeat, prompt_tokens, new_tokens) < 1 or threads < 0:
+        raise TfcliError("--repeat, --prompt-tokens and --new-tokens must be at least 1, --threads at least 0")
+    if prompt_tokens + new_tokens > MAX_BENCH_TOKENS:
+        raise TfcliError(
+            f"--prompt-tokens + --new-tokens is {prompt_tokens + new_tokens:,}; the bench decodes at most {MAX_BENCH_TOKENS:,}",
+            hint="the issue's setting is 16 + 256",
+        )
+    if workdir is not None:
+        scratch_folder(workdir)
+    try:
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise TfcliError("bench generate compares against transformers, which is not installed", hint="pip install transformers") from exc
+    machine = machine_line()
+    benches = []
+    console = stderr_console()
+    for name in preset:
+        scratch = scratch_folder(workdir, name)
+        try:
+            with console.status(f"benchmarking {name}") as status:
+                benches.append(
+                    run_generate_bench(
+                        scratch,
+                        name,
+                        prompt_tokens=prompt_tokens,
+                        new_tokens=new_tokens,
+                        repeat=repeat,
+                        threads=threads,
+                        device=device,
+                        no_cache=no_cache,
+                        first_run=first_run,
+                        progress=lambda job, name=name: status.update(f"benchmarking {name}: {job}"),
+                    )
+                )
+        finally:
+            if workdir is None:
+                shutil.rmtree(scratch, ignore_errors=True)
+    if json_output:
+        print_json({"machine": machine, "benches": [b.to_json() for b in benches]})
+        return
+    out = stdout_console()
+    for b in benches:
+        _print_generate_bench(out, b, machine)
+    out.print(f"tfcli's choices on this machine: {accel_summary()}")
+
+
+def _print_generate_bench(out, b, machine: str) -> None:
+    from rich.table import Table
+
+    table = Table(
+        title=f"{b.preset} ({b.parameters:,} parameters, context {b.block_size}), batch 1, {b.prompt_tokens}-token prompt, "
+        f"{b.new_tokens} new tokens, greedy, fp32, {b.device}, best of {b.repeat}; {machine}"
+    )
+    for column in ("implementation", "seconds", "tokens/s", "ms / token", "peak RSS"):
+        table.add_column(column, justify="left" if column == "implementation" else "right")
+    for m in b.results.values():
+        table.add_row(m.job, f"{m.seconds:.3f}", f"{m.tokens_per_second:,.1f}", f"{m.seconds / m.new_tokens * 1e3:.2f}", f"{m.peak_rss_mb:,.0f} MB")
+    table.add_row("floor (weights / bandwidth)", "", "", f"{b.floor_seconds_per_token * 1e3:.2f}", "")
+    print_table(out, table)
+    if b.results.get("tfcli") and b.results["tfcli"].kernel:
+        out.print(f"tfcli's batch-1 decoding on the CPU: {b.results['tfcli'].kernel}")
+    versus_peer = b.ratio("tfcli", "transformers")
+    target = 2.0 if b.parameters < 20_000_000 else 1.5
+    if versus_peer is not None:
+        out.print(
+            f"tokens/s tfcli / transformers: {versus_peer:.3f} (target >= {target}: {'ok' if versus_peer >= target else 'MISSED'}); "
+            f"same greedy tokens: {'yes' if b.same_tokens else 'no'}"
+        )
+    versus_uncached = b.ratio("tfcli", "tfcli-no-cache")
+    if versus_uncached is not None:
+        out.print(
+            f"cached / uncached: {versus_uncached:.2f}x (target >= 5: {'ok' if versus_uncached >= 5 else 'MISSED'}"
+            f"{'; at this size per-step overhead, not compute, sets both' if b.parameters < 20_000_000 else ''})"
+        )
+    floor_target = "" if b.parameters < 20_000_000 else f"; target <= 1.3: {'ok' if b.floor_ratio <= 1.3 else 'MISSED'}"
+    out.print(
+        f"time per token / floor: {b.floor_ratio:.3f} (median call; memory bandwidth beside it {b.bandwidth_gb_s:.1f} GB/s, "
+        f"{human_bytes(b.weight_bytes)} of weights per token{floor_target})"
+    )
