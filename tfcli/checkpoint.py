@@ -24,6 +24,7 @@ from tfcli.fsutil import artifact_kind, commit_staged, fsync_file, prepare_outpu
 from tfcli.jsontext import loads_json
 from tfcli.model.config import ModelConfig
 from tfcli.schema import JsonRecord
+from tfcli.tensorfile import read_tensors, weights_header_problem
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
 from tfcli.training_config import TrainConfig
 
@@ -251,7 +252,7 @@ def run_file_problems(run_dir: Path, config: RunConfig, tokenizer: TextTokenizer
                 hint="the checkpoint is truncated or from another save; use an intact run directory",
             )
         )
-    elif (header := _weights_header_problem(weights)) is not None:
+    elif (header := weights_header_problem(weights)) is not None:
         problems.append(header)
     if tokenizer.vocab_size > config.model.vocab_size:
         problems.append(
@@ -276,55 +277,6 @@ def run_file_problems(run_dir: Path, config: RunConfig, tokenizer: TextTokenizer
     return problems
 
 
-def _weights_header_problem(weights: Path) -> TfcliError | None:
-    """Whether the weights file's header reads: safetensors checks every tensor's offsets against the file's
-    size, so a header that claims huge tensors in a small file is refused here, before anything is allocated."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(weights), framework="numpy") as handle:
-            handle.keys()
-    except (SafetensorError, OSError) as exc:
-        return _invalid_weights(weights, exc)
-    return None
-
-
-def _invalid_weights(weights: Path, exc: BaseException) -> TfcliError:
-    return TfcliError(f"{weights} is not a valid safetensors file ({exc})", hint="the file is truncated or corrupted")
-
-
-def _read_tensors(path: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file that must hold exactly `expected` (name -> shape), each checked
-    (names, shapes from the header first, floating point, finite) before it is used."""
-    import torch
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            names = set(handle.keys())
-            missing = sorted(set(expected) - names)
-            unexpected = sorted(names - set(expected))
-            if missing:
-                raise TfcliError(
-                    f"{path} lacks the tensor {missing[0]} (and {len(missing) - 1} more)" if len(missing) > 1 else f"{path} lacks the tensor {missing[0]}"
-                )
-            if unexpected:
-                raise TfcliError(f"{path} holds an unexpected tensor {unexpected[0]}", hint="the weights do not belong to this config")
-            for name in sorted(names):
-                shape = tuple(handle.get_slice(name).get_shape())
-                if shape != expected[name]:
-                    raise TfcliError(f"tensor {name} has shape {list(shape)} but the config implies {list(expected[name])}")
-            tensors = {name: handle.get_tensor(name) for name in sorted(names)}
-    except SafetensorError as exc:
-        raise _invalid_weights(path, exc) from exc
-    for name, tensor in tensors.items():
-        if not tensor.is_floating_point():
-            raise TfcliError(f"tensor {name} has dtype {tensor.dtype}, not a floating-point type")
-        if not torch.isfinite(tensor).all():
-            raise TfcliError(f"tensor {name} holds non-finite values (NaN or infinity)", hint="use an earlier checkpoint")
-    return {k: v.to(torch.float32) for k, v in tensors.items()}
-
-
 def load_checkpoint(run_dir: Path, device: str = "cpu", *, merge_adapter: bool = True, _depth: int = 0) -> Checkpoint:
     """Load a run directory, checking everything before the model is used. An adapter run loads its parent
     and applies the adapter: merged into the weights (a plain model, as every command but training wants
@@ -347,7 +299,7 @@ def load_checkpoint(run_dir: Path, device: str = "cpu", *, merge_adapter: bool =
         expected = {name: tuple(t.shape) for name, t in Transformer(config.model).state_dict().items()}
     if config.model.tie_embeddings:
         expected.pop(TIED_KEY, None)
-    tensors = _read_tensors(run_dir / WEIGHTS_FILE, expected)
+    tensors = read_tensors(run_dir / WEIGHTS_FILE, expected)
     model = model_from_tensors(config.model, tensors)
     return Checkpoint(model=model.to(device).eval(), config=config, tokenizer=tokenizer, path=run_dir)
 
@@ -367,7 +319,7 @@ def _load_adapter_run(run_dir: Path, config: RunConfig, merge: bool, depth: int)
     parent_dir = find_parent(run_dir, record)
     check_parent_weights(parent_dir, weights_path(parent_dir), record)
     parent = load_checkpoint(parent_dir, _depth=depth + 1).model
-    adapter = _read_tensors(run_dir / ADAPTER_WEIGHTS_FILE, expected_adapter_shapes(config.model, record))
+    adapter = read_tensors(run_dir / ADAPTER_WEIGHTS_FILE, expected_adapter_shapes(config.model, record))
     with torch.device("meta"):
         expected = {name: tuple(t.shape) for name, t in Transformer(config.model).state_dict().items()}
     state = parent.state_dict()
