@@ -178,7 +178,7 @@ def generate(
     threads_before = torch.get_num_threads()
     try:  # the thread count is this command's alone (tests run many commands in one process)
         if fill_mask is not None or classify is not None:
-            _fill_mask_or_classify(run, fill_mask, classify, top_k, device, json_output, threads)
+            _fill_mask_or_classify(run, fill_mask=fill_mask, classify=classify, top_k=top_k, device=device, threads=threads, json_output=json_output)
         else:
             _decode(
                 run, decoding, prompt, prompt_file, interactive=interactive, chat=chat, system=system, device=device, threads=threads, json_output=json_output
@@ -209,7 +209,7 @@ def _modes(prompt, prompt_file, fill_mask, classify, interactive: bool, chat: bo
     return modes
 
 
-def _fill_mask_or_classify(run: Path, fill_mask: str | None, classify: str | None, top_k: int | None, device: str, json_output: bool, threads: int) -> None:
+def _fill_mask_or_classify(run: Path, *, fill_mask: str | None, classify: str | None, top_k: int | None, device: str, threads: int, json_output: bool) -> None:
     from tfcli.cli.masked import show_fillers, show_labels
 
     require_utf8(fill_mask if fill_mask is not None else classify, "--fill-mask's text" if fill_mask is not None else "--classify's text")
