@@ -36,6 +36,21 @@ def kernel_cache(tmp_path_factory):
         os.environ["TFCLI_CACHE_DIR"] = before
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """The tests' models are tiny: their steps are too short to share between threads, which only wait on
+    each other (and on a busy machine far longer than they compute). Tests that are about threads set them
+    themselves; subprocesses inherit OMP_NUM_THREADS."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")
+        yield
+    torch.set_num_threads(threads)
+
+
 def forget_accel() -> None:
     """Drop what tfcli.accel loaded and decided in this process, so the next use builds, checks or reads
     its files again (tests change the settings between uses)."""

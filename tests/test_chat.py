@@ -27,20 +27,6 @@ MULTI_TURN = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These models' steps are too short to share between threads: two threads only wait on each other
-    (and on a busy machine far longer than they compute). Subprocesses inherit OMP_NUM_THREADS."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OMP_NUM_THREADS", "1")
-        yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def parent(tmp_path_factory, trained_tokenizer) -> Path:
     """A tiny untrained decoder run over the session's tokenizer (untied output layer)."""

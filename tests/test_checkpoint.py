@@ -295,7 +295,8 @@ def test_info_kv_cache_shrinks_with_grouped_query_attention(cli, tmp_path, token
     assert json.loads(cli("info", tmp_path / "kv4", "--json").stdout)["kv_cache_bytes_per_token"]["cross_attention_per_source_token_bf16"] == 0
 
 
-def test_info_counts_an_encoder_decoders_cross_attention_cache(cli, tmp_path, tokenizer):
+def test_info_counts_an_encoder_decoders_cross_attention_cache(cli, tmp_path, tokenizer, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # the line about the cache stays whole whatever the temporary path
     save_checkpoint(tmp_path / "seq2seq", _model(tokenizer, arch="encoder-decoder", positions="sinusoidal"), tokenizer)
     kv = json.loads(cli("info", tmp_path / "seq2seq", "--json").stdout)["kv_cache_bytes_per_token"]
     assert kv["cross_attention_per_source_token_bf16"] == kv["bf16"] > 0  # every decoder layer keeps the source's keys and values

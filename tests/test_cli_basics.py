@@ -93,7 +93,8 @@ def test_arguments_read_like_the_options_in_usage_and_help(cli, path, command):
             assert f"  <{param.name}>  " in usage  # the same in the Arguments list
 
 
-def test_shell_completion_is_on_and_does_not_import_torch(cli):
+def test_shell_completion_is_on_and_does_not_import_torch(cli, monkeypatch):
+    monkeypatch.setenv("_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION", "1")  # the shell named, not looked up: no terminal in CI
     shown = cli("--show-completion", "bash")
     assert shown.code == 0 and "_TFCLI_COMPLETE=complete_bash" in shown.stdout and "complete -o default -F" in shown.stdout
     assert "--install-completion" in cli("--help").stdout
