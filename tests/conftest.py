@@ -4,6 +4,7 @@ a tokenizer trained once per session."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -139,3 +140,38 @@ def trained_tokenizer(tmp_path_factory) -> Path:
 def snapshot(folder: Path) -> dict[str, bytes]:
     """Every file under `folder` and its bytes, to prove a failed command changed nothing."""
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory, trained_tokenizer) -> Path:
+    """Shards of the tiny text, with the tokenizer beside them (found without --tokenizer)."""
+    import shutil
+
+    from tfcli.corpus.reader import resolve_corpus
+    from tfcli.data.shards import encode_corpus
+    from tfcli.tokenizer.core import TextTokenizer
+
+    folder = tmp_path_factory.mktemp("data")
+    corpus = folder / "corpus.txt"
+    corpus.write_text(TINY_TEXT * 30, encoding="utf-8")
+    shutil.copytree(trained_tokenizer, folder / "tokenizer")
+    encode_corpus(resolve_corpus([corpus]), TextTokenizer.load(folder / "tokenizer"), folder / "shards", val_fraction=0.2)
+    return folder / "shards"
+
+
+@pytest.fixture(scope="module")
+def reviews(tmp_path_factory) -> Path:
+    """A labeled set a tiny model can learn: the label is whether the text mentions the fox."""
+    import random
+
+    rng = random.Random(0)
+    folder = tmp_path_factory.mktemp("labeled")
+    lines = []
+    for i in range(120):
+        fox = i % 2 == 0
+        words = rng.sample(["the", "dog", "ball", "park", "rain", "cat", "apple", "day"], 4)
+        words.insert(rng.randrange(5), "fox" if fox else "tom")
+        lines.append(json.dumps({"text": " ".join(words), "label": "fox" if fox else "other"}))
+    path = folder / "reviews.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

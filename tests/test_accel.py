@@ -244,7 +244,8 @@ def test_report_lists_the_machine_and_the_decisions(fresh_choices):
     assert any(key.startswith("linear forward") for key in data["decisions"])
 
 
-def test_info_device_shows_the_machine_and_its_choices(cli, fresh_choices):
+def test_info_device_shows_the_machine_and_its_choices(cli, fresh_choices, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # the choices file's path stays whole, however deep the temporary folder
     products.choose("forward", 300, 512, 256)
     shown = cli("info", "--device")
     assert shown.code == 0, shown.stderr

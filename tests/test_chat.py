@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_train import _spawn, _wait_for_step, records, weights
+from tests.training import records, spawn, wait_for_step, weights
 from tfcli.errors import TfcliError
 from tfcli.tokenizer.chat_template import DEFAULT_TEMPLATE, ChatTemplate, Message, chat_tokenizer_files
 from tfcli.tokenizer.core import TextTokenizer
@@ -261,8 +261,8 @@ def test_a_chat_run_killed_between_checkpoints_resumes_bit_for_bit(cli, parent, 
     whole = tmp_path / "whole"
     assert cli(*finetune_args(parent, chats, whole, *args)).code == 0
     broken = tmp_path / "broken"
-    process = _spawn(finetune_args(parent, chats, broken, *args))
-    reached = _wait_for_step(broken, process, 5)
+    process = spawn(finetune_args(parent, chats, broken, *args))
+    reached = wait_for_step(broken, process, 5)
     process.send_signal(signal.SIGKILL)
     process.communicate()
     saved = json.loads((broken / "trainer" / "state.json").read_text())["step"]

@@ -58,6 +58,24 @@ def test_version_and_python_dash_m():
     assert done.stdout.strip() == f"tfcli {__version__}"
 
 
+@pytest.mark.parametrize("signum, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_while_the_command_line_is_still_importing_ends_it_without_a_traceback(signum, code):
+    sends_it_on_import = (
+        "import os, signal, sys\n"
+        "class Finder:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'tfcli.cli.app':\n"
+        f"            os.kill(os.getpid(), signal.{signum})\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Finder())\n"
+        "from tfcli.__main__ import main\n"
+        "sys.argv = ['tfcli', '--version']\n"
+        "main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", sends_it_on_import], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == code and "Traceback" not in done.stderr and "tfcli" not in done.stdout, done.stderr
+
+
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c))
 def test_every_command_help_has_an_example(cli, command):
     result = cli(*command, "--help")

@@ -406,6 +406,19 @@ def test_export_and_import_leave_the_folder_as_it_was_on_a_fault(conversions, tm
 # ---- a real signal at a random moment -------------------------------------------------------------------
 
 
+def _wait_until_open(process: subprocess.Popen, path: Path, timeout: float = 60.0) -> bool:
+    """Wait until the process has `path` open (it is past Python's start and into the command), or has ended."""
+    if not Path("/proc/self/fd").is_dir():
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        with contextlib.suppress(OSError):
+            if any(os.readlink(fd) == str(path) for fd in Path(f"/proc/{process.pid}/fd").iterdir()):
+                return True
+        time.sleep(0.002)
+    return False
+
+
 def test_a_real_signal_at_a_random_moment_of_an_encode(trained_tokenizer, tmp_path, cli):
     signum = random.choice([signal.SIGINT, signal.SIGTERM])
     corpus = tmp_path / "corpus.txt"
@@ -419,11 +432,12 @@ def test_a_real_signal_at_a_random_moment_of_an_encode(trained_tokenizer, tmp_pa
     process = subprocess.Popen(
         [sys.executable, "-m", "tfcli", *map(str, encode), "-o", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO
     )
-    delay = random.uniform(0.2, 1.0)
+    started = _wait_until_open(process, corpus)  # a busy machine can take longer to start Python than the encode takes
+    delay = random.uniform(0.0, 0.6)
     time.sleep(delay)
     process.send_signal(signum)
     _, err = process.communicate(timeout=120)
-    print(f"{signal.Signals(signum).name} after {delay:.2f} s: exit {process.returncode}")
+    print(f"{signal.Signals(signum).name} {delay:.2f} s after {'the corpus was opened' if started else 'a wait'}: exit {process.returncode}")
     assert process.returncode in (0, 128 + signum) and "Traceback" not in err, err
     assert shard_state(tmp_path / "out") in (old, new)
     no_temp_files(tmp_path / "out")

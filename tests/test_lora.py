@@ -253,14 +253,14 @@ def _adapter(run: Path) -> dict:
 
 
 def test_a_killed_lora_run_resumes_bit_for_bit(cli, base, tmp_path):
-    from tests.test_train import _wait_for_step
+    from tests.training import wait_for_step
 
     args = ["--max-steps", "24", "--save-every", "8", "--eval-every", "8", "--lora-dropout", "0.1"]
     whole = tmp_path / "whole"
     assert cli(*finetune(base, whole, *args)).code == 0
     broken = tmp_path / "broken"
     process = _spawn(finetune(base, broken, *args))
-    _wait_for_step(broken, process, 10)
+    wait_for_step(broken, process, 10)
     process.send_signal(signal.SIGKILL)
     process.communicate()
     saved = json.loads((broken / "trainer" / "state.json").read_text())["step"]

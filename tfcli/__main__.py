@@ -1,6 +1,18 @@
-"""`python -m tfcli` runs the command line, exactly like the `tfcli` script."""
+"""`python -m tfcli` and the `tfcli` script. A signal that comes while the command line is still being
+imported ends it as one that comes later does: exit 130 on Ctrl-C, 143 on SIGTERM, and no traceback."""
 
-from tfcli.cli.app import main
+import signal
+import sys
+
+
+def main() -> None:
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the CLI puts its own in place
+    try:
+        from tfcli.cli.app import main as run_command_line
+    except KeyboardInterrupt:
+        sys.exit(130)
+    run_command_line()
+
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,98 @@
+"""Training on several processes under torchrun: gloo DDP ranks, FSDP, and a rank that dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.training import children, pretrain_args, records, torchrun, wait_for_step, weights
+
+
+def test_two_gloo_ranks_match_one_process_with_the_whole_batch(cli, shards, tmp_path):
+    common = ["--max-steps", "6", "--eval-every", "3", "--set", "bias=false", "--grad-accum", "2"]
+    single, double = tmp_path / "single", tmp_path / "double"
+    # the reference runs like a rank does (its own process, one thread), so only the process count differs;
+    # the two runs go side by side (every rank has one thread)
+    reference = torchrun(pretrain_args(shards, single, *common, "--batch-size", "8"), nproc=1)
+    process = torchrun(pretrain_args(shards, double, *common, "--batch-size", "4"))
+    _, err = reference.communicate(timeout=240)
+    assert reference.returncode == 0, err
+    out, err = process.communicate(timeout=240)
+    assert process.returncode == 0, err
+    assert out.count("done:") == 1  # rank 0 alone speaks
+    assert "FutureWarning" not in err
+    one, two = records(single), records(double)
+    assert [r["step"] for r in one] == [r["step"] for r in two] == list(range(1, 7))
+    for a, b in zip(one, two):
+        assert abs(a["loss"] - b["loss"]) < 1e-5
+        assert a["tokens"] == b["tokens"]
+    assert abs(one[-1]["val_loss"] - two[-1]["val_loss"]) < 1e-5
+    wa, wb = weights(single), weights(double)
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-6
+    state = json.loads((double / "trainer" / "state.json").read_text())
+    assert state["world_size"] == 2
+    result = cli(*pretrain_args(shards, double, *common, "--batch-size", "4", "--resume", "--max-steps", "8"))
+    assert result.code == 2 and "world size was 2, now 1" in result.stderr
+
+
+def test_fsdp_ranks_train_like_ddp_ranks_and_resume_sharded(cli, shards, tmp_path):
+    # a constant learning rate, so stopping at step 4 and resuming to 6 follows the same schedule as 6 at once
+    common = [
+        "--eval-every",
+        "2",
+        "--save-every",
+        "2",
+        "--set",
+        "bias=false",
+        "--grad-accum",
+        "2",
+        "--batch-size",
+        "4",
+        "--set",
+        "schedule=constant",
+        "--set",
+        "warmup_steps=0",
+    ]
+    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
+    # the DDP run and the first FSDP run go side by side (every rank has one thread)
+    processes = [
+        torchrun(pretrain_args(shards, ddp, *common, "--max-steps", "6")),
+        torchrun(pretrain_args(shards, fsdp, *common, "--max-steps", "4", "--fsdp")),
+    ]
+    for process in processes:
+        _, err = process.communicate(timeout=240)
+        assert process.returncode == 0, err
+    assert (fsdp / "best" / "model.safetensors").is_file()
+    # the optimizer state was gathered whole on save and is sharded again on resume
+    process = torchrun(pretrain_args(shards, fsdp, *common, "--max-steps", "6", "--fsdp", "--resume"))
+    _, err = process.communicate(timeout=240)
+    assert process.returncode == 0, err
+    one, two = records(ddp), records(fsdp)
+    assert [r["step"] for r in one] == [r["step"] for r in two] == list(range(1, 7))
+    for a, b in zip(one, two):
+        assert abs(a["loss"] - b["loss"]) < 1e-5
+    assert abs(one[-1]["val_loss"] - two[-1]["val_loss"]) < 1e-5
+    wa, wb = weights(ddp), weights(fsdp)
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-6
+
+
+def test_fsdp_needstorchrun(cli, shards, tmp_path):
+    result = cli(*pretrain_args(shards, tmp_path / "run", "--max-steps", "2", "--fsdp"))
+    assert result.code == 2 and "torchrun" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "config.json").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the worker processes through /proc")
+def test_a_rank_that_dies_ends_the_whole_run_with_an_error(shards, tmp_path):
+    run = tmp_path / "run"
+    process = torchrun(pretrain_args(shards, run, "--max-steps", "100000", "--batch-size", "4", "--eval-every", "0"))
+    wait_for_step(run, process, 2)
+    victims = [c for c in children(process.pid) if b"RANK=1\x00" in Path(f"/proc/{c}/environ").read_bytes()]
+    assert victims, "no rank-1 worker found"
+    os.kill(victims[0], signal.SIGKILL)
+    process.communicate(timeout=120)
+    assert process.returncode != 0
