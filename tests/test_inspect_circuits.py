@@ -600,20 +600,32 @@ def test_the_pages_in_a_browser(cli, runs, kept_run, tmp_path, args):
         assert seen["cells"] > 0 and seen["coloured"] > (0 if args[0] == "inspect-patch" else seen["cells"] // 2)  # patching: 0 is white
 
 
-@pytest.mark.parametrize("positions", ["learned", "rotary"])
-def test_batched_patching_equals_one_patch_at_a_time(positions):
-    """The fast path (rows of a batch fanned out at their layer, run from their first patched position on
-    with the corrupted run's keys and values before it) gives what patching one (layer, position) in a
-    plain run of the whole text gives."""
+@pytest.mark.parametrize("positions,placement", [("learned", "pre"), ("rotary", "pre"), ("learned", "post")])
+def test_batched_patching_equals_one_patch_at_a_time(positions, placement):
+    """The fast path (rows of a batch run from their first patched position on with the corrupted run's keys
+    and values before it, from the patched block on, the last block at the last position only, two rows of
+    the vocabulary head) gives what patching one (layer, position), or one head, in a plain run gives."""
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=50, block_size=32, n_layers=3, n_heads=4, d_model=32, init_std=0.2, positions=positions)).eval()
+    config = ModelConfig(vocab_size=50, block_size=32, n_layers=3, n_heads=4, d_model=32, init_std=0.2, positions=positions, norm_placement=placement)
+    model = Transformer(config).eval()
     clean = torch.randint(0, 50, (12,)).tolist()
     corrupt = list(clean)
     corrupt[4] = (corrupt[4] + 1) % 50
-    result = patch_differences(model, clean, corrupt, answer=3, wrong=4, batch=3)
+    result = patch_differences(model, clean, corrupt, answer=3, wrong=4, batch=3, per_head=True)
     with torch.no_grad(), Hooks() as hooks:
         stream = hooks.residual_stream(model.decoder)
+        heads = hooks.head_outputs(model.decoder)
         model(torch.tensor([clean]))
+
+    def plain_difference(module, edit):
+        handle = module.register_forward_pre_hook(edit)
+        try:
+            with torch.no_grad():
+                logits = model(torch.tensor([corrupt])).logits[0, -1]
+        finally:
+            handle.remove()
+        return float(logits[3] - logits[4])
+
     for layer in range(3):
         for position in range(12):
 
@@ -622,11 +634,15 @@ def test_batched_patching_equals_one_patch_at_a_time(positions):
                 x[0, position] = stream[layer][0, position]
                 return (x, *args[1:])
 
-            handle = model.decoder.blocks[layer].register_forward_pre_hook(patch)
-            try:
-                with torch.no_grad():
-                    logits = model(torch.tensor([corrupt])).logits[0, -1]
-            finally:
-                handle.remove()
-            assert abs(float(logits[3] - logits[4]) - result["patched"][layer, position]) < 1e-4, (layer, position)
+            expected = plain_difference(model.decoder.blocks[layer], patch)
+            assert abs(expected - result["patched"][layer, position]) < 1e-4, (layer, position)
+        for head in range(4):
+
+            def put_head(module, args, layer=layer, head=head):
+                z = args[0].clone().view(1, 12, 4, 8)  # (B, T, nh, hs)
+                z[:, :, head] = heads[layer][:, :, head]
+                return (z.flatten(2), *args[1:])
+
+            expected = plain_difference(model.decoder.blocks[layer].attn.out, put_head)
+            assert abs(expected - result["heads"][layer, head]) < 1e-4, (layer, head)
     assert np.all(result["patched"][:, :4] == result["corrupted"])  # before the change: nothing to patch, no run
