@@ -15,6 +15,7 @@ import torch
 from tests.helpers import needs_chromium
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
 from tfcli.inspect.ablation import ablated_runs, head_means, parse_heads
+from tfcli.inspect.attribution import attribution_differences, top_cells
 from tfcli.inspect.hooks import Hooks
 from tfcli.inspect.lens import lens_logits
 from tfcli.inspect.patching import patch_differences
@@ -646,3 +647,56 @@ def test_batched_patching_equals_one_patch_at_a_time(positions, placement):
             expected = plain_difference(model.decoder.blocks[layer].attn.out, put_head)
             assert abs(expected - result["heads"][layer, head]) < 1e-4, (layer, head)
     assert np.all(result["patched"][:, :4] == result["corrupted"])  # before the change: nothing to patch, no run
+
+
+def linear_model() -> Transformer:
+    """A random two-layer model made linear from the residual stream to the logits: every query zero (each
+    head attends evenly to the positions so far, whatever the keys), no MLP, and norms whose huge eps makes
+    them a fixed scale (their weight undoes it). Attribution patching is then exact."""
+    torch.manual_seed(1)
+    config = ModelConfig(vocab_size=50, block_size=16, n_layers=2, n_heads=4, d_model=32, norm="rmsnorm", init_std=0.3)
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if module.__class__.__name__ == "RMSNorm":
+                module.eps = 1e12
+                module.weight.fill_(1e6)  # x / sqrt(eps) * 1e6 = x
+        for block in model.decoder.blocks:
+            block.attn.qkv.weight[:32] = 0.0  # the queries
+            block.mlp.proj.weight.zero_()
+    return model
+
+
+def test_attribution_equals_exact_patching_where_the_model_is_linear():
+    model = linear_model()
+    clean = torch.randint(0, 50, (10,)).tolist()
+    corrupt = list(clean)
+    corrupt[3] = (corrupt[3] + 1) % 50
+    exact = patch_differences(model, clean, corrupt, answer=5, wrong=6, per_head=True)
+    estimate = attribution_differences(model, clean, corrupt, answer=5, wrong=6, per_head=True)
+    assert estimate["clean"] == exact["clean"] and estimate["corrupted"] == exact["corrupted"]
+    assert np.ptp(exact["patched"][:, 3:]) > 0.1 and np.ptp(exact["heads"]) > 0.1  # cells that differ, so the check means something
+    np.testing.assert_allclose(estimate["patched"], exact["patched"], atol=1e-4)
+    np.testing.assert_allclose(estimate["heads"], exact["heads"], atol=1e-4)
+    assert all(p.requires_grad for p in model.parameters()) and not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
+
+
+def test_attribution_approximates_exact_patching_on_a_random_model():
+    """Away from the changed token itself (where a norm of a wholly different embedding is far from linear),
+    the first-order estimates follow the exact ones closely on a small random model."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=50, block_size=32, n_layers=3, n_heads=4, d_model=32, init_std=0.1)).eval()
+    clean = torch.randint(0, 50, (12,)).tolist()
+    corrupt = list(clean)
+    corrupt[4] = (corrupt[4] + 7) % 50
+    exact = patch_differences(model, clean, corrupt, answer=3, wrong=4, per_head=True)
+    estimate = attribution_differences(model, clean, corrupt, answer=3, wrong=4, per_head=True)
+    after = np.s_[1:, 5:]  # the positions after the change, where the change has arrived (layer 1 on)
+    assert np.corrcoef(exact["patched"][after].ravel(), estimate["patched"][after].ravel())[0, 1] > 0.95
+    assert np.corrcoef(exact["heads"].ravel(), estimate["heads"].ravel())[0, 1] > 0.99
+    assert np.all(estimate["patched"][:, :4] == estimate["corrupted"])  # nothing differs before the change: exactly nothing
+
+
+def test_top_cells():
+    assert top_cells(np.array([[0.0, 3.0], [-5.0, 1.0]]), 0.0, 2) == [(1, 0), (0, 1)]
+    assert top_cells(np.array([[2.0, 2.0], [2.0, 2.5]]), 2.0, 10) == [(1, 1)]  # cells at the baseline never count

@@ -41,7 +41,7 @@ def logit_difference(model, hidden: torch.Tensor, answer: int, wrong: int) -> to
     return two[:, 0] - two[:, 1]
 
 
-def _record(model, stack, ids: list[int], answer: int, wrong: int, cache=None) -> tuple[list[torch.Tensor], list[torch.Tensor], float]:
+def record(model, stack, ids: list[int], answer: int, wrong: int, cache=None) -> tuple[list[torch.Tensor], list[torch.Tensor], float]:
     """One plain run: the residual stream (L + 1 of (T, d)), head outputs (L of (T, nh, hs)) and the logit
     difference; with `cache` (a KVCache), every layer's keys and values too."""
     import torch
@@ -120,13 +120,23 @@ def _patch_heads(model, stack, layer: int, heads: list[int], clean_heads, corrup
 
 
 def patch_differences(
-    model, clean_ids: list[int], corrupt_ids: list[int], answer: int, wrong: int, *, per_head: bool = False, batch: int = ROWS_PER_BATCH
+    model,
+    clean_ids: list[int],
+    corrupt_ids: list[int],
+    answer: int,
+    wrong: int,
+    *,
+    per_head: bool = False,
+    batch: int = ROWS_PER_BATCH,
+    cells: list[tuple[int, int]] | None = None,
+    head_cells: list[tuple[int, int]] | None = None,
 ) -> dict[str, Any]:
     """The logit differences answer - wrong at the last position: `clean`, `corrupted`, and `patched`
     [layer][position] with the clean residual stream put in at the input of block `layer` (its layers'
     residual stream before each block); with per_head, `heads` [layer][head] with the clean output of that
-    head put in at every position. A (layer, position) or head whose clean and corrupted values are equal
-    needs no run: it is the corrupted difference."""
+    head put in at every position. `cells` / `head_cells`, (layer, position) / (layer, head) pairs: patch
+    only those (default: all). A cell whose clean and corrupted values are equal needs no run: it is the
+    corrupted difference, as is every cell not patched."""
     import torch
 
     from tfcli.inspect.hooks import lens_stack
@@ -134,26 +144,26 @@ def patch_differences(
 
     stack = lens_stack(model, "inspect-patch", ("decoder",))
     device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
-    L, T = len(stack.blocks), len(corrupt_ids)
+    L, T, nh = len(stack.blocks), len(corrupt_ids), stack.blocks[0].attn.n_heads
+    wanted = set(cells) if cells is not None else {(l, p) for l in range(L) for p in range(T)}
+    wanted_heads = set(head_cells) if head_cells is not None else {(l, h) for l in range(L) for h in range(nh)}
     with torch.inference_mode():
-        clean_stream, clean_heads, clean_diff = _record(model, stack, clean_ids, answer, wrong)
+        clean_stream, clean_heads, clean_diff = record(model, stack, clean_ids, answer, wrong)
         recorded = KVCache(model.config, 1, T, dtype, device)
-        corrupt_stream, corrupt_heads, corrupt_diff = _record(model, stack, corrupt_ids, answer, wrong, recorded)
+        corrupt_stream, corrupt_heads, corrupt_diff = record(model, stack, corrupt_ids, answer, wrong, recorded)
         rows_cache = KVCache(model.config, min(batch, T), T, dtype, device)
         rows_cache.keys[:], rows_cache.values[:] = recorded.keys, recorded.values  # each row: the corrupted run's
         patched = np.full((L, T), corrupt_diff, dtype=np.float64)
         for layer in range(L):
-            differ = [p for p in range(T) if not torch.equal(clean_stream[layer][p], corrupt_stream[layer][p])]
+            differ = [p for p in range(T) if (layer, p) in wanted and not torch.equal(clean_stream[layer][p], corrupt_stream[layer][p])]
             if differ:
                 args = (clean_stream, corrupt_stream, rows_cache, recorded, batch, answer, wrong)
                 patched[layer, differ] = _patch_positions(model, stack, layer, differ, *args)
-        heads = None
-        if per_head:
-            heads = np.full((L, stack.blocks[0].attn.n_heads), corrupt_diff, dtype=np.float64)
-            for layer in range(L):
-                differ = [h for h in range(heads.shape[1]) if not torch.equal(clean_heads[layer][:, h], corrupt_heads[layer][:, h])]
-                if differ:
-                    heads[layer, differ] = _patch_heads(model, stack, layer, differ, clean_heads, corrupt_stream, answer, wrong)
+        heads = np.full((L, nh), corrupt_diff, dtype=np.float64) if per_head else None
+        for layer in range(L) if per_head else ():
+            differ = [h for h in range(nh) if (layer, h) in wanted_heads and not torch.equal(clean_heads[layer][:, h], corrupt_heads[layer][:, h])]
+            if differ:
+                heads[layer, differ] = _patch_heads(model, stack, layer, differ, clean_heads, corrupt_stream, answer, wrong)
     return {"clean": clean_diff, "corrupted": corrupt_diff, "patched": patched, "heads": heads}
 
 
