@@ -347,6 +347,36 @@ def test_inspect_patch_command(cli, runs):
     assert result.code == 0 and "fraction restored" in result.stdout
 
 
+def test_inspect_patch_attribution_says_so_and_verifies_the_largest_exactly(cli, runs, tmp_path):
+    texts = ("--clean", "The fox was happy", "--corrupt", "The ball was happy", "--answer", " it", "--per-head")
+    exact = json.loads(cli("inspect-patch", runs["decoder"], *texts, "--json").stdout)
+    result = cli("inspect-patch", runs["decoder"], *texts, "--method", "attribution", "--verify", "3", "--json")
+    assert result.code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert exact["method"] == "exact" and exact["verified"] == [] and doc["method"] == "attribution"
+    assert len(doc["verified"]) == 3 and len(doc["head_verified"]) == 3
+    for cell in doc["verified"]:  # the re-checked cells hold exact patching's numbers
+        assert abs(cell["exact"] - exact["restored"][cell["layer"]][cell["position"]]) < 1e-4
+        assert doc["restored"][cell["layer"]][cell["position"]] == cell["exact"]
+    for cell in doc["head_verified"]:
+        assert abs(cell["exact"] - exact["head_restored"][cell["layer"]][cell["head"]]) < 1e-4
+    shown = cli("inspect-patch", runs["decoder"], *texts, "--method", "attribution", "--verify", "1")
+    assert shown.code == 0 and "estimated by attribution patching" in shown.stdout and "*" in shown.stdout
+    page = tmp_path / "patch.html"
+    assert cli("inspect-patch", runs["decoder"], *texts, "--method", "attribution", "-o", page).code == 0
+    assert "method: attribution patching" in page.read_text() and "attribution estimate" in page.read_text()
+
+
+def test_the_png_of_attribution_patching_says_so(cli, runs, tmp_path, monkeypatch):
+    from tfcli.inspect import png
+
+    drawn = {}
+    monkeypatch.setattr(png, "value_grid_png", lambda title, values, rows, columns, **kw: drawn.update(title=title, texts=kw["texts"]) or b"png")
+    args = ("--clean", "The fox was happy", "--corrupt", "The ball was happy", "--answer", " it", "--method", "attribution", "--verify", "1")
+    assert cli("inspect-patch", runs["decoder"], *args, "-o", tmp_path / "p.png").code == 0
+    assert "estimated by attribution patching (* exact)" in drawn["title"] and sum(t.endswith("*") for row in drawn["texts"] for t in row) == 1
+
+
 def test_head_as_layer_dot_head_in_the_single_run_view(cli, runs):
     result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--head", "1.2")
     assert result.code == 0, result.stderr
@@ -379,6 +409,12 @@ def test_logit_lens_of_an_encoder_decoder_reads_its_decoder(cli, runs):
             "patching needs texts of the same token length",
         ),
         (["inspect-patch", "{decoder}", "--clean", "The fox", "--corrupt", "The ball", "--answer", "happily ever"], "--answer 'happily ever' is"),
+        (["inspect-patch", "{decoder}", "--clean", "a", "--corrupt", "b", "--answer", " so", "--verify", "3"], "--verify is for --method attribution"),
+        (
+            ["inspect-patch", "{decoder}", "--clean", "a", "--corrupt", "b", "--answer", " so", "--method", "attribution", "--verify", "-1"],
+            "--verify -1 is negative",
+        ),
+        (["inspect-patch", "{decoder}", "--clean", "a", "--corrupt", "b", "--answer", " so", "--method", "fast"], "unknown --method 'fast'"),
         (["inspect-ablate", "{decoder}", "--text", TEXT, "--heads", "5.0"], "layer 5 is out of range"),
         (["inspect-ablate", "{decoder}", "--text", TEXT, "--mode", "half"], "unknown --mode"),
         (["inspect-ablate", "{decoder}", "--text", TEXT, "--reference-text", "x"], "--reference-text is for --mode mean"),
@@ -409,6 +445,20 @@ def test_mistakes_are_one_line_and_exit_2(cli, runs, args, message):
         ["inspect-logits", "{decoder}", "--text", TEXT],
         ["inspect-ablate", "{decoder}", "--text", TEXT],
         ["inspect-patch", "{decoder}", "--clean", "The fox was happy", "--corrupt", "The ball was happy", "--answer", " it"],
+        [
+            "inspect-patch",
+            "{decoder}",
+            "--clean",
+            "The fox was happy",
+            "--corrupt",
+            "The ball was happy",
+            "--answer",
+            " it",
+            "--method",
+            "attribution",
+            "--verify",
+            "2",
+        ],
     ],
 )
 def test_png_views(cli, runs, tmp_path, args):

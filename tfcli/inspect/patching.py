@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from tfcli.checkpoint import Checkpoint
 
 PATCH_FORMAT = "tfcli-patching"
-PATCH_VERSION = 1
+PATCH_VERSION = 2  # 2: "method", "verified", "head_verified"
+METHODS = ("exact", "attribution")
 ROWS_PER_BATCH = 8  # patches run together, each batch from its first patched position on (more rows: more positions run twice)
 
 
@@ -180,6 +181,9 @@ class Patching:
     corrupt_diff: float
     restored: np.ndarray  # (L, T): the fraction restored by patching the residual stream at (layer, position)
     head_restored: np.ndarray | None  # (L, nh), --per-head
+    method: str = "exact"  # or "attribution": first-order estimates, the verified cells exact
+    verified: list[tuple[int, int, float, float]] = dataclasses.field(default_factory=list)  # (layer, position, estimate, exact)
+    head_verified: list[tuple[int, int, float, float]] = dataclasses.field(default_factory=list)  # (layer, head, estimate, exact)
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -199,6 +203,9 @@ class Patching:
             "logit_difference": {"clean": round(self.clean_diff, 6), "corrupted": round(self.corrupt_diff, 6)},
             "restored": grid(self.restored),
             "head_restored": grid(self.head_restored),
+            "method": self.method,
+            "verified": [{"layer": l, "position": p, "estimate": round(e, 6), "exact": round(x, 6)} for l, p, e, x in self.verified],
+            "head_verified": [{"layer": l, "head": h, "estimate": round(e, 6), "exact": round(x, 6)} for l, h, e, x in self.head_verified],
         }
 
 
@@ -219,13 +226,36 @@ def single_token(checkpoint: Checkpoint, word: str, flag: str) -> int:
     raise TfcliError(f"{flag} {word!r} is {len(ids)} tokens ({shown})", hint=hint)
 
 
-def patch(checkpoint: Checkpoint, clean: str, corrupt: str, answer: str, wrong: str | None = None, *, per_head: bool = False) -> Patching:
+def check_method(method: str, verify: int | None) -> None:
+    """--method and --verify, before anything loads."""
+    if method not in METHODS:
+        raise TfcliError(f"unknown --method {method!r}", hint=f"use {' or '.join(METHODS)}")
+    if verify is not None and method != "attribution":
+        raise TfcliError("--verify is for --method attribution (exact patching is exact everywhere)", hint="add --method attribution, or drop --verify")
+    if verify is not None and verify < 0:
+        raise TfcliError(f"--verify {verify} is negative", hint="pass how many of the largest estimates to re-check exactly, e.g. --verify 20")
+
+
+def patch(
+    checkpoint: Checkpoint,
+    clean: str,
+    corrupt: str,
+    answer: str,
+    wrong: str | None = None,
+    *,
+    per_head: bool = False,
+    method: str = "exact",
+    verify: int | None = None,
+) -> Patching:
+    """Activation patching (`method` exact) or its first-order estimate (attribution), with the `verify`
+    largest estimates of each map re-checked exactly."""
     import time
 
     from tfcli.inspect.hooks import lens_stack
     from tfcli.inspect.lens import decoder_views, token_text
 
     began = time.perf_counter()
+    check_method(method, verify)
     model = checkpoint.model
     lens_stack(model, "inspect-patch", ("decoder",))
     for what, value in (("--clean", clean), ("--corrupt", corrupt)):
@@ -245,7 +275,12 @@ def patch(checkpoint: Checkpoint, clean: str, corrupt: str, answer: str, wrong: 
         wrong_id = _corrupted_favourite(model, corrupt_ids, answer_id)
     if wrong_id == answer_id:
         raise TfcliError("--wrong is the same token as --answer", hint="pass another token with --wrong")
-    result = patch_differences(model, clean_ids, corrupt_ids, answer_id, wrong_id, per_head=per_head)
+    if method == "exact":
+        result = patch_differences(model, clean_ids, corrupt_ids, answer_id, wrong_id, per_head=per_head)
+    else:
+        from tfcli.inspect.attribution import attribution_differences
+
+        result = attribution_differences(model, clean_ids, corrupt_ids, answer_id, wrong_id, per_head=per_head)
     clean_diff, corrupt_diff = result["clean"], result["corrupted"]
     if abs(clean_diff - corrupt_diff) < 1e-6:
         raise TfcliError(
@@ -255,6 +290,7 @@ def patch(checkpoint: Checkpoint, clean: str, corrupt: str, answer: str, wrong: 
     span = clean_diff - corrupt_diff
     restored = (result["patched"] - corrupt_diff) / span
     head_restored = None if result["heads"] is None else (result["heads"] - corrupt_diff) / span
+    verified, head_verified = _verify(model, clean_ids, corrupt_ids, answer_id, wrong_id, restored, head_restored, verify or 0)
     tokenizer = checkpoint.tokenizer
     return Patching(
         run=str(checkpoint.path),
@@ -268,8 +304,30 @@ def patch(checkpoint: Checkpoint, clean: str, corrupt: str, answer: str, wrong: 
         corrupt_diff=corrupt_diff,
         restored=restored,
         head_restored=head_restored,
+        method=method,
+        verified=verified,
+        head_verified=head_verified,
         seconds=time.perf_counter() - began,
     )
+
+
+def _verify(model, clean_ids, corrupt_ids, answer, wrong, restored, head_restored, n: int):
+    """Patch exactly the `n` estimates of each map furthest from 0 (changed nothing), put the exact fractions
+    in place, and return each map's (row, column, estimate, exact) for them."""
+    from tfcli.inspect.attribution import top_cells
+
+    cells = top_cells(restored, 0.0, n)
+    head_cells = top_cells(head_restored, 0.0, n) if head_restored is not None else []
+    if not cells and not head_cells:
+        return [], []
+    exact = patch_differences(model, clean_ids, corrupt_ids, answer, wrong, per_head=bool(head_cells), cells=cells, head_cells=head_cells)
+    span = exact["clean"] - exact["corrupted"]
+    found = []
+    for estimates, pairs, values in ((restored, cells, exact["patched"]), (head_restored, head_cells, exact["heads"])):
+        found.append([(r, c, float(estimates[r, c]), float((values[r, c] - exact["corrupted"]) / span)) for r, c in pairs])
+        for r, c, _, value in found[-1]:
+            estimates[r, c] = value
+    return found[0], found[1]
 
 
 def _corrupted_favourite(model, ids: list[int], answer: int) -> int:
