@@ -179,6 +179,7 @@ def test_hooks_are_removed_even_when_the_forward_pass_fails():
         model(torch.tensor([ALTERNATING]))
     ablated_runs(model, ALTERNATING, [[], [(1, 0)]], torch.zeros(2, 2, 12), position=0)
     patch_differences(model, [0, 1, 0], [0, 2, 0], 1, 2, per_head=True)
+    attribution_differences(model, [0, 1, 0], [0, 2, 0], 1, 2, per_head=True)
     lens_logits(model, ALTERNATING)
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
 

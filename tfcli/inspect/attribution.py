@@ -51,7 +51,8 @@ def attribution_differences(model, clean_ids: list[int], corrupt_ids: list[int],
             hooks.before(block.attn.out, lambda module, args: head_inputs.append(args[0]))
         hidden = model(torch.tensor([corrupt_ids], device=model.lm_head.weight.device), logits=False).hidden
         difference = logit_difference(model, hidden[:, -1], answer, wrong)[0]
-        gradients = torch.autograd.grad(difference, stream[:L] + (head_inputs if per_head else []))
+        wanted = stream[:L] + (head_inputs if per_head else [])
+        gradients = torch.autograd.grad(difference, wanted, allow_unused=True, materialize_grads=True)  # unused: zeros
     with torch.no_grad():
         corrupt_diff = float(difference)
         patched = np.stack([_first_order(clean_stream[l], stream[l][0], gradients[l][0]).sum(-1) for l in range(L)]) + corrupt_diff  # (L, T)
