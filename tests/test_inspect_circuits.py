@@ -15,6 +15,7 @@ import torch
 from tests.helpers import needs_chromium
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
 from tfcli.inspect.ablation import ablated_runs, head_means, parse_heads
+from tfcli.inspect.attribution import attribution_differences, top_cells
 from tfcli.inspect.hooks import Hooks
 from tfcli.inspect.lens import lens_logits
 from tfcli.inspect.patching import patch_differences
@@ -178,6 +179,7 @@ def test_hooks_are_removed_even_when_the_forward_pass_fails():
         model(torch.tensor([ALTERNATING]))
     ablated_runs(model, ALTERNATING, [[], [(1, 0)]], torch.zeros(2, 2, 12), position=0)
     patch_differences(model, [0, 1, 0], [0, 2, 0], 1, 2, per_head=True)
+    attribution_differences(model, [0, 1, 0], [0, 2, 0], 1, 2, per_head=True)
     lens_logits(model, ALTERNATING)
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
 
@@ -346,6 +348,36 @@ def test_inspect_patch_command(cli, runs):
     assert result.code == 0 and "fraction restored" in result.stdout
 
 
+def test_inspect_patch_attribution_says_so_and_verifies_the_largest_exactly(cli, runs, tmp_path):
+    texts = ("--clean", "The fox was happy", "--corrupt", "The ball was happy", "--answer", " it", "--per-head")
+    exact = json.loads(cli("inspect-patch", runs["decoder"], *texts, "--json").stdout)
+    result = cli("inspect-patch", runs["decoder"], *texts, "--method", "attribution", "--verify", "3", "--json")
+    assert result.code == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert exact["method"] == "exact" and exact["verified"] == [] and doc["method"] == "attribution"
+    assert len(doc["verified"]) == 3 and len(doc["head_verified"]) == 3
+    for cell in doc["verified"]:  # the re-checked cells hold exact patching's numbers
+        assert abs(cell["exact"] - exact["restored"][cell["layer"]][cell["position"]]) < 1e-4
+        assert doc["restored"][cell["layer"]][cell["position"]] == cell["exact"]
+    for cell in doc["head_verified"]:
+        assert abs(cell["exact"] - exact["head_restored"][cell["layer"]][cell["head"]]) < 1e-4
+    shown = cli("inspect-patch", runs["decoder"], *texts, "--method", "attribution", "--verify", "1")
+    assert shown.code == 0 and "estimated by attribution patching" in shown.stdout and "*" in shown.stdout
+    page = tmp_path / "patch.html"
+    assert cli("inspect-patch", runs["decoder"], *texts, "--method", "attribution", "-o", page).code == 0
+    assert "method: attribution patching" in page.read_text() and "attribution estimate" in page.read_text()
+
+
+def test_the_png_of_attribution_patching_says_so(cli, runs, tmp_path, monkeypatch):
+    from tfcli.inspect import png
+
+    drawn = {}
+    monkeypatch.setattr(png, "value_grid_png", lambda title, values, rows, columns, **kw: drawn.update(title=title, texts=kw["texts"]) or b"png")
+    args = ("--clean", "The fox was happy", "--corrupt", "The ball was happy", "--answer", " it", "--method", "attribution", "--verify", "1")
+    assert cli("inspect-patch", runs["decoder"], *args, "-o", tmp_path / "p.png").code == 0
+    assert "estimated by attribution patching (* exact)" in drawn["title"] and sum(t.endswith("*") for row in drawn["texts"] for t in row) == 1
+
+
 def test_head_as_layer_dot_head_in_the_single_run_view(cli, runs):
     result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--head", "1.2")
     assert result.code == 0, result.stderr
@@ -378,6 +410,12 @@ def test_logit_lens_of_an_encoder_decoder_reads_its_decoder(cli, runs):
             "patching needs texts of the same token length",
         ),
         (["inspect-patch", "{decoder}", "--clean", "The fox", "--corrupt", "The ball", "--answer", "happily ever"], "--answer 'happily ever' is"),
+        (["inspect-patch", "{decoder}", "--clean", "a", "--corrupt", "b", "--answer", " so", "--verify", "3"], "--verify is for --method attribution"),
+        (
+            ["inspect-patch", "{decoder}", "--clean", "a", "--corrupt", "b", "--answer", " so", "--method", "attribution", "--verify", "-1"],
+            "--verify -1 is negative",
+        ),
+        (["inspect-patch", "{decoder}", "--clean", "a", "--corrupt", "b", "--answer", " so", "--method", "fast"], "unknown --method 'fast'"),
         (["inspect-ablate", "{decoder}", "--text", TEXT, "--heads", "5.0"], "layer 5 is out of range"),
         (["inspect-ablate", "{decoder}", "--text", TEXT, "--mode", "half"], "unknown --mode"),
         (["inspect-ablate", "{decoder}", "--text", TEXT, "--reference-text", "x"], "--reference-text is for --mode mean"),
@@ -408,6 +446,20 @@ def test_mistakes_are_one_line_and_exit_2(cli, runs, args, message):
         ["inspect-logits", "{decoder}", "--text", TEXT],
         ["inspect-ablate", "{decoder}", "--text", TEXT],
         ["inspect-patch", "{decoder}", "--clean", "The fox was happy", "--corrupt", "The ball was happy", "--answer", " it"],
+        [
+            "inspect-patch",
+            "{decoder}",
+            "--clean",
+            "The fox was happy",
+            "--corrupt",
+            "The ball was happy",
+            "--answer",
+            " it",
+            "--method",
+            "attribution",
+            "--verify",
+            "2",
+        ],
     ],
 )
 def test_png_views(cli, runs, tmp_path, args):
@@ -600,20 +652,32 @@ def test_the_pages_in_a_browser(cli, runs, kept_run, tmp_path, args):
         assert seen["cells"] > 0 and seen["coloured"] > (0 if args[0] == "inspect-patch" else seen["cells"] // 2)  # patching: 0 is white
 
 
-@pytest.mark.parametrize("positions", ["learned", "rotary"])
-def test_batched_patching_equals_one_patch_at_a_time(positions):
-    """The fast path (rows of a batch fanned out at their layer, run from their first patched position on
-    with the corrupted run's keys and values before it) gives what patching one (layer, position) in a
-    plain run of the whole text gives."""
+@pytest.mark.parametrize("positions,placement", [("learned", "pre"), ("rotary", "pre"), ("learned", "post")])
+def test_batched_patching_equals_one_patch_at_a_time(positions, placement):
+    """The fast path (rows of a batch run from their first patched position on with the corrupted run's keys
+    and values before it, from the patched block on, the last block at the last position only, two rows of
+    the vocabulary head) gives what patching one (layer, position), or one head, in a plain run gives."""
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=50, block_size=32, n_layers=3, n_heads=4, d_model=32, init_std=0.2, positions=positions)).eval()
+    config = ModelConfig(vocab_size=50, block_size=32, n_layers=3, n_heads=4, d_model=32, init_std=0.2, positions=positions, norm_placement=placement)
+    model = Transformer(config).eval()
     clean = torch.randint(0, 50, (12,)).tolist()
     corrupt = list(clean)
     corrupt[4] = (corrupt[4] + 1) % 50
-    result = patch_differences(model, clean, corrupt, answer=3, wrong=4, batch=3)
+    result = patch_differences(model, clean, corrupt, answer=3, wrong=4, batch=3, per_head=True)
     with torch.no_grad(), Hooks() as hooks:
         stream = hooks.residual_stream(model.decoder)
+        heads = hooks.head_outputs(model.decoder)
         model(torch.tensor([clean]))
+
+    def plain_difference(module, edit):
+        handle = module.register_forward_pre_hook(edit)
+        try:
+            with torch.no_grad():
+                logits = model(torch.tensor([corrupt])).logits[0, -1]
+        finally:
+            handle.remove()
+        return float(logits[3] - logits[4])
+
     for layer in range(3):
         for position in range(12):
 
@@ -622,11 +686,68 @@ def test_batched_patching_equals_one_patch_at_a_time(positions):
                 x[0, position] = stream[layer][0, position]
                 return (x, *args[1:])
 
-            handle = model.decoder.blocks[layer].register_forward_pre_hook(patch)
-            try:
-                with torch.no_grad():
-                    logits = model(torch.tensor([corrupt])).logits[0, -1]
-            finally:
-                handle.remove()
-            assert abs(float(logits[3] - logits[4]) - result["patched"][layer, position]) < 1e-4, (layer, position)
+            expected = plain_difference(model.decoder.blocks[layer], patch)
+            assert abs(expected - result["patched"][layer, position]) < 1e-4, (layer, position)
+        for head in range(4):
+
+            def put_head(module, args, layer=layer, head=head):
+                z = args[0].clone().view(1, 12, 4, 8)  # (B, T, nh, hs)
+                z[:, :, head] = heads[layer][:, :, head]
+                return (z.flatten(2), *args[1:])
+
+            expected = plain_difference(model.decoder.blocks[layer].attn.out, put_head)
+            assert abs(expected - result["heads"][layer, head]) < 1e-4, (layer, head)
     assert np.all(result["patched"][:, :4] == result["corrupted"])  # before the change: nothing to patch, no run
+
+
+def linear_model() -> Transformer:
+    """A random two-layer model made linear from the residual stream to the logits: every query zero (each
+    head attends evenly to the positions so far, whatever the keys), no MLP, and norms whose huge eps makes
+    them a fixed scale (their weight undoes it). Attribution patching is then exact."""
+    torch.manual_seed(1)
+    config = ModelConfig(vocab_size=50, block_size=16, n_layers=2, n_heads=4, d_model=32, norm="rmsnorm", init_std=0.3)
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if module.__class__.__name__ == "RMSNorm":
+                module.eps = 1e12
+                module.weight.fill_(1e6)  # x / sqrt(eps) * 1e6 = x
+        for block in model.decoder.blocks:
+            block.attn.qkv.weight[:32] = 0.0  # the queries
+            block.mlp.proj.weight.zero_()
+    return model
+
+
+def test_attribution_equals_exact_patching_where_the_model_is_linear():
+    model = linear_model()
+    clean = torch.randint(0, 50, (10,)).tolist()
+    corrupt = list(clean)
+    corrupt[3] = (corrupt[3] + 1) % 50
+    exact = patch_differences(model, clean, corrupt, answer=5, wrong=6, per_head=True)
+    estimate = attribution_differences(model, clean, corrupt, answer=5, wrong=6, per_head=True)
+    assert estimate["clean"] == exact["clean"] and estimate["corrupted"] == exact["corrupted"]
+    assert np.ptp(exact["patched"][:, 3:]) > 0.1 and np.ptp(exact["heads"]) > 0.1  # cells that differ, so the check means something
+    np.testing.assert_allclose(estimate["patched"], exact["patched"], atol=1e-4)
+    np.testing.assert_allclose(estimate["heads"], exact["heads"], atol=1e-4)
+    assert all(p.requires_grad for p in model.parameters()) and not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
+
+
+def test_attribution_approximates_exact_patching_on_a_random_model():
+    """Away from the changed token itself (where a norm of a wholly different embedding is far from linear),
+    the first-order estimates follow the exact ones closely on a small random model."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=50, block_size=32, n_layers=3, n_heads=4, d_model=32, init_std=0.1)).eval()
+    clean = torch.randint(0, 50, (12,)).tolist()
+    corrupt = list(clean)
+    corrupt[4] = (corrupt[4] + 7) % 50
+    exact = patch_differences(model, clean, corrupt, answer=3, wrong=4, per_head=True)
+    estimate = attribution_differences(model, clean, corrupt, answer=3, wrong=4, per_head=True)
+    after = np.s_[1:, 5:]  # the positions after the change, where the change has arrived (layer 1 on)
+    assert np.corrcoef(exact["patched"][after].ravel(), estimate["patched"][after].ravel())[0, 1] > 0.95
+    assert np.corrcoef(exact["heads"].ravel(), estimate["heads"].ravel())[0, 1] > 0.99
+    assert np.all(estimate["patched"][:, :4] == estimate["corrupted"])  # nothing differs before the change: exactly nothing
+
+
+def test_top_cells():
+    assert top_cells(np.array([[0.0, 3.0], [-5.0, 1.0]]), 0.0, 2) == [(1, 0), (0, 1)]
+    assert top_cells(np.array([[2.0, 2.0], [2.0, 2.5]]), 2.0, 10) == [(1, 1)]  # cells at the baseline never count

@@ -251,6 +251,17 @@ def inspect_patch(
         ),
     ] = None,
     per_head: Annotated[bool, typer.Option("--per-head", help="Also patch each head's output (at every position), one head at a time.")] = False,
+    method: Annotated[
+        str,
+        typer.Option(
+            "--method",
+            help="exact (one patched run per cell) or attribution (every cell estimated to first order from one backward pass: seconds, not minutes).",
+        ),
+    ] = "exact",
+    verify: Annotated[
+        Optional[int],
+        typer.Option("--verify", help="With --method attribution: re-check the N largest estimates of each map by exact patching.", show_default=False),
+    ] = None,
     output_format: FormatOption = None,
     output: OutputOption = None,
     start: StartOption = 0,
@@ -262,29 +273,33 @@ def inspect_patch(
     Runs the corrupted text and puts the clean run's residual stream back at one (layer, position) at a
     time (before each block), and with --per-head each head's clean output; reports the fraction of the
     logit difference answer - wrong (at the last position) that comes back: 1 restores the clean answer,
-    0 changes nothing. The two texts must have the same number of tokens.
+    0 changes nothing. The two texts must have the same number of tokens. --method attribution estimates
+    every cell at once from the gradient of the corrupted run (Nanda's attribution patching), --verify N
+    re-checks the N largest exactly; every output says which method produced its numbers.
 
     Supports decoder runs (trained or imported GPT-2); encoder and encoder-decoder runs are refused (one
     line, exit code 2).
 
     \b
     Example: tfcli inspect-patch runs/gpt2 --clean "When Mary and John went to the store, John gave a drink to" --corrupt "When Mary and John went to the store, Mary gave a drink to" --answer " Mary" --wrong " John"
+    Example: tfcli inspect-patch runs/gpt2 --clean ... --corrupt ... --answer " Mary" --method attribution --verify 20
     """
     import time
 
     from tfcli.accel import accelerate
     from tfcli.inspect.capture import load_run
-    from tfcli.inspect.patching import patch
+    from tfcli.inspect.patching import check_method, patch
     from tfcli.inspect.tables import patching_html, patching_png, patching_view
 
     began = time.perf_counter()
     fmt = _format(output_format, output, json_output)
+    check_method(method, verify)
     for value, what in ((clean, "--clean's text"), (corrupt, "--corrupt's text"), (answer, "--answer"), (wrong, "--wrong")):
         require_utf8(value, what)
     checkpoint = load_run(run, device)
     accelerate(checkpoint.model)
     with stderr_console().status("patching"):
-        patching = patch(checkpoint, clean, corrupt, answer, wrong, per_head=per_head)
+        patching = patch(checkpoint, clean, corrupt, answer, wrong, per_head=per_head, method=method, verify=verify)
     document = patching.to_json() if fmt == "json" else {}
     _emit(
         fmt,

@@ -1,7 +1,8 @@
 """Scoped hooks on the one model: read the residual stream, fan one text out into a batch of edited copies
-at a block, and read or edit each head's output (the input of its attention's output projection
-`attn.out`, `(B, T, n_heads * head_dim)`). Every hook lives inside a `with Hooks()` block and is removed when
-it ends, also on an error. Nothing here computes a layer: the model's own forward pass does, unchanged.
+at a block, read or edit each head's output (the input of its attention's output projection
+`attn.out`, `(B, T, n_heads * head_dim)`), and run the last block at the last position only. Every hook
+lives inside a `with Hooks()` block and is removed when it ends, also on an error. Nothing here computes
+a layer: the model's own forward pass does, unchanged.
 """
 
 from __future__ import annotations
@@ -90,6 +91,19 @@ class Hooks:
             return (z.flatten(2), *args[1:])  # (B, T, nh * hs)
 
         self.before(attn.out, change)
+
+    def last_position_only(self, stack: nn.Module) -> None:
+        """Run the last block's output projection and MLP at the last position only, for a caller that reads
+        nothing else: its attention still reads every position's keys and values, but every other position
+        of its output is then wrong (it gets the last position's updates) and must not be read. Register it
+        after any edit of that block's heads (pre-hooks run in the order they were added)."""
+        block = stack.blocks[-1]
+
+        def last(module, args):
+            return (args[0][:, -1:], *args[1:])  # (B, 1, width): broadcast back over the positions by the residual add
+
+        self.before(block.attn.out, last)
+        self.before(block.mlp, last)
 
 
 def _split(y: torch.Tensor, heads: int) -> torch.Tensor:

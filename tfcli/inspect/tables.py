@@ -3,7 +3,7 @@ positions (or heads) across, each cell coloured by its value. Token text goes th
 (already escaped by `tokenizer.show.visible`), so markup or control characters in a token print as
 themselves. A text wider than the screen is windowed; the output says which positions are shown.
 
-The PNG and HTML forms of the same three views are here too (a little over 400 lines in all): each view's
+The PNG and HTML forms of the same three views are here too (about 460 lines in all): each view's
 terminal, PNG and HTML renderings read the same fields and labels, and a change to one is seen beside the
 others."""
 
@@ -168,31 +168,48 @@ def ablation_view(ablation, *, top: int = 10) -> list[RenderableType]:
     return out
 
 
+def _patching_titles(patching) -> tuple[str, str]:
+    """The residual-stream map's and the heads' titles, which say how the numbers were found."""
+    if patching.method == "attribution":
+        marked = ", * exact (--verify)" if patching.verified or patching.head_verified else ""
+        how = f"estimated by attribution patching (first order){marked}"
+        return (
+            f"fraction restored, {how}: the clean residual stream before each block, one position at a time",
+            f"fraction restored, {how}: one head's clean output",
+        )
+    return (
+        "fraction restored by patching in the clean residual stream (before each block), one position at a time",
+        "fraction restored by patching in one head's clean output (every position)",
+    )
+
+
+def _restored_text(value: float, exact: bool) -> str:
+    return f"{round(value, 2) + 0.0:.2f}" + ("*" if exact else "")  # + 0.0: no "-0.00"
+
+
 def patching_view(patching, *, width: int = 80, start: int = 0) -> list[RenderableType]:
     restored = patching.restored
     L, T = restored.shape
     first, last = window(T, start, width, 11)
     columns = list(range(first, last))
+    checked = {(l, p) for l, p, _, _ in patching.verified}
+    checked_heads = {(l, h) for l, h, _, _ in patching.head_verified}
+    title, head_title = _patching_titles(patching)
 
     def label(c: int) -> str:
         a, b = _short(patching.clean_tokens[c].text), _short(patching.corrupt_tokens[c].text)
         return a if a == b else f"{a}/{b}"
 
     def cell(r: int, c: int) -> Text:
-        value = round(float(restored[r, columns[c]]), 2) + 0.0  # no "-0.00"
-        return Text(f"{value:.2f}"[:CELL].rjust(CELL), style=_on(_signed(value, 1.0), False))
+        value = float(restored[r, columns[c]])
+        return Text(_restored_text(value, (r, columns[c]) in checked)[:CELL].rjust(CELL), style=_on(_signed(value, 1.0), False))
 
     out: list[RenderableType] = [
         Text(
             f"logit difference '{patching.answer[1]}' - '{patching.wrong[1]}' at the last position: "
             f"clean {patching.clean_diff:+.3f}, corrupted {patching.corrupt_diff:+.3f}"
         ),
-        _grid(
-            "fraction restored by patching in the clean residual stream (before each block), one position at a time",
-            [f"block {l}" for l in range(L)],
-            [label(c) for c in columns],
-            cell,
-        ),
+        _grid(title, [f"block {l}" for l in range(L)], [label(c) for c in columns], cell),
     ]
     note = _window_note(first, last, T)
     if note:
@@ -201,17 +218,10 @@ def patching_view(patching, *, width: int = 80, start: int = 0) -> list[Renderab
         heads = patching.head_restored
 
         def head_cell(r: int, c: int) -> Text:
-            value = round(float(heads[r, c]), 2) + 0.0
-            return Text(f"{value:.2f}"[:CELL].rjust(CELL), style=_on(_signed(value, 1.0), False))
+            value = float(heads[r, c])
+            return Text(_restored_text(value, (r, c) in checked_heads)[:CELL].rjust(CELL), style=_on(_signed(value, 1.0), False))
 
-        out.append(
-            _grid(
-                "fraction restored by patching in one head's clean output (every position)",
-                [f"layer {l}" for l in range(heads.shape[0])],
-                [f"head {h}" for h in range(heads.shape[1])],
-                head_cell,
-            )
-        )
+        out.append(_grid(head_title, [f"layer {l}" for l in range(heads.shape[0])], [f"head {h}" for h in range(heads.shape[1])], head_cell))
     out.append(Text("1.00: the clean answer comes back entirely; 0.00: no change; tokens shown clean/corrupted where they differ", style="dim"))
     return out
 
@@ -256,11 +266,15 @@ def patching_png(patching) -> bytes:
     from tfcli.inspect import png
 
     columns = [a if a == b else f"{a}/{b}" for a, b in ((_short(x.text), _short(y.text)) for x, y in zip(patching.clean_tokens, patching.corrupt_tokens))]
+    how = "patching the residual stream" if patching.method == "exact" else "the residual stream, estimated by attribution patching"
+    checked = {(l, p) for l, p, _, _ in patching.verified}
+    texts = [[_restored_text(float(v), (l, p) in checked) for p, v in enumerate(row)] for l, row in enumerate(patching.restored)]
     return png.value_grid_png(
-        f"fraction of the logit difference '{patching.answer[1]}' - '{patching.wrong[1]}' restored by patching the residual stream",
+        f"fraction of the logit difference '{patching.answer[1]}' - '{patching.wrong[1]}' restored by {how}" + (" (* exact)" if checked else ""),
         patching.restored.astype(np.float32),
         [f"block {l}" for l in range(patching.restored.shape[0])],
         columns,
+        texts=texts,
         diverging=True,
         colour_label="fraction restored",
         xlabel="position (clean/corrupted)",
@@ -414,31 +428,36 @@ def ablation_html(ablation) -> str:
 
 def patching_html(patching) -> str:
     columns = [a.text if a.text == b.text else f"{a.text}/{b.text}" for a, b in zip(patching.clean_tokens, patching.corrupt_tokens)]
-    cells = [[(f"{round(float(v), 2) + 0.0:.2f}", *_signed_light(float(v), 1.0), "") for v in row] for row in patching.restored]
-    tables = [
-        html_table(
-            "fraction restored by patching the clean residual stream (before each block)",
-            [f"block {l}" for l in range(patching.restored.shape[0])],
-            columns,
-            cells,
-        )
-    ]
+    title, head_title = _patching_titles(patching)
+
+    def cells(values, verified) -> list:
+        checked = {(r, c): estimate for r, c, estimate, _ in verified}
+        tip = "" if patching.method == "exact" else "attribution estimate"
+        return [
+            [
+                (
+                    _restored_text(float(v), (r, c) in checked),
+                    *_signed_light(float(v), 1.0),
+                    f"exact; estimated {checked[r, c]:.2f}" if (r, c) in checked else tip,
+                )
+                for c, v in enumerate(row)
+            ]
+            for r, row in enumerate(values)
+        ]
+
+    tables = [html_table(title, [f"block {l}" for l in range(patching.restored.shape[0])], columns, cells(patching.restored, patching.verified))]
     if patching.head_restored is not None:
         heads = patching.head_restored
-        tables.append(
-            html_table(
-                "fraction restored by patching one head's clean output",
-                [f"layer {l}" for l in range(heads.shape[0])],
-                [f"head {h}" for h in range(heads.shape[1])],
-                [[(f"{round(float(v), 2) + 0.0:.2f}", *_signed_light(float(v), 1.0), "") for v in row] for row in heads],
-            )
-        )
+        rows = [f"layer {l}" for l in range(heads.shape[0])]
+        tables.append(html_table(head_title, rows, [f"head {h}" for h in range(heads.shape[1])], cells(heads, patching.head_verified)))
+    method = "exact activation patching" if patching.method == "exact" else "attribution patching (first-order estimates)"
     return html_page(
         f"activation patching · {patching.run}",
         [
             f"clean: {patching.clean}",
             f"corrupted: {patching.corrupt}",
             f"logit difference {patching.answer[1]!r} - {patching.wrong[1]!r}: clean {patching.clean_diff:+.3f}, corrupted {patching.corrupt_diff:+.3f}",
+            f"method: {method}",
         ],
         tables,
     )
