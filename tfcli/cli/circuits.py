@@ -282,7 +282,7 @@ def inspect_patch(
 
     \b
     Example: tfcli inspect-patch runs/gpt2 --clean "When Mary and John went to the store, John gave a drink to" --corrupt "When Mary and John went to the store, Mary gave a drink to" --answer " Mary" --wrong " John"
-    Example: tfcli inspect-patch runs/gpt2 --clean ... --corrupt ... --answer " Mary" --method attribution --verify 20
+    The whole map in a second: the same command line with --method attribution --verify 20.
     """
     import time
 
