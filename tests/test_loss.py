@@ -53,9 +53,9 @@ def test_fused_loss_equals_cross_entropy_of_the_logits(rows, vocab, width, bias,
 
 
 def test_block_layout():
-    assert _block_rows(4096, 8192) == 4096  # one block within the 2**26-logit budget
-    assert _block_rows(1024, 50257) == 1024
-    assert _block_rows(4096, 50257) == 1024  # 1,335 rows fit: four equal blocks
+    assert _block_rows(2048, 8192) == 2048  # one block within the 2**24-logit budget
+    assert _block_rows(4096, 8192) == 2048
+    assert _block_rows(1024, 50257) == 256  # 333 rows fit: four equal blocks
     assert _block_rows(10, 2**30) == 10  # at least 64 rows per block, however large the vocabulary
 
 
