@@ -401,6 +401,8 @@ def test_lora_on_a_template_that_adds_tokens_trains_the_grown_embedding_whole(cl
     ):
         result = cli(*args)
         assert result.code == 0, (args, result.stderr)
+    info = json.loads(cli("info", run, "--json").stdout)["adapter"]
+    assert info["modules_to_save"] == ["tok_emb", "lm_head"] and info["parameters"] > 2 * vocab * 32  # the two matrices count
 
     merged = tmp_path / "merged"
     assert cli("export", run, "--merge", "-o", merged).code == 0
