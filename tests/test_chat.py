@@ -450,3 +450,7 @@ def test_peft_loads_an_exported_lora_chat_run_whose_vocabulary_grew(cli, trained
         assert (hf_base(input_ids=ids).logits - ours).abs().max().item() > 1e-3  # base/ is the parent, grown: the adapter matters
         theirs = peft.PeftModel.from_pretrained(hf_base, str(tmp_path / "hf" / "adapter")).eval()(input_ids=ids).logits
     assert (theirs - ours).abs().max().item() < 1e-4
+    assert cli("export", run, "--merge", "--to", "hf", "-o", tmp_path / "merged").code == 0  # one folder, the vocabulary grown
+    with torch.no_grad():
+        merged = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()(input_ids=ids).logits
+    assert (merged - ours).abs().max().item() < 1e-4
