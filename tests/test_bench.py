@@ -95,8 +95,9 @@ def test_bench_lora_measures_full_and_lora_fine_tuning(cli, tmp_path):
     data = json.loads(result.stdout)
     full, lora = data["full"], data["lora"]
     assert full["parameters"] == full["trainable"] and 0 < lora["trainable"] < lora["parameters"] // 10
-    assert all(m["seconds_per_step"] > 0 and m["peak_rss_mb"] > 0 for m in (full, lora))
+    assert all(m["seconds_per_step"] > 0 and m["cpu_seconds_per_step"] > 0 and m["peak_rss_mb"] > 0 for m in (full, lora))
     assert data["rss_ratio"] == round(lora["peak_rss_mb"] / full["peak_rss_mb"], 4) and data["step_time_ratio"] > 0
+    assert data["cpu_time_ratio"] == round(lora["cpu_seconds_per_step"] / full["cpu_seconds_per_step"], 4)
     assert list(tmp_path.iterdir()) == []  # the parent run and the shards are gone
 
 

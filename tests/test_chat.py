@@ -135,7 +135,8 @@ def test_a_chat_run_keeps_its_template_and_transformers_gives_the_same_ids(chat_
     assert tensors["tok_emb.weight"].shape[0] == tensors["lm_head.weight"].shape[0] == parent_vocab + 2
 
 
-def test_masked_positions_get_exactly_zero_gradient(trained_tokenizer, tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora-grown-vocabulary"])
+def test_masked_positions_get_exactly_zero_gradient(trained_tokenizer, tmp_path, lora):
     import torch
     import torch.nn.functional as F
 
@@ -153,7 +154,16 @@ def test_masked_positions_get_exactly_zero_gradient(trained_tokenizer, tmp_path)
     ids, labels = batch.tensors["ids"], batch.tensors["labels"]
     assert batch.count == int((labels != IGNORE).sum()) == sum(sum(e.trained[1:]) for e in encoded)
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=template.tokenizer.vocab_size, block_size=160, n_layers=1, n_heads=2, d_model=32, d_ff=64))
+    config = ModelConfig(vocab_size=template.tokenizer.vocab_size, block_size=160, n_layers=1, n_heads=2, d_model=32, d_ff=64)
+    model = Transformer(config)
+    if lora:  # frozen but for the adapters and the embedding (the tied output layer), trained whole
+        from tfcli.adapters import AdapterRecord
+        from tfcli.adapters.lora import apply_lora, check_rank
+        from tfcli.adapters.vocabulary import vocabulary_modules
+
+        fields = dict(parent="p", parent_path="/p", parent_weights_bytes=0, parent_weights_sha256="")
+        record = AdapterRecord(rank=2, alpha=4.0, targets=["qkv"], modules=check_rank(config, 2, ["qkv"]), modules_to_save=vocabulary_modules(config), **fields)
+        apply_lora(model, record)
     logits = model(ids).logits
     logits.retain_grad()
     loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE, reduction="sum")
@@ -162,6 +172,9 @@ def test_masked_positions_get_exactly_zero_gradient(trained_tokenizer, tmp_path)
     masked = labels == IGNORE
     assert masked.any() and (~masked).any()
     assert bool((logits.grad[masked] == 0).all()) and bool((logits.grad[~masked].abs().sum(-1) > 0).all())
+    if lora:
+        trained = {name for name, p in model.named_parameters() if p.grad is not None}
+        assert "tok_emb.weight" in trained and all(name == "tok_emb.weight" or ".lora_" in name for name in trained)
 
 
 def test_the_context_rule_drops_whole_exchanges_and_counts_what_does_not_fit(trained_tokenizer, tmp_path):
@@ -256,8 +269,9 @@ def test_a_parents_template_is_kept_and_adds_no_tokens(cli, parent, chats, tmp_p
     assert (tmp_path / "run" / "tokenizer.json").read_bytes() == (parent / "tokenizer.json").read_bytes()
 
 
-def test_a_chat_run_killed_between_checkpoints_resumes_bit_for_bit(cli, parent, chats, tmp_path):
-    args = ["--max-steps", "10", "--save-every", "4", "--eval-every", "4", "--log-every", "1"]
+@pytest.mark.parametrize("lora", [(), ("--lora-rank", "2", "--lora-dropout", "0.1")], ids=["full", "lora-grown-vocabulary"])
+def test_a_chat_run_killed_between_checkpoints_resumes_bit_for_bit(cli, parent, chats, tmp_path, lora):
+    args = ["--max-steps", "10", "--save-every", "4", "--eval-every", "4", "--log-every", "1", *lora]
     whole = tmp_path / "whole"
     assert cli(*finetune_args(parent, chats, whole, *args)).code == 0
     broken = tmp_path / "broken"
@@ -269,8 +283,15 @@ def test_a_chat_run_killed_between_checkpoints_resumes_bit_for_bit(cli, parent, 
     assert saved % 4 == 0 and saved < 10 and reached < 10
     result = cli(*finetune_args(parent, chats, broken, *args, "--resume"))
     assert result.code == 0, result.stderr
-    a, b = weights(whole), weights(broken)
+    a, b = (_adapter(whole), _adapter(broken)) if lora else (weights(whole), weights(broken))
+    assert "base_model.model.tok_emb.weight" in a or not lora
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+
+def _adapter(run: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(run / "adapter_model.safetensors"))
 
 
 BAD_RECORDS = [
@@ -332,16 +353,90 @@ def test_a_template_must_render_messages_in_turn(trained_tokenizer, tmp_path):
         template.encode(MULTI_TURN)
 
 
-def test_lora_on_a_chat_run_trains_adapters_and_lora_that_would_add_tokens_is_one_line(cli, parent, chat_run, chats, tmp_path):
-    """A chat run already holds its template's tokens: LoRA fine-tunes it further and keeps only the adapter.
-    On a parent that lacks them, the embedding would have to grow under a frozen model: refused, nothing written."""
-    adapted = tmp_path / "adapted"
-    result = cli(*finetune_args(chat_run, chats, adapted, "--max-steps", "2", "--lora-rank", "2"))
-    assert result.code == 0, result.stderr
-    assert (adapted / "adapter_model.safetensors").is_file() and not (adapted / "model.safetensors").exists()
+def test_lora_on_a_template_that_adds_tokens_trains_the_grown_embedding_whole(cli, parent, chat_run, chats, tmp_path):
+    """The template's tokens grow the embedding and the untied output layer, which train whole beside the
+    adapters (PEFT's modules_to_save): the run keeps them and the adapters, loads onto its parent everywhere,
+    and merges into a full run with the grown vocabulary. On a chat run that holds the tokens, the adapters alone train."""
+    import torch
+    from safetensors.torch import load_file
 
-    refused = tmp_path / "refused"
-    result = cli(*finetune_args(parent, chats, refused, "--max-steps", "2", "--lora-rank", "2"))
-    assert result.code == 2
-    assert "chat template adds tokens" in result.stderr and "Traceback" not in result.stderr
-    assert not (refused / "model.safetensors").exists() and not (refused / "adapter_model.safetensors").exists()
+    from tfcli.checkpoint import load_checkpoint
+
+    adapted = tmp_path / "adapted"
+    assert cli(*finetune_args(chat_run, chats, adapted, "--max-steps", "2", "--lora-rank", "2")).code == 0
+    assert json.loads((adapted / "config.json").read_text())["adapter"]["modules_to_save"] == []
+
+    run = tmp_path / "grown"
+    result = cli(*finetune_args(parent, chats, run, "--max-steps", "4", "--lora-rank", "2"))
+    assert result.code == 0, result.stderr
+    assert "the embedding grows" in result.stderr and not (run / "model.safetensors").exists()
+    assert json.loads((run / "config.json").read_text())["adapter"]["modules_to_save"] == ["tok_emb", "lm_head"]
+    assert json.loads((run / "adapter_config.json").read_text())["modules_to_save"] == ["tok_emb", "lm_head"]
+    vocab, parent_vocab = TextTokenizer.load(run).vocab_size, TextTokenizer.load(parent).vocab_size
+    saved = load_file(str(run / "adapter_model.safetensors"))
+    assert saved["base_model.model.tok_emb.weight"].shape == saved["base_model.model.lm_head.weight"].shape == (vocab, 32)
+    assert vocab == parent_vocab + 2
+
+    before, loaded = load_checkpoint(parent).model, load_checkpoint(run).model
+    assert loaded.config.vocab_size == vocab and torch.equal(loaded.tok_emb.weight, saved["base_model.model.tok_emb.weight"])
+    assert not torch.equal(loaded.tok_emb.weight[:parent_vocab], before.tok_emb.weight)  # the old rows trained too
+    for args in (
+        ["generate", run, "--chat", "--prompt", "What about the dog?", "-n", "4"],
+        ["eval", run, "--data", chats],
+        ["inspect-attention", run, "--text", "What about the dog?", "--head", "0"],
+    ):
+        result = cli(*args)
+        assert result.code == 0, (args, result.stderr)
+    info = json.loads(cli("info", run, "--json").stdout)["adapter"]
+    assert info["modules_to_save"] == ["tok_emb", "lm_head"] and info["parameters"] > 2 * vocab * 32  # the two matrices count
+
+    merged = tmp_path / "merged"
+    assert cli("export", run, "--merge", "-o", merged).code == 0
+    assert weights(merged)["tok_emb.weight"].shape[0] == vocab and TextTokenizer.load(merged).vocab_size == vocab
+    ids = torch.randint(0, vocab, (2, 12))
+    with torch.no_grad():
+        assert (load_checkpoint(merged).model(ids).logits - loaded(ids).logits).abs().max().item() < 1e-5
+
+
+HF_SHAPES = {
+    "gpt2": dict(activation="gelu_tanh"),
+    "llama": dict(positions="rotary", norm="rmsnorm", activation="swiglu", n_kv_heads=1, bias=False, tie_embeddings=False),
+}
+
+
+@pytest.mark.parametrize("family", list(HF_SHAPES))
+def test_peft_loads_an_exported_lora_chat_run_whose_vocabulary_grew(cli, trained_tokenizer, chats, tmp_path, family):
+    """PEFT's layout for a resized embedding: the trained matrices in the adapter (a tied one also under
+    lm_head, with ensure_weight_tying), base/ already grown, so PeftModel.from_pretrained loads it as it is."""
+    import torch
+
+    from tfcli.checkpoint import load_checkpoint, save_checkpoint
+    from tfcli.model.config import ModelConfig
+    from tfcli.model.transformer import Transformer
+
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    tokenizer = TextTokenizer.load(trained_tokenizer)
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, block_size=96, n_layers=1, n_heads=2, d_model=32, d_ff=64, **HF_SHAPES[family])
+    save_checkpoint(tmp_path / "parent", Transformer(config), tokenizer)
+    run = tmp_path / "run"
+    result = cli(*finetune_args(tmp_path / "parent", chats, run, "--max-steps", "3", "--lora-rank", "2"))
+    assert result.code == 0, result.stderr
+    assert cli("export", run, "--to", "hf", "-o", tmp_path / "hf").code == 0
+    adapter_config = json.loads((tmp_path / "hf" / "adapter" / "adapter_config.json").read_text())
+    if family == "gpt2":
+        assert adapter_config["modules_to_save"] == ["transformer.wte"] and adapter_config["ensure_weight_tying"] is True
+    else:
+        assert adapter_config["modules_to_save"] == ["model.embed_tokens", "lm_head"] and "ensure_weight_tying" not in adapter_config
+    hf_base = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf" / "base")).eval()
+    ids = torch.randint(0, tokenizer.vocab_size + 2, (2, 12))
+    with torch.no_grad():
+        ours = load_checkpoint(run).model(ids).logits
+        assert (hf_base(input_ids=ids).logits - ours).abs().max().item() > 1e-3  # base/ is the parent, grown: the adapter matters
+        theirs = peft.PeftModel.from_pretrained(hf_base, str(tmp_path / "hf" / "adapter")).eval()(input_ids=ids).logits
+    assert (theirs - ours).abs().max().item() < 1e-4
+    assert cli("export", run, "--merge", "--to", "hf", "-o", tmp_path / "merged").code == 0  # one folder, the vocabulary grown
+    with torch.no_grad():
+        merged = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()(input_ids=ids).logits
+    assert (merged - ours).abs().max().item() < 1e-4

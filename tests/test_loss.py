@@ -30,7 +30,7 @@ def _reference(hidden, weight, bias, targets, smoothing):
 )
 def test_fused_loss_equals_cross_entropy_of_the_logits(rows, vocab, width, bias, smoothing, ignored, block, monkeypatch):
     if block:
-        monkeypatch.setattr("tfcli.accel.fused_loss._block_rows", lambda n, v: block)
+        monkeypatch.setattr("tfcli.accel.fused_loss._block_rows", lambda n, v, weight_grad=True: block)
     torch.manual_seed(0)
     hidden = torch.randn(rows, width, requires_grad=True)
     weight = (torch.randn(vocab, width) * 0.3).requires_grad_()
@@ -56,7 +56,30 @@ def test_block_layout():
     assert _block_rows(4096, 8192) == 4096  # one block within the 2**26-logit budget
     assert _block_rows(1024, 50257) == 1024
     assert _block_rows(4096, 50257) == 1024  # 1,335 rows fit: four equal blocks
+    assert _block_rows(1024, 50257, weight_grad=False) == 256  # a frozen weight: 2**24 logits, 333 rows fit
     assert _block_rows(10, 2**30) == 10  # at least 64 rows per block, however large the vocabulary
+
+
+def test_a_frozen_weight_takes_smaller_blocks_with_the_same_loss_and_gradient(monkeypatch):
+    from tfcli.accel import fused_loss
+
+    monkeypatch.setattr(fused_loss, "FROZEN_BLOCK_LOGITS", 100 * 1000)  # 100 rows of 1,000 logits
+    rows = []
+    product = fused_loss.forward_product
+    monkeypatch.setattr(fused_loss, "forward_product", lambda h, w, b=None: rows.append(h.shape[0]) or product(h, w, b))
+    torch.manual_seed(0)
+    hidden, weight, targets = torch.randn(300, 16, requires_grad=True), torch.randn(1000, 16) * 0.3, torch.randint(0, 1000, (300,))
+    loss = linear_cross_entropy(hidden, weight, None, targets)
+    loss.backward()
+    assert rows == [100, 100, 100]
+    exact = hidden.detach().double().requires_grad_()
+    expected = _reference(exact, weight.double(), None, targets, 0.0)
+    expected.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert torch.allclose(hidden.grad, exact.grad.float(), atol=2e-5, rtol=1e-4)
+    rows.clear()
+    linear_cross_entropy(hidden, weight.requires_grad_(), None, targets)
+    assert rows == [300]  # a weight that trains: one block, within 2**26 logits
 
 
 def test_frozen_weight_gets_no_gradient_and_extreme_logits_stay_finite():

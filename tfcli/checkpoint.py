@@ -137,7 +137,10 @@ def save_checkpoint(
             from tfcli.adapters import peft_config
 
             adapter_tmp = temp_path_beside(run_dir / ADAPTER_CONFIG_FILE)
-            text = json.dumps(peft_config(adapter, adapter.modules, adapter.modules_to_save, adapter.parent_path), indent=2, allow_nan=False)
+            tied = model.config.tie_embeddings and "tok_emb" in adapter.modules_to_save
+            text = json.dumps(
+                peft_config(adapter, adapter.modules, adapter.modules_to_save, adapter.parent_path, ensure_weight_tying=tied), indent=2, allow_nan=False
+            )
             adapter_tmp.write_text(text + "\n", encoding="utf-8")
             fsync_file(adapter_tmp)
             staged.append((adapter_tmp, run_dir / ADAPTER_CONFIG_FILE))
@@ -322,6 +325,8 @@ def _load_adapter_run(run_dir: Path, config: RunConfig, merge: bool, depth: int)
     adapter = read_tensors(run_dir / ADAPTER_WEIGHTS_FILE, expected_adapter_shapes(config.model, record))
     with torch.device("meta"):
         expected = {name: tuple(t.shape) for name, t in Transformer(config.model).state_dict().items()}
+    if config.model.tie_embeddings:
+        expected.pop(TIED_KEY, None)  # the embedding's matrix, which may be the adapter's own (a grown vocabulary)
     state = parent.state_dict()
     own = saved_module_keys(record, expected)  # the adapter's whole modules (a new head): the parent need not have them
     for name, shape in expected.items():

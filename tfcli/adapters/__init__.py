@@ -100,10 +100,17 @@ def check_parent_weights(parent_dir: Path, weights: Path, record: AdapterRecord)
 
 
 def peft_config(
-    record: AdapterRecord, target_modules: list[str], modules_to_save: list[str], base_model: str | None, fan_in_fan_out: bool = False
+    record: AdapterRecord,
+    target_modules: list[str],
+    modules_to_save: list[str],
+    base_model: str | None,
+    fan_in_fan_out: bool = False,
+    ensure_weight_tying: bool = False,
 ) -> dict[str, Any]:
-    """adapter_config.json as PEFT writes it for a LoRA adapter (PEFT fills in the keys left out)."""
-    return {
+    """adapter_config.json as PEFT writes it for a LoRA adapter (PEFT fills in the keys left out);
+    ensure_weight_tying (a newer PEFT key) where a tied embedding trains whole, so that the output layer
+    stays that matrix; left out otherwise, for older PEFT."""
+    config = {
         "peft_type": "LORA",
         "task_type": None,
         "base_model_name_or_path": base_model,
@@ -119,3 +126,6 @@ def peft_config(
         "init_lora_weights": True,
         "inference_mode": True,
     }
+    if ensure_weight_tying:
+        config["ensure_weight_tying"] = True
+    return config

@@ -1,7 +1,7 @@
 """`tfcli bench lora`: what LoRA saves. The same fine-tune of a parent run (a random model of the preset's
 shape, on random token shards) through tfcli's real path (`finetune_job`, the training loop), once training
-every weight and once with LoRA adapters, each in its own process: peak RSS and seconds per step, and their
-ratios (targets: RSS <= 0.6x, step time <= 0.8x at gpt2-small).
+every weight and once with LoRA adapters, each in its own process: peak RSS and seconds per step (wall and
+CPU), and their ratios (targets: RSS <= 0.6x, step time <= 0.8x at gpt2-small).
 
 An untimed run of each kind first lets tfcli.accel measure its choices for these shapes (kept in its
 decisions file), so the measured runs time and weigh what every later run does."""
@@ -27,6 +27,7 @@ class LoraMeasurement:
     peak_rss_mb: float
     parameters: int
     trainable: int
+    cpu_seconds_per_step: float = 0.0  # the process's CPU time (all its threads): steadier than wall time on a busy machine
 
 
 @dataclasses.dataclass
@@ -46,6 +47,10 @@ class LoraBench:
     @property
     def time_ratio(self) -> float:
         return self.lora.seconds_per_step / self.full.seconds_per_step
+
+    @property
+    def cpu_time_ratio(self) -> float:
+        return self.lora.cpu_seconds_per_step / self.full.cpu_seconds_per_step
 
 
 def _make_parent(folder: Path, preset_name: str, block: int) -> None:
@@ -107,7 +112,7 @@ def _job(kind: str, folder: Path, batch: int, block: int, steps: int, rank: int,
         resume=False,
     )
     events = train(job)
-    started_at, parameters, trainable = 0.0, 0, 0
+    started_at, cpu_at, parameters, trainable = 0.0, 0.0, 0, 0
     try:
         for event in events:
             if isinstance(event, Started):
@@ -116,10 +121,10 @@ def _job(kind: str, folder: Path, batch: int, block: int, steps: int, rank: int,
                 if steps == 0:  # untimed: one step measures tfcli.accel's choices
                     return LoraMeasurement(kind, 0.0, peak_rss_mb(), parameters, trainable)
                 if event.step == WARMUP:
-                    started_at = time.perf_counter()
+                    started_at, cpu_at = time.perf_counter(), time.process_time()
                 elif event.step == WARMUP + steps:
-                    seconds = (time.perf_counter() - started_at) / steps
-                    return LoraMeasurement(kind, seconds, peak_rss_mb(), parameters, trainable)
+                    seconds, cpu = (time.perf_counter() - started_at) / steps, (time.process_time() - cpu_at) / steps
+                    return LoraMeasurement(kind, seconds, peak_rss_mb(), parameters, trainable, cpu)
     finally:
         events.close()
     raise RuntimeError("the training loop ended early")

@@ -1,6 +1,9 @@
 """Export a LoRA run for PEFT: OUT/base, the parent's model as a transformers folder (with the run's new
 head, if it trained one), and OUT/adapter, the adapter in PEFT's layout under the class's module names, so
 that `PeftModel.from_pretrained(AutoModel...from_pretrained(OUT/base), OUT/adapter)` computes what tfcli does.
+A run that grew the vocabulary (a chat template's tokens) trained the embedding whole: the adapter holds it as
+PEFT's modules_to_save, and OUT/base is the parent with the vocabulary already grown, so PEFT needs no
+`resize_token_embeddings` first.
 
 The names come from each family's tensor map. Where tfcli fuses layers the class keeps apart (Llama's and
 BERT's q, k and v; Llama's gate and up), one LoRA on the fused layer is the same function as one per part
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfcli.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, PEFT_PREFIX, peft_config
 from tfcli.checkpoint import load_checkpoint, read_run_config
@@ -20,15 +23,17 @@ from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_text, prepare_output_dir, set_default_mode
 from tfcli.hf.convert import FAMILIES, export_class, write_hf_folder
 
+if TYPE_CHECKING:
+    import torch
+
 BASE_DIR, ADAPTER_DIR = "base", "adapter"
+TIED_OUTPUT = "lm_head.weight"  # the output layer of GPT2LMHeadModel and LlamaForCausalLM
 
 
 def export_lora_hf(run_dir: Path, out_dir: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """Write OUT/base (a transformers folder) and OUT/adapter (adapter_config.json, adapter_model.safetensors);
     returns the class, its config and the adapter's config."""
     from safetensors.torch import save_file
-
-    from tfcli.adapters.lora import base_state
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if read_run_config(run_dir).adapter is None:
@@ -68,10 +73,36 @@ def export_lora_hf(run_dir: Path, out_dir: Path) -> tuple[str, dict[str, Any], d
                 )
             tensors[PEFT_PREFIX + mapping.theirs[0]] = (tensor.t() if mapping.transposed else tensor).detach().clone().contiguous()
             saved.append(mapping.theirs[0].rpartition(".")[0])
-    hf_class, hf_config = write_hf_folder(checkpoint, base_state(model), out_dir / BASE_DIR)
+    tied = config.tie_embeddings and "tok_emb" in record.modules_to_save
+    if tied:  # PEFT keeps the tied output layer's copy too (ensure_weight_tying): the same matrix
+        tensors[PEFT_PREFIX + TIED_OUTPUT] = model.tok_emb.weight.detach().clone().contiguous()
+    hf_class, hf_config = write_hf_folder(checkpoint, _base_weights(run_dir, checkpoint), out_dir / BASE_DIR)
     adapter_dir = prepare_output_dir(out_dir / ADAPTER_DIR, "export")
-    adapter_config = peft_config(record, targets, list(dict.fromkeys(saved)), str((out_dir / BASE_DIR).resolve()), fan_in_fan_out=conv1d == {True})
+    adapter_config = peft_config(
+        record, targets, list(dict.fromkeys(saved)), str((out_dir / BASE_DIR).resolve()), fan_in_fan_out=conv1d == {True}, ensure_weight_tying=tied
+    )
     save_file(tensors, str(adapter_dir / ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
     set_default_mode(adapter_dir / ADAPTER_WEIGHTS_FILE)
     atomic_write_text(adapter_dir / ADAPTER_CONFIG_FILE, json.dumps(adapter_config, indent=2) + "\n")
     return hf_class, hf_config, adapter_config
+
+
+def _base_weights(run_dir: Path, checkpoint) -> dict[str, torch.Tensor]:
+    """base/'s weights (tfcli names): the frozen base with the run's new head, and where the run grew the
+    vocabulary, the parent's embedding (and output layer) grown as training began, new rows at the mean: the
+    trained ones are the adapter's."""
+    from tfcli.adapters import find_parent
+    from tfcli.adapters.lora import base_state
+    from tfcli.adapters.vocabulary import VOCABULARY_TENSORS, grow_vocabulary, vocabulary_modules
+    from tfcli.checkpoint import TIED_KEY
+
+    record, config = checkpoint.config.adapter, checkpoint.config.model
+    state = base_state(checkpoint.model)
+    if not set(vocabulary_modules(config)) & set(record.modules_to_save):
+        return state
+    parent = load_checkpoint(find_parent(run_dir, record)).model.state_dict()
+    names = [n for n in VOCABULARY_TENSORS if n in parent and not (n == TIED_KEY and config.tie_embeddings)]
+    state.update(grow_vocabulary({n: parent[n] for n in names}, config.vocab_size))
+    if config.tie_embeddings:
+        state[TIED_KEY] = state["tok_emb.weight"]
+    return state

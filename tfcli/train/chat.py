@@ -1,9 +1,10 @@
 """`tfcli train finetune --task chat | instruct`: the chat template and tokenizer a run gets, its data, its
-batches, and the parent's embedding grown by the tokens the template adds.
+and batches.
 
 The template is --chat-template FILE, else the parent's (its tokenizer_config.json), else tfcli's default
 (ChatML); ChatML's two markers are added to a tokenizer that lacks them where the template writes them: the embedding (and an untied output
-layer) grows by as many rows, started at the mean of the existing rows. Conversations are padded on the
+layer) grows by as many rows, started at the mean of the existing rows
+(`tfcli.adapters.vocabulary`; with --lora-rank they train whole beside the adapters). Conversations are padded on the
 right to the longest in the batch (a decoder's causal mask keeps real tokens from seeing the padding, whose
 targets carry no loss); they are not packed.
 """
@@ -15,8 +16,6 @@ import json
 import tempfile
 from pathlib import Path
 
-import torch
-
 from tfcli.data.chat import encode_conversations, read_conversations, shifted_targets
 from tfcli.data.labeled import split_validation
 from tfcli.errors import TfcliError
@@ -24,8 +23,6 @@ from tfcli.fsutil import atomic_write_json, atomic_write_text
 from tfcli.tokenizer.chat_template import DEFAULT_TEMPLATE, ChatTemplate, chat_tokenizer_files, template_source
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
 from tfcli.train.data import IGNORE, Batch, LabeledSource, pad_rows
-
-VOCABULARY_TENSORS = ("tok_emb.weight", "lm_head.weight", "lm_head.bias")
 
 
 class ChatSource(LabeledSource):
@@ -50,18 +47,6 @@ def _template_text(template_file: Path | None, parent_config: dict) -> str:
         return Path(template_file).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise TfcliError(f"cannot read the chat template {template_file} ({exc})", hint="pass a UTF-8 Jinja file") from None
-
-
-def grow_vocabulary(weights: dict[str, torch.Tensor], vocab_size: int) -> dict[str, torch.Tensor]:
-    """The parent's weights with the vocabulary tensors grown to `vocab_size` rows, new rows at the mean of the old.
-    Example: tok_emb.weight (2048, d) -> (2050, d)."""
-    grown = dict(weights)
-    for name in VOCABULARY_TENSORS:
-        tensor = weights.get(name)
-        if tensor is not None and tensor.shape[0] < vocab_size:
-            extra = tensor.mean(dim=0, keepdim=True).expand(vocab_size - tensor.shape[0], *tensor.shape[1:])
-            grown[name] = torch.cat([tensor, extra])
-    return grown
 
 
 def prepare_chat(job, *, template_file: Path | None, resume: bool) -> None:

@@ -61,7 +61,7 @@ def initial_model(job: TrainingJob):
         if job.config.task == "classify":
             weights = {k: v for k, v in weights.items() if not k.startswith("classifier.")}
         if job.model_config.vocab_size > parent.config.vocab_size:  # a chat template's tokens were added
-            from tfcli.train.chat import grow_vocabulary
+            from tfcli.adapters.vocabulary import grow_vocabulary
 
             weights = grow_vocabulary(weights, job.model_config.vocab_size)
         missing, unexpected = model.load_state_dict(weights, strict=False)
@@ -84,7 +84,8 @@ def refuse_what_memory_cannot_hold(config) -> None:
 
 def _lora_model(job: TrainingJob):
     """The parent's weights, used as they are (the model is never held twice), a fresh head where the task
-    adds one, frozen, with LoRA adapters on the target layers; the fresh modules train whole."""
+    adds one, frozen, with LoRA adapters on the target layers; the fresh modules and a grown vocabulary's
+    train whole."""
     from tfcli.adapters import AdapterRecord, describe_parent
     from tfcli.adapters.lora import apply_lora, check_rank
     from tfcli.checkpoint import TIED_KEY, load_checkpoint, model_from_tensors, weights_path
@@ -92,11 +93,7 @@ def _lora_model(job: TrainingJob):
 
     cfg = job.config
     weights = load_checkpoint(job.init_from).model.state_dict()
-    if job.model_config.vocab_size > weights["tok_emb.weight"].shape[0]:
-        raise TfcliError(
-            "--lora-rank keeps the parent's embedding frozen, but the chat template adds tokens to its vocabulary",
-            hint="fine-tune the chat format once without --lora-rank (or pass a --chat-template that uses the parent's tokens), then add LoRA on that run",
-        )
+    weights, grown = _grown_for_lora(weights, job.model_config)
     if cfg.task == "classify":
         weights = {k: v for k, v in weights.items() if not k.startswith("classifier.")}
     with torch.device("meta"):
@@ -115,10 +112,24 @@ def _lora_model(job: TrainingJob):
         dropout=cfg.lora_dropout,
         targets=list(cfg.lora_groups),
         modules=check_rank(job.model_config, cfg.lora_rank, cfg.lora_groups),
-        modules_to_save=new_modules,
+        modules_to_save=new_modules + grown,
         **describe_parent(job.init_from, weights_path(job.init_from)),
     )
     return apply_lora(model, record)
+
+
+def _grown_for_lora(weights: dict, config) -> tuple[dict, list[str]]:
+    """The parent's weights with the vocabulary grown to the config's (a chat template added tokens), and the
+    modules that then train whole beside the adapters, as PEFT users train a resized embedding
+    (`modules_to_save`): the embedding, and an untied output layer. With the parent's vocabulary: the weights as they are, and no module."""
+    from tfcli.adapters.vocabulary import grow_vocabulary, vocabulary_modules
+    from tfcli.checkpoint import TIED_KEY
+
+    if config.vocab_size <= weights["tok_emb.weight"].shape[0]:
+        return weights, []
+    if config.tie_embeddings:
+        weights = {k: v for k, v in weights.items() if k != TIED_KEY}  # the embedding's own matrix, grown once
+    return grow_vocabulary(weights, config.vocab_size), vocabulary_modules(config)
 
 
 def check_token_ids(batch, task: str, vocab_size: int, data: Path) -> None:
