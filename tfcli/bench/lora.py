@@ -131,17 +131,27 @@ def _job(kind: str, folder: Path, batch: int, block: int, steps: int, rank: int,
 
 
 def run_lora_bench(
-    preset_name: str, rank: int, targets: str, batch: int, block: int, steps: int, repeat: int = 1, threads: int = 0, workdir: Path | None = None
+    preset_name: str,
+    rank: int,
+    targets: str,
+    batch: int,
+    block: int,
+    steps: int,
+    repeat: int = 1,
+    threads: int = 0,
+    workdir: Path | None = None,
+    first_run: bool = True,
 ) -> LoraBench:
     """Full fine-tuning and LoRA on the same parent and data, each in fresh processes; the fastest of
-    `repeat` interleaved rounds per kind, with the highest peak RSS any of its rounds reached."""
+    `repeat` interleaved rounds per kind, with the highest peak RSS any of its rounds reached. With
+    first_run, an untimed run of each kind first."""
     import shutil
 
     folder = Path(tempfile.mkdtemp(prefix="tfcli-bench-lora-", dir=workdir))
     try:
         run_worker("tfcli.bench.lora", ["parent", str(folder), preset_name, str(block)])
         common = [str(folder), str(batch), str(block)]
-        for kind in ("full", "lora"):  # untimed: tfcli.accel measures its choices for these shapes once
+        for kind in ("full", "lora") if first_run else ():  # untimed: tfcli.accel measures its choices for these shapes once
             run_worker("tfcli.bench.lora", [kind, *common, "0", str(rank), targets, str(threads)])
         best: dict[str, LoraMeasurement] = {}
         for _ in range(repeat):

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.bench_common import machine_line
+from tfcli.cli.bench_common import FirstRun, machine_line
 from tfcli.cli.common import JsonFlag, at_least, print_json, print_table, stderr_console, stdout_console
 
 
@@ -23,6 +23,7 @@ def lora(
     steps: Annotated[int, typer.Option(help="Timed steps per run, after 2 warm-up steps.")] = 3,
     repeat: Annotated[int, typer.Option(help="Interleaved rounds; the fastest of each kind is kept (and its highest peak RSS).")] = 1,
     threads: Annotated[int, typer.Option(help="Threads per run (0: PyTorch's default).")] = 0,
+    first_run: FirstRun = True,
     workdir: Annotated[Optional[Path], typer.Option("--workdir", help="Where the parent run and the shards are written [default: a temporary folder].")] = None,
     json_output: JsonFlag = False,
 ) -> None:
@@ -57,7 +58,7 @@ def lora(
 
         prepare_output_dir(workdir, "scratch", option="--workdir")
     with stderr_console().status(f"benchmarking full fine-tuning and LoRA rank {rank} of {preset} at batch {batch} x {block_size}"):
-        result = run_lora_bench(preset, rank, ",".join(groups), batch, block_size, steps, repeat=repeat, threads=threads, workdir=workdir)
+        result = run_lora_bench(preset, rank, ",".join(groups), batch, block_size, steps, repeat=repeat, threads=threads, workdir=workdir, first_run=first_run)
     machine = f"{machine_line()}, device cpu"
     if json_output:
         print_json(
