@@ -24,6 +24,27 @@ TINY_TEXT = (
 )
 
 
+# The longest files (subprocesses, torchrun ranks, the benches' workers) go first, so that the workers of
+# `-n auto --dist loadfile` end together instead of one of them finishing a long file alone.
+RUN_FIRST = (
+    "test_train_distributed.py",
+    "test_quickstart.py",
+    "test_bench.py",
+    "test_generate_bench.py",
+    "test_train_resume.py",
+    "test_lora.py",
+    "test_chat.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        name = item.path.name
+        return RUN_FIRST.index(name) if name in RUN_FIRST else len(RUN_FIRST)
+
+    items.sort(key=rank)  # stable: each file's tests keep their order
+
+
 @pytest.fixture(autouse=True, scope="session")
 def kernel_cache(tmp_path_factory):
     """Build the C kernel into the session's temporary folder, not the user's cache (commands run as
