@@ -438,8 +438,14 @@ def test_a_real_signal_at_a_random_moment_of_an_encode(trained_tokenizer, tmp_pa
     process.send_signal(signum)
     _, err = process.communicate(timeout=120)
     print(f"{signal.Signals(signum).name} {delay:.2f} s after {'the corpus was opened' if started else 'a wait'}: exit {process.returncode}")
-    assert process.returncode in (0, 128 + signum) and "Traceback" not in err, err
-    assert shard_state(tmp_path / "out") in (old, new)
+    assert "Traceback" not in err, err
+    if process.returncode == -signum:
+        # The signal came after the command had finished, while Python was shutting down and had put the
+        # default handlers back: the shell reports the same 128 + signum, and the new shards must be whole.
+        assert shard_state(tmp_path / "out") == new
+    else:
+        assert process.returncode in (0, 128 + signum), err
+        assert shard_state(tmp_path / "out") in (old, new)
     no_temp_files(tmp_path / "out")
 
 
