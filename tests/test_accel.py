@@ -180,6 +180,19 @@ def test_a_decision_is_measured_once_and_kept_in_the_machines_file(fresh_choices
     assert products.choose("forward", 400, 512, 256) == choice
 
 
+def test_the_peak_matmul_rate_is_timed_once_and_kept_in_the_machines_file(fresh_choices, monkeypatch):
+    from tfcli.train.flops import peak_matmul_flops
+
+    peak = peak_matmul_flops(torch.device("cpu"), torch.float32)
+    (key,) = [k for k in choices.choices().decisions if k.startswith("peak matmul")]
+    assert key == f"peak matmul cpu float32 t{torch.get_num_threads()} 1024x1024x1024"
+    seconds = json.loads(choices.choices().path.read_text())["decisions"][key]["seconds"]
+    assert peak == pytest.approx(2 * 1024**3 / min(seconds.values())) and 1e8 < peak < 1e14
+    forget_accel()  # a new process (the next training run) reads the rate instead of timing it
+    monkeypatch.setattr(choices, "measure", lambda *args, **kwargs: pytest.fail("timed again"))
+    assert peak_matmul_flops(torch.device("cpu"), torch.float32) == peak
+
+
 def test_small_products_and_other_modes_keep_pytorchs_product(fresh_choices):
     assert products.choose("forward", 2, 16, 16) == products.TORCH  # too small to be worth timing
     assert choices.choices().decisions == {}

@@ -182,11 +182,11 @@ def world(tmp_path_factory, trained_tokenizer) -> dict[str, Path]:
 
 @pytest.fixture(scope="module", autouse=True)
 def small_machine():
-    """A training run measures the machine's peak FLOP/s for its MFU (0.6 s of matmuls) and draws loss.png,
+    """A training run times the machine's peak FLOP/s for its MFU once (0.3 s of matmuls) and draws loss.png,
     which the sweep never looks at; and this machine has 64 MB, so a --set that asks for a big model is refused (by the check
     that refuses one larger than the real memory) instead of built."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("tfcli.train.flops.measure_matmul_flops", lambda *args, **kwargs: 1e12)
+        patch.setattr("tfcli.train.flops.peak_matmul_flops", lambda *args, **kwargs: 1e12)
         patch.setattr("tfcli.train.plot.plot_loss_curve", lambda *args, **kwargs: False)  # 0.3 s of matplotlib a run
         patch.setattr("tfcli.train.setup.physical_memory", lambda: 64 << 20)
         yield

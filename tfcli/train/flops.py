@@ -34,6 +34,25 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype, size: int | N
     return max(_rate(lambda backend=backend: products.product(backend, a, b.t()), device, 2 * size**3, seconds) for backend in backends)
 
 
+def peak_matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """The matmul rate a training run's MFU is measured against: timed on the first run on this machine
+    (for this device, dtype and thread count) and remembered beside tfcli.accel's decisions, so later runs
+    start without probing. The best single product of each library counts, as a peak should."""
+    from tfcli.accel import choices, products
+
+    size = 4096 if device.type == "cuda" else 1024
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype).t()
+    candidates = {products.TORCH: lambda: products.product(products.TORCH, a, b)}
+    if products.plain_cpu_fp32(a, b) and products.available(products.ONEDNN):
+        candidates[products.ONEDNN] = lambda: products.product(products.ONEDNN, a, b)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    key = f"peak matmul {where} {str(dtype).removeprefix('torch.')} t{torch.get_num_threads()} {size}x{size}x{size}"
+    store = choices.choices()
+    store.decide(key, candidates, products.close, sync=lambda: _sync(device))
+    return 2 * size**3 / min(store.decisions[key].seconds.values())
+
+
 def _rate(multiply, device: torch.device, flops: int, seconds: float) -> float:
     for _ in range(2):
         multiply()

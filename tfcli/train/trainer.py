@@ -45,7 +45,7 @@ class Trainer:
     def __init__(self, job: TrainingJob, world: World) -> None:
         from tfcli.accel import accelerate
         from tfcli.train import sharding
-        from tfcli.train.flops import measure_matmul_flops, training_flops_per_token
+        from tfcli.train.flops import peak_matmul_flops, training_flops_per_token
         from tfcli.train.optim import load_optimizer_tensors, make_optimizer
 
         cfg = self.cfg = job.config
@@ -83,7 +83,7 @@ class Trainer:
         self.compile_checked = not cfg.compile
 
         self.tokens_per_step = cfg.batch_size * world.size * cfg.grad_accum * self.source.tokens_per_row
-        self.peak = measure_matmul_flops(self.device, torch.bfloat16 if self.bf16 else torch.float32) if world.is_main else 0.0
+        self.peak = peak_matmul_flops(self.device, torch.bfloat16 if self.bf16 else torch.float32) if world.is_main else 0.0
         self.flops_per_step = training_flops_per_token(job.model_config, self.source.tokens_per_row) * self.tokens_per_step
         self.metrics_path = job.run_dir / METRICS_FILE
         self.writer = self._metrics_writer()
@@ -377,8 +377,8 @@ class Trainer:
         )
 
     def _utilisation(self, rate: float) -> float:
-        """MFU at `rate` tokens/s. The peak was probed for a moment at the start; on a busy machine that can
-        read low, and then what training reaches is the better bound."""
+        """MFU at `rate` tokens/s. The peak was timed once on this machine, maybe while it was busy; then it
+        reads low, and what training reaches is the better bound."""
         achieved = rate / max(self.tokens_per_step, 1) * self.flops_per_step
         if self.peak:
             self.peak = max(self.peak, achieved)
