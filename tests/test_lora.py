@@ -273,17 +273,23 @@ def test_a_killed_lora_run_resumes_bit_for_bit(cli, base, tmp_path):
     assert changed.code == 2 and "lora_rank was 4, now 8" in changed.stderr
 
 
-def test_two_gloo_ranks_train_a_lora_run_like_one_process(base, tmp_path):
-    def torchrun(out, nproc, batch):
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc), "-m", "tfcli"]
+def test_two_gloo_ranks_train_a_lora_run_like_one_process(cli, base, tmp_path):
+    def args(out, batch):
         args = finetune(base, out, "--max-steps", "4", "--eval-every", "2")
         args[args.index("--batch-size") + 1] = str(batch)
-        done = subprocess.run([*command, *map(str, args)], capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=240)
-        assert done.returncode == 0, done.stderr
-        return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return [str(a) for a in args]
 
-    one = torchrun(tmp_path / "one", 1, 8)
-    two = torchrun(tmp_path / "two", 2, 4)
+    # the ranks run while the reference, one process with the whole batch, runs here (one thread, as each rank)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2", "-m", "tfcli"]
+    ranks = subprocess.Popen(
+        [*command, *args(tmp_path / "two", 4)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    reference = cli(*args(tmp_path / "one", 8))
+    assert reference.code == 0, reference.stderr
+    _, err = ranks.communicate(timeout=240)
+    assert ranks.returncode == 0, err
+    one, two = ([json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()] for run in ("one", "two"))
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2, 3, 4]
     for a, b in zip(one, two):
         assert abs(a["loss"] - b["loss"]) < 1e-5
     a, b = _adapter(tmp_path / "one"), _adapter(tmp_path / "two")

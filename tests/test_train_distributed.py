@@ -15,12 +15,10 @@ from tests.training import children, pretrain_args, records, torchrun, wait_for_
 def test_two_gloo_ranks_match_one_process_with_the_whole_batch(cli, shards, tmp_path):
     common = ["--max-steps", "6", "--eval-every", "3", "--set", "bias=false", "--grad-accum", "2"]
     single, double = tmp_path / "single", tmp_path / "double"
-    # the reference runs like a rank does (its own process, one thread), so only the process count differs;
-    # the two runs go side by side (every rank has one thread)
-    reference = torchrun(pretrain_args(shards, single, *common, "--batch-size", "8"), nproc=1)
+    # the ranks run while the reference, one process with the whole batch, runs here (on one thread, as each rank)
     process = torchrun(pretrain_args(shards, double, *common, "--batch-size", "4"))
-    _, err = reference.communicate(timeout=240)
-    assert reference.returncode == 0, err
+    reference = cli(*pretrain_args(shards, single, *common, "--batch-size", "8"))
+    assert reference.code == 0, reference.stderr
     out, err = process.communicate(timeout=240)
     assert process.returncode == 0, err
     assert out.count("done:") == 1  # rank 0 alone speaks
@@ -39,7 +37,7 @@ def test_two_gloo_ranks_match_one_process_with_the_whole_batch(cli, shards, tmp_
     assert result.code == 2 and "world size was 2, now 1" in result.stderr
 
 
-def test_fsdp_ranks_train_like_ddp_ranks_and_resume_sharded(cli, shards, tmp_path):
+def test_fsdp_ranks_train_like_one_process_and_resume_sharded(cli, shards, tmp_path):
     # a constant learning rate, so stopping at step 4 and resuming to 6 follows the same schedule as 6 at once
     common = [
         "--eval-every",
@@ -57,26 +55,25 @@ def test_fsdp_ranks_train_like_ddp_ranks_and_resume_sharded(cli, shards, tmp_pat
         "--set",
         "warmup_steps=0",
     ]
-    ddp, fsdp = tmp_path / "ddp", tmp_path / "fsdp"
-    # the DDP run and the first FSDP run go side by side (every rank has one thread)
-    processes = [
-        torchrun(pretrain_args(shards, ddp, *common, "--max-steps", "6")),
-        torchrun(pretrain_args(shards, fsdp, *common, "--max-steps", "4", "--fsdp")),
-    ]
-    for process in processes:
-        _, err = process.communicate(timeout=240)
-        assert process.returncode == 0, err
+    single, fsdp = tmp_path / "single", tmp_path / "fsdp"
+    # the FSDP ranks run while the reference, one process with both ranks' batch, runs here (as the gloo
+    # test above shows DDP ranks train like it)
+    process = torchrun(pretrain_args(shards, fsdp, *common, "--max-steps", "4", "--fsdp"))
+    reference = cli(*pretrain_args(shards, single, *common, "--max-steps", "6", "--batch-size", "8"))
+    assert reference.code == 0, reference.stderr
+    _, err = process.communicate(timeout=240)
+    assert process.returncode == 0, err
     assert (fsdp / "best" / "model.safetensors").is_file()
     # the optimizer state was gathered whole on save and is sharded again on resume
     process = torchrun(pretrain_args(shards, fsdp, *common, "--max-steps", "6", "--fsdp", "--resume"))
     _, err = process.communicate(timeout=240)
     assert process.returncode == 0, err
-    one, two = records(ddp), records(fsdp)
+    one, two = records(single), records(fsdp)
     assert [r["step"] for r in one] == [r["step"] for r in two] == list(range(1, 7))
     for a, b in zip(one, two):
         assert abs(a["loss"] - b["loss"]) < 1e-5
     assert abs(one[-1]["val_loss"] - two[-1]["val_loss"]) < 1e-5
-    wa, wb = weights(ddp), weights(fsdp)
+    wa, wb = weights(single), weights(fsdp)
     assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-6
 
 
