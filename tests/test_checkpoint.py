@@ -60,6 +60,29 @@ def test_round_trip_gives_the_same_logits(tmp_path, tokenizer, overrides):
     assert not any(t.is_meta for t in [*loaded.model.parameters(), *loaded.model.buffers()])
 
 
+def test_a_model_built_on_the_meta_device_has_the_shapes_and_no_data():
+    from tfcli.meta_device import on_meta_device
+
+    config = ModelConfig(vocab_size=50, block_size=16, n_layers=2, n_heads=2, d_model=16, d_ff=32, positions="learned", n_classes=3)
+    with on_meta_device():
+        skeleton = Transformer(config)
+    real = Transformer(config).state_dict()
+    assert {k: v.shape for k, v in skeleton.state_dict().items()} == {k: v.shape for k, v in real.items()}
+    assert all(p.is_meta for p in skeleton.parameters())
+    assert not torch.empty(2).is_meta  # the device is the default again after the block
+
+
+def test_loading_a_run_does_not_import_torch_dynamo(run):
+    """On the meta device nn.init.normal_ would import torch._dynamo, 1.5 s of every command's start."""
+    import subprocess
+    import sys
+
+    code = "import sys; from tfcli.checkpoint import load_checkpoint; load_checkpoint(sys.argv[1]); print('torch._dynamo' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
 def test_files_and_format(run):
     assert sorted(p.name for p in run.iterdir()) == [CONFIG_FILE, WEIGHTS_FILE, "tokenizer.json", "tokenizer_config.json"]
     with safe_open(str(run / WEIGHTS_FILE), framework="pt") as handle:

@@ -22,6 +22,7 @@ from tfcli.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, MAX_CHAIN,
 from tfcli.errors import TfcliError
 from tfcli.fsutil import artifact_kind, commit_staged, fsync_file, prepare_output_dir, set_default_mode, temp_path_beside
 from tfcli.jsontext import loads_json
+from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
 from tfcli.schema import JsonRecord
 from tfcli.tensorfile import read_tensors, weights_header_problem
@@ -284,7 +285,6 @@ def load_checkpoint(run_dir: Path, device: str = "cpu", *, merge_adapter: bool =
     """Load a run directory, checking everything before the model is used. An adapter run loads its parent
     and applies the adapter: merged into the weights (a plain model, as every command but training wants
     it), or with merge_adapter=False wrapped as it trains (`tfcli.adapters.lora`)."""
-    import torch
 
     from tfcli.model.transformer import Transformer
 
@@ -298,7 +298,7 @@ def load_checkpoint(run_dir: Path, device: str = "cpu", *, merge_adapter: bool =
         model = _load_adapter_run(run_dir, config, merge_adapter, _depth)
         return Checkpoint(model=model.to(device).eval(), config=config, tokenizer=tokenizer, path=run_dir)
 
-    with torch.device("meta"):
+    with on_meta_device():
         expected = {name: tuple(t.shape) for name, t in Transformer(config.model).state_dict().items()}
     if config.model.tie_embeddings:
         expected.pop(TIED_KEY, None)
@@ -309,7 +309,6 @@ def load_checkpoint(run_dir: Path, device: str = "cpu", *, merge_adapter: bool =
 
 def _load_adapter_run(run_dir: Path, config: RunConfig, merge: bool, depth: int) -> Transformer:
     """The parent's weights (loaded as any run is, an adapter run's merged) with this run's adapter."""
-    import torch
 
     from tfcli.adapters import check_parent_weights, find_parent
     from tfcli.adapters.lora import apply_lora, expected_adapter_shapes, load_adapter, merged_state, saved_module_keys
@@ -323,7 +322,7 @@ def _load_adapter_run(run_dir: Path, config: RunConfig, merge: bool, depth: int)
     check_parent_weights(parent_dir, weights_path(parent_dir), record)
     parent = load_checkpoint(parent_dir, _depth=depth + 1).model
     adapter = read_tensors(run_dir / ADAPTER_WEIGHTS_FILE, expected_adapter_shapes(config.model, record))
-    with torch.device("meta"):
+    with on_meta_device():
         expected = {name: tuple(t.shape) for name, t in Transformer(config.model).state_dict().items()}
     if config.model.tie_embeddings:
         expected.pop(TIED_KEY, None)  # the embedding's matrix, which may be the adapter's own (a grown vocabulary)
@@ -362,14 +361,13 @@ def save_merged(run_dir: Path, out_dir: Path) -> RunConfig:
 def model_from_tensors(model_config: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transformer:
     """A model over these tensors, used as they are (no copy, no random initialisation first); the tied
     output weight may be absent."""
-    import torch
 
     from tfcli.model.transformer import Transformer
 
     tensors = dict(tensors)
     if model_config.tie_embeddings:
         tensors[TIED_KEY] = tensors["tok_emb.weight"]
-    with torch.device("meta"):
+    with on_meta_device():
         model = Transformer(model_config)
     model.load_state_dict(tensors, strict=True, assign=True)
     if model_config.tie_embeddings:

@@ -18,6 +18,7 @@ from torch import nn
 
 from tfcli.adapters import PEFT_PREFIX, AdapterRecord
 from tfcli.errors import TfcliError
+from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
 
 # Each group's linear layers, by the end of their module name (tfcli/model/attention.py, layers.py).
@@ -91,7 +92,7 @@ def check_rank(config: ModelConfig, rank: int, groups: tuple[str, ...] | list[st
     than the smallest of them (a rank past min(in, out) adds parameters and nothing else)."""
     from tfcli.model.transformer import Transformer
 
-    with torch.device("meta"):
+    with on_meta_device():
         targets = target_modules(Transformer(config), groups)
     if not targets:
         raise TfcliError(f"the model has no linear layers in the LoRA groups {', '.join(groups)}")
@@ -150,7 +151,7 @@ def expected_adapter_shapes(config: ModelConfig, record: AdapterRecord) -> dict[
     """Every tensor an adapter file of this record holds, and its shape."""
     from tfcli.model.transformer import Transformer
 
-    with torch.device("meta"):
+    with on_meta_device():
         model = Transformer(config)
     shapes = {}
     for name in record.modules:

@@ -7,8 +7,8 @@ both sides decode the same model; a synthetic byte-level tokenizer of exactly th
 stands in for a trained one. tfcli's side is loaded exactly as `tfcli generate` loads a run (the same
 loader, thread count and accelerated paths). Every measurement runs in a fresh subprocess; rounds are
 interleaved and each job keeps its best time. The bandwidth is probed right before and right after each
-timed call of the cached job, in the same process, so each call's time per token is set against the floor
-of its own seconds: the machine's bandwidth moves from one second to the next.
+timed call of the cached job, in the same process (one probe between two calls), so each call's time per
+token is set against the floor of its own seconds: the machine's bandwidth moves from one second to the next.
 
 
 Before the timed rounds an untimed tfcli run lets tfcli.accel measure its choices for these shapes on this
@@ -246,8 +246,8 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
     buffer = torch.rand(PROBE_BYTES // 4, device=device) if probing else None
     calls: list[tuple[float, float]] = []  # (seconds, GB/s around the call)
     tokens: list[int] = []
+    before = _probe_with_threads(device, buffer, machine_threads) if probing else 0.0
     for _ in range(3 if small else 2):  # the best of three calls (two for large models) in this process too
-        before = _probe_with_threads(device, buffer, machine_threads) if probing else 0.0
         _sync(device)
         started = time.perf_counter()
         tokens = decode(new_tokens)
@@ -255,6 +255,7 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
         seconds = time.perf_counter() - started
         after = _probe_with_threads(device, buffer, machine_threads) if probing else 0.0
         calls.append((seconds, (before + after) / 2))
+        before = after  # the probe after one call is the probe before the next
     seconds = min(call[0] for call in calls)
     bandwidth = ratio = 0.0
     if probing:  # the median call: its time per token over the floor of its own seconds, and that bandwidth

@@ -20,6 +20,7 @@ from tfcli.hf import bert, gpt2, llama
 from tfcli.hf.folder import HfConfig, WeightFiles, read_hf_config
 from tfcli.hf.mapping import TensorMap
 from tfcli.hf.tokenizer import import_tokenizer
+from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
@@ -100,7 +101,6 @@ def _read_tensor(weights: WeightFiles, mapping: TensorMap, expected: tuple[int, 
 
 def import_hf(src: Path, run_dir: Path) -> Imported:
     """Read a Hugging Face folder (safetensors only, one tensor at a time) and save it as a tfcli run directory."""
-    import torch
 
     from tfcli.model.transformer import Transformer
 
@@ -119,7 +119,7 @@ def import_hf(src: Path, run_dir: Path) -> Imported:
         if error.message.startswith("model "):  # ModelConfig's own check: say which file asked for it
             raise TfcliError(f"{src / 'config.json'} describes a model tfcli cannot build: {error.message}") from None
         raise
-    with torch.device("meta"):
+    with on_meta_device():
         expected = {name: tuple(t.shape) for name, t in Transformer(config).state_dict().items()}
     state: dict[str, torch.Tensor] = {}
     with WeightFiles(src) as weights:

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from tfcli.errors import TfcliError
+from tfcli.meta_device import on_meta_device
 from tfcli.runtime import physical_memory, resolve_device
 from tfcli.train.data import derived_seed
 from tfcli.train.distributed import World
@@ -96,7 +97,7 @@ def _lora_model(job: TrainingJob):
     weights, grown = _grown_for_lora(weights, job.model_config)
     if cfg.task == "classify":
         weights = {k: v for k, v in weights.items() if not k.startswith("classifier.")}
-    with torch.device("meta"):
+    with on_meta_device():
         skeleton = Transformer(job.model_config)
     missing = [k for k in skeleton.state_dict() if k not in weights and not (k == TIED_KEY and job.model_config.tie_embeddings)]
     new_modules = sorted({k.rpartition(".")[0] for k in missing})
