@@ -635,6 +635,16 @@ def test_cli_bad_inputs_are_one_line(cli, runs, args, message):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_a_binary_prompt_file_is_refused(cli, runs, tmp_path, monkeypatch):
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(b"The fox\x00\x00\x01\x02 jumped\n")  # valid UTF-8, but NUL bytes: not a text file
+    result = cli("generate", runs["decoder"], "--prompt-file", binary)
+    assert result.code == 2 and f"{binary} looks like a binary file (it holds NUL bytes)" in result.stderr
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(binary.read_bytes())))
+    result = cli("generate", runs["decoder"], "--prompt-file", "-")
+    assert result.code == 2 and "stdin looks like a binary file" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize(
     "run, args, message",
     [

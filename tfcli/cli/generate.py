@@ -16,6 +16,7 @@ from tfcli.cli.generate_options import DecodingOptions
 
 
 def _read_prompts(prompt: str | None, prompt_file: Path | None) -> list[str]:
+    from tfcli.corpus.reader import looks_binary
     from tfcli.errors import TfcliError
 
     if prompt is not None and prompt_file is not None:
@@ -39,6 +40,8 @@ def _read_prompts(prompt: str | None, prompt_file: Path | None) -> list[str]:
         except OSError as exc:
             raise TfcliError(f"cannot read prompt file {prompt_file}: {exc.strerror}") from exc
         where = str(prompt_file)
+    if looks_binary(raw):
+        raise TfcliError(f"{where} looks like a binary file (it holds NUL bytes)", hint="pass a text file with one prompt per line")
     try:
         text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the first prompt
     except UnicodeDecodeError as exc:
