@@ -366,6 +366,14 @@ def test_the_chain_runs_with_each_family(cli, tmp_path, plain_model, model):
         )
     streamed = cli("generate", run, "--prompt", prompt, "-n", "12", "--seed", "1")
     assert streamed.code == 0 and streamed.stdout == completion["text"] + "\n"
+    if model == "wordpiece":  # inspect names a piece that continues a word as BERT's vocabulary does
+        from tfcli.tokenizer.show import token_views
+
+        text = "The fox jumped carefully"
+        pieces = [v for v in token_views(tokenizer, text) if v.continuation]
+        assert pieces and pieces[0].label == "##" + pieces[0].text
+        shown = cli("inspect-attention", run, "--text", text, "--head", "0.0")
+        assert shown.code == 0 and pieces[0].label in shown.stdout, shown.stdout
 
     result = cli("eval", run, "--data", shards, "--json")
     assert result.code == 0, result.stderr

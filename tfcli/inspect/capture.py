@@ -238,7 +238,7 @@ def find_token(views: list[TokenView], word: str, occurrence: int = 1, where: st
         if matches:
             break
     if not matches:
-        shown = " ".join(f"'{v.text}'" for v in views[:12]) + (" ..." if len(views) > 12 else "")
+        shown = " ".join(f"'{v.label}'" for v in views[:12]) + (" ..." if len(views) > 12 else "")
         raise TfcliError(f"--token {word!r} is not in {where}; its tokens are {shown}", hint=f"pass a word of {where}")
     if not 1 <= occurrence <= len(matches):
         raise TfcliError(

@@ -328,20 +328,20 @@ def png_image(inspection: Inspection) -> bytes:
         items = []
         for capture, title, position in zip(inspection.captures, inspection.titles, inspection.focus):
             rows = np.stack([capture.weights[layer, head, position] for layer, head in pairs])  # (pairs, S)
-            label = capture.queries[position].text
+            label = capture.queries[position].label
             items.append(
                 (
                     f"{title}: where '{label.strip() or '␣'}' (position {position}) looks",
                     rows,
                     [f"L{layer} H{head}" for layer, head in pairs],
-                    [v.text for v in capture.keys],
+                    [v.label for v in capture.keys],
                 )
             )
         return png.token_png(items, suptitle=kind)
     if len(pairs) == 1:
         layer, head = pairs[0]
         items = [
-            (f"{title} · layer {layer}, head {head}", capture.weights[layer, head], [v.text for v in capture.queries], [v.text for v in capture.keys])
+            (f"{title} · layer {layer}, head {head}", capture.weights[layer, head], [v.label for v in capture.queries], [v.label for v in capture.keys])
             for capture, title in zip(inspection.captures, inspection.titles)
         ]
         return png.heatmaps_png(items, suptitle=kind)

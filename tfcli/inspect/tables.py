@@ -82,7 +82,7 @@ def lens_view(lens, *, width: int = 80, start: int = 0) -> list[RenderableType]:
     positions = lens.positions
     first, last = window(len(positions), start, width, 11, CELL + 1 if lens.losses[0] is not None else 0)
     columns = list(range(first, last))
-    col_labels = [_short(lens.tokens[positions[c]].text) for c in columns]
+    col_labels = [_short(lens.tokens[positions[c]].label) for c in columns]
 
     def cell(r: int, c: int) -> Text:
         if r == len(lens.cells):  # the target row
@@ -118,12 +118,12 @@ def _target_text(lens, target: int) -> str:
             for token_id, text, _ in cell.top:
                 if token_id == target:
                     return text
-    return next((v.text for v in lens.tokens if v.id == target), str(target))
+    return next((v.label for v in lens.tokens if v.id == target), str(target))
 
 
 def ablation_view(ablation, *, top: int = 10) -> list[RenderableType]:
     out: list[RenderableType] = []
-    where = f"position {ablation.position} ('{_short(ablation.tokens[ablation.position].text)}')"
+    where = f"position {ablation.position} ('{_short(ablation.tokens[ablation.position].label)}')"
     mode = "zeroed" if ablation.mode == "zero" else "replaced by their mean output over " + ("the reference text" if ablation.reference else "the text")
     if ablation.heads is not None:
         names = ", ".join(f"{l}.{h}" for l, h in ablation.heads)
@@ -197,7 +197,7 @@ def patching_view(patching, *, width: int = 80, start: int = 0) -> list[Renderab
     title, head_title = _patching_titles(patching)
 
     def label(c: int) -> str:
-        a, b = _short(patching.clean_tokens[c].text), _short(patching.corrupt_tokens[c].text)
+        a, b = _short(patching.clean_tokens[c].label), _short(patching.corrupt_tokens[c].label)
         return a if a == b else f"{a}/{b}"
 
     def cell(r: int, c: int) -> Text:
@@ -234,7 +234,7 @@ def lens_png(lens) -> bytes:
 
     values = np.array([[cell.top[0][2] for cell in row] for row in lens.cells], dtype=np.float32)  # (layers, positions)
     texts = [[_short(cell.top[0][1]) for cell in row] for row in lens.cells]
-    columns = [_short(lens.tokens[p].text) for p in lens.positions]
+    columns = [_short(lens.tokens[p].label) for p in lens.positions]
     return png.value_grid_png(
         "logit lens: each layer's top-1 token, coloured by its probability",
         values,
@@ -265,7 +265,7 @@ def ablation_png(ablation) -> bytes:
 def patching_png(patching) -> bytes:
     from tfcli.inspect import png
 
-    columns = [a if a == b else f"{a}/{b}" for a, b in ((_short(x.text), _short(y.text)) for x, y in zip(patching.clean_tokens, patching.corrupt_tokens))]
+    columns = [a if a == b else f"{a}/{b}" for a, b in ((_short(x.label), _short(y.label)) for x, y in zip(patching.clean_tokens, patching.corrupt_tokens))]
     how = "patching the residual stream" if patching.method == "exact" else "the residual stream, estimated by attribution patching"
     checked = {(l, p) for l, p, _, _ in patching.verified}
     texts = [[_restored_text(float(v), (l, p) in checked) for p, v in enumerate(row)] for l, row in enumerate(patching.restored)]
@@ -366,7 +366,7 @@ def html_page(title: str, notes: Sequence[str], tables: Sequence[str]) -> str:
 
 
 def lens_html(lens) -> str:
-    columns = [lens.tokens[p].text for p in lens.positions]
+    columns = [lens.tokens[p].label for p in lens.positions]
     cells = []
     for row in lens.cells:
         line = []
@@ -427,7 +427,7 @@ def ablation_html(ablation) -> str:
 
 
 def patching_html(patching) -> str:
-    columns = [a.text if a.text == b.text else f"{a.text}/{b.text}" for a, b in zip(patching.clean_tokens, patching.corrupt_tokens)]
+    columns = [a.label if a.label == b.label else f"{a.label}/{b.label}" for a, b in zip(patching.clean_tokens, patching.corrupt_tokens)]
     title, head_title = _patching_titles(patching)
 
     def cells(values, verified) -> list:

@@ -373,8 +373,8 @@ def _head_tables(inspection, compare: bool, notes: list[str]) -> list[Renderable
 
 def _panel(capture, pairs, focus: int | None, width: int, compare: bool, start: int, key_start: int) -> tuple[RenderableType, str | None]:
     """One capture's view and its note: where the token at `focus` looks, else one head's map, else a grid of maps."""
-    queries = [v.text for v in capture.queries]
-    keys = [v.text for v in capture.keys]
+    queries = [v.label for v in capture.queries]
+    keys = [v.label for v in capture.keys]
     if focus is not None:
         intro = Text(f"where '{_short(queries[focus])}' (position {focus}) looks", style="bold")
         if len(pairs) == 1:

@@ -40,6 +40,11 @@ class TokenView:
     raw: bytes = dataclasses.field(default=b"", compare=False, repr=False)  # the bytes it stands for (part of a character, maybe)
     continuation: bool = False  # a WordPiece token that continues the word before it (vocabulary entry "##ing", text "ing")
 
+    @property
+    def label(self) -> str:
+        """How tables and pictures name the token: its text, a WordPiece continuation marked (`##ing`)."""
+        return f"##{self.text}" if self.continuation else self.text
+
     def to_json(self) -> dict:
         return {"id": self.id, "token": self.token, "text": self.text, "continuation": self.continuation}
 
