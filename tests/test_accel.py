@@ -231,16 +231,18 @@ def test_a_remembered_choice_of_a_library_that_fails_its_check_is_not_used(fresh
     torch.testing.assert_close(products.linear(x, w), F.linear(x, w))
 
 
-@pytest.mark.parametrize("grad", [True, False], ids=["gradients", "value"])
-def test_the_loss_choice_is_measured_and_either_gives_the_same_loss(fresh_choices, monkeypatch, grad):
+@pytest.mark.parametrize("grad, weight_trains, wanted", [(True, True, "gradients"), (True, False, "gradients, frozen weight"), (False, False, "value")])
+def test_the_loss_choice_is_measured_and_either_gives_the_same_loss(fresh_choices, monkeypatch, grad, weight_trains, wanted):
     loss = fused_loss.VocabularyLoss()
     torch.manual_seed(0)
     hidden = torch.randn(40, 16, requires_grad=grad)
-    weight = torch.randn(300, 16, requires_grad=grad)
+    weight = torch.randn(300, 16, requires_grad=weight_trains)  # frozen: LoRA's output layer, timed as it runs there
     targets = torch.randint(0, 300, (40,))
     with torch.set_grad_enabled(grad):
         chosen = loss.choice(hidden, weight, None, 0.0)
-        (decision,) = [d for key, d in choices.choices().decisions.items() if key.startswith("loss")]
+        (key,) = [key for key in choices.choices().decisions if key.startswith("loss")]
+        assert key.endswith(f"64x300x16 {wanted}")
+        decision = choices.choices().decisions[key]
         assert decision.choice == chosen and set(decision.seconds) == {"fused", "plain"}
         values = {}
         for forced in ("fused", "plain"):

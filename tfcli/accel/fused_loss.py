@@ -148,18 +148,20 @@ class VocabularyLoss:
         autocast = torch.is_autocast_enabled(device.type)
         dtype = torch.get_autocast_dtype(device.type) if autocast else hidden.dtype
         grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+        weight_trains = grad and weight.requires_grad  # a frozen output layer (LoRA, --freeze): no weight gradient, smaller blocks
         rows, (vocab, width) = rows_class(hidden.shape[0]), weight.shape
+        wanted = ("gradients" if weight_trains else "gradients, frozen weight") if grad else "value"
         key = (
             f"loss t{torch.get_num_threads()} {device.type} {str(dtype).removeprefix('torch.')} {rows}x{vocab}x{width}"
-            f"{' bias' if bias is not None else ''}{' smoothing' if label_smoothing else ''} {'gradients' if grad else 'value'}"
+            f"{' bias' if bias is not None else ''}{' smoothing' if label_smoothing else ''} {wanted}"
         )
         known = choices.choices().get(key, (FUSED, PLAIN))
         if known is not None:
             return known.choice
         generator = torch.Generator(device=device).manual_seed(0)
         h = torch.randn(rows, width, device=device, dtype=hidden.dtype, generator=generator).requires_grad_(grad)
-        w = torch.randn(vocab, width, device=device, dtype=weight.dtype, generator=generator).mul_(0.05).requires_grad_(grad)
-        b = torch.zeros(vocab, device=device, dtype=weight.dtype).requires_grad_(grad) if bias is not None else None
+        w = torch.randn(vocab, width, device=device, dtype=weight.dtype, generator=generator).mul_(0.05).requires_grad_(weight_trains)
+        b = torch.zeros(vocab, device=device, dtype=weight.dtype).requires_grad_(weight_trains) if bias is not None else None
         t = torch.randint(0, vocab, (rows,), device=device, generator=generator)
 
         def run(loss_function):
@@ -171,7 +173,7 @@ class VocabularyLoss:
                     loss = loss_function(h, w, b, t, label_smoothing)
                 if grad:
                     loss.backward()
-                    return loss.detach(), h.grad, w.grad
+                    return (loss.detach(), h.grad, w.grad) if weight_trains else (loss.detach(), h.grad)
                 return loss.detach(), h, w  # no gradients: the value is what is compared
 
             return once
