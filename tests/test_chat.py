@@ -8,6 +8,7 @@ import json
 import shutil
 import signal
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -401,13 +402,14 @@ def test_lora_on_a_template_that_adds_tokens_trains_the_grown_embedding_whole(cl
 HF_SHAPES = {
     "gpt2": dict(activation="gelu_tanh"),
     "llama": dict(positions="rotary", norm="rmsnorm", activation="swiglu", n_kv_heads=1, bias=False, tie_embeddings=False),
+    "llama-tied": dict(positions="rotary", norm="rmsnorm", activation="swiglu", n_kv_heads=1, bias=False, tie_embeddings=True),  # Llama 3.2 1B
 }
 
 
 @pytest.mark.parametrize("family", list(HF_SHAPES))
 def test_peft_loads_an_exported_lora_chat_run_whose_vocabulary_grew(cli, trained_tokenizer, chats, tmp_path, family):
     """PEFT's layout for a resized embedding: the trained matrices in the adapter (a tied one also under
-    lm_head, with ensure_weight_tying), base/ already grown, so PeftModel.from_pretrained loads it as it is."""
+    lm_head, with ensure_weight_tying where PEFT knows the embedding by name), base/ already grown, so PeftModel.from_pretrained loads it as it is."""
     import torch
 
     from tfcli.checkpoint import load_checkpoint, save_checkpoint
@@ -426,7 +428,9 @@ def test_peft_loads_an_exported_lora_chat_run_whose_vocabulary_grew(cli, trained
     assert cli("export", run, "--to", "hf", "-o", tmp_path / "hf").code == 0
     adapter_config = json.loads((tmp_path / "hf" / "adapter" / "adapter_config.json").read_text())
     if family == "gpt2":
-        assert adapter_config["modules_to_save"] == ["transformer.wte"] and adapter_config["ensure_weight_tying"] is True
+        assert adapter_config["modules_to_save"] == ["transformer.wte"] and "ensure_weight_tying" not in adapter_config  # PEFT knows no wte
+    elif family == "llama-tied":  # PEFT ties the output layer to the embedding it knows by name
+        assert adapter_config["modules_to_save"] == ["model.embed_tokens"] and adapter_config["ensure_weight_tying"] is True
     else:
         assert adapter_config["modules_to_save"] == ["model.embed_tokens", "lm_head"] and "ensure_weight_tying" not in adapter_config
     hf_base = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf" / "base")).eval()
@@ -434,8 +438,11 @@ def test_peft_loads_an_exported_lora_chat_run_whose_vocabulary_grew(cli, trained
     with torch.no_grad():
         ours = load_checkpoint(run).model(ids).logits
         assert (hf_base(input_ids=ids).logits - ours).abs().max().item() > 1e-3  # base/ is the parent, grown: the adapter matters
-        theirs = peft.PeftModel.from_pretrained(hf_base, str(tmp_path / "hf" / "adapter")).eval()(input_ids=ids).logits
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            theirs = peft.PeftModel.from_pretrained(hf_base, str(tmp_path / "hf" / "adapter")).eval()(input_ids=ids).logits
     assert (theirs - ours).abs().max().item() < 1e-4
+    assert not [w for w in warned if "weight_tying" in str(w.message) or "tie_word_embeddings" in str(w.message)]
     assert cli("export", run, "--merge", "--to", "hf", "-o", tmp_path / "merged").code == 0  # one folder, the vocabulary grown
     with torch.no_grad():
         merged = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()(input_ids=ids).logits

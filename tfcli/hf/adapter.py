@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 BASE_DIR, ADAPTER_DIR = "base", "adapter"
 TIED_OUTPUT = "lm_head.weight"  # the output layer of GPT2LMHeadModel and LlamaForCausalLM
+PEFT_TIES = ("embed_tokens", "lm_head")  # the module names PEFT's ensure_weight_tying acts on (its EMBEDDING_LAYER_NAMES)
 
 
 def export_lora_hf(run_dir: Path, out_dir: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
@@ -78,8 +79,11 @@ def export_lora_hf(run_dir: Path, out_dir: Path) -> tuple[str, dict[str, Any], d
         tensors[PEFT_PREFIX + TIED_OUTPUT] = model.tok_emb.weight.detach().clone().contiguous()
     hf_class, hf_config = write_hf_folder(checkpoint, _base_weights(run_dir, checkpoint), out_dir / BASE_DIR)
     adapter_dir = prepare_output_dir(out_dir / ADAPTER_DIR, "export")
+    # PEFT ties only an embedding it knows by name (embed_tokens); for another (GPT-2's wte) the flag would
+    # only warn, and the lm_head copy above, loaded into the tied matrix, keeps both sides the same
+    ensure_tying = tied and any(name.rpartition(".")[2] in PEFT_TIES for name in saved)
     adapter_config = peft_config(
-        record, targets, list(dict.fromkeys(saved)), str((out_dir / BASE_DIR).resolve()), fan_in_fan_out=conv1d == {True}, ensure_weight_tying=tied
+        record, targets, list(dict.fromkeys(saved)), str((out_dir / BASE_DIR).resolve()), fan_in_fan_out=conv1d == {True}, ensure_weight_tying=ensure_tying
     )
     save_file(tensors, str(adapter_dir / ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
     set_default_mode(adapter_dir / ADAPTER_WEIGHTS_FILE)
