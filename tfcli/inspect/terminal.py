@@ -4,7 +4,8 @@ maps, one token's attention as bars per head, a head summary and a "which heads 
 Everything is built to a given width (80 columns is the design point) and every piece of token text goes
 through `rich.text.Text`, so markup in a token prints as itself and control characters are already escaped
 by `tokenizer.show.visible`. Long texts are windowed (one head) or aggregated into bins (a grid), and the
-output says so.
+output says so. About 400 lines because every view here shares the colour scale, the windowing and the
+label fitting above; split apart, each part would import the others'.
 """
 
 from __future__ import annotations
