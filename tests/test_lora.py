@@ -5,11 +5,8 @@ tfcli's logits; exact resume; two gloo ranks; the refusals."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -240,12 +237,6 @@ def test_a_lora_classifier_trains_its_new_head_whole(cli, base, tmp_path):
     assert result.code == 0, result.stderr
 
 
-def _spawn(args: list) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "tfcli", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
-
-
 def _adapter(run: Path) -> dict:
     from safetensors.torch import load_file
 
@@ -253,13 +244,13 @@ def _adapter(run: Path) -> dict:
 
 
 def test_a_killed_lora_run_resumes_bit_for_bit(cli, base, tmp_path):
-    from tests.training import wait_for_step
+    from tests.training import spawn, wait_for_step
 
     args = ["--max-steps", "24", "--save-every", "8", "--eval-every", "8", "--lora-dropout", "0.1"]
     whole = tmp_path / "whole"
     assert cli(*finetune(base, whole, *args)).code == 0
     broken = tmp_path / "broken"
-    process = _spawn(finetune(base, broken, *args))
+    process = spawn(finetune(base, broken, *args))
     wait_for_step(broken, process, 10)
     process.send_signal(signal.SIGKILL)
     process.communicate()
@@ -274,16 +265,15 @@ def test_a_killed_lora_run_resumes_bit_for_bit(cli, base, tmp_path):
 
 
 def test_two_gloo_ranks_train_a_lora_run_like_one_process(cli, base, tmp_path):
+    from tests.training import torchrun
+
     def args(out, batch):
         args = finetune(base, out, "--max-steps", "4", "--eval-every", "2")
         args[args.index("--batch-size") + 1] = str(batch)
         return [str(a) for a in args]
 
     # the ranks run while the reference, one process with the whole batch, runs here (one thread, as each rank)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc-per-node", "2", "-m", "tfcli"]
-    ranks = subprocess.Popen(
-        [*command, *args(tmp_path / "two", 4)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
-    )
+    ranks = torchrun(args(tmp_path / "two", 4))
     reference = cli(*args(tmp_path / "one", 8))
     assert reference.code == 0, reference.stderr
     _, err = ranks.communicate(timeout=240)

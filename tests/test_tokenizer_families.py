@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests import training
 from tests.conftest import TINY_TEXT, snapshot
 from tfcli.corpus.reader import resolve_corpus
 from tfcli.errors import TfcliError
@@ -312,24 +313,7 @@ def test_config_defaults_follow_the_family():
 
 # -- every command downstream, per family ---------------------------------------------------------------
 
-TINY_MODEL = [
-    "--set",
-    "d_model=32",
-    "--set",
-    "n_heads=2",
-    "--set",
-    "n_layers=1",
-    "--set",
-    "d_ff=64",
-    "--block-size",
-    "32",
-    "--batch-size",
-    "4",
-    "--lr",
-    "3e-3",
-    "--log-every",
-    "5",
-]
+TINY_MODEL = [*training.TINY_MODEL, "--block-size", "32", "--batch-size", "4", "--lr", "3e-3", "--log-every", "5"]
 
 
 @pytest.fixture
