@@ -99,6 +99,18 @@ CheckpointsOption = Annotated[
         "with one head (--head L.H), its pattern at each step (terminal, html, png or json).",
     ),
 ]
+NeuronOption = Annotated[
+    Optional[str],
+    typer.Option(
+        "--neuron",
+        help="LAYER.HEAD: the neuron view of that head: the query vector, each key vector, their products, q·k/√d and the softmax "
+        "(terminal: the scores; json: every number; html: the page opens on it).",
+        show_default=False,
+    ),
+]
+QueryOption = Annotated[
+    Optional[int], typer.Option("--query", help="With --neuron: the query token's position (default: the --token's, else the last).", show_default=False)
+]
 PatternOption = Annotated[
     str,
     typer.Option(
@@ -129,6 +141,8 @@ def inspect_attention(
     device: DeviceOption = "auto",
     checkpoints: CheckpointsOption = False,
     pattern: PatternOption = "induction",
+    neuron: NeuronOption = None,
+    query: QueryOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """See what every layer and head of a model attends to, for any text.
@@ -146,15 +160,21 @@ def inspect_attention(
     --format html -o attention.html; --format png -o head.png; --format json -o weights.json;
     encoder-decoder: --text SOURCE --target TARGET --attention cross; --checkpoints --pattern induction
     (a table of steps x heads: watch an induction head form); --checkpoints --head 1.2 (that head's
-    pattern at every kept step; -o steps.html, -o steps.png or --json).
+    pattern at every kept step; -o steps.html, -o steps.png or --json); --neuron 1.0 --query 5 --format json
+    (q, each k, q·k/√d and the softmax of layer 1, head 0 for token 5).
     """
+    from tfcli.errors import TfcliError
     from tfcli.inspect.session import InspectRequest
 
     layer, head = _layer_and_head(layer, head)
+    if (neuron is not None or query is not None) and checkpoints:
+        raise TfcliError("--neuron shows one run's head", hint="drop --checkpoints")
     if checkpoints:
         _across(run, _required_text(text, text_file), attention, layer, head, pattern, output_format, output, device, json_output)
         return
     fmt = _single_format(output_format, output, json_output, start, key_start, summary)
+    if neuron is not None and fmt == "png":
+        raise TfcliError("the neuron view is numbers", hint="use it in the terminal, with --format json, or in an html page")
     require_utf8(compare, "--compare's text")
     require_utf8(token, "--token's word")
     request = InspectRequest(
@@ -172,6 +192,8 @@ def inspect_attention(
         crop=crop,
         device=device,
         select_all_by_default=fmt == "json" and not json_output,
+        neuron=neuron,
+        query=query,
     )
     _single(request, fmt, output, start=start, key_start=key_start, json_output=json_output)
 
@@ -226,7 +248,7 @@ def _single(request, fmt: str, output: Path | None, *, start: int, key_start: in
     """Capture one run (or two side by side) and show or write it in `fmt`."""
     import time
 
-    from tfcli.inspect.session import attention_document, html_page, png_image, save_document, write_document, write_output
+    from tfcli.inspect.session import attention_document, html_page, neuron_document, png_image, save_document, write_document, write_output
     from tfcli.inspect.session import inspect_attention as run_inspection
 
     began = time.perf_counter()
@@ -235,14 +257,25 @@ def _single(request, fmt: str, output: Path | None, *, start: int, key_start: in
         inspection = run_inspection(request)
     captured = time.perf_counter()
     if fmt == "terminal":
-        from tfcli.inspect.terminal import render_inspection
+        from tfcli.inspect.terminal import neuron_table, render_inspection
 
         out = stdout_console()
         width = out.width if out.width != PIPED_WIDTH else 80  # a map is drawn for a screen, also in a file
-        for renderable in render_inspection(inspection, width=width, start=start, key_start=key_start):
+        shown = (
+            [neuron_table(neuron_document(inspection))] if inspection.neuron else render_inspection(inspection, width=width, start=start, key_start=key_start)
+        )
+        for renderable in shown:
             out.print(renderable, soft_wrap=False, crop=True)
         return
-    if fmt == "json":
+    if fmt == "json" and inspection.neuron is not None:
+        document = neuron_document(inspection)
+        if output is None:
+            from tfcli.cli.common import print_json
+
+            print_json(document)
+            return
+        save_document(output, document)
+    elif fmt == "json":
         # --json: the data of what the terminal shows (summary, changes or a token's rows need no full maps)
         weights = not json_output or (not request.summary and request.compare_run is None and request.token is None)
         document = attention_document(inspection, weights=weights)

@@ -1,5 +1,8 @@
-"""One self-contained HTML page of attention: a layer/head picker with a thumbnail of every head, a
-heatmap, and the text's tokens, where hovering a token colours what it attends to and what attends to it.
+"""One self-contained HTML page of attention: a model view (a thumbnail of every layer and head, labelled
+with the pattern it matches), a heatmap, the text's tokens, where hovering a token colours what it attends
+to and what attends to it, a colour bar, and a neuron view (q, k, q∘k, q·k/√d and the softmax of one head
+and query). The same view, without the document around it, is what a notebook shows (`fragment`): its
+parts are found inside its own element, so several on one notebook page never meet.
 
 No network: the weights travel inside the page, rounded to one byte each on a square-root scale (fine
 steps where attention is small), only the causal lower triangle when the rest is masked, deflated and
@@ -7,10 +10,11 @@ base64-encoded layer by layer; the browser inflates them with its built-in `Deco
 
 Untrusted text never becomes markup: the header is `html.escape`d, and everything else is JSON inside
 `<script type="application/json">` with `<`, `>`, `&`, U+2028 and U+2029 escaped, put on the page with
-`textContent` only. The page holds exactly two script elements: that data and the code.
+`textContent` only. The view holds exactly two script elements: that data and the code.
 
-The page's markup, style and code are package data (`assets/page.html`, `page.css`, `page.js`), inlined
-when the page is written, so the one file needs nothing beside it.
+The view's markup, style and code are package data (`assets/page.html`, `page.css`, `page.js`; the
+document around it `assets/document.html`), inlined when the page is written, so the one file needs
+nothing beside it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import functools
 import html
 import os
 import re
+import secrets
 import unicodedata
 import zlib
 from collections.abc import Sequence
@@ -28,13 +33,15 @@ from typing import Any
 
 import numpy as np
 
+from tfcli.inspect import palette
 from tfcli.inspect.capture import AttentionCapture
 from tfcli.inspect.labels import excerpts, kind_label
 from tfcli.inspect.stats import HeadChange, HeadSummary
 from tfcli.jsontext import dumps_json
 from tfcli.tokenizer.show import TokenView
 
-PAGE_FORMAT = 2  # 2: tokens as pieces (characters, badges), not escaped text
+PAGE_FORMAT = 3  # 2: tokens as pieces (characters, badges), not escaped text; 3: palette, head labels, q and k
+NEURON_BUDGET = 400_000  # numbers of q and k a page carries for every head; past it, only the chosen head's
 
 
 def json_for_script(data: Any) -> str:
@@ -161,8 +168,11 @@ def page_data(
     focus: Sequence[int] | None = None,
     summary: Sequence[HeadSummary] | None = None,
     changes: Sequence[HeadChange] | None = None,
+    labels: Sequence[HeadSummary] | None = None,
+    neuron: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """focus: the --token query position in each capture (each text has its own)."""
+    """focus: the --token query position in each capture (each text has its own); labels: every head's
+    summary of the first capture, for the model view's thumbnails; neuron: `neuron_data`'s q and k."""
     first = captures[0]
     panels = []
     for index, (capture, title) in enumerate(zip(captures, titles)):
@@ -190,10 +200,36 @@ def page_data(
         "panels": panels,
         "summary": None if summary is None else [s.to_json() for s in summary],
         "changes": None if changes is None else [c.to_json() for c in changes[:10]],
+        "palette": [list(stop) for stop in palette.VIRIDIS],
+        "labels": None if labels is None else [{"pattern": s.pattern, "score": round(s.score, 4)} for s in labels],
+        "neuron": neuron,
     }
 
 
-def render_page(
+def neuron_data(qk, heads: Sequence[tuple[int, int]]) -> dict[str, Any]:
+    """The q and k vectors of `heads` ((layer, head) pairs) for the page's neuron view, flat per head:
+    q[T * hs], k[S * hs], keyed "LAYER.HEAD"; float32 values written with 7 significant digits."""
+
+    def flat(a: np.ndarray) -> list[float]:
+        return [float(f"{x:.7g}") for x in a.ravel().tolist()]
+
+    return {
+        "head_dim": qk.head_dim,
+        "scale": 1.0 / float(np.sqrt(qk.head_dim)),
+        "q": {f"{l}.{h}": flat(qk.q[l, h]) for l, h in heads},
+        "k": {f"{l}.{h}": flat(qk.k[l, qk.key_head(h)]) for l, h in heads},
+    }
+
+
+def neuron_heads(qk, chosen: tuple[int, int]) -> list[tuple[int, int]]:
+    """Every head when their q and k fit NEURON_BUDGET numbers, else only `chosen`."""
+    L, H, T, hs = qk.q.shape
+    if L * H * (T + qk.k.shape[2]) * hs <= NEURON_BUDGET:
+        return [(l, h) for l in range(L) for h in range(H)]
+    return [chosen]
+
+
+def render_fragment(
     captures: Sequence[AttentionCapture],
     titles: Sequence[str],
     *,
@@ -205,9 +241,13 @@ def render_page(
     heading: str | None = None,
     about: Sequence[str] | None = None,
     table: dict[str, Any] | None = None,
+    labels: Sequence[HeadSummary] | None = None,
+    neuron: dict[str, Any] | None = None,
 ) -> str:
-    """The whole page as a string. `about` replaces the per-capture lines under the heading; `table`
-    ({"title", "columns", "rows": a list of cells per panel}) is a small table whose row i shows panel i."""
+    """The view as one `<div class="tfcli-view">` with its style and scripts: what a notebook shows, and
+    what `render_page` puts in a document. `about` replaces the per-capture lines under the heading;
+    `table` ({"title", "columns", "rows": a list of cells per panel}) is a small table whose row i shows
+    panel i. Each call gets its own element id."""
     first = captures[0]
     heading = heading or f"attention of {first.run}"
     lines = [f"{kind_label(first)}, {first.n_layers} layers x {first.n_heads} heads"]
@@ -217,9 +257,10 @@ def render_page(
     for capture, title in zip(captures, titles) if about is None else ():
         lines.append(f"{title}: {len(capture.queries)} tokens" + ("" if capture.self_attention else f" over {len(capture.keys)} source tokens"))
         lines.extend(capture.notes)
-    data = page_data(captures, titles, layer=layer, head=head, focus=focus, summary=summary, changes=changes)
+    data = page_data(captures, titles, layer=layer, head=head, focus=focus, summary=summary, changes=changes, labels=labels, neuron=neuron)
     data["table"] = table
     fields = {
+        "UID": f"tfcli-view-{secrets.token_hex(6)}",
         "TITLE": html.escape(heading, quote=True),
         "ABOUT": "".join(f"<li>{html.escape(line, quote=True)}</li>" for line in lines),
         "DATA": json_for_script(data),
@@ -227,10 +268,17 @@ def render_page(
         "SCRIPT": asset("page.js"),
     }
     # one pass over the template: a field's text (a title, the data) is never searched for another field
-    return re.sub(r"@@(TITLE|ABOUT|DATA|STYLE|SCRIPT)@@", lambda m: fields[m.group(1)], asset("page.html"))
+    return re.sub(r"@@(UID|TITLE|ABOUT|DATA|STYLE|SCRIPT)@@", lambda m: fields[m.group(1)], asset("page.html"))
+
+
+def render_page(captures: Sequence[AttentionCapture], titles: Sequence[str], *, heading: str | None = None, **options: Any) -> str:
+    """The whole page as a string: `render_fragment`'s view in a document of its own."""
+    view = render_fragment(captures, titles, heading=heading, **options)
+    fields = {"TITLE": html.escape(heading or f"attention of {captures[0].run}", quote=True), "VIEW": view}
+    return re.sub(r"@@(TITLE|VIEW)@@", lambda m: fields[m.group(1)], asset("document.html"))
 
 
 @functools.cache
 def asset(name: str) -> str:
-    """The text of one of the page's package data files (assets/page.html, page.css, page.js)."""
+    """The text of one of the page's package data files (assets/page.html, page.css, page.js, document.html)."""
     return (resources.files("tfcli.inspect") / "assets" / name).read_text(encoding="utf-8")

@@ -41,6 +41,8 @@ class InspectRequest:
     crop: bool = False
     device: str = "auto"
     select_all_by_default: bool = False  # the JSON export: every layer and head unless told
+    neuron: str | None = None  # "LAYER.HEAD": the neuron view of that head (with `query`)
+    query: int | None = None  # the neuron view's query position (default: the --token's, else the last)
 
 
 @dataclasses.dataclass
@@ -53,6 +55,9 @@ class Inspection:
     focus_note: str = ""
     summaries: list[list[HeadSummary]] | None = None  # per capture, for the selected heads
     changes: list[HeadChange] | None = None  # --compare-run: every head, most changed first
+    checkpoint: Any = None  # the first run, loaded: the page's head labels and q and k read it again
+    neuron: tuple[int, int] | None = None  # --neuron LAYER.HEAD
+    query: int | None = None  # the neuron view's query position
 
     @property
     def first(self) -> AttentionCapture:
@@ -102,7 +107,11 @@ def inspect_attention(request: InspectRequest) -> Inspection:
     layers = parse_index(request.layer, first.n_layers, "layer", default_layer)
     heads = parse_index(request.head, first.n_heads, "head", default_head)
 
-    inspection = Inspection(captures=captures, titles=titles, layers=layers, heads=heads, changes=changes)
+    inspection = Inspection(captures=captures, titles=titles, layers=layers, heads=heads, changes=changes, checkpoint=checkpoint)
+    if request.neuron is not None:
+        inspection.neuron = parse_neuron(request.neuron, first.n_layers, first.n_heads)
+    elif request.query is not None:
+        raise TfcliError("--query picks the neuron view's query token", hint="pass --neuron LAYER.HEAD with it")
     if request.token is not None:
         position, inspection.focus_note = find_token(first.queries, request.token, request.occurrence, first.queries_from)
         inspection.focus = [position]
@@ -113,12 +122,39 @@ def inspect_attention(request: InspectRequest) -> Inspection:
                 raise TfcliError(
                     f"--token {request.token!r} (occurrence {request.occurrence}) is not in the second text ({title})", hint="pick a word both texts have"
                 ) from exc
+    if request.query is not None:
+        if not 0 <= request.query < len(first.queries):
+            last = len(first.queries) - 1
+            raise TfcliError(
+                f"--query {request.query} is out of range: the text has {len(first.queries)} tokens (0 to {last})", hint=f"pick one from 0 to {last}"
+            )
+        inspection.query = request.query
+    elif inspection.neuron is not None:
+        inspection.query = inspection.focus[0] if inspection.focus else len(first.queries) - 1
     if request.summary:
         inspection.summaries = []
         for capture, checkpoint_used in zip(captures, [checkpoint, other_checkpoint or checkpoint]):
             summaries = summarize_capture(checkpoint_used, capture)
             inspection.summaries.append([s for s in summaries if s.layer in layers and s.head in heads])
     return inspection
+
+
+def parse_neuron(spec: str, n_layers: int, n_heads: int) -> tuple[int, int]:
+    """--neuron LAYER.HEAD -> (layer, head); negative numbers count from the end. Example: "1.0" -> (1, 0)"""
+    layer, dot, head = spec.partition(".")
+    if not dot or not layer.strip().lstrip("-").isdigit() or not head.strip().lstrip("-").isdigit():
+        raise TfcliError(f"--neuron {spec!r} is not LAYER.HEAD", hint="write 1.0 for layer 1, head 0")
+    return parse_index(layer.strip(), n_layers, "layer")[0], parse_index(head.strip(), n_heads, "head")[0]
+
+
+def neuron_document(inspection: Inspection) -> dict[str, Any]:
+    """--neuron L.H --format json: the numbers behind one head's weights for one query (`neuron.NeuronView`)."""
+    from tfcli.inspect.neuron import capture_query_keys, neuron_view
+
+    first = inspection.first
+    qk = capture_query_keys(inspection.checkpoint.model, first)
+    view = neuron_view(first, qk, *inspection.neuron, inspection.query)
+    return {"run": first.run, "attention": first.kind, "text": first.text, **view.to_json()}
 
 
 # ---- output files ------------------------------------------------------------------------------------
@@ -303,18 +339,29 @@ def save_document(path: Path, document: dict[str, Any]) -> None:
 
 
 def html_page(inspection: Inspection) -> str:
+    """The page, with every head's pattern label on the model view and q and k for the neuron view."""
     from tfcli.inspect.html import render_page
 
     summary = inspection.summaries[0] if inspection.summaries else None
-    return render_page(
-        inspection.captures,
-        inspection.titles,
-        layer=inspection.layers[0],
-        head=inspection.heads[0],
-        focus=inspection.focus,
-        summary=summary,
-        changes=inspection.changes,
-    )
+    return render_page(inspection.captures, inspection.titles, **page_options(inspection), summary=summary, changes=inspection.changes)
+
+
+def page_options(inspection: Inspection) -> dict[str, Any]:
+    """What the page shows first (layer, head, focus) and what the model and neuron views read."""
+    from tfcli.inspect.html import neuron_data, neuron_heads
+    from tfcli.inspect.neuron import capture_query_keys
+
+    first = inspection.first
+    layer, head = inspection.neuron or (inspection.layers[0], inspection.heads[0])
+    focus = inspection.focus
+    if inspection.query is not None:
+        focus = [inspection.query] * len(inspection.captures)
+    options: dict[str, Any] = {"layer": layer, "head": head, "focus": focus, "labels": None, "neuron": None}
+    if inspection.checkpoint is not None:
+        options["labels"] = summarize_capture(inspection.checkpoint, first)
+        qk = capture_query_keys(inspection.checkpoint.model, first)
+        options["neuron"] = neuron_data(qk, neuron_heads(qk, (layer, head)))
+    return options
 
 
 def png_image(inspection: Inspection) -> bytes:

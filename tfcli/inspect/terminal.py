@@ -20,23 +20,19 @@ from rich.table import Table
 from rich.text import Text
 
 from tfcli.errors import TfcliError
+from tfcli.inspect import palette
 from tfcli.inspect.labels import kind_label
 from tfcli.inspect.stats import HeadChange, HeadSummary
 
 # Shade by the weight, drawn on a colour scale (viridis); with colour off the characters still tell.
 SHADES = ((0.01, "·"), (0.12, "░"), (0.36, "▒"), (0.72, "▓"), (1.01, "█"))
 LEGEND = "· <1%  ░ <12%  ▒ <36%  ▓ <72%  █ ≥72%  blank: masked"
-_VIRIDIS = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
 _BAR_EIGHTHS = " ▏▎▍▌▋▊▉█"
 
 
 def _colour(w: float) -> str:
-    """A viridis colour for weight w, on a square-root scale so small weights stay visible."""
-    v = min(max(math.sqrt(max(w, 0.0)), 0.0), 1.0) * (len(_VIRIDIS) - 1)
-    i = min(int(v), len(_VIRIDIS) - 2)
-    f = v - i
-    r, g, b = (round(a + (c - a) * f) for a, c in zip(_VIRIDIS[i], _VIRIDIS[i + 1]))
-    return f"rgb({r},{g},{b})"
+    """The views' one colour map (`palette`: viridis on a square-root scale) for weight w."""
+    return palette.css(w)
 
 
 def cell(w: float, cw: int) -> Text:
@@ -401,3 +397,28 @@ def _panel(capture, pairs, focus: int | None, width: int, compare: bool, start: 
         )
         return Group(Text(f"layer {layer}, head {head}", style="bold"), body), note
     return grid([(f"L{layer} H{head}", capture.weights[layer, head]) for layer, head in pairs], width=width)
+
+
+def neuron_table(document: dict) -> Group:
+    """The neuron view in a terminal: per key (those the query may see) q·k, q·k/√d and the softmax weight,
+    coloured on the one scale; the vectors themselves are in --format json and the page."""
+    query = document["query"]
+    table = Table(box=None, padding=(0, 1, 0, 0), show_edge=False, pad_edge=False)
+    for name, justify in (("#", "right"), ("key", "left"), ("q·k", "right"), ("q·k/√d", "right"), ("softmax", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    root = math.sqrt(document["head_dim"])
+    for key in document["keys"]:
+        if key["masked"]:
+            continue
+        weight = key["weight"]
+        table.add_row(
+            str(key["position"]),
+            Text(fit(_short(key["text"]), 14)),
+            f"{key['score'] * root:.4f}",
+            f"{key['score']:.4f}",
+            Text(f"{weight:.4f}", style=f"{'white' if palette.dark(weight) else 'black'} on {palette.css(weight)}"),
+        )
+    title = Text(f"neuron view: layer {document['layer']}, head {document['head']}, query {query['position']} '", style="bold")
+    title.append(_short(query["text"]))
+    title.append(f"': softmax(q·k/√{document['head_dim']}) over the keys it may see")
+    return Group(title, table, Text("the vectors (q, each k, q∘k) with every number: --format json", style="dim"))

@@ -1,9 +1,12 @@
 "use strict";
 // The attention page's code: inlined into every page by tfcli/inspect/html.py, run under node by the tests.
 // Every piece of text reaches the page through textContent or a text node: nothing is parsed as markup.
-(function () {
-  const DATA = JSON.parse(document.getElementById("tfcli-data").textContent);
-  const $ = (id) => document.getElementById(id);
+// Several views can share one document (a notebook): each script finds its own view (the element around
+// it) and every part of it inside that view, by data-part, so no two views read or draw each other's.
+(function (script) {
+  const root = script.closest(".tfcli-view");
+  const $ = (part) => root.querySelector('[data-part="' + part + '"]');
+  const DATA = JSON.parse($("data").textContent);
   const make = (tag, text, cls) => {
     const e = document.createElement(tag);
     if (text !== undefined && text !== null) e.textContent = String(text);
@@ -47,6 +50,7 @@
   function say(el, parts) {
     el.textContent = "";
     for (const part of parts) el.appendChild(typeof part === "string" ? document.createTextNode(part) : tokenNode(part));
+    return el;
   }
 
   function Panel(spec, layers) {
@@ -68,24 +72,31 @@
   };
   Panel.prototype.weight = function (q, k) { const v = this.level(q, k) / 255; return v * v; };
 
-  function colour(v) {  // v = sqrt(weight) in 0..1: white to deep blue
-    return [Math.round(255 - v * 225), Math.round(255 - v * 175), Math.round(255 - v * 95)];
+  // v = sqrt(weight) in 0..1 -> [r, g, b] on the page's colour map (viridis, the PNGs' map, sent with the data)
+  const STOPS = DATA.palette;
+  function colour(v) {
+    const x = Math.min(Math.max(v, 0), 1) * (STOPS.length - 1), i = Math.min(Math.floor(x), STOPS.length - 2), f = x - i;
+    const a = STOPS[i], b = STOPS[i + 1];
+    return [Math.round(a[0] + (b[0] - a[0]) * f), Math.round(a[1] + (b[1] - a[1]) * f), Math.round(a[2] + (b[2] - a[2]) * f)];
   }
+  const css = (c) => "rgb(" + c[0] + "," + c[1] + "," + c[2] + ")";
+  const dark = (v) => v < 0.6;  // viridis' dark end: white text on it
+  const percent = (w) => (100 * w).toFixed(w < 0.001 && w > 0 ? 3 : 1) + "%";
 
-  function drawMap(panel, canvas, layer, head, size) {
+  const MASKED = [238, 238, 238];  // keys a causal query may not see: light grey, as in the PNGs
+
+  // one head's map at one pixel per cell
+  function drawMap(panel, canvas, layer, head) {
     const T = panel.T, S = panel.S;
-    const w = size ? Math.min(size, S) : S, h = size ? Math.min(size, T) : T;
-    canvas.width = w; canvas.height = h;
+    canvas.width = S; canvas.height = T;
     const ctx = canvas.getContext("2d");
-    const img = ctx.createImageData(w, h);
+    const img = ctx.createImageData(S, T);
     const saved = [state.layer, state.head];
     state.layer = layer; state.head = head;
-    for (let y = 0; y !== h; y++) {
-      const q = Math.floor(y * T / h);
-      for (let x = 0; x !== w; x++) {
-        const k = Math.floor(x * S / w);
-        const c = colour(panel.level(q, k) / 255);
-        const i = (y * w + x) * 4;
+    for (let q = 0; q !== T; q++) {
+      for (let k = 0; k !== S; k++) {
+        const c = panel.causal && k > q ? MASKED : colour(panel.level(q, k) / 255);
+        const i = (q * S + k) * 4;
         img.data[i] = c[0]; img.data[i + 1] = c[1]; img.data[i + 2] = c[2]; img.data[i + 3] = 255;
       }
     }
@@ -93,21 +104,72 @@
     ctx.putImageData(img, 0, 0);
   }
 
+  // a thumbnail `size` pixels across: each pixel the largest weight of the cells it covers, so a thin
+  // diagonal (a previous-token head) stays visible at 512 tokens
+  function drawThumb(panel, canvas, layer, head, size) {
+    const T = panel.T, S = panel.S, w = Math.min(size, S), h = Math.min(size, T);
+    canvas.width = w; canvas.height = h;
+    const top = new Int16Array(w * h).fill(-1);
+    const bytes = panel.layers[layer], base = head * panel.perHead;
+    for (let q = 0; q !== T; q++) {
+      const y = Math.floor(q * h / T), row = panel.causal ? base + q * (q + 1) / 2 : base + q * S, end = panel.causal ? q + 1 : S;
+      for (let k = 0; k !== end; k++) {
+        const at = y * w + Math.floor(k * w / S), v = bytes[row + k];
+        if (v > top[at]) top[at] = v;
+      }
+    }
+    const ctx = canvas.getContext("2d");
+    const img = ctx.createImageData(w, h);
+    for (let at = 0; at !== w * h; at++) {
+      const c = top[at] < 0 ? MASKED : colour(top[at] / 255);
+      img.data[at * 4] = c[0]; img.data[at * 4 + 1] = c[1]; img.data[at * 4 + 2] = c[2]; img.data[at * 4 + 3] = 255;
+    }
+    ctx.putImageData(img, 0, 0);
+  }
+
+  // the colour bar: the map from 0 to 1 on its square-root scale, with ticks at the weights they stand for
+  function drawLegend() {
+    const box = $("legend");
+    box.textContent = "";
+    box.appendChild(make("span", "attention weight"));
+    const bar = make("span", null, "bar");
+    const canvas = make("canvas");
+    canvas.width = 110; canvas.height = 1;
+    const ctx = canvas.getContext("2d");
+    const img = ctx.createImageData(110, 1);
+    for (let x = 0; x !== 110; x++) {
+      const c = colour(x / 109);
+      img.data.set([c[0], c[1], c[2], 255], x * 4);
+    }
+    ctx.putImageData(img, 0, 0);
+    bar.appendChild(canvas);
+    for (const w of [0, 0.05, 0.25, 0.5, 1]) {
+      const tick = make("span", String(w), "tick");
+      tick.style.left = (Math.sqrt(w) * 100).toFixed(1) + "%";
+      bar.appendChild(tick);
+    }
+    box.appendChild(bar);
+    box.title = "viridis on a square-root scale (small weights stay visible); grey: masked";
+  }
+
   const panels = [];
 
   function paintTokens() {
     for (const p of panels) {
       const q = p.q, k = p.k;
+      const paint = (span, i, v, on) => {
+        span.style.background = v ? css(colour(v)) : "";
+        span.style.color = v && dark(v) ? "#fff" : "";
+        span.title = "#" + i + (on ? ": " + percent(v * v) : "");
+      };
       p.keySpans.forEach((span, i) => {
-        const v = (q === null || q >= p.T) ? 0 : p.level(q, i) / 255;
-        span.style.background = v ? "rgba(37,99,235," + v.toFixed(3) + ")" : "";
-        span.style.color = v > 0.65 ? "#fff" : "";
+        const on = q !== null && q < p.T && !(p.causal && i > q);
+        paint(span, i, on ? p.level(q, i) / 255 : 0, on);
         span.classList.toggle("focus", DATA.self_attention ? i === q : i === k);
       });
       p.querySpans.forEach((span, i) => {
-        const v = (k === null || k >= p.S) ? 0 : p.level(i, k) / 255;
-        span.style.background = v ? "rgba(234,88,12," + v.toFixed(3) + ")" : "";
-        span.style.color = v > 0.65 ? "#fff" : "";
+        const on = k !== null && k < p.S && !(p.causal && k > i);
+        paint(span, i, on ? p.level(i, k) / 255 : 0, on);
         span.classList.toggle("focus", DATA.self_attention ? i === k : i === q);
       });
       const qLabel = q === null ? undefined : p.queries[q], kLabel = k === null ? undefined : p.keys[k];
@@ -117,6 +179,7 @@
       else say(p.byTitle, ["what attends to \u201c", kLabel, "\u201d (" + k + ")"]);
       markAxes(p);
     }
+    drawNeuron();
   }
 
   function setFocus(panel, q, k, hold) {
@@ -262,26 +325,162 @@
     $("panels").appendChild(root);
   }
 
-  function drawThumbs() {
-    const box = $("thumbs");
-    box.textContent = "";
-    for (let h = 0; h !== DATA.heads; h++) {
-      const cell = make("div", null, "thumb" + (h === state.head ? " on" : ""));
-      const c = make("canvas");
-      drawMap(panels[0], c, state.layer, h, 72);
-      cell.appendChild(c);
-      cell.appendChild(make("div", "head " + h));
-      cell.addEventListener("click", () => select(state.layer, h));
-      box.appendChild(cell);
+  // ---- model view: every layer x head as a thumbnail, each drawn once it scrolls into view ------------
+
+  const THUMB = 64;
+  const SHORT = { "previous-token": "prev", "first-token": "first", duplicate: "dup", induction: "induct" };
+  const labelOf = (layer, head) => DATA.labels ? DATA.labels[layer * DATA.heads + head] : null;
+
+  function buildModelView() {
+    const box = $("model");
+    box.appendChild(make("h3", "model view: every layer \u00d7 head (click a head, or move with the arrow keys and press Enter, to open it below)"));
+    const grid = make("div", null, "mgrid");
+    grid.style.gridTemplateColumns = "4.5em repeat(" + DATA.heads + ", minmax(40px, " + THUMB + "px))";
+    grid.setAttribute("role", "grid");
+    grid.appendChild(make("div", "", "collab"));
+    for (let h = 0; h !== DATA.heads; h++) grid.appendChild(make("div", "head " + h, "collab"));
+    const status = make("div", "", "mstatus");
+    state.thumbs = [];
+    const draw = (cell) => { if (!cell.drawn) { cell.drawn = true; drawThumb(panels[0], cell.canvas, cell.layer, cell.head, THUMB); } };
+    const observer = typeof IntersectionObserver === "undefined" ? null : new IntersectionObserver((entries) => {
+      for (const e of entries) if (e.isIntersecting) { draw(e.target.cell); observer.unobserve(e.target); }
+    }, { rootMargin: "200px" });
+    for (let l = 0; l !== DATA.layers; l++) {
+      grid.appendChild(make("div", "layer " + l, "rowlab"));
+      for (let h = 0; h !== DATA.heads; h++) {
+        const div = make("div", null, "mthumb");
+        div.tabIndex = -1;
+        div.setAttribute("role", "gridcell");
+        div.dataset.layer = String(l); div.dataset.head = String(h);
+        const canvas = div.appendChild(make("canvas"));
+        const found = labelOf(l, h);
+        let tip = "layer " + l + ", head " + h;
+        if (found) {
+          tip += ": " + (found.pattern === "none" ? "no known pattern" : found.pattern) + " (best score " + Number(found.score).toFixed(2) + ")";
+          if (found.pattern !== "none") div.appendChild(make("span", SHORT[found.pattern] || found.pattern, "tag"));
+        }
+        div.title = tip;
+        const cell = { div, canvas, layer: l, head: h, drawn: false };
+        div.cell = cell;
+        div.addEventListener("click", () => open(l, h));
+        div.addEventListener("mouseenter", () => { status.textContent = tip; });
+        div.addEventListener("keydown", (ev) => {
+          const moves = { ArrowLeft: [0, -1], ArrowRight: [0, 1], ArrowUp: [-1, 0], ArrowDown: [1, 0] };
+          if (moves[ev.key]) {
+            const nl = Math.min(Math.max(l + moves[ev.key][0], 0), DATA.layers - 1), nh = Math.min(Math.max(h + moves[ev.key][1], 0), DATA.heads - 1);
+            const next = state.thumbs[nl * DATA.heads + nh];
+            div.tabIndex = -1; next.div.tabIndex = 0; next.div.focus(); status.textContent = next.div.title;
+            ev.preventDefault();
+          } else if (ev.key === "Enter" || ev.key === " ") { open(l, h); ev.preventDefault(); }
+        });
+        state.thumbs.push(cell);
+        grid.appendChild(div);
+        if (observer) observer.observe(div); else draw(cell);
+      }
+    }
+    box.appendChild(grid);
+    box.appendChild(status);
+  }
+
+  function open(layer, head) {
+    select(layer, head);
+    const target = panels[0].root;
+    if (target.scrollIntoView) target.scrollIntoView({ block: "nearest" });
+  }
+
+  function markThumbs() {
+    for (const cell of state.thumbs || []) {
+      const on = cell.layer === state.layer && cell.head === state.head;
+      cell.div.classList.toggle("on", on);
+      if (on) cell.div.tabIndex = 0; else cell.div.tabIndex = -1;
     }
   }
 
   function select(layer, head) {
     state.layer = layer; state.head = head;
     $("layer").value = String(layer); $("head").value = String(head);
-    for (const p of panels) drawMap(p, p.canvas, layer, head, 0);
-    drawThumbs();
+    for (const p of panels) drawMap(p, p.canvas, layer, head);
+    markThumbs();
     paintTokens();
+  }
+
+  // ---- neuron view: softmax(q·k/√d) for the focused query of the first panel, with the actual numbers ---
+
+  function signed(v, scale) {  // blue below 0, white at 0, red above (RdBu, as the PNGs' signed maps)
+    const f = scale > 0 ? Math.min(Math.abs(v) / scale, 1) : 0, base = v > 0 ? [178, 24, 43] : [33, 102, 172];
+    return base.map((c) => Math.round(255 + (c - 255) * f));
+  }
+
+  function strip(values, rows, cols, scale, describe, status) {
+    const canvas = make("canvas", null, "strip");
+    canvas.width = cols; canvas.height = rows;
+    canvas.style.width = cols * 6 + "px"; canvas.style.height = rows * 16 + "px";
+    const ctx = canvas.getContext("2d");
+    const img = ctx.createImageData(cols, rows);
+    for (let i = 0; i !== rows * cols; i++) img.data.set([...signed(values[i], scale), 255], i * 4);
+    ctx.putImageData(img, 0, 0);
+    canvas.addEventListener("mousemove", (ev) => {
+      const r = canvas.getBoundingClientRect();
+      const c = Math.max(0, Math.min(cols - 1, Math.floor((ev.clientX - r.left) / r.width * cols)));
+      const row = Math.max(0, Math.min(rows - 1, Math.floor((ev.clientY - r.top) / r.height * rows)));
+      say(status, describe(row, c, values[row * cols + c]));
+    });
+    return canvas;
+  }
+
+  function drawNeuron() {
+    const box = $("neuron"), spec = DATA.neuron;
+    if (!box || !panels.length) return;
+    box.textContent = "";
+    box.appendChild(make("h3", "neuron view: how layer " + state.layer + ", head " + state.head + " weighs each key for one query"));
+    const key = state.layer + "." + state.head;
+    if (!spec || !spec.q[key]) {
+      box.appendChild(make("p", spec ? "this page carries the query and key vectors of " + Object.keys(spec.q).join(", ") + " only (to stay small); --neuron LAYER.HEAD picks the head" : "no query and key vectors in this page", "nnote"));
+      return;
+    }
+    const p = panels[0], d = spec.head_dim, q = p.q === null ? p.T - 1 : p.q;
+    const Q = spec.q[key], K = spec.k[key];
+    const qv = Q.slice(q * d, q * d + d), n = p.causal ? q + 1 : p.S;
+    const products = new Float64Array(n * d), scores = new Float64Array(n);
+    for (let j = 0; j !== n; j++) {
+      let sum = 0;
+      for (let i = 0; i !== d; i++) { const v = qv[i] * K[j * d + i]; products[j * d + i] = v; sum += v; }
+      scores[j] = sum * spec.scale;
+    }
+    const top = Math.max(...scores), exps = Array.from(scores, (s) => Math.exp(s - top)), total = exps.reduce((a, b) => a + b, 0);
+    const weights = exps.map((e) => e / total);
+    box.appendChild(say(make("p", null, "nnote"), ["query \u201c", p.queries[q], "\u201d (" + q + "; hover a token above or click it to hold another): weight = softmax(q\u00b7k / \u221a" + d + "), q\u00b7k = \u03a3 q\u1d62k\u1d62" + (p.causal && n < p.S ? "; the " + (p.S - n) + " later keys are masked" : "")]));
+    const status = make("div", "hover the strips for their numbers (blue below 0, red above)", "nstatus");
+    const grid = make("div", null, "ngrid");
+    const strips = Math.max(d * 6, 48) + "px ";
+    grid.style.gridTemplateColumns = "auto " + strips + strips + "auto auto auto";
+    ["key", "k", "q \u2218 k", "q\u00b7k", "q\u00b7k/\u221ad", "softmax"].forEach((t) => grid.appendChild(make("div", t, "nh")));
+    const kScale = Math.max(1e-12, ...Array.from(K.slice(0, n * d), Math.abs)), pScale = Math.max(1e-12, ...Array.from(products, Math.abs));
+    grid.appendChild(make("div", "q", "nk"));
+    const qCanvas = strip(qv, 1, d, Math.max(1e-12, ...qv.map(Math.abs)), (r, c, v) => ["q[" + c + "] = " + v.toFixed(5)], status);
+    const qCell = make("div"); qCell.appendChild(qCanvas); grid.appendChild(qCell);
+    for (let t = 0; t < 4; t++) grid.appendChild(make("div", ""));
+    const kCell = make("div"), pCell = make("div");
+    kCell.style.gridRow = pCell.style.gridRow = "3 / span " + n; kCell.style.gridColumn = "2"; pCell.style.gridColumn = "3";
+    kCell.style.height = pCell.style.height = n * 16 + "px";
+    kCell.appendChild(strip(K.slice(0, n * d), n, d, kScale, (r, c, v) => ["k" + r + "[" + c + "] = " + v.toFixed(5) + " (key \u201c", p.keys[r], "\u201d)"], status));
+    pCell.appendChild(strip(products, n, d, pScale, (r, c, v) => ["q[" + c + "]\u00b7k" + r + "[" + c + "] = " + qv[c].toFixed(5) + " \u00d7 " + K[r * d + c].toFixed(5) + " = " + v.toFixed(5)], status));
+    grid.appendChild(kCell); grid.appendChild(pCell);
+    for (let j = 0; j !== n; j++) {
+      const label = tokenNode(p.keys[j]), kl = make("div", null, "nk");
+      kl.appendChild(label); kl.appendChild(document.createTextNode(" " + j));
+      kl.style.gridColumn = "1"; kl.style.gridRow = String(j + 3);
+      grid.appendChild(kl);
+      const cells = [(scores[j] / spec.scale).toFixed(4), scores[j].toFixed(4)];
+      cells.forEach((text, c) => { const e = make("div", text, "num"); e.style.gridColumn = String(4 + c); e.style.gridRow = String(j + 3); grid.appendChild(e); });
+      const w = make("div", null, "num nw"), barEl = make("span", null, "wbar");
+      barEl.style.width = Math.max(1, Math.round(60 * weights[j])) + "px"; barEl.style.background = css(colour(Math.sqrt(weights[j])));
+      w.appendChild(barEl); w.appendChild(document.createTextNode(weights[j].toFixed(5)));
+      w.style.gridColumn = "6"; w.style.gridRow = String(j + 3);
+      grid.appendChild(w);
+    }
+    box.appendChild(grid);
+    box.appendChild(status);
   }
 
   function smallTable(title, columns, rows) {
@@ -325,9 +524,11 @@
     if (DATA.table) {  // a row per panel (e.g. a head's scores at each checkpoint): click to scroll to it
       $("extra").appendChild(smallTable(DATA.table.title, DATA.table.columns, DATA.table.rows.map((cells, i) => ({ panel: i, cells }))));
     }
+    drawLegend();
+    buildModelView();
     setZoom(Math.min(...panels.map(defaultCell)));
     select(state.layer, state.head);
   }
 
   start().catch((err) => { const p = $("problem"); p.hidden = false; p.textContent = "could not show the weights: " + err.message; });
-})();
+})(document.currentScript);
