@@ -553,7 +553,7 @@ def test_keep_checkpoints_and_the_scores_across_them(cli, tmp_path, trained_toke
         assert result.code == 0, result.stderr
         assert out.read_bytes().startswith(magic) and "the best induction score" in result.stderr
     page = (tmp_path / "steps.html").read_text(encoding="utf-8")
-    data = json.loads(re.search(r'<script type="application/json" id="tfcli-data">(.*?)</script>', page, re.DOTALL).group(1))
+    data = json.loads(re.search(r'<script type="application/json" id="[^"]+" data-part="data">(.*?)</script>', page, re.DOTALL).group(1))
     assert [panel["title"] for panel in data["panels"]] == ["step 2", "step 4", "step 5"] and len(data["table"]["rows"]) == 3
     for args, message in (
         (["--head", "1.x"], "--head must be a number"),

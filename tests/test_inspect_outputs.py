@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import struct
 import subprocess
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 from tests.conftest import REPO
 from tests.helpers import browse, needs_chromium, unpack_weights
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
+from tfcli.inspect import palette
 from tfcli.inspect.capture import capture_attention
 from tfcli.inspect.html import json_for_script, pack_weights, token_pieces
 from tfcli.inspect.session import StreamedArray, write_document
@@ -138,7 +140,8 @@ def test_html_page_is_self_contained_and_escapes_every_text(cli, runs, tmp_path)
     parsed = _parse(page)
     assert [t for t, _ in parsed.tags].count("script") == 2 and len(parsed.scripts) == 2
     (data_attrs, data_body), (code_attrs, code_body) = parsed.scripts
-    assert data_attrs == {"type": "application/json", "id": "tfcli-data"} and code_attrs == {}
+    assert data_attrs["type"] == "application/json" and data_attrs["data-part"] == "data" and code_attrs == {}
+    assert re.fullmatch(r"tfcli-view-[0-9a-f]{12}-data", data_attrs["id"])  # each view its own id (a notebook holds many)
     for raw in ("<", ">", "&", "\u2028", "\u2029"):
         assert raw not in data_body
     assert "</script" not in code_body.lower() and "<!--" not in code_body and "innerHTML" not in code_body
@@ -186,7 +189,9 @@ const fs = require("fs");
 const page = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
 class ClassList { constructor() { this.set = new Set(); } toggle(n, on) { if (on === undefined ? !this.set.has(n) : on) this.set.add(n); else this.set.delete(n); } contains(n) { return this.set.has(n); } }
 class Element {
-  constructor(tag) { this.tagName = tag; this.children = []; this.listeners = {}; this.style = {}; this.classList = new ClassList(); this._text = ""; this.value = ""; this.hidden = false; this.width = 0; this.height = 0; }
+  constructor(tag) { this.tagName = tag; this.children = []; this.listeners = {}; this.style = {}; this.classList = new ClassList(); this._text = ""; this.value = ""; this.hidden = false; this.width = 0; this.height = 0; this.dataset = {}; this.attributes = {}; }
+  setAttribute(k, v) { this.attributes[k] = String(v); }
+  focus() {}
   appendChild(c) { this.children.push(c); return c; }
   set textContent(t) { this._text = String(t); this.children = []; }
   get textContent() { return this._text + this.children.map((c) => c.textContent).join(""); }
@@ -197,16 +202,19 @@ class Element {
   addEventListener(type, fn) { (this.listeners[type] = this.listeners[type] || []).push(fn); }
   fire(type, ev) { (this.listeners[type] || []).forEach((fn) => fn(ev || { target: this })); }
   getContext() { const el = this; return { createImageData: (w, h) => ({ width: w, height: h, data: new Uint8ClampedArray(w * h * 4) }), putImageData: (img) => { el.image = img; } }; }
+  closest() { return viewRoot; }
+  querySelector(sel) { return byId[/data-part="([^"]+)"/.exec(sel)[1]]; }
   getBoundingClientRect() { return { left: 0, top: 0, width: this.width * 10, height: this.height * 10 }; }
 }
 const byId = {};
-for (const id of ["layer", "head", "thumbs", "extra", "panels", "problem", "zoom-in", "zoom-out", "zoom-size"]) byId[id] = new Element(id === "layer" || id === "head" ? "select" : "div");
+for (const id of ["layer", "head", "model", "legend", "neuron", "extra", "panels", "problem", "zoom-in", "zoom-out", "zoom-size"]) byId[id] = new Element(id === "layer" || id === "head" ? "select" : "div");
 byId.problem.hidden = true;
-byId["tfcli-data"] = new Element("script"); byId["tfcli-data"].textContent = page.data;
+byId.data = new Element("script"); byId.data.textContent = page.data;
+const viewRoot = new Element("div");
 const textNode = (t) => ({ nodeType: 3, textContent: String(t), children: [] });
-global.document = { getElementById: (id) => byId[id], createElement: (tag) => new Element(tag), createTextNode: textNode, write() { throw new Error("document.write used"); } };
+global.document = { currentScript: viewRoot, getElementById() { throw new Error("getElementById used: a view finds its parts inside itself"); }, createElement: (tag) => new Element(tag), createTextNode: textNode, write() { throw new Error("document.write used"); } };
 function all(el, pred, out = []) { if (pred(el)) out.push(el); el.children.forEach((c) => all(c, pred, out)); return out; }
-const alpha = (s) => { const m = /rgba\(\d+,\d+,\d+,([0-9.]+)\)/.exec(s.style.background || ""); return m ? Number(m[1]) : 0; };
+const alpha = (s) => { const m = /: ([0-9.]+)%$/.exec(s.title || ""); return m ? Math.sqrt(Number(m[1]) / 100) : 0; };  // the weight shown on hover, as sqrt
 eval(fs.readFileSync(page.script, "utf8"));
 setTimeout(() => {
   const out = { problem: byId.problem.hidden ? null : byId.problem.textContent };
@@ -227,7 +235,8 @@ setTimeout(() => {
   out.byTitle = blocks[1].children[0].textContent;
   out.keyAlpha = keySpans.map(alpha);
   out.queryAlpha = querySpans.map(alpha);
-  out.thumbs = byId.thumbs.children.length;
+  out.thumbs = all(byId.model, (e) => e._class === "mthumb").length;
+  out.keyColours = keySpans.map((s) => s.style.background);
   out.layerOptions = byId.layer.children.length;
   const canvas = all(panels[0], (e) => e.tagName === "canvas")[0];
   out.mapSize = [canvas.width, canvas.height];
@@ -242,6 +251,8 @@ setTimeout(() => {
   out.status = status.textContent;
   out.keyAlphaAfter = keySpans.map(alpha);
   out.extra = byId.extra.textContent;
+  out.legend = byId.legend.textContent;
+  out.neuron = byId.neuron.textContent;
   console.log(JSON.stringify(out));
 }, 200);
 """
@@ -281,9 +292,12 @@ def test_the_page_script_runs_and_hover_shows_the_weights(cli, runs, tmp_path):
     assert np.allclose(result["queryAlpha"], np.sqrt(weights[0, 0, :, hover]), atol=1.5 / 255)
     assert all(a == 0 for a in result["keyAlpha"][hover + 1 :])  # masked keys uncoloured
     assert result["toTitle"].startswith("what \u201c") and f"({hover}) attends to" in result["toTitle"]
-    assert result["thumbs"] == 4 and result["layerOptions"] == 2 and result["mapSize"] == [T, T]
-    v = np.sqrt(weights[0, 0, 0, 0])
-    assert result["mapPixel"] == [round(255 - v * 225), round(255 - v * 175), round(255 - v * 95), 255]
+    assert result["thumbs"] == 2 * 4 and result["layerOptions"] == 2 and result["mapSize"] == [T, T]  # the model view: every layer x head
+    assert np.abs(np.array(result["mapPixel"][:3]) - palette.rgb(weights[0, 0, 0, 0])).max() <= 2  # the one palette (viridis)
+    shade = [int(x) for x in re.findall(r"\d+", result["keyColours"][0])]
+    assert np.abs(np.array(shade) - palette.rgb(weights[0, 0, hover, 0])).max() <= 2  # hovered tokens on the same map
+    assert "attention weight" in result["legend"] and "0.25" in result["legend"]  # a colour bar with its scale
+    assert result["neuron"].startswith("neuron view") and "softmax" in result["neuron"]
     # token labels along both axes of the map: every one that fits, and the hovered row and column
     cell = max(8, min(64, 560 // T))
     step = -(-12 // cell)
@@ -357,7 +371,7 @@ LAYOUT_PROBE = """
   canvas.dispatchEvent(new MouseEvent("mousemove", { clientX: r.left + 300.5 * out.cell, clientY: r.top + 401.5 * out.cell, bubbles: true }));
   const hot = (sel) => { const e = panel.querySelector(sel); return e.hidden ? null : e.textContent; };
   out.hotX = hot(".lab.x.hot"); out.hotY = hot(".lab.y.hot");
-  document.getElementById("zoom-in").click();
+  document.querySelector('[data-part="zoom-in"]').click();
   out.zoomedCell = canvas.getBoundingClientRect().width / n;
   return out;
 """

@@ -81,7 +81,7 @@
   }
   const css = (c) => "rgb(" + c[0] + "," + c[1] + "," + c[2] + ")";
   const dark = (v) => v < 0.6;  // viridis' dark end: white text on it
-  const percent = (w) => (100 * w).toFixed(w < 0.001 && w > 0 ? 3 : 1) + "%";
+  const percent = (w) => Number((100 * w).toPrecision(3)) + "%";
 
   const MASKED = [238, 238, 238];  // keys a causal query may not see: light grey, as in the PNGs
 
