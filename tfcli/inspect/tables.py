@@ -36,9 +36,10 @@ def _signed(value: float, scale: float) -> str:
 
 
 def _signed_light(value: float, scale: float) -> tuple[str, bool]:
-    """The page's diverging colour (white at 0, red for a rise, blue for a fall) and whether it is dark."""
+    """The page's diverging colour (white at 0, red for a rise, blue for a fall: RdBu's ends, as the PNGs'
+    signed maps) and whether it is dark."""
     f = 0.0 if scale <= 0 or not math.isfinite(value) else min(abs(value) / scale, 1.0) ** 0.5
-    base = (215, 48, 39) if value > 0 else (49, 54, 149)
+    base = (178, 24, 43) if value > 0 else (33, 102, 172)
     r, g, b = (round(255 + (c - 255) * f) for c in base)
     return f"rgb({r},{g},{b})", f > 0.6
 
@@ -312,21 +313,48 @@ _PAGE = """<!DOCTYPE html>
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title}</title>
-<style>
-body {{ font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }}
-h1 {{ font-size: 1.2em; }} p.note {{ color: #666; }}
-.scroll {{ overflow: auto; max-width: 100%; }}
-table {{ border-collapse: collapse; }}
-th, td {{ padding: 3px 6px; border: 1px solid #fff; white-space: pre; font-family: ui-monospace, monospace; font-size: 12px; }}
-th {{ background: #f3f3f3; font-weight: normal; }} th.row {{ text-align: left; position: sticky; left: 0; }}
-td {{ text-align: center; }}
-</style></head>
-<body>
-<h1>{title}</h1>
-{notes}
-{tables}
+</head>
+<body style="margin: 1.5em">
+{view}
 </body></html>
 """
+
+# scoped to the view's own element: several views (or a notebook's own style) on one page never meet
+_VIEW = """<div class="tfcli-tables" id="{uid}">
+<style>
+#{uid} {{ font: 14px system-ui, sans-serif; color: #222; background: #fff; }}
+#{uid} h1 {{ font-size: 1.2em; }} #{uid} p.note {{ color: #666; }}
+#{uid} .scroll {{ overflow: auto; max-width: 100%; }}
+#{uid} table {{ border-collapse: collapse; }}
+#{uid} th, #{uid} td {{ padding: 3px 6px; border: 1px solid #fff; white-space: pre; font-family: ui-monospace, monospace; font-size: 12px; }}
+#{uid} th {{ background: #f3f3f3; font-weight: normal; }} #{uid} th.row {{ text-align: left; position: sticky; left: 0; }}
+#{uid} td {{ text-align: center; }}
+#{uid} .legend {{ display: flex; align-items: flex-start; gap: .6em; font-size: 11px; color: #444; margin: .6em 0; }}
+#{uid} .legend .bar {{ position: relative; width: 240px; height: 26px; }}
+#{uid} .legend .ramp {{ height: 10px; border: 1px solid #999; }}
+#{uid} .legend .tick {{ position: absolute; top: 12px; transform: translateX(-50%); }}
+</style>
+<h1>{title}</h1>
+{notes}
+{legend}
+{tables}
+</div>"""
+
+
+def legend_html(label: str, *, signed: float | None = None) -> str:
+    """A colour bar with its scale: the views' one map (viridis, square-root scale) from 0 to 1, or with
+    `signed` the red-blue map from -signed to +signed (blue a fall, red a rise)."""
+    from tfcli.inspect import palette
+
+    if signed is None:
+        stops = ", ".join(f"rgb{palette.VIRIDIS[i]} {100 * i / (len(palette.VIRIDIS) - 1):.1f}%" for i in range(len(palette.VIRIDIS)))
+        ticks = [(f"{w:g}", 100 * math.sqrt(w)) for w in (0, 0.05, 0.25, 0.5, 1)]
+    else:
+        colours = [_signed_light(v, 1.0)[0] for v in (-1, -0.5, -0.25, -0.05, 0, 0.05, 0.25, 0.5, 1)]
+        stops = ", ".join(f"{c} {50 + 50 * math.copysign(math.sqrt(abs(v)), v):.1f}%" for c, v in zip(colours, (-1, -0.5, -0.25, -0.05, 0, 0.05, 0.25, 0.5, 1)))
+        ticks = [(f"{v * signed:+.3g}" if v else "0", 50 + 50 * math.copysign(math.sqrt(abs(v)), v)) for v in (-1, -0.25, 0, 0.25, 1)]
+    marks = "".join(f'<span class="tick" style="left:{x:.1f}%">{_escape(t)}</span>' for t, x in ticks)
+    return f'<div class="legend"><span>{_escape(label)}</span><div class="bar"><div class="ramp" style="background: linear-gradient(to right, {stops})"></div>{marks}</div><span>square-root scale; hover a cell for its numbers</span></div>'
 
 
 def _escape(text: str) -> str:
@@ -356,16 +384,20 @@ def html_table(
     return f'<h2>{_escape(title)}</h2><div class="scroll"><table><tr><th></th>{head}</tr>{"".join(body)}</table></div>'
 
 
-def html_page(title: str, notes: Sequence[str], tables: Sequence[str]) -> str:
-    """The page; the title and notes (user text: the run's path, the texts) shown with control and
-    bidirectional characters escaped (`visible`), so none can act or reorder the page."""
+def html_page(title: str, notes: Sequence[str], tables: Sequence[str], *, legend: str = "", fragment: bool = False) -> str:
+    """The page (or with `fragment`, the view alone, for a notebook); the title and notes (user text: the
+    run's path, the texts) shown with control and bidirectional characters escaped (`visible`), so none
+    can act or reorder the page."""
+    import secrets
+
     from tfcli.tokenizer.show import visible
 
     notes_html = "".join(f'<p class="note">{_escape(visible(n))}</p>' for n in notes)
-    return _PAGE.format(title=_escape(visible(title)), notes=notes_html, tables="\n".join(tables))
+    view = _VIEW.format(uid=f"tfcli-tables-{secrets.token_hex(6)}", title=_escape(visible(title)), notes=notes_html, legend=legend, tables="\n".join(tables))
+    return view if fragment else _PAGE.format(title=_escape(visible(title)), view=view)
 
 
-def lens_html(lens) -> str:
+def lens_html(lens, *, fragment: bool = False) -> str:
     columns = [lens.tokens[p].label for p in lens.positions]
     cells = []
     for row in lens.cells:
@@ -390,10 +422,10 @@ def lens_html(lens) -> str:
                 [[("" if t is None else _target_text(lens, t), "#fff", False, "") for t in lens.targets]],
             )
         )
-    return html_page(f"logit lens · {lens.run}", [f"text: {lens.text}"], tables)
+    return html_page(f"logit lens · {lens.run}", [f"text: {lens.text}"], tables, legend=legend_html("probability"), fragment=fragment)
 
 
-def ablation_html(ablation) -> str:
+def ablation_html(ablation, *, fragment: bool = False) -> str:
     mode = "zeroed" if ablation.mode == "zero" else "mean-ablated"
     if ablation.heads is not None:
         rows = ["before", "after"]
@@ -405,6 +437,8 @@ def ablation_html(ablation) -> str:
                 f"heads {', '.join(f'{l}.{h}' for l, h in ablation.heads)} {mode}: loss {ablation.base_loss:.4f} -> {float(ablation.loss[0]):.4f}",
             ],
             [html_table(f"next token at position {ablation.position}", rows, [str(i + 1) for i in range(len(cells[0]))], cells)],
+            legend=legend_html("probability"),
+            fragment=fragment,
         )
     delta = ablation.delta
     scale = float(np.abs(delta).max()) or 1.0
@@ -423,10 +457,12 @@ def ablation_html(ablation) -> str:
                 f"change in loss when one head is {mode}", [f"layer {l}" for l in range(delta.shape[0])], [f"head {h}" for h in range(delta.shape[1])], cells
             )
         ],
+        legend=legend_html("loss change (nats)", signed=scale),
+        fragment=fragment,
     )
 
 
-def patching_html(patching) -> str:
+def patching_html(patching, *, fragment: bool = False) -> str:
     columns = [a.label if a.label == b.label else f"{a.label}/{b.label}" for a, b in zip(patching.clean_tokens, patching.corrupt_tokens)]
     title, head_title = _patching_titles(patching)
 
@@ -460,4 +496,6 @@ def patching_html(patching) -> str:
             f"method: {method}",
         ],
         tables,
+        legend=legend_html("fraction restored", signed=1.0),
+        fragment=fragment,
     )
