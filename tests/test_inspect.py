@@ -210,7 +210,8 @@ def test_long_text_is_windowed_and_says_so(cli, runs):
     assert n > 40
     result = cli("inspect-attention", runs["decoder"], "--text", text)
     assert result.code == 0 and _fits(result.stdout)
-    assert re.search(rf"queries 0-(\d+) and keys 0-\1 of {n} tokens shown; --start N moves the window", " ".join(result.stdout.split()))
+    found = re.search(rf"queries 0-(\d+) and keys 0-\1 of {n} tokens shown; --start (\d+) for more", " ".join(result.stdout.split()))
+    assert found and int(found.group(2)) == int(found.group(1)) + 1  # the --start that pages on
     moved = cli("inspect-attention", runs["decoder"], "--text", text, "--start", "20")
     assert moved.code == 0 and _fits(moved.stdout)
     assert "queries 20-" in moved.stdout

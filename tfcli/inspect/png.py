@@ -2,8 +2,10 @@
 a labelled heatmap per head, a grid of small maps, or one token's attention per head.
 
 Token labels are text, not mathtext: every `$` is escaped, and control characters were already escaped
-by `tokenizer.show.visible`. Colour is viridis on a square-root scale (small weights stay visible); masked
-cells (exactly 0) are light grey.
+by `tokenizer.show.visible`. Labels are never cut: a token is written whole (rotated on the key axis, or
+smaller in a tight cell), titles wrap to the figure's width, and the constrained layout makes room for
+them. Colour is viridis on a square-root scale (small weights stay visible), the one map of every view
+(`palette`), with a colour bar on every picture; masked cells (exactly 0) are light grey.
 """
 
 from __future__ import annotations
@@ -18,11 +20,19 @@ import numpy as np
 MASKED = "#eeeeee"
 
 
-def _label(text: str, limit: int = 16) -> str:
+def tick_text(text: str) -> str:
+    """A token as a label, whole: a blank one as ␣ per character. Example: tick_text("  ") -> "␣␣" """
     if not text.strip():
         text = "␣" * max(len(text), 1)
-    text = text if len(text) <= limit else text[: limit - 1] + "…"
     return text.replace("$", r"\$")  # a pair of $ would start mathtext
+
+
+def _title(text: str, width_inches: float, fontsize: float) -> str:
+    """`text` wrapped to lines that fit `width_inches` at `fontsize` (about 0.6 em a character), never cut."""
+    import textwrap
+
+    per_line = max(20, int(width_inches * 72 / (fontsize * 0.62)))
+    return "\n".join(textwrap.wrap(text.replace("$", r"\$"), per_line, break_long_words=True, replace_whitespace=False) or [""])
 
 
 def _figure(width: float, height: float):
@@ -50,7 +60,7 @@ def _ticks(set_ticks, labels: Sequence[str], rotate: bool, fontsize: float) -> N
     """Label every position, or every k-th when there are more than 80."""
     step = max(1, math.ceil(len(labels) / 80))
     positions = list(range(0, len(labels), step))
-    set_ticks(positions, labels=[_label(labels[i]) for i in positions], fontsize=fontsize, rotation=90 if rotate else 0)
+    set_ticks(positions, labels=[tick_text(labels[i]) for i in positions], fontsize=fontsize, rotation=90 if rotate else 0)
 
 
 def _save(figure, dpi: int) -> bytes:
@@ -68,7 +78,7 @@ def _weights_image(ax, weights: np.ndarray, aspect: str):
 
 def _suptitle(figure, suptitle: str) -> None:
     if suptitle:
-        figure.suptitle(_label(suptitle, 160), fontsize=11)
+        figure.suptitle(_title(suptitle, figure.get_figwidth() - 0.3, 11), fontsize=11)
 
 
 def heatmaps_png(items: Sequence[tuple[str, np.ndarray, Sequence[str], Sequence[str]]], suptitle: str = "") -> bytes:
@@ -81,7 +91,7 @@ def heatmaps_png(items: Sequence[tuple[str, np.ndarray, Sequence[str], Sequence[
     image = None
     for ax, (title, weights, queries, keys) in zip(axes, items):
         image = _weights_image(ax, weights, "equal")
-        ax.set_title(_label(title, 120), fontsize=10)
+        ax.set_title(_title(title, side - 1.0, 10), fontsize=10)
         _ticks(ax.set_yticks, queries, False, fontsize)
         _ticks(ax.set_xticks, keys, True, fontsize)
         ax.set_xlabel("key (attended to)", fontsize=9)
@@ -107,7 +117,7 @@ def grid_png(maps: Sequence[tuple[str, np.ndarray]], columns: int, suptitle: str
             continue
         title, weights = maps[index]
         image = _weights_image(ax, weights, "equal")
-        ax.set_title(_label(title, 40), fontsize=8)
+        ax.set_title(_title(title, cell, 8), fontsize=8)
     figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.5, label="attention weight")
     _suptitle(figure, suptitle)
     return _save(figure, 110)
@@ -126,7 +136,7 @@ def token_png(items: Sequence[tuple[str, np.ndarray, Sequence[str], Sequence[str
     image = None
     for ax, (title, weights, heads, keys) in zip(axes, items):
         image = _weights_image(ax, weights, "auto")
-        ax.set_title(_label(title, 120), fontsize=10)
+        ax.set_title(_title(title, width - 1.5, 10), fontsize=10)
         _ticks(ax.set_yticks, heads, False, fontsize)
         _ticks(ax.set_xticks, keys, True, fontsize)
         ax.tick_params(length=0)
@@ -137,6 +147,9 @@ def token_png(items: Sequence[tuple[str, np.ndarray, Sequence[str], Sequence[str
     figure.colorbar(image, ax=list(axes), shrink=0.8, label="attention weight")
     _suptitle(figure, suptitle)
     return _save(figure, 110)
+
+
+BAND = 16  # positions per band of a wide grid: a long text's logit lens is stacked bands, not one strip
 
 
 def value_grid_png(
@@ -152,34 +165,46 @@ def value_grid_png(
     xlabel: str = "",
 ) -> bytes:
     """A labelled grid of values (rows, columns): layers x positions or layers x heads. `texts` writes a
-    label in each cell (the logit lens's tokens; else the value). Probabilities on viridis (square-root
-    scale), signed values (`diverging`) on a red-blue scale centred on 0."""
+    label in each cell (the logit lens's tokens; else the value), whole: smaller where it is long. More
+    than BAND columns are laid out as bands of BAND stacked down the page, so the picture keeps a page's
+    shape. Probabilities on viridis (square-root scale), signed values (`diverging`) on a red-blue scale
+    centred on 0; one colour bar for all bands."""
     from matplotlib.colors import TwoSlopeNorm
 
     R, C = values.shape
-    width = min(40.0, max(5.0, 2.0 + C * (0.75 if texts is not None else 0.55)))
-    height = min(30.0, max(2.5, 1.6 + R * 0.45))
-    figure = _figure(width, height)
-    ax = figure.subplots()
+    bands = [(start, min(C, start + BAND)) for start in range(0, C, BAND)] if C > BAND and R <= 64 else [(0, C)]
+    column_width = 0.85 if texts is not None else 0.6
+    shown = min(C, BAND) if len(bands) > 1 else C
+    width = max(5.0, 2.4 + shown * column_width) if len(bands) > 1 or C <= 64 else min(40.0, 2.0 + C * 0.2)
+    label_room = max((len(tick_text(c)) for c in columns), default=1) * 0.07 + 0.6  # rotated key labels below each band
+    band_height = 0.5 + R * 0.32 + label_room
+    figure = _figure(width, min(60.0, 1.0 + band_height * len(bands)))
+    axes = figure.subplots(len(bands), 1, squeeze=False)[:, 0]
     if diverging:
         limit = float(np.nanmax(np.abs(values))) or 1.0
         norm, cmap = TwoSlopeNorm(vcenter=0.0, vmin=-limit, vmax=limit), "RdBu_r"
     else:
         norm, cmap = _norm(), _cmap()
-    image = ax.imshow(values, cmap=cmap, norm=norm, interpolation="nearest", aspect="auto")
-    fontsize = 8 if C <= 40 else 6
-    if C <= 64 and R <= 64:
-        for r in range(R):
-            for c in range(C):
-                label = _label(texts[r][c], 8) if texts is not None else f"{values[r, c]:.2f}"
-                shade = float(norm(values[r, c]))
-                dark = abs(shade - 0.5) > 0.3 if diverging else shade < 0.6  # a strong red or blue, or viridis' dark end
-                ax.text(c, r, label, ha="center", va="center", fontsize=fontsize, color="white" if dark else "black")
-    _ticks(ax.set_yticks, list(rows), False, 9)
-    _ticks(ax.set_xticks, list(columns), True, fontsize)
-    ax.set_ylabel(ylabel, fontsize=9)
-    ax.set_xlabel(xlabel, fontsize=9)
-    ax.tick_params(length=0)
-    figure.colorbar(image, ax=ax, shrink=0.8, label=colour_label)
-    figure.suptitle(_label(title, 160), fontsize=11)
+    image = None
+    for ax, (first, last) in zip(axes, bands):
+        part = values[:, first:last]
+        image = ax.imshow(part, cmap=cmap, norm=norm, interpolation="nearest", aspect="auto", extent=(first - 0.5, last - 0.5, R - 0.5, -0.5))
+        fontsize = 8 if C <= 40 or len(bands) > 1 else 6
+        if last - first <= 64 and R <= 64:
+            for r in range(R):
+                for c in range(first, last):
+                    label = tick_text(texts[r][c]) if texts is not None else f"{values[r, c]:.2f}"
+                    size = min(fontsize, column_width * 72 / (0.62 * max(len(label), 1)))  # a long token: smaller, whole
+                    shade = float(norm(values[r, c]))
+                    dark = abs(shade - 0.5) > 0.3 if diverging else shade < 0.6  # a strong red or blue, or viridis' dark end
+                    ax.text(c, r, label, ha="center", va="center", fontsize=size, color="white" if dark else "black")
+        ax.set_yticks(range(R), labels=[tick_text(r) for r in rows], fontsize=9)
+        step = 1 if len(bands) > 1 else max(1, math.ceil((last - first) / 80))
+        ax.set_xticks(range(first, last, step), labels=[tick_text(columns[c]) for c in range(first, last, step)], fontsize=fontsize, rotation=90)
+        ax.set_xlim(first - 0.5, first - 0.5 + max(last - first, shown if len(bands) > 1 else 0))
+        ax.set_ylabel(ylabel, fontsize=9)
+        ax.tick_params(length=0)
+    axes[-1].set_xlabel(xlabel + (f" (positions {BAND} to a band)" if len(bands) > 1 else ""), fontsize=9)
+    figure.colorbar(image, ax=list(axes), shrink=0.8 if len(bands) == 1 else 0.4, label=colour_label)
+    figure.suptitle(_title(title, width - 0.3, 11), fontsize=11)
     return _save(figure, 110)

@@ -72,9 +72,15 @@ def _grid(
 
 
 def _window_note(first: int, last: int, count: int, what: str = "positions") -> Text | None:
+    """Which window of a long text is shown, and the --start that pages on.
+
+    Example: _window_note(0, 8, 26) -> "positions 0-7 of 26 shown; --start 8 for more"
+    """
     if first == 0 and last == count:
         return None
-    return Text(f"{what} {first} to {last - 1} of {count} shown; --start N moves the window", style="dim")
+    more = f"--start {last} for more" if last < count else "the last ones"
+    back = f", --start {max(0, first - (last - first))} for the ones before" if first else ""
+    return Text(f"{what} {first}-{last - 1} of {count} shown; {more}{back}", style="dim")
 
 
 def lens_view(lens, *, width: int = 80, start: int = 0) -> list[RenderableType]:

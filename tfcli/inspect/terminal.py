@@ -128,7 +128,8 @@ def heatmap(
     note = None
     if (q0, q1) != (0, T) or (k0, k1) != (0, S):
         what = f"queries {q0}-{q1 - 1}" + (f" and keys {k0}-{k1 - 1}" if (k0, k1) != (0, S) else "")
-        moves = "--start N moves the window" if self_attention else "--start N moves the rows, --key-start N the columns"
+        more = f"--start {q1} for more" if q1 < T else "the last ones"
+        moves = more if self_attention else "--start N moves the rows, --key-start N the columns"
         note = (
             f"{what} of {T} tokens shown"
             + (f" ({S} keys)" if S != T else "")
