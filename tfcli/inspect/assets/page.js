@@ -341,7 +341,11 @@
     for (let h = 0; h !== DATA.heads; h++) grid.appendChild(make("div", "head " + h, "collab"));
     const status = make("div", "", "mstatus");
     state.thumbs = [];
-    const draw = (cell) => { if (!cell.drawn) { cell.drawn = true; drawThumb(panels[0], cell.canvas, cell.layer, cell.head, THUMB); } };
+    const draw = (cell) => {
+      if (cell.drawn) return;
+      cell.drawn = true; cell.div.dataset.drawn = "1";
+      drawThumb(panels[0], cell.canvas, cell.layer, cell.head, THUMB);
+    };
     const observer = typeof IntersectionObserver === "undefined" ? null : new IntersectionObserver((entries) => {
       for (const e of entries) if (e.isIntersecting) { draw(e.target.cell); observer.unobserve(e.target); }
     }, { rootMargin: "200px" });
@@ -528,6 +532,8 @@
     buildModelView();
     setZoom(Math.min(...panels.map(defaultCell)));
     select(state.layer, state.head);
+    root.dataset.ready = "1";  // drawn: what a test (or a notebook's reader) can wait for
+    if (typeof performance !== "undefined" && performance.mark) performance.mark("tfcli-view-drawn");
   }
 
   start().catch((err) => { const p = $("problem"); p.hidden = false; p.textContent = "could not show the weights: " + err.message; });
