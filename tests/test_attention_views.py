@@ -409,3 +409,17 @@ def test_every_inspect_png_has_its_labels_whole_and_a_colour_bar(cli, runs, tmp_
     if count == 200:
         width, height = lens.get_size_inches()
         assert width < 20 and height / width > 0.5  # laid out in bands down a page, not a 200-column strip
+
+
+def test_one_palette_for_the_terminal_the_pages_and_the_pngs():
+    """The stops the terminal and the pages use are matplotlib's viridis, on the PNGs' square-root scale."""
+    import matplotlib
+
+    from tfcli.inspect.png import _cmap, _norm
+
+    viridis = matplotlib.colormaps["viridis"]
+    for i, stop in enumerate(palette.VIRIDIS):
+        assert stop == tuple(round(255 * c) for c in viridis(i / (len(palette.VIRIDIS) - 1))[:3])
+    for weight in (0.0, 0.003, 0.04, 0.25, 0.6, 1.0):
+        png_colour = np.array(_cmap()(_norm()(weight))[:3]) * 255
+        assert np.abs(png_colour - palette.rgb(weight)).max() <= 3, weight  # the same colour for the same weight
