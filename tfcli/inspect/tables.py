@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from rich.cells import cell_len
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -44,12 +45,20 @@ def _signed_light(value: float, scale: float) -> tuple[str, bool]:
     return f"rgb({r},{g},{b})", f > 0.6
 
 
-def window(count: int, start: int, width: int, label_width: int, extra: int = 0) -> tuple[int, int]:
-    """The first and one-past-last column of a window of cells that fits in `width` terminal columns."""
+def window(count: int, start: int, width: int, label_width: int, extra: int = 0, cell: int = CELL) -> tuple[int, int]:
+    """The first and one-past-last column of a window of `cell`-wide cells that fits in `width` terminal columns."""
     if start < 0 or (count and start >= count):
         raise TfcliError(f"--start {start} is out of range: there are {count} positions (0 to {count - 1})")
-    fits = max(1, (width - label_width - extra) // (CELL + 1))
+    fits = max(1, (width - label_width - extra) // (cell + 1))
     return start, min(count, start + fits)
+
+
+def cell_width(texts: Sequence[str], least: int = 4) -> int:
+    """As narrow as the widest text needs, between `least` and CELL: short tokens leave room for more positions.
+
+    Example: cell_width(["the", "fox", "a"]) -> 4; cell_width(["because"]) -> 7
+    """
+    return max(least, min(CELL, max((cell_len(t) for t in texts), default=least)))
 
 
 def _grid(
@@ -59,11 +68,12 @@ def _grid(
     cell: Callable[[int, int], Text],
     extra: Sequence[tuple[str, Callable[[int], Text]]] = (),
     label_width: int = 10,
+    cell_size: int = CELL,
 ) -> Group:
     table = Table(box=None, padding=(0, 1, 0, 0), show_edge=False, pad_edge=False)
     table.add_column("", width=label_width, no_wrap=True)
     for label in col_labels:
-        table.add_column(Text(fit(label, CELL)), width=CELL, no_wrap=True)
+        table.add_column(Text(fit(label, cell_size)), width=cell_size, no_wrap=True)
     for name, _ in extra:
         table.add_column(Text(name, style="bold"), width=CELL, no_wrap=True, justify="right")
     for r, label in enumerate(row_labels):
@@ -87,18 +97,20 @@ def lens_view(lens, *, width: int = 80, start: int = 0) -> list[RenderableType]:
     """Layers down, positions across: each layer's top-1 token, on a colour scale of its probability; the
     last row the token each position should predict, the right column each layer's loss."""
     positions = lens.positions
-    first, last = window(len(positions), start, width, 11, CELL + 1 if lens.losses[0] is not None else 0)
+    texts = [_short(lens.tokens[p].label) for p in positions] + [_short(cell.top[0][1]) for row in lens.cells for cell in row]
+    size = cell_width(texts)
+    first, last = window(len(positions), start, width, 11, CELL + 1 if lens.losses[0] is not None else 0, size)
     columns = list(range(first, last))
     col_labels = [_short(lens.tokens[positions[c]].label) for c in columns]
 
     def cell(r: int, c: int) -> Text:
         if r == len(lens.cells):  # the target row
             target = lens.targets[columns[c]]
-            return Text(fit(_short(_target_text(lens, target)), CELL) if target is not None else " " * CELL, style="bold")
+            return Text(fit(_short(_target_text(lens, target)), size) if target is not None else " " * size, style="bold")
         _, text, p = lens.cells[r][columns[c]].top[0]
         style = _on(_colour(p), p >= 0.3)
         hit = lens.targets[columns[c]] is not None and lens.cells[r][columns[c]].target_rank == 1
-        return Text(fit(_short(text), CELL), style=style + (" bold underline" if hit else ""))
+        return Text(fit(_short(text), size), style=style + (" bold underline" if hit else ""))
 
     has_targets = any(t is not None for t in lens.targets)
     rows = list(lens.layers) + (["next" if lens.arch == "decoder" else ""] if has_targets else [])
@@ -106,7 +118,7 @@ def lens_view(lens, *, width: int = 80, start: int = 0) -> list[RenderableType]:
     if lens.losses[0] is not None:
         extra = [("loss", lambda r: Text(f"{lens.losses[r]:.3f}" if r < len(lens.losses) else ""))]
     title = "what each layer predicts (logit lens): top-1 token, coloured by its probability"
-    out: list[RenderableType] = [_grid(title, rows, col_labels, cell, extra, label_width=10)]
+    out: list[RenderableType] = [_grid(title, rows, col_labels, cell, extra, label_width=10, cell_size=size)]
     note = _window_note(first, last, len(positions))
     if note:
         out.append(note)
@@ -197,8 +209,6 @@ def _restored_text(value: float, exact: bool) -> str:
 def patching_view(patching, *, width: int = 80, start: int = 0) -> list[RenderableType]:
     restored = patching.restored
     L, T = restored.shape
-    first, last = window(T, start, width, 11)
-    columns = list(range(first, last))
     checked = {(l, p) for l, p, _, _ in patching.verified}
     checked_heads = {(l, h) for l, h, _, _ in patching.head_verified}
     title, head_title = _patching_titles(patching)
@@ -207,16 +217,21 @@ def patching_view(patching, *, width: int = 80, start: int = 0) -> list[Renderab
         a, b = _short(patching.clean_tokens[c].label), _short(patching.corrupt_tokens[c].label)
         return a if a == b else f"{a}/{b}"
 
+    values = [_restored_text(float(restored[r, c]), (r, c) in checked) for r in range(L) for c in range(T)]
+    size = cell_width([label(c) for c in range(T)] + values, least=5)
+    first, last = window(T, start, width, 11, cell=size)
+    columns = list(range(first, last))
+
     def cell(r: int, c: int) -> Text:
         value = float(restored[r, columns[c]])
-        return Text(_restored_text(value, (r, columns[c]) in checked)[:CELL].rjust(CELL), style=_on(_signed(value, 1.0), False))
+        return Text(_restored_text(value, (r, columns[c]) in checked)[:size].rjust(size), style=_on(_signed(value, 1.0), False))
 
     out: list[RenderableType] = [
         Text(
             f"logit difference '{patching.answer[1]}' - '{patching.wrong[1]}' at the last position: "
             f"clean {patching.clean_diff:+.3f}, corrupted {patching.corrupt_diff:+.3f}"
         ),
-        _grid(title, [f"block {l}" for l in range(L)], [label(c) for c in columns], cell),
+        _grid(title, [f"block {l}" for l in range(L)], [label(c) for c in columns], cell, cell_size=size),
     ]
     note = _window_note(first, last, T)
     if note:
