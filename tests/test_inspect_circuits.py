@@ -602,7 +602,7 @@ PAGE_PROBE = """
   });
   return { cells: cells.length, coloured: cells.filter((c) => !plain.includes(getComputedStyle(c).backgroundColor)).length, drawn,
            panels: Array.from(document.querySelectorAll(".panel h2")).map((h) => h.textContent),
-           rows: document.querySelectorAll("#extra tr").length, images: document.images.length,
+           rows: document.querySelectorAll('[data-part="extra"] tr').length, images: document.images.length,
            text: document.body.innerText, pageWidth: document.documentElement.scrollWidth, viewport: window.innerWidth };
 """
 
