@@ -187,7 +187,7 @@ MODEL_VIEW = """(view) => {
 }"""
 
 
-def test_the_model_view_of_a_12_by_12_model_at_256_tokens_in_a_browser(cli, runs, tmp_path, browser):
+def test_the_model_view_of_a_12_by_12_model_at_256_tokens_in_a_browser(cli, runs, tmp_path, browser, capsys):
     run = runs["big"]
     out = tmp_path / "big.html"
     result = cli("inspect-attention", run, "--text", _tokens(run, 300), "--crop", "-o", out)
@@ -206,7 +206,10 @@ def test_the_model_view_of_a_12_by_12_model_at_256_tokens_in_a_browser(cli, runs
                    drawn: (performance.getEntriesByName("tfcli-view-drawn")[0] || {}).startTime })"""
     )
     seen = page.evaluate(MODEL_VIEW, ".tfcli-view")
-    print(f"\n12 x 12 heads at 256 tokens: page {size / 1e6:.2f} MB, first paint {timing['paint']:.0f} ms, drawn {timing['drawn']:.0f} ms, load {loaded:.1f} s")
+    with capsys.disabled():  # reported: the page's size and its time to first paint
+        print(
+            f"\n12 x 12 heads at 256 tokens: page {size / 1e6:.2f} MB, first paint {timing['paint']:.0f} ms, drawn {timing['drawn']:.0f} ms, load {loaded:.1f} s"
+        )
     assert not errors, errors
     assert seen["thumbs"] == 144 and seen["layer"] == "0" and seen["head"] == "0" and seen["on"] == [["0", "0"]]
     assert 0 < seen["drawn"] <= 144  # drawn as they come into view
@@ -235,26 +238,35 @@ def test_the_model_view_of_a_12_by_12_model_at_256_tokens_in_a_browser(cli, runs
     seen = page.evaluate(MODEL_VIEW, ".tfcli-view")
     assert (seen["layer"], seen["head"]) == ("8", "6")
 
-    # hover a token: the strips colour by the weights of layer 8, head 6 and the neuron view follows it
+    # hover a token: the strips colour by the weights of layer 8, head 6, each with its value on hover
     weights = capture_attention(load_checkpoint(run), _tokens(run, 300), crop=True).weights
     hover = 40
-    page.hover(f".panel .tokens >> nth=0 >> span >> nth={hover + 0}")
-    hovered = page.evaluate(
-        """(q) => { const spans = Array.from(document.querySelector(".panel .tokens").children).slice(1);
-                    return { titles: spans.slice(0, q + 2).map((s) => s.title), colours: spans.slice(0, q + 2).map((s) => s.style.background),
-                             neuron: document.querySelector('[data-part="neuron"] .nnote').textContent,
-                             rows: document.querySelectorAll('[data-part="neuron"] .nw').length }; }""",
-        hover,
-    )
+    hovered = _hover(page, hover)
     shown = [float(t.split(": ")[1].rstrip("%")) / 100 for t in hovered["titles"][: hover + 1]]
     np.testing.assert_allclose(shown, weights[8, 6, hover, : hover + 1], atol=2 * 1 / 255 + 1e-3)  # values on hover
     assert hovered["titles"][hover + 1] == f"#{hover + 1}"  # a masked key: no value
     assert hovered["colours"][0].startswith("rgb(")
-    assert f"({hover};" in hovered["neuron"] and hovered["rows"] == hover + 1  # the neuron view: the keys query 40 may see
+    # a page this size carries q and k of the head it opened on only: the neuron view says how to get another
+    assert hovered["rows"] == 0 and "--neuron LAYER.HEAD" in hovered["neuron"] and "0.0" in hovered["neuron"]
+    page.click('.mthumb[data-layer="0"][data-head="0"]')
+    hovered = _hover(page, hover)
+    assert f"({hover};" in hovered["neuron"] and hovered["rows"] == hover + 1  # the keys query 40 may see, with their numbers
     shot = tmp_path / "model-view.png"
     page.screenshot(path=str(shot))
     assert shot.stat().st_size > 10_000
     page.close()
+
+
+def _hover(page, position: int) -> dict:
+    """Hover key token `position` of the first panel; what the strips and the neuron view then show."""
+    page.locator(".panel .tokens").first.locator(f":scope > span:nth-of-type({position + 1})").hover()
+    return page.evaluate(
+        """(q) => { const spans = Array.from(document.querySelector(".panel .tokens").children).slice(1);
+                    const note = document.querySelector('[data-part="neuron"] .nnote');
+                    return { titles: spans.slice(0, q + 2).map((s) => s.title), colours: spans.slice(0, q + 2).map((s) => s.style.background),
+                             neuron: note ? note.textContent : "", rows: document.querySelectorAll('[data-part="neuron"] .nw').length }; }""",
+        position,
+    )
 
 
 # ---- the notebook ----------------------------------------------------------------------------------------
@@ -305,7 +317,7 @@ def test_the_tutorial_notebook_runs_and_its_views_keep_their_own_state(runs, tmp
     a, b = page.evaluate(MODEL_VIEW, first), page.evaluate(MODEL_VIEW, second)
     assert (a["layer"], a["head"]) == ("1", "2") and (b["layer"], b["head"]) == ("0", "1")  # the second is untouched
     assert "(3;" in b["neuron"]  # its neuron view still holds query 3
-    page.hover(f"{second} .panel .tokens >> span >> nth=1")
+    page.locator(f"{second} .panel .tokens").first.locator(":scope > span:nth-of-type(2)").hover()
     b = page.evaluate(MODEL_VIEW, second)
     assert (b["layer"], b["head"]) == ("0", "1") and "(3;" in b["neuron"]  # held: a hover does not move it
     assert not errors, errors

@@ -41,7 +41,7 @@ from tfcli.jsontext import dumps_json
 from tfcli.tokenizer.show import TokenView
 
 PAGE_FORMAT = 3  # 2: tokens as pieces (characters, badges), not escaped text; 3: palette, head labels, q and k
-NEURON_BUDGET = 400_000  # numbers of q and k a page carries for every head; past it, only the chosen head's
+NEURON_BUDGET = 150_000  # numbers of q and k a page carries for every head (about 1.3 MB); past it, only the chosen head's
 
 
 def json_for_script(data: Any) -> str:
@@ -208,10 +208,10 @@ def page_data(
 
 def neuron_data(qk, heads: Sequence[tuple[int, int]]) -> dict[str, Any]:
     """The q and k vectors of `heads` ((layer, head) pairs) for the page's neuron view, flat per head:
-    q[T * hs], k[S * hs], keyed "LAYER.HEAD"; float32 values written with 7 significant digits."""
+    q[T * hs], k[S * hs], keyed "LAYER.HEAD"; float32 values written with 6 significant digits."""
 
     def flat(a: np.ndarray) -> list[float]:
-        return [float(f"{x:.7g}") for x in a.ravel().tolist()]
+        return [float(f"{x:.6g}") for x in a.ravel().tolist()]
 
     return {
         "head_dim": qk.head_dim,
