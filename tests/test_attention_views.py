@@ -435,3 +435,29 @@ def test_one_palette_for_the_terminal_the_pages_and_the_pngs():
     for weight in (0.0, 0.003, 0.04, 0.25, 0.6, 1.0):
         png_colour = np.array(_cmap()(_norm()(weight))[:3]) * 255
         assert np.abs(png_colour - palette.rgb(weight)).max() <= 3, weight  # the same colour for the same weight
+
+
+def test_the_model_view_labels_each_head_with_its_pattern_in_a_browser(runs, tmp_path, browser):
+    """The detectors' labels reach the thumbnails: heads summarised as previous-token and induction show
+    `prev` and `induct` (the summary here is given, so the labels are known whatever the random weights)."""
+    from tfcli.inspect.html import render_page
+    from tfcli.inspect.stats import HeadSummary
+
+    capture = capture_attention(load_checkpoint(runs["decoder"]), TEXT)
+    patterns = {(0, 1): ("previous-token", 0.91), (1, 3): ("induction", 0.62)}
+    labels = [
+        HeadSummary(
+            layer=l, head=h, entropy=1.0, distance=1.0, scores={}, pattern=patterns.get((l, h), ("none", 0.1))[0], score=patterns.get((l, h), ("none", 0.1))[1]
+        )
+        for l in range(2)
+        for h in range(4)
+    ]
+    out = tmp_path / "labels.html"
+    out.write_text(render_page([capture], ["text"], labels=labels), encoding="utf-8")
+    page = browser.new_page(viewport={"width": 1200, "height": 900})
+    page.goto(out.resolve().as_uri())
+    page.wait_for_selector(".tfcli-view[data-ready]")
+    seen = page.evaluate(MODEL_VIEW, ".tfcli-view")
+    assert seen["tags"] == [None, "prev", None, None, None, None, None, "induct"]
+    assert seen["titles"][1] == "layer 0, head 1: previous-token (best score 0.91)" and seen["titles"][0].endswith("no known pattern (best score 0.10)")
+    page.close()
