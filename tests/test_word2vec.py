@@ -168,3 +168,15 @@ def test_word_tokenizer(cli, tmp_path):
 
     loaded = PreTrainedTokenizerFast.from_pretrained(tmp_path / "tok")
     assert loaded.convert_ids_to_tokens(loaded("the cat sat")["input_ids"]) == ["the", "cat", "sat"]
+
+
+@pytest.mark.slow
+def test_bench_word2vec_smoke(cli):
+    """`tfcli bench word2vec`: both sides train on the same words and report a ratio."""
+    require_gensim()
+    result = cli("bench", "word2vec", "--epochs", 1, "--repeat", 1, "--json")
+    assert result.code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["tfcli"]["words"] == report["gensim"]["words"] == report["corpus_words"] > 100_000
+    assert report["cpu_ratio"] == pytest.approx(report["tfcli"]["words_per_cpu_second"] / report["gensim"]["words_per_cpu_second"], rel=1e-3)
+    assert report["settings"]["threads"] == 1 and report["target"] == 0.5

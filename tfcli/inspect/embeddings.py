@@ -62,7 +62,7 @@ def unit_rows(matrix: np.ndarray) -> np.ndarray:
     return np.divide(matrix, norms, out=np.zeros_like(matrix), where=norms > 0)
 
 
-def _make_table(raw: np.ndarray, tokenizer: TextTokenizer, candidates: np.ndarray, what: str, counts=None, notes=None) -> EmbeddingTable:
+def make_table(raw: np.ndarray, tokenizer: TextTokenizer, candidates: np.ndarray, what: str, counts=None, notes=None) -> EmbeddingTable:
     candidates = candidates.copy()
     candidates[list(tokenizer.special_ids.values())] = False
     candidates[tokenizer.vocab_size :] = False  # a model's padding rows past the tokenizer's vocabulary
@@ -87,7 +87,7 @@ def load_table(run: Path, *, table: str = "input", layer: int | None = None, dat
         vectors = load_vectors(run)
         raw = vectors.input_vectors if table == "input" else vectors.output_vectors
         what = f"the {'word' if table == 'input' else 'context (output)'} vectors of {run}"
-        return _make_table(raw, vectors.tokenizer, vectors.counts > 0, what, vectors.counts)
+        return make_table(raw, vectors.tokenizer, vectors.counts > 0, what, vectors.counts)
     from tfcli.checkpoint import load_checkpoint
     from tfcli.runtime import resolve_device
 
@@ -106,7 +106,7 @@ def load_table(run: Path, *, table: str = "input", layer: int | None = None, dat
     else:
         raw = model.tok_emb.weight.detach().float().cpu().numpy()
         what = f"the input embeddings of {run}"
-    return _make_table(raw, tokenizer, np.ones(len(raw), dtype=bool), what, notes=notes)
+    return make_table(raw, tokenizer, np.ones(len(raw), dtype=bool), what, notes=notes)
 
 
 def _contextual_table(checkpoint, layer: int, data: str, run: Path) -> EmbeddingTable:
@@ -145,7 +145,7 @@ def _contextual_table(checkpoint, layer: int, data: str, run: Path) -> Embedding
             np.add.at(counts, window[0].cpu().numpy(), 1)
     means = sums / np.maximum(counts, 1)[:, None]
     what = f"layer {layer}'s residual stream of {run}, averaged over each token's occurrences in --data"
-    return _make_table(means.astype(np.float32), tokenizer, counts > 0, what, counts, notes)
+    return make_table(means.astype(np.float32), tokenizer, counts > 0, what, counts, notes)
 
 
 # ---- words to tokens --------------------------------------------------------------------------------
