@@ -15,8 +15,7 @@ from tests.word_vectors import require_gensim, word_shards
 @pytest.fixture(scope="module")
 def w2v(tmp_path_factory):
     """A word2vec run on sample_data's stories (two epochs: enough for vectors with structure)."""
-    from tests.conftest import CliResult  # noqa: F401  (the cli fixture is function-scoped; train through main here)
-    from tfcli.cli.app import main
+    from tfcli.cli.app import main  # the cli fixture is function-scoped
 
     folder = tmp_path_factory.mktemp("w2v")
     shards = word_shards(folder)

@@ -191,8 +191,8 @@ def _checked(table: EmbeddingTable, word: str, token_id: int) -> Lookup:
     return Lookup(word, token_id)
 
 
-def _is_missing(table: EmbeddingTable, word: str) -> int | None:
-    """The word's one token, or None where it is not one known token (an evaluation skips the question)."""
+def known_token(table: EmbeddingTable, word: str) -> int | None:
+    """The word's one token, or None where it is not one token with a vector (an evaluation skips the question)."""
     try:
         return find_word(table, word, strict=True).id
     except TfcliError:
@@ -351,7 +351,7 @@ def evaluate_analogies(table: EmbeddingTable, path: Path, method: str = "3cosadd
     asked: list[tuple[str, list[int]]] = []
     for _, section, words in read_questions(path):
         score = sections.setdefault(section, SectionScore(section))
-        ids = [_is_missing(table, word) for word in words]
+        ids = [known_token(table, word) for word in words]
         if any(i is None for i in ids):
             score.skipped += 1
         else:
@@ -429,7 +429,7 @@ def evaluate_similarity(table: EmbeddingTable, path: Path) -> SimilarityScore:
     human, model = [], []
     skipped = 0
     for _, first, second, score in read_pairs(path):
-        a, b = _is_missing(table, first), _is_missing(table, second)
+        a, b = known_token(table, first), known_token(table, second)
         if a is None or b is None:
             skipped += 1
             continue

@@ -1,4 +1,5 @@
-"""The one training loop behind `train pretrain` and `train finetune`: it drives a `Trainer` step by step,
+"""The one training loop behind `train pretrain` and `train finetune`: it drives a `Trainer` (a transformer's) or
+a `Word2VecTrainer` (`train pretrain --objective word2vec`) step by step,
 yields events (`events.py`) and never prints; the CLI renders them. SIGINT and SIGTERM stop it after the
 step in hand, with the checkpoint saved.
 """
