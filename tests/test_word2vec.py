@@ -161,7 +161,7 @@ def test_word_tokenizer(cli, tmp_path):
     result = cli("tokenize", "train", text, "-o", tmp_path / "tok", "--model", "word", "--lowercase", "--min-frequency", "2")
     assert result.code == 0, result.stderr
     tokenizer = TextTokenizer.load(tmp_path / "tok" / "tokenizer.json")
-    assert tokenizer.family == "wordlevel" and tokenizer.pre_tokenizer_kind == "whitespace"
+    assert tokenizer.family == "word" and tokenizer.pre_tokenizer_kind == "whitespace"
     pieces = [tokenizer.hf.id_to_token(i) for i in tokenizer.encode("The cat sat, the zebra.")]
     assert pieces == ["the", "cat", "sat", "<|unk|>", "the", "<|unk|>", "."]  # the comma and zebra are seen once: unk
     from transformers import PreTrainedTokenizerFast

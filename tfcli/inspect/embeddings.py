@@ -41,7 +41,10 @@ class EmbeddingTable:
     notes: list[str] = dataclasses.field(default_factory=list)
 
     def label(self, token_id: int) -> str:
-        """The token as text, control characters escaped."""
+        """The token as text, control characters escaped: a word-level token as the word, a subword token with the
+        space it stands for (" mom" begins a word, "ly" continues one)."""
+        if self.tokenizer.family == "word":
+            return visible(self.tokenizer.hf.id_to_token(token_id) or "")
         return visible(self.tokenizer.token_bytes(token_id).decode("utf-8", errors="replace"))
 
 
