@@ -61,11 +61,10 @@ def inspect_embeddings(
     Works on a word2vec run (`train pretrain --objective word2vec`), a trained transformer's input embeddings
     (--table output: its unembedding) or an imported GPT-2, Llama or BERT, and on contextual vectors
     (--layer L --data FILE). A word that is not one token says how it tokenizes and uses its longest piece.
+    Also: --analogy "he - boy + girl", --map red blue cat dog one two -o map.png, --eval-analogies stories.
 
     \b
-    Example: tfcli inspect-embeddings runs/w2v --neighbours bird seven
-    Example: tfcli inspect-embeddings runs/w2v --analogy "birds - bird + tree"
-    Example: tfcli inspect-embeddings runs/w2v --map red blue cat dog one two -o map.png
+    Example: tfcli inspect-embeddings runs/w2v --neighbours mom seven
     """
     from tfcli.inspect.embedding_report import EmbeddingRequest, explore
 
