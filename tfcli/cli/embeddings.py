@@ -68,11 +68,7 @@ def inspect_embeddings(
     """
     from tfcli.inspect.embedding_report import EmbeddingRequest, explore
 
-    text = None
-    if data is not None:
-        from tfcli.cli.inspect import _read_text
-
-        text = _read_text(None, data, "--data", "--data")
+    text = _read_data(data) if data is not None else None
     request = EmbeddingRequest(
         run=run,
         words=list(words or []),
@@ -96,6 +92,34 @@ def inspect_embeddings(
         print_json(report.to_json())
         return
     _render(report)
+
+
+DATA_BYTES_CAP = 16 << 20  # --data read for contextual vectors: its first 16 MB (the vectors are means; more adds little)
+
+
+def _read_data(path: Path) -> str:
+    """--data's text: its first DATA_BYTES_CAP bytes (said on stderr when there is more), UTF-8 with bad bytes replaced."""
+    from rich.text import Text
+
+    from tfcli.cli.common import stderr_console
+    from tfcli.corpus.reader import binary_file_error, looks_binary
+    from tfcli.errors import TfcliError
+
+    if not path.is_file():
+        raise TfcliError(f"--data {path} does not exist or is not a file", hint="pass a UTF-8 text file")
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(DATA_BYTES_CAP + 1)
+    except OSError as exc:
+        raise TfcliError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    if looks_binary(raw):
+        raise binary_file_error(path)
+    if len(raw) > DATA_BYTES_CAP:
+        raw = raw[:DATA_BYTES_CAP]
+        stderr_console().print(
+            Text(f"note: --data {path} is larger than {DATA_BYTES_CAP >> 20} MB; its first {DATA_BYTES_CAP >> 20} MB are read", style="yellow")
+        )
+    return raw.decode("utf-8", errors="replace")
 
 
 def _render(report) -> None:

@@ -24,7 +24,7 @@ from tfcli.tokenizer.show import visible
 TABLES = ("input", "output")
 METHODS = ("3cosadd", "3cosmul")
 CONTEXT_TOKENS_CAP = 1_000_000  # tokens of --data read for contextual vectors; the rest is left out (said)
-SCORE_ROWS = 1024  # questions scored at a time: the score matrix stays (SCORE_ROWS, vocab)
+SCORE_ROWS = 256  # questions scored at a time: the score matrix stays (SCORE_ROWS, vocab), 50 MB for GPT-2's
 COSMUL_EPSILON = 1e-6  # gensim's most_similar_cosmul
 
 
