@@ -163,7 +163,8 @@ class Lookup:
 
 def find_word(table: EmbeddingTable, word: str, *, strict: bool = False) -> Lookup:
     """The token id standing for `word`: its one token (for vocabularies whose words carry their space, the
-    form with the space first), else the longest of its tokens, said in a note (refused with strict)."""
+    form with the space first), else the longest of its tokens that has a vector, said in a note (refused
+    with strict)."""
     tokenizer = table.tokenizer
     forms = ([" " + word] if tokenizer.words_carry_their_space else []) + [word]
     pieces: list[int] = []
@@ -178,7 +179,8 @@ def find_word(table: EmbeddingTable, word: str, *, strict: bool = False) -> Look
     shown = " ".join(repr(table.label(i)) for i in pieces)
     if strict:
         raise TfcliError(f"{word!r} is not one token: it tokenizes as {shown}", hint="pick a word that is one token, or drop --strict")
-    longest = max(pieces, key=lambda i: len(table.label(i).strip()))
+    usable = [i for i in pieces if table.candidates[i]] or pieces  # a piece with a vector, where one has one
+    longest = max(usable, key=lambda i: len(table.label(i).strip()))
     lookup = _checked(table, word, longest)
     lookup.note = f"{word!r} is {len(pieces)} tokens ({shown}); using {table.label(longest)!r}"
     return lookup
