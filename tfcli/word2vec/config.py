@@ -53,7 +53,7 @@ class Word2VecTraining(JsonRecord):
     threads: int = 1  # threads training the same tables at once (Hogwild, as gensim's workers)
     step_tokens: int = 100_000  # tokens of the shards per step (split between the threads)
     seed: int = 1337  # the vectors' initialisation and every random draw of step s, thread t derive from (seed, s, t)
-    log_every: int = 10  # steps between metrics.jsonl records
+    log_every: int = 1  # steps between metrics.jsonl records (a step is 100,000 tokens: a point of the loss curve each)
     save_every: int = 500  # steps between checkpoints (0: only at the end)
 
     def __post_init__(self) -> None:
