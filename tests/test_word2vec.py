@@ -33,8 +33,9 @@ def _train(cli, shards, out, *extra):
 @pytest.mark.parametrize("algorithm", ["skipgram", "cbow"])
 def test_analogies_and_neighbours_match_gensim(cli, stories, tmp_path, algorithm):
     Word2Vec = require_gensim()
+    from tfcli.inspect.embedding_evals import evaluate_analogies
     from tfcli.inspect.embedding_report import shipped_file
-    from tfcli.inspect.embeddings import evaluate_analogies, find_word, load_table, neighbours
+    from tfcli.inspect.embeddings import find_word, load_table, neighbours
 
     questions = shipped_file("stories", 0)
     corpus = sentences(stories)

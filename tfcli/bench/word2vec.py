@@ -162,8 +162,8 @@ def run_word2vec_bench(
 
 
 def _analogy_accuracy(table) -> float:
+    from tfcli.inspect.embedding_evals import evaluate_analogies
     from tfcli.inspect.embedding_report import shipped_file
-    from tfcli.inspect.embeddings import evaluate_analogies
 
     return evaluate_analogies(table, shipped_file("stories", 0))[-1].accuracy or 0.0
 

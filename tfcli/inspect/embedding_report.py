@@ -11,15 +11,12 @@ from typing import Any
 import numpy as np
 
 from tfcli.errors import TfcliError
+from tfcli.inspect.embedding_evals import SectionScore, SimilarityScore, evaluate_analogies, evaluate_similarity
 from tfcli.inspect.embeddings import (
     METHODS,
     Analogy,
     EmbeddingTable,
     Neighbour,
-    SectionScore,
-    SimilarityScore,
-    evaluate_analogies,
-    evaluate_similarity,
     find_word,
     load_table,
     most_frequent,
