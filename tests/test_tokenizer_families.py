@@ -37,8 +37,8 @@ SHAKESPEARE = (
 )
 # The tiny text plus the characters special tokens are spelled with, so a family could spell them from text.
 FAMILY_TEXT = TINY_TEXT * 20 + "Keep <x|y> and [a] apart; a_b. MASK, SEP, UNK.\n" * 5
-FAMILIES = ["bpe", "wordpiece", "unigram", "char"]
-VOCAB = {"bpe": 320, "wordpiece": 200, "unigram": 150, "char": 100}
+FAMILIES = ["bpe", "wordpiece", "unigram", "char", "word"]
+VOCAB = {"bpe": 320, "wordpiece": 200, "unigram": 150, "char": 100, "word": 200}
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_each_family_loads_in_tokenizers_and_knows_its_roles(family_tokenizers, 
     assert raw.encode(text, add_special_tokens=False).ids == tokenizer.encode(text)
     assert tokenizer.family == model
     assert tokenizer.vocab_size <= VOCAB[model]
-    assert tokenizer.pre_tokenizer_kind == {"bpe": "byte-level", "wordpiece": "bert", "unigram": "metaspace", "char": "characters"}[model]
+    assert tokenizer.pre_tokenizer_kind == {"bpe": "byte-level", "wordpiece": "bert", "unigram": "metaspace", "char": "characters", "word": "whitespace"}[model]
     # BERT's [SEP] ends a text (eos) and separates (sep), as a loaded BERT tokenizer's roles have it
     names = {**BERT_SPECIALS, "sep": "[SEP]"} if model == "wordpiece" else DEFAULT_SPECIALS
     assert {role: tokenizer.hf.id_to_token(i) for role, i in tokenizer.special_ids.items()} == names
@@ -95,8 +95,10 @@ def test_special_token_text_stays_text_in_every_family(family_tokenizers, model,
     tokenizer = TextTokenizer.load(family_tokenizers[model])
     ids = tokenizer.encode(f"a {special} b")
     # the corpus holds every character of these spellings, so none of it is unknown either (a Unigram model
-    # trained by `tokenizers` scores special pieces 0.0 and would read "<|unk|>" as its unk piece)
-    assert not set(ids) & set(tokenizer.special_ids.values())
+    # trained by `tokenizers` scores special pieces 0.0 and would read "<|unk|>" as its unk piece); a word
+    # vocabulary reads a word it lacks ("endoftext") as unk, never as the special token itself
+    allowed = {tokenizer.special_ids["unk"]} if model == "word" else set()
+    assert not set(ids) & (set(tokenizer.special_ids.values()) - allowed)
 
 
 @pytest.mark.parametrize("model", FAMILIES)
@@ -104,10 +106,12 @@ def test_decoding_and_streaming_give_the_text_back(family_tokenizers, model):
     tokenizer = TextTokenizer.load(family_tokenizers[model])
     text = "The fox was happy, so it played with the red ball."
     ids = tokenizer.encode(text)
+    if model == "word":  # words and punctuation, joined with spaces: the spacing is not kept
+        text = "The fox was happy , so it played with the red ball ."
     assert tokenizer.decode(ids) == text
     streamed = text_of(TokenBytes(tokenizer), ids)
-    # words carry the space before them in WordPiece (as tfcli spells its tokens) and metaspace vocabularies
-    assert streamed == (" " + text if model in ("wordpiece", "unigram") else text)
+    # words carry the space before them in WordPiece and word-level (as tfcli spells their tokens) and metaspace vocabularies
+    assert streamed == (" " + text if model in ("wordpiece", "unigram", "word") else text)
 
 
 def test_wordpiece_tokens_and_their_bytes(family_tokenizers):

@@ -203,7 +203,7 @@ def read_run_config(run_dir: Path) -> RunConfig:
             _refuse_pickle(run_dir / pickles[0])
     if not (run_dir / CONFIG_FILE).is_file():
         raise TfcliError(f"{run_dir} has no {CONFIG_FILE}; it is not a tfcli run directory", hint="for a Hugging Face GPT-2 folder use `tfcli import`")
-    _refuse_hugging_face_folder(run_dir)
+    _refuse_other_folders(run_dir)
     config = RunConfig.load(run_dir / CONFIG_FILE)
     if config.format_version != CHECKPOINT_FORMAT:
         raise TfcliError(f"{run_dir / CONFIG_FILE} has checkpoint format {config.format_version}; this tfcli reads {CHECKPOINT_FORMAT}")
@@ -226,14 +226,20 @@ def read_run_config(run_dir: Path) -> RunConfig:
     return config
 
 
-def _refuse_hugging_face_folder(run_dir: Path) -> None:
-    """An exported or downloaded transformers folder has a config.json too, in another format."""
+def _refuse_other_folders(run_dir: Path) -> None:
+    """An exported or downloaded transformers folder has a config.json too, in another format; a word2vec run's
+    holds word vectors, not a model (`tfcli.word2vec.run`)."""
     try:
         data = loads_json((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return  # RunConfig.load says what is wrong with it
     if isinstance(data, dict) and "format_version" not in data and ("model_type" in data or "architectures" in data):
         raise TfcliError(f"{run_dir} is a Hugging Face model folder, not a tfcli run directory", hint=f"import it first: tfcli import {run_dir} -o RUN")
+    if isinstance(data, dict) and "word2vec" in data and "model" not in data:
+        raise TfcliError(
+            f"{run_dir} is a word2vec run: it holds word vectors, not a transformer this command can use",
+            hint=f"look at the vectors with `tfcli inspect-embeddings {run_dir}`; `tfcli info {run_dir}` describes the run",
+        )
 
 
 def weights_path(run_dir: Path, config: RunConfig | None = None) -> Path:

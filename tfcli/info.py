@@ -33,6 +33,10 @@ def run_info(run_dir: Path) -> dict[str, Any]:
     """Config, parameters by part, memory, KV-cache cost per token, tokenizer, training history, and what is
     wrong with the weights file or the tokenizer (`problems`, empty for an intact run)."""
     run_dir = Path(run_dir)
+    from tfcli.word2vec.run import is_word2vec_run
+
+    if is_word2vec_run(run_dir):
+        return vectors_info(run_dir)
     config = read_run_config(run_dir)
     model = config.model
     counts = model.parameter_counts()
@@ -53,13 +57,7 @@ def run_info(run_dir: Path) -> dict[str, Any]:
             # an encoder-decoder also caches every decoder layer's cross-attention keys/values of the source
             "cross_attention_per_source_token_bf16": model.kv_cache_bytes_per_token(2) if model.arch == "encoder-decoder" else 0,
         },
-        "tokenizer": {
-            "vocab_size": tokenizer.vocab_size,
-            "model": tokenizer.family,
-            "pre_tokenizer": tokenizer.pre_tokenizer_kind,
-            "special_tokens": {role: tokenizer.hf.id_to_token(i) for role, i in tokenizer.special_ids.items()},
-            "sha256": tokenizer.sha256,
-        },
+        "tokenizer": _tokenizer_info(tokenizer),
         "source": config.source,
         "source_class": config.source_class,
         "source_parameters": source_parameters(model, config.source_class),
@@ -70,6 +68,38 @@ def run_info(run_dir: Path) -> dict[str, Any]:
         "adapter": adapter_info(model, config.adapter),
     }
     return info
+
+
+def _tokenizer_info(tokenizer: TextTokenizer) -> dict[str, Any]:
+    return {
+        "vocab_size": tokenizer.vocab_size,
+        "model": tokenizer.family,
+        "pre_tokenizer": tokenizer.pre_tokenizer_kind,
+        "special_tokens": {role: tokenizer.hf.id_to_token(i) for role, i in tokenizer.special_ids.items()},
+        "sha256": tokenizer.sha256,
+    }
+
+
+def vectors_info(run_dir: Path) -> dict[str, Any]:
+    """A word2vec run: its vectors and objective, parameters, tokenizer, training and history, problems."""
+    from tfcli.word2vec.run import read_vectors_config, vectors_file_problems
+
+    config = read_vectors_config(run_dir)
+    tokenizer = TextTokenizer.load(run_dir / TOKENIZER_FILE)
+    vectors = config.word2vec
+    weights = run_dir / "model.safetensors"
+    total = 2 * vectors.vocab_size * vectors.dim
+    return {
+        "run": str(run_dir),
+        "word2vec": vectors.to_json(),
+        "parameters": {"total": total, "input_vectors": total // 2, "output_vectors": total // 2},
+        "weights_bytes": {"fp32": total * 4, "file": weights.stat().st_size if weights.is_file() else 0},
+        "tokenizer": _tokenizer_info(tokenizer),
+        "tfcli_version": config.tfcli_version,
+        "training": config.training.to_json() if config.training else None,
+        "history": training_history(run_dir / METRICS_FILE),
+        "problems": [problem.message for problem in vectors_file_problems(run_dir, config, tokenizer)],
+    }
 
 
 def adapter_info(model: ModelConfig, record) -> dict[str, Any] | None:

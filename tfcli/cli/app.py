@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from tfcli import __version__
-from tfcli.cli import bench, circuits, evaluate, generate, hf, info, quickstart, tokenize, train
+from tfcli.cli import bench, circuits, embeddings, evaluate, generate, hf, info, quickstart, tokenize, train
 from tfcli.cli import inspect as inspect_command
 from tfcli.cli.common import Typer, print_error, state
 
@@ -36,6 +36,7 @@ app.command("inspect-attention")(inspect_command.inspect_attention)
 app.command("inspect-logits")(circuits.inspect_logits)
 app.command("inspect-ablate")(circuits.inspect_ablate)
 app.command("inspect-patch")(circuits.inspect_patch)
+app.command("inspect-embeddings")(embeddings.inspect_embeddings)
 
 
 def _version(value: bool) -> None:

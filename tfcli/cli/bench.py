@@ -1,6 +1,6 @@
 """`tfcli bench`: speed on this machine, side by side with peers, as ratios measured in one run.
 
-One module a command (cli/bench_tokenize.py, bench_model.py, bench_generate.py, bench_train.py, bench_lora.py), each
+One module a command (cli/bench_tokenize.py, bench_model.py, bench_generate.py, bench_train.py, bench_lora.py, bench_word2vec.py), each
 checking its options and rendering what its `tfcli.bench` module measured; what they share is in bench_common.py."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from tfcli.cli.bench_lora import lora
 from tfcli.cli.bench_model import model
 from tfcli.cli.bench_tokenize import tokenize
 from tfcli.cli.bench_train import train
+from tfcli.cli.bench_word2vec import word2vec
 from tfcli.cli.common import Typer
 
 app = Typer(
@@ -23,3 +24,4 @@ app.command("model")(model)
 app.command("generate")(generate)
 app.command("train")(train)
 app.command("lora")(lora)
+app.command("word2vec")(word2vec)

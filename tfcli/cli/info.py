@@ -62,10 +62,14 @@ def _print_table(data: dict) -> None:
     from rich.text import Text
 
     console = stdout_console()
-    model = data["model"]
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
+    if "word2vec" in data:
+        _vectors_rows(table, data)
+        print_table(console, table)
+        return
+    model = data["model"]
     table.add_row("run", data["run"] + (f"  (from {data['source']})" if data["source"] else ""))
     layers = str(model["n_layers"]) + (f" + {model['n_decoder_layers'] or model['n_layers']} decoder" if model["arch"] == "encoder-decoder" else "")
     layers += " layer" if layers == "1" else " layers"
@@ -135,6 +139,36 @@ def _print_table(data: dict) -> None:
     for problem in data["problems"]:
         table.add_row(Text("problem", style="bold red"), Text(problem, style="red"))
     print_table(console, table)
+
+
+def _vectors_rows(table, data: dict) -> None:
+    """A word2vec run's rows: the vectors, the objective, the training, the tokenizer, the history, problems."""
+    from rich.text import Text
+
+    vectors, tok = data["word2vec"], data["tokenizer"]
+    table.add_row("run", data["run"])
+    table.add_row(
+        "word2vec",
+        f"{vectors['algorithm']}, {vectors['vocab_size']:,} vectors of {vectors['dim']} (word and context tables), window {vectors['window']}, "
+        f"{vectors['negatives']} negatives, subsample {vectors['subsample']:g}",
+    )
+    table.add_row("parameters", f"{data['parameters']['total']:,} ({human_bytes(data['weights_bytes']['fp32'])} fp32)")
+    trained = data["training"]
+    if trained:
+        settings = trained["config"]
+        table.add_row(
+            "training",
+            Text(f"{trained['words']:,} tokens of {trained['data']} in {counted(trained['step'], 'step')}, lr {settings['lr']:g} to {settings['min_lr']:g}"),
+        )
+    table.add_row("tokenizer", f"{tok['vocab_size']:,} tokens, {tok['model']} ({tok['pre_tokenizer']})")
+    history = data["history"]
+    if history:
+        table.add_row(
+            "history",
+            f"{counted(history['records'], 'record')}, steps {history['first_step']}..{history['last_step']}, last loss {_loss(history['last_loss'])}",
+        )
+    for problem in data["problems"]:
+        table.add_row(Text("problem", style="bold red"), Text(problem, style="red"))
 
 
 def _more_options(model: dict) -> list[str]:

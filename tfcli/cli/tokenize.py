@@ -54,7 +54,8 @@ def train(
             "--model",
             "-m",
             help="bpe (byte-pair encoding, GPT-2 style), wordpiece (BERT's: ## continuations; also writes vocab.txt), "
-            "unigram (SentencePiece-style, as T5 uses) or char (one token per character, as nanoGPT's shakespeare_char).",
+            "unigram (SentencePiece-style, as T5 uses), char (one token per character, as nanoGPT's shakespeare_char) "
+            "or word (one token per word or punctuation run, rarer ones unk: classic word2vec's vocabulary).",
         ),
     ] = "bpe",
     vocab_size: Annotated[int, typer.Option(help="Tokens in the vocabulary, special tokens included (for char: a cap; rarer characters become unk).")] = 8192,
@@ -62,7 +63,7 @@ def train(
         Optional[int],
         typer.Option(
             help="bpe, wordpiece: a pair is merged only if it occurs at least this often (default 2). "
-            "char: a character seen fewer times becomes unk (default 1).",
+            "char, word: a character or word seen fewer times becomes unk (default 1).",
             show_default=False,
         ),
     ] = None,
@@ -156,6 +157,7 @@ _SHORT_OF_THE_ASK = {
     "wordpiece": "the corpus has no more pairs at this --min-frequency",
     "unigram": "the trainer kept no more pieces",
     "char": "the corpus has no more characters",
+    "word": "the corpus has no more words at this --min-frequency",
 }
 
 

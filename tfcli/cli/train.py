@@ -121,6 +121,31 @@ def pretrain(
     compile_model: Compile = False,
     fsdp: Fsdp = False,
     resume: Resume = False,
+    objective: Annotated[
+        Optional[str],
+        typer.Option(
+            "--objective",
+            help="lm, mlm or denoise (the architecture's own), or word2vec: word vectors (skip-gram or CBOW with negative sampling) instead of a transformer [default: the architecture's].",
+            show_default=False,
+        ),
+    ] = None,
+    word2vec: Annotated[
+        Optional[str],
+        typer.Option("--word2vec", help="word2vec: skipgram (each word predicts its neighbours) or cbow [default: skipgram].", show_default=False),
+    ] = None,
+    dim: Annotated[Optional[int], typer.Option("--dim", help="word2vec: the length of each vector [default: 100].", show_default=False)] = None,
+    window: Annotated[
+        Optional[int],
+        typer.Option("--window", help="word2vec: the most words on each side; each word draws a window of 1..N [default: 5].", show_default=False),
+    ] = None,
+    negatives: Annotated[Optional[int], typer.Option("--negatives", help="word2vec: noise words per example [default: 5].", show_default=False)] = None,
+    subsample: Annotated[
+        Optional[float], typer.Option("--subsample", help="word2vec: the threshold for dropping frequent words; 0: none [default: 1e-3].", show_default=False)
+    ] = None,
+    epochs: Annotated[Optional[int], typer.Option("--epochs", help="word2vec: passes over the shards [default: 5].", show_default=False)] = None,
+    threads: Annotated[
+        Optional[int], typer.Option("--threads", help="word2vec: threads updating the vectors at once (as gensim's workers) [default: 1].", show_default=False)
+    ] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Pretrain a model from scratch on token shards.
@@ -129,6 +154,10 @@ def pretrain(
     for an encoder, span denoising (BART's text infilling) for an encoder-decoder. The run directory gets
     the model, the tokenizer, trainer/ (optimizer state for --resume), metrics.jsonl, loss.png, and best/
     (the checkpoint with the lowest validation loss). Ctrl-C saves a checkpoint and exits 130.
+
+    --objective word2vec trains word vectors instead, as gensim's Word2Vec does (its defaults; the learning
+    rate falls linearly from --lr 0.025), on the shards of any tokenizer (`tokenize train --model word` gives
+    classic word2vec); look at them with `tfcli inspect-embeddings`.
 
     Settings: preset < --config FILE.toml < --set key=value < the options below.
     Many processes: torchrun --nproc-per-node N -m tfcli train pretrain ... (data-parallel; add --fsdp to
@@ -140,6 +169,47 @@ def pretrain(
     from tfcli.model.config import ARCHS
     from tfcli.train.job import pretrain_job
 
+    if objective is not None:
+        _check_choice("--objective", objective, ("lm", "mlm", "denoise", "word2vec"))
+    word2vec_options = {
+        "--word2vec": word2vec,
+        "--dim": dim,
+        "--window": window,
+        "--negatives": negatives,
+        "--subsample": subsample,
+        "--epochs": epochs,
+        "--threads": threads,
+    }
+    if objective == "word2vec":
+        given = {
+            "--arch": arch,
+            "--preset": preset,
+            "--config": config,
+            "--set": sets,
+            "--max-steps": max_steps,
+            "--batch-size": batch_size,
+            "--block-size": block_size,
+            "--grad-accum": grad_accum,
+            "--eval-every": eval_every,
+            "--keep-checkpoints": keep_every,
+            "--device": device,
+            "--precision": precision,
+            "--compile": compile_model or None,
+            "--fsdp": fsdp or None,
+        }
+        _refuse_given(given, "--objective word2vec", "word2vec runs on the CPU for --epochs or --time-budget; its options are --word2vec, --dim, --window, ...")
+        _pretrain_word2vec(
+            data,
+            output,
+            tokenizer,
+            resume,
+            json_output,
+            vectors={"algorithm": word2vec, "dim": dim, "window": window, "negatives": negatives, "subsample": subsample},
+            settings={"epochs": epochs, "threads": threads, "lr": lr, "seed": seed, "save_every": save_every, "log_every": log_every},
+            time_budget=time_budget,
+        )
+        return
+    _refuse_given(word2vec_options, "a transformer's pretraining", "they are --objective word2vec's")
     if arch is not None:
         _check_choice("--arch", arch, ARCHS)
     options = _options(
@@ -160,6 +230,8 @@ def pretrain(
     )
     if block_size is not None:
         options["model.block_size"] = block_size
+    if objective is not None:
+        options["task"] = objective
     with no_empty_folder_left(output):
         job = pretrain_job(
             data=data,
@@ -328,6 +400,34 @@ def finetune(
             chat_template=chat_template,
         )
         render_training(job, json_output)
+
+
+def _pretrain_word2vec(
+    data: Path, output: Path, tokenizer: Optional[Path], resume: bool, json_output: bool, *, vectors: dict, settings: dict, time_budget: Optional[str]
+) -> None:
+    from tfcli.train.word2vec import word2vec_job
+
+    if vectors["algorithm"] is not None:
+        _check_choice("--word2vec", vectors["algorithm"], ("skipgram", "cbow"))
+    if time_budget is not None:
+        from tfcli.train.config import parse_duration
+
+        settings["time_budget"] = parse_duration(time_budget)
+        if settings["epochs"] is not None:
+            from tfcli.errors import TfcliError
+
+            raise TfcliError("--epochs and --time-budget do not go together: a budget sets the run's length", hint="pass one of them")
+    with no_empty_folder_left(output):
+        job = word2vec_job(data=data, output=output, vectors=vectors, settings=settings, tokenizer_path=tokenizer, resume=resume)
+        render_training(job, json_output)
+
+
+def _refuse_given(options: dict[str, Any], what: str, hint: str) -> None:
+    from tfcli.errors import TfcliError
+
+    given = [name for name, value in options.items() if value is not None and value != []]
+    if given:
+        raise TfcliError(f"{given[0]} does not apply to {what}", hint=hint)
 
 
 def _check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:

@@ -82,7 +82,9 @@ class _TrainingView:
 
     def _step_done(self, event) -> None:
         status = self.status
-        status.update(lr=f"lr {event.lr:.2e}", rate=f"{event.tokens_per_sec:,.0f} tok/s", mfu=f"MFU {event.mfu:.1%}")
+        status.update(lr=f"lr {event.lr:.2e}", rate=f"{event.tokens_per_sec:,.0f} tok/s")
+        if event.mfu:  # word2vec has no matrix products to count
+            status["mfu"] = f"MFU {event.mfu:.1%}"
         eta = f"{event.remaining / 60:.1f} min" if event.remaining is not None else "--"
         self.progress.update(
             self.task_id,

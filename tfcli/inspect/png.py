@@ -208,3 +208,18 @@ def value_grid_png(
     figure.colorbar(image, ax=list(axes), shrink=0.8 if len(bands) == 1 else 0.4, label=colour_label)
     figure.suptitle(_title(title, width - 0.3, 11), fontsize=11)
     return _save(figure, 110)
+
+
+def scatter_png(points: np.ndarray, labels: Sequence[str], title: str = "", axis_titles: tuple[str, str] = ("", "")) -> bytes:
+    """Labelled points (n, 2): a map of tokens (inspect-embeddings --map)."""
+    figure = _figure(8.0, 7.0)
+    ax = figure.subplots()
+    ax.scatter(points[:, 0], points[:, 1], s=14, color="#3b6ea8", alpha=0.8)
+    fontsize = 9 if len(labels) <= 60 else 7 if len(labels) <= 150 else 5
+    for (x, y), label in zip(points, labels):
+        ax.annotate(_label(label, 24), (x, y), xytext=(3, 3), textcoords="offset points", fontsize=fontsize)
+    ax.set_xlabel(axis_titles[0])
+    ax.set_ylabel(axis_titles[1])
+    ax.grid(True, color="#eeeeee")
+    _suptitle(figure, title)
+    return _save(figure, dpi=120)

@@ -27,7 +27,7 @@ MAX_VOCAB_SIZE = 1 << 22
 WORDPIECE_PREFIX = "##"  # a WordPiece token that continues the word before it
 # Tokens a WordPiece decoder glues to the word before them ("word ." reads "word."), as BERT's cleanup does.
 _NO_SPACE_BEFORE = frozenset({".", ",", "!", "?"})
-_MODEL_FAMILIES = {"BPE": "bpe", "WordPiece": "wordpiece", "Unigram": "unigram", "WordLevel": "wordlevel"}
+_MODEL_FAMILIES = {"BPE": "bpe", "WordPiece": "wordpiece", "Unigram": "unigram", "WordLevel": "word"}
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -121,11 +121,11 @@ class TextTokenizer:
 
     @cached_property
     def family(self) -> str:
-        """ "bpe", "wordpiece", "unigram", "char" (a word-level vocabulary of single characters), "wordlevel",
-        or the library's model type for anything else."""
+        """ "bpe", "wordpiece", "unigram", "char" (a word-level vocabulary of single characters), "word" (any other
+        word-level vocabulary), or the library's model type for anything else."""
         kind = (self.spec.get("model") or {}).get("type", "")
         family = _MODEL_FAMILIES.get(kind, kind.lower() or "none")
-        if family == "wordlevel":
+        if family == "word":
             added = {token.content for token in self.hf.get_added_tokens_decoder().values()}
             if all(len(token) == 1 for token in self.hf.get_vocab(with_added_tokens=False) if token not in added):
                 return "char"
@@ -141,8 +141,8 @@ class TextTokenizer:
     @property
     def words_carry_their_space(self) -> bool:
         """Whether a word-initial token stands for the space before the word too (byte-level and metaspace
-        vocabularies, and WordPiece as tfcli spells its tokens), so a filler at a mask brings its own space."""
-        return self.pre_tokenizer_kind in ("byte-level", "metaspace") or self.family == "wordpiece"
+        vocabularies, and WordPiece and word-level ones as tfcli spells their tokens), so a filler at a mask brings its own space."""
+        return self.pre_tokenizer_kind in ("byte-level", "metaspace") or self.family in ("wordpiece", "word")
 
     def require(self, role: str) -> int:
         """The id of the token playing `role`, or a clear error if this tokenizer has none."""
@@ -196,6 +196,8 @@ class TextTokenizer:
             decoder = self._byte_decoder
             if all(ch in decoder for ch in token):
                 return bytes(decoder[ch] for ch in token)
+        if self.family == "word":  # a word-level vocabulary's tokens are words: decoding joins them with spaces
+            return (" " + token).encode("utf-8")
         prefix = self.continuation_prefix
         if prefix is not None:
             if token.startswith(prefix) and len(token) > len(prefix):

@@ -1,4 +1,4 @@
-"""The four tokenizer families as Hugging Face `tokenizers` objects: an untrained tokenizer of each (normalizer,
+"""The five tokenizer families as Hugging Face `tokenizers` objects: an untrained tokenizer of each (normalizer,
 pre-tokenizer, decoder and trainer), the char vocabulary tfcli counts itself, what each family needs after
 training (Unigram's unk score, BERT's template), and the files written beside tokenizer.json
 (tokenizer_config.json for transformers, BERT's vocab.txt)."""
@@ -42,7 +42,7 @@ def build_untrained(config: TokenizerTrainingConfig) -> tuple[Tokenizer, object]
         "special_tokens": specials.all_tokens(),
         "show_progress": False,
     }
-    if config.model in ("bpe", "wordpiece"):
+    if config.model in ("bpe", "wordpiece", "word"):
         trainer_options["min_frequency"] = config.min_frequency
     if config.limit_alphabet is not None:
         trainer_options["limit_alphabet"] = config.limit_alphabet
@@ -65,6 +65,12 @@ def build_untrained(config: TokenizerTrainingConfig) -> tuple[Tokenizer, object]
         tokenizer = Tokenizer(models.WordLevel({}, unk_token=unk))
         tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character alone
         tokenizer.decoder = decoders.Fuse()  # characters joined as they are
+    elif config.model == "word":
+        # classic word2vec's vocabulary: words and punctuation runs (\w+ | [^\w\s]+), rarer ones unk; decoding
+        # joins the tokens with spaces (the library's default without a decoder)
+        tokenizer = Tokenizer(models.WordLevel({}, unk_token=unk))
+        tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+        trainer = trainers.WordLevelTrainer(**trainer_options)
     elif config.pre_tokenizer == "byte-level":
         tokenizer = Tokenizer(models.BPE(unk_token=unk))
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)

@@ -1,4 +1,4 @@
-"""What a tokenizer is trained as: the family (BPE, WordPiece, Unigram, char), its vocabulary size, special
+"""What a tokenizer is trained as: the family (BPE, WordPiece, Unigram, char, word), its vocabulary size, special
 tokens, pre-tokenizer and normalization, each checked when the settings are made (an option that does not apply
 to the family is an error, not ignored). Torch- and tokenizers-free."""
 
@@ -11,9 +11,9 @@ from tfcli.errors import TfcliError
 from tfcli.tokenizer.core import MAX_VOCAB_SIZE
 from tfcli.tokenizer.specials import SpecialTokens, default_specials
 
-ModelKind = Literal["bpe", "wordpiece", "unigram", "char"]
-MODELS: tuple[str, ...] = ("bpe", "wordpiece", "unigram", "char")
-FAMILY_NAMES = {"bpe": "BPE", "wordpiece": "WordPiece", "unigram": "Unigram", "char": "character"}
+ModelKind = Literal["bpe", "wordpiece", "unigram", "char", "word"]
+MODELS: tuple[str, ...] = ("bpe", "wordpiece", "unigram", "char", "word")
+FAMILY_NAMES = {"bpe": "BPE", "wordpiece": "WordPiece", "unigram": "Unigram", "char": "character", "word": "word-level"}
 PreTokenizerKind = Literal["byte-level", "whitespace", "metaspace"]
 PRE_TOKENIZERS: tuple[str, ...] = ("byte-level", "whitespace", "metaspace")
 BYTE_ALPHABET_SIZE = 256
@@ -23,7 +23,7 @@ VOCAB_TXT = "vocab.txt"  # BERT's vocabulary file: one token per line, the line 
 @dataclasses.dataclass(frozen=True)
 class TokenizerTrainingConfig:
     """What to train. Options left as None take the family's default: `pre_tokenizer` byte-level (BPE only),
-    `min_frequency` 2 (BPE, WordPiece) or 1 (char: every character seen), `special_tokens` BERT's for
+    `min_frequency` 2 (BPE, WordPiece) or 1 (char, word: every character or word seen), `special_tokens` BERT's for
     WordPiece and tfcli's for the others, `strip_accents` following `lowercase` (WordPiece only, as BERT's
     normalizer does). An option that does not apply to the family is an error, not ignored."""
 
@@ -44,7 +44,7 @@ class TokenizerTrainingConfig:
         if self.pre_tokenizer is None and self.model == "bpe":
             object.__setattr__(self, "pre_tokenizer", "byte-level")
         if self.min_frequency is None and self.model != "unigram":
-            object.__setattr__(self, "min_frequency", 1 if self.model == "char" else 2)
+            object.__setattr__(self, "min_frequency", 1 if self.model in ("char", "word") else 2)
         if self.special_tokens is None:
             object.__setattr__(self, "special_tokens", SpecialTokens(roles=default_specials(self.model)))
         n_special = len(self.special_tokens.all_tokens())
@@ -97,6 +97,7 @@ class TokenizerTrainingConfig:
                 "wordpiece": "splits words at spaces and punctuation, as BERT does",
                 "unigram": "uses metaspace (\u2581 before each word)",
                 "char": "takes every character as it is",
+                "word": "splits text at spaces and punctuation",
             }[model]
             raise TfcliError(f"--pre-tokenizer applies to --model bpe only; {model} {how}", hint="drop --pre-tokenizer")
         if self.min_frequency is not None and model == "unigram":
@@ -104,7 +105,7 @@ class TokenizerTrainingConfig:
                 "--min-frequency does not apply to --model unigram (it keeps the pieces that best explain the corpus)",
                 hint="drop --min-frequency; --vocab-size sets how many pieces it keeps",
             )
-        if self.limit_alphabet is not None and model in ("unigram", "char"):
+        if self.limit_alphabet is not None and model in ("unigram", "char", "word"):
             hint = "--vocab-size caps the characters, the rarest becoming the unk token" if model == "char" else "drop --limit-alphabet"
             raise TfcliError(f"--limit-alphabet does not apply to --model {model}", hint=hint)
         if self.strip_accents is not None and model != "wordpiece":

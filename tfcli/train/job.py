@@ -38,6 +38,11 @@ class TrainingJob:
     chat_files: Any = None  # chat / instruct: (tokenizer.json text, tokenizer_config.json) the run gets
 
     @property
+    def title(self) -> str:
+        """What the loss curve's title says the run is."""
+        return f"{self.config.task}, {self.model_config.arch}"
+
+    @property
     def block_size(self) -> int:
         return self.config.block_size or self.model_config.block_size
 

@@ -1,4 +1,5 @@
-"""The one training loop behind `train pretrain` and `train finetune`: it drives a `Trainer` step by step,
+"""The one training loop behind `train pretrain` and `train finetune`: it drives a `Trainer` (a transformer's) or
+a `Word2VecTrainer` (`train pretrain --objective word2vec`) step by step,
 yields events (`events.py`) and never prints; the CLI renders them. SIGINT and SIGTERM stop it after the
 step in hand, with the checkpoint saved.
 """
@@ -21,6 +22,7 @@ from tfcli.train.job import TrainingJob
 from tfcli.train.run_checks import refuse_existing_run
 from tfcli.train.state import LOSS_PLOT, read_metrics
 from tfcli.train.trainer import Trainer
+from tfcli.train.word2vec import Word2VecJob, Word2VecTrainer
 
 
 class _SignalFlag:
@@ -46,10 +48,11 @@ class _SignalFlag:
             signal.signal(signum, handler)
 
 
-def train(job: TrainingJob) -> Iterator[Any]:
+def train(job: TrainingJob | Word2VecJob) -> Iterator[Any]:
     """Run the job; yields Started, StepDone, Logged, Saved, Note and finally Finished. Raises Interrupted
     (after saving) on SIGINT / SIGTERM and TfcliError on a non-finite loss (keeping the last checkpoint)."""
-    device_kind = "cuda" if job.config.device == "cuda" or (job.config.device == "auto" and torch.cuda.is_available()) else "cpu"
+    device = job.config.device if isinstance(job, TrainingJob) else "cpu"  # word2vec trains on the CPU
+    device_kind = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
     world = join_world(device_kind)
     together = False  # every rank got here: they agree when to stop, also on an interrupt
     try:
@@ -71,8 +74,8 @@ def train(job: TrainingJob) -> Iterator[Any]:
         leave_world(world, together=together)
 
 
-def _train(job: TrainingJob, world: World) -> Iterator[Any]:
-    trainer = Trainer(job, world)
+def _train(job: TrainingJob | Word2VecJob, world: World) -> Iterator[Any]:
+    trainer = Word2VecTrainer(job, world) if isinstance(job, Word2VecJob) else Trainer(job, world)
     yield trainer.started()
     yield from trainer.notes_at_start()
     trainer.begin()
@@ -88,7 +91,7 @@ def _train(job: TrainingJob, world: World) -> Iterator[Any]:
     if world.is_main:
         from tfcli.train.plot import plot_loss_curve
 
-        title = f"{job.run_dir.name}: {job.config.task}, {job.model_config.arch}, step {trainer.step}"
+        title = f"{job.run_dir.name}: {job.title}, step {trainer.step}"
         if plot_loss_curve(read_metrics(trainer.metrics_path), job.run_dir / LOSS_PLOT, title):
             plot = job.run_dir / LOSS_PLOT
     if reason == "interrupted":

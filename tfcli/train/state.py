@@ -99,11 +99,13 @@ def commit_trainer_state(run_dir: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def find_trainer_state(run_dir: Path) -> tuple[Path, TrainerState]:
-    """The trainer folder whose state belongs to RUN/model.safetensors (an adapter run's adapter_model.safetensors)."""
+def find_trainer_state(run_dir: Path, weights: Path | None = None) -> tuple[Path, TrainerState]:
+    """The trainer folder whose state belongs to `weights`: by default RUN/model.safetensors (an adapter run's
+    adapter_model.safetensors)."""
     from tfcli.checkpoint import CONFIG_FILE, weights_path
 
-    weights = weights_path(run_dir) if (run_dir / CONFIG_FILE).is_file() else run_dir / "model.safetensors"
+    if weights is None:
+        weights = weights_path(run_dir) if (run_dir / CONFIG_FILE).is_file() else run_dir / "model.safetensors"
     candidates = [run_dir / name for name in (TRAINER_DIR, STAGED_TRAINER_DIR, OLD_TRAINER_DIR)]
     if not weights.is_file() or not any((c / STATE_FILE).is_file() for c in candidates):
         raise TfcliError(

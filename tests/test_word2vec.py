@@ -1,0 +1,183 @@
+"""word2vec training (`train pretrain --objective word2vec`) against gensim's Word2Vec on the same tokenized
+corpus and settings: analogy accuracy within 2 points, nearest neighbours as close to gensim's as gensim's
+are to themselves; and a word2vec run as a run: resume, time budget, metrics, info, generate's refusal."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.training import records
+from tests.word_vectors import require_gensim, sentences, word_shards
+
+COMMON = ["seven", "mom", "cat", "red", "boy", "apple", "two", "she", "tree", "dog"]
+SETTINGS = {"dim": 100, "window": 5, "negatives": 5, "subsample": 1e-3, "epochs": 5}
+
+
+@pytest.fixture(scope="module")
+def stories(tmp_path_factory):
+    return word_shards(tmp_path_factory.mktemp("stories"))
+
+
+def _train(cli, shards, out, *extra):
+    s = SETTINGS
+    args = ["train", "pretrain", "--objective", "word2vec", "--data", shards, "-o", out]
+    args += ["--dim", s["dim"], "--window", s["window"], "--negatives", s["negatives"], "--subsample", s["subsample"], *extra]
+    result = cli(*args)
+    assert result.code == 0, result.stderr
+    return result
+
+
+@pytest.mark.parametrize("algorithm", ["skipgram", "cbow"])
+def test_analogies_and_neighbours_match_gensim(cli, stories, tmp_path, algorithm):
+    Word2Vec = require_gensim()
+    from tfcli.inspect.embedding_evals import evaluate_analogies
+    from tfcli.inspect.embedding_report import shipped_file
+    from tfcli.inspect.embeddings import find_word, load_table, neighbours
+
+    questions = shipped_file("stories", 0)
+    corpus = sentences(stories)
+    s = SETTINGS
+    common = {"vector_size": s["dim"], "window": s["window"], "negative": s["negatives"], "sample": s["subsample"], "epochs": s["epochs"], "min_count": 1}
+    sg = int(algorithm == "skipgram")
+    gensims = [Word2Vec(corpus, sg=sg, workers=1, seed=seed, **common) for seed in (1, 2)]
+    gensim_accuracy = np.mean([model.wv.evaluate_word_analogies(str(questions))[0] for model in gensims])
+    ours = []
+    for seed in (1, 2):
+        _train(cli, stories, tmp_path / f"w2v-{seed}", "--word2vec", algorithm, "--epochs", s["epochs"], "--seed", seed, "--threads", 1)
+        ours.append(load_table(tmp_path / f"w2v-{seed}"))
+    our_accuracy = np.mean([evaluate_analogies(table, questions)[-1].accuracy for table in ours])
+    assert abs(our_accuracy - gensim_accuracy) <= 0.02, (our_accuracy, gensim_accuracy)
+    assert our_accuracy > 0.02  # the gender and counting sections are learned at all
+
+    table = ours[0]
+    assert set(gensims[0].wv.index_to_key) == {table.label(i) for i in np.flatnonzero(table.candidates)}  # the same vocabulary
+    between_gensims, with_gensim = [], []
+    for word in COMMON:
+        first, second = ({w for w, _ in model.wv.most_similar(word, topn=10)} for model in gensims)
+        mine = {n.token for n in neighbours(table, find_word(table, word).id, 10)}
+        between_gensims.append(len(first & second))
+        with_gensim.append(len(first & mine))
+    assert np.mean(with_gensim) >= 5 and np.mean(with_gensim) >= np.mean(between_gensims) - 1.5, (with_gensim, between_gensims)
+
+
+def test_statistics_are_gensims(stories):
+    """The subsampling thresholds and the noise table are gensim's (prepare_weights, make_cum_table)."""
+    Word2Vec = require_gensim()
+    from tfcli.word2vec.vocab import keep_thresholds, noise_table
+
+    corpus = sentences(stories)
+    model = Word2Vec(min_count=1, sample=1e-3, ns_exponent=0.75, workers=1)
+    model.build_vocab(corpus)
+    counts = np.array([model.wv.get_vecattr(w, "count") for w in model.wv.index_to_key], dtype=np.int64)
+    ours = keep_thresholds(counts, 1e-3).astype(np.int64)
+    theirs = np.array([model.wv.get_vecattr(w, "sample_int") for w in model.wv.index_to_key], dtype=np.int64)
+    assert np.abs(ours - theirs).max() <= 2  # rounding of the same formula
+    assert (ours < 2**32 - 1).sum() == (theirs < 2**32 - 1).sum() > 10  # the same words are subsampled
+    assert np.abs(noise_table(counts, 0.75).astype(np.int64) - model.cum_table.astype(np.int64)).max() <= 1
+
+
+def test_a_run_is_a_run(cli, stories, tmp_path):
+    """Metrics and loss curve, the run directory, info, generate's one-line refusal; the loss falls."""
+    run = tmp_path / "w2v"
+    result = _train(cli, stories, run, "--epochs", 3, "--log-every", 1, "--json")
+    summary = json.loads(result.stdout)
+    assert summary["stopped_by"] == "steps" and summary["step"] == 4  # 3 x 112k tokens in steps of 100k
+    logged = records(run)
+    assert [r["step"] for r in logged] == [1, 2, 3, 4]
+    assert logged[-1]["loss"] < logged[0]["loss"]
+    assert logged[-1]["lr"] < logged[0]["lr"] <= 0.025  # linear decay
+    assert (run / "loss.png").is_file() and (run / "tokenizer.json").is_file()
+    config = json.loads((run / "config.json").read_text())
+    assert config["word2vec"]["algorithm"] == "skipgram" and config["training"]["config"]["epochs"] == 3
+
+    info = cli("info", run, "--json")
+    assert info.code == 0, info.stderr
+    described = json.loads(info.stdout)
+    assert described["word2vec"]["dim"] == 100 and described["parameters"]["total"] == 2 * 100 * described["word2vec"]["vocab_size"]
+    assert described["problems"] == []
+    shown = cli("info", run)
+    assert shown.code == 0 and "word2vec" in shown.stdout
+
+    refused = cli("generate", run, "--prompt", "the bird")
+    assert refused.code == 2 and "word2vec run" in refused.stderr and "Traceback" not in refused.stderr
+    assert len([line for line in refused.stderr.splitlines() if line.strip()]) <= 2  # the error and its hint
+
+
+def test_resume_is_exact_and_budget_stops(cli, stories, tmp_path):
+    """A run stopped after its first step and resumed ends with the vectors of a run never stopped (one thread:
+    every draw of a step derives from the seed and the step)."""
+    from safetensors.numpy import load_file
+
+    from tfcli.train.events import Saved
+    from tfcli.train.loop import train
+    from tfcli.train.word2vec import word2vec_job
+
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    _train(cli, stories, whole, "--epochs", 2, "--save-every", 1, "--log-every", 1)
+    vectors = {"dim": 100, "window": 5, "negatives": 5, "subsample": 1e-3}
+    job = word2vec_job(
+        data=stories, output=stopped, vectors=vectors, settings={"epochs": 2, "save_every": 1, "log_every": 1}, tokenizer_path=None, resume=False
+    )
+    events = train(job)
+    for event in events:
+        if isinstance(event, Saved):
+            events.close()  # as a crash right after the first checkpoint
+            break
+    assert json.loads((stopped / "trainer" / "state.json").read_text())["step"] == 1
+    resumed = _train(cli, stories, stopped, "--epochs", 2, "--save-every", 1, "--log-every", 1, "--resume")
+    assert "from step 1" in resumed.stderr
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(stopped / "model.safetensors"))
+    np.testing.assert_array_equal(a["input_vectors"], b["input_vectors"])
+    np.testing.assert_array_equal(a["output_vectors"], b["output_vectors"])
+    assert [r["step"] for r in records(stopped)] == [1, 2, 3]
+    assert [(r["loss"], r["lr"]) for r in records(stopped)] == [(r["loss"], r["lr"]) for r in records(whole)]
+
+    changed = cli("train", "pretrain", "--objective", "word2vec", "--data", stories, "-o", stopped, "--dim", 50, "--resume")
+    assert changed.code == 2 and "cannot resume: word2vec dim was 100, now 50" in changed.stderr
+    budget = _train(cli, stories, tmp_path / "budget", "--time-budget", "1s", "--json")
+    assert json.loads(budget.stdout)["stopped_by"] == "budget"
+
+
+def test_options_that_do_not_apply(cli, stories, tmp_path):
+    for extra, message in (
+        (["--objective", "word2vec", "--arch", "encoder"], "--arch does not apply to --objective word2vec"),
+        (["--objective", "word2vec", "--word2vec", "glove"], "--word2vec must be one of skipgram, cbow"),
+        (["--objective", "word2vec", "--dim", "0"], "word2vec dim must be between 1 and 4096"),
+        (["--dim", "50"], "--dim does not apply to a transformer's pretraining"),
+        (["--objective", "word2vec", "--epochs", "2", "--time-budget", "1s"], "--epochs and --time-budget do not go together"),
+    ):
+        result = cli("train", "pretrain", "--data", stories, "-o", tmp_path / "never", *extra)
+        assert result.code == 2 and message in result.stderr, result.stderr
+        assert not (tmp_path / "never").exists()
+
+
+def test_word_tokenizer(cli, tmp_path):
+    from tfcli.tokenizer.core import TextTokenizer
+
+    text = tmp_path / "t.txt"
+    text.write_text("The cat sat. The cat ran, the dog sat!\nA zebra once.\n", encoding="utf-8")
+    result = cli("tokenize", "train", text, "-o", tmp_path / "tok", "--model", "word", "--lowercase", "--min-frequency", "2")
+    assert result.code == 0, result.stderr
+    tokenizer = TextTokenizer.load(tmp_path / "tok" / "tokenizer.json")
+    assert tokenizer.family == "word" and tokenizer.pre_tokenizer_kind == "whitespace"
+    pieces = [tokenizer.hf.id_to_token(i) for i in tokenizer.encode("The cat sat, the zebra.")]
+    assert pieces == ["the", "cat", "sat", "<|unk|>", "the", "<|unk|>", "."]  # the comma and zebra are seen once: unk
+    from transformers import PreTrainedTokenizerFast
+
+    loaded = PreTrainedTokenizerFast.from_pretrained(tmp_path / "tok")
+    assert loaded.convert_ids_to_tokens(loaded("the cat sat")["input_ids"]) == ["the", "cat", "sat"]
+
+
+@pytest.mark.slow
+def test_bench_word2vec_smoke(cli):
+    """`tfcli bench word2vec`: both sides train on the same words and report a ratio."""
+    require_gensim()
+    result = cli("bench", "word2vec", "--epochs", 1, "--repeat", 1, "--json")
+    assert result.code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["tfcli"]["words"] == report["gensim"]["words"] == report["corpus_words"] > 100_000
+    assert report["cpu_ratio"] == pytest.approx(report["tfcli"]["words_per_cpu_second"] / report["gensim"]["words_per_cpu_second"], rel=1e-3)
+    assert report["settings"]["threads"] == 1 and report["target"] == 0.5

@@ -1,0 +1,94 @@
+"""`tfcli bench word2vec`: tfcli's word2vec training beside gensim's Word2Vec on the same corpus and settings (tfcli.bench.word2vec)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from tfcli.cli.bench_common import machine_line, scratch_folder
+from tfcli.cli.common import JsonFlag, print_json, print_table, stderr_console, stdout_console
+
+
+def word2vec(
+    algorithm: Annotated[str, typer.Option("--word2vec", help="skipgram or cbow.")] = "skipgram",
+    dim: Annotated[int, typer.Option("--dim", help="The length of each vector.")] = 100,
+    window: Annotated[int, typer.Option("--window", help="The most words on each side.")] = 5,
+    negatives: Annotated[int, typer.Option("--negatives", help="Noise words per example.")] = 5,
+    subsample: Annotated[float, typer.Option("--subsample", help="The frequent-word threshold (0: none).")] = 1e-3,
+    epochs: Annotated[int, typer.Option("--epochs", help="Passes over the corpus (sample_data's stories, 110k words).")] = 10,
+    threads: Annotated[int, typer.Option("--threads", help="Threads for both (gensim's workers).")] = 1,
+    repeat: Annotated[int, typer.Option("--repeat", help="Rounds, interleaved; each side keeps its round with the least CPU time.")] = 2,
+    workdir: Annotated[Optional[Path], typer.Option(help="Scratch folder (default: a temporary one, removed afterwards).", show_default=False)] = None,
+    data: Annotated[Optional[Path], typer.Option(help="Sample data whose corpus/ to train on (default: ./sample_data).", show_default=False)] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Time word2vec training against gensim's Word2Vec (its optimized C) on the same tokenized corpus.
+
+    Same threads, dimension, window, negatives, subsampling and epochs; each side trains in a fresh process
+    and only its training is timed. Target: tfcli's words per CPU second >= 0.5x gensim's. The analogy
+    accuracy on the questions shipped with tfcli shows both learned alike.
+
+    \b
+    Example: tfcli bench word2vec --epochs 10 --threads 1
+    """
+    import shutil
+
+    from tfcli.bench.word2vec import TARGET_RATIO, run_word2vec_bench
+    from tfcli.errors import TfcliError
+    from tfcli.quickstart import find_sample_data
+
+    if algorithm not in ("skipgram", "cbow"):
+        raise TfcliError(f"--word2vec must be skipgram or cbow, not {algorithm!r}")
+    for name, value in (("--epochs", epochs), ("--threads", threads), ("--repeat", repeat), ("--dim", dim), ("--window", window), ("--negatives", negatives)):
+        if value < 1:
+            raise TfcliError(f"{name} must be at least 1, not {value}")
+    sample = find_sample_data(data) / "corpus"
+    scratch = scratch_folder(workdir)
+    console = stderr_console()
+    try:
+        with console.status("benchmarking") as status:
+            result = run_word2vec_bench(
+                scratch,
+                sample,
+                algorithm=algorithm,
+                dim=dim,
+                window=window,
+                negatives=negatives,
+                subsample=subsample,
+                epochs=epochs,
+                threads=threads,
+                repeat=repeat,
+                progress=lambda job: status.update(f"benchmarking: {job}"),
+            )
+    finally:
+        if workdir is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    machine = machine_line()
+    if json_output:
+        print_json({"machine": machine, **result.to_json()})
+        return
+    from rich.table import Table
+
+    s = result.settings
+    table = Table(
+        title=f"word2vec bench: {s['algorithm']}, {result.corpus_words:,} words x {s['epochs']} epochs, dim {s['dim']}, window {s['window']}, "
+        f"{s['negatives']} negatives, {s['threads']} thread(s), best of {len(result.rounds)}; {machine}"
+    )
+    for column in ("trainer", "CPU s", "wall s", "words / CPU s", "words / s", "analogies", "peak RSS"):
+        table.add_column(column, justify="left" if column == "trainer" else "right")
+    for m in result.best:
+        table.add_row(
+            m.job,
+            f"{m.cpu_seconds:.2f}",
+            f"{m.wall_seconds:.2f}",
+            f"{m.words_per_cpu_second:,.0f}",
+            f"{m.words_per_second:,.0f}",
+            f"{m.analogy_accuracy:.1%}",
+            f"{m.peak_rss_mb:.0f} MB",
+        )
+    out = stdout_console()
+    print_table(out, table)
+    verdict = "ok" if result.cpu_ratio >= TARGET_RATIO else "MISSED"
+    out.print(f"words per CPU second, tfcli / gensim: {result.cpu_ratio:.2f} (target >= {TARGET_RATIO}: {verdict}); by wall time {result.wall_ratio:.2f}")
