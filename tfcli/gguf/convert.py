@@ -175,11 +175,12 @@ def _layout_config(file: GgufFile, arch: str, where: str) -> ModelConfig:
     if arch == "gpt2":
         return config.with_overrides(tie_embeddings="output.weight" not in file.tensors)
     names = file.tensors
+    bias, qkv_bias, mlp_bias = ("blk.0.attn_output.bias" in names, "blk.0.attn_q.bias" in names, "blk.0.ffn_up.bias" in names)
     config = config.with_overrides(
         tie_embeddings="output.weight" not in names,
-        bias="blk.0.attn_output.bias" in names,
-        qkv_bias="blk.0.attn_q.bias" in names,
-        mlp_bias="blk.0.ffn_up.bias" in names,
+        bias=bias,
+        qkv_bias=None if qkv_bias == bias else qkv_bias,
+        mlp_bias=None if mlp_bias == bias else mlp_bias,
     )
     if ROPE_FREQS in names:
         config = config.with_overrides(rope_scaling=_llama3_scaling(file, config, where))

@@ -136,6 +136,8 @@ class _Cursor:
     def value(self, kind: GGUFValueType, key: str, depth: int = 0) -> Any:
         import numpy as np
 
+        if kind == GGUFValueType.FLOAT32:  # the shortest decimal that is this float32: 1e-05, not 9.999999747378752e-06
+            return float(str(np.float32(self.scalar("<f", f"the value of {key}"))))
         if kind in _SCALARS:
             return self.scalar(_SCALARS[kind], f"the value of {key}")
         if kind == GGUFValueType.STRING:
