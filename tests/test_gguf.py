@@ -64,6 +64,19 @@ def runs(tmp_path_factory, trained_tokenizer) -> dict[str, Path]:
     return {kind: _tiny_run(root / kind, trained_tokenizer, shape) for kind, shape in SHAPES.items()}
 
 
+@pytest.fixture(scope="module")
+def metaspace_run(tmp_path_factory) -> Path:
+    """A Llama-shaped run with a SentencePiece-style (metaspace BPE) tokenizer: llama.cpp's `llama` tokenizer."""
+    from tfcli.corpus.reader import resolve_corpus
+    from tfcli.tokenizer.train import train_tokenizer
+    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+
+    root = tmp_path_factory.mktemp("gguf-metaspace")
+    (root / "corpus.txt").write_text(TINY_TEXT * 20, encoding="utf-8")
+    train_tokenizer(resolve_corpus([root / "corpus.txt"]), root / "tok", TokenizerTrainingConfig(vocab_size=200, pre_tokenizer="metaspace"))
+    return _tiny_run(root / "run", root / "tok", SHAPES["llama"])
+
+
 def _export(cli, run: Path, out: Path, kind: str = "f32") -> Path:
     result = cli("export", run, "--to", "gguf", "-o", out, "--type", kind)
     assert result.code == 0, result.stderr
@@ -127,6 +140,46 @@ def test_exported_run_runs_in_llama_cpp_as_in_tfcli(cli, tmp_path, runs, kind):
     assert completion["prompt_tokens"] == len(tokenizer.encode(PROMPT))
     assert ours == _llama_greedy(llm, tokenizer.encode(PROMPT), 64, _suppressed(tokenizer))
     assert len(set(ours)) > 3  # a continuation, not one token over and over
+
+
+def test_a_sentencepiece_style_tokenizer_exports_as_llama_cpp_s_llama_model(cli, tmp_path, metaspace_run):
+    llama_cpp = _llama_cpp()
+    path = _export(cli, metaspace_run, tmp_path / "model.gguf")
+    from tfcli.gguf import read_gguf
+
+    assert read_gguf(path).metadata["tokenizer.ggml.model"] == "llama"
+    tokenizer = TextTokenizer.load(metaspace_run)
+    llm = _llama(llama_cpp, path)
+    # text in the vocabulary's alphabet: llama.cpp has no unknown piece for SentencePiece, only byte pieces, which tfcli's lacks
+    for text in [PROMPT, TINY_TEXT, "The fox said: thank you, Mia!"]:
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == tokenizer.encode(text), text
+    ours, _ = _tfcli_greedy(cli, metaspace_run, 32)
+    assert ours == _llama_greedy(llm, tokenizer.encode(PROMPT), 32, _suppressed(tokenizer))
+    result = cli("import", path, "-o", tmp_path / "back")
+    assert result.code == 0, result.stderr
+    back = TextTokenizer.load(tmp_path / "back")
+    for text in [PROMPT, TINY_TEXT]:
+        assert back.encode(text) == tokenizer.encode(text) and back.hf.decode(back.encode(text)) == text
+
+
+def test_the_chat_template_and_special_tokens_go_through(cli, tmp_path, runs):
+    import shutil
+
+    from tfcli.gguf import read_gguf
+
+    run = tmp_path / "chat"
+    shutil.copytree(runs["gpt2"], run)
+    config = json.loads((run / "tokenizer_config.json").read_text())
+    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}{% endfor %}"
+    (run / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    path = _export(cli, run, tmp_path / "chat.gguf")
+    metadata = read_gguf(path).metadata
+    tokenizer = TextTokenizer.load(run)
+    assert metadata["tokenizer.chat_template"] == template
+    assert metadata["tokenizer.ggml.eos_token_id"] == tokenizer.special_ids["eos"] and metadata["gpt2.context_length"] == 128
+    assert metadata["tokenizer.ggml.token_type"][tokenizer.special_ids["pad"]] == 3  # control: never made from text
+    assert cli("import", path, "-o", tmp_path / "back").code == 0
+    assert json.loads((tmp_path / "back" / "tokenizer_config.json").read_text())["chat_template"] == template
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
@@ -438,3 +491,23 @@ def test_a_bad_file_is_refused_in_one_line_with_nothing_written(cli, tmp_path, e
     assert named in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) <= 2, result.stderr  # the error, and a hint where there is one
     assert not (tmp_path / "run").exists()
+
+
+# --- the benchmark beside llama.cpp ------------------------------------------------------------------------
+
+
+def test_bench_generate_against_llama_cpp_decodes_the_same_tokens(cli, tmp_path):
+    _llama_cpp()
+    pytest.importorskip("transformers")
+    result = cli(
+        "bench", "generate", "--preset", "tiny", "--repeat", "1", "--prompt-tokens", "4", "--new-tokens", "12", "--threads", "1",
+        "--workdir", tmp_path, "--no-first-run", "--skip-no-cache", "--against", "llama.cpp", "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.stderr
+    (bench,) = json.loads(result.stdout)["benches"]
+    jobs = {r["job"]: r for r in bench["results"]}
+    assert set(jobs) == {"tfcli", "transformers", "llama.cpp"}
+    assert jobs["llama.cpp"]["new_tokens"] == 12 and jobs["llama.cpp"]["threads"] == jobs["tfcli"]["threads"] == 1
+    assert bench["same_tokens_as_llama_cpp"] is True  # the same GGUF export of the same weights, greedy
+    assert bench["time_per_token_vs_llama_cpp"] > 0
+    assert "--against knows llama.cpp" in cli("bench", "generate", "--against", "vllm").stderr

@@ -385,8 +385,8 @@ def run_generate_bench(
 
 if __name__ == "__main__":
     if sys.argv[1] == "prepare":
-        work_arg, preset_arg, prompt_arg, new_arg, against_arg = sys.argv[2:]
-        run_path, hf_path, n_parameters, n_bytes = prepare(Path(work_arg), preset_arg, int(prompt_arg), int(new_arg), against_arg or None)
+        work_arg, preset_arg, prompt_arg, new_arg, *against_arg = sys.argv[2:]
+        run_path, hf_path, n_parameters, n_bytes = prepare(Path(work_arg), preset_arg, int(prompt_arg), int(new_arg), (against_arg or [""])[0] or None)
         print(json.dumps({"run": str(run_path), "hf": str(hf_path), "parameters": n_parameters, "weight_bytes": n_bytes}))
         sys.exit(0)
     job_name, run_arg, hf_arg, prompt_arg, new_arg, threads_arg, device_arg, bytes_arg = sys.argv[1:]
