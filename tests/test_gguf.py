@@ -16,7 +16,7 @@ import torch
 
 from tests.conftest import TINY_TEXT
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
-from tfcli.model.config import ModelConfig
+from tfcli.model.config import ModelConfig, RopeScaling
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
 
@@ -27,8 +27,19 @@ TEXTS = [PROMPT, TINY_TEXT, "Zoë smiled at the café 🦊, didn't she?  Tom  ha
 SHAPES = {
     # rotary, RMSNorm, SwiGLU, grouped-query attention, untied head
     "llama": dict(positions="rotary", norm="rmsnorm", activation="swiglu", n_kv_heads=2, bias=False, tie_embeddings=False),
-    # biases on q, k and v only (Qwen2's layout), multi-query, tied head
-    "llama-qkv-bias-tied": dict(positions="rotary", norm="rmsnorm", activation="swiglu", n_kv_heads=1, bias=False, qkv_bias=True, tie_embeddings=True),
+    # biases on q, k and v only (Qwen2's layout), multi-query, tied head, Llama 3.1's rope scaling (rope_freqs.weight)
+    "llama-qkv-bias-tied-llama3-rope": dict(
+        positions="rotary",
+        norm="rmsnorm",
+        activation="swiglu",
+        n_kv_heads=1,
+        bias=False,
+        qkv_bias=True,
+        tie_embeddings=True,
+        rope_scaling=RopeScaling("llama3", 4.0, 1.0, 4.0, 32),
+    ),
+    # linear rope scaling, biases everywhere (llama's optional attention and MLP biases)
+    "llama-biased-linear-rope": dict(positions="rotary", norm="rmsnorm", activation="swiglu", n_kv_heads=4, bias=True, rope_scaling=RopeScaling("linear", 2.0)),
     # learned positions, LayerNorm, GELU (tanh), biases everywhere
     "gpt2": dict(positions="learned", norm="layernorm", activation="gelu_tanh", bias=True, tie_embeddings=True),
 }

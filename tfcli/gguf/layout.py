@@ -149,8 +149,11 @@ def hyperparameters(config: ModelConfig, arch: str) -> dict[str, Any]:
             "vocab_size": config.vocab_size,
         }
     )
-    if config.rope_scaling is not None and config.rope_scaling.kind == "linear":
-        keys.update({"rope.scaling.type": "linear", "rope.scaling.factor": config.rope_scaling.factor})
+    scaling = config.rope_scaling
+    if scaling is not None and scaling.kind == "linear":
+        keys.update({"rope.scaling.type": "linear", "rope.scaling.factor": scaling.factor})
+    elif scaling is not None:  # llama3: the divisors go in rope_freqs.weight; the context they were made for here
+        keys["rope.scaling.original_context_length"] = scaling.original_context
     return keys
 
 
