@@ -59,9 +59,7 @@ def export(
     if type_ is not None and target != "gguf":
         raise TfcliError("--type is for --to gguf", hint="drop --type, or add --to gguf")
     if target == "gguf":
-        from tfcli.gguf import export_gguf
-
-        exported = export_gguf(run, output, type_ or "f32")
+        exported = _gguf().export_gguf(run, output, type_ or "f32")
         stdout_console().print(
             f"exported {run} to {output} (GGUF {exported.arch}, {type_ or 'f32'}, {exported.tensors} tensors, {exported.bytes:,} bytes, tokenizer {exported.tokenizer_model}); run it with llama-cli -m {output}",
             markup=False,
@@ -133,10 +131,9 @@ def import_(
     from tfcli.fsutil import nothing_left_on_failure
 
     if source.is_file() and (source.suffix.lower() == ".gguf" or _starts_with_gguf_magic(source)):
-        from tfcli.gguf import import_gguf
-
+        gguf = _gguf()
         with nothing_left_on_failure(output, "importing into"):
-            done = import_gguf(source, output)
+            done = gguf.import_gguf(source, output)
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(done.types.items()))
         stdout_console().print(
             f"imported {source} into {output} (GGUF {done.arch}, {done.parameters:,} parameters; tensors: {kinds})",
@@ -152,6 +149,19 @@ def import_(
     for note in imported.notes:
         stderr_console().print(f"note: {note}", markup=False, highlight=False)
     stdout_console().print(f"imported {source} into {output} ({imported.hf_class}, {imported.parameters:,} parameters)", markup=False, highlight=False)
+
+
+def _gguf():
+    """tfcli.gguf, or a clear error when llama.cpp's gguf package (the gguf extra) is not installed."""
+    from tfcli.errors import TfcliError
+
+    try:
+        import tfcli.gguf
+    except ModuleNotFoundError as exc:
+        if exc.name != "gguf":
+            raise
+        raise TfcliError("GGUF files need llama.cpp's gguf package, which is not installed", hint="pip install 'tfcli[gguf]'") from None
+    return tfcli.gguf
 
 
 def _starts_with_gguf_magic(path: Path) -> bool:

@@ -156,15 +156,6 @@ class _Cursor:
         return [self.value(item, key, depth + 1) for _ in range(count)]
 
 
-def is_gguf(path: Path) -> bool:
-    """Whether `path` is a file that starts with GGUF's magic."""
-    try:
-        with open(path, "rb") as stream:
-            return stream.read(4) == MAGIC
-    except OSError:
-        return False
-
-
 def read_gguf(path: Path) -> GgufFile:
     """Parse a GGUF file's metadata and tensor table, checking every tensor lies inside the file."""
     path = Path(path)
