@@ -6,6 +6,7 @@ one line with nothing written."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -57,16 +58,35 @@ def _llama_cpp():
 
 
 def _tiny_run(folder: Path, tokenizer_dir: Path, shape: dict, seed: int = 0) -> Path:
-    """A tiny run whose weights are random but far from zero, so every tensor shows in the logits."""
+    """A tiny run whose weights are random but far from zero, so every tensor shows in the logits and greedy
+    decoding wanders instead of repeating two tokens (a GPT-2's MLP input stays gentle: see GELU_TABLE)."""
     tokenizer = TextTokenizer.load(tokenizer_dir)
     config = ModelConfig(vocab_size=tokenizer.vocab_size, block_size=128, n_layers=2, n_heads=4, d_model=64, d_ff=96, **shape)
     torch.manual_seed(seed)
     model = Transformer(config).eval()
     with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.08)
+        for name, parameter in model.named_parameters():
+            gentle = config.activation != "swiglu" and "mlp.fc" in name
+            parameter.add_(torch.randn_like(parameter) * (0.08 if gentle else 0.25))
     save_checkpoint(folder, model, tokenizer)
     return folder
+
+
+@contextlib.contextmanager
+def ggml_gelu():
+    """GELU as llama.cpp's CPU backend computes it (ggml-cpu/vec.h, GGML_GELU_FP16): the input rounded to
+    fp16, looked up in a table of fp16 results; 0 below -10, the input above 10."""
+    exact = torch.nn.functional.gelu
+
+    def table(x, approximate="none"):
+        y = exact(x.half().float(), approximate="tanh").half().float()
+        return torch.where(x <= -10, torch.zeros_like(x), torch.where(x >= 10, x, y))
+
+    torch.nn.functional.gelu = table
+    try:
+        yield
+    finally:
+        torch.nn.functional.gelu = exact
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +120,11 @@ def _tfcli_logits(run: Path, ids: list[int]) -> np.ndarray:
         return model(torch.tensor([ids])).logits[0].numpy()
 
 
+F32 = 0  # GGML_TYPE_F32: the KV cache in fp32 as tfcli's (llama.cpp's default is f16)
+
+
 def _llama(llama_cpp, path: Path):
-    return llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=128, n_threads=1, n_threads_batch=1, verbose=False)
+    return llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=128, n_threads=1, n_threads_batch=1, type_k=F32, type_v=F32, verbose=False)
 
 
 def _llama_logits(llm, ids: list[int]) -> np.ndarray:
@@ -141,36 +164,30 @@ def test_exported_run_runs_in_llama_cpp_as_in_tfcli(cli, tmp_path, runs, kind):
     run = runs[kind]
     tokenizer = TextTokenizer.load(run)
     llm = _llama(llama_cpp, _export(cli, run, tmp_path / "model.gguf"))
-    assert llm.n_vocab() == tokenizer.vocab_size and llm.n_ctx() == 128
+    assert llm.n_vocab() == tokenizer.vocab_size and llm.metadata[f"{'gpt2' if kind == 'gpt2' else 'llama'}.context_length"] == "128"
     for text in TEXTS:  # the same ids, special-token text staying text
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == tokenizer.encode(text), text
     prompt = tokenizer.encode(TINY_TEXT)[:100]
-    difference = np.abs(_llama_logits(llm, prompt) - _tfcli_logits(run, prompt)).max()
-    assert difference < 1e-3, difference
+    theirs = _llama_logits(llm, prompt)
+    difference = np.abs(theirs - _tfcli_logits(run, prompt)).max()
+    if kind == "gpt2":
+        # llama.cpp's gpt2 takes GELU from an fp16 table: with that GELU, tfcli's logits are llama.cpp's within 1e-3;
+        # with the exact one they differ by the table's rounding (3e-4 of the largest logit here)
+        with ggml_gelu():
+            assert np.abs(theirs - _tfcli_logits(run, prompt)).max() < 1e-3
+        assert difference < 5e-4 * np.abs(theirs).max(), difference
+    else:
+        assert difference < 1e-3, difference
     ours, completion = _tfcli_greedy(cli, run, 64)
     assert completion["prompt_tokens"] == len(tokenizer.encode(PROMPT))
     assert ours == _llama_greedy(llm, tokenizer.encode(PROMPT), 64, _suppressed(tokenizer))
-    assert len(set(ours)) > 3  # a continuation, not one token over and over
+    assert len(set(ours)) > 8  # a continuation, not a few tokens over and over
 
 
-def test_a_sentencepiece_style_tokenizer_exports_as_llama_cpp_s_llama_model(cli, tmp_path, metaspace_run):
-    llama_cpp = _llama_cpp()
-    path = _export(cli, metaspace_run, tmp_path / "model.gguf")
-    from tfcli.gguf import read_gguf
-
-    assert read_gguf(path).metadata["tokenizer.ggml.model"] == "llama"
-    tokenizer = TextTokenizer.load(metaspace_run)
-    llm = _llama(llama_cpp, path)
-    # text in the vocabulary's alphabet: llama.cpp has no unknown piece for SentencePiece, only byte pieces, which tfcli's lacks
-    for text in [PROMPT, TINY_TEXT, "The fox said: thank you, Mia!"]:
-        assert llm.tokenize(text.encode(), add_bos=False, special=False) == tokenizer.encode(text), text
-    ours, _ = _tfcli_greedy(cli, metaspace_run, 32)
-    assert ours == _llama_greedy(llm, tokenizer.encode(PROMPT), 32, _suppressed(tokenizer))
-    result = cli("import", path, "-o", tmp_path / "back")
-    assert result.code == 0, result.stderr
-    back = TextTokenizer.load(tmp_path / "back")
-    for text in [PROMPT, TINY_TEXT]:
-        assert back.encode(text) == tokenizer.encode(text) and back.hf.decode(back.encode(text)) == text
+def test_a_sentencepiece_style_tokenizer_without_byte_pieces_is_refused(cli, tmp_path, metaspace_run):
+    result = cli("export", metaspace_run, "--to", "gguf", "-o", tmp_path / "model.gguf")
+    assert result.code == 2 and "256 byte pieces" in result.stderr  # llama.cpp would stop at the first unknown character
+    assert not (tmp_path / "model.gguf").exists()
 
 
 def test_the_chat_template_and_special_tokens_go_through(cli, tmp_path, runs):
@@ -379,6 +396,12 @@ def test_a_converter_laid_out_llama_imports_and_generates_as_llama_cpp(cli, tmp_
     ours, completion = _tfcli_greedy(cli, tmp_path / "run", 64)
     assert completion["prompt_tokens"] == len(prompt)
     assert ours == _llama_greedy(llm, prompt, 64, _suppressed(run.tokenizer))
+    # exported again, the SentencePiece-style tokenizer is llama.cpp's `llama` model once more, and tokenizes as the original
+    again = _llama(llama_cpp, _export(cli, tmp_path / "run", tmp_path / "again.gguf"))
+    assert again.metadata["tokenizer.ggml.model"] == "llama" and again.metadata["tokenizer.ggml.add_bos_token"] == "true"
+    for text in TEXTS:
+        assert again.tokenize(text.encode(), add_bos=True, special=False) == llm.tokenize(text.encode(), add_bos=True, special=False)
+    assert np.abs(_llama_logits(again, prompt) - _llama_logits(llm, prompt)).max() < 1e-4
 
 
 # --- what export refuses ---------------------------------------------------------------------------------

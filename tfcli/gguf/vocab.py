@@ -156,6 +156,12 @@ def tokenizer_metadata(tokenizer: TextTokenizer, vocab_size: int, tokenizer_conf
             f"GGUF cannot hold a BPE tokenizer with the {kind} pre-tokenizer: llama.cpp knows byte-level BPE (GPT-2's, Llama 3's, Qwen2's, SmolLM's regex) and SentencePiece-style pieces",
             hint="train the run with a byte-level or metaspace BPE tokenizer",
         )
+    if sentencepiece and any(tokenizer.hf.token_to_id(f"<0x{b:02X}>") is None for b in range(256)):
+        raise TfcliError(
+            "GGUF's SentencePiece-style tokenizer needs the 256 byte pieces <0x00> .. <0xFF>: llama.cpp spells a character "
+            "outside the vocabulary with them (and stops without them), and this metaspace tokenizer has none",
+            hint="train the run with a byte-level BPE tokenizer (tfcli tokenize train's default)",
+        )
     size = tokenizer.vocab_size
     by_id = {i: t for t, i in tokenizer.hf.get_vocab(with_added_tokens=True).items()}
     added = tokenizer.hf.get_added_tokens_decoder()
