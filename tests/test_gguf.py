@@ -225,9 +225,10 @@ def test_f16_and_q8_0_stay_close(cli, tmp_path, runs, kind, capsys):
         if kind_ == "f16":
             assert _llama_greedy(llm, tokenizer.encode(PROMPT), 24, _suppressed(tokenizer)) == ours
         del llm
+    largest = float(np.abs(reference).max())
     with capsys.disabled():
-        print(f"\n{kind}: largest logit difference from tfcli's f32: f16 {differences['f16']:.2e}, q8_0 {differences['q8_0']:.2e}")
-    assert differences["f16"] < 0.05 and differences["q8_0"] < 0.5, differences
+        print(f"\n{kind}: largest logit difference from tfcli's f32 (logits up to {largest:.1f}): f16 {differences['f16']:.2e}, q8_0 {differences['q8_0']:.2e}")
+    assert differences["f16"] < 0.01 * largest and differences["q8_0"] < 0.2 * largest, differences
 
 
 @pytest.mark.parametrize("kind", list(SHAPES))
