@@ -531,6 +531,7 @@ def test_a_bad_file_is_refused_in_one_line_with_nothing_written(cli, tmp_path, e
 # --- the benchmark beside llama.cpp ------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the benchmark's worker processes, end to end
 def test_bench_generate_against_llama_cpp_decodes_the_same_tokens(cli, tmp_path):
     _llama_cpp()
     pytest.importorskip("transformers")

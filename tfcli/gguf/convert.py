@@ -130,9 +130,8 @@ def export_gguf(run_dir: Path, out_path: Path, kind: str = "f32") -> Exported:
 
 
 def _add(writer, key: str, value: Any) -> None:
-    """One metadata key with the type llama.cpp's converter gives it (counts u32, floats f32, ids u32)."""
-    from gguf.constants import GGUFValueType
-
+    """One metadata key with the type llama.cpp's converter gives it: counts and ids u32, floats f32, lists
+    of ints i32 (token types), of floats f32 (scores), of strings (tokens, merges)."""
     if isinstance(value, bool):
         writer.add_bool(key, value)
     elif isinstance(value, int):
@@ -141,9 +140,6 @@ def _add(writer, key: str, value: Any) -> None:
         writer.add_float32(key, value)
     elif isinstance(value, str):
         writer.add_string(key, value)
-    elif value and isinstance(value[0], int):
-        writer.add_array(key, value)  # token types: i32, as the converter writes them
-        writer.kv_data[0][key].sub_type = GGUFValueType.INT32
     else:
         writer.add_array(key, value)
 
