@@ -251,6 +251,7 @@ def test_import_gives_the_export_back(cli, tmp_path, runs, kind, dtype):
     assert back.tokenizer.special_ids == original.tokenizer.special_ids
     again = cli("export", tmp_path / "back", "--to", "gguf", "-o", tmp_path / "again.gguf", "--type", dtype)
     assert again.code == 0, again.stderr
+    assert cli("info", tmp_path / "back").code == 0  # a run like any other
 
 
 def test_the_reader_agrees_with_gguf_own_reader(cli, tmp_path, runs):
