@@ -534,17 +534,15 @@ def test_a_bad_file_is_refused_in_one_line_with_nothing_written(cli, tmp_path, e
 
 @pytest.mark.slow  # the benchmark's worker processes, end to end
 def test_bench_generate_against_llama_cpp_decodes_the_same_tokens(cli, tmp_path):
+    from tfcli.bench.generate import run_generate_bench
+
     _llama_cpp()
-    pytest.importorskip("transformers")
-    result = cli(
-        "bench", "generate", "--preset", "tiny", "--repeat", "1", "--prompt-tokens", "4", "--new-tokens", "12", "--threads", "1",
-        "--workdir", tmp_path, "--no-first-run", "--skip-no-cache", "--against", "llama.cpp", "--json",
-    )  # fmt: skip
-    assert result.code == 0, result.stderr
-    (bench,) = json.loads(result.stdout)["benches"]
-    jobs = {r["job"]: r for r in bench["results"]}
-    assert set(jobs) == {"tfcli", "transformers", "llama.cpp"}
-    assert jobs["llama.cpp"]["new_tokens"] == 12 and jobs["llama.cpp"]["threads"] == jobs["tfcli"]["threads"] == 1
-    assert bench["same_tokens_as_llama_cpp"] is True  # the same GGUF export of the same weights, greedy
-    assert bench["time_per_token_vs_llama_cpp"] > 0
+    bench = run_generate_bench(
+        tmp_path, "tiny", prompt_tokens=4, new_tokens=12, repeat=1, threads=1, no_cache=False, peer=False, first_run=False, against="llama.cpp"
+    )
+    assert set(bench.results) == {"tfcli", "llama.cpp"}
+    llama, ours = bench.results["llama.cpp"], bench.results["tfcli"]
+    assert llama.new_tokens == 12 and llama.threads == ours.threads == 1 and llama.seconds > 0
+    assert bench.same_tokens_as_llama_cpp is True  # the same GGUF export of the same weights, greedy
+    assert bench.to_json()["time_per_token_vs_llama_cpp"] == pytest.approx(ours.seconds / llama.seconds, rel=1e-3)  # tfcli / llama.cpp
     assert "--against knows llama.cpp" in cli("bench", "generate", "--against", "vllm").stderr
