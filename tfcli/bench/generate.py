@@ -1,6 +1,8 @@
 """`tfcli bench generate`: batch-1 greedy decoding speed of tfcli's generator (with and without the KV cache)
 beside transformers' `GPT2LMHeadModel.generate` on the same random weights, and the floor set by reading
-every weight once per token at the memory bandwidth this machine measures.
+every weight once per token at the memory bandwidth this machine measures. With `against="llama.cpp"`, also
+beside llama.cpp (llama-cpp-python) on the same weights exported to GGUF f32 by `tfcli export --to gguf`'s
+code, with the thread count tfcli decodes on.
 
 The weights are made once (seeded), saved as a run directory and exported with `tfcli export`'s code, so
 both sides decode the same model; a synthetic byte-level tokenizer of exactly the model's vocabulary size
@@ -26,7 +28,8 @@ from pathlib import Path
 from tfcli.bench.common import keep_fastest, peak_rss_mb, run_worker
 from tfcli.errors import TfcliError
 
-JOBS = ("tfcli", "transformers", "tfcli-no-cache")
+JOBS = ("tfcli", "transformers", "tfcli-no-cache", "llama.cpp")
+GGUF_FILE = "model.gguf"
 PROBE_BYTES = 256 * 1024 * 1024  # the bandwidth probe reads a tensor this large (far beyond any cache) ...
 PROBE_SECONDS = 0.5  # ... again and again for this long, before and after each timed call
 
@@ -41,6 +44,7 @@ class DecodeMeasurement:
     kernel: str = ""  # tfcli on the CPU: what decoded the one row (`decode_step.describe`)
     bandwidth_gb_s: float = 0.0  # the cached tfcli job: read bandwidth probed beside its median call
     floor_ratio: float = 0.0  # ... and the median over its calls of time per token / that call's own floor
+    threads: int = 0  # the threads it decoded on
 
     @property
     def tokens_per_second(self) -> float:
@@ -84,6 +88,16 @@ class GenerateBench:
             return None
         return self.results["tfcli"].first_tokens == self.results["transformers"].first_tokens
 
+    @property
+    def same_tokens_as_llama_cpp(self) -> bool | None:
+        if "llama.cpp" not in self.results:
+            return None
+        return self.results["tfcli"].first_tokens == self.results["llama.cpp"].first_tokens
+
+    def time_per_token_vs(self, job: str) -> float | None:
+        """tfcli's time per token / `job`'s (below 1: tfcli is faster)."""
+        return self.ratio(job, "tfcli")
+
     def to_json(self) -> dict:
         return {
             "preset": self.preset,
@@ -102,6 +116,8 @@ class GenerateBench:
             "speedup_vs_no_cache": _round(self.ratio("tfcli", "tfcli-no-cache")),
             "time_per_token_vs_floor": round(self.floor_ratio, 4),
             "same_tokens": self.same_tokens,
+            "time_per_token_vs_llama_cpp": _round(self.time_per_token_vs("llama.cpp")),
+            "same_tokens_as_llama_cpp": self.same_tokens_as_llama_cpp,
         }
 
 
@@ -109,13 +125,15 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
-def bench_config(preset_name: str, prompt_tokens: int, new_tokens: int):
+def bench_config(preset_name: str, prompt_tokens: int, new_tokens: int, against: str | None = None):
     """The preset's shape, its context widened to hold the prompt and every new token (GPT-2 cannot
-    slide a window, so both sides must fit the whole text)."""
+    slide a window, so both sides must fit the whole text); against llama.cpp, with GPT-2's own GELU
+    (the tanh approximation), the one llama.cpp's gpt2 has."""
     from tfcli.model.config import preset
 
     config = preset(preset_name)
-    return config.with_overrides(block_size=max(config.block_size, prompt_tokens + new_tokens))
+    config = config.with_overrides(block_size=max(config.block_size, prompt_tokens + new_tokens))
+    return config.with_overrides(activation="gelu_tanh") if against == "llama.cpp" else config
 
 
 def synthetic_tokenizer(vocab_size: int, folder: Path) -> Path:
@@ -140,9 +158,9 @@ def synthetic_tokenizer(vocab_size: int, folder: Path) -> Path:
     return folder / "tokenizer.json"
 
 
-def prepare(work: Path, preset_name: str, prompt_tokens: int, new_tokens: int) -> tuple[Path, Path, int, int]:
-    """Seeded random weights saved as a run directory and exported to a GPT-2 folder. Returns both paths,
-    the parameter count and the weight bytes read per token."""
+def prepare(work: Path, preset_name: str, prompt_tokens: int, new_tokens: int, against: str | None = None) -> tuple[Path, Path, int, int]:
+    """Seeded random weights saved as a run directory and exported to a GPT-2 folder (and against
+    llama.cpp, to WORK/model.gguf, f32). Returns both paths, the parameter count and the weight bytes read per token."""
     import torch
 
     from tfcli.checkpoint import save_checkpoint
@@ -150,7 +168,7 @@ def prepare(work: Path, preset_name: str, prompt_tokens: int, new_tokens: int) -
     from tfcli.model.transformer import Transformer
     from tfcli.tokenizer.core import TextTokenizer
 
-    config = bench_config(preset_name, prompt_tokens, new_tokens)
+    config = bench_config(preset_name, prompt_tokens, new_tokens, against)
     problem = gpt2_incompatibility(config)
     if problem:
         raise TfcliError(f"preset {preset_name!r} cannot be built as GPT-2: {problem}", hint="use a decoder preset such as tiny or gpt2-small")
@@ -160,6 +178,10 @@ def prepare(work: Path, preset_name: str, prompt_tokens: int, new_tokens: int) -
     run_dir, hf_dir = work / "run", work / "hf"
     save_checkpoint(run_dir, model, tokenizer)
     export_gpt2(run_dir, hf_dir)
+    if against == "llama.cpp":
+        from tfcli.gguf import export_gguf
+
+        export_gguf(run_dir, work / GGUF_FILE, "f32")
     parameters = model.parameter_count()
     read_per_token = parameters - (model.pos_emb.weight.numel() if config.positions == "learned" else 0)
     return run_dir, hf_dir, parameters, read_per_token * 4
@@ -222,6 +244,23 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
                 if isinstance(event, Done):
                     return event.completions[0].tokens
             raise AssertionError("the generator ended without Done")
+    elif job == "llama.cpp":
+        import llama_cpp
+
+        n_threads = threads or machine_threads
+        model = llama_cpp.Llama(
+            model_path=str(run_dir.parent / GGUF_FILE), n_ctx=prompt_tokens + new_tokens, n_threads=n_threads, n_threads_batch=n_threads, verbose=False
+        )
+        prompt = _prompt(model.n_vocab(), prompt_tokens)
+
+        def decode(n: int) -> list[int]:
+            model.reset()  # no prompt kept from the call before: each call decodes the whole text, as the others do
+            tokens = []
+            for token in model.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
+                tokens.append(token)
+                if len(tokens) == n:
+                    return tokens
+            return tokens
     else:
         import transformers
 
@@ -241,7 +280,7 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
             return out[0, prompt_tokens:].tolist()
 
     decode(min(new_tokens, 32))  # warm-up: allocators, kernels, caches
-    small = sum(p.numel() for p in model.parameters()) < 20_000_000
+    small = weight_bytes < 80_000_000
     probing = job == "tfcli"
     buffer = torch.rand(PROBE_BYTES // 4, device=device) if probing else None
     calls: list[tuple[float, float]] = []  # (seconds, GB/s around the call)
@@ -261,8 +300,9 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
     if probing:  # the median call: its time per token over the floor of its own seconds, and that bandwidth
         ratios = sorted(((s / len(tokens)) / (weight_bytes / (gb_s * 1e9)), gb_s) for s, gb_s in calls)
         ratio, bandwidth = ratios[(len(ratios) - 1) // 2]
-    kernel = decode_step.describe(model) if job != "transformers" and device == "cpu" else ""
-    return DecodeMeasurement(job, seconds, len(tokens), peak_rss_mb(), tokens[:32], kernel, bandwidth, ratio)
+    kernel = decode_step.describe(model) if job in ("tfcli", "tfcli-no-cache") and device == "cpu" else ""
+    used = n_threads if job == "llama.cpp" else torch.get_num_threads()
+    return DecodeMeasurement(job, seconds, len(tokens), peak_rss_mb(), tokens[:32], kernel, bandwidth, ratio, used)
 
 
 def _probe_with_threads(device: str, buffer, threads: int) -> float:
@@ -289,6 +329,7 @@ def run_generate_bench(
     no_cache: bool | None = None,
     peer: bool = True,
     first_run: bool = True,
+    against: str | None = None,
     progress=None,
 ) -> GenerateBench:
     """Measure every job `repeat` rounds, interleaved, best time kept (after the untimed first run unless
@@ -300,14 +341,14 @@ def run_generate_bench(
         raise TfcliError("--prompt-tokens and --new-tokens must be at least 1")
     from tfcli.hf import gpt2_incompatibility
 
-    config = bench_config(preset_name, prompt_tokens, new_tokens)
+    config = bench_config(preset_name, prompt_tokens, new_tokens, against)
     problem = gpt2_incompatibility(config)
     if problem:
         raise TfcliError(f"preset {preset_name!r} cannot be built as GPT-2: {problem}", hint="use a decoder preset such as tiny or gpt2-small")
     if progress:
         progress("making the weights")
     # in a worker too: a process inherits its parent's peak RSS, so the parent must stay small
-    made = run_worker("tfcli.bench.generate", ["prepare", str(work), preset_name, str(prompt_tokens), str(new_tokens)])
+    made = run_worker("tfcli.bench.generate", ["prepare", str(work), preset_name, str(prompt_tokens), str(new_tokens), against or ""])
     run_dir, hf_dir, parameters, weight_bytes = Path(made["run"]), Path(made["hf"]), made["parameters"], made["weight_bytes"]
     block = config.block_size
     results: dict[str, DecodeMeasurement] = {}
@@ -318,13 +359,16 @@ def run_generate_bench(
         run_worker("tfcli.bench.generate", ["tfcli", *args[:3], "2", *args[4:]])
     for round_number in range(1, repeat + 1):
         for job in JOBS:
-            if job == "transformers" and not peer:
+            if (job == "transformers" and not peer) or (job == "llama.cpp" and against != "llama.cpp"):
                 continue
             if job == "tfcli-no-cache" and (no_cache is False or (no_cache is None and round_number > 1 and parameters > 20_000_000)):
                 continue
             if progress:
                 progress(f"{job} (round {round_number} of {repeat})")
-            keep_fastest(results, job, DecodeMeasurement(**run_worker("tfcli.bench.generate", [job, *args])))
+            job_args = list(args)
+            if job == "llama.cpp" and threads == 0 and "tfcli" in results:  # the threads tfcli chose to decode on
+                job_args[4] = str(results["tfcli"].threads)
+            keep_fastest(results, job, DecodeMeasurement(**run_worker("tfcli.bench.generate", [job, *job_args])))
     return GenerateBench(
         preset=preset_name,
         device=device,
@@ -341,8 +385,8 @@ def run_generate_bench(
 
 if __name__ == "__main__":
     if sys.argv[1] == "prepare":
-        work_arg, preset_arg, prompt_arg, new_arg = sys.argv[2:]
-        run_path, hf_path, n_parameters, n_bytes = prepare(Path(work_arg), preset_arg, int(prompt_arg), int(new_arg))
+        work_arg, preset_arg, prompt_arg, new_arg, *against_arg = sys.argv[2:]
+        run_path, hf_path, n_parameters, n_bytes = prepare(Path(work_arg), preset_arg, int(prompt_arg), int(new_arg), (against_arg or [""])[0] or None)
         print(json.dumps({"run": str(run_path), "hf": str(hf_path), "parameters": n_parameters, "weight_bytes": n_bytes}))
         sys.exit(0)
     job_name, run_arg, hf_arg, prompt_arg, new_arg, threads_arg, device_arg, bytes_arg = sys.argv[1:]

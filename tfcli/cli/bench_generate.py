@@ -32,6 +32,14 @@ def generate(
             show_default=False,
         ),
     ] = None,
+    against: Annotated[
+        Optional[str],
+        typer.Option(
+            "--against",
+            help="Also time llama.cpp (llama-cpp-python) on the same weights exported to GGUF f32, on the threads tfcli decodes on.",
+            show_default=False,
+        ),
+    ] = None,
     workdir: Annotated[
         Optional[Path], typer.Option(help="Scratch folder for the weights (default: a temporary one, removed afterwards).", show_default=False)
     ] = None,
@@ -47,8 +55,14 @@ def generate(
     is loaded as `tfcli generate` loads a run: the same threads and accelerated paths.
     The context is widened to hold prompt + new tokens, since GPT-2 cannot slide a window.
 
+    --against llama.cpp adds llama.cpp, the reference for CPU decoding, on the same model exported to GGUF
+    f32 (`tfcli export --to gguf`) and the same prompt, with tfcli's thread count (--threads, or the one
+    tfcli picks); the goal is tfcli's time per token within 1.2x llama.cpp's. The models then use GPT-2's
+    own GELU (tanh), the one llama.cpp runs.
+
     \b
     Example: tfcli bench generate --preset tiny --preset gpt2-small --repeat 3
+    Or: tfcli bench generate --preset gpt2-small --against llama.cpp --threads 2
     """
     import shutil
 
@@ -66,6 +80,15 @@ def generate(
             f"--prompt-tokens + --new-tokens is {prompt_tokens + new_tokens:,}; the bench decodes at most {MAX_BENCH_TOKENS:,}",
             hint="the issue's setting is 16 + 256",
         )
+    if against is not None and against != "llama.cpp":
+        raise TfcliError(f"--against knows llama.cpp, not {against!r}")
+    if against is not None and device != "cpu":
+        raise TfcliError("--against llama.cpp compares CPU decoding", hint="drop --device, or --against")
+    if against is not None:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError as exc:
+            raise TfcliError("--against llama.cpp needs llama-cpp-python, which is not installed", hint="pip install llama-cpp-python") from exc
     if workdir is not None:
         scratch_folder(workdir)
     try:
@@ -90,6 +113,7 @@ def generate(
                         device=device,
                         no_cache=no_cache,
                         first_run=first_run,
+                        against=against,
                         progress=lambda job, name=name: status.update(f"benchmarking {name}: {job}"),
                     )
                 )
@@ -132,6 +156,13 @@ def _print_generate_bench(out, b, machine: str) -> None:
         out.print(
             f"cached / uncached: {versus_uncached:.2f}x (target >= 5: {'ok' if versus_uncached >= 5 else 'MISSED'}"
             f"{'; at this size per-step overhead, not compute, sets both' if b.parameters < 20_000_000 else ''})"
+        )
+    versus_llama = b.time_per_token_vs("llama.cpp")
+    if versus_llama is not None:
+        threads = b.results["llama.cpp"].threads
+        out.print(
+            f"time per token tfcli / llama.cpp: {versus_llama:.3f} on {threads} thread{'s' if threads != 1 else ''} each (goal <= 1.2: {'ok' if versus_llama <= 1.2 else 'MISSED'}); "
+            f"same greedy tokens: {'yes' if b.same_tokens_as_llama_cpp else 'no'}"
         )
     floor_target = "" if b.parameters < 20_000_000 else f"; target <= 1.3: {'ok' if b.floor_ratio <= 1.3 else 'MISSED'}"
     out.print(

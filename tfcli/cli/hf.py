@@ -1,4 +1,4 @@
-"""`tfcli export` and `tfcli import`: run directories to and from Hugging Face model folders."""
+"""`tfcli export` and `tfcli import`: run directories to and from Hugging Face model folders and GGUF files."""
 
 from __future__ import annotations
 
@@ -12,16 +12,20 @@ from tfcli.cli.common import stdout_console
 
 def export(
     run: Annotated[Path, typer.Argument(help="The run directory to export.", show_default=False)],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for config.json, model.safetensors and the tokenizer.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for config.json, model.safetensors and the tokenizer (--to gguf: the .gguf file).")],
     to: Annotated[
         Optional[str],
         typer.Option(
             "--to",
-            help="Target format: hf (a transformers model folder) or tfcli (a run directory, with --merge) [default: hf; tfcli with --merge].",
+            help="Target format: hf (a transformers model folder), gguf (one file for llama.cpp) or tfcli (a run directory, with --merge) [default: hf; tfcli with --merge].",
             show_default=False,
         ),
     ] = None,
     merge: Annotated[bool, typer.Option("--merge", help="A LoRA run: merge its adapter into the weights and write a full model.")] = False,
+    type_: Annotated[
+        Optional[str],
+        typer.Option("--type", help="--to gguf: the weights' type, f32, f16 or q8_0 (norms and biases stay f32) [default: f32].", show_default=False),
+    ] = None,
 ) -> None:
     """Export a run to a Hugging Face folder that transformers' from_pretrained loads.
 
@@ -30,6 +34,11 @@ def export(
     BertForMaskedLM / BertModel / BertForSequenceClassification (post-norm, embedding LayerNorm, token
     types). An option the class cannot express is named, and nothing is written.
 
+    --to gguf writes one GGUF file that llama.cpp, Ollama and LM Studio load: architecture llama for
+    rotary runs (RMSNorm, SwiGLU, grouped-query attention), gpt2 for learned positions (LayerNorm,
+    gelu_tanh), with the tokenizer (byte-level BPE as gpt2, SentencePiece-style as llama), its special
+    tokens, the chat template and the context length in the file's metadata. A LoRA run is merged first.
+
     A LoRA run (train finetune --lora-rank) exports as OUT/base, its parent as that class, and OUT/adapter,
     which PEFT's PeftModel.from_pretrained(base, OUT/adapter) loads onto it. With --merge the adapter is
     merged into the weights instead: a full tfcli run in OUT (tfcli export RUN --merge -o OUT), or with
@@ -37,6 +46,7 @@ def export(
 
     \b
     Example: tfcli export runs/mine --to hf -o exported/
+    Or: tfcli export runs/mine --to gguf -o mine.gguf --type q8_0
     """
     from tfcli.checkpoint import read_run_config
     from tfcli.errors import TfcliError
@@ -44,8 +54,19 @@ def export(
     from tfcli.hf import export_hf
 
     target = to if to is not None else ("tfcli" if merge else "hf")
-    if target not in ("hf", "tfcli"):
-        raise TfcliError(f"unknown export format {target!r}", hint="use --to hf, or --merge --to tfcli")
+    if target not in ("hf", "gguf", "tfcli"):
+        raise TfcliError(f"unknown export format {target!r}", hint="use --to hf, --to gguf, or --merge --to tfcli")
+    if type_ is not None and target != "gguf":
+        raise TfcliError("--type is for --to gguf", hint="drop --type, or add --to gguf")
+    if target == "gguf":
+        exported = _gguf().export_gguf(run, output, type_ or "f32")
+        stdout_console().print(
+            f"exported {run} to {output} (GGUF {exported.arch}, {type_ or 'f32'}, {exported.tensors} tensors, {exported.bytes:,} bytes, tokenizer {exported.tokenizer_model}); run it with llama-cli -m {output}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        return
     adapter = read_run_config(run).adapter
     if merge and adapter is None:
         raise TfcliError(f"{run} is not a LoRA run; there is nothing to merge", hint="drop --merge")
@@ -85,10 +106,12 @@ def export(
 
 
 def import_(
-    source: Annotated[Path, typer.Argument(help="A Hugging Face model folder: config.json, safetensors weights, tokenizer.", show_default=False)],
+    source: Annotated[
+        Path, typer.Argument(help="A Hugging Face model folder (config.json, safetensors weights, tokenizer) or a .gguf file.", show_default=False)
+    ],
     output: Annotated[Path, typer.Option("--output", "-o", help="The run directory to create.")],
 ) -> None:
-    """Import a Hugging Face model folder into a tfcli run directory.
+    """Import a Hugging Face model folder or a GGUF file into a tfcli run directory.
 
     Classes: GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, BertForMaskedLM,
     BertModel, BertForSequenceClassification. Reads config.json, model.safetensors or its shards with
@@ -96,11 +119,29 @@ def import_(
     vocab.json + merges.txt, or vocab.txt, with the special tokens tokenizer_config.json and
     special_tokens_map.json name. tfcli never downloads: fetch the folder first (huggingface-cli download).
 
+    A GGUF file (llama.cpp's format) of architecture llama, qwen2 or gpt2, with F32, F16, BF16 or Q8_0
+    tensors (dequantized; K-quants and IQ types are refused): its tokenizer is rebuilt as a tokenizer.json
+    that encodes as llama.cpp does. Nothing in the file is executed; every tensor is checked to lie inside it.
+
     \b
     Example: tfcli import ~/models/SmolLM2-135M -o runs/smollm2
+    Or: tfcli import ~/models/smollm2-135m-instruct-q8_0.gguf -o runs/smollm2
     """
     from tfcli.cli.common import stderr_console
     from tfcli.fsutil import nothing_left_on_failure
+
+    if source.is_file() and (source.suffix.lower() == ".gguf" or _starts_with_gguf_magic(source)):
+        gguf = _gguf()
+        with nothing_left_on_failure(output, "importing into"):
+            done = gguf.import_gguf(source, output)
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(done.types.items()))
+        stdout_console().print(
+            f"imported {source} into {output} (GGUF {done.arch}, {done.parameters:,} parameters; tensors: {kinds})",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+        return
     from tfcli.hf import import_hf
 
     with nothing_left_on_failure(output, "importing into"):
@@ -108,3 +149,24 @@ def import_(
     for note in imported.notes:
         stderr_console().print(f"note: {note}", markup=False, highlight=False)
     stdout_console().print(f"imported {source} into {output} ({imported.hf_class}, {imported.parameters:,} parameters)", markup=False, highlight=False)
+
+
+def _gguf():
+    """tfcli.gguf, or a clear error when llama.cpp's gguf package (the gguf extra) is not installed."""
+    from tfcli.errors import TfcliError
+
+    try:
+        import tfcli.gguf
+    except ModuleNotFoundError as exc:
+        if exc.name != "gguf":
+            raise
+        raise TfcliError("GGUF files need llama.cpp's gguf package, which is not installed", hint="pip install 'tfcli[gguf]'") from None
+    return tfcli.gguf
+
+
+def _starts_with_gguf_magic(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == b"GGUF"
+    except OSError:
+        return False

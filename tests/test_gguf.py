@@ -1,0 +1,548 @@
+"""GGUF out and in, checked by the real llama.cpp (llama-cpp-python): tiny Llama- and GPT-2-shaped runs
+exported to GGUF load there, tokenize to the same ids, score a prompt with the same logits and continue it
+greedily with the same tokens; a GGUF laid out as llama.cpp's converter lays out a transformers Llama
+imports and generates as llama.cpp does; import gives an export back exactly; bad files are refused in
+one line with nothing written."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import TINY_TEXT
+from tfcli.checkpoint import load_checkpoint, save_checkpoint
+from tfcli.model.config import ModelConfig, RopeScaling
+from tfcli.model.transformer import Transformer
+from tfcli.tokenizer.core import TextTokenizer
+
+gguf = pytest.importorskip("gguf")
+
+PROMPT = "Once upon a time a little fox"
+TEXTS = [PROMPT, TINY_TEXT, "Zoë smiled at the café 🦊, didn't she?  Tom  had 123 apples.\n\nThe end <|endoftext|>"]
+SHAPES = {
+    # rotary, RMSNorm, SwiGLU, grouped-query attention, untied head
+    "llama": dict(positions="rotary", norm="rmsnorm", activation="swiglu", n_kv_heads=2, bias=False, tie_embeddings=False),
+    # biases on q, k and v only (Qwen2's layout), multi-query, tied head, Llama 3.1's rope scaling (rope_freqs.weight)
+    "llama-qkv-bias-tied-llama3-rope": dict(
+        positions="rotary",
+        norm="rmsnorm",
+        activation="swiglu",
+        n_kv_heads=1,
+        bias=False,
+        qkv_bias=True,
+        tie_embeddings=True,
+        rope_scaling=RopeScaling("llama3", 4.0, 1.0, 4.0, 32),
+    ),
+    # linear rope scaling, biases everywhere (llama's optional attention and MLP biases)
+    "llama-biased-linear-rope": dict(positions="rotary", norm="rmsnorm", activation="swiglu", n_kv_heads=4, bias=True, rope_scaling=RopeScaling("linear", 2.0)),
+    # learned positions, LayerNorm, GELU (tanh), biases everywhere
+    "gpt2": dict(positions="learned", norm="layernorm", activation="gelu_tanh", bias=True, tie_embeddings=True),
+}
+
+
+def _llama_cpp():
+    """llama-cpp-python, the real llama.cpp; CI must have it (the test extra builds it)."""
+    try:
+        import llama_cpp
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("llama-cpp-python is not installed; CI installs it with .[test]")
+        pytest.skip("llama-cpp-python is not installed")
+    return llama_cpp
+
+
+def _tiny_run(folder: Path, tokenizer_dir: Path, shape: dict, seed: int = 0) -> Path:
+    """A tiny run whose weights are random but far from zero, so every tensor shows in the logits and greedy
+    decoding wanders instead of repeating two tokens (a GPT-2's MLP input stays gentle: see GELU_TABLE)."""
+    tokenizer = TextTokenizer.load(tokenizer_dir)
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, block_size=128, n_layers=2, n_heads=4, d_model=64, d_ff=96, **shape)
+    torch.manual_seed(seed)
+    model = Transformer(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            gentle = config.activation != "swiglu" and "mlp.fc" in name
+            parameter.add_(torch.randn_like(parameter) * (0.08 if gentle else 0.25))
+    save_checkpoint(folder, model, tokenizer)
+    return folder
+
+
+@contextlib.contextmanager
+def ggml_gelu():
+    """GELU as llama.cpp's CPU backend computes it (ggml-cpu/vec.h, GGML_GELU_FP16): the input rounded to
+    fp16, looked up in a table of fp16 results; 0 below -10, the input above 10."""
+    exact = torch.nn.functional.gelu
+
+    def table(x, approximate="none"):
+        y = exact(x.half().float(), approximate="tanh").half().float()
+        return torch.where(x <= -10, torch.zeros_like(x), torch.where(x >= 10, x, y))
+
+    torch.nn.functional.gelu = table
+    try:
+        yield
+    finally:
+        torch.nn.functional.gelu = exact
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, trained_tokenizer) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("gguf-runs")
+    return {kind: _tiny_run(root / kind, trained_tokenizer, shape) for kind, shape in SHAPES.items()}
+
+
+@pytest.fixture(scope="module")
+def metaspace_run(tmp_path_factory) -> Path:
+    """A Llama-shaped run with a SentencePiece-style (metaspace BPE) tokenizer: llama.cpp's `llama` tokenizer."""
+    from tfcli.corpus.reader import resolve_corpus
+    from tfcli.tokenizer.train import train_tokenizer
+    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+
+    root = tmp_path_factory.mktemp("gguf-metaspace")
+    (root / "corpus.txt").write_text(TINY_TEXT * 20, encoding="utf-8")
+    train_tokenizer(resolve_corpus([root / "corpus.txt"]), root / "tok", TokenizerTrainingConfig(vocab_size=200, pre_tokenizer="metaspace"))
+    return _tiny_run(root / "run", root / "tok", SHAPES["llama"])
+
+
+def _export(cli, run: Path, out: Path, kind: str = "f32") -> Path:
+    result = cli("export", run, "--to", "gguf", "-o", out, "--type", kind)
+    assert result.code == 0, result.stderr
+    return out
+
+
+def _tfcli_logits(run: Path, ids: list[int]) -> np.ndarray:
+    model = load_checkpoint(run).model
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+F32 = 0  # GGML_TYPE_F32: the KV cache in fp32 as tfcli's (llama.cpp's default is f16)
+
+
+def _llama(llama_cpp, path: Path):
+    return llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=128, n_threads=1, n_threads_batch=1, type_k=F32, type_v=F32, verbose=False)
+
+
+def _llama_logits(llm, ids: list[int]) -> np.ndarray:
+    llm.reset()
+    llm.eval(ids)
+    return np.array(llm.scores[: len(ids)], dtype=np.float32)
+
+
+def _llama_greedy(llm, prompt: list[int], n: int, suppressed: list[int]) -> list[int]:
+    """llama.cpp's logits, argmax each step (the special tokens tfcli never generates held out, as tfcli does)."""
+    llm.reset()
+    llm.eval(prompt)
+    out = []
+    for _ in range(n):
+        logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        logits[suppressed] = -np.inf
+        out.append(int(logits.argmax()))
+        llm.eval([out[-1]])
+    return out
+
+
+def _tfcli_greedy(cli, run: Path, n: int) -> tuple[list[int], list[int]]:
+    result = cli("generate", run, "-p", PROMPT, "--max-new-tokens", str(n), "--ignore-eos", "--json")
+    assert result.code == 0, result.stderr
+    (completion,) = json.loads(result.stdout)["completions"]
+    return completion["tokens"], completion
+
+
+def _suppressed(tokenizer: TextTokenizer) -> list[int]:
+    eos = tokenizer.special_ids.get("eos")
+    return sorted({i for i in tokenizer.special_ids.values() if i != eos})
+
+
+@pytest.mark.parametrize("kind", list(SHAPES))
+def test_exported_run_runs_in_llama_cpp_as_in_tfcli(cli, tmp_path, runs, kind):
+    llama_cpp = _llama_cpp()
+    run = runs[kind]
+    tokenizer = TextTokenizer.load(run)
+    llm = _llama(llama_cpp, _export(cli, run, tmp_path / "model.gguf"))
+    assert llm.n_vocab() == tokenizer.vocab_size and llm.metadata[f"{'gpt2' if kind == 'gpt2' else 'llama'}.context_length"] == "128"
+    for text in TEXTS:  # the same ids, special-token text staying text
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == tokenizer.encode(text), text
+    prompt = tokenizer.encode(TINY_TEXT)[:100]
+    theirs = _llama_logits(llm, prompt)
+    difference = np.abs(theirs - _tfcli_logits(run, prompt)).max()
+    if kind == "gpt2":
+        # llama.cpp's gpt2 takes GELU from an fp16 table: with that GELU, tfcli's logits are llama.cpp's within 1e-3;
+        # with the exact one they differ by the table's rounding (3e-4 of the largest logit here)
+        with ggml_gelu():
+            assert np.abs(theirs - _tfcli_logits(run, prompt)).max() < 1e-3
+        assert difference < 5e-4 * np.abs(theirs).max(), difference
+    else:
+        assert difference < 1e-3, difference
+    ours, completion = _tfcli_greedy(cli, run, 64)
+    assert completion["prompt_tokens"] == len(tokenizer.encode(PROMPT))
+    assert ours == _llama_greedy(llm, tokenizer.encode(PROMPT), 64, _suppressed(tokenizer))
+    assert len(set(ours)) > 8  # a continuation, not a few tokens over and over
+
+
+def test_a_sentencepiece_style_tokenizer_without_byte_pieces_is_refused(cli, tmp_path, metaspace_run):
+    result = cli("export", metaspace_run, "--to", "gguf", "-o", tmp_path / "model.gguf")
+    assert result.code == 2 and "256 byte pieces" in result.stderr  # llama.cpp would stop at the first unknown character
+    assert not (tmp_path / "model.gguf").exists()
+
+
+def test_the_chat_template_and_special_tokens_go_through(cli, tmp_path, runs):
+    import shutil
+
+    from tfcli.gguf import read_gguf
+
+    run = tmp_path / "chat"
+    shutil.copytree(runs["gpt2"], run)
+    config = json.loads((run / "tokenizer_config.json").read_text())
+    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}{% endfor %}"
+    (run / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    path = _export(cli, run, tmp_path / "chat.gguf")
+    metadata = read_gguf(path).metadata
+    tokenizer = TextTokenizer.load(run)
+    assert metadata["tokenizer.chat_template"] == template
+    assert metadata["tokenizer.ggml.eos_token_id"] == tokenizer.special_ids["eos"] and metadata["gpt2.context_length"] == 128
+    assert metadata["tokenizer.ggml.token_type"][tokenizer.special_ids["pad"]] == 3  # control: never made from text
+    assert cli("import", path, "-o", tmp_path / "back").code == 0
+    assert json.loads((tmp_path / "back" / "tokenizer_config.json").read_text())["chat_template"] == template
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_f16_and_q8_0_stay_close(cli, tmp_path, runs, kind, capsys):
+    llama_cpp = _llama_cpp()
+    run = runs[kind]
+    tokenizer = TextTokenizer.load(run)
+    prompt = tokenizer.encode(TINY_TEXT)[:100]
+    reference = _tfcli_logits(run, prompt)
+    ours, _ = _tfcli_greedy(cli, run, 24)
+    differences = {}
+    for kind_ in ("f16", "q8_0"):
+        llm = _llama(llama_cpp, _export(cli, run, tmp_path / f"{kind_}.gguf", kind_))
+        differences[kind_] = float(np.abs(_llama_logits(llm, prompt) - reference).max())
+        if kind_ == "f16":
+            assert _llama_greedy(llm, tokenizer.encode(PROMPT), 24, _suppressed(tokenizer)) == ours
+        del llm
+    largest = float(np.abs(reference).max())
+    with capsys.disabled():
+        print(f"\n{kind}: largest logit difference from tfcli's f32 (logits up to {largest:.1f}): f16 {differences['f16']:.2e}, q8_0 {differences['q8_0']:.2e}")
+    assert differences["f16"] < 0.01 * largest and differences["q8_0"] < 0.2 * largest, differences
+
+
+@pytest.mark.parametrize("kind", list(SHAPES))
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_import_gives_the_export_back(cli, tmp_path, runs, kind, dtype):
+    run = runs[kind]
+    path = _export(cli, run, tmp_path / "model.gguf", dtype)
+    result = cli("import", path, "-o", tmp_path / "back")
+    assert result.code == 0, result.stderr
+    assert f"GGUF {'gpt2' if kind == 'gpt2' else 'llama'}" in result.stdout
+    back = load_checkpoint(tmp_path / "back")
+    original = load_checkpoint(run)
+    assert back.config.model == original.config.model
+    ids = original.tokenizer.encode(TINY_TEXT)[:100]
+    difference = np.abs(_tfcli_logits(tmp_path / "back", ids) - _tfcli_logits(run, ids)).max()
+    assert difference < (1e-5 if dtype == "f32" else 0.05), difference
+    for text in TEXTS:  # the rebuilt tokenizer.json encodes and decodes through tokenizers as the run's own
+        assert back.tokenizer.encode(text) == original.tokenizer.encode(text)
+        assert back.tokenizer.hf.decode(back.tokenizer.encode(text)) == text
+    assert back.tokenizer.special_ids == original.tokenizer.special_ids
+    again = cli("export", tmp_path / "back", "--to", "gguf", "-o", tmp_path / "again.gguf", "--type", dtype)
+    assert again.code == 0, again.stderr
+    assert cli("info", tmp_path / "back").code == 0  # a run like any other
+
+
+def test_the_reader_agrees_with_gguf_own_reader(cli, tmp_path, runs):
+    from tfcli.gguf import read_gguf
+
+    path = _export(cli, runs["llama"], tmp_path / "model.gguf", "q8_0")
+    ours = read_gguf(path)
+    theirs = gguf.GGUFReader(path)
+    assert set(ours.tensors) == {t.name for t in theirs.tensors}
+    for tensor in theirs.tensors:
+        info = ours.tensors[tensor.name]
+        assert info.start == tensor.data_offset and info.nbytes == tensor.n_bytes and info.kind == tensor.tensor_type
+        expected = gguf.quants.dequantize(np.asarray(tensor.data), tensor.tensor_type).reshape(info.shape)
+        assert np.array_equal(ours.read(tensor.name).numpy(), expected)
+    assert ours.metadata["tokenizer.ggml.tokens"] == theirs.fields["tokenizer.ggml.tokens"].contents()
+    assert ours.metadata["llama.attention.head_count_kv"] == 2
+
+
+# --- a Llama laid out as llama.cpp's converter lays it out (convert_hf_to_gguf.py, LlamaModel) ---------------
+
+
+def _converter_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute, as it is written there."""
+    return weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+
+
+def _sentencepiece_vocab(tmp_path: Path) -> tuple[list[str], list[float], list[int]]:
+    """A Llama-2-style vocabulary: <unk> <s> </s>, the 256 byte pieces, then SentencePiece-style pieces
+    (U+2581 for a space) scored by when a BPE on the tiny text made them."""
+    from tfcli.corpus.reader import resolve_corpus
+    from tfcli.tokenizer.train import train_tokenizer
+    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TINY_TEXT * 20, encoding="utf-8")
+    train_tokenizer(resolve_corpus([corpus]), tmp_path / "spm", TokenizerTrainingConfig(vocab_size=200, pre_tokenizer="metaspace"))
+    spec = json.loads((tmp_path / "spm" / "tokenizer.json").read_text())
+    added = {t["content"] for t in spec["added_tokens"]}
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    scores = [0.0] * len(tokens)
+    merged = {(m if isinstance(m, str) else " ".join(m)).replace(" ", ""): rank for rank, m in enumerate(spec["model"]["merges"])}
+    for piece in sorted(spec["model"]["vocab"], key=spec["model"]["vocab"].get):
+        if piece in added:
+            continue
+        tokens.append(piece)
+        types.append(1)
+        scores.append(-float(merged.get(piece, -1) + 1))
+    return tokens, scores, types
+
+
+def _write_converter_llama(hf, path: Path, tokens: list[str], scores: list[float], types: list[int]) -> None:
+    """What convert_hf_to_gguf.py writes for a LlamaForCausalLM (f32): its keys, its tensor names, q and k permuted."""
+    c = hf.config
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny-llama")
+    writer.add_type("model")
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv(c.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_vocab_size(c.vocab_size)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    for i in range(c.num_hidden_layers):
+        for theirs, ours in (
+            ("self_attn.q_proj", "attn_q"),
+            ("self_attn.k_proj", "attn_k"),
+            ("self_attn.v_proj", "attn_v"),
+            ("self_attn.o_proj", "attn_output"),
+            ("mlp.gate_proj", "ffn_gate"),
+            ("mlp.up_proj", "ffn_up"),
+            ("mlp.down_proj", "ffn_down"),
+            ("input_layernorm", "attn_norm"),
+            ("post_attention_layernorm", "ffn_norm"),
+        ):
+            names[f"model.layers.{i}.{theirs}.weight"] = f"blk.{i}.{ours}.weight"
+    for name, tensor in hf.state_dict().items():
+        data = tensor.detach().numpy().astype(np.float32)
+        if name.endswith("q_proj.weight"):
+            data = _converter_permute(data, c.num_attention_heads)
+        elif name.endswith("k_proj.weight"):
+            data = _converter_permute(data, c.num_key_value_heads)
+        writer.add_tensor(names[name], data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_converter_laid_out_llama_imports_and_generates_as_llama_cpp(cli, tmp_path):
+    llama_cpp = _llama_cpp()
+    transformers = pytest.importorskip("transformers")
+    tokens, scores, types = _sentencepiece_vocab(tmp_path)
+    torch.manual_seed(1)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokens),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
+    hf = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in hf.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.08)
+    path = tmp_path / "tiny-llama.gguf"
+    _write_converter_llama(hf, path, tokens, scores, types)
+    result = cli("import", path, "-o", tmp_path / "run")
+    assert result.code == 0, result.stderr
+    run = load_checkpoint(tmp_path / "run")
+    assert run.tokenizer.adds_bos and run.tokenizer.special_ids["bos"] == 1 and run.tokenizer.special_ids["eos"] == 2
+    llm = _llama(llama_cpp, path)
+    for text in TEXTS:  # SentencePiece-style, as llama.cpp tokenizes: a space prefix, pieces merged by score, bytes for the rest
+        ids = llm.tokenize(text.encode(), add_bos=False, special=False)
+        assert run.tokenizer.encode(text) == ids, text
+        assert run.tokenizer.hf.decode(ids) == llm.detokenize(ids).decode("utf-8", errors="replace").lstrip(" ") == text
+    prompt = [1, *run.tokenizer.encode(PROMPT)]
+    with torch.no_grad():  # the permutation undone: tfcli's logits are transformers' own
+        assert (hf(torch.tensor([prompt])).logits[0] - run.model(torch.tensor([prompt])).logits[0]).abs().max() < 1e-4
+    ours, completion = _tfcli_greedy(cli, tmp_path / "run", 64)
+    assert completion["prompt_tokens"] == len(prompt)
+    assert ours == _llama_greedy(llm, prompt, 64, _suppressed(run.tokenizer))
+    # exported again, the SentencePiece-style tokenizer is llama.cpp's `llama` model once more, and tokenizes as the original
+    again = _llama(llama_cpp, _export(cli, tmp_path / "run", tmp_path / "again.gguf"))
+    assert again.metadata["tokenizer.ggml.model"] == "llama" and again.metadata["tokenizer.ggml.add_bos_token"] == "true"
+    for text in TEXTS:
+        assert again.tokenize(text.encode(), add_bos=True, special=False) == llm.tokenize(text.encode(), add_bos=True, special=False)
+    assert np.abs(_llama_logits(again, prompt) - _llama_logits(llm, prompt)).max() < 1e-4
+
+
+# --- what export refuses ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "named"),
+    [
+        (dict(positions="learned", norm="layernorm", activation="gelu"), "activation 'gelu'"),
+        (dict(positions="rotary", norm="layernorm", activation="swiglu"), "norm 'layernorm'"),
+        (dict(positions="sinusoidal"), "positions 'sinusoidal'"),
+        (dict(positions="learned", activation="gelu_tanh", norm_placement="post"), "norm_placement 'post'"),
+    ],
+)
+def test_export_names_what_gguf_cannot_express(cli, tmp_path, trained_tokenizer, shape, named):
+    run = _tiny_run(tmp_path / "run", trained_tokenizer, shape)
+    result = cli("export", run, "--to", "gguf", "-o", tmp_path / "model.gguf")
+    assert result.code == 2
+    assert named in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "model.gguf").exists() and not list(tmp_path.glob(".model.gguf*"))
+
+
+def test_export_refuses_a_tokenizer_llama_cpp_cannot_run(cli, tmp_path):
+    from tfcli.corpus.reader import resolve_corpus
+    from tfcli.tokenizer.train import train_tokenizer
+    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(TINY_TEXT * 20, encoding="utf-8")
+    train_tokenizer(resolve_corpus([corpus]), tmp_path / "tok", TokenizerTrainingConfig(vocab_size=200, model="wordpiece"))
+    run = _tiny_run(tmp_path / "run", tmp_path / "tok", SHAPES["llama"])
+    result = cli("export", run, "--to", "gguf", "-o", tmp_path / "model.gguf")
+    assert result.code == 2 and "wordpiece tokenizer" in result.stderr
+    assert not (tmp_path / "model.gguf").exists()
+    assert cli("export", run, "--to", "hf", "--type", "f16", "-o", tmp_path / "hf").code == 2  # --type is GGUF's
+
+
+# --- bad files ---------------------------------------------------------------------------------------------
+
+
+def _rewrite(src: Path, dst: Path, *, drop=(), arch: str | None = None, quantized: str | None = None) -> Path:
+    """A copy of a GGUF file through gguf's reader and writer, with keys dropped, another architecture, or
+    one tensor declared as a K-quant."""
+    reader = gguf.GGUFReader(src)
+    old_arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(dst), arch or old_arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key.startswith(drop or ("\0",)):
+            continue
+        new_key = key.replace(f"{old_arch}.", f"{arch}.", 1) if arch else key
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(new_key, field.contents(), field.types[0], sub_type=sub)
+    for tensor in reader.tensors:
+        if tensor.name == quantized:
+            blocks = np.zeros((tensor.shape[1], gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_K][1]), dtype=np.uint8)
+            writer.add_tensor(tensor.name, blocks, raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+        else:
+            writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def _offset_past_the_end(src: Path, dst: Path) -> Path:
+    data = bytearray(src.read_bytes())
+    tensor = gguf.GGUFReader(src).tensors[-1]
+    field = tensor.field
+    where = field.offset + 8 + len(tensor.name.encode()) + 4 + 8 * len(tensor.shape) + 4  # the offset's 8 bytes
+    data[where : where + 8] = (len(data) // 32 * 32).to_bytes(8, "little")
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+BAD_FILES = {
+    "truncated": (lambda src, dst: dst.write_bytes(src.read_bytes()[: src.stat().st_size * 2 // 3]) and dst, "truncated"),
+    "wrong magic": (lambda src, dst: dst.write_bytes(b"GGUX" + src.read_bytes()[4:]) and dst, "not a GGUF file"),
+    "offset past the end": (_offset_past_the_end, "runs past the end of the file"),
+    "unknown architecture": (lambda src, dst: _rewrite(src, dst, arch="mamba"), "general.architecture is 'mamba'"),
+    "a K-quant tensor": (lambda src, dst: _rewrite(src, dst, quantized="blk.0.ffn_down.weight"), "blk.0.ffn_down.weight is Q4_K"),
+    "no tokenizer": (lambda src, dst: _rewrite(src, dst, drop=("tokenizer.",)), "has no tokenizer"),
+    "metadata tfcli cannot express": (lambda src, dst: _rewrite(src, dst, arch="qwen2") and _with_key(dst), "qwen2.expert_count"),
+}
+
+
+def _with_key(path: Path) -> Path:
+    reader = gguf.GGUFReader(path)
+    writer = gguf.GGUFWriter(str(path.with_suffix(".tmp")), "qwen2")
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    writer.add_uint32("qwen2.expert_count", 8)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    del reader
+    path.with_suffix(".tmp").replace(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def exported_llama(tmp_path_factory, runs) -> Path:
+    from tfcli.gguf import export_gguf
+
+    path = tmp_path_factory.mktemp("gguf-file") / "llama.gguf"
+    export_gguf(runs["llama"], path)
+    return path
+
+
+@pytest.mark.parametrize("bad", list(BAD_FILES))
+def test_a_bad_file_is_refused_in_one_line_with_nothing_written(cli, tmp_path, exported_llama, bad):
+    make, named = BAD_FILES[bad]
+    path = make(exported_llama, tmp_path / "bad.gguf")
+    result = cli("import", path, "-o", tmp_path / "run")
+    assert result.code == 2, result.stdout + result.stderr
+    assert named in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+# --- the benchmark beside llama.cpp ------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # the benchmark's worker processes, end to end
+def test_bench_generate_against_llama_cpp_decodes_the_same_tokens(cli, tmp_path):
+    from tfcli.bench.generate import run_generate_bench
+
+    _llama_cpp()
+    bench = run_generate_bench(
+        tmp_path, "tiny", prompt_tokens=4, new_tokens=12, repeat=1, threads=1, no_cache=False, peer=False, first_run=False, against="llama.cpp"
+    )
+    assert set(bench.results) == {"tfcli", "llama.cpp"}
+    llama, ours = bench.results["llama.cpp"], bench.results["tfcli"]
+    assert llama.new_tokens == 12 and llama.threads == ours.threads == 1 and llama.seconds > 0
+    assert bench.same_tokens_as_llama_cpp is True  # the same GGUF export of the same weights, greedy
+    assert bench.to_json()["time_per_token_vs_llama_cpp"] == pytest.approx(ours.seconds / llama.seconds, rel=1e-3)  # tfcli / llama.cpp
+    assert "--against knows llama.cpp" in cli("bench", "generate", "--against", "vllm").stderr

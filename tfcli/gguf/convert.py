@@ -1,0 +1,254 @@
+"""Export a run to one GGUF file llama.cpp loads (f32, f16 or q8_0), and import a GGUF file into a run.
+
+Export writes with `gguf`'s own writer, under the names and conventions of llama.cpp's converter, into a
+temp file renamed into place at the end. Import parses the file with `tfcli.gguf.reader` (bounded, every
+tensor checked to lie inside the file), builds the config, reads each tensor it expects and checks its
+shape, then saves a run directory as `tfcli import` does for a Hugging Face folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tfcli.checkpoint import load_checkpoint, model_from_tensors, read_run_config, save_checkpoint
+from tfcli.errors import TfcliError
+from tfcli.fsutil import atomic_write_json, atomic_write_text, prepare_output_dir, set_default_mode, temp_path_beside
+from tfcli.gguf.layout import (
+    IMPORT_ARCHS,
+    ROPE_FREQS,
+    export_arch,
+    hyperparameters,
+    llama3_rope_factors,
+    model_config,
+    permute_heads,
+    tensor_layout,
+    unpermute_heads,
+)
+from tfcli.gguf.reader import READABLE_TYPES, GgufFile, read_gguf, refused_type
+from tfcli.gguf.vocab import Vocab, tokenizer_metadata
+from tfcli.meta_device import on_meta_device
+from tfcli.model.config import ModelConfig, RopeScaling
+from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+TYPES = ("f32", "f16", "q8_0")
+# general.file_type (llama.cpp's LLAMA_FTYPE_ALL_F32, MOSTLY_F16, MOSTLY_Q8_0)
+FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7}
+# Keys outside the architecture's and the tokenizer's namespaces that import reads or that only describe
+GENERAL_PREFIXES = ("general.", "quantize.imatrix.")
+
+
+@dataclasses.dataclass
+class Exported:
+    arch: str
+    tensors: int
+    bytes: int
+    tokenizer_model: str
+
+
+@dataclasses.dataclass
+class Imported:
+    config: ModelConfig
+    arch: str
+    parameters: int
+    types: dict[str, int]  # tensors read, by GGUF type
+
+
+def _stored(tensor: torch.Tensor, kind: str) -> tuple[np.ndarray, Any]:
+    """A tensor as the writer stores it: norms and biases (1-D) stay f32, matrices take `kind` (q8_0 falls
+    back to f16 for rows that are not a multiple of its block of 32, as llama.cpp's converter does)."""
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    values = tensor.detach().to("cpu").float().numpy()
+    if values.ndim == 1 or kind == "f32":
+        return values, GGMLQuantizationType.F32
+    if kind == "q8_0" and values.shape[-1] % 32 == 0:
+        return quantize(values, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0
+    return values.astype("float16"), GGMLQuantizationType.F16
+
+
+def export_gguf(run_dir: Path, out_path: Path, kind: str = "f32") -> Exported:
+    """Write the run as one GGUF file (an adapter run is merged first)."""
+    import gguf
+
+    if kind not in TYPES:
+        raise TfcliError(f"unknown GGUF type {kind!r}", hint=f"use one of {', '.join(TYPES)}")
+    out_path = Path(out_path)
+    if out_path.exists():
+        raise TfcliError(f"{out_path} already exists", hint="export to another path with -o, or delete that file first")
+    if out_path.parent.exists() and not out_path.parent.is_dir():
+        raise TfcliError(f"{out_path.parent} is not a folder", hint="pass a file path with -o")
+    read_run_config(run_dir)
+    checkpoint = load_checkpoint(run_dir)
+    config = checkpoint.config.model
+    arch = export_arch(config)
+    tokenizer_config = _tokenizer_config(checkpoint.tokenizer)
+    vocab = tokenizer_metadata(checkpoint.tokenizer, config.vocab_size, tokenizer_config)
+    state = checkpoint.model.state_dict()
+    prepare_output_dir(out_path.parent if str(out_path.parent) else Path("."), "export")
+    tmp = temp_path_beside(out_path)
+    try:
+        writer = gguf.GGUFWriter(str(tmp), arch)
+        writer.add_name(Path(run_dir).resolve().name)
+        writer.add_type("model")
+        writer.add_file_type(FILE_TYPES[kind])
+        if kind == "q8_0":
+            writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        for key, value in hyperparameters(config, arch).items():
+            _add(writer, f"{arch}.{key}", value)
+        for key, value in vocab.items():
+            _add(writer, key, value)
+        count = 0
+        if config.rope_scaling is not None and config.rope_scaling.kind == "llama3":
+            writer.add_tensor(ROPE_FREQS, llama3_rope_factors(config).numpy())
+            count += 1
+        for entry in tensor_layout(config, arch):
+            tensor = state[entry.ours]
+            if entry.stop:
+                tensor = tensor[entry.start : entry.stop]
+            if entry.heads:
+                tensor = permute_heads(tensor, entry.heads)
+            values, raw_type = _stored(tensor, kind)
+            writer.add_tensor(entry.name, values, raw_dtype=raw_type)
+            count += 1
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        set_default_mode(tmp)
+        tmp.replace(out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return Exported(arch, count, out_path.stat().st_size, vocab["tokenizer.ggml.model"])
+
+
+def _add(writer, key: str, value: Any) -> None:
+    """One metadata key with the type llama.cpp's converter gives it: counts and ids u32, floats f32, lists
+    of ints i32 (token types), of floats f32 (scores), of strings (tokens, merges)."""
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        writer.add_uint32(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    else:
+        writer.add_array(key, value)
+
+
+def _tokenizer_config(tokenizer: TextTokenizer) -> dict[str, Any]:
+    path = tokenizer.path.parent / TOKENIZER_CONFIG_FILE
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return data if isinstance(data, dict) else {}
+
+
+def _check_keys(metadata: dict[str, Any], arch: str, where: str) -> None:
+    """Every key is the architecture's, the tokenizer's or descriptive; a split file is refused."""
+    if metadata.get("split.count", 1) != 1:
+        raise TfcliError(
+            f"{where} is one part of a split model (metadata split.count)", hint="merge the parts first: llama-gguf-split --merge FIRST.gguf OUT.gguf"
+        )
+    for key in metadata:
+        if key.startswith((f"{arch}.", "tokenizer.", *GENERAL_PREFIXES)) or key in ("split.count", "split.no", "split.tensors.count"):
+            continue
+        raise TfcliError(f"{where}: metadata {key} is not something tfcli can express", hint=f"tfcli reads {arch}'s, the tokenizer's and general keys")
+
+
+def _layout_config(file: GgufFile, arch: str, where: str) -> ModelConfig:
+    """The config, with the biases and the tied head the file's tensors show."""
+    vocab_size = len(file.metadata.get("tokenizer.ggml.tokens") or [])
+    config = model_config(file.metadata, arch, vocab_size, where)
+    if arch == "gpt2":
+        return config.with_overrides(tie_embeddings="output.weight" not in file.tensors)
+    names = file.tensors
+    bias, qkv_bias, mlp_bias = ("blk.0.attn_output.bias" in names, "blk.0.attn_q.bias" in names, "blk.0.ffn_up.bias" in names)
+    config = config.with_overrides(
+        tie_embeddings="output.weight" not in names,
+        bias=bias,
+        qkv_bias=None if qkv_bias == bias else qkv_bias,
+        mlp_bias=None if mlp_bias == bias else mlp_bias,
+    )
+    if ROPE_FREQS in names:
+        config = config.with_overrides(rope_scaling=_llama3_scaling(file, config, where))
+    return config
+
+
+def _llama3_scaling(file: GgufFile, config: ModelConfig, where: str) -> dict[str, Any]:
+    """Llama 3.1's rope scaling, recognised from rope_freqs.weight: the factors it implies for the usual
+    low/high frequency factors (1, 4) and original context (8,192), with the largest divisor as the factor."""
+    import torch
+
+    factors = file.read(ROPE_FREQS)
+    if factors.shape != (config.head_dim // 2,):
+        raise TfcliError(f"{where}: tensor {ROPE_FREQS} has shape {list(factors.shape)}, not [{config.head_dim // 2}]")
+    original = file.metadata.get(f"{file.metadata['general.architecture']}.rope.scaling.original_context_length", 8192)
+    for context in dict.fromkeys((original, 8192)):
+        scaling = RopeScaling("llama3", float(factors.max()), 1.0, 4.0, int(context))
+        if torch.allclose(llama3_rope_factors(config.with_overrides(rope_scaling=dataclasses.asdict(scaling))), factors, rtol=1e-4, atol=1e-5):
+            return dataclasses.asdict(scaling)
+    raise TfcliError(
+        f"{where}: tensor {ROPE_FREQS} scales the rotary frequencies in a way tfcli cannot name", hint="tfcli knows Llama 3.1's scaling (factors 1 and 4)"
+    )
+
+
+def import_gguf(src: Path, run_dir: Path) -> Imported:
+    """Read a GGUF file (nothing in it is executed) and save it as a tfcli run directory."""
+    from tfcli.model.transformer import Transformer
+
+    src, run_dir = Path(src), Path(run_dir)
+    if (run_dir / "config.json").exists() or (run_dir / "model.safetensors").exists():
+        raise TfcliError(f"{run_dir} already holds a run", hint="import into another folder with -o, or delete that one first")
+    file = read_gguf(src)
+    where = str(src)
+    arch = file.metadata.get("general.architecture")
+    if arch not in IMPORT_ARCHS:
+        raise TfcliError(f"{where}: metadata general.architecture is {arch!r}; tfcli imports {', '.join(IMPORT_ARCHS)}")
+    _check_keys(file.metadata, arch, where)
+    vocab = Vocab(file.metadata, where)
+    for info in file.tensors.values():
+        if info.kind not in READABLE_TYPES:
+            raise refused_type(src, info)
+    config = _layout_config(file, arch, where)
+    with on_meta_device():
+        expected = {name: tuple(t.shape) for name, t in Transformer(config).state_dict().items()}
+    layout = tensor_layout(config, arch)
+    known = {entry.name for entry in layout} | {ROPE_FREQS}
+    unknown = sorted(set(file.tensors) - known)
+    if unknown:
+        raise TfcliError(f"{where}: tensor {unknown[0]} is not part of tfcli's {arch} model", hint="tfcli imports plain llama, qwen2 and gpt2 models")
+    parts: dict[str, list[torch.Tensor]] = {}
+    types: dict[str, int] = {}
+    for entry in layout:
+        want = expected[entry.ours]
+        want = (entry.stop - entry.start, *want[1:]) if entry.stop else want
+        info = file.tensors.get(entry.name)
+        if info is None:
+            raise TfcliError(f"{where} lacks the tensor {entry.name}", hint="the file is incomplete, or not a plain llama, qwen2 or gpt2 model")
+        if info.shape != want:
+            raise TfcliError(f"{where}: tensor {entry.name} has shape {list(info.shape)}, but the metadata implies {list(want)}")
+        tensor = file.read(entry.name)
+        if not bool(tensor.isfinite().all()):
+            raise TfcliError(f"{where}: tensor {entry.name} holds non-finite values")
+        parts.setdefault(entry.ours, []).append(unpermute_heads(tensor, entry.heads) if entry.heads else tensor)
+        types[info.kind.name] = types.get(info.kind.name, 0) + 1
+    import torch
+
+    state = {name: torch.cat(chunks) if len(chunks) > 1 else chunks[0] for name, chunks in parts.items()}
+    model = model_from_tensors(config, state)
+    tokenizer_text = vocab.tokenizer_json()
+    run_dir = prepare_output_dir(run_dir, "run")
+    atomic_write_text(run_dir / TOKENIZER_FILE, tokenizer_text)
+    atomic_write_json(run_dir / TOKENIZER_CONFIG_FILE, vocab.tokenizer_config(config.block_size))
+    tokenizer = TextTokenizer.load(run_dir / TOKENIZER_FILE)
+    save_checkpoint(run_dir, model, tokenizer, source=str(src))
+    return Imported(config, arch, model.parameter_count(), types)
