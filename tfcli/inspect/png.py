@@ -217,7 +217,7 @@ def scatter_png(points: np.ndarray, labels: Sequence[str], title: str = "", axis
     ax.scatter(points[:, 0], points[:, 1], s=14, color="#3b6ea8", alpha=0.8)
     fontsize = 9 if len(labels) <= 60 else 7 if len(labels) <= 150 else 5
     for (x, y), label in zip(points, labels):
-        ax.annotate(_label(label, 24), (x, y), xytext=(3, 3), textcoords="offset points", fontsize=fontsize)
+        ax.annotate(tick_text(label), (x, y), xytext=(3, 3), textcoords="offset points", fontsize=fontsize)
     ax.set_xlabel(axis_titles[0])
     ax.set_ylabel(axis_titles[1])
     ax.grid(True, color="#eeeeee")
