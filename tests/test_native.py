@@ -179,6 +179,20 @@ def test_no_compiler_keeps_onednn(fresh, monkeypatch):
     assert not (fresh / "kernels").exists() or not any((fresh / "kernels").iterdir())  # no partial file left
 
 
+def test_a_compiler_that_cannot_start_for_now_is_not_remembered(fresh, monkeypatch):
+    def out_of_processes(*args, **kwargs):
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(native.subprocess, "Popen", out_of_processes)
+    assert native.vector_linear() is None
+    assert "could not start" in native.problem()
+    assert not (fresh / "kernels").exists() or not any(p.suffix == ".failed" for p in (fresh / "kernels").iterdir())
+    monkeypatch.undo()
+    monkeypatch.setenv("TFCLI_CACHE_DIR", str(fresh))
+    forget_accel()  # the next process builds it
+    assert native.vector_linear() is not None, native.problem()
+
+
 @pytest.mark.skipif(shutil.which("false") is None, reason="no `false` program")
 def test_a_failed_build_is_remembered_and_not_tried_again(fresh, monkeypatch):
     monkeypatch.setenv("CC", shutil.which("false"))

@@ -81,8 +81,12 @@ class NativeUnavailable(Exception):
     pass
 
 
-class NoCompiler(NativeUnavailable):
-    """Not remembered as a failed build: looking for a compiler costs nothing, and one may be installed."""
+class PassingFailure(NativeUnavailable):
+    """Not remembered as a failed build: the next process may well succeed."""
+
+
+class NoCompiler(PassingFailure):
+    """Looking for a compiler costs nothing, and one may be installed."""
 
 
 _lock = threading.Lock()
@@ -176,7 +180,7 @@ def _build_and_load() -> NativeLibrary:
             library.unlink()  # damaged, or not ours: build it again
     try:
         _compile(compiler, library, header)
-    except NoCompiler:
+    except PassingFailure:
         raise
     except NativeUnavailable as reason:
         _remember(failed, str(reason))
@@ -221,7 +225,7 @@ def _run_compiler(command: list[str]) -> str | None:
     except FileNotFoundError:
         raise NoCompiler(f"no C compiler {command[0]!r}; set CC to one") from None
     except OSError as error:
-        raise NativeUnavailable(f"{command[0]} could not start: {error}") from None
+        raise PassingFailure(f"{command[0]} could not start: {error}") from None  # out of processes or memory for now
     try:
         _, stderr = process.communicate(timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
