@@ -4,6 +4,7 @@ and for random ids; a character split across tokens never shows as U+FFFD; the w
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -168,3 +169,59 @@ def test_layouts_folder_is_what_the_hub_ships(layouts, tmp_path: Path):
     ids = auto("Once upon a time\nLily")["input_ids"]
     assert ids[0] == auto.bos_token_id == 1 and "<0x0A>" in auto.convert_ids_to_tokens(ids)
     assert auto.decode(ids, skip_special_tokens=True) == "Once upon a time\nLily"
+
+
+@pytest.fixture(scope="module")
+def llama_run(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny random Llama saved by transformers with the Llama-2 tokenizer layout, and its `tfcli import`."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from tests.layouts import llama2_tokenizer
+    from tfcli.hf.convert import import_hf
+
+    folder = tmp_path_factory.mktemp("llama")
+    hf_dir = llama2_tokenizer(folder / "hf")
+    vocab = TextTokenizer.load(hf_dir).vocab_size
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(str(hf_dir), safe_serialization=True)
+    import_hf(hf_dir, folder / "run")
+    return hf_dir, folder / "run"
+
+
+@pytest.mark.parametrize("prompt", ["Once upon a ti", "Once upon a time, there was ", "She loved to play outside.\n"])
+def test_generate_on_an_imported_llama2_reads_as_transformers_decodes(cli, llama_run, prompt):
+    """Mid-word, at a space, at a newline: the prompt and its completion read as AutoTokenizer decodes them."""
+    transformers = pytest.importorskip("transformers")
+    hf_dir, run = llama_run
+    result = cli("generate", run, "-p", prompt, "-n", "24", "--json")
+    assert result.code == 0, result.stderr
+    (completion,) = json.loads(result.stdout)["completions"]
+    auto = transformers.AutoTokenizer.from_pretrained(str(hf_dir))
+    prompt_ids = auto(prompt)["input_ids"]
+    assert prompt_ids[0] == auto.bos_token_id and completion["prompt_tokens"] == len(prompt_ids)
+    assert auto.decode(prompt_ids, skip_special_tokens=True) == prompt
+    assert prompt + completion["text"] == auto.decode(prompt_ids + completion["tokens"], skip_special_tokens=True)
+    assert "".join(completion["token_texts"]) == completion["text"]
+    printed = cli("generate", run, "-p", prompt, "-n", "24")
+    assert printed.code == 0 and printed.stdout == completion["text"] + "\n"  # (the prompt is echoed on a terminal only)
+    assert "\u2581" not in printed.stdout and "<0x" not in printed.stdout  # no raw SentencePiece pieces
+
+
+def test_an_empty_prompt_starts_from_bos_where_the_tokenizer_adds_one(cli, llama_run):
+    hf_dir, run = llama_run
+    result = cli("generate", run, "-p", "", "-n", "8", "--json")
+    assert result.code == 0, result.stderr
+    (completion,) = json.loads(result.stdout)["completions"]
+    assert completion["prompt_tokens"] == 1 and len(completion["tokens"]) == 8  # <s> alone: an unconditional sample
+    assert completion["text"] == TextTokenizer.load(run).hf.decode([1] + completion["tokens"], skip_special_tokens=True)
