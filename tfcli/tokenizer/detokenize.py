@@ -133,21 +133,25 @@ def alone_texts(tokenizer: TextTokenizer, ids: Sequence[int]) -> list[str]:
 
 
 def text_byte_lengths(tokenizer: TextTokenizer) -> list[int]:
-    """Per id, the bytes of text it stands for (bits per byte divide by their sum): the UTF-8 length of the
-    text it adds as the decoder writes it (`alone_texts`). A token that is only part of a character adds no
-    whole character; it stands for one byte per symbol of its vocabulary entry where the decoder maps symbols
-    to bytes (GPT-2's ByteLevel) and for one byte as a byte-fallback piece `<0xE6>`."""
+    """Per id, the bytes of text it stands for (bits per byte divide by their sum): what it adds, in UTF-8, to
+    the decoder's text between two ordinary words, so that the space a decoder writes between words counts
+    once, with the token that carries it (before a word for byte-level, Metaspace and WordPiece tokens, after
+    it for a `</w>` BPE). A token that is only part of a character adds no whole character; it stands for one
+    byte per symbol of its vocabulary entry where the decoder maps symbols to bytes (GPT-2's ByteLevel), and
+    for one byte as a byte-fallback piece `<0xE6>`."""
+    anchor = tokenizer.encode("a")[-1:] or [0]
+    base = len(tokenizer.hf.decode(anchor + anchor, skip_special_tokens=False).encode("utf-8"))
     ids = range(tokenizer.vocab_size)
-    texts = alone_texts(tokenizer, ids)
+    texts = tokenizer.hf.decode_batch([anchor + [i] + anchor for i in ids], skip_special_tokens=False)
     byte_symbols = tokenizer.decodes_byte_symbols
     lengths = []
     for token_id, text in zip(ids, texts):
         if REPLACEMENT not in text:
-            lengths.append(len(text.encode("utf-8")))
+            lengths.append(len(text.encode("utf-8")) - base)
         elif token_id in tokenizer.byte_fallback_ids:
             lengths.append(1)
         elif byte_symbols:
             lengths.append(len(tokenizer.hf.id_to_token(token_id) or ""))
         else:
-            lengths.append(len(text.encode("utf-8")))
+            lengths.append(len(text.encode("utf-8")) - base)
     return lengths

@@ -74,6 +74,8 @@ def views_of_ids(tokenizer: TextTokenizer, ids: list[int]) -> list[TokenView]:
         pending.append(decoder.pending)
     if pieces:
         pieces[-1] += decoder.finish()
+    _split_byte_runs(tokenizer, ids, pieces)
+    pending = [p and not piece for p, piece in zip(pending, pieces)]  # (a byte run's tokens have their own now)
     prefix = tokenizer.continuation_prefix
     views = []
     upcoming = ""  # the first character given out after each position, read backwards
@@ -92,6 +94,35 @@ def views_of_ids(tokenizer: TextTokenizer, ids: list[int]) -> list[TokenView]:
             shown = shown.removeprefix(" ")
         views.append(TokenView(id=token_id, token=token, text=visible(shown), piece=piece, part=part, continuation=continuation))
     return views
+
+
+def _split_byte_runs(tokenizer: TextTokenizer, ids: list[int], pieces: list[str]) -> None:
+    """Give each token of a byte-fallback run its own characters (streaming gives the run's text whole to the
+    token that ends it). The decoder reads a run prefix as text exactly where it ends on a character boundary;
+    the characters completed there go to that token, and the tokens before it hold parts. A run with an
+    invalid byte is U+FFFD per byte, one to each token."""
+    runs = tokenizer.byte_fallback_ids
+    start = 0
+    while runs and start < len(ids):
+        if ids[start] not in runs:
+            start += 1
+            continue
+        end = start
+        while end < len(ids) and ids[end] in runs:
+            end += 1
+        whole = tokenizer.hf.decode(ids[start:end], skip_special_tokens=False)
+        owner = end if end < len(ids) else end - 1  # the token whose piece holds the run's text
+        if pieces[owner].startswith(whole):
+            rest = pieces[owner][len(whole) :]
+            invalid = whole == REPLACEMENT * (end - start)
+            done = ""
+            for k in range(start, end):
+                text = whole[: k - start + 1] if invalid else tokenizer.hf.decode(ids[start : k + 1], skip_special_tokens=False)
+                pieces[k] = ""
+                if REPLACEMENT not in text or invalid or k == end - 1:
+                    pieces[k], done = text[len(done) :], text
+            pieces[owner] = rest if owner >= end else pieces[owner] + rest
+        start = end
 
 
 def token_label(tokenizer: TextTokenizer, token_id: int) -> str:
