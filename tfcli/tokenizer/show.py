@@ -74,8 +74,8 @@ def views_of_ids(tokenizer: TextTokenizer, ids: list[int]) -> list[TokenView]:
         pending.append(decoder.pending)
     if pieces:
         pieces[-1] += decoder.finish()
-    _split_byte_runs(tokenizer, ids, pieces)
-    pending = [p and not piece for p, piece in zip(pending, pieces)]  # (a byte run's tokens have their own now)
+    for k in _split_byte_runs(tokenizer, ids, pieces):
+        pending[k] = not pieces[k]  # a byte of a run holds part of a character unless one ends at it
     prefix = tokenizer.continuation_prefix
     views = []
     upcoming = ""  # the first character given out after each position, read backwards
@@ -96,12 +96,13 @@ def views_of_ids(tokenizer: TextTokenizer, ids: list[int]) -> list[TokenView]:
     return views
 
 
-def _split_byte_runs(tokenizer: TextTokenizer, ids: list[int], pieces: list[str]) -> None:
+def _split_byte_runs(tokenizer: TextTokenizer, ids: list[int], pieces: list[str]) -> list[int]:
     """Give each token of a byte-fallback run its own characters (streaming gives the run's text whole to the
     token that ends it). The decoder reads a run prefix as text exactly where it ends on a character boundary;
     the characters completed there go to that token, and the tokens before it hold parts. A run with an
-    invalid byte is U+FFFD per byte, one to each token."""
+    invalid byte is U+FFFD per byte, one to each token. Returns the positions it gave characters to."""
     runs = tokenizer.byte_fallback_ids
+    split: list[int] = []
     start = 0
     while runs and start < len(ids):
         if ids[start] not in runs:
@@ -122,7 +123,9 @@ def _split_byte_runs(tokenizer: TextTokenizer, ids: list[int], pieces: list[str]
                 if REPLACEMENT not in text or invalid or k == end - 1:
                     pieces[k], done = text[len(done) :], text
             pieces[owner] = rest if owner >= end else pieces[owner] + rest
+            split += range(start, end)
         start = end
+    return split
 
 
 def token_label(tokenizer: TextTokenizer, token_id: int) -> str:
