@@ -53,9 +53,14 @@ def token_views(tokenizer: TextTokenizer, text: str) -> list[TokenView]:
     """The tokens of `text` (special-token text encoded as ordinary text), ready to display. A WordPiece
     token's text is its vocabulary entry without the `##` (which `continuation` records) and without the
     space `token_bytes` puts before a word."""
+    return id_views(tokenizer, tokenizer.encode(text))
+
+
+def id_views(tokenizer: TextTokenizer, ids: list[int]) -> list[TokenView]:
+    """`token_views` of ids already encoded (a served conversation's prompt and reply)."""
     prefix = tokenizer.continuation_prefix
     views = []
-    for token_id in tokenizer.encode(text):
+    for token_id in ids:
         token = tokenizer.hf.id_to_token(token_id) or ""
         raw = tokenizer.token_bytes(token_id)
         shown = raw.decode("utf-8", errors="backslashreplace")
