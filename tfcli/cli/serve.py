@@ -52,7 +52,8 @@ def serve(
         import uvicorn  # noqa: F401
     except ImportError as exc:
         raise TfcliError("tfcli serve needs FastAPI and uvicorn, which are not installed", hint="pip install 'tfcli[serve]'") from exc
-    from tfcli.serve.server import check_limits, is_loopback, load_served, serve as run_server
+    from tfcli.serve.server import check_limits, is_loopback, load_served
+    from tfcli.serve.server import serve as run_server
 
     check_limits(max_batch, max_queue)
     console = stderr_console()
