@@ -103,7 +103,7 @@ class SlotBatch:
         L = self.length
         self.ids[:B, L] = tokens
         self.real[:B, L] = True
-        positions = self.n_real[:B].unsqueeze(1)  # (B, 1): each row's own next position
+        positions = self.n_real[:B].unsqueeze(1).clone()  # (B, 1): each row's own next position
         self.n_real[:B] += 1
         self.length = L + 1
         view = KVCache.__new__(KVCache)  # the first B rows of the cache, sharing its memory
