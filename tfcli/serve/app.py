@@ -164,7 +164,7 @@ def _prompt_ids(served: Served, body: CompletionRequest) -> list[list[int]]:
         if len(ids) > served.block:
             raise ApiError(
                 400,
-                f"{where} has {len(ids)} tokens, more than the model's context ({served.block})",
+                f"This model's maximum context length is {served.block} tokens. However, {where} has {len(ids)} tokens. Please reduce the prompt.",
                 param="prompt",
                 code="context_length_exceeded",
             )
