@@ -319,7 +319,7 @@ def _render(generator, prompts: list[str], *, stream: bool, json_output: bool, r
                         "prompt_tokens": c.prompt_tokens,
                         "text": c.text,
                         "tokens": c.tokens,
-                        "token_texts": [generator.token_bytes(t).decode("utf-8", errors="backslashreplace") for t in c.tokens],
+                        "token_texts": c.token_texts,
                         "logprobs": [round(lp, 6) for lp in c.logprobs] if c.logprobs is not None else None,
                         "finish_reason": c.finish_reason,
                         **({"score": round(c.score, 6)} if c.score is not None else {}),

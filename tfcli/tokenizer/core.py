@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
@@ -27,6 +28,7 @@ MAX_VOCAB_SIZE = 1 << 22
 WORDPIECE_PREFIX = "##"  # a WordPiece token that continues the word before it
 # Tokens a WordPiece decoder glues to the word before them ("word ." reads "word."), as BERT's cleanup does.
 _NO_SPACE_BEFORE = frozenset({".", ",", "!", "?"})
+_BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # a byte-fallback piece, as the ByteFallback decoder reads it
 _MODEL_FAMILIES = {"BPE": "bpe", "WordPiece": "wordpiece", "Unigram": "unigram", "WordLevel": "wordlevel"}
 
 
@@ -179,6 +181,19 @@ class TextTokenizer:
         return self.hf.decode(list(ids), skip_special_tokens=False)
 
     @cached_property
+    def byte_fallback_ids(self) -> frozenset[int]:
+        """Ids of the pieces `<0x00>` .. `<0xFF>` where the decoder has a ByteFallback step (Llama 2's), which
+        writes a run of them as its UTF-8 text, or as U+FFFD for every byte when any byte of it is invalid."""
+        if not _has_decoder_step(self.spec.get("decoder"), "ByteFallback"):
+            return frozenset()
+        return frozenset(i for token, i in self.hf.get_vocab(with_added_tokens=False).items() if _BYTE_PIECE.fullmatch(token))
+
+    @cached_property
+    def skipped_ids(self) -> frozenset[int]:
+        """Ids of the added tokens marked special: what the library's decode(skip_special_tokens=True) leaves out."""
+        return frozenset(i for i, token in self.hf.get_added_tokens_decoder().items() if token.special)
+
+    @cached_property
     def _byte_decoder(self) -> dict[str, int]:
         return _byte_decoder()
 
@@ -210,6 +225,12 @@ class TextTokenizer:
     @cached_property
     def _added_ids(self) -> set[int]:
         return set(self.hf.get_added_tokens_decoder())
+
+
+def _has_decoder_step(decoder: dict[str, Any] | None, kind: str) -> bool:
+    if not isinstance(decoder, dict):
+        return False
+    return decoder.get("type") == kind or any(_has_decoder_step(step, kind) for step in decoder.get("decoders") or [])
 
 
 def _read_tokenizer_config(path: Path) -> dict[str, Any]:
