@@ -20,7 +20,6 @@ from fastapi.responses import HTMLResponse, StreamingResponse
 
 from tfcli.checkpoint import Checkpoint
 from tfcli.generate.scoring import ContinuationScore, score_continuations
-from tfcli.generate.stream import text_of
 from tfcli.serve import errors
 from tfcli.serve.attention import Exchange, Exchanges, attention_page
 from tfcli.serve.engine import Busy, Ended, Engine, Failed, Sampling, Ticket, Token
@@ -29,6 +28,7 @@ from tfcli.serve.limits import Limits
 from tfcli.serve.page import chat_page
 from tfcli.serve.protocol import ChatRequest, CompletionRequest
 from tfcli.tokenizer.chat_template import ChatTemplate, Message
+from tfcli.tokenizer.detokenize import decode_completion
 
 DISCONNECT_POLL_SECONDS = 0.5  # how often a waiting non-streaming handler checks its client is still there
 
@@ -43,16 +43,26 @@ class Served:
     template: ChatTemplate | None
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     exchanges: Exchanges = dataclasses.field(default_factory=Exchanges)
+    _token_bytes: dict[int, bytes] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def block(self) -> int:
         return self.checkpoint.model.config.block_size
 
+    def token_bytes(self, token: int) -> bytes:
+        found = self._token_bytes.get(token)
+        if found is None:
+            found = self._token_bytes[token] = self.checkpoint.tokenizer.token_bytes(token)
+        return found
+
     def token_text(self, token: int) -> str:
-        return self.engine.token_bytes(token).decode("utf-8", errors="backslashreplace")
+        """One token's text on its own (logprobs' `tokens` and `top_logprobs` keys): bytes that are part of a
+        character show as escapes."""
+        return self.token_bytes(token).decode("utf-8", errors="backslashreplace")
 
     def text(self, ids: Sequence[int]) -> str:
-        return text_of(self.engine.token_bytes, ids)
+        """The text of ids (an echoed prompt), through the tokenizer's own decoder."""
+        return decode_completion(self.checkpoint.tokenizer, (), ids)
 
 
 def create_app(served: Served, *, api_key: str | None = None) -> FastAPI:
@@ -404,7 +414,7 @@ async def _chat(served: Served, body: ChatRequest, request: Request):
 
 def _chat_logprob(served: Served, event: Token) -> dict:
     def entry(token: int, logprob: float) -> dict:
-        return {"token": served.token_text(token), "logprob": logprob, "bytes": list(served.engine.token_bytes(token))}
+        return {"token": served.token_text(token), "logprob": logprob, "bytes": list(served.token_bytes(token))}
 
     return entry(event.token, event.logprob) | {"top_logprobs": [entry(t, lp) for t, lp in (event.top or {}).items()]}
 

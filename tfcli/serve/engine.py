@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from tfcli.generate.sampling import filtered_logits, sample_from
-from tfcli.generate.stream import CompletionText, TokenBytes
+from tfcli.generate.stream import CompletionText
 from tfcli.generate.window import Vocabulary
 from tfcli.model.transformer import Transformer
 from tfcli.serve.slots import SlotBatch
@@ -109,7 +109,6 @@ class Engine:
     def __init__(self, model: Transformer, tokenizer: TextTokenizer, *, max_batch: int = 16, max_queue: int = 64) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.vocab = Vocabulary.of(tokenizer, model.config.vocab_size)
-        self.token_bytes = TokenBytes(tokenizer)
         self.batch = SlotBatch(model, max_batch, self.vocab)
         self.max_batch, self.max_queue = max_batch, max_queue
         self.device = self.batch.device
@@ -207,7 +206,7 @@ class Engine:
             prefilled, logits = self.batch.prefill(prompt)
             for s in range(ticket.n):
                 self.batch.join(prompt, prefilled)
-                row = Row(ticket, p * ticket.n + s, CompletionText(self.token_bytes, ticket.sampling.stop))
+                row = Row(ticket, p * ticket.n + s, CompletionText(self.tokenizer, prompt, ticket.sampling.stop))
                 self.rows.append(row)
                 joined.append((row, logits))
         rows = [r for r, _ in joined]
