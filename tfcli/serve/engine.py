@@ -67,6 +67,9 @@ class Failed:
     message: str
 
 
+GREEDY_BELOW = 1e-5  # temperatures under this decode greedily
+
+
 class Busy(Exception):
     """The queue of waiting requests is full."""
 
@@ -227,19 +230,13 @@ class Engine:
         for i, row in enumerate(rows):
             by_ticket.setdefault(row.ticket, []).append(i)
         for ticket, which in by_ticket.items():
+            try:
+                chosen, logprobs, top = self._choose(ticket.sampling, logits[which], ticket.rng or self.rng)
+            except Exception as exc:  # this request's draw failed: it alone ends, the others go on
+                out[ticket] = [Failed(f"sampling failed ({type(exc).__name__}: {exc})")]
+                ended.extend(rows[i] for i in which)
+                continue
             s = ticket.sampling
-            scores = logits[which]  # (r, V)
-            if s.temperature == 0:
-                chosen = scores.argmax(dim=-1)
-            else:
-                chosen = sample_from(filtered_logits(scores, temperature=s.temperature, top_p=s.top_p), ticket.rng or self.rng)
-            logprobs = top = None
-            if s.logprobs is not None:
-                all_logprobs = F.log_softmax(scores, dim=-1)
-                logprobs = all_logprobs.gather(1, chosen[:, None]).squeeze(1).tolist()
-                if s.logprobs > 0:
-                    values, ids = all_logprobs.topk(min(s.logprobs, all_logprobs.shape[1]), dim=-1)
-                    top = [dict(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
             events = out.setdefault(ticket, [])
             for k, (i, token) in enumerate(zip(which, chosen.tolist())):
                 row = rows[i]
@@ -261,6 +258,25 @@ class Engine:
             ticket.deliver(events)
         for row in ended:
             self._leave(row)
+
+    @staticmethod
+    def _choose(s: Sampling, scores: torch.Tensor, rng: torch.Generator) -> tuple[torch.Tensor, list[float] | None, list[dict[int, float]] | None]:
+        """One request's rows' next tokens (r,) from their scores (r, V), with their log-probabilities and the
+        top alternatives when asked for. A temperature under GREEDY_BELOW decodes greedily (dividing by it
+        would overflow), as vLLM does."""
+        if s.temperature < GREEDY_BELOW:
+            chosen = scores.argmax(dim=-1)
+        else:
+            chosen = sample_from(filtered_logits(scores, temperature=s.temperature, top_p=s.top_p), rng)
+        if s.logprobs is None:
+            return chosen, None, None
+        all_logprobs = F.log_softmax(scores, dim=-1)
+        logprobs = all_logprobs.gather(1, chosen[:, None]).squeeze(1).tolist()
+        top = None
+        if s.logprobs > 0:
+            values, ids = all_logprobs.topk(min(s.logprobs, all_logprobs.shape[1]), dim=-1)
+            top = [dict(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+        return chosen, logprobs, top
 
     def _end(self, row: Row, reason: str) -> Ended:
         tail = row.text.finish()
