@@ -78,7 +78,15 @@ def create_app(served: Served, *, api_key: str | None = None) -> FastAPI:
     @app.get("/health")
     async def health() -> dict:
         engine = served.engine
-        return {"status": "ok", "model": served.name, "decoding": len(engine.rows), "waiting": engine.queued, "max_batch": engine.max_batch}
+        return {
+            "status": "ok",
+            "model": served.name,
+            "decoding": len(engine.rows),
+            "waiting": engine.queued,
+            "max_batch": engine.max_batch,
+            "steps": engine.steps,
+            "busiest_batch": engine.busiest,
+        }
 
     @app.get("/v1/models")
     async def models() -> dict:
