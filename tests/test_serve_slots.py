@@ -44,14 +44,16 @@ def test_sequences_joining_and_leaving_decode_as_they_would_alone(positions):
     got: dict[int, list[int]] = {i: [] for i in range(len(wanted))}
     pending: dict[int, int] = {}
     while waiting or rows:
-        while waiting and batch.free and (not rows or rng.random() < 0.5):  # join at a random step
-            s = waiting.pop(0)
-            prompt = wanted[s][0]
-            cache, logits = batch.prefill(prompt)
-            assert batch.join(prompt, cache) == len(rows)
-            rows.append(s)
-            got[s].append(int(logits[0].argmax()))
-            pending[s] = got[s][-1]
+        joining = []
+        while waiting and batch.free > len(joining) and (not rows or rng.random() < 0.5):  # join at a random step, one or several at once
+            joining.append(waiting.pop(0))
+        if joining:
+            cache, logits = batch.prefill([wanted[s][0] for s in joining])
+            for k, s in enumerate(joining):
+                assert batch.join(wanted[s][0], cache, k) == len(rows)
+                rows.append(s)
+                got[s].append(int(logits[k].argmax()))
+                pending[s] = got[s][-1]
         for s in [s for s in rows if len(got[s]) == wanted[s][1]]:  # done: leave (the last row moves up)
             at = rows.index(s)
             moved = batch.leave(at)

@@ -172,9 +172,11 @@ class Engine:
                     admitted = self._admit()
                 try:
                     self._drop_cancelled()
-                    while admitted:
-                        self._start(admitted[0])
-                        admitted.pop(0)
+                    for ticket in [t for t in admitted if t.task is not None]:
+                        self._run_task(ticket)
+                        admitted.remove(ticket)
+                    self._start(admitted)
+                    admitted = []
                     if self.rows:
                         self._step()
                 except Exception as exc:  # a bug must not stop the server: every request in flight fails, clearly
@@ -195,25 +197,30 @@ class Engine:
             admitted.append(self.waiting.popleft())
         return admitted
 
-    def _start(self, ticket: Ticket) -> None:
-        if ticket.task is not None:
-            try:
-                result = ticket.task()
-            except Exception as exc:
-                ticket.deliver([Failed(f"the work failed ({type(exc).__name__}: {exc})")])
-                return
-            ticket.deliver([result])
+    def _run_task(self, ticket: Ticket) -> None:
+        assert ticket.task is not None
+        try:
+            result = ticket.task()
+        except Exception as exc:
+            ticket.deliver([Failed(f"the work failed ({type(exc).__name__}: {exc})")])
             return
-        joined: list[tuple[Row, torch.Tensor]] = []
-        for p, prompt in enumerate(ticket.prompts):
-            prefilled, logits = self.batch.prefill(prompt)
+        ticket.deliver([result])
+
+    def _start(self, tickets: list[Ticket]) -> None:
+        """The admitted requests join the batch: their prompts run together in one pass, and each first token
+        is chosen from its prompt's logits."""
+        prompts = [(ticket, p, prompt) for ticket in tickets for p, prompt in enumerate(ticket.prompts)]
+        if not prompts:
+            return
+        prefilled, logits = self.batch.prefill([prompt for _, _, prompt in prompts])
+        joined: list[tuple[Row, int]] = []
+        for k, (ticket, p, prompt) in enumerate(prompts):
             for s in range(ticket.n):
-                self.batch.join(prompt, prefilled)
+                self.batch.join(prompt, prefilled, k)
                 row = Row(ticket, p * ticket.n + s, CompletionText(self.tokenizer, prompt, ticket.sampling.stop))
                 self.rows.append(row)
-                joined.append((row, logits))
-        rows = [r for r, _ in joined]
-        self._advance(rows, torch.cat([logits for _, logits in joined]))
+                joined.append((row, k))
+        self._advance([r for r, _ in joined], logits[[k for _, k in joined]])
 
     def _step(self) -> None:
         pending = torch.tensor([r.pending for r in self.rows], dtype=torch.long, device=self.device)

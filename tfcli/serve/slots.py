@@ -1,5 +1,5 @@
-"""A continuous batch over one KV cache: sequences join (their prompt run alone, its keys and values copied
-into a free row) and leave (the last row moves into the freed one) between steps, and each step runs one
+"""A continuous batch over one KV cache: sequences join (the prompts that arrive together run in one pass,
+their keys and values copied into free rows) and leave (the last row moves into the freed one) between steps, and each step runs one
 new token for every row at once. It works on ids only; the scheduler (`engine.py`) samples and detokenizes.
 
 Rows share one window length L and are right-aligned in it (left padding): a row's real tokens fill the
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from tfcli.generate.window import Vocabulary
+from tfcli.generate.window import Vocabulary, pad_rows
 from tfcli.model.attention import KVCache
 from tfcli.model.transformer import Transformer
 
@@ -50,25 +50,31 @@ class SlotBatch:
             logits = logits.index_fill(1, self._suppressed, float("-inf"))
         return logits
 
-    def prefill(self, prompt: list[int]) -> tuple[KVCache, torch.Tensor]:
-        """Run a prompt alone; its cache (1 row, len(prompt) positions) and the logits after it (1, V)."""
-        cache = KVCache(self.model.config, 1, len(prompt), self.dtype, self.device)
-        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)  # (1, P)
-        hidden = self.model.decode(ids, cache=cache)  # (1, P, d)
+    def prefill(self, prompts: list[list[int]]) -> tuple[KVCache, torch.Tensor]:
+        """Run prompts together (left-padded, each at its own positions, one pass over the weights for all);
+        their cache (len(prompts) rows, the longest prompt's positions) and the logits after each (k, V)."""
+        width = max(len(p) for p in prompts)
+        cache = KVCache(self.model.config, len(prompts), width, self.dtype, self.device)
+        ids, real = pad_rows(prompts, self.vocab.pad_id, self.device, left=True)  # (k, width)
+        if bool(real.all()):
+            hidden = self.model.decode(ids, cache=cache)  # (k, width, d)
+        else:
+            positions = (real.long().cumsum(dim=1) - 1).clamp(min=0)  # (k, width)
+            hidden = self.model.decode(ids, real, cache=cache, positions=positions)
         return cache, self.scores(self.model.lm_head(hidden[:, -1]))
 
-    def join(self, prompt: list[int], prefilled: KVCache) -> int:
-        """Put a prefilled prompt in the next free row; returns the row."""
+    def join(self, prompt: list[int], prefilled: KVCache, index: int = 0) -> int:
+        """Put prompt `index` of a prefill in the next free row; returns the row."""
         assert self.active < self.rows
-        P = len(prompt)
+        P, width = len(prompt), prefilled.keys.shape[3]
         assert 0 < P < self.capacity, "prompt + new tokens fit in the context, so a prompt leaves room for one"
         if self.active == 0:
             self.length = P
         elif P > self.length:
             self._shift_right(P - self.length)
         row, L = self.active, self.length
-        self.cache.keys[:, row, :, L - P : L] = prefilled.keys[:, 0, :, :P]
-        self.cache.values[:, row, :, L - P : L] = prefilled.values[:, 0, :, :P]
+        self.cache.keys[:, row, :, L - P : L] = prefilled.keys[:, index, :, width - P : width]
+        self.cache.values[:, row, :, L - P : L] = prefilled.values[:, index, :, width - P : width]
         self.cache.keys[:, row, :, : L - P] = 0
         self.cache.values[:, row, :, : L - P] = 0
         self.ids[row, :L] = 0
