@@ -4,6 +4,8 @@ and for random ids; a character split across tokens never shows as U+FFFD; the w
 
 from __future__ import annotations
 
+import json
+import os
 import random
 from pathlib import Path
 
@@ -12,7 +14,8 @@ import pytest
 from tests.layouts import HUB_LAYOUTS, TFCLI_LAYOUTS, build_layout
 from tfcli.generate.stream import CompletionText
 from tfcli.tokenizer.core import TextTokenizer
-from tfcli.tokenizer.detokenize import WINDOW_TOKENS, IncrementalDecoder, decode_completion, decode_pieces
+from tfcli.tokenizer.detokenize import WINDOW_TOKENS, IncrementalDecoder, decode_completion, decode_pieces, text_byte_lengths
+from tfcli.tokenizer.show import token_label, views_of_ids
 
 LAYOUTS = HUB_LAYOUTS + TFCLI_LAYOUTS
 REAL_TEXTS = [
@@ -23,6 +26,15 @@ REAL_TEXTS = [
     "Lines\n\n\tindented\n    four spaces   then   gaps  \n\nend\n",
     "  leading spaces, trailing ones   ",
 ]
+
+
+def _transformers():
+    """transformers, the outside client these texts are checked against: a skip without it, a failure in CI."""
+    if os.environ.get("CI"):
+        import transformers
+
+        return transformers
+    return pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +57,7 @@ def streamed(tokenizer: TextTokenizer, context: list[int], ids: list[int]) -> li
 
 
 def transformers_tokenizer(tokenizer: TextTokenizer):
-    transformers = pytest.importorskip("transformers")
+    transformers = _transformers()
     return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer.hf.__class__.from_str(tokenizer.hf.to_str()))
 
 
@@ -126,6 +138,18 @@ def test_a_split_character_waits_for_its_last_byte_and_a_bad_run_shows_as_the_de
         assert "".join(streamed(tokenizer, context, bad)) == reference(tokenizer, context, bad) == "\ufffd" * 4 + " ok"
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_bytes_per_token_add_up_to_the_texts_bytes(layouts, layout):
+    """Bits per byte divide by these: summed over a text's tokens they are the bytes of its decoded text."""
+    tokenizer = layouts[layout]
+    lengths = text_byte_lengths(tokenizer)
+    anchor = tokenizer.encode("a")[-1:]
+    for text in REAL_TEXTS:
+        ids = [i for i in tokenizer.encode(text) if i not in tokenizer.skipped_ids]
+        between = tokenizer.hf.decode(anchor + ids + anchor)  # the text between two words, less those words
+        assert sum(lengths[i] for i in ids) == len(between.encode("utf-8")) - len(tokenizer.hf.decode(anchor + anchor).encode("utf-8"))
+
+
 @pytest.mark.parametrize("layout", ["gpt2", "llama2", "tfcli-wordpiece", "tfcli-char"])
 def test_the_work_per_token_stays_bounded(layouts, layout, monkeypatch):
     tokenizer = layouts[layout]
@@ -160,7 +184,7 @@ def test_beam_forks_go_on_independently(layouts):
 
 def test_layouts_folder_is_what_the_hub_ships(layouts, tmp_path: Path):
     """The Llama-2 layout loads in transformers' AutoTokenizer, adds <s> first, and byte-falls-back newlines."""
-    transformers = pytest.importorskip("transformers")
+    transformers = _transformers()
     from tests.layouts import llama2_tokenizer
 
     folder = llama2_tokenizer(tmp_path / "llama")
@@ -168,3 +192,82 @@ def test_layouts_folder_is_what_the_hub_ships(layouts, tmp_path: Path):
     ids = auto("Once upon a time\nLily")["input_ids"]
     assert ids[0] == auto.bos_token_id == 1 and "<0x0A>" in auto.convert_ids_to_tokens(ids)
     assert auto.decode(ids, skip_special_tokens=True) == "Once upon a time\nLily"
+
+
+@pytest.fixture(scope="module")
+def llama_run(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny random Llama saved by transformers with the Llama-2 tokenizer layout, and its `tfcli import`."""
+    transformers = _transformers()
+    import torch
+
+    from tests.layouts import llama2_tokenizer
+    from tfcli.hf.convert import import_hf
+
+    folder = tmp_path_factory.mktemp("llama")
+    hf_dir = llama2_tokenizer(folder / "hf")
+    vocab = TextTokenizer.load(hf_dir).vocab_size
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(str(hf_dir), safe_serialization=True)
+    import_hf(hf_dir, folder / "run")
+    return hf_dir, folder / "run"
+
+
+@pytest.mark.parametrize("prompt", ["Once upon a ti", "Once upon a time, there was ", "She loved to play outside.\n"])
+def test_generate_on_an_imported_llama2_reads_as_transformers_decodes(cli, llama_run, prompt):
+    """Mid-word, at a space, at a newline: the prompt and its completion read as AutoTokenizer decodes them."""
+    transformers = _transformers()
+    hf_dir, run = llama_run
+    result = cli("generate", run, "-p", prompt, "-n", "24", "--json")
+    assert result.code == 0, result.stderr
+    (completion,) = json.loads(result.stdout)["completions"]
+    auto = transformers.AutoTokenizer.from_pretrained(str(hf_dir))
+    prompt_ids = auto(prompt)["input_ids"]
+    assert prompt_ids[0] == auto.bos_token_id and completion["prompt_tokens"] == len(prompt_ids)
+    assert auto.decode(prompt_ids, skip_special_tokens=True) == prompt
+    assert prompt + completion["text"] == auto.decode(prompt_ids + completion["tokens"], skip_special_tokens=True)
+    assert "".join(completion["token_texts"]) == completion["text"]
+    printed = cli("generate", run, "-p", prompt, "-n", "24")
+    assert printed.code == 0 and printed.stdout == completion["text"] + "\n"  # (the prompt is echoed on a terminal only)
+    assert "\u2581" not in printed.stdout and "<0x" not in printed.stdout  # no raw SentencePiece pieces
+
+
+def test_an_empty_prompt_starts_from_bos_where_the_tokenizer_adds_one(cli, llama_run):
+    hf_dir, run = llama_run
+    result = cli("generate", run, "-p", "", "-n", "8", "--json")
+    assert result.code == 0, result.stderr
+    (completion,) = json.loads(result.stdout)["completions"]
+    assert completion["prompt_tokens"] == 1 and len(completion["tokens"]) == 8  # <s> alone: an unconditional sample
+    assert completion["text"] == TextTokenizer.load(run).hf.decode([1] + completion["tokens"], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_token_views_read_as_the_decoder_writes_the_text(layouts, layout):
+    """tokenize show and the inspect views: each token's text through the decoder, a split character on each
+    token that holds part of it, never U+FFFD, and the pieces join to the decoder's text."""
+    tokenizer = layouts[layout]
+    for text in REAL_TEXTS:
+        ids = tokenizer.encode(text)
+        views = views_of_ids(tokenizer, ids)
+        assert "".join(v.piece for v in views) == tokenizer.hf.decode(ids, skip_special_tokens=False)
+        assert not any("\ufffd" in v.text for v in views), [v.text for v in views]
+        assert all(v.part in ("", v.text[-1:]) for v in views)
+
+
+def test_byte_fallback_pieces_read_as_the_characters_they_stand_for(layouts):
+    tokenizer = layouts["llama2"]
+    views = views_of_ids(tokenizer, tokenizer.encode("Lily said:\n你好 café"))
+    assert [v.token for v in views][2:9] == ["<0x0A>", "<0xE4>", "<0xBD>", "<0xA0>", "<0xE5>", "<0xA5>", "<0xBD>"]
+    assert [v.text for v in views] == ["Lily", " said:", "\\n", "你", "你", "你", "好", "好", "好", " café"]
+    assert [v.piece for v in views][2:] == ["\n", "", "", "你", "", "", "好", " café"]
+    labels = [token_label(tokenizer, tokenizer.hf.token_to_id(t)) for t in ("<0x0A>", "<0xE4>", "\u2581said:", "</s>")]
+    assert labels == ["\\n", "<0xE4>", " said:", "</s>"]  # alone: the text it adds after a word; a lone byte, its entry

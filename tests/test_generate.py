@@ -21,7 +21,8 @@ from tfcli.generate.stream import CompletionText
 from tfcli.generate.window import DecoderWindow, Vocabulary
 from tfcli.model.config import ModelConfig
 from tfcli.model.transformer import Transformer
-from tfcli.tokenizer.core import TextTokenizer, _byte_decoder
+from tfcli.tokenizer.core import TextTokenizer
+from tfcli.tokenizer.fast import byte_of_symbol
 
 PROMPTS = ["Once upon a time", "The fox", "Tom had three apples. He gave one to"]
 
@@ -72,7 +73,7 @@ def completions(model, tokenizer, prompts=PROMPTS, **settings) -> list[list[int]
 
 def byte_ids(tokenizer: TextTokenizer, data: bytes) -> list[int]:
     """One token per byte (a byte-level vocabulary has all 256), so a character can be split on purpose."""
-    to_char = {b: ch for ch, b in _byte_decoder().items()}
+    to_char = {b: ch for ch, b in byte_of_symbol().items()}
     return [tokenizer.hf.token_to_id(to_char[b]) for b in data]
 
 

@@ -18,7 +18,7 @@ from tests.conftest import TINY_TEXT, snapshot
 from tfcli.corpus.reader import resolve_corpus
 from tfcli.errors import TfcliError
 from tfcli.tokenizer.core import TextTokenizer
-from tfcli.tokenizer.detokenize import decode_completion, decode_pieces
+from tfcli.tokenizer.detokenize import decode_completion, decode_pieces, text_byte_lengths
 from tfcli.tokenizer.families import char_vocabulary
 from tfcli.tokenizer.specials import BERT_SPECIALS, DEFAULT_SPECIALS, parse_special_tokens
 from tfcli.tokenizer.train import train_tokenizer
@@ -363,7 +363,9 @@ def test_the_chain_runs_with_each_family(cli, tmp_path, plain_model, model):
     scores = json.loads(result.stdout)
     specials = set(tokenizer.special_ids.values())
     targets = np.fromfile(shards / "val.bin", dtype=np.uint16)[1 : scores["tokens"] + 1]  # each window's targets, back to back
-    text_bytes = sum(len(tokenizer.token_bytes(int(i))) for i in targets if int(i) not in specials)
+    decoded = tokenizer.hf.decode([int(i) for i in targets if int(i) not in specials])  # the text the scored tokens spell
+    text_bytes = sum(text_byte_lengths(tokenizer)[int(i)] for i in targets if int(i) not in specials)
+    assert abs(text_bytes - len(decoded.encode("utf-8"))) <= 8  # (but for the first word's space, per window)
     # bits per byte: the loss in bits over the bytes the scored tokens stand for
     assert scores["bpb"] == pytest.approx(scores["loss"] * scores["tokens"] / math.log(2) / text_bytes, rel=1e-3)
 

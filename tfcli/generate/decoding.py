@@ -70,14 +70,19 @@ class Generator:
     def encode_prompts(self, prompts: Sequence[str]) -> tuple[list[list[int]], list[Notice]]:
         """Token ids of each prompt, cropped to fit: a decoder keeps the last block-size tokens of a long
         prompt (it continues the end), an encoder-decoder the first block-size tokens of a long source (as
-        training does). Each crop is a notice. An empty prompt is an error."""
+        training does). Each crop is a notice. An empty prompt is an error, but where a decoder's tokenizer
+        starts every text with its beginning-of-text token (Llama's <s>): then it starts from that alone, an
+        unconditional sample, as llama2.c's `run` and transformers' `generate` do."""
         encoded = self.tokenizer.encode_batch(list(prompts))
         block = self.model.config.block_size
+        starts_from_bos = self.model.config.arch == "decoder" and self.tokenizer.adds_bos
         notices = []
         for i, ids in enumerate(encoded):
-            if not ids:
+            if not ids and not starts_from_bos:
                 where = f"prompt {i + 1}" if len(prompts) > 1 else "the prompt"
-                raise TfcliError(f"{where} is empty", hint="pass some text to continue with --prompt")
+                raise TfcliError(
+                    f"{where} is empty", hint="pass some text to continue with --prompt (this tokenizer has no beginning-of-text token to start from)"
+                )
             if len(ids) > block:
                 where = f"prompt {i + 1}" if len(prompts) > 1 else "the prompt"
                 if self.model.config.arch == "decoder":

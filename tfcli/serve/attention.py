@@ -11,7 +11,7 @@ import threading
 from tfcli.checkpoint import Checkpoint
 from tfcli.inspect.capture import AttentionCapture, forward_weights
 from tfcli.inspect.html import render_page
-from tfcli.tokenizer.show import id_views
+from tfcli.tokenizer.show import views_of_ids
 
 KEPT_EXCHANGES = 64
 
@@ -46,7 +46,7 @@ def attention_page(checkpoint: Checkpoint, exchange: Exchange) -> str:
     """The attention page of prompt + reply (the reply's last token is never run through the model when
     decoding, but it is here: every token the reader sees has its row)."""
     ids = (exchange.prompt + exchange.reply)[-checkpoint.model.config.block_size :]
-    views = id_views(checkpoint.tokenizer, ids)
+    views = views_of_ids(checkpoint.tokenizer, ids)
     weights = forward_weights(checkpoint.model, "decoder", ids)
     capture = AttentionCapture(
         run=str(checkpoint.path),

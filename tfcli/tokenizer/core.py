@@ -26,23 +26,8 @@ TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 MAX_VOCAB_SIZE = 1 << 22
 WORDPIECE_PREFIX = "##"  # a WordPiece token that continues the word before it
-# Tokens a WordPiece decoder glues to the word before them ("word ." reads "word."), as BERT's cleanup does.
-_NO_SPACE_BEFORE = frozenset({".", ",", "!", "?"})
 _BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # a byte-fallback piece, as the ByteFallback decoder reads it
 _MODEL_FAMILIES = {"BPE": "bpe", "WordPiece": "wordpiece", "Unigram": "unigram", "WordLevel": "wordlevel"}
-
-
-def _byte_decoder() -> dict[str, int]:
-    """The inverse of GPT-2's bytes-to-unicode table: the printable stand-in character -> the byte."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars = printable[:]
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
 
 
 @dataclasses.dataclass
@@ -188,43 +173,15 @@ class TextTokenizer:
             return frozenset()
         return frozenset(i for token, i in self.hf.get_vocab(with_added_tokens=False).items() if _BYTE_PIECE.fullmatch(token))
 
+    @property
+    def decodes_byte_symbols(self) -> bool:
+        """Whether the decoder reads each symbol of a token as one byte (GPT-2's ByteLevel)."""
+        return _has_decoder_step(self.spec.get("decoder"), "ByteLevel")
+
     @cached_property
     def skipped_ids(self) -> frozenset[int]:
         """Ids of the added tokens marked special: what the library's decode(skip_special_tokens=True) leaves out."""
         return frozenset(i for i, token in self.hf.get_added_tokens_decoder().items() if token.special)
-
-    @cached_property
-    def _byte_decoder(self) -> dict[str, int]:
-        return _byte_decoder()
-
-    def token_bytes(self, token_id: int) -> bytes:
-        """The bytes a token stands for (special tokens: their text). A byte-level token may hold part of a
-        multi-byte character, so this is bytes, not str. A WordPiece token that starts a word stands for the
-        space before it too (" walk"), one that continues a word for its text alone ("##ing" -> "ing"), and
-        `. , ! ?` for themselves, so joined tokens read as BERT's decoder writes them."""
-        token = self.hf.id_to_token(token_id)
-        if token is None:
-            raise TfcliError(f"token id {token_id} is outside the vocabulary (size {self.vocab_size})")
-        if token_id in self.special_ids.values() or token_id in self._added_ids:
-            return token.encode("utf-8")
-        if self.pre_tokenizer_kind == "byte-level":
-            decoder = self._byte_decoder
-            if all(ch in decoder for ch in token):
-                return bytes(decoder[ch] for ch in token)
-        prefix = self.continuation_prefix
-        if prefix is not None:
-            if token.startswith(prefix) and len(token) > len(prefix):
-                return token[len(prefix) :].encode("utf-8")
-            return (token if token in _NO_SPACE_BEFORE else " " + token).encode("utf-8")
-        if self.pre_tokenizer_kind == "metaspace":
-            token = token.replace("\u2581", " ")
-        if token.endswith("</w>"):
-            token = token[: -len("</w>")] + " "
-        return token.encode("utf-8")
-
-    @cached_property
-    def _added_ids(self) -> set[int]:
-        return set(self.hf.get_added_tokens_decoder())
 
 
 def _has_decoder_step(decoder: dict[str, Any] | None, kind: str) -> bool:

@@ -79,6 +79,11 @@ class IncrementalDecoder:
             self._cut_window()
         return piece
 
+    @property
+    def pending(self) -> bool:
+        """Whether the ids so far hold text not given out yet (part of a character, an unfinished byte run)."""
+        return bool(self._window) and (self._window[-1] in self._run_ids or self._given < len(self._text))
+
     def finish(self) -> str:
         """The text still held back: an unfinished character or byte run, as the decoder writes it."""
         text = self._decode(self._window)
@@ -113,3 +118,40 @@ def decode_completion(tokenizer: TextTokenizer, context: Sequence[int], ids: Seq
     """The text `ids` add after `context`: decode(context + ids) less decode(context), as streaming gives it."""
     decoder = IncrementalDecoder(tokenizer, context)
     return decoder.extend(list(ids)) + decoder.finish()
+
+
+def alone_texts(tokenizer: TextTokenizer, ids: Sequence[int]) -> list[str]:
+    """The text each id adds after an ordinary word, special tokens' text included: a token as it reads on its
+    own, but for the decoder's start-of-text rules (a word keeps the space it carries: " cat", and a WordPiece
+    piece that continues a word has none: "ing"). Part of a character comes out as U+FFFD.
+
+    Example (GPT-2): [id("Ġcat"), id("Ċ"), id("<|endoftext|>")] -> [" cat", "\\n", "<|endoftext|>"]"""
+    anchor = tokenizer.encode("a")[-1:] or [0]
+    prefix = tokenizer.hf.decode(anchor, skip_special_tokens=False)
+    decoded = tokenizer.hf.decode_batch([anchor + [i] for i in ids], skip_special_tokens=False)
+    return [text[len(prefix) :] if text.startswith(prefix) else text for text in decoded]
+
+
+def text_byte_lengths(tokenizer: TextTokenizer) -> list[int]:
+    """Per id, the bytes of text it stands for (bits per byte divide by their sum): what it adds, in UTF-8, to
+    the decoder's text between two ordinary words, so that the space a decoder writes between words counts
+    once, with the token that carries it (before a word for byte-level, Metaspace and WordPiece tokens, after
+    it for a `</w>` BPE). A token that is only part of a character adds no whole character; it stands for one
+    byte per symbol of its vocabulary entry where the decoder maps symbols to bytes (GPT-2's ByteLevel), and
+    for one byte as a byte-fallback piece `<0xE6>`."""
+    anchor = tokenizer.encode("a")[-1:] or [0]
+    base = len(tokenizer.hf.decode(anchor + anchor, skip_special_tokens=False).encode("utf-8"))
+    ids = range(tokenizer.vocab_size)
+    texts = tokenizer.hf.decode_batch([anchor + [i] + anchor for i in ids], skip_special_tokens=False)
+    byte_symbols = tokenizer.decodes_byte_symbols
+    lengths = []
+    for token_id, text in zip(ids, texts):
+        if REPLACEMENT not in text:
+            lengths.append(len(text.encode("utf-8")) - base)
+        elif token_id in tokenizer.byte_fallback_ids:
+            lengths.append(1)
+        elif byte_symbols:
+            lengths.append(len(tokenizer.hf.id_to_token(token_id) or ""))
+        else:
+            lengths.append(len(text.encode("utf-8")) - base)
+    return lengths
