@@ -51,12 +51,11 @@ def evaluate(
     """Loss, perplexity and bits per byte of a language model on shards or text; accuracy and macro-F1 of
     a classifier (or the loss of an encoder-decoder) on a labeled set (JSON lines, CSV or Parquet); the
     loss per assistant token and the share of replies exactly right of a chat run on conversations.
-    With --tasks: EleutherAI's lm-evaluation-harness tasks (multiple choice, last word, generation), offline.
+    With --tasks: EleutherAI's lm-evaluation-harness tasks (multiple choice, last word, generation),
+    offline; `tfcli eval RUN --tasks tfcli` runs tfcli's three, `--compare RUN_A RUN_B` puts runs side by side.
 
     \b
     Example: tfcli eval runs/quickstart/model --data runs/quickstart/shards
-    Example: tfcli eval runs/quickstart/model --tasks tfcli
-    Example: tfcli eval --compare runs/a runs/b --tasks tfcli_story_choice
     """
     from rich.table import Table
 

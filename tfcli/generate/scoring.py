@@ -79,16 +79,13 @@ def score_continuations(
     try:
         with torch.inference_mode():
             batch: list[_Group] = []
-            rows = context = inputs = 0
+            rows = 0
             for group in chunks:
-                longest = max(len(c) for _, c in group.members) - 1
-                # the rows share one cache: the longest context + the longest continuation must fit the window
-                if batch and (rows + len(group.members) > batch_size or max(context, len(group.context)) + max(inputs, longest) > window):
+                if batch and rows + len(group.members) > batch_size:
                     _score_batch(model, batch, top_k, results)
-                    batch, rows, context, inputs = [], 0, 0, 0
+                    batch, rows = [], 0
                 batch.append(group)
                 rows += len(group.members)
-                context, inputs = max(context, len(group.context)), max(inputs, longest)
             if batch:
                 _score_batch(model, batch, top_k, results)
     finally:
@@ -116,6 +113,8 @@ def _score_batch(model: Transformer, groups: list[_Group], top_k: int, results: 
     for gi, g in enumerate(groups):
         context_ids[gi, : len(g.context)] = torch.tensor(g.context, device=device)
     context_real = torch.arange(C, device=device)[None, :] < context_lengths[:, None]  # (G, C) right padding
+    # the cache holds the longest context then the longest continuation: up to twice the window, while each
+    # row's own positions (its context, then its continuation) stay inside it
     cache = KVCache(model.config, G, C + T, dtype, device)
     hidden = model.decode(context_ids, context_real if not bool(context_real.all()) else None, cache=cache)  # (G, C, d)
     last = _log_probs(model, hidden[torch.arange(G, device=device), context_lengths - 1])  # (G, vocab): predicts each first token
@@ -131,7 +130,7 @@ def _score_batch(model: Transformer, groups: list[_Group], top_k: int, results: 
                 ids[row, : len(cont) - 1] = torch.tensor(cont[:-1], device=device)
         steps = torch.arange(T, device=device)[None, :]  # (1, T)
         real = steps < lengths[:, None]  # (N, T)
-        positions = context_lengths[owner][:, None] + steps  # (N, T) each row after its own context
+        positions = (context_lengths[owner][:, None] + steps).masked_fill(~real, 0)  # (N, T) each row after its own context; padding at 0
         padding = torch.cat([context_real[owner], real], dim=1)  # (N, C + T)
         hidden = model.decode(ids, padding, cache=cache, positions=positions)  # (N, T, d)
         rest = _log_probs(model, hidden[real])  # (sum of lengths, vocab), row by row

@@ -55,8 +55,13 @@ def run_harness(lm, options: TaskOptions, prepared=None) -> dict[str, Any]:
     from lm_eval import simple_evaluate
 
     manager, tasks = prepared if prepared is not None else prepare(options)
-    # the harness prints its bootstrap notes on stdout (where --json goes) and lets git complain on stderr
-    with contextlib.redirect_stdout(io.StringIO()), mock.patch("lm_eval.evaluator.get_git_commit_hash", _git_commit):
+    # the harness prints its bootstrap notes on stdout (where --json goes), lets git complain on stderr, and
+    # runs `pip list` and more for its environment record (seconds): the same record, asked quietly and briefly
+    quiet = contextlib.ExitStack()
+    quiet.enter_context(contextlib.redirect_stdout(io.StringIO()))
+    quiet.enter_context(mock.patch("lm_eval.evaluator.get_git_commit_hash", _git_commit))
+    quiet.enter_context(mock.patch("lm_eval.evaluator.add_env_info", _add_env_info))
+    with quiet:
         results = simple_evaluate(
             model=lm,
             tasks=tasks,
@@ -81,13 +86,41 @@ def _git_commit() -> str | None:
         return None
 
 
+def _add_env_info(storage: dict[str, Any]) -> None:
+    """The harness's environment record (versions, the machine), without its `pip list` and compiler probes."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    from tfcli import __version__
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "N/A"
+
+    storage.update(
+        {
+            "pretty_env_info": f"PyTorch {torch.__version__}, Python {platform.python_version()}, {platform.platform()}, {platform.machine()}, tfcli {__version__}",
+            "transformers_version": installed("transformers"),
+            "lm_eval_version": installed("lm_eval"),
+            "upper_git_hash": None,
+        }
+    )
+
+
 def evaluate_tasks(run: Path, options: TaskOptions, *, device: str = "auto") -> dict[str, Any]:
     """The harness's results dictionary for one run."""
     check_decoder(run)
     prepared = prepare(options)  # a broken task is said before the run loads
     from tfcli.harness.model import TfcliLM
 
-    return run_harness(TfcliLM(run, batch_size=options.batch_size, device=device), options, prepared)
+    lm = TfcliLM(run, batch_size=options.batch_size, device=device)
+    if options.chat_template:
+        lm.template  # noqa: B018  a run without a chat template is said before any scoring
+    return run_harness(lm, options, prepared)
 
 
 def compare_runs(runs: Sequence[Path], options: TaskOptions, *, device: str = "auto") -> dict[str, dict[str, Any]]:

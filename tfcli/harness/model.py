@@ -28,6 +28,7 @@ from tfcli.generate.settings import GenerationSettings
 from tfcli.tokenizer.chat_template import Message
 
 DEFAULT_MAX_GEN_TOKS = 256  # the harness's default for a generation task that names no max_gen_toks
+ENCODED_KEPT = 4096  # texts whose token ids are kept for the next request that asks (a question's choices share its context)
 
 
 @register_model("tfcli")
@@ -61,6 +62,7 @@ class TfcliLM(TemplateLM):
         self._device = self.model.lm_head.weight.device
         self._template = None
         self._specials_read_as_specials = False  # a chat-templated prompt holds the template's special tokens
+        self._encoded: dict[tuple, tuple[int, ...]] = {}  # recent encodings, at most ENCODED_KEPT
 
     # -- what the harness asks of a model ----------------------------------------------------------------
 
@@ -83,7 +85,17 @@ class TfcliLM(TemplateLM):
         return str(self.run).replace("/", "__")
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, left_truncate_len: int | None = None, **_: Any) -> list[int]:
-        """Token ids of `string`, with BOS first where the tokenizer adds one (a pretrained Llama's <s>)."""
+        """Token ids of `string`, with BOS first where the tokenizer adds one (a pretrained Llama's <s>). A
+        question's context is encoded once for all its choices (the harness asks once per choice)."""
+        key = (string, add_special_tokens, self._specials_read_as_specials)
+        ids = self._encoded.get(key)
+        if ids is None:
+            if len(self._encoded) >= ENCODED_KEPT:
+                self._encoded.clear()
+            ids = self._encoded[key] = self._encode(string, add_special_tokens)
+        return list(ids[-left_truncate_len:] if left_truncate_len else ids)
+
+    def _encode(self, string: str, add_special_tokens: bool | None) -> tuple[int, ...]:
         if self._specials_read_as_specials:
             previous, self.tokenizer.hf.encode_special_tokens = self.tokenizer.hf.encode_special_tokens, False
             try:
@@ -95,7 +107,7 @@ class TfcliLM(TemplateLM):
         bos = self.tokenizer.special_ids.get("bos")
         if add_special_tokens is not False and self.tokenizer.adds_bos and ids[:1] != [bos]:
             ids = [bos] + ids
-        return ids[-left_truncate_len:] if left_truncate_len else ids
+        return tuple(ids)
 
     def tok_decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)

@@ -169,8 +169,14 @@ def check_tasks(tasks: list, num_fewshot: int | None, limit: int | None) -> None
         pools = [("evaluated", docs)]
         if shots:
             pools.append(("few-shot", list(task.fewshot_docs())))
+        fields = _template_fields(task.config)
         for kind, pool in pools:
             for number, doc in enumerate(pool, start=1):
+                absent = [f for f in fields if f in doc and doc[f] is None]  # the JSON reader fills a missing field with null
+                if absent:
+                    raise TfcliError(
+                        f"task {name}: {kind} document {number} has no {absent[0]!r}", hint="every record needs the fields the task's templates use"
+                    )
                 try:
                     task.doc_to_text(doc)
                     task.doc_to_target(doc)
@@ -181,6 +187,27 @@ def check_tasks(tasks: list, num_fewshot: int | None, limit: int | None) -> None
                         f"task {name}: {kind} document {number} cannot be read: {_first_line(exc)}",
                         hint="every record needs the fields the task's templates use",
                     ) from None
+
+
+def _template_fields(config) -> set[str]:
+    """The document fields the task's prompt, target and choices read: a field named alone, or the variables
+    of a Jinja template. Example: "{{context}} {{choices[0]}}" -> {"context", "choices"}."""
+    import jinja2
+    import jinja2.meta
+
+    environment = jinja2.Environment()
+    fields: set[str] = set()
+    for template in (config.doc_to_text, config.doc_to_target, config.doc_to_choice):
+        if not isinstance(template, str):
+            continue
+        if "{{" not in template and "{%" not in template:
+            fields.add(template)
+            continue
+        try:
+            fields |= jinja2.meta.find_undeclared_variables(environment.parse(template))
+        except jinja2.TemplateSyntaxError as exc:
+            raise TfcliError(f"task {config.task}: the template {template!r} is not valid Jinja ({exc.message})") from None
+    return fields
 
 
 def _first_line(exc: BaseException) -> str:
