@@ -55,6 +55,11 @@ def test_greedy_completion_equals_generate_streamed_or_not(client, chat_run, cli
     choice = whole.choices[0]
     assert choice.text == expected["text"] and choice.model_extra["token_ids"] == expected["tokens"]
     assert choice.finish_reason == "length" and whole.usage.completion_tokens == 20
+    scored = client.completions.create(model="chat", prompt=PROMPT, max_tokens=20, temperature=0, logprobs=2, extra_body={"ignore_eos": True})
+    logprobs = scored.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == 20 and "<|im_end|>" in logprobs.tokens  # special tokens named, as OpenAI does
+    for chosen, top in zip(logprobs.token_logprobs, logprobs.top_logprobs):  # greedy: each token is the likeliest
+        assert len(top) == 2 and chosen == pytest.approx(max(top.values())) and chosen < 0
     chunks = list(client.completions.create(model="chat", prompt=PROMPT, max_tokens=20, temperature=0, stream=True, extra_body={"ignore_eos": True}))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == expected["text"]
     assert chunks[-1].choices[0].finish_reason == "length"

@@ -28,7 +28,7 @@ from tfcli.serve.limits import Limits
 from tfcli.serve.page import chat_page
 from tfcli.serve.protocol import ChatRequest, CompletionRequest
 from tfcli.tokenizer.chat_template import ChatTemplate, Message
-from tfcli.tokenizer.detokenize import decode_completion
+from tfcli.tokenizer.detokenize import REPLACEMENT, alone_texts, decode_completion
 
 DISCONNECT_POLL_SECONDS = 0.5  # how often a waiting non-streaming handler checks its client is still there
 
@@ -43,22 +43,23 @@ class Served:
     template: ChatTemplate | None
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     exchanges: Exchanges = dataclasses.field(default_factory=Exchanges)
-    _token_bytes: dict[int, bytes] = dataclasses.field(default_factory=dict, repr=False)
+    _token_texts: dict[int, str] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def block(self) -> int:
         return self.checkpoint.model.config.block_size
 
-    def token_bytes(self, token: int) -> bytes:
-        found = self._token_bytes.get(token)
-        if found is None:
-            found = self._token_bytes[token] = self.checkpoint.tokenizer.token_bytes(token)
-        return found
-
     def token_text(self, token: int) -> str:
-        """One token's text on its own (logprobs' `tokens` and `top_logprobs` keys): bytes that are part of a
-        character show as escapes."""
-        return self.token_bytes(token).decode("utf-8", errors="backslashreplace")
+        """One token's text on its own (logprobs' `tokens` and `top_logprobs` keys), through the tokenizer's
+        decoder; a token that is only part of a character shows as its vocabulary entry ("<0xE6>")."""
+        found = self._token_texts.get(token)
+        if found is None:
+            tokenizer = self.checkpoint.tokenizer
+            (found,) = alone_texts(tokenizer, [token])
+            if REPLACEMENT in found:
+                found = tokenizer.hf.id_to_token(token) or found
+            self._token_texts[token] = found
+        return found
 
     def text(self, ids: Sequence[int]) -> str:
         """The text of ids (an echoed prompt), through the tokenizer's own decoder."""
@@ -422,7 +423,7 @@ async def _chat(served: Served, body: ChatRequest, request: Request):
 
 def _chat_logprob(served: Served, event: Token) -> dict:
     def entry(token: int, logprob: float) -> dict:
-        return {"token": served.token_text(token), "logprob": logprob, "bytes": list(served.token_bytes(token))}
+        return {"token": served.token_text(token), "logprob": logprob, "bytes": list(served.token_text(token).encode("utf-8"))}
 
     return entry(event.token, event.logprob) | {"top_logprobs": [entry(t, lp) for t, lp in (event.top or {}).items()]}
 
