@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 
 import pytest
 
@@ -36,6 +37,9 @@ def test_the_page_streams_a_reply_and_links_its_attention_view(browser, tmp_path
         context.route(
             "**/*", lambda route: (outside.append(route.request.url), route.abort()) if not route.request.url.startswith(server.url) else route.continue_()
         )
+        engine = server.served.engine  # each step waits a little, so that every chunk reaches the page on its own
+        step = engine._step
+        engine._step = lambda: (time.sleep(0.05), step())[1]
         page = context.new_page()
         page.goto(server.url + "/")
         assert page.title() == "tfcli serve: chat"
