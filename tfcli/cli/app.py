@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from tfcli import __version__
-from tfcli.cli import bench, circuits, embeddings, evaluate, generate, hf, info, quickstart, tokenize, train
+from tfcli.cli import bench, circuits, embeddings, evaluate, generate, hf, info, quickstart, serve, tokenize, train
 from tfcli.cli import inspect as inspect_command
 from tfcli.cli.common import Typer, print_error, state
 
@@ -32,6 +32,7 @@ app.command("info")(info.info)
 app.command("export")(hf.export)
 app.command("import")(hf.import_)
 app.command("quickstart")(quickstart.quickstart)
+app.command("serve")(serve.serve)
 app.command("inspect-attention")(inspect_command.inspect_attention)
 app.command("inspect-logits")(circuits.inspect_logits)
 app.command("inspect-ablate")(circuits.inspect_ablate)

@@ -1,4 +1,4 @@
-"""`tfcli eval RUN --data ...`: score a run on held-out data."""
+"""`tfcli eval RUN --data ...`: score a run on held-out data; `tfcli eval RUN --tasks ...`: lm-eval's tasks on it."""
 
 from __future__ import annotations
 
@@ -11,17 +11,37 @@ from tfcli.cli.common import JsonFlag, at_least, print_json, print_table, stderr
 
 
 def evaluate(
-    run: Annotated[Path, typer.Argument(help="The run directory to score.", show_default=False)],
+    runs: Annotated[list[Path], typer.Argument(help="The run directory to score (several with --compare).", show_default=False)],
     data: Annotated[
-        Path,
+        Optional[Path],
         typer.Option(
             "--data",
             help="A shard folder, a text file (or folder of them), or a labeled set (JSON lines, CSV or Parquet; read with the field names the run was fine-tuned with), or conversations for a chat run.",
             show_default=False,
         ),
-    ],
+    ] = None,
+    tasks: Annotated[
+        Optional[str],
+        typer.Option(
+            "--tasks",
+            help="lm-eval tasks, comma-separated: tfcli's own (tfcli_story_choice, tfcli_last_word, tfcli_dates, or tfcli for all three), those in --include-path, or the harness's registry (offline: local data only).",
+            show_default=False,
+        ),
+    ] = None,
+    include_path: Annotated[
+        Optional[list[Path]], typer.Option("--include-path", help="A folder of lm-eval task .yaml files (repeatable).", show_default=False)
+    ] = None,
+    num_fewshot: Annotated[
+        Optional[int], typer.Option("--num-fewshot", help="Examples before each question [default: each task's own].", show_default=False)
+    ] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="Score only the first N documents of each task.", show_default=False)] = None,
+    chat_template: Annotated[
+        bool, typer.Option("--chat-template", help="Write each prompt with the run's chat template (few-shot examples as turns).")
+    ] = False,
+    compare: Annotated[bool, typer.Option("--compare", help="Score several runs on the same --tasks and show one table.")] = False,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the harness's results JSON here (with --tasks).", show_default=False)] = None,
     split: Annotated[str, typer.Option("--split", help="Which shard split to score: val or train.")] = "val",
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Windows or examples per forward pass.")] = 16,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Windows, examples or requests per forward pass.")] = 16,
     max_batches: Annotated[
         Optional[int], typer.Option("--max-batches", help="Stop after this many batches [default: all the data].", show_default=False)
     ] = None,
@@ -31,6 +51,8 @@ def evaluate(
     """Loss, perplexity and bits per byte of a language model on shards or text; accuracy and macro-F1 of
     a classifier (or the loss of an encoder-decoder) on a labeled set (JSON lines, CSV or Parquet); the
     loss per assistant token and the share of replies exactly right of a chat run on conversations.
+    With --tasks: EleutherAI's lm-evaluation-harness tasks (multiple choice, last word, generation),
+    offline; `tfcli eval RUN --tasks tfcli` runs tfcli's three, `--compare RUN_A RUN_B` puts runs side by side.
 
     \b
     Example: tfcli eval runs/quickstart/model --data runs/quickstart/shards
@@ -38,9 +60,26 @@ def evaluate(
     from rich.table import Table
 
     from tfcli.errors import TfcliError
+
+    at_least(1, batch_size=batch_size, max_batches=max_batches, limit=limit)
+    if num_fewshot is not None and num_fewshot < 0:
+        raise TfcliError(f"--num-fewshot must be 0 or more, not {num_fewshot}")
+    if (data is None) == (tasks is None):
+        raise TfcliError("pass --data (loss, perplexity, accuracy) or --tasks (lm-eval tasks), one of the two")
+    if len(runs) > 1 and not compare:
+        raise TfcliError(f"{len(runs)} runs given", hint="pass one run, or --compare RUN_A RUN_B ... with --tasks")
+    if tasks is not None:
+        if max_batches is not None or split != "val":
+            raise TfcliError("--split and --max-batches go with --data", hint="with --tasks, --limit N scores the first N documents")
+        from tfcli.cli.evaluate_tasks import evaluate_tasks_command
+
+        evaluate_tasks_command(runs, tasks, include_path or [], num_fewshot, limit, batch_size, chat_template, compare, output, device, json_output)
+        return
+    if compare or include_path or num_fewshot is not None or limit is not None or chat_template or output is not None:
+        raise TfcliError("--compare, --include-path, --num-fewshot, --limit, --chat-template and -o go with --tasks")
     from tfcli.train.evaluate import evaluate_run
 
-    at_least(1, batch_size=batch_size, max_batches=max_batches)
+    run = runs[0]
     if split not in ("val", "train"):
         raise TfcliError(f"--split must be val or train, not {split!r}")
     result = evaluate_run(run, data, split=split, batch_size=batch_size, max_batches=max_batches, device=device)

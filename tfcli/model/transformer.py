@@ -145,8 +145,10 @@ class Transformer(nn.Module):
     def _embed(self, ids: torch.Tensor, offset: int, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Token embeddings plus positions offset..offset+T-1, or each row's own `positions` (B, T)."""
         T = ids.shape[1]
-        if offset + T > self.config.block_size:
+        if positions is None and offset + T > self.config.block_size:
             raise TfcliError(f"a sequence of {offset + T} tokens is longer than the model's block size ({self.config.block_size})")
+        if positions is not None and positions.numel() and int(positions.max()) >= self.config.block_size:
+            raise TfcliError(f"position {int(positions.max())} is past the model's block size ({self.config.block_size})")
         x = self.tok_emb(ids)  # (B, T, d)
         if self.config.positions == "learned":
             x = x + (self.pos_emb(positions) if positions is not None else self.pos_emb.weight[offset : offset + T])

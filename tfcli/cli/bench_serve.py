@@ -1,0 +1,88 @@
+"""`tfcli bench serve RUN`: aggregate tokens/s and latency for 1, 4, 16 clients at once against one `tfcli serve`
+process (tfcli.bench.serve)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tfcli.cli.bench_common import machine_line
+from tfcli.cli.common import JsonFlag, print_json, print_table, stderr_console, stdout_console
+
+
+def serve(
+    run: Annotated[Path, typer.Argument(help="A decoder run directory to serve.", show_default=False)],
+    clients: Annotated[str, typer.Option(help="Client counts to measure, comma-separated, each a round of its own.")] = "1,4,16",
+    requests: Annotated[int, typer.Option(help="Requests each client sends in turn, per round.")] = 4,
+    max_tokens: Annotated[int, typer.Option(help="Tokens per request (greedy, end-of-text ignored).")] = 64,
+    threads: Annotated[int, typer.Option(help="The server's torch threads (0: tfcli serve's default).")] = 0,
+    max_batch: Annotated[int, typer.Option(help="The server's --max-batch (default: the largest client count).", show_default=False)] = 0,
+    json_output: JsonFlag = False,
+) -> None:
+    """Serve a run in its own process and measure it with 1, 4 and 16 clients at once: aggregate tokens/s,
+    time to first token and time per token (p50, p99), and the server's CPU time, side by side.
+
+    Every client sends streaming completions of the same prompts, greedy, each exactly --max-tokens long;
+    the rounds run one after another against the same server. Target: 16 clients >= 4x one client's tokens/s.
+
+    \b
+    Example: tfcli bench serve runs/quickstart/model --clients 1,4,16 --requests 4 --max-tokens 64
+    """
+    from tfcli.bench.serve import run_serve_bench
+    from tfcli.errors import TfcliError
+
+    try:
+        counts = [int(c) for c in clients.split(",") if c.strip()]
+    except ValueError as exc:
+        raise TfcliError(f"--clients takes numbers separated by commas, not {clients!r}", hint="e.g. --clients 1,4,16") from exc
+    if not counts or min(counts) < 1 or max(counts) > 256:
+        raise TfcliError(f"--clients takes counts between 1 and 256, not {clients!r}")
+    if requests < 1 or max_tokens < 1 or threads < 0 or max_batch < 0:
+        raise TfcliError("--requests and --max-tokens must be at least 1, --threads and --max-batch at least 0")
+    if not (run / "config.json").is_file():
+        raise TfcliError(f"{run} is not a run directory (no config.json)", hint="pass a folder that tfcli train or tfcli import wrote")
+    machine = machine_line()
+    with stderr_console().status("benchmarking serve") as status:
+        bench = run_serve_bench(
+            run,
+            clients=counts,
+            requests=requests,
+            max_tokens=max_tokens,
+            threads=threads,
+            max_batch=max_batch or max(counts),
+            progress=lambda message: status.update(f"benchmarking serve: {message}"),
+        )
+    if json_output:
+        print_json({"machine": machine, "bench": bench.to_json()})
+        return
+    from rich.table import Table
+
+    out = stdout_console()
+    table = Table(
+        title=f"tfcli serve {bench.model} (context {bench.context}), {bench.requests_per_client} requests per client of {bench.max_tokens} tokens, "
+        f"greedy, streaming, max batch {bench.max_batch}; {machine}"
+    )
+    for column in ("clients", "tokens/s", "x 1 client", "TTFT p50", "TTFT p99", "ms/token p50", "ms/token p99", "server CPU s", "tokens/CPU s", "batch"):
+        table.add_column(column, justify="right")
+    for r in bench.rounds:
+        data = r.to_json()
+        speedup = bench.speedup(r.clients)
+        table.add_row(
+            str(r.clients),
+            f"{r.tokens_per_second:,.1f}",
+            "" if speedup is None else f"{speedup:.2f}",
+            f"{data['ttft_ms']['p50']:.1f} ms",
+            f"{data['ttft_ms']['p99']:.1f} ms",
+            f"{data['per_token_ms']['p50']:.2f}",
+            f"{data['per_token_ms']['p99']:.2f}",
+            f"{r.server_cpu_seconds:.2f}",
+            f"{r.tokens_per_cpu_second:,.1f}",
+            str(r.busiest_batch),
+        )
+    print_table(out, table)
+    top = max(counts)
+    speedup = bench.speedup(top)
+    if speedup is not None and top > 1:
+        out.print(f"{top} clients / 1 client, aggregate tokens/s: {speedup:.2f}x (target >= 4: {'ok' if speedup >= 4 else 'MISSED'})")

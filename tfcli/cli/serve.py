@@ -1,0 +1,68 @@
+"""`tfcli serve RUN`: the run behind an OpenAI-compatible API and a chat page (tfcli.serve)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from tfcli.cli.common import stderr_console
+
+
+def serve(
+    run: Annotated[Path, typer.Argument(help="A decoder run directory (trained, fine-tuned, LoRA or imported).", show_default=False)],
+    host: Annotated[str, typer.Option(help="The address to listen on (loopback by default: only this machine can connect).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="The port to listen on.")] = 8000,
+    api_key: Annotated[
+        Optional[str],
+        typer.Option(
+            "--api-key",
+            help="Require 'Authorization: Bearer KEY' on every route but the chat page (also TFCLI_API_KEY).",
+            envvar="TFCLI_API_KEY",
+            show_default=False,
+        ),
+    ] = None,
+    max_batch: Annotated[int, typer.Option(help="Completions decoded together, at most (rows of the KV cache).")] = 16,
+    max_queue: Annotated[int, typer.Option(help="Requests waiting for room, at most; past it the server answers 503.")] = 64,
+    device: Annotated[str, typer.Option(help="auto (a GPU when there is one), cpu, cuda, cuda:N or mps.")] = "auto",
+    threads: Annotated[int, typer.Option(help="CPU threads for torch (0: one for models under 5M parameters, else torch's default).")] = 0,
+) -> None:
+    """Serve a run: OpenAI's API (/v1/completions, /v1/chat/completions, /v1/models), a chat page at /,
+    and the attention view of each exchange.
+
+    Requests that arrive together are decoded together: finished completions leave the batch and waiting
+    ones join it between steps. A prompt and its max_tokens must fit in the context (a 400 says so).
+    Chat needs a run with a chat template (tfcli train finetune --task chat).
+
+    \b
+    Example: tfcli serve runs/quickstart --port 8000
+    then:    curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' -d '{"model": "quickstart", "prompt": "Once upon a time", "max_tokens": 20}'
+    """
+    from tfcli.errors import TfcliError
+
+    if not 0 < port < 65536:
+        raise TfcliError(f"--port must be between 1 and 65535, not {port}")
+    if threads < 0:
+        raise TfcliError(f"--threads must be 0 (automatic) or more, not {threads}")
+    if api_key is not None and not api_key.strip():
+        raise TfcliError("--api-key is empty", hint="pass a key, or leave the option out")
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise TfcliError("tfcli serve needs FastAPI and uvicorn, which are not installed", hint="pip install 'tfcli[serve]'") from exc
+    from tfcli.serve.server import check_limits, is_loopback, load_served
+    from tfcli.serve.server import serve as run_server
+
+    check_limits(max_batch, max_queue)
+    console = stderr_console()
+    served = load_served(run, device=device, threads=threads, max_batch=max_batch, max_queue=max_queue)
+    if not is_loopback(host) and api_key is None:
+        console.print(f"note: --host {host} lets other machines connect, and there is no --api-key", style="yellow", soft_wrap=True)
+
+    def ready(url: str) -> None:
+        chat = "chat template: yes" if served.template is not None else "no chat template (the chat route refuses; the page continues text)"
+        console.print(f"serving {served.name} at {url}  (page {url}/, API {url}/v1; {chat}; Ctrl-C stops)", soft_wrap=True, highlight=False)
+
+    run_server(served, host=host, port=port, api_key=api_key, on_ready=ready)

@@ -1,0 +1,154 @@
+"""`tfcli eval RUN --tasks ...`: lm-eval's tasks on a run, offline, through the harness's own evaluator, and
+the same tasks across several runs. Returns the harness's results dictionary; the CLI renders it."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import logging
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from tfcli.checkpoint import read_run_config
+from tfcli.errors import TfcliError
+from tfcli.harness.tasks import check_tasks, go_offline, load_tasks, task_manager
+
+BOOTSTRAP_ITERS = 1000  # resamples for the standard error of a non-mean metric (perplexity); the harness's 100,000 take minutes
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskOptions:
+    tasks: tuple[str, ...]
+    include_paths: tuple[Path, ...] = ()
+    num_fewshot: int | None = None
+    limit: int | None = None
+    batch_size: int = 16
+    chat_template: bool = False
+    log_samples: bool = False  # keep each document's requests and responses under results["samples"]
+
+
+def check_decoder(run: Path) -> None:
+    """Only a decoder (a language model) runs the harness's tasks; said before anything heavy loads."""
+    config = read_run_config(Path(run))
+    if config.model.arch != "decoder":
+        raise TfcliError(f"{run} is an {config.model.arch}; lm-eval tasks score a decoder (a language model)", hint="evaluate a decoder run")
+
+
+def prepare(options: TaskOptions):
+    """(the task manager, the loaded and checked tasks) for these options."""
+    go_offline()
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)  # the harness's info lines would bury the table
+    manager = task_manager(options.tasks, options.include_paths)
+    tasks = load_tasks(manager, options.tasks)
+    check_tasks(tasks, options.num_fewshot, options.limit)
+    return manager, tasks
+
+
+def run_harness(lm, options: TaskOptions, prepared=None) -> dict[str, Any]:
+    """The harness's evaluator on `lm` (any lm-eval model object), on tasks `prepare` made for it (built
+    afresh when not given: a task keeps the requests of the model it ran on)."""
+    from lm_eval import simple_evaluate
+
+    manager, tasks = prepared if prepared is not None else prepare(options)
+    # the harness prints its bootstrap notes on stdout (where --json goes), lets git complain on stderr, and
+    # runs `pip list` and more for its environment record (seconds): the same record, asked quietly and briefly
+    quiet = contextlib.ExitStack()
+    quiet.enter_context(contextlib.redirect_stdout(io.StringIO()))
+    quiet.enter_context(mock.patch("lm_eval.evaluator.get_git_commit_hash", _git_commit))
+    quiet.enter_context(mock.patch("lm_eval.evaluator.add_env_info", _add_env_info))
+    with quiet:
+        results = simple_evaluate(
+            model=lm,
+            tasks=tasks,
+            num_fewshot=options.num_fewshot,
+            limit=options.limit,
+            task_manager=manager,
+            log_samples=options.log_samples,
+            bootstrap_iters=BOOTSTRAP_ITERS,
+            apply_chat_template=options.chat_template,
+            fewshot_as_multiturn=options.chat_template,
+        )
+    if results is None:
+        raise TfcliError("the harness returned no results")
+    return results
+
+
+def _git_commit() -> str | None:
+    """What the harness records as the git commit of the current folder, asked quietly."""
+    try:
+        return subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _add_env_info(storage: dict[str, Any]) -> None:
+    """The harness's environment record (versions, the machine), without its `pip list` and compiler probes."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    from tfcli import __version__
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "N/A"
+
+    storage.update(
+        {
+            "pretty_env_info": f"PyTorch {torch.__version__}, Python {platform.python_version()}, {platform.platform()}, {platform.machine()}, tfcli {__version__}",
+            "transformers_version": installed("transformers"),
+            "lm_eval_version": installed("lm_eval"),
+            "upper_git_hash": None,
+        }
+    )
+
+
+def evaluate_tasks(run: Path, options: TaskOptions, *, device: str = "auto") -> dict[str, Any]:
+    """The harness's results dictionary for one run."""
+    check_decoder(run)
+    prepared = prepare(options)  # a broken task is said before the run loads
+    from tfcli.harness.model import TfcliLM
+
+    lm = TfcliLM(run, batch_size=options.batch_size, device=device)
+    if options.chat_template:
+        lm.template  # noqa: B018  a run without a chat template is said before any scoring
+    return run_harness(lm, options, prepared)
+
+
+def compare_runs(runs: Sequence[Path], options: TaskOptions, *, device: str = "auto") -> dict[str, dict[str, Any]]:
+    """Each run's results on the same tasks, by run path (every run checked before the first is scored)."""
+    for run in runs:
+        check_decoder(run)
+    prepare(options)
+    return {str(run): evaluate_tasks(run, options, device=device) for run in runs}
+
+
+def metric_rows(results: dict[str, Any]) -> list[tuple[str, str, str, float, float | None]]:
+    """(task, filter, metric, value, stderr) for every metric the harness reported, in its order.
+
+    Example: {"results": {"t": {"alias": "t", "acc,none": 0.5, "acc_stderr,none": 0.1}}} -> [("t", "none", "acc", 0.5, 0.1)]"""
+    rows = []
+    for task, metrics in results.get("results", {}).items():
+        for key, value in metrics.items():
+            metric, _, filter_name = key.partition(",")
+            if not filter_name or metric.endswith("_stderr") or not isinstance(value, (int, float)):
+                continue
+            stderr = metrics.get(f"{metric}_stderr,{filter_name}")
+            rows.append((task, filter_name, metric, float(value), stderr if isinstance(stderr, (int, float)) else None))
+    return rows
+
+
+def results_json(results: dict[str, Any]) -> str:
+    """The harness's results file: everything but the per-document samples, as the harness writes it."""
+    from lm_eval.utils import handle_non_serializable
+
+    kept = {k: v for k, v in results.items() if k != "samples"}
+    return json.dumps(kept, indent=2, default=handle_non_serializable, ensure_ascii=False) + "\n"

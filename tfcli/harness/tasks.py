@@ -1,0 +1,222 @@
+"""Finding lm-eval tasks by name: tfcli's shipped tasks (`tasks/`), the user's --include-path folders, then the
+harness's own registry; loading them offline, checked, so a broken task is one clear line before any scoring.
+
+A relative `data_files` path in a task file is read beside the task file when it is there (the harness itself
+reads it from the current folder, which still works): a task folder can be moved or shipped whole."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tfcli.errors import TfcliError
+
+SHIPPED_TASKS = Path(__file__).parent / "tasks"
+SHIPPED_NAMES = ("tfcli_story_choice", "tfcli_last_word", "tfcli_dates")
+REQUIRED_FIELDS = ("task", "dataset_path", "doc_to_text", "doc_to_target")
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+QUIET = {"TQDM_DISABLE": "1"}  # the harness's progress bars; tfcli says what it scores in one line
+_NAME_LIKE = re.compile(r"[A-Za-z0-9_][\w\-.]*")
+
+
+def go_offline() -> None:
+    """Everything the harness reads comes from this machine: the Hub and dataset downloads are off."""
+    os.environ.update(OFFLINE)
+    for key, value in QUIET.items():
+        os.environ.setdefault(key, value)
+    import datasets
+
+    datasets.config.HF_DATASETS_OFFLINE = True
+    datasets.config.HF_HUB_OFFLINE = True
+    datasets.disable_progress_bars()
+
+
+def split_names(tasks: str) -> list[str]:
+    """'a, b,a' -> ['a', 'b']: the names of --tasks in order, each once."""
+    names = [n.strip() for n in tasks.split(",") if n.strip()]
+    if not names:
+        raise TfcliError("--tasks names no task", hint="e.g. --tasks tfcli_story_choice,tfcli_last_word")
+    return list(dict.fromkeys(names))
+
+
+def _registry_words() -> set[str]:
+    """Every name-like word in the harness's own task files: a superset of its task, group and tag names,
+    read in a second or two, where indexing the registry properly takes half a minute."""
+    import lm_eval.tasks
+
+    words: set[str] = set()
+    for folder, _, files in os.walk(Path(lm_eval.tasks.__file__).parent):
+        for name in files:
+            if name.endswith((".yaml", ".yml")):
+                with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as handle:
+                    words.update(_NAME_LIKE.findall(handle.read()))
+    return words
+
+
+def task_manager(names: Sequence[str], include_paths: Sequence[Path]):
+    """A TaskManager that knows every name: tfcli's and the include paths' alone where that is enough, the
+    harness's whole registry too where a name is not among them. An unknown name is a TfcliError."""
+    from lm_eval.tasks import TaskManager
+
+    for path in include_paths:
+        if not Path(path).is_dir():
+            raise TfcliError(f"--include-path {path} is not a folder", hint="pass a folder of task .yaml files")
+    paths = [str(SHIPPED_TASKS), *(str(p) for p in include_paths)]
+    manager = TaskManager(include_path=paths, include_defaults=False)
+    missing = [n for n in names if n not in manager.task_index]
+    if not missing:
+        return manager
+    words = _registry_words()
+    if all(n in words for n in missing):
+        manager = TaskManager(include_path=paths, include_defaults=True)
+        missing = [n for n in missing if n not in manager.task_index]
+    if missing:
+        known = sorted(manager.task_index)
+        close = difflib.get_close_matches(missing[0], known, n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else f"tfcli's own tasks: {', '.join(SHIPPED_NAMES)}; a folder of your own: --include-path DIR"
+        raise TfcliError(f"unknown task {missing[0]!r}", hint=hint)
+    return manager
+
+
+def _resolve_data_files(config: dict[str, Any], folder: Path) -> None:
+    """Relative data_files found beside the task file become absolute paths to them."""
+    kwargs = config.get("dataset_kwargs") or {}
+    files = kwargs.get("data_files")
+    if files is None:
+        return
+
+    def resolved(value):
+        if isinstance(value, str) and not Path(value).is_absolute() and "://" not in value and (folder / value).exists():
+            return str(folder / value)
+        if isinstance(value, list):
+            return [resolved(v) for v in value]
+        return value
+
+    kwargs["data_files"] = {split: resolved(v) for split, v in files.items()} if isinstance(files, dict) else resolved(files)
+
+
+def _checked_config(name: str, path: Path) -> dict[str, Any]:
+    """The task file's whole configuration (includes followed), its required fields there, data paths resolved."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    try:
+        config = load_yaml(path, resolve_func=True)
+    except Exception as exc:  # yaml's errors, a missing include, an import in a !function
+        raise TfcliError(f"task {name} ({path}) cannot be read: {_first_line(exc)}") from None
+    needed = [*REQUIRED_FIELDS, "doc_to_choice"] if config.get("output_type") == "multiple_choice" else REQUIRED_FIELDS
+    for field in needed:
+        if field == "dataset_path" and config.get("custom_dataset") is not None:
+            continue
+        if config.get(field) is None:
+            raise TfcliError(f"task {name} ({path}) has no {field}", hint="every task file names task, dataset_path, doc_to_text and doc_to_target")
+    if not (config.get("test_split") or config.get("validation_split")):
+        raise TfcliError(f"task {name} ({path}) has no test_split or validation_split", hint="name the split to evaluate on")
+    _resolve_data_files(config, path.parent)
+    return config
+
+
+def load_tasks(manager, names: Sequence[str]) -> list:
+    """The harness's Task objects (and Group names) for `names`, tasks built from their checked files; a data
+    file that is missing or broken is a TfcliError naming the task."""
+    from lm_eval.tasks._index import Kind
+
+    specs: list[Any] = []
+    for name in names:
+        entry = manager.task_index[name]
+        members = sorted(entry.tags) if entry.kind == Kind.TAG else [name]
+        for member in members:
+            task_entry = manager.task_index[member]
+            if task_entry.kind == Kind.TASK and task_entry.yaml_path is not None:
+                specs.append(_checked_config(member, Path(task_entry.yaml_path)))
+            else:
+                specs.append(member)  # a group or a Python task: the harness builds it as it is
+    built = []
+    for spec in specs:
+        name = spec["task"] if isinstance(spec, dict) else spec
+        try:
+            loaded = manager.load([spec])
+        except Exception as exc:  # datasets' errors for a missing or malformed file, offline misses, bad fields
+            raise TfcliError(f"task {name} cannot load its data: {_first_line(exc)}", hint=_data_hint(exc)) from None
+        built.extend(loaded["tasks"].values() if isinstance(spec, dict) else [spec])
+    return built
+
+
+def check_tasks(tasks: list, num_fewshot: int | None, limit: int | None) -> None:
+    """Each task can make its prompts: every document it will read has the fields its templates use, and
+    it has enough examples for the few-shot count asked."""
+    for task in tasks:
+        if isinstance(task, str):
+            continue
+        name = task.config.task
+        shots = num_fewshot if num_fewshot is not None else (task.config.num_fewshot or 0)
+        if shots:
+            pool = task.fewshot_docs()
+            available = len(pool) if pool is not None else 0
+            if task.fewshot_cfg.split == task.config.test_split:
+                available -= 1  # the document asked about is never its own example
+            if shots > available:
+                raise TfcliError(
+                    f"task {name} has {max(available, 0):,} examples for few-shot prompts, fewer than --num-fewshot {shots}",
+                    hint=f"use --num-fewshot {max(available, 0)} or less, or give the task a larger fewshot_split",
+                )
+        docs = list(task.eval_docs)[: limit or None]
+        if not docs:
+            raise TfcliError(f"task {name} has no documents to evaluate", hint="check its test_split and data_files")
+        pools = [("evaluated", docs)]
+        if shots:
+            pools.append(("few-shot", list(task.fewshot_docs())))
+        fields = _template_fields(task.config)
+        for kind, pool in pools:
+            for number, doc in enumerate(pool, start=1):
+                absent = [f for f in fields if f in doc and doc[f] is None]  # the JSON reader fills a missing field with null
+                if absent:
+                    raise TfcliError(
+                        f"task {name}: {kind} document {number} has no {absent[0]!r}", hint="every record needs the fields the task's templates use"
+                    )
+                try:
+                    task.doc_to_text(doc)
+                    task.doc_to_target(doc)
+                    if task.config.output_type == "multiple_choice":
+                        task.doc_to_choice(doc)
+                except Exception as exc:  # jinja2's UndefinedError for a missing field, a KeyError, a TypeError
+                    raise TfcliError(
+                        f"task {name}: {kind} document {number} cannot be read: {_first_line(exc)}",
+                        hint="every record needs the fields the task's templates use",
+                    ) from None
+
+
+def _template_fields(config) -> set[str]:
+    """The document fields the task's prompt, target and choices read: a field named alone, or the variables
+    of a Jinja template. Example: "{{context}} {{choices[0]}}" -> {"context", "choices"}."""
+    import jinja2
+    import jinja2.meta
+
+    environment = jinja2.Environment()
+    fields: set[str] = set()
+    for template in (config.doc_to_text, config.doc_to_target, config.doc_to_choice):
+        if not isinstance(template, str):
+            continue
+        if "{{" not in template and "{%" not in template:
+            fields.add(template)
+            continue
+        try:
+            fields |= jinja2.meta.find_undeclared_variables(environment.parse(template))
+        except jinja2.TemplateSyntaxError as exc:
+            raise TfcliError(f"task {config.task}: the template {template!r} is not valid Jinja ({exc.message})") from None
+    return fields
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _data_hint(exc: BaseException) -> str:
+    text = str(exc)
+    if "offline" in text.lower() or "couldn't reach" in text.lower() or "connection" in text.lower():
+        return "tfcli eval runs offline: use a task with local data (dataset_path: json, dataset_kwargs.data_files)"
+    return "check the task's dataset_path and data_files"
