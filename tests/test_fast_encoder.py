@@ -119,9 +119,9 @@ def test_a_token_its_own_bytes_do_not_reach_is_refused_for_good_reason(tmp_path)
 
 
 def _byte_map() -> dict[str, int]:
-    from tfcli.tokenizer.core import _byte_decoder
+    from tfcli.tokenizer.fast import byte_of_symbol
 
-    return _byte_decoder()
+    return byte_of_symbol()
 
 
 def _retrained(tmp_path, **config):

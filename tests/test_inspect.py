@@ -107,7 +107,7 @@ def test_text_longer_than_the_block_is_an_error_or_cropped(runs):
 
 
 def _views(*texts: str) -> list[TokenView]:
-    return [TokenView(id=i, token=t, text=t, raw=t.encode()) for i, t in enumerate(texts)]
+    return [TokenView(id=i, token=t, text=t, piece=t) for i, t in enumerate(texts)]
 
 
 def test_find_token():
@@ -127,8 +127,10 @@ def test_find_token():
 def test_find_token_reads_characters_split_over_byte_tokens():
     from tfcli.tokenizer.show import visible
 
-    pieces = [b"Hi", b" \xe4", b"\xb8\x96\xe7", b"\x95\x8c", b"\n"]  # "Hi 世界\n", its CJK characters cut mid-byte
-    views = [TokenView(id=i, token="", text=visible(p.decode("utf-8", errors="backslashreplace")), raw=p) for i, p in enumerate(pieces)]
+    # "Hi 世界\n" as byte-level tokens "Hi", " \xe4", "\xb8\x96\xe7", "\x95\x8c", "\n" read through the decoder: a
+    # character belongs to the token that completes it, the tokens before hold a part of it
+    pieces, parts = ["Hi", " ", "世", "界", "\n"], ["", "世", "界", "", ""]
+    views = [TokenView(id=i, token="", text=visible(p + part), piece=p, part=part) for i, (p, part) in enumerate(zip(pieces, parts))]
     assert find_token(views, "世界") == (3, "2 tokens; showing the last")
     assert find_token(views, "世")[0] == 2  # the token that completes the character
     with pytest.raises(TfcliError) as error:

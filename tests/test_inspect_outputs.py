@@ -28,7 +28,7 @@ from tfcli.inspect.session import StreamedArray, write_document
 from tfcli.model.config import preset
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
-from tfcli.tokenizer.show import TokenView, token_views, visible
+from tfcli.tokenizer.show import TokenView, token_views
 
 HOSTILE = ["<script>alert(1)</script>", '"><img src=x onerror=alert(1)>', "</script><script>alert(2)</script>", "&lt;b&gt; \u2028 \u2029 <!-- x -->"]
 TEXT = "The fox " + " ".join(HOSTILE) + " ran."
@@ -304,7 +304,38 @@ def test_the_page_script_runs_and_hover_shows_the_weights(cli, runs, tmp_path):
 
 
 def _views(chunks: list[bytes]) -> list[TokenView]:
-    return [TokenView(id=i, token="", text=visible(raw.decode("utf-8", "backslashreplace")), raw=raw) for i, raw in enumerate(chunks)]
+    """Views of byte-level tokens as `views_of_ids` makes them: each token's piece through the decoder."""
+    from tfcli.tokenizer.show import views_of_ids
+
+    tokenizer = _byte_tokenizer(chunks)
+    ids = [tokenizer.hf.token_to_id(_symbols(chunk)) for chunk in chunks]
+    return views_of_ids(tokenizer, ids)
+
+
+def _symbols(chunk: bytes) -> str:
+    from tfcli.tokenizer.fast import byte_of_symbol
+
+    symbol = {b: ch for ch, b in byte_of_symbol().items()}
+    return "".join(symbol[b] for b in chunk)
+
+
+def _byte_tokenizer(chunks: list[bytes]):
+    """A byte-level BPE whose vocabulary holds each chunk as one token (GPT-2's symbols)."""
+    import tempfile
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from tfcli.tokenizer.core import TextTokenizer
+
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    for chunk in chunks:
+        vocab.setdefault(_symbols(chunk), len(vocab))
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    folder = Path(tempfile.mkdtemp())
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return TextTokenizer.load(folder)
 
 
 def test_token_pieces_show_characters_and_badge_what_would_act():
@@ -315,7 +346,7 @@ def test_token_pieces_show_characters_and_badge_what_would_act():
     assert pieces[2][0] == "😀"  # the token that completes it shows it
     assert pieces[2][1][:2] == ["pc", "U+202E"]  # a part of U+202E: its badge, never the character
     assert pieces[3] == [["c", "U+202E", "RIGHT-TO-LEFT OVERRIDE (U+202E)"], "b", ["c", "\\n", "control character (U+000A)"]]
-    assert pieces[4] == [["x", "\\xff", "a byte that is not UTF-8"], " ok"]
+    assert pieces[4] == [["x", "\ufffd", "bytes that are not UTF-8"], " ok"]  # as the decoder writes it
     assert "\u202e" not in json.dumps(pieces, ensure_ascii=False)
     assert token_pieces([TokenView(id=0, token="<|endoftext|>", text="<|endoftext|>")]) == [["<|endoftext|>"]]  # a start token
 

@@ -45,11 +45,13 @@ def test_show_json_lists_every_token(cli, trained_tokenizer):
     assert 0 not in [t["id"] for t in data["tokens"]]  # the literal end-of-text stays text
 
 
-def test_a_character_split_across_tokens_shows_its_bytes(trained_tokenizer):
+def test_a_character_split_across_tokens_shows_on_each_of_them(trained_tokenizer):
     tokenizer = TextTokenizer.load(trained_tokenizer)
     views = token_views(tokenizer, "東")  # unseen in training: three byte tokens
     assert len(views) == 3
-    assert "".join(v.text for v in views) == "\\xe6\\x9d\\xb1"
+    # the character belongs to the token that completes it; the two before hold parts of it and show it too
+    assert [v.piece for v in views] == ["", "", "東"] and [v.part for v in views] == ["東", "東", ""]
+    assert [v.text for v in views] == ["東"] * 3
 
 
 def test_pair_counts_and_merge_pair():

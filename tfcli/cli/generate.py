@@ -15,7 +15,9 @@ from tfcli.cli.common import JsonFlag, TextWriter, print_json, require_utf8, std
 from tfcli.cli.generate_options import DecodingOptions
 
 
-def _read_prompts(prompt: str | None, prompt_file: Path | None) -> list[str]:
+def _read_prompts(prompt: str | None, prompt_file: Path | None, *, empty_ok: bool = False) -> list[str]:
+    """The prompts to decode. `empty_ok`: an empty --prompt "" goes on to the generator, which starts from the
+    beginning-of-text token where the tokenizer has one (and else says the prompt is empty)."""
     from tfcli.corpus.reader import looks_binary
     from tfcli.errors import TfcliError
 
@@ -23,7 +25,7 @@ def _read_prompts(prompt: str | None, prompt_file: Path | None) -> list[str]:
         raise TfcliError("pass --prompt or --prompt-file, not both")
     if prompt is not None:
         require_utf8(prompt, "the prompt", "--prompt-file")
-        if not prompt.strip():
+        if not prompt.strip() and not (empty_ok and prompt == ""):
             raise TfcliError("the prompt is empty", hint='pass some text to continue, e.g. --prompt "Once upon a time"')
         return [prompt]
     assert prompt_file is not None
@@ -243,7 +245,7 @@ def _decode(
     if interactive and json_output:
         raise TfcliError("--interactive prints a conversation, not JSON", hint="drop --json")
     settings = decoding.settings(interactive=interactive, json_output=json_output)
-    prompts = None if interactive or chat else _read_prompts(prompt, prompt_file)
+    prompts = None if interactive or chat else _read_prompts(prompt, prompt_file, empty_ok=True)
     if chat and prompt is not None:
         _read_prompts(prompt, None)  # the same checks: UTF-8, not empty
     checkpoint = _load(run, device, threads)
@@ -319,7 +321,7 @@ def _render(generator, prompts: list[str], *, stream: bool, json_output: bool, r
                         "prompt_tokens": c.prompt_tokens,
                         "text": c.text,
                         "tokens": c.tokens,
-                        "token_texts": [generator.token_bytes(t).decode("utf-8", errors="backslashreplace") for t in c.tokens],
+                        "token_texts": c.token_texts,
                         "logprobs": [round(lp, 6) for lp in c.logprobs] if c.logprobs is not None else None,
                         "finish_reason": c.finish_reason,
                         **({"score": round(c.score, 6)} if c.score is not None else {}),

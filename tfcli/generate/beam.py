@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from tfcli.generate.events import Chunk, Completion, Event, Finished
 from tfcli.generate.sampling import apply_repetition_penalty
-from tfcli.generate.settings import GenerationSettings
-from tfcli.generate.stream import CompletionText, text_of
+from tfcli.generate.stream import CompletionText
+from tfcli.tokenizer.detokenize import decode_completion, decode_pieces
 
 if TYPE_CHECKING:
     from tfcli.generate.decoding import Generator
@@ -72,7 +72,7 @@ def beam_search(g: Generator, indices: list[int], prompts: list[str], rows: list
     window, logits = g._open(rows, s.num_beams)
     started = time.perf_counter()
     seen = g._seen(window, rows, s.num_beams)
-    search = _Search(g, len(rows))
+    search = _Search(g, [g.text_context(r) for r in rows])
     for step in range(s.max_new_tokens):
         next_rows, next_tokens = search.step(logits, seen, step)
         if all(search.done) or step == s.max_new_tokens - 1:
@@ -86,7 +86,7 @@ def beam_search(g: Generator, indices: list[int], prompts: list[str], rows: list
         logits = window.push(token_index)
     for p in range(len(rows)):
         search.end_running(p)
-        yield from _events(s, search.ended[p], indices[p], prompts[p], len(rows[p]))
+        yield from _events(g, search.ended[p], indices[p], prompts[p], rows[p])
     g.timing.decode_seconds += time.perf_counter() - started
 
 
@@ -94,17 +94,21 @@ class _Search:
     """The state of one beam search over P prompts of K beams each: per prompt its running hypotheses
     (`beams`), the best K that ended (`ended`, best first) and whether it is done."""
 
-    def __init__(self, g: Generator, prompts: int) -> None:
+    def __init__(self, g: Generator, contexts: list[Sequence[int]]) -> None:
         self.g, self.s = g, g.settings
-        self.K, self.P = self.s.num_beams, prompts
+        self.K, self.P = self.s.num_beams, len(contexts)
+        self.contexts = contexts  # per prompt, the ids its texts follow
         self.eos = g.vocab.eos_id if self.s.stop_at_eos else None
-        self.beams = [self._start() for _ in range(prompts)]
-        self.ended: list[list[Ended]] = [[] for _ in range(prompts)]
-        self.done = [False] * prompts
+        self.beams = [self._start(context) for context in contexts]
+        self.ended: list[list[Ended]] = [[] for _ in contexts]
+        self.done = [False] * self.P
 
-    def _start(self) -> list[Hypothesis]:
+    def text_of(self, p: int, tokens: list[int]) -> str:
+        return decode_completion(self.g.tokenizer, self.contexts[p], tokens)
+
+    def _start(self, context: Sequence[int]) -> list[Hypothesis]:
         """Every beam starts as the prompt: use one."""
-        first = Hypothesis([], [], 0.0, CompletionText(self.g.token_bytes, self.s.stop) if self.s.stop else None)
+        first = Hypothesis([], [], 0.0, CompletionText(self.g.tokenizer, context, self.s.stop) if self.s.stop else None)
         return [first] + [Hypothesis([], [], MINUS_INF, None) for _ in range(self.K - 1)]
 
     def step(self, logits: torch.Tensor, seen: torch.Tensor | None, step: int) -> tuple[list[int], list[int]]:
@@ -147,7 +151,7 @@ class _Search:
 
     def _going_on(self, p: int, candidates: list[Candidate]) -> list[tuple[int, Hypothesis]]:
         """The best K continuations that go on; those among the best K that end are kept in ended[p]."""
-        K, token_bytes = self.K, self.g.token_bytes
+        K = self.K
         kept: list[tuple[int, Hypothesis]] = []
         for rank, candidate in enumerate(candidates):
             if candidate.total == MINUS_INF:
@@ -155,7 +159,7 @@ class _Search:
             parent = self.beams[p][candidate.beam]
             if candidate.token == self.eos:
                 if rank < K:
-                    self._end(p, parent, candidate.total, "eos", text_of(token_bytes, parent.tokens))
+                    self._end(p, parent, candidate.total, "eos", self.text_of(p, parent.tokens))
                 continue
             child = parent.extended(candidate.token, candidate.total, candidate.logprob)
             if child.text is not None and child.text.stopped:
@@ -197,22 +201,24 @@ class _Search:
             return
         for hypothesis in self.beams[p]:
             if hypothesis.total > MINUS_INF:
-                self._end(p, hypothesis, hypothesis.total, "length", text_of(self.g.token_bytes, hypothesis.tokens))
+                self._end(p, hypothesis, hypothesis.total, "length", self.text_of(p, hypothesis.tokens))
 
 
-def _events(s: GenerationSettings, ended: list[Ended], prompt_index: int, prompt: str, prompt_tokens: int) -> Iterator[Event]:
+def _events(g: Generator, ended: list[Ended], prompt_index: int, prompt: str, prompt_ids: list[int]) -> Iterator[Event]:
     """A Chunk (when there is text) and a Finished for each of the best num_samples ended hypotheses."""
+    s = g.settings
     for sample_index, e in enumerate(ended[: s.num_samples]):
         completion = Completion(
             prompt_index=prompt_index,
             sample_index=sample_index,
             prompt=prompt,
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=len(prompt_ids),
             text=e.text,
             tokens=e.tokens,
             logprobs=e.logprobs if s.logprobs else None,
             finish_reason=e.reason,
             score=e.score,
+            token_texts=decode_pieces(g.tokenizer, g.text_context(prompt_ids), e.tokens),
         )
         index = prompt_index * s.num_samples + sample_index
         if e.text:

@@ -74,10 +74,10 @@ class Conversation:
         assert window is not None
 
         def completion(b: int, row, reason: str) -> Completion:
-            return Completion(0, 0, prompt, len(context), row.text.text, row.tokens, None, reason)
+            return Completion(0, 0, prompt, len(context), row.text.text, row.tokens, None, reason, token_texts=row.text.pieces)
 
         finished = None
-        for event in g.sampling_loop(window, logits, None, [0], completion):
+        for event in g.sampling_loop(window, logits, None, [0], completion, [context]):
             if isinstance(event, Finished):
                 finished = event
             else:

@@ -18,10 +18,11 @@ from tfcli.generate.beam import beam_search
 from tfcli.generate.events import Chunk, Completion, Done, Event, Finished, Notice, Timing
 from tfcli.generate.sampling import apply_repetition_penalty, choose_next
 from tfcli.generate.settings import GenerationSettings
-from tfcli.generate.stream import CompletionText, TokenBytes, text_of
+from tfcli.generate.stream import CompletionText
 from tfcli.generate.window import DecoderWindow, Vocabulary, pad_rows
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
+from tfcli.tokenizer.detokenize import decode_completion
 
 
 @dataclasses.dataclass
@@ -52,7 +53,6 @@ class Generator:
         self.vocab = Vocabulary.of(tokenizer, config.vocab_size)
         if config.arch == "encoder-decoder" and self.vocab.eos_id is None:
             tokenizer.require("eos")  # the decoder starts from it
-        self.token_bytes = TokenBytes(tokenizer)
         # ids that end a text (a chat adds its end-of-turn token)
         self.end_ids: set[int] = {self.vocab.eos_id} if self.vocab.eos_id is not None else set()
         self.device = model.lm_head.weight.device
@@ -70,14 +70,19 @@ class Generator:
     def encode_prompts(self, prompts: Sequence[str]) -> tuple[list[list[int]], list[Notice]]:
         """Token ids of each prompt, cropped to fit: a decoder keeps the last block-size tokens of a long
         prompt (it continues the end), an encoder-decoder the first block-size tokens of a long source (as
-        training does). Each crop is a notice. An empty prompt is an error."""
+        training does). Each crop is a notice. An empty prompt is an error, but where a decoder's tokenizer
+        starts every text with its beginning-of-text token (Llama's <s>): then it starts from that alone, an
+        unconditional sample, as llama2.c's `run` and transformers' `generate` do."""
         encoded = self.tokenizer.encode_batch(list(prompts))
         block = self.model.config.block_size
+        starts_from_bos = self.model.config.arch == "decoder" and self.tokenizer.adds_bos
         notices = []
         for i, ids in enumerate(encoded):
-            if not ids:
+            if not ids and not starts_from_bos:
                 where = f"prompt {i + 1}" if len(prompts) > 1 else "the prompt"
-                raise TfcliError(f"{where} is empty", hint="pass some text to continue with --prompt")
+                raise TfcliError(
+                    f"{where} is empty", hint="pass some text to continue with --prompt (this tokenizer has no beginning-of-text token to start from)"
+                )
             if len(ids) > block:
                 where = f"prompt {i + 1}" if len(prompts) > 1 else "the prompt"
                 if self.model.config.arch == "decoder":
@@ -123,7 +128,7 @@ class Generator:
             raise TfcliError(f"every prompt must have between 1 and {block} tokens")
         encoded = [list(ids) for ids in encoded]
         if prompts is None:
-            prompts = [text_of(self.token_bytes, ids) for ids in encoded]
+            prompts = [decode_completion(self.tokenizer, (), ids) for ids in encoded]
         s = self.settings
         n = s.num_samples
         results: dict[int, Completion] = {}
@@ -203,11 +208,17 @@ class Generator:
                 tokens=row.tokens,
                 logprobs=row.logprobs if s.logprobs else None,
                 finish_reason=reason,
+                token_texts=row.text.pieces,
             )
 
         completion_ids = [indices[b // n] * n + b % n for b in range(len(rows) * n)]
-        yield from self.sampling_loop(window, logits, self._seen(window, rows, n), completion_ids, completion)
+        contexts = [self.text_context(rows[b // n]) for b in range(len(rows) * n)]
+        yield from self.sampling_loop(window, logits, self._seen(window, rows, n), completion_ids, completion, contexts)
         self.timing.decode_seconds += time.perf_counter() - started
+
+    def text_context(self, prompt_ids: Sequence[int]) -> Sequence[int]:
+        """What a completion's text follows: a decoder's prompt; nothing for an encoder-decoder's target."""
+        return prompt_ids if self.model.config.arch == "decoder" else ()
 
     def sampling_loop(
         self,
@@ -216,13 +227,14 @@ class Generator:
         seen: torch.Tensor | None,
         completion_ids: list[int],
         completion: Callable[[int, Row, str], Completion],
+        contexts: Sequence[Sequence[int]],
     ) -> Iterator[Event]:
         """Greedy or sampled tokens for every row of the window until each ends (end-of-text, a stop string,
         the token limit): a Chunk whenever text is safe to show, and a Finished with `completion(row index,
         row, reason)` as each row ends. seen (B, vocab): the tokens each row has had, for the repetition
-        penalty (None: no penalty)."""
+        penalty (None: no penalty). contexts: per row, the ids its text follows (`text_context`)."""
         s = self.settings
-        rows = [Row(CompletionText(self.token_bytes, s.stop)) for _ in completion_ids]
+        rows = [Row(CompletionText(self.tokenizer, context, s.stop)) for context in contexts]
         ends = self.end_ids if s.stop_at_eos else set()
 
         def finish(b: int, reason: str) -> Iterator[Event]:

@@ -17,6 +17,9 @@ class Completion:
     logprobs: list[float] | None  # the model's log-probability of each generated token (settings.logprobs)
     finish_reason: str  # eos | stop | length
     score: float | None = None  # beam search: sum of log-probabilities / length ** length_penalty
+    # the text each token added after the prompt (a character split across tokens: the token completing it);
+    # joined, they are `text` before a stop string was cut off
+    token_texts: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

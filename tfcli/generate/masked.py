@@ -12,6 +12,7 @@ import torch
 from tfcli.errors import TfcliError, a_or_an
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
+from tfcli.tokenizer.detokenize import decode_completion
 
 MASK_PLACEHOLDER = "[MASK]"
 
@@ -19,8 +20,9 @@ MASK_PLACEHOLDER = "[MASK]"
 @dataclasses.dataclass
 class Filler:
     token_id: int
-    token: str  # the token's text (may start with a space: byte-level tokens carry the space before a word;
-    # a byte that is only part of a character shows as \xe2)
+    token: str  # the text the token adds after the text before the mask, as the tokenizer's decoder writes it
+    # (may start with a space: byte-level and metaspace tokens carry the space before a word; a byte that is
+    # only part of a character shows as U+FFFD); WordPiece: its vocabulary entry ("##ed")
     probability: float
     text: str  # the input with this token in place of the mask (other masks left as they were)
 
@@ -59,10 +61,12 @@ def fill_mask(model: Transformer, tokenizer: TextTokenizer, text: str, *, top_k:
         pieces = [p[:-1] if p.endswith(" ") and i < n_masks else p for i, p in enumerate(pieces)]
     ids = [cls_id]
     mask_positions = []
+    before_mask: list[list[int]] = []  # the ids of the text just before each mask, which its filler's text follows
     for i, piece in enumerate(pieces):
-        if piece:
-            ids += tokenizer.encode(piece)
+        piece_ids = tokenizer.encode(piece) if piece else []
+        ids += piece_ids
         if i < len(pieces) - 1:
+            before_mask.append(piece_ids)
             mask_positions.append(len(ids))
             ids.append(mask_id)
     if "sep" in tokenizer.special_ids:  # BERT's text ends with [SEP]
@@ -83,11 +87,11 @@ def fill_mask(model: Transformer, tokenizer: TextTokenizer, text: str, *, top_k:
     for m in range(len(mask_positions)):
         fillers = []
         for p, token_id in zip(top.values[m].tolist(), top.indices[m].tolist()):
-            text = tokenizer.token_bytes(token_id).decode("utf-8", errors="backslashreplace")  # part of a character: \xe2
+            text = decode_completion(tokenizer, before_mask[m], [token_id])  # what the decoder writes after the text before the mask
             # WordPiece: the vocabulary entry (a "##ed" continues the word before: its text is "ed", no space)
             token = tokenizer.hf.id_to_token(token_id) if tokenizer.family == "wordpiece" else text
-            # a whitespace tokenizer's word ends in a space; the text around the mask has its own
-            word = text.rstrip(" ") if tokenizer.pre_tokenizer_kind == "whitespace" else text
+            # where words do not carry their space, the text before the mask kept its own
+            word = text if tokenizer.words_carry_their_space else text.lstrip(" ")
             filled = "".join(pieces[m] + word if i == m else written[i] + MASK_PLACEHOLDER for i in range(n_masks)) + written[-1]
             fillers.append(Filler(token_id, token, p, filled))
         predictions.append(MaskPrediction(m, fillers))

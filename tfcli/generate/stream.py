@@ -1,29 +1,16 @@
-"""From token ids to text as it is made: an incremental UTF-8 decoder over each token's bytes (a character
-split across tokens shows when its last byte arrives, never as U+FFFD), and stop strings that are cut off
-before they are shown. The chunks a completion streams concatenate to exactly its final text. Torch-free.
+"""A completion's text as it is made: the tokenizer's own decoder run incrementally after the prompt
+(`tokenizer/detokenize.py`: a character split across tokens shows once complete, never as U+FFFD), and stop
+strings cut off before they are shown. The chunks a completion streams concatenate to exactly its final text,
+which is decode(prompt + new ids) less decode(prompt). Torch-free.
 """
 
 from __future__ import annotations
 
-import codecs
 import copy
 from collections.abc import Sequence
 
 from tfcli.tokenizer.core import TextTokenizer
-
-
-class TokenBytes:
-    """token id -> the bytes it stands for, memoised (the decoding loop asks for the same ids often)."""
-
-    def __init__(self, tokenizer: TextTokenizer) -> None:
-        self.tokenizer = tokenizer
-        self._cache: dict[int, bytes] = {}
-
-    def __call__(self, token_id: int) -> bytes:
-        found = self._cache.get(token_id)
-        if found is None:
-            found = self._cache[token_id] = self.tokenizer.token_bytes(token_id)
-        return found
+from tfcli.tokenizer.detokenize import IncrementalDecoder
 
 
 def held_back(text: str, stops: Sequence[str]) -> int:
@@ -41,43 +28,50 @@ def held_back(text: str, stops: Sequence[str]) -> int:
 
 
 class CompletionText:
-    """One completion's text, built token by token.
+    """One completion's text, built token by token after its context (the prompt's ids, or nothing for an
+    encoder-decoder's target).
 
     `add(token_id)` returns the text that is now safe to show (possibly ""); `finish()` returns the rest.
     A stop string ends the text where it begins (`stopped` becomes True and the stop string is dropped).
+    `pieces` holds the text each token added (joined: the text before any stop string was cut).
     """
 
-    def __init__(self, token_bytes: TokenBytes, stops: Sequence[str] = ()) -> None:
-        self.token_bytes = token_bytes
+    def __init__(self, tokenizer: TextTokenizer, context: Sequence[int] = (), stops: Sequence[str] = ()) -> None:
+        self.decoder = IncrementalDecoder(tokenizer, context)
         self.stops = tuple(stops)
         self.longest_stop = max((len(s) for s in self.stops), default=0)
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.text = ""
+        self.pieces: list[str] = []
         self.shown = 0  # characters of `text` already returned
         self.stopped = False
 
     def fork(self) -> CompletionText:
         """A copy that goes on independently (beam search extends one hypothesis into several)."""
         twin = copy.copy(self)
-        twin._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        twin._utf8.setstate(self._utf8.getstate())
+        twin.decoder = self.decoder.copy()
+        twin.pieces = self.pieces[:]
         return twin
 
     def add(self, token_id: int) -> str:
         if self.stopped:
             return ""
-        return self._extend(self._utf8.decode(self.token_bytes(token_id)))
+        piece = self.decoder.extend([token_id])
+        self.pieces.append(piece)
+        return self._extend(piece)
 
     def finish(self) -> str:
         """The end of the completion (end-of-text, a length limit): flush what is held back."""
         if self.stopped:
             return ""
-        chunk = self._extend(self._utf8.decode(b"", final=True))  # an unfinished character becomes U+FFFD here
+        rest = self.decoder.finish()  # an unfinished character comes out as the decoder writes it (U+FFFD)
+        if rest and self.pieces:
+            self.pieces[-1] += rest
+        chunk = self._extend(rest)
         if self.stopped:
             return chunk
-        rest = self.text[self.shown :]
+        tail = self.text[self.shown :]
         self.shown = len(self.text)
-        return chunk + rest
+        return chunk + tail
 
     def _extend(self, new: str) -> str:
         if not new:
@@ -99,8 +93,3 @@ class CompletionText:
         chunk = self.text[self.shown : safe]
         self.shown = safe
         return chunk
-
-
-def text_of(token_bytes: TokenBytes, ids: Sequence[int]) -> str:
-    """The text of token ids, decoded the way streaming decodes them (bytes joined, then UTF-8)."""
-    return b"".join(token_bytes(i) for i in ids).decode("utf-8", errors="replace")

@@ -6,7 +6,6 @@ Nothing here computes attention itself; it only asks the model for the weights i
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import re
 from pathlib import Path
@@ -92,7 +91,7 @@ def _start_view(tokenizer: TextTokenizer) -> TokenView | None:
     if start is None:
         return None
     token = tokenizer.hf.id_to_token(start) or ""
-    return TokenView(id=start, token=token, text=visible(token))  # no raw bytes: the start token is no text
+    return TokenView(id=start, token=token, text=visible(token))  # no piece: the start token is no text
 
 
 def _fit(views: list[TokenView], limit: int, crop: bool, what: str, notes: list[str], start: bool = False) -> list[TokenView]:
@@ -224,13 +223,11 @@ def find_token(views: list[TokenView], word: str, occurrence: int = 1, where: st
     needle = word.strip()
     if not needle:
         raise TfcliError("--token is empty", hint="pass a word from the text")
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     spelled = ""
     owner: list[int] = []  # character -> token position
     for position, view in enumerate(views):
-        piece = decoder.decode(view.raw)
-        spelled += piece
-        owner.extend([position] * len(piece))
+        spelled += view.piece
+        owner.extend([position] * len(view.piece))
     escaped = re.escape(needle)
     matches: list[re.Match[str]] = []
     for pattern, flags in ((rf"(?<!\w){escaped}(?!\w)", 0), (escaped, 0), (rf"(?<!\w){escaped}(?!\w)", re.IGNORECASE), (escaped, re.IGNORECASE)):

@@ -91,64 +91,40 @@ def _badge(ch: str) -> list[str]:
     return ["c", _NAMED.get(ch, f"U+{code:04X}"), f"{name} (U+{code:04X})"]
 
 
-def _characters(data: bytes) -> list[tuple[int, int, str | None]]:
-    """`data` as UTF-8: (start, end, character) per character, (i, i + 1, None) per byte that starts none."""
-    out: list[tuple[int, int, str | None]] = []
-    i = 0
-    while i < len(data):
-        lead = data[i]
-        size = 1 if lead < 0x80 else 2 if 0xC2 <= lead < 0xE0 else 3 if 0xE0 <= lead < 0xF0 else 4 if 0xF0 <= lead < 0xF5 else 0
-        if size:
-            try:
-                out.append((i, i + size, data[i : i + size].decode("utf-8")))
-                i += size
-                continue
-            except UnicodeDecodeError:
-                pass
-        out.append((i, i + 1, None))
-        i += 1
-    return out
-
-
 def token_pieces(views: Sequence[TokenView]) -> list[list[str | list[str]]]:
-    """What each token shows on the page: the characters themselves, not byte escapes.
+    """What each token shows on the page: the characters it adds to the text, as the tokenizer's decoder
+    writes them (`TokenView.piece`).
 
     A piece is plain text, or [kind, text, tooltip] for what must stand out: "c" a badge for a character
     that is invisible or would act (a control, a bidi override such as U+202E, a zero-width character),
     "p" a character split over tokens, shown faintly on each token before the one that completes it ("pc"
-    when that character is one of the badged ones), "x" a byte that is not UTF-8. The browser gets text only (`textContent`), so nothing here can become markup.
+    when that character is one of the badged ones), "x" bytes that are not UTF-8 (the decoder's U+FFFD).
+    The browser gets text only (`textContent`), so nothing here can become markup.
 
-    Example: tokens b"a\xf0\x9f", b"\x98\x80\xe2\x80\xae" -> [["a", ["p", "😀", ...]], ["😀", ["c", "U+202E", ...]]]
+    Example: tokens "a" (+ part of 😀), "" (+ part of 😀), "😀" -> [["a", ["p", "😀", ...]], [["p", "😀", ...]], ["😀"]]
     """
-    data = b"".join(v.raw for v in views)
-    characters = _characters(data)
     out: list[list[str | list[str]]] = []
-    index, start = 0, 0
     for view in views:
-        if not view.raw:  # no bytes behind it (an encoder-decoder's start token): its vocabulary entry
+        if not view.piece and not view.part:  # no text behind it (an encoder-decoder's start token): its vocabulary entry
             out.append([view.text] if view.text else [])
             continue
-        end = start + len(view.raw)
         pieces: list[str | list[str]] = []
-        while index < len(characters) and characters[index][0] < end:
-            c_start, c_end, ch = characters[index]
-            if ch is None:
-                pieces.append(["x", f"\\x{data[c_start]:02x}", "a byte that is not UTF-8"])
-            elif c_end > end:  # completed by a later token
-                if _invisible(ch):  # never the raw character where it would act: its badge, marked as a part
-                    pieces.append(["pc", _badge(ch)[1], f"part of {_badge(ch)[2]}, completed by a later token"])
-                else:
-                    pieces.append(["p", ch, f"part of {ch} (U+{ord(ch):04X}), completed by a later token"])
-                break  # the character goes on in the next token, which sees it again
+        for ch in view.piece:
+            if ch == "\ufffd":
+                pieces.append(["x", "\ufffd", "bytes that are not UTF-8"])
             elif _invisible(ch):
                 pieces.append(_badge(ch))
             elif pieces and isinstance(pieces[-1], str):
                 pieces[-1] += ch
             else:
                 pieces.append(ch)
-            index += 1
+        if view.part:
+            ch = view.part
+            if _invisible(ch):  # never the raw character where it would act: its badge, marked as a part
+                pieces.append(["pc", _badge(ch)[1], f"part of {_badge(ch)[2]}, completed by a later token"])
+            else:
+                pieces.append(["p", ch, f"part of {ch} (U+{ord(ch):04X}), completed by a later token"])
         out.append(pieces)
-        start = end
     return out
 
 

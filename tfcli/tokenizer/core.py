@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
@@ -25,22 +26,8 @@ TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 MAX_VOCAB_SIZE = 1 << 22
 WORDPIECE_PREFIX = "##"  # a WordPiece token that continues the word before it
-# Tokens a WordPiece decoder glues to the word before them ("word ." reads "word."), as BERT's cleanup does.
-_NO_SPACE_BEFORE = frozenset({".", ",", "!", "?"})
+_BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # a byte-fallback piece, as the ByteFallback decoder reads it
 _MODEL_FAMILIES = {"BPE": "bpe", "WordPiece": "wordpiece", "Unigram": "unigram", "WordLevel": "wordlevel"}
-
-
-def _byte_decoder() -> dict[str, int]:
-    """The inverse of GPT-2's bytes-to-unicode table: the printable stand-in character -> the byte."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    chars = printable[:]
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
 
 
 @dataclasses.dataclass
@@ -179,37 +166,28 @@ class TextTokenizer:
         return self.hf.decode(list(ids), skip_special_tokens=False)
 
     @cached_property
-    def _byte_decoder(self) -> dict[str, int]:
-        return _byte_decoder()
+    def byte_fallback_ids(self) -> frozenset[int]:
+        """Ids of the pieces `<0x00>` .. `<0xFF>` where the decoder has a ByteFallback step (Llama 2's), which
+        writes a run of them as its UTF-8 text, or as U+FFFD for every byte when any byte of it is invalid."""
+        if not _has_decoder_step(self.spec.get("decoder"), "ByteFallback"):
+            return frozenset()
+        return frozenset(i for token, i in self.hf.get_vocab(with_added_tokens=False).items() if _BYTE_PIECE.fullmatch(token))
 
-    def token_bytes(self, token_id: int) -> bytes:
-        """The bytes a token stands for (special tokens: their text). A byte-level token may hold part of a
-        multi-byte character, so this is bytes, not str. A WordPiece token that starts a word stands for the
-        space before it too (" walk"), one that continues a word for its text alone ("##ing" -> "ing"), and
-        `. , ! ?` for themselves, so joined tokens read as BERT's decoder writes them."""
-        token = self.hf.id_to_token(token_id)
-        if token is None:
-            raise TfcliError(f"token id {token_id} is outside the vocabulary (size {self.vocab_size})")
-        if token_id in self.special_ids.values() or token_id in self._added_ids:
-            return token.encode("utf-8")
-        if self.pre_tokenizer_kind == "byte-level":
-            decoder = self._byte_decoder
-            if all(ch in decoder for ch in token):
-                return bytes(decoder[ch] for ch in token)
-        prefix = self.continuation_prefix
-        if prefix is not None:
-            if token.startswith(prefix) and len(token) > len(prefix):
-                return token[len(prefix) :].encode("utf-8")
-            return (token if token in _NO_SPACE_BEFORE else " " + token).encode("utf-8")
-        if self.pre_tokenizer_kind == "metaspace":
-            token = token.replace("\u2581", " ")
-        if token.endswith("</w>"):
-            token = token[: -len("</w>")] + " "
-        return token.encode("utf-8")
+    @property
+    def decodes_byte_symbols(self) -> bool:
+        """Whether the decoder reads each symbol of a token as one byte (GPT-2's ByteLevel)."""
+        return _has_decoder_step(self.spec.get("decoder"), "ByteLevel")
 
     @cached_property
-    def _added_ids(self) -> set[int]:
-        return set(self.hf.get_added_tokens_decoder())
+    def skipped_ids(self) -> frozenset[int]:
+        """Ids of the added tokens marked special: what the library's decode(skip_special_tokens=True) leaves out."""
+        return frozenset(i for i, token in self.hf.get_added_tokens_decoder().items() if token.special)
+
+
+def _has_decoder_step(decoder: dict[str, Any] | None, kind: str) -> bool:
+    if not isinstance(decoder, dict):
+        return False
+    return decoder.get("type") == kind or any(_has_decoder_step(step, kind) for step in decoder.get("decoders") or [])
 
 
 def _read_tokenizer_config(path: Path) -> dict[str, Any]:

@@ -27,7 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from tfcli.corpus.reader import replace_lone_surrogates
-from tfcli.tokenizer.core import _byte_decoder
 
 if TYPE_CHECKING:
     import numpy as np
@@ -40,6 +39,20 @@ ENCODER_ENV = "TFCLI_ENCODER"  # "tokenizers" keeps every encode on tokenizers (
 # tiktoken scans text for its special tokens even when none is allowed; with none registered its pattern is
 # empty and matches everywhere (slow). One that is never allowed keeps the scan cheap and changes nothing.
 _UNUSED_SPECIAL = "<|tfcli-never-matched|>"
+
+
+def byte_of_symbol() -> dict[str, int]:
+    """The inverse of GPT-2's bytes-to-unicode table: the printable stand-in character -> the byte. Only to
+    spell a byte-level vocabulary as tiktoken's byte strings; text never comes out through it."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
 
 
 class FastEncoder:
@@ -119,7 +132,7 @@ def tiktoken_ranks(spec: dict, model: Any) -> tuple[dict[bytes, int] | None, str
     if any(not t.get("special") for t in added):
         return None, "it has added tokens that are not special (they would be matched in text)"
     added_ids = {t["id"] for t in added}
-    byte_of = _byte_decoder()
+    byte_of = byte_of_symbol()
     vocab: dict[str, int] = bpe.get("vocab") or {}
     ranks: dict[bytes, int] = {}
     for token, token_id in vocab.items():

@@ -1,8 +1,10 @@
-"""Tokens of a text as a person should see them: each token's text, with control characters escaped.
+"""Tokens of a text as a person should see them: each token's text through the tokenizer's own decoder, the
+same for every family (a byte-fallback `<0x0A>` reads as the newline it stands for), with control characters
+escaped.
 
 Token text is data, never markup or terminal control: `visible` turns every control or format character
-into an escape (`\\x1b`, `\\n`, `\\u202e`), and bytes that are part of a character split across tokens
-show as `\\xe2`. A WordPiece token shows as its vocabulary entry, marked when it continues a word (`##ing`).
+into an escape (`\\x1b`, `\\n`, `\\u202e`). A token holding part of a character split across tokens shows
+that character. A WordPiece token shows as its vocabulary entry, marked when it continues a word (`##ing`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import dataclasses
 import unicodedata
 
 from tfcli.tokenizer.core import TextTokenizer
+from tfcli.tokenizer.detokenize import REPLACEMENT, IncrementalDecoder, alone_texts
 
 _NAMED_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
@@ -35,9 +38,10 @@ def visible(text: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class TokenView:
     id: int
-    token: str  # the vocabulary entry, as stored (e.g. "Ġcat")
-    text: str  # what it stands for, escaped for display (e.g. " cat")
-    raw: bytes = dataclasses.field(default=b"", compare=False, repr=False)  # the bytes it stands for (part of a character, maybe)
+    token: str  # the vocabulary entry, as stored (e.g. "Ġcat", "▁cat", "<0x0A>")
+    text: str  # what it reads as, escaped for display (e.g. " cat", "\\n"); a part of a character: that character
+    piece: str = dataclasses.field(default="", compare=False, repr=False)  # the text it adds, as the decoder writes it (unescaped)
+    part: str = dataclasses.field(default="", compare=False, repr=False)  # the character it holds part of, completed by a later token
     continuation: bool = False  # a WordPiece token that continues the word before it (vocabulary entry "##ing", text "ing")
 
     @property
@@ -50,18 +54,85 @@ class TokenView:
 
 
 def token_views(tokenizer: TextTokenizer, text: str) -> list[TokenView]:
-    """The tokens of `text` (special-token text encoded as ordinary text), ready to display. A WordPiece
+    """The tokens of `text` (special-token text encoded as ordinary text), ready to display."""
+    return views_of_ids(tokenizer, tokenizer.encode(text))
+
+
+def views_of_ids(tokenizer: TextTokenizer, ids: list[int]) -> list[TokenView]:
+    """Token ids as they read in their text, through the tokenizer's own decoder (`IncrementalDecoder`): each
+    token's text is what it adds to the text so far. A character split across tokens belongs to the token
+    that completes it; the tokens before hold a part of it (`part`) and show that character. A WordPiece
     token's text is its vocabulary entry without the `##` (which `continuation` records) and without the
-    space `token_bytes` puts before a word."""
+    space the decoder puts before a word.
+
+    Example (GPT-2, "a 東" as "a" "Ġæ" "Ŀ" "±"): pieces "a", " ", "", "東"; texts "a", " 東", "東", "東"
+    """
+    decoder = IncrementalDecoder(tokenizer, skip_special_tokens=False)
+    pieces, pending = [], []
+    for token_id in ids:
+        pieces.append(decoder.extend([token_id]))
+        pending.append(decoder.pending)
+    if pieces:
+        pieces[-1] += decoder.finish()
+    for k in _split_byte_runs(tokenizer, ids, pieces):
+        pending[k] = not pieces[k]  # a byte of a run holds part of a character unless one ends at it
     prefix = tokenizer.continuation_prefix
     views = []
-    for token_id in tokenizer.encode(text):
+    upcoming = ""  # the first character given out after each position, read backwards
+    parts = [""] * len(ids)
+    for position in range(len(ids) - 1, -1, -1):
+        if pending[position] and position + 1 < len(ids):
+            parts[position] = upcoming
+        if pieces[position]:
+            upcoming = pieces[position][0]
+    for token_id, piece, part in zip(ids, pieces, parts):
         token = tokenizer.hf.id_to_token(token_id) or ""
-        raw = tokenizer.token_bytes(token_id)
-        shown = raw.decode("utf-8", errors="backslashreplace")
+        shown = piece + part
         continuation = False
         if prefix is not None:
             continuation = token.startswith(prefix) and len(token) > len(prefix)
             shown = shown.removeprefix(" ")
-        views.append(TokenView(id=token_id, token=token, text=visible(shown), raw=raw, continuation=continuation))
+        views.append(TokenView(id=token_id, token=token, text=visible(shown), piece=piece, part=part, continuation=continuation))
     return views
+
+
+def _split_byte_runs(tokenizer: TextTokenizer, ids: list[int], pieces: list[str]) -> list[int]:
+    """Give each token of a byte-fallback run its own characters (streaming gives the run's text whole to the
+    token that ends it). The decoder reads a run prefix as text exactly where it ends on a character boundary;
+    the characters completed there go to that token, and the tokens before it hold parts. A run with an
+    invalid byte is U+FFFD per byte, one to each token. Returns the positions it gave characters to."""
+    runs = tokenizer.byte_fallback_ids
+    split: list[int] = []
+    start = 0
+    while runs and start < len(ids):
+        if ids[start] not in runs:
+            start += 1
+            continue
+        end = start
+        while end < len(ids) and ids[end] in runs:
+            end += 1
+        whole = tokenizer.hf.decode(ids[start:end], skip_special_tokens=False)
+        owner = end if end < len(ids) else end - 1  # the token whose piece holds the run's text
+        if pieces[owner].startswith(whole):
+            rest = pieces[owner][len(whole) :]
+            invalid = whole == REPLACEMENT * (end - start)
+            done = ""
+            for k in range(start, end):
+                text = whole[: k - start + 1] if invalid else tokenizer.hf.decode(ids[start : k + 1], skip_special_tokens=False)
+                pieces[k] = ""
+                if REPLACEMENT not in text or invalid or k == end - 1:
+                    pieces[k], done = text[len(done) :], text
+            pieces[owner] = rest if owner >= end else pieces[owner] + rest
+            split += range(start, end)
+        start = end
+    return split
+
+
+def token_label(tokenizer: TextTokenizer, token_id: int) -> str:
+    """One token's name on its own (a prediction in a table): the text it adds after a word, through the
+    decoder, escaped; a token that is only part of a character (its text U+FFFD) shows as its vocabulary
+    entry ("<0xE6>", GPT-2's "æ")."""
+    (text,) = alone_texts(tokenizer, [token_id])
+    if REPLACEMENT in text:
+        text = tokenizer.hf.id_to_token(token_id) or text
+    return visible(text)

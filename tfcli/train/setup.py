@@ -10,6 +10,7 @@ import torch
 from tfcli.errors import TfcliError
 from tfcli.meta_device import on_meta_device
 from tfcli.runtime import physical_memory, resolve_device
+from tfcli.tokenizer.detokenize import text_byte_lengths
 from tfcli.train.data import derived_seed
 from tfcli.train.distributed import World
 from tfcli.train.job import TrainingJob
@@ -184,10 +185,10 @@ def build_source(job: TrainingJob, world: World):
 
 
 def token_byte_lengths(job: TrainingJob) -> torch.Tensor:
-    """Bytes each token id stands for (special tokens count 0), for bits per byte."""
+    """Bytes of text each token id stands for, as the tokenizer's decoder writes it (special tokens count 0),
+    for bits per byte."""
     lengths = torch.zeros(job.model_config.vocab_size, dtype=torch.long)
-    specials = set(job.tokenizer.special_ids.values())
-    for i in range(job.tokenizer.vocab_size):
-        if i not in specials:
-            lengths[i] = len(job.tokenizer.token_bytes(i))
+    known = text_byte_lengths(job.tokenizer)[: job.model_config.vocab_size]
+    lengths[: len(known)] = torch.tensor(known, dtype=torch.long)
+    lengths[[i for i in set(job.tokenizer.special_ids.values()) if i < len(lengths)]] = 0
     return lengths

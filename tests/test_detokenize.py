@@ -1,0 +1,273 @@
+"""Text out of every tokenizer layout through the library's own decoder: streamed pieces after a prompt join
+to decode(prompt + new) less decode(prompt), as `tokenizers` (and transformers) decode the ids, for real text
+and for random ids; a character split across tokens never shows as U+FFFD; the work per token stays bounded."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from tests.layouts import HUB_LAYOUTS, TFCLI_LAYOUTS, build_layout
+from tfcli.generate.stream import CompletionText
+from tfcli.tokenizer.core import TextTokenizer
+from tfcli.tokenizer.detokenize import WINDOW_TOKENS, IncrementalDecoder, decode_completion, decode_pieces, text_byte_lengths
+from tfcli.tokenizer.show import token_label, views_of_ids
+
+LAYOUTS = HUB_LAYOUTS + TFCLI_LAYOUTS
+REAL_TEXTS = [
+    "Once upon a time, there was a little girl named Lily.\nShe loved to play outside.",
+    'They went to the beach. They saw a big box 🦊🎉 and said: "Let\'s open it!"',
+    "The café was naïve; the résumé said déjà vu. Ωμέγα, straße.",
+    "東京へ行きました。你好，世界！ 한국어 텍스트",
+    "Lines\n\n\tindented\n    four spaces   then   gaps  \n\nend\n",
+    "  leading spaces, trailing ones   ",
+]
+
+
+def _transformers():
+    """transformers, the outside client these texts are checked against: a skip without it, a failure in CI."""
+    if os.environ.get("CI"):
+        import transformers
+
+        return transformers
+    return pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory) -> dict[str, TextTokenizer]:
+    folder = tmp_path_factory.mktemp("layouts")
+    return {layout: TextTokenizer.load(build_layout(layout, folder / layout)) for layout in LAYOUTS}
+
+
+def reference(tokenizer: TextTokenizer, context: list[int], ids: list[int]) -> str:
+    """The completion's text by definition: one decode of everything, less the context's decode off the front."""
+    full = tokenizer.hf.decode(context + ids, skip_special_tokens=True)
+    return full[len(tokenizer.hf.decode(context, skip_special_tokens=True)) :]
+
+
+def streamed(tokenizer: TextTokenizer, context: list[int], ids: list[int]) -> list[str]:
+    text = CompletionText(tokenizer, context)
+    chunks = [text.add(i) for i in ids] + [text.finish()]
+    assert "".join(chunks) == text.text == "".join(text.pieces)
+    return chunks
+
+
+def transformers_tokenizer(tokenizer: TextTokenizer):
+    transformers = _transformers()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer.hf.__class__.from_str(tokenizer.hf.to_str()))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_real_text_streams_as_the_decoder_writes_it(layouts, layout):
+    tokenizer = layouts[layout]
+    prompt_starts = [[]] + ([[tokenizer.special_ids["bos"]]] if tokenizer.adds_bos else [])
+    for text in REAL_TEXTS:
+        ids = tokenizer.encode(text)
+        for start in prompt_starts:
+            for cut in sorted({0, 1, len(ids) // 3, len(ids) // 2, len(ids) - 1}):
+                context, new = start + ids[:cut], ids[cut:]
+                chunks = streamed(tokenizer, context, new)
+                expected = reference(tokenizer, context, new)
+                assert "".join(chunks) == expected == decode_completion(tokenizer, context, new)
+                prompt = tokenizer.hf.decode(context, skip_special_tokens=True)
+                if not prompt.endswith("\ufffd"):  # a prompt cut between tokens, not inside a character
+                    # the prompt's text and the completion's read as one text: no space eaten at the seam
+                    assert prompt + expected == tokenizer.hf.decode(start + ids, skip_special_tokens=True)
+                    assert not any("\ufffd" in c for c in chunks), chunks  # a split character shows once, whole
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_random_ids_stream_as_the_decoder_writes_them(layouts, layout):
+    tokenizer = layouts[layout]
+    rng = random.Random(layout)
+    for _ in range(150):
+        ids = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.randrange(1, 45))]
+        cut = rng.randrange(len(ids))
+        context, new = ids[:cut], ids[cut:]
+        expected = reference(tokenizer, context, new)
+        assert "".join(streamed(tokenizer, context, new)) == expected, (context, new)
+        assert "".join(decode_pieces(tokenizer, context, new)) == decode_completion(tokenizer, context, new) == expected
+
+
+@pytest.mark.parametrize("layout", ["gpt2", "llama2", "metaspace-unigram", "bert", "tfcli-bpe", "tfcli-wordpiece", "tfcli-unigram"])
+def test_transformers_decodes_the_same_text(layouts, layout):
+    tokenizer = layouts[layout]
+    theirs = transformers_tokenizer(tokenizer)
+    rng = random.Random(layout)
+    samples = [tokenizer.encode(text) for text in REAL_TEXTS] + [[rng.randrange(tokenizer.vocab_size) for _ in range(30)] for _ in range(30)]
+    for ids in samples:
+        cut = len(ids) // 2
+        text = "".join(streamed(tokenizer, ids[:cut], ids[cut:]))
+        prompt = theirs.decode(ids[:cut], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        full = theirs.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        assert full == tokenizer.hf.decode(ids, skip_special_tokens=True)
+        inside_a_character = prompt.endswith("\ufffd") or ids[cut - 1] in tokenizer.byte_fallback_ids  # a byte run may go on
+        assert prompt + text == full or inside_a_character
+
+
+def test_llama2_continuation_keeps_the_space_before_its_first_word(layouts):
+    tokenizer = layouts["llama2"]
+    bos = tokenizer.special_ids["bos"]
+    ids = tokenizer.encode("One day, they went to the beach. They saw a big box")
+    cut = next(i for i in range(len(ids)) if tokenizer.decode(ids[:i]) == "One day, they went to the beach.")
+    prompt, rest = ids[:cut], ids[cut:]
+    assert tokenizer.hf.id_to_token(rest[0]).startswith("\u2581")  # the space is the next word's "▁"
+    assert reference(tokenizer, [bos] + prompt, rest) == " They saw a big box"
+    assert "".join(streamed(tokenizer, [bos] + prompt, rest)) == " They saw a big box"
+    assert decode_completion(tokenizer, [bos], prompt) == "One day, they went to the beach."  # a text's first space is the decoder's to strip
+    newline = tokenizer.hf.token_to_id("<0x0A>")
+    # a newline is the byte piece <0x0A>: its text comes with the next token (a byte run ends there)
+    assert decode_pieces(tokenizer, prompt, [newline, rest[0]]) == ["", "\n They"]
+
+
+@pytest.mark.parametrize("layout", ["llama2", "gpt2"])
+def test_a_split_character_waits_for_its_last_byte_and_a_bad_run_shows_as_the_decoder_writes_it(layouts, layout):
+    tokenizer = layouts[layout]
+    both = tokenizer.encode("Hi 東京!")
+    cut = next(i for i in range(len(both)) if tokenizer.decode(both[:i]) == "Hi")
+    context, ids = both[:cut], both[cut:]
+    pieces = decode_pieces(tokenizer, context, ids)
+    assert "".join(pieces) == " 東京!" and not any("\ufffd" in p for p in pieces)
+    assert sum(1 for p in pieces if p) < len(ids)  # the bytes of a character wait for the last one
+    if layout == "llama2":  # an invalid byte turns its whole run to U+FFFD, as ByteFallback writes it
+        bad = [tokenizer.hf.token_to_id(f"<0x{b:02X}>") for b in "東".encode()] + [tokenizer.hf.token_to_id("<0x80>")] + tokenizer.encode("ok")
+        assert "".join(streamed(tokenizer, context, bad)) == reference(tokenizer, context, bad) == "\ufffd" * 4 + " ok"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_bytes_per_token_add_up_to_the_texts_bytes(layouts, layout):
+    """Bits per byte divide by these: summed over a text's tokens they are the bytes of its decoded text."""
+    tokenizer = layouts[layout]
+    lengths = text_byte_lengths(tokenizer)
+    anchor = tokenizer.encode("a")[-1:]
+    for text in REAL_TEXTS:
+        ids = [i for i in tokenizer.encode(text) if i not in tokenizer.skipped_ids]
+        between = tokenizer.hf.decode(anchor + ids + anchor)  # the text between two words, less those words
+        assert sum(lengths[i] for i in ids) == len(between.encode("utf-8")) - len(tokenizer.hf.decode(anchor + anchor).encode("utf-8"))
+
+
+@pytest.mark.parametrize("layout", ["gpt2", "llama2", "tfcli-wordpiece", "tfcli-char"])
+def test_the_work_per_token_stays_bounded(layouts, layout, monkeypatch):
+    tokenizer = layouts[layout]
+    ids = tokenizer.encode(REAL_TEXTS[0] * 40)
+    decoder = IncrementalDecoder(tokenizer, ids[:5])
+    decoded_lengths = []
+    decode = decoder._decode
+    monkeypatch.setattr(decoder, "_decode", lambda window: decoded_lengths.append(len(window)) or decode(window))
+    text = "".join(decoder.extend([i]) for i in ids[5:]) + decoder.finish()
+    assert text == reference(tokenizer, ids[:5], ids[5:])
+    assert max(decoded_lengths) <= WINDOW_TOKENS + 2  # never the whole text again (a newline is one byte token in Llama's)
+    assert len(decoded_lengths) <= 1.2 * len(ids)  # about one short decode per token
+
+
+def test_beam_forks_go_on_independently(layouts):
+    tokenizer = layouts["llama2"]
+    happy, sad = tokenizer.encode("Lily was happy"), tokenizer.encode("Lily was sad")
+    common = next(i for i, (x, y) in enumerate(zip(happy, sad)) if x != y)
+    context = happy[:1]
+    text = CompletionText(tokenizer, context)
+    for i in happy[1:common]:
+        text.add(i)
+    a, b = text.fork(), text.fork()
+    for i in happy[common:]:
+        a.add(i)
+    for i in sad[common:]:
+        b.add(i)
+    a.finish(), b.finish(), text.finish()
+    assert (a.text, b.text) == (reference(tokenizer, context, happy[1:]), reference(tokenizer, context, sad[1:])) == (" was happy", " was sad")
+    assert text.text == reference(tokenizer, context, happy[1:common])
+
+
+def test_layouts_folder_is_what_the_hub_ships(layouts, tmp_path: Path):
+    """The Llama-2 layout loads in transformers' AutoTokenizer, adds <s> first, and byte-falls-back newlines."""
+    transformers = _transformers()
+    from tests.layouts import llama2_tokenizer
+
+    folder = llama2_tokenizer(tmp_path / "llama")
+    auto = transformers.AutoTokenizer.from_pretrained(str(folder))
+    ids = auto("Once upon a time\nLily")["input_ids"]
+    assert ids[0] == auto.bos_token_id == 1 and "<0x0A>" in auto.convert_ids_to_tokens(ids)
+    assert auto.decode(ids, skip_special_tokens=True) == "Once upon a time\nLily"
+
+
+@pytest.fixture(scope="module")
+def llama_run(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny random Llama saved by transformers with the Llama-2 tokenizer layout, and its `tfcli import`."""
+    transformers = _transformers()
+    import torch
+
+    from tests.layouts import llama2_tokenizer
+    from tfcli.hf.convert import import_hf
+
+    folder = tmp_path_factory.mktemp("llama")
+    hf_dir = llama2_tokenizer(folder / "hf")
+    vocab = TextTokenizer.load(hf_dir).vocab_size
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    transformers.LlamaForCausalLM(config).save_pretrained(str(hf_dir), safe_serialization=True)
+    import_hf(hf_dir, folder / "run")
+    return hf_dir, folder / "run"
+
+
+@pytest.mark.parametrize("prompt", ["Once upon a ti", "Once upon a time, there was ", "She loved to play outside.\n"])
+def test_generate_on_an_imported_llama2_reads_as_transformers_decodes(cli, llama_run, prompt):
+    """Mid-word, at a space, at a newline: the prompt and its completion read as AutoTokenizer decodes them."""
+    transformers = _transformers()
+    hf_dir, run = llama_run
+    result = cli("generate", run, "-p", prompt, "-n", "24", "--json")
+    assert result.code == 0, result.stderr
+    (completion,) = json.loads(result.stdout)["completions"]
+    auto = transformers.AutoTokenizer.from_pretrained(str(hf_dir))
+    prompt_ids = auto(prompt)["input_ids"]
+    assert prompt_ids[0] == auto.bos_token_id and completion["prompt_tokens"] == len(prompt_ids)
+    assert auto.decode(prompt_ids, skip_special_tokens=True) == prompt
+    assert prompt + completion["text"] == auto.decode(prompt_ids + completion["tokens"], skip_special_tokens=True)
+    assert "".join(completion["token_texts"]) == completion["text"]
+    printed = cli("generate", run, "-p", prompt, "-n", "24")
+    assert printed.code == 0 and printed.stdout == completion["text"] + "\n"  # (the prompt is echoed on a terminal only)
+    assert "\u2581" not in printed.stdout and "<0x" not in printed.stdout  # no raw SentencePiece pieces
+
+
+def test_an_empty_prompt_starts_from_bos_where_the_tokenizer_adds_one(cli, llama_run):
+    hf_dir, run = llama_run
+    result = cli("generate", run, "-p", "", "-n", "8", "--json")
+    assert result.code == 0, result.stderr
+    (completion,) = json.loads(result.stdout)["completions"]
+    assert completion["prompt_tokens"] == 1 and len(completion["tokens"]) == 8  # <s> alone: an unconditional sample
+    assert completion["text"] == TextTokenizer.load(run).hf.decode([1] + completion["tokens"], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_token_views_read_as_the_decoder_writes_the_text(layouts, layout):
+    """tokenize show and the inspect views: each token's text through the decoder, a split character on each
+    token that holds part of it, never U+FFFD, and the pieces join to the decoder's text."""
+    tokenizer = layouts[layout]
+    for text in REAL_TEXTS:
+        ids = tokenizer.encode(text)
+        views = views_of_ids(tokenizer, ids)
+        assert "".join(v.piece for v in views) == tokenizer.hf.decode(ids, skip_special_tokens=False)
+        assert not any("\ufffd" in v.text for v in views), [v.text for v in views]
+        assert all(v.part in ("", v.text[-1:]) for v in views)
+
+
+def test_byte_fallback_pieces_read_as_the_characters_they_stand_for(layouts):
+    tokenizer = layouts["llama2"]
+    views = views_of_ids(tokenizer, tokenizer.encode("Lily said:\n你好 café"))
+    assert [v.token for v in views][2:9] == ["<0x0A>", "<0xE4>", "<0xBD>", "<0xA0>", "<0xE5>", "<0xA5>", "<0xBD>"]
+    assert [v.text for v in views] == ["Lily", " said:", "\\n", "你", "你", "你", "好", "好", "好", " café"]
+    assert [v.piece for v in views][2:] == ["\n", "", "", "你", "", "", "好", " café"]
+    labels = [token_label(tokenizer, tokenizer.hf.token_to_id(t)) for t in ("<0x0A>", "<0xE4>", "\u2581said:", "</s>")]
+    assert labels == ["\\n", "<0xE4>", " said:", "</s>"]  # alone: the text it adds after a word; a lone byte, its entry
