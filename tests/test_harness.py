@@ -124,9 +124,8 @@ def test_tfcli_model_equals_the_harness_hf_model(runs, shape):
 
     ours, theirs = both_models(runs[shape], runs[shape].parent / f"{shape}_hf", TaskOptions(("tfcli",), limit=LIMIT, log_samples=True, batch_size=4))
     assert_same_results(ours, theirs)
-    greedy = [r[0][1] for s in ours["samples"]["tfcli_last_word"] for r in s["resps"]]
-    story = ours["results"]["tfcli_story_choice"]["acc,none"]
-    assert 0 < story < 1 or any(greedy)  # a model with some shape, so equal numbers are not all zeros
+    choices = [round(r[0][0], 3) for s in ours["samples"]["tfcli_story_choice"] for r in s["resps"]]
+    assert len(set(choices)) > len(choices) // 2  # a model with some shape: the numbers held equal are not all alike
 
 
 def test_lora_chat_run_with_its_template_equals_the_hf_model(runs, cli, tmp_path):

@@ -59,7 +59,7 @@ def score_continuations(
     results: list[ContinuationScore | None] = [None] * len(requests)
     groups: dict[tuple[int, ...], _Group] = {}
     for index, (context, continuation) in enumerate(requests):
-        context, continuation = tuple(int(t) for t in context), tuple(int(t) for t in continuation)
+        context, continuation = tuple(map(int, context)), tuple(map(int, continuation))
         if not context:
             raise ValueError("a context needs at least one token: start it with the BOS or EOS token")
         if not continuation:
@@ -82,12 +82,12 @@ def score_continuations(
             rows = 0
             for group in chunks:
                 if batch and rows + len(group.members) > batch_size:
-                    _score_batch(model, batch, top_k, results)
+                    _score(model, batch, top_k, results)
                     batch, rows = [], 0
                 batch.append(group)
                 rows += len(group.members)
             if batch:
-                _score_batch(model, batch, top_k, results)
+                _score(model, batch, top_k, results)
     finally:
         model.train(was_training)
     return results  # type: ignore[return-value]
@@ -98,9 +98,40 @@ def _log_probs(model: Transformer, hidden: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(model.lm_head(model._head_input(hidden)).float(), dim=-1)
 
 
-def _score_batch(model: Transformer, groups: list[_Group], top_k: int, results: list) -> None:
-    """Score a batch of groups: their contexts in one forward, then every continuation in a second one
-    (skipped when every continuation is a single token)."""
+def _score(model: Transformer, groups: list[_Group], top_k: int, results: list) -> None:
+    """Score a batch: a lone continuation with its context in one forward; several continuations of one
+    context after a forward over the context, from its cache."""
+    if all(len(g.members) == 1 for g in groups):
+        _score_rows(model, groups, top_k, results)
+    else:
+        _score_shared(model, groups, top_k, results)
+
+
+def _score_rows(model: Transformer, groups: list[_Group], top_k: int, results: list) -> None:
+    """One row per request, context + continuation (but its last token), right-padded, in one forward."""
+    device = next(model.parameters()).device
+    members = [(g.context, *g.members[0]) for g in groups]
+    rows = [context + continuation[:-1] for context, _, continuation in members]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long, device=device)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row, device=device)
+    lengths = torch.tensor([len(r) for r in rows], device=device)  # (B,)
+    starts = torch.tensor([len(context) - 1 for context, _, _ in members], device=device)  # (B,) the position that predicts each first token
+    steps = torch.arange(width, device=device)[None, :]  # (1, width)
+    real = steps < lengths[:, None]  # (B, width)
+    hidden = model.decode(ids)  # (B, width, d); causal: a real token never sees the right padding after it
+    table = _log_probs(model, hidden[real & (steps >= starts[:, None])])  # (sum of lengths, vocab), row by row
+    spans, offset = [], 0
+    for _, _, continuation in members:
+        spans.append(list(range(offset, offset + len(continuation))))
+        offset += len(continuation)
+    _record(table, [t for _, _, c in members for t in c], [(index, span) for (_, index, _), span in zip(members, spans)], top_k, results)
+
+
+def _score_shared(model: Transformer, groups: list[_Group], top_k: int, results: list) -> None:
+    """Groups' contexts in one forward, then every continuation in a second one from the contexts' cache,
+    copied to one row per continuation (skipped when every continuation is a single token)."""
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     G = len(groups)
@@ -116,11 +147,13 @@ def _score_batch(model: Transformer, groups: list[_Group], top_k: int, results: 
     # the cache holds the longest context then the longest continuation: up to twice the window, while each
     # row's own positions (its context, then its continuation) stay inside it
     cache = KVCache(model.config, G, C + T, dtype, device)
-    hidden = model.decode(context_ids, context_real if not bool(context_real.all()) else None, cache=cache)  # (G, C, d)
+    hidden = model.decode(context_ids, cache=cache)  # (G, C, d); causal: right padding is never seen (it is masked below)
     last = _log_probs(model, hidden[torch.arange(G, device=device), context_lengths - 1])  # (G, vocab): predicts each first token
     owner = torch.tensor([gi for gi, _, _ in members], device=device)  # (N,) the group each row continues
-    first = last[owner]  # (N, vocab)
-    rest = None
+    # every scored position in one table: row r's first token (predicted by its context's last position),
+    # then the rest of every row's tokens in order (predicted by the continuation's own positions)
+    scored = [last[owner]]  # (N, vocab)
+    targets = [cont[0] for _, _, cont in members]
     if T > 0:
         cache.keys, cache.values = cache.keys.index_select(1, owner), cache.values.index_select(1, owner)  # (L, N, nkv, C + T, hs)
         lengths = torch.tensor([len(cont) - 1 for _, _, cont in members], device=device)  # (N,)
@@ -128,23 +161,32 @@ def _score_batch(model: Transformer, groups: list[_Group], top_k: int, results: 
         for row, (_, _, cont) in enumerate(members):
             if len(cont) > 1:
                 ids[row, : len(cont) - 1] = torch.tensor(cont[:-1], device=device)
+                targets.extend(cont[1:])
         steps = torch.arange(T, device=device)[None, :]  # (1, T)
         real = steps < lengths[:, None]  # (N, T)
         positions = (context_lengths[owner][:, None] + steps).masked_fill(~real, 0)  # (N, T) each row after its own context; padding at 0
         padding = torch.cat([context_real[owner], real], dim=1)  # (N, C + T)
         hidden = model.decode(ids, padding, cache=cache, positions=positions)  # (N, T, d)
-        rest = _log_probs(model, hidden[real])  # (sum of lengths, vocab), row by row
-    offset = 0
+        scored.append(_log_probs(model, hidden[real]))  # (sum of lengths - N, vocab), row by row
+    table = torch.cat(scored)  # (sum of lengths, vocab)
+    spans, offset = [], N  # row r's first token is table row r; its others follow the first N rows, row by row
     for row, (_, index, cont) in enumerate(members):
-        n_rest = len(cont) - 1
-        rows = first[row : row + 1] if n_rest == 0 else torch.cat([first[row : row + 1], rest[offset : offset + n_rest]])  # (len(cont), vocab)
-        offset += n_rest
-        targets = torch.tensor(cont, device=device)
-        token_logprobs = rows.gather(1, targets[:, None]).squeeze(1)  # (len(cont),)
-        greedy = bool((rows.argmax(dim=-1) == targets).all())
-        top = None
-        if top_k:
-            values, ids_k = rows.topk(min(top_k, rows.shape[-1]), dim=-1)
-            top = [dict(zip(i.tolist(), v.tolist())) for i, v in zip(ids_k, values)]
-        values = token_logprobs.tolist()
-        results[index] = ContinuationScore(float(sum(values)), greedy, values, top)
+        spans.append((index, [row, *range(offset, offset + len(cont) - 1)]))
+        offset += len(cont) - 1
+    _record(table, targets, spans, top_k, results)
+
+
+def _record(table: torch.Tensor, targets: list[int], spans: list[tuple[int, list[int]]], top_k: int, results: list) -> None:
+    """Each request's score from the log-probability table (one row per scored position): `targets[i]` is
+    the token table row i should predict; `spans` gives each request's rows in its continuation's order."""
+    target_ids = torch.tensor(targets, device=table.device)
+    logprobs = table.gather(1, target_ids[:, None]).squeeze(1).tolist()
+    greedy = (table.argmax(dim=-1) == target_ids).tolist()
+    top_ids = top_values = None
+    if top_k:
+        values, indices = table.topk(min(top_k, table.shape[-1]), dim=-1)  # (rows, k)
+        top_ids, top_values = indices.tolist(), values.tolist()
+    for index, where in spans:
+        values = [logprobs[i] for i in where]
+        top = [dict(zip(top_ids[i], top_values[i])) for i in where] if top_ids is not None else None
+        results[index] = ContinuationScore(float(sum(values)), all(greedy[i] for i in where), values, top)

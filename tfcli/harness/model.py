@@ -112,6 +112,9 @@ class TfcliLM(TemplateLM):
     def tok_decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids)
 
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        return super().loglikelihood(requests, disable_tqdm=True)  # tfcli says what it scores in one line, without bars
+
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **_: Any) -> list[tuple[float, bool]]:
         """requests: ((context, continuation), context ids, continuation ids) each, as TemplateLM makes them."""
         scores = score_continuations(self.model, [(context, continuation) for _, context, continuation in requests], batch_size=self.batch_size)
