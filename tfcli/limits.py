@@ -30,7 +30,7 @@ class Limit:
             return self.default
         number, suffix = raw.rstrip("KMGTkmgtBb"), raw[len(raw.rstrip("KMGTkmgtBb")) :].upper().rstrip("B").rstrip("I")
         if not number.isdigit() or suffix not in _UNITS or int(number) < 1:
-            raise TfcliError(f"{self.env}={raw!r} is not a positive whole number", hint=f"e.g. {self.env}={shown(self.default, self.unit)}")
+            raise TfcliError(f"{self.env}={raw!r} is not a positive whole number", hint=f"e.g. {self.env}={_env_form(self.default)}")
         return int(number) * _UNITS[suffix]
 
     def how_to_raise(self) -> str:
@@ -38,7 +38,16 @@ class Limit:
 
     def exceeded(self, subject: str) -> TfcliError:
         """The one line for `subject` (e.g. "prompts.txt line 3") going past this cap."""
-        return TfcliError(f"{subject} is longer than {shown(self.value, self.unit)}, the limit on {self.what}", hint=self.how_to_raise())
+        bigger = "is larger than" if self.unit == "bytes" else "is longer than" if self.unit == "characters" else "goes past"
+        return TfcliError(f"{subject} {bigger} {shown(self.value, self.unit)}, the limit on {self.what}", hint=self.how_to_raise())
+
+
+def _env_form(n: int) -> str:
+    """A cap as the environment variable takes it. Example: _env_form(64 << 20) -> "64M" """
+    for suffix in ("T", "G", "M", "K"):
+        if n >= _UNITS[suffix] and n % _UNITS[suffix] == 0:
+            return f"{n // _UNITS[suffix]}{suffix}"
+    return str(n)
 
 
 def shown(n: int, unit: str = "bytes") -> str:

@@ -166,12 +166,12 @@ def generate(
     Or chat: tfcli generate runs/chat --chat --system "Answer briefly." --prompt "What is the last word of: fox red tree?"
     """
     from tfcli.cli.chat import check_chat_options
-    from tfcli.errors import TfcliError
 
     check_chat_options(chat, system, prompt_file, interactive, fill_mask, classify, json_output)
     modes = _modes(prompt, prompt_file, fill_mask, classify, interactive, chat)
-    if threads < 0:
-        raise TfcliError(f"--threads must be 0 (automatic) or more, not {threads}")
+    from tfcli.runtime import check_threads
+
+    check_threads(threads)
     decoding = DecodingOptions(
         max_new_tokens=max_new_tokens,
         strategy=strategy,

@@ -8,13 +8,14 @@ import dataclasses
 from tfcli.errors import TfcliError
 
 STRATEGIES = ("greedy", "sample", "beam")
+MIN_TEMPERATURE = 1e-3  # below this, sampling is argmax (logits / 1e-38 overflow float32 to inf, and softmax to nan)
 
 
 @dataclasses.dataclass
 class GenerationSettings:
     strategy: str = "greedy"  # greedy (argmax) | sample (temperature, top-k, top-p, min-p) | beam
     max_new_tokens: int = 128  # new tokens per completion, at most
-    temperature: float = 1.0  # sample: logits / temperature; 0 means greedy
+    temperature: float = 1.0  # sample: logits / temperature; 0 (and anything below MIN_TEMPERATURE) means greedy
     top_k: int = 0  # sample: keep the k most likely tokens (0: all)
     top_p: float = 1.0  # sample: keep the smallest set of tokens whose probability reaches p (nucleus)
     min_p: float = 0.0  # sample: drop tokens less likely than min_p x the most likely one
@@ -94,7 +95,7 @@ class GenerationSettings:
     @property
     def greedy(self) -> bool:
         """Argmax decoding: the greedy strategy, or sampling at temperature 0."""
-        return self.strategy == "greedy" or (self.strategy == "sample" and self.temperature == 0)
+        return self.strategy == "greedy" or (self.strategy == "sample" and self.temperature < MIN_TEMPERATURE)
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)

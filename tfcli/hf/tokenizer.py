@@ -11,9 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tfcli import limits
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json, atomic_write_text
 from tfcli.hf.folder import read_json_object
+from tfcli.limits import read_text_capped
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
 from tfcli.tokenizer.specials import CONFIG_KEYS, LOADED_ROLES
 
@@ -47,7 +49,7 @@ def _wordpiece(src: Path, settings: dict[str, Any]) -> str:
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     try:
-        lines = (src / "vocab.txt").read_text(encoding="utf-8").split("\n")
+        lines = read_text_capped(src / "vocab.txt", limits.TOKENIZER_FILE).split("\n")
     except (OSError, UnicodeDecodeError) as exc:
         raise TfcliError(f"cannot read {src / 'vocab.txt'} ({exc})") from exc
     if lines and lines[-1] == "":
@@ -92,7 +94,7 @@ def import_tokenizer(src: Path, run_dir: Path) -> tuple[TextTokenizer, list[str]
     settings = _roles(src, settings)
     if (src / TOKENIZER_FILE).is_file():
         try:
-            text = (src / TOKENIZER_FILE).read_text(encoding="utf-8")
+            text = read_text_capped(src / TOKENIZER_FILE, limits.TOKENIZER_FILE)
         except (OSError, UnicodeDecodeError) as exc:
             raise TfcliError(f"cannot read {src / TOKENIZER_FILE} ({exc})") from exc
     elif (src / "vocab.json").is_file() and (src / "merges.txt").is_file():
