@@ -114,7 +114,7 @@ def jsonl_rows(lines: Iterator[str], where: str, fields: Sequence[str], strict: 
         if first:
             line = line.removeprefix("\ufeff")
         try:
-            record = loads_json(line)
+            record = loads_json(line, finite=False)  # a corpus's other fields may hold NaN (pandas writes it)
         except json.JSONDecodeError as exc:
             if first or strict:
                 what = "is not valid JSON" if not first else "is not valid JSON, so the file is not JSON lines"
