@@ -67,9 +67,8 @@ RECORD = Limit("TFCLI_MAX_RECORD_CHARS", 64 << 20, "one line of JSON lines or CS
 DECOMPRESSION_RATIO = Limit("TFCLI_MAX_DECOMPRESSION_RATIO", 200, "how much a compressed file may grow when decompressed", "x")
 DECOMPRESSION_FREE = 16 << 20  # bytes any compressed file may give before its ratio is looked at
 TOML_DEPTH = Limit("TFCLI_MAX_TOML_DEPTH", 64, "the nesting of a --config TOML file", "levels")
+CHAT_TEMPLATE_FILE = Limit("TFCLI_MAX_CHAT_TEMPLATE_BYTES", 1 << 20, "a chat template file")
 CHAT_TEMPLATE_OUTPUT = Limit("TFCLI_MAX_CHAT_TEMPLATE_CHARS", 16 << 20, "what a chat template renders", "characters")
-
-ALL = (JSON_FILE, TOKENIZER_FILE, PROMPT_FILE, RECORD, DECOMPRESSION_RATIO, TOML_DEPTH, CHAT_TEMPLATE_OUTPUT)
 
 
 def read_capped(handle: BinaryIO, limit: Limit, subject: str) -> bytes:
@@ -156,3 +155,16 @@ def _long_line(where: str, number: int, line_cap: int, context: str) -> TfcliErr
         f"{where} line {number:,} is longer than {shown(line_cap)}, more than {context} can use ({BYTES_PER_TOKEN} bytes a token at most)",
         hint="shorten the prompt to its end (the part the model continues)",
     )
+
+
+ALL = (
+    JSON_FILE,
+    TOKENIZER_FILE,
+    PROMPT_FILE,
+    PROMPTS,
+    RECORD,
+    DECOMPRESSION_RATIO,
+    TOML_DEPTH,
+    CHAT_TEMPLATE_FILE,
+    CHAT_TEMPLATE_OUTPUT,
+)  # docs/limits.md lists them
