@@ -330,3 +330,15 @@ def removed_note(removed: list[Path]) -> str:
     """The line that says what `remove_stale_temp_files` removed."""
     names = ", ".join(p.name for p in removed[:3]) + (f" and {len(removed) - 3} more" if len(removed) > 3 else "")
     return f"removed {len(removed)} temporary file{'s' if len(removed) != 1 else ''} left by an interrupted run in {removed[0].parent}: {names}"
+
+
+def refuse_non_utf8_path(path: Path, option: str = "-o") -> None:
+    """A folder whose name is not UTF-8 (a byte Python decodes to a lone surrogate) cannot hold safetensors
+    files: the library refuses such paths, so a run saved there could never be read back. Said up front."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise TfcliError(
+            f"the path {shown} is not UTF-8, and the safetensors library cannot open files under it", hint=f"choose a UTF-8 name with {option}"
+        ) from None
