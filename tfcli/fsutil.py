@@ -227,17 +227,19 @@ def exclusive_lock(folder: Path, doing: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def no_empty_folder_left(folder: Path) -> Iterator[None]:
+def no_empty_folder_left(folder: Path, leftovers: Iterable[str] = ()) -> Iterator[None]:
     """A command that fails or is interrupted before writing anything into FOLDER takes away the folder
-    if it made it (never one that was there before)."""
+    if it made it (never one that was there before). `leftovers`: what a failed start may have written
+    there and is no use alone (a run's empty metrics.jsonl, its best/ without a run): removed with it,
+    so long as nothing else is in the folder."""
     folder = Path(folder)
     existed = folder.exists()
+    removable = {LOCK_FILE, *leftovers}
     try:
         yield
     except BaseException:
-        if not existed and folder.is_dir() and all(p.name == LOCK_FILE for p in folder.iterdir()):
-            (folder / LOCK_FILE).unlink(missing_ok=True)
-            folder.rmdir()
+        if not existed and folder.is_dir() and all(p.name in removable for p in folder.iterdir()):
+            shutil.rmtree(folder, ignore_errors=True)
         raise
 
 

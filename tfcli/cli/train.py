@@ -160,7 +160,9 @@ def pretrain(
     )
     if block_size is not None:
         options["model.block_size"] = block_size
-    with no_empty_folder_left(output):
+    from tfcli.train.run_checks import RUN_LEFTOVERS
+
+    with no_empty_folder_left(output, RUN_LEFTOVERS):
         job = pretrain_job(
             data=data,
             output=output,
@@ -312,7 +314,9 @@ def finetune(
         lora_dropout=lora_dropout,
         lora_targets=lora_targets,
     )
-    with no_empty_folder_left(output):
+    from tfcli.train.run_checks import RUN_LEFTOVERS
+
+    with no_empty_folder_left(output, RUN_LEFTOVERS):
         fields = {"text": text_field, "label": label_field, "source": source_field, "target": target_field}
         job = finetune_job(
             init_from=init_from,
