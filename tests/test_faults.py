@@ -185,6 +185,8 @@ def shard_state(folder: Path) -> dict:
     if "meta.json" in state:
         meta = json.loads(state["meta.json"])
         state["meta.json"] = {k: v for k, v in meta.items() if k not in ("seconds", "sources")}
+        for check in (meta.get("checks") or {}).values():
+            check.pop("mtime_ns")  # when the file was written
     return state
 
 
