@@ -270,7 +270,10 @@ def test_a_tiny_temperature_decodes_greedily(world):
         assert tiny.code == 0 and tiny.json()["completions"][0]["text"] == greedy.json()["completions"][0]["text"], tiny.stderr
 
 
-@pytest.mark.parametrize("option, value", [("--num-beams", "100000"), ("--num-samples", "100000"), ("--batch-size", "0"), ("--max-new-tokens", "0")])
+@pytest.mark.parametrize(
+    "option, value",
+    [("--num-beams", "100000"), ("--num-samples", "100000"), ("--batch-size", "0"), ("--max-new-tokens", "0"), ("--max-new-tokens", str(10**30))],
+)
 def test_decoding_counts_out_of_range(world, option, value):
     args = ["generate", world["decoder"], "-p", "hi", "--device", "cpu", option, value]
     args += ["--strategy", "beam"] if option == "--num-beams" else ["--strategy", "sample"] if option == "--num-samples" else []

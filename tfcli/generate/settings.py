@@ -8,6 +8,7 @@ import dataclasses
 from tfcli.errors import TfcliError
 
 STRATEGIES = ("greedy", "sample", "beam")
+MAX_NEW_TOKENS = 1_000_000_000  # days of decoding at any speed; more is a typo (and 10**30 overflows a tensor's int64)
 MIN_TEMPERATURE = 1e-3  # below this, sampling is argmax (logits / 1e-38 overflow float32 to inf, and softmax to nan)
 
 
@@ -35,8 +36,11 @@ class GenerationSettings:
         self.stop = tuple(self.stop)
         if self.strategy not in STRATEGIES:
             raise TfcliError(f"unknown strategy {self.strategy!r}", hint=f"use one of {', '.join(STRATEGIES)}")
-        if self.max_new_tokens < 1:
-            raise TfcliError(f"--max-new-tokens must be at least 1, not {self.max_new_tokens}")
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise TfcliError(
+                f"--max-new-tokens must be between 1 and {MAX_NEW_TOKENS:,}, not {self.max_new_tokens:,}",
+                hint="past the context the window slides: a long run needs no more",
+            )
         if not self.temperature >= 0 or self.temperature > 100:
             raise TfcliError(f"--temperature must be between 0 and 100, not {self.temperature}")
         if self.top_k < 0:

@@ -33,6 +33,9 @@ def _token_text(value: Any) -> str | None:
 def _byte_level_bpe(src: Path) -> str:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+    for name in ("vocab.json", "merges.txt"):
+        if (src / name).stat().st_size > limits.TOKENIZER_FILE.value:
+            raise limits.TOKENIZER_FILE.exceeded(str(src / name))
     try:
         hf = Tokenizer(models.BPE.from_file(str(src / "vocab.json"), str(src / "merges.txt")))
     except Exception as exc:  # tokenizers raises a plain Exception for a bad file
