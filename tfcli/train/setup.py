@@ -50,12 +50,13 @@ def initial_model(job: TrainingJob):
     from tfcli.model.transformer import Transformer
 
     torch.manual_seed(derived_seed(job.config.seed, "init"))
+    if not job.resume and not (job.init_from is not None and job.config.lora_rank is not None):
+        refuse_what_memory_cannot_hold(job.model_config)  # first: a model too big for memory is the larger mistake
     refuse_a_batch_memory_cannot_hold(job.model_config, job.config.batch_size)
     if job.resume:
         return load_checkpoint(job.run_dir, merge_adapter=False).model  # an adapter run: wrapped, as it trains
     if job.init_from is not None and job.config.lora_rank is not None:
         return _lora_model(job)
-    refuse_what_memory_cannot_hold(job.model_config)
     model = Transformer(job.model_config)
     if job.init_from is not None:
         parent = load_checkpoint(job.init_from).model
