@@ -77,8 +77,24 @@ def chromium() -> str | None:
     return None
 
 
-# under CI a missing Chromium fails the test (in `browse`) instead of skipping it
-needs_chromium = pytest.mark.skipif(chromium() is None and not os.environ.get("CI"), reason="Chromium is not installed")
+def in_ci() -> bool:
+    """CI sets CI (GitHub Actions, GitLab, .ci/run): there a missing outside tool fails its tests instead of skipping them."""
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
+# Without CI a test that needs the browser is skipped where there is none; in CI it runs, and `browse` fails it.
+needs_chromium = pytest.mark.skipif(chromium() is None and not in_ci(), reason="Chromium is not installed")
+
+
+def require_chromium() -> str:
+    """The browser, or a skip (a failure in CI: .ci/run installs Debian's chromium)."""
+    browser = chromium()
+    if browser is None:
+        if in_ci():
+            pytest.fail("Chromium is not installed, and CI needs it for the browser tests: apt-get install -y chromium")
+        pytest.skip("Chromium is not installed")
+    return browser
+
 
 _PROBE = """<script>setTimeout(function () {
   var result;
@@ -99,14 +115,10 @@ def browse(page: Path, probe: str, *, size: tuple[int, int] = (1400, 1000), time
     `console`: a list that gets every console message of the page as it was written (errors, a blocked
     fetch of anything), from the screenshot's run.
 
-    Skips the calling test where Chromium is not installed. With TFCLI_SCREENSHOTS=DIR the screenshot is
+    Skips the calling test where Chromium is not installed (fails it in CI). With TFCLI_SCREENSHOTS=DIR the screenshot is
     also copied into DIR, for a person to look at.
     """
-    browser = chromium()
-    if browser is None:
-        if os.environ.get("CI"):
-            pytest.fail("Chromium is not installed (CI needs it: apt-get install chromium)")
-        pytest.skip("Chromium is not installed")
+    browser = require_chromium()
     profile = Path(tempfile.mkdtemp(prefix="tfcli-chromium-"))
     base = [
         browser,

@@ -7,11 +7,13 @@ and safetensors headers that claim terabytes in a file of a few hundred bytes.""
 from __future__ import annotations
 
 import json
+import os
 import resource
 import shutil
 import struct
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -324,3 +326,137 @@ def test_hugging_face_weights_that_claim_terabytes(cli, trained, tmp_path):
     (hf / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     one_line(cli("import", hf, "-o", tmp_path / "out"), "is not a valid safetensors file")
     assert not (tmp_path / "out").exists()
+
+
+# ---- arbitrary bytes in every file a command reads (a property test) ---------------------------------
+
+EXAMPLES = int(os.environ.get("TFCLI_SWEEP_EXAMPLES", "0"))
+SNIPPETS = [b"NaN", b"-Infinity", b"-3", b"1e999", b"\x00", b"\xff\xfe", b"[" * 3000, b'{"a": ' * 3000, b"\n" * 50, b'"\\ud800"', b"null", b"{}", b"[]"]
+PEAK_BOUND = 512 << 20  # what the worst example may add to this process's peak RSS
+seen: dict[str, list[int]] = {}  # reader -> peak RSS added by each example (bytes)
+
+
+def hostile_bytes(valid: bytes):
+    """Arbitrary bytes, or `valid` cut short, or with a hostile snippet spliced in or written over it."""
+    from hypothesis import strategies as st
+
+    cut = st.integers(0, len(valid)).map(lambda i: valid[:i])
+    spliced = st.tuples(st.integers(0, len(valid)), st.sampled_from(SNIPPETS), st.booleans()).map(
+        lambda t: valid[: t[0]] + t[1] + valid[t[0] + (len(t[1]) if t[2] else 0) :]
+    )
+    flipped = st.tuples(st.integers(0, max(len(valid) - 1, 0)), st.integers(1, 255)).map(
+        lambda t: valid[: t[0]] + bytes([valid[t[0]] ^ t[1]]) + valid[t[0] + 1 :] if valid else b""
+    )
+    return st.one_of(st.binary(max_size=3000), cut, spliced, flipped)
+
+
+def _library(call) -> Any:
+    """A library reader: success, or one TfcliError of one line."""
+    from tfcli.errors import TfcliError
+
+    try:
+        return call()
+    except TfcliError as exc:
+        assert "\n" not in str(exc), str(exc)
+        return exc
+
+
+def _command(*args, codes=(0, 2)) -> None:
+    result = run(*args)
+    assert "Traceback" not in result.stderr and result.code in codes, (args, result.code, result.stderr[-2000:])
+    if result.code == 2:
+        assert result.stderr.rstrip("\n").split("\n")[-1].startswith("error: "), result.stderr
+
+
+def _reader_cases(trained: dict[str, Path], folder: Path) -> dict[str, tuple[Path, Any]]:
+    """Reader name -> (the file the bytes go in, what reads it)."""
+    from tfcli.data.chat import read_conversations
+    from tfcli.data.labeled import read_labeled
+    from tfcli.data.shards import load_shard_meta
+    from tfcli.train.state import find_trainer_state, read_metrics, read_optimizer_tensors
+
+    run_dir = folder / "run"
+    shards = folder / "shards"
+    tok = folder / "tok"
+    generate = ("generate", run_dir, "-p", "hi", "-n", "1", "--device", "cpu")
+    return {
+        "prompt file": (folder / "prompts.txt", lambda p: _command("generate", trained["run"], "--prompt-file", p, "-n", "1", "--device", "cpu")),
+        "corpus text": (folder / "corpus.txt", lambda p: _command("tokenize", "encode", p, "-t", trained["tokenizer"], "-o", folder / "out")),
+        "corpus JSON lines": (folder / "corpus.jsonl", lambda p: _command("tokenize", "encode", p, "-t", trained["tokenizer"], "-o", folder / "out")),
+        "corpus gzip": (folder / "corpus.txt.gz", lambda p: _command("tokenize", "encode", p, "-t", trained["tokenizer"], "-o", folder / "out")),
+        "labeled JSON lines": (folder / "labels.jsonl", lambda p: _library(lambda: read_labeled(p, "classify"))),
+        "chat JSON lines": (folder / "chat.jsonl", lambda p: _library(lambda: read_conversations(p, "chat"))),
+        "run config.json": (run_dir / "config.json", lambda p: _command(*generate)),
+        "tokenizer.json": (tok / "tokenizer.json", lambda p: _command("tokenize", "show", "hi", "-t", tok)),
+        "tokenizer_config.json": (run_dir / "tokenizer_config.json", lambda p: _command(*generate)),
+        "trainer state.json": (run_dir / "trainer" / "state.json", lambda p: _library(lambda: find_trainer_state(run_dir))),
+        "metrics.jsonl": (run_dir / "metrics.jsonl", lambda p: (_library(lambda: read_metrics(p)), _command("info", run_dir, codes=(0, 1, 2)))),
+        "shards meta.json": (shards / "meta.json", lambda p: _library(lambda: load_shard_meta(shards))),
+        "model.safetensors": (run_dir / "model.safetensors", lambda p: _command(*generate)),
+        "optimizer.safetensors": (run_dir / "trainer" / "optimizer.safetensors", lambda p: _library(lambda: read_optimizer_tensors(p))),
+    }
+
+
+def _valid(name: str, path: Path) -> bytes:
+    if name == "corpus gzip":
+        import gzip
+
+        return gzip.compress((TINY_TEXT * 3).encode())
+    if path.is_file():
+        data = path.read_bytes()
+        return data[:3000] if name == "model.safetensors" or name == "optimizer.safetensors" else data
+    return {
+        "prompt file": b"Once upon a time\nthe fox\n",
+        "corpus text": (TINY_TEXT * 2).encode(),
+        "corpus JSON lines": b'{"text": "the fox"}\n{"text": "a ball"}\n',
+        "labeled JSON lines": b'{"text": "the fox", "label": "pos"}\n{"text": "a dog", "label": "neg"}\n',
+        "chat JSON lines": b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n',
+    }[name]
+
+
+READERS = ["prompt file", "corpus text", "corpus JSON lines", "corpus gzip", "labeled JSON lines", "chat JSON lines", "run config.json", "tokenizer.json"]
+READERS += ["tokenizer_config.json", "trainer state.json", "metrics.jsonl", "shards meta.json", "model.safetensors", "optimizer.safetensors"]
+
+
+@pytest.fixture(scope="module")
+def report_peaks():
+    yield
+    if seen:
+        worst = max(seen, key=lambda k: max(seen[k]))
+        print(f"\nhostile files tried per reader: {', '.join(f'{k} {len(v)}' for k, v in seen.items())}")
+        print(f"worst peak RSS added: {max(seen[worst]) / 1e6:.1f} MB ({worst}); bound {PEAK_BOUND >> 20} MB")
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_arbitrary_bytes_in_every_file_a_command_reads(trained, tmp_path_factory, report_peaks, reader):
+    """Any bytes in the file give success or one line and exit 2 (a damaged run: `info` exit 1), and the
+    process's peak memory grows by less than PEAK_BOUND, whatever the bytes (measured with `resource`)."""
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    folder = tmp_path_factory.mktemp("bytes")
+    shutil.copytree(trained["run"], folder / "run")
+    shutil.copytree(trained["shards"], folder / "shards")
+    shutil.copytree(trained["tokenizer"], folder / "tok")
+    target, read = _reader_cases(trained, folder)[reader]
+    valid = _valid(reader, target)
+    pristine = target.read_bytes() if target.is_file() else None
+
+    @settings(
+        max_examples=EXAMPLES or 6, deadline=None, suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.generate), derandomize=not EXAMPLES
+    )
+    @given(data=hostile_bytes(valid))
+    def check(data: bytes) -> None:
+        target.write_bytes(data)
+        if reader == "model.safetensors":  # the size agrees with config.json: the header is what is read
+            edit_json(folder / "run" / "config.json", lambda c: c.update(weights_bytes=len(data)))
+        before = _peak_rss_bytes()
+        read(target)
+        seen.setdefault(reader, []).append(_peak_rss_bytes() - before)
+        assert _peak_rss_bytes() - before < PEAK_BOUND
+        shutil.rmtree(folder / "out", ignore_errors=True)
+
+    try:
+        check()
+    finally:
+        if pristine is not None:
+            target.write_bytes(pristine)

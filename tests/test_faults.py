@@ -185,6 +185,8 @@ def shard_state(folder: Path) -> dict:
     if "meta.json" in state:
         meta = json.loads(state["meta.json"])
         state["meta.json"] = {k: v for k, v in meta.items() if k not in ("seconds", "sources")}
+        for check in (meta.get("checks") or {}).values():
+            check.pop("mtime_ns")  # when the file was written
     return state
 
 
@@ -500,3 +502,55 @@ def test_a_full_disk_for_real(cli, trained_tokenizer, shards, small_disk, tmp_pa
     no_temp_files(run_dir)
     (small_disk / "filler").unlink()
     assert cli(*train_args(shards, "-o", run_dir, "--max-steps", "4", "--resume")).code == 0
+
+
+# ---- SIGKILL at random moments of training, during saves too, then --resume ----------------------------
+
+
+def _kill_during_a_save(process: subprocess.Popen, run_dir: Path, timeout: float = 120.0) -> bool:
+    """Wait until a save is under way (a save's temp file or trainer.next is in the run folder), then SIGKILL;
+    False if the process ended first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        with contextlib.suppress(OSError):
+            if any(p.name.endswith(".tmp") or p.name == "trainer.next" for p in run_dir.iterdir()):
+                process.kill()
+                return True
+        time.sleep(0.0005)
+    return False
+
+
+def test_sigkill_at_random_moments_of_training_then_resume_gives_the_uninterrupted_weights(shards, tmp_path, rng):
+    """Five rounds of `train` killed with SIGKILL (odd rounds as soon as a save has begun, even ones at a
+    random moment), each followed by --resume (or a new start where no checkpoint was complete yet); the
+    last resume runs to the end. The weights equal an uninterrupted run's bit for bit, the metrics too, and
+    no temp file is left."""
+    from safetensors.torch import load_file
+
+    from tests.training import spawn
+    from tfcli.train.state import read_metrics
+
+    args = train_args(shards, "--max-steps", "30", "--save-every", "2", "--eval-every", "6", "--log-every", "1")
+    whole = tmp_path / "whole"
+    assert run(*args, "-o", whole).code == 0
+    broken = tmp_path / "broken"
+    for round_ in range(5):
+        resume = ["--resume"] if (broken / "config.json").is_file() else []
+        process = spawn([*args, "-o", broken, *resume])
+        if round_ % 2:
+            how = "during a save" if _kill_during_a_save(process, broken) else "(it ended first)"
+        else:
+            delay = rng.uniform(0.0, 4.0)
+            time.sleep(delay)
+            process.kill()
+            how = f"{delay:.2f} s after its start"
+        _, err = process.communicate(timeout=120)
+        print(f"round {round_ + 1}: killed {how}, exit {process.returncode}")
+        assert "Traceback" not in err, err
+    resume = ["--resume"] if (broken / "config.json").is_file() else []
+    result = run(*args, "-o", broken, *resume)
+    assert result.code == 0, result.stderr
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(broken / "model.safetensors"))
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+    assert [timeless(r) for r in read_metrics(broken / "metrics.jsonl")] == [timeless(r) for r in read_metrics(whole / "metrics.jsonl")]
+    no_temp_files(broken)

@@ -612,7 +612,7 @@ def test_cli_classify(cli, runs, run, labels):
         (["--prompt", "hi", "--num-beams", "3", "--temperature", "0.7"], "beam search does not sample"),
         (["--prompt", "hi", "--num-samples", "2"], "greedy decoding gives the same text"),
         (["--prompt", "hi", "--strategy", "nucleus"], "unknown strategy"),
-        (["--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+        (["--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be between 1 and 1,000,000,000, not 0"),
         (["--prompt", "hi", "--stop", ""], "a --stop string is empty"),
         (["--prompt", "hi", "--length-penalty", "2"], "beam-search options"),
         (["--fill-mask", "The [MASK] sat"], "needs an encoder run"),

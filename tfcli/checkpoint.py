@@ -22,6 +22,7 @@ from tfcli.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, MAX_CHAIN,
 from tfcli.errors import TfcliError
 from tfcli.fsutil import artifact_kind, commit_staged, fsync_file, prepare_output_dir, set_default_mode, temp_path_beside
 from tfcli.jsontext import loads_json
+from tfcli.limits import read_text_capped
 from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
 from tfcli.schema import JsonRecord
@@ -230,7 +231,7 @@ def _refuse_other_folders(run_dir: Path) -> None:
     """An exported or downloaded transformers folder has a config.json too, in another format; a word2vec run's
     holds word vectors, not a model (`tfcli.word2vec.run`)."""
     try:
-        data = loads_json((run_dir / CONFIG_FILE).read_text(encoding="utf-8"))
+        data = loads_json(read_text_capped(run_dir / CONFIG_FILE))
     except (OSError, ValueError):
         return  # RunConfig.load says what is wrong with it
     if isinstance(data, dict) and "format_version" not in data and ("model_type" in data or "architectures" in data):

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -226,17 +227,19 @@ def exclusive_lock(folder: Path, doing: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def no_empty_folder_left(folder: Path) -> Iterator[None]:
+def no_empty_folder_left(folder: Path, leftovers: Iterable[str] = ()) -> Iterator[None]:
     """A command that fails or is interrupted before writing anything into FOLDER takes away the folder
-    if it made it (never one that was there before)."""
+    if it made it (never one that was there before). `leftovers`: what a failed start may have written
+    there and is no use alone (a run's empty metrics.jsonl, its best/ without a run): removed with it,
+    so long as nothing else is in the folder."""
     folder = Path(folder)
     existed = folder.exists()
+    removable = {LOCK_FILE, *leftovers}
     try:
         yield
     except BaseException:
-        if not existed and folder.is_dir() and all(p.name == LOCK_FILE for p in folder.iterdir()):
-            (folder / LOCK_FILE).unlink(missing_ok=True)
-            folder.rmdir()
+        if not existed and folder.is_dir() and all(p.name in removable for p in folder.iterdir()):
+            shutil.rmtree(folder, ignore_errors=True)
         raise
 
 
@@ -273,3 +276,71 @@ def describe_write_error(exc: BaseException) -> str:
         return str(exc.strerror or exc)
     text = str(exc)
     return text.split("I/O error: ", 1)[-1] if "I/O error: " in text else text
+
+
+_MKSTEMP_TAIL = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")  # temp_path_beside's names: .NAME.XXXXXXXX.tmp
+_PID_TAIL = re.compile(r"^\.(?P<name>.+)\.(?P<pid>[0-9]+)\.tmp$")  # a shard writer's: .train.bin.PID.tmp
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # someone else's process, or no such number: leave the file alone
+    return True
+
+
+def remove_stale_temp_files(folder: Path, names: Iterable[str], *, locked: bool, older_than: float = 600.0) -> list[Path]:
+    """Remove the temp files a crashed writer left in FOLDER beside the artifacts `names` (a kill -9 during
+    a save leaves a whole model's copy there): only files of tfcli's own naming (.NAME.XXXXXXXX.tmp,
+    .NAME.PID.tmp), and only stale ones: every one where the caller holds the folder's lock (`locked`: no
+    other writer can be at work), else those of a process that is gone or older than `older_than` seconds.
+    Returns what was removed."""
+    import time
+
+    wanted = set(names)
+    removed: list[Path] = []
+    if not Path(folder).is_dir():
+        return removed
+    now = time.time()
+    for entry in Path(folder).iterdir():
+        by_pid = _PID_TAIL.match(entry.name)
+        by_stemp = _MKSTEMP_TAIL.match(entry.name)
+        match = by_pid or by_stemp
+        if match is None or match.group("name") not in wanted or not entry.is_file() or entry.is_symlink():
+            continue
+        if not locked:
+            if by_pid and int(by_pid.group("pid")) != os.getpid() and not _pid_alive(int(by_pid.group("pid"))):
+                pass  # its writer is gone
+            else:
+                try:
+                    if now - entry.stat().st_mtime < older_than:
+                        continue
+                except OSError:
+                    continue
+        try:
+            entry.unlink()
+        except OSError:
+            continue
+        removed.append(entry)
+    return removed
+
+
+def removed_note(removed: list[Path]) -> str:
+    """The line that says what `remove_stale_temp_files` removed."""
+    names = ", ".join(p.name for p in removed[:3]) + (f" and {len(removed) - 3} more" if len(removed) > 3 else "")
+    return f"removed {len(removed)} temporary file{'s' if len(removed) != 1 else ''} left by an interrupted run in {removed[0].parent}: {names}"
+
+
+def refuse_non_utf8_path(path: Path, option: str = "-o") -> None:
+    """A folder whose name is not UTF-8 (a byte Python decodes to a lone surrogate) cannot hold safetensors
+    files: the library refuses such paths, so a run saved there could never be read back. Said up front."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        shown = str(path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise TfcliError(
+            f"the path {shown} is not UTF-8, and the safetensors library cannot open files under it", hint=f"choose a UTF-8 name with {option}"
+        ) from None

@@ -146,7 +146,7 @@ def training_history(path: Path) -> dict[str, Any] | None:
         line = line.strip()
         if line:
             try:
-                record = loads_json(line)
+                record = loads_json(line, finite=False)  # non-finite losses are passed over below
             except (json.JSONDecodeError, UnicodeDecodeError):
                 continue
             if isinstance(record, dict):  # anything else is not a metrics record

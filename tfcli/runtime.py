@@ -65,3 +65,25 @@ def resolve_device(name: str) -> str:
             raise TfcliError("--device mps was asked for but MPS is not available", hint="use --device cpu or auto")
         return name
     raise TfcliError(f"unknown device {name!r}", hint="use auto, cpu, cuda, cuda:N or mps")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system says, else the machine's count)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_threads(threads: int, option: str = "--threads") -> None:
+    """0 (automatic) up to this machine's usable cores: more threads than cores only wait on each other, and
+    tens of thousands end the process inside the OpenMP runtime."""
+    from tfcli.errors import TfcliError
+
+    cores = usable_cores()
+    if not 0 <= threads <= cores:
+        raise TfcliError(
+            f"{option} must be between 0 (automatic) and this machine's {cores} usable cores, not {threads:,}", hint=f"use {option} {cores} or fewer"
+        )

@@ -16,6 +16,7 @@ from typing import Any, TypeVar, Union
 
 from tfcli.errors import TfcliError
 from tfcli.jsontext import loads_json
+from tfcli.limits import read_text_capped
 
 R = TypeVar("R", bound="JsonRecord")
 
@@ -141,7 +142,7 @@ class JsonRecord:
         """Read and validate a JSON file; every problem is a TfcliError naming the file."""
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_text_capped(path)
         except FileNotFoundError as exc:
             raise TfcliError(f"{path} does not exist") from exc
         except (OSError, UnicodeDecodeError) as exc:

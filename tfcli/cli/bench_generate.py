@@ -75,6 +75,9 @@ def generate(
     device = resolve_device(device)
     if min(repeat, prompt_tokens, new_tokens) < 1 or threads < 0:
         raise TfcliError("--repeat, --prompt-tokens and --new-tokens must be at least 1, --threads at least 0")
+    from tfcli.runtime import check_threads
+
+    check_threads(threads)
     if prompt_tokens + new_tokens > MAX_BENCH_TOKENS:
         raise TfcliError(
             f"--prompt-tokens + --new-tokens is {prompt_tokens + new_tokens:,}; the bench decodes at most {MAX_BENCH_TOKENS:,}",

@@ -38,6 +38,9 @@ def lora(
     """
     at_least(1, rank=rank, batch=batch, steps=steps, repeat=repeat)
     at_least(0, threads=threads)
+    from tfcli.runtime import check_threads
+
+    check_threads(threads)
     from tfcli.bench.lora import run_lora_bench
     from tfcli.errors import TfcliError
     from tfcli.model.config import preset as make_preset

@@ -74,9 +74,11 @@ def converse(generator, conversation) -> None:
 
     from tfcli.errors import TfcliError
     from tfcli.generate.events import Chunk, Notice
+    from tfcli.limits import BYTES_PER_TOKEN, READ_BLOCK
 
     errors = stderr_console()
     out = TextWriter()
+    line_cap = generator.model.config.block_size * BYTES_PER_TOKEN
     long_run = generator.length_notice()
     if long_run is not None:  # each reply may run that long
         errors.print(Text(f"{long_run.level}: {long_run.message}", style="yellow"), soft_wrap=True)
@@ -85,9 +87,16 @@ def converse(generator, conversation) -> None:
     while True:
         if sys.stdin.isatty():
             errors.print(Text("> ", style="bold"), end="")
-        raw = sys.stdin.buffer.readline()
+        raw = sys.stdin.buffer.readline(line_cap + 1)
         if not raw:
             break
+        if len(raw) > line_cap and not raw.endswith(b"\n"):
+            while (rest := sys.stdin.buffer.readline(READ_BLOCK)) and not rest.endswith(b"\n"):
+                pass  # the rest of the line is read and dropped, a block at a time
+            errors.print(
+                Text(f"error: that line is longer than {line_cap:,} bytes, more than the context can use; type a shorter one", style="bold red"), soft_wrap=True
+            )
+            continue
         try:
             line = raw.decode("utf-8").rstrip("\r\n")
         except UnicodeDecodeError as exc:

@@ -15,10 +15,10 @@ from tfcli.cli.common import JsonFlag, TextWriter, print_json, require_utf8, std
 from tfcli.cli.generate_options import DecodingOptions
 
 
-def _read_prompts(prompt: str | None, prompt_file: Path | None, *, empty_ok: bool = False) -> list[str]:
-    """The prompts to decode. `empty_ok`: an empty --prompt "" goes on to the generator, which starts from the
-    beginning-of-text token where the tokenizer has one (and else says the prompt is empty)."""
-    from tfcli.corpus.reader import looks_binary
+def _read_prompts(prompt: str | None, prompt_file: Path | None, run: Path | None = None, *, empty_ok: bool = False) -> list[str]:
+    """The prompts to decode, read no further than `run`'s context can use. `empty_ok`: an empty --prompt ""
+    goes on to the generator, which starts from the beginning-of-text token where the tokenizer has one (and
+    else says the prompt is empty)."""
     from tfcli.errors import TfcliError
 
     if prompt is not None and prompt_file is not None:
@@ -30,29 +30,47 @@ def _read_prompts(prompt: str | None, prompt_file: Path | None, *, empty_ok: boo
         return [prompt]
     assert prompt_file is not None
     if str(prompt_file) == "-":
-        raw = sys.stdin.buffer.read()
-        where = "stdin"
+        lines, where = _prompt_lines(sys.stdin.buffer, "stdin", run), "stdin"
     else:
         if prompt_file.is_dir():
             raise TfcliError(f"prompt file {prompt_file} is a folder", hint="pass a text file with one prompt per line")
         if not prompt_file.exists():
             raise TfcliError(f"prompt file {prompt_file} does not exist")
+        where = str(prompt_file)
         try:  # a regular file, or a pipe such as <(...)
-            raw = prompt_file.read_bytes()
+            with open(prompt_file, "rb") as handle:
+                lines = _prompt_lines(handle, where, run)
         except OSError as exc:
             raise TfcliError(f"cannot read prompt file {prompt_file}: {exc.strerror}") from exc
-        where = str(prompt_file)
-    if looks_binary(raw):
-        raise TfcliError(f"{where} looks like a binary file (it holds NUL bytes)", hint="pass a text file with one prompt per line")
-    try:
-        text = raw.decode("utf-8-sig")  # a byte-order mark is not part of the first prompt
-    except UnicodeDecodeError as exc:
-        raise TfcliError(f"{where} is not UTF-8 text (byte {exc.start})") from exc
-    prompts = [line.rstrip("\r") for line in text.split("\n")]
+    if lines:
+        lines[0] = lines[0].removeprefix(b"\xef\xbb\xbf")  # a byte-order mark is not part of the first prompt
+    prompts = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            prompts.append(line.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise TfcliError(f"{where} is not UTF-8 text (prompt {number}, byte {exc.start})") from exc
     prompts = [p for p in prompts if p.strip()]
     if not prompts:
         raise TfcliError(f"{where} holds no prompts", hint="one prompt per line; blank lines are skipped")
     return prompts
+
+
+def _prompt_lines(handle, where: str, run: Path | None) -> list[bytes]:
+    """The prompt file's lines, read no further than the run's context can use (its block size in config.json)."""
+    from tfcli.limits import BYTES_PER_TOKEN, read_prompt_lines
+
+    block = None
+    if run is not None:
+        from tfcli.checkpoint import read_run_config
+        from tfcli.errors import TfcliError
+
+        try:
+            block = read_run_config(run).model.block_size
+        except (TfcliError, AttributeError):
+            block = None  # loading the run says what is wrong with it
+    context = f"the context ({block:,} tokens)" if block else "a context of 8,192 tokens"
+    return read_prompt_lines(handle, where, (block or 8192) * BYTES_PER_TOKEN, context)
 
 
 def generate(
@@ -151,12 +169,12 @@ def generate(
     Or chat: tfcli generate runs/chat --chat --system "Answer briefly." --prompt "What is the last word of: fox red tree?"
     """
     from tfcli.cli.chat import check_chat_options
-    from tfcli.errors import TfcliError
 
     check_chat_options(chat, system, prompt_file, interactive, fill_mask, classify, json_output)
     modes = _modes(prompt, prompt_file, fill_mask, classify, interactive, chat)
-    if threads < 0:
-        raise TfcliError(f"--threads must be 0 (automatic) or more, not {threads}")
+    from tfcli.runtime import check_threads
+
+    check_threads(threads)
     decoding = DecodingOptions(
         max_new_tokens=max_new_tokens,
         strategy=strategy,
@@ -245,7 +263,7 @@ def _decode(
     if interactive and json_output:
         raise TfcliError("--interactive prints a conversation, not JSON", hint="drop --json")
     settings = decoding.settings(interactive=interactive, json_output=json_output)
-    prompts = None if interactive or chat else _read_prompts(prompt, prompt_file, empty_ok=True)
+    prompts = None if interactive or chat else _read_prompts(prompt, prompt_file, run, empty_ok=True)
     if chat and prompt is not None:
         _read_prompts(prompt, None)  # the same checks: UTF-8, not empty
     checkpoint = _load(run, device, threads)

@@ -239,6 +239,13 @@ def encode(
         def report(done: int, total_bytes: int, tokens: int) -> None:
             progress.update(task, completed=done, tokens=tokens)
 
+        from rich.text import Text
+
+        from tfcli.fsutil import remove_stale_temp_files, removed_note
+
+        removed = remove_stale_temp_files(output, ("train.bin", "val.bin", "meta.json"), locked=False)
+        if removed:
+            console.print(Text(f"note: {removed_note(removed)}", style="yellow"), soft_wrap=True)
         with no_empty_folder_left(output):
             meta = encode_corpus(sources, loaded, output, val_fraction=val_fraction, seed=seed, boundary=documents, progress=report)  # type: ignore[arg-type]
     if json_output:

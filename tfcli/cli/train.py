@@ -232,7 +232,9 @@ def pretrain(
         options["model.block_size"] = block_size
     if objective is not None:
         options["task"] = objective
-    with no_empty_folder_left(output):
+    from tfcli.train.run_checks import RUN_LEFTOVERS
+
+    with no_empty_folder_left(output, RUN_LEFTOVERS):
         job = pretrain_job(
             data=data,
             output=output,
@@ -384,7 +386,9 @@ def finetune(
         lora_dropout=lora_dropout,
         lora_targets=lora_targets,
     )
-    with no_empty_folder_left(output):
+    from tfcli.train.run_checks import RUN_LEFTOVERS
+
+    with no_empty_folder_left(output, RUN_LEFTOVERS):
         fields = {"text": text_field, "label": label_field, "source": source_field, "target": target_field}
         job = finetune_job(
             init_from=init_from,
@@ -417,7 +421,9 @@ def _pretrain_word2vec(
             from tfcli.errors import TfcliError
 
             raise TfcliError("--epochs and --time-budget do not go together: a budget sets the run's length", hint="pass one of them")
-    with no_empty_folder_left(output):
+    from tfcli.train.run_checks import RUN_LEFTOVERS
+
+    with no_empty_folder_left(output, RUN_LEFTOVERS):
         job = word2vec_job(data=data, output=output, vectors=vectors, settings=settings, tokenizer_path=tokenizer, resume=resume)
         render_training(job, json_output)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from tfcli.errors import TfcliError
+from tfcli.limits import DECOMPRESSION_FREE, DECOMPRESSION_RATIO
 
 STDIN = "-"
 SNIFF_BYTES = 8192
@@ -164,8 +165,8 @@ class _CountingReader:
     """A read-only binary stream over `raw` that reports the bytes it reads to `count` and can first
     return bytes already read (`prefix`, for standard input, which cannot seek back)."""
 
-    def __init__(self, raw: BinaryIO, count: Callable[[int], None] | None, prefix: bytes = b"") -> None:
-        self.raw, self.count, self.prefix, self.consumed = raw, count, prefix, 0
+    def __init__(self, raw: BinaryIO, count: Callable[[int], None] | None, prefix: bytes = b"", on_data: Callable[[bytes], None] | None = None) -> None:
+        self.raw, self.count, self.prefix, self.consumed, self.on_data = raw, count, prefix, 0, on_data
 
     def read(self, n: int = -1) -> bytes:
         if self.prefix:
@@ -176,6 +177,8 @@ class _CountingReader:
         self.consumed += len(data)
         if self.count:
             self.count(len(data))
+        if self.on_data:
+            self.on_data(data)
         return data
 
     def readinto(self, buffer) -> int:
@@ -202,27 +205,119 @@ def _decompressing(raw: Any, compression: str | None, where: str) -> Iterator[An
     if compression is None:
         yield raw
         return
+    frames = ZstdFrames() if compression == "zstd" else None
+    counted = _CountingReader(raw, None, on_data=frames.feed if frames else None)
     if compression == "gzip":
         import gzip
 
-        stream: Any = gzip.GzipFile(fileobj=raw, mode="rb")
+        stream: Any = gzip.GzipFile(fileobj=counted, mode="rb")
     elif compression == "bzip2":
         import bz2
 
-        stream = bz2.BZ2File(raw, "rb")
+        stream = bz2.BZ2File(counted, "rb")
     elif compression == "xz":
         import lzma
 
-        stream = lzma.LZMAFile(raw, "rb")
+        stream = lzma.LZMAFile(counted, "rb")
     elif compression == "zstd":
         zstandard = require("zstandard", "zstandard", f"{where} is zstd-compressed")
-        stream = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=False)
+        stream = zstandard.ZstdDecompressor().stream_reader(counted, read_across_frames=True, closefd=False)
     else:  # pragma: no cover - COMPRESSION_SUFFIXES and compression_of name only the four above
         raise AssertionError(compression)
     try:
-        yield stream
+        yield _Guarded(stream, counted, frames, where)
     finally:
         stream.close()
+
+
+class _Guarded:
+    """A decompressed stream that stops a bomb (more out than limits.DECOMPRESSION_RATIO times what came in,
+    past the first DECOMPRESSION_FREE bytes) and, for zstd, a file cut inside a frame (the library reads
+    such a file up to the cut and says nothing)."""
+
+    def __init__(self, stream: Any, source: _CountingReader, frames: ZstdFrames | None, where: str) -> None:
+        self.stream, self.source, self.frames, self.where = stream, source, frames, where
+        self.ratio, self.out = DECOMPRESSION_RATIO.value, 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.stream.read(n if n is not None and n >= 0 else READ_ALL_BLOCK)
+        self.out += len(data)
+        if self.out > DECOMPRESSION_FREE and self.out > self.ratio * max(self.source.consumed, 1):
+            raise TfcliError(
+                f"{self.where} decompresses to more than {self.ratio:,}x its compressed size (a decompression bomb?), the limit on {DECOMPRESSION_RATIO.what}",
+                hint=DECOMPRESSION_RATIO.how_to_raise(),
+            )
+        if not data and n != 0 and self.frames is not None and not self.frames.complete():
+            raise EOFError("the file ends inside a frame")
+        return data
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+READ_ALL_BLOCK = 1 << 20
+
+
+class ZstdFrames:
+    """Follows the frames and blocks of a zstd stream from its compressed bytes (headers only, nothing
+    decompressed), to tell whether it ended where a frame ends. Example: a whole file -> complete() True;
+    its first half -> False."""
+
+    def __init__(self) -> None:
+        self.pending = bytearray()  # header bytes not yet parsed
+        self.skip = 0  # bytes of content to pass over
+        self.state = "magic"
+        self.checksum = False
+        self.broken = False
+        self.frames = 0
+
+    def feed(self, data: bytes) -> None:
+        view = memoryview(data)
+        while len(view) and not self.broken:
+            if self.skip:
+                taken = min(self.skip, len(view))
+                self.skip -= taken
+                view = view[taken:]
+                continue
+            need = {"magic": 4, "skippable": 4, "descriptor": 1, "block": 3}[self.state]
+            taken = min(need - len(self.pending), len(view))
+            self.pending += view[:taken]
+            view = view[taken:]
+            if len(self.pending) == need:
+                header, self.pending = bytes(self.pending), bytearray()
+                self._parsed(header)
+
+    def _parsed(self, header: bytes) -> None:
+        value = int.from_bytes(header, "little")
+        if self.state == "magic":
+            if value == 0xFD2FB528:
+                self.state = "descriptor"
+            elif value & 0xFFFFFFF0 == 0x184D2A50:
+                self.state = "skippable"
+            else:
+                self.broken = True  # the decompressor reports it
+        elif self.state == "skippable":
+            self.skip, self.state = value, "magic"
+            self.frames += 1
+        elif self.state == "descriptor":
+            single_segment, dictionary = value >> 5 & 1, value & 3
+            content_size = (0 if not single_segment else 1, 2, 4, 8)[value >> 6]
+            self.checksum = bool(value >> 2 & 1)
+            self.skip = (0 if single_segment else 1) + (0, 1, 2, 4)[dictionary] + content_size
+            self.state = "block"
+        else:  # a block header: last-block flag, type, size
+            kind, size = value >> 1 & 3, value >> 3
+            if kind == 3:
+                self.broken = True
+                return
+            self.skip = 1 if kind == 1 else size
+            if value & 1:
+                self.skip += 4 if self.checksum else 0
+                self.state = "magic"
+                self.frames += 1
+
+    def complete(self) -> bool:
+        return self.broken or (self.state == "magic" and not self.pending and not self.skip and self.frames > 0)
 
 
 @dataclasses.dataclass

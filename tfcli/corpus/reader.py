@@ -302,7 +302,7 @@ def iter_records(opened: formats.OpenedSource, fields: Sequence[str], stats: Rea
 
         yield from records.parquet_rows(opened.parquet, opened.name, fields, hint, progress if size else None)
         return
-    lines = records.record_lines(decode_blocks(opened, stats))
+    lines = records.record_lines(decode_blocks(opened, stats), opened.name)
     if opened.format == "jsonl":
         yield from records.jsonl_rows(lines, opened.name, fields, strict)
     elif opened.format in ("csv", "tsv"):

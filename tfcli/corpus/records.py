@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from tfcli.corpus.formats import first_line
 from tfcli.errors import TfcliError
 from tfcli.jsontext import loads_json
+from tfcli.limits import RECORD
 
 PARQUET_BATCH_ROWS = 1024
 CSV_FIELD_LIMIT = 1 << 27  # characters: csv's default (128 Ki) is smaller than many real documents; a broken quote stops here
@@ -71,23 +72,34 @@ def _first_missing(fields: Sequence[str], values: Sequence) -> str | None:
     return next((field for field, value in zip(fields, values) if value is MISSING), None)
 
 
-def record_lines(blocks: Iterator[str]) -> Iterator[str]:
+def record_lines(blocks: Iterator[str], where: str = "the file") -> Iterator[str]:
     """Lines of a stream of text blocks, cut at "\\n" only (a JSON string or a quoted CSV field may hold
-    other line separators), each with its "\\n"; a line longer than a block is joined from its parts."""
+    other line separators), each with its "\\n"; a line longer than a block is joined from its parts, up to
+    the cap on one record (limits.RECORD), past which it is the one line naming the cap."""
+    cap = RECORD.value
     held: list[str] = []
+    held_chars = 0
+    number = 0
     for block in blocks:
         if "\n" not in block:
             held.append(block)
+            held_chars += len(block)
+            if held_chars > cap:
+                raise RECORD.exceeded(f"{where} line {number + 1:,}")
             continue
         lines = block.split("\n")
         if held:
             lines[0] = "".join(held) + lines[0]
-            held = []
+            held, held_chars = [], 0
         last = lines.pop()
         for line in lines:
+            number += 1
+            if len(line) > cap:
+                raise RECORD.exceeded(f"{where} line {number:,}")
             yield line + "\n"
         if last:
             held.append(last)
+            held_chars = len(last)
     if held:
         yield "".join(held)
 
@@ -102,7 +114,7 @@ def jsonl_rows(lines: Iterator[str], where: str, fields: Sequence[str], strict: 
         if first:
             line = line.removeprefix("\ufeff")
         try:
-            record = loads_json(line)
+            record = loads_json(line, finite=False)  # a corpus's other fields may hold NaN (pandas writes it)
         except json.JSONDecodeError as exc:
             if first or strict:
                 what = "is not valid JSON" if not first else "is not valid JSON, so the file is not JSON lines"

@@ -8,6 +8,7 @@ The trainer memory-maps the .bin files (`open_shard`); it never loads them whole
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import random
 import time
@@ -47,6 +48,33 @@ class ShardSource(JsonRecord):
 
 
 @dataclasses.dataclass
+class ShardCheck(JsonRecord):
+    """What a .bin file held when it was encoded: its sha256 (the whole file, for a full check), the sha256 of
+    SAMPLE_BLOCKS blocks spread over it (a cheap check at every start) and its modification time."""
+
+    sha256: str
+    sample_sha256: str
+    mtime_ns: int
+
+
+SAMPLE_BLOCKS, SAMPLE_BYTES = 64, 4096  # 256 KiB read per split at a start: every byte of a smaller file
+
+
+def sample_sha256(path: Path) -> str:
+    """sha256 of the file's size and SAMPLE_BLOCKS blocks at evenly spread offsets (the whole file when small)."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as handle:
+        if size <= SAMPLE_BLOCKS * SAMPLE_BYTES:
+            digest.update(handle.read())
+        else:
+            for i in range(SAMPLE_BLOCKS):
+                handle.seek((size - SAMPLE_BYTES) * i // (SAMPLE_BLOCKS - 1))
+                digest.update(handle.read(SAMPLE_BYTES))
+    return digest.hexdigest()
+
+
+@dataclasses.dataclass
 class ShardMeta(JsonRecord):
     """meta.json of a shard folder: what the .bin files hold and where they came from."""
 
@@ -72,6 +100,7 @@ class ShardMeta(JsonRecord):
     skipped_records: int = 0  # records whose field was missing or not a string
     skipped_record_examples: list[str] = dataclasses.field(default_factory=list)  # the first few, by file and line or row
     encoder: str = "tokenizers"  # what computed the ids: tokenizers, or tiktoken where it gives the same ids
+    checks: dict[str, ShardCheck] | None = None  # per split (None in shards encoded before tfcli kept them)
 
     def tokens(self, split: str) -> int:
         return self.train_tokens if split == "train" else self.val_tokens
@@ -90,10 +119,17 @@ class ShardWriter:
         self.tokens = 0
         self.documents = 0
         self._handle: BinaryIO = open(self.tmp_path, "wb")
+        self._digest = hashlib.sha256()
 
     def write(self, ids: np.ndarray) -> None:
-        self._handle.write(ids.astype(self.dtype, copy=False).tobytes())
+        data = ids.astype(self.dtype, copy=False).tobytes()
+        self._handle.write(data)
+        self._digest.update(data)
         self.tokens += int(ids.size)
+
+    def check(self) -> ShardCheck:
+        """The finished file's fingerprint (its name stays the same through the rename, and so does its mtime)."""
+        return ShardCheck(sha256=self._digest.hexdigest(), sample_sha256=sample_sha256(self.tmp_path), mtime_ns=self.tmp_path.stat().st_mtime_ns)
 
     def finish(self) -> None:
         self._handle.flush()
@@ -236,6 +272,7 @@ def encode_corpus(
         _encode_pipelined(_batches(iter_document_pieces(corpus, boundary, stats)), encode_batch, splits.write, report)
         splits.refuse_empty(corpus, stats)
         train, val = splits.writers["train"], splits.writers["val"]
+        staged = splits.finish()
         meta = ShardMeta(
             format_version=SHARD_FORMAT_VERSION,
             dtype=dtype,
@@ -259,10 +296,10 @@ def encode_corpus(
             invalid_utf8_files=len(stats.files_with_invalid_utf8),
             skipped_binary_files=[str(p) for p in corpus.skipped_binary],
             seconds=round(time.perf_counter() - started, 3),
+            checks={split: writer.check() for split, writer in splits.writers.items()},
         )
         # Everything is written and fsynced before the first rename, and a signal waits for the last one;
         # meta.json goes last, so a crash between the renames leaves sizes that load_shard_meta refuses.
-        staged = splits.finish()
         staged.append((stage_file(out_dir / META_FILE, dumps_json(meta.to_json(), indent=2) + "\n"), out_dir / META_FILE))
         commit_staged(staged)
         return meta
@@ -305,6 +342,31 @@ def load_shard_meta(shard_dir: Path) -> ShardMeta:
                 hint="the shards are incomplete or mixed up; re-run `tfcli tokenize encode`",
             )
     return meta
+
+
+def verify_shards(shard_dir: Path, meta: ShardMeta, full: bool = False) -> None:
+    """The .bin files are the ones meta.json describes, byte for byte as far as the check reads: a file whose
+    size and mtime are as encoded passes; another (copied, touched, or shuffled in place) has its sampled
+    blocks hashed; `full` hashes every byte. Shards encoded before tfcli kept checks are not checked."""
+    if not meta.checks:
+        return
+    for split, check in meta.checks.items():
+        path = Path(shard_dir) / f"{split}.bin"
+        if split not in SPLITS or not path.is_file():
+            continue
+        if full:
+            from tfcli.fsutil import sha256_file
+
+            same, how = sha256_file(path) == check.sha256, "its sha256 differs"
+        elif path.stat().st_mtime_ns == check.mtime_ns:
+            continue
+        else:
+            same, how = sample_sha256(path) == check.sample_sha256, "its sampled blocks differ"
+        if not same:
+            raise TfcliError(
+                f"{path} is not the file {META_FILE} describes ({how}: its token ids changed since it was encoded)",
+                hint="re-run `tfcli tokenize encode`, or restore the shards the run was trained on",
+            )
 
 
 def open_shard(shard_dir: Path, split: str) -> np.ndarray:

@@ -8,13 +8,15 @@ import dataclasses
 from tfcli.errors import TfcliError
 
 STRATEGIES = ("greedy", "sample", "beam")
+MAX_NEW_TOKENS = 1_000_000_000  # days of decoding at any speed; more is a typo (and 10**30 overflows a tensor's int64)
+MIN_TEMPERATURE = 1e-3  # below this, sampling is argmax (logits / 1e-38 overflow float32 to inf, and softmax to nan)
 
 
 @dataclasses.dataclass
 class GenerationSettings:
     strategy: str = "greedy"  # greedy (argmax) | sample (temperature, top-k, top-p, min-p) | beam
     max_new_tokens: int = 128  # new tokens per completion, at most
-    temperature: float = 1.0  # sample: logits / temperature; 0 means greedy
+    temperature: float = 1.0  # sample: logits / temperature; 0 (and anything below MIN_TEMPERATURE) means greedy
     top_k: int = 0  # sample: keep the k most likely tokens (0: all)
     top_p: float = 1.0  # sample: keep the smallest set of tokens whose probability reaches p (nucleus)
     min_p: float = 0.0  # sample: drop tokens less likely than min_p x the most likely one
@@ -34,8 +36,11 @@ class GenerationSettings:
         self.stop = tuple(self.stop)
         if self.strategy not in STRATEGIES:
             raise TfcliError(f"unknown strategy {self.strategy!r}", hint=f"use one of {', '.join(STRATEGIES)}")
-        if self.max_new_tokens < 1:
-            raise TfcliError(f"--max-new-tokens must be at least 1, not {self.max_new_tokens}")
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise TfcliError(
+                f"--max-new-tokens must be between 1 and {MAX_NEW_TOKENS:,}, not {self.max_new_tokens:,}",
+                hint="past the context the window slides: a long run needs no more",
+            )
         if not self.temperature >= 0 or self.temperature > 100:
             raise TfcliError(f"--temperature must be between 0 and 100, not {self.temperature}")
         if self.top_k < 0:
@@ -94,7 +99,7 @@ class GenerationSettings:
     @property
     def greedy(self) -> bool:
         """Argmax decoding: the greedy strategy, or sampling at temperature 0."""
-        return self.strategy == "greedy" or (self.strategy == "sample" and self.temperature == 0)
+        return self.strategy == "greedy" or (self.strategy == "sample" and self.temperature < MIN_TEMPERATURE)
 
     def to_json(self) -> dict:
         data = dataclasses.asdict(self)

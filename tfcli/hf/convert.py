@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfcli.checkpoint import WEIGHTS_FILE, load_checkpoint, model_from_tensors, read_run_config, save_checkpoint
 from tfcli.errors import TfcliError
-from tfcli.fsutil import atomic_write_json, atomic_write_text, prepare_output_dir
+from tfcli.fsutil import atomic_write_json, atomic_write_text, prepare_output_dir, refuse_non_utf8_path
 from tfcli.hf import bert, gpt2, llama
 from tfcli.hf.folder import HfConfig, WeightFiles, read_hf_config
 from tfcli.hf.mapping import TensorMap
@@ -129,6 +129,7 @@ def import_hf(src: Path, run_dir: Path) -> Imported:
     state.update(fresh)
     assert set(expected) - set(state) <= ({"lm_head.weight"} if config.tie_embeddings else set()), set(expected) - set(state)
     labels = family.labels(HfConfig(data, src / "config.json"), hf_class)
+    refuse_non_utf8_path(run_dir)
     run_dir = prepare_output_dir(run_dir, "run")
     tokenizer, tokenizer_notes = import_tokenizer(src, run_dir)
     if tokenizer.vocab_size > config.vocab_size:  # fewer is fine: the model's vocabulary was padded (nanoGPT: 50,304)
@@ -178,6 +179,7 @@ def write_hf_folder(checkpoint, state: dict[str, torch.Tensor], out_dir: Path) -
     config = checkpoint.config.model
     hf_class = export_class(config, checkpoint.config.source_class)
     family = FAMILIES[hf_class]
+    refuse_non_utf8_path(out_dir)
     out_dir = prepare_output_dir(out_dir, "export")
     tensors = {}
     for mapping in family.tensor_maps(config, hf_class):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from tfcli.checkpoint import PICKLE_SUFFIXES, WEIGHTS_FILE
 from tfcli.errors import TfcliError
 from tfcli.jsontext import loads_json
+from tfcli.limits import read_text_capped
 
 if TYPE_CHECKING:
     import torch
@@ -141,7 +142,7 @@ class WeightFiles:
 def read_json_object(path: Path) -> dict[str, Any]:
     """A JSON file that must hold an object; anything else is one clear line."""
     try:
-        data = loads_json(path.read_text(encoding="utf-8"))
+        data = loads_json(read_text_capped(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TfcliError(f"{path} is not valid JSON ({exc})") from exc
     if not isinstance(data, dict):

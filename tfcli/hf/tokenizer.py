@@ -11,9 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tfcli import limits
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json, atomic_write_text
 from tfcli.hf.folder import read_json_object
+from tfcli.limits import read_text_capped
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
 from tfcli.tokenizer.specials import CONFIG_KEYS, LOADED_ROLES
 
@@ -31,6 +33,9 @@ def _token_text(value: Any) -> str | None:
 def _byte_level_bpe(src: Path) -> str:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+    for name in ("vocab.json", "merges.txt"):
+        if (src / name).stat().st_size > limits.TOKENIZER_FILE.value:
+            raise limits.TOKENIZER_FILE.exceeded(str(src / name))
     try:
         hf = Tokenizer(models.BPE.from_file(str(src / "vocab.json"), str(src / "merges.txt")))
     except Exception as exc:  # tokenizers raises a plain Exception for a bad file
@@ -47,7 +52,7 @@ def _wordpiece(src: Path, settings: dict[str, Any]) -> str:
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
     try:
-        lines = (src / "vocab.txt").read_text(encoding="utf-8").split("\n")
+        lines = read_text_capped(src / "vocab.txt", limits.TOKENIZER_FILE).split("\n")
     except (OSError, UnicodeDecodeError) as exc:
         raise TfcliError(f"cannot read {src / 'vocab.txt'} ({exc})") from exc
     if lines and lines[-1] == "":
@@ -92,7 +97,7 @@ def import_tokenizer(src: Path, run_dir: Path) -> tuple[TextTokenizer, list[str]
     settings = _roles(src, settings)
     if (src / TOKENIZER_FILE).is_file():
         try:
-            text = (src / TOKENIZER_FILE).read_text(encoding="utf-8")
+            text = read_text_capped(src / TOKENIZER_FILE, limits.TOKENIZER_FILE)
         except (OSError, UnicodeDecodeError) as exc:
             raise TfcliError(f"cannot read {src / TOKENIZER_FILE} ({exc})") from exc
     elif (src / "vocab.json").is_file() and (src / "merges.txt").is_file():

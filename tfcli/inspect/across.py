@@ -16,6 +16,7 @@ from tfcli.errors import TfcliError
 from tfcli.inspect.capture import AttentionCapture
 from tfcli.inspect.stats import PATTERNS
 from tfcli.jsontext import loads_json
+from tfcli.limits import read_text_capped
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -29,7 +30,7 @@ KEPT_DIR = "checkpoints"  # as tfcli.train.saving.KEPT_DIR
 
 def _step(run: Path) -> int | None:
     try:
-        training = loads_json((run / "config.json").read_text(encoding="utf-8")).get("training") or {}
+        training = loads_json(read_text_capped(run / "config.json")).get("training") or {}
     except (OSError, ValueError):
         return None
     step = training.get("step")

@@ -22,6 +22,7 @@ from functools import cached_property
 from typing import Any
 
 from tfcli.errors import TfcliError
+from tfcli.limits import CHAT_TEMPLATE_OUTPUT
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.specials import CONFIG_KEYS, LOADED_ROLES
 
@@ -94,7 +95,22 @@ def _environment():
 
         return datetime.datetime.now().strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols])
+    class BoundedSandbox(ImmutableSandboxedEnvironment):
+        """The sandbox, with `*` and `**` checked before they run: "a" * 4000000000 or 10 ** 10 ** 9 would
+        take gigabytes or hours before the output cap could see them."""
+
+        intercepted_binops = frozenset(["*", "**"])
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "*" and isinstance(right, int) and isinstance(left, (str, list, tuple)):
+                left, right = right, left
+            if operator == "*" and isinstance(left, int) and isinstance(right, (str, list, tuple)) and left * len(right) > CHAT_TEMPLATE_OUTPUT.value:
+                raise TemplateLimit(f"a repetition of {left:,} x {len(right):,} items, more than {CHAT_TEMPLATE_OUTPUT.what} may hold")
+            if operator == "**" and isinstance(right, (int, float)) and abs(right) > 1024 and isinstance(left, int) and abs(left) > 1:
+                raise TemplateLimit(f"a power {left} ** {right} too large to compute")
+            return super().call_binop(context, operator, left, right)
+
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
@@ -103,6 +119,20 @@ def _environment():
 
 class TemplateRaised(Exception):
     """A template's own `raise_exception(...)`."""
+
+
+class TemplateLimit(Exception):
+    """A template that asked for more than a chat template may (see limits.CHAT_TEMPLATE_OUTPUT)."""
+
+
+def _template_line(exc: BaseException) -> int | None:
+    """The template line an error came from: jinja2 rewrites tracebacks so the template's frames carry its lines."""
+    line, tb = None, exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
 
 
 @contextlib.contextmanager
@@ -122,10 +152,14 @@ class ChatTemplate:
         import jinja2
 
         self.source, self.tokenizer, self.where = source, tokenizer, where
+        if not source.strip():
+            raise TfcliError(f"the chat template of {where} is empty", hint="write a template, or leave the option out for tfcli's default (ChatML)")
         try:
             self.compiled = _environment().from_string(source)
         except jinja2.TemplateSyntaxError as exc:
             raise TfcliError(f"the chat template of {where} is not valid Jinja (template line {exc.lineno}: {exc.message})", hint="fix the template") from None
+        except (RecursionError, MemoryError, OverflowError, ValueError) as exc:  # nesting too deep to compile, say
+            raise TfcliError(f"the chat template of {where} cannot be compiled ({type(exc).__name__})", hint="fix the template") from None
         # the variables transformers passes besides the messages: bos_token, eos_token, ... by name
         self.variables = dict(special_tokens or {})
 
@@ -146,12 +180,24 @@ class ChatTemplate:
     def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False) -> str:
         import jinja2
 
-        try:
-            return self.compiled.render(messages=[m.to_json() for m in messages], add_generation_prompt=add_generation_prompt, **self.variables)
+        cap = CHAT_TEMPLATE_OUTPUT.value
+        pieces, size = [], 0
+        try:  # piece by piece, so that output past the cap stops the template instead of filling memory
+            for piece in self.compiled.generate(messages=[m.to_json() for m in messages], add_generation_prompt=add_generation_prompt, **self.variables):
+                size += len(piece)
+                if size > cap:
+                    raise CHAT_TEMPLATE_OUTPUT.exceeded(f"the output of the chat template of {self.where}")
+                pieces.append(piece)
         except TemplateRaised as exc:
             raise TfcliError(f"the chat template of {self.where} refused the conversation: {exc}") from None
-        except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
-            raise TfcliError(f"the chat template of {self.where} failed to render ({type(exc).__name__}: {exc})", hint="fix the template") from None
+        except TfcliError:
+            raise
+        except (jinja2.TemplateError, TemplateLimit, ArithmeticError, RecursionError, MemoryError, TypeError, ValueError, LookupError, AttributeError) as exc:
+            line = _template_line(exc)
+            at = f"template line {line}: " if line else ""
+            what = "nests too deeply (a macro that calls itself?)" if isinstance(exc, RecursionError) else f"{type(exc).__name__}: {str(exc)[:200]}"
+            raise TfcliError(f"the chat template of {self.where} failed to render ({at}{what})", hint="fix the template") from None
+        return "".join(pieces)
 
     @cached_property
     def special_texts(self) -> list[str]:

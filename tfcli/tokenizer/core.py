@@ -14,9 +14,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tfcli import limits
 from tfcli.corpus.reader import replace_lone_surrogates
 from tfcli.errors import TfcliError
 from tfcli.jsontext import loads_json
+from tfcli.limits import nesting_depth, read_file_capped, read_text_capped
 from tfcli.tokenizer.specials import CONFIG_KEYS, KNOWN_NAMES, LOADED_ROLES
 
 if TYPE_CHECKING:
@@ -57,12 +59,17 @@ class TextTokenizer:
             path = path / TOKENIZER_FILE
         if not path.is_file():
             raise TfcliError(f"tokenizer file {path} does not exist", hint="train one with `tfcli tokenize train`")
+        text = ""
         try:
-            raw = path.read_bytes()
+            raw = read_file_capped(path, limits.TOKENIZER_FILE)
             text = raw.decode("utf-8")
             hf = Tokenizer.from_str(text)
+        except TfcliError:
+            raise
         except Exception as exc:  # OSError, UnicodeDecodeError, and the plain Exception tokenizers raises on bad JSON
             first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if "recursion limit" in first_line or nesting_depth(text, 128) >= 128:  # the parser's own words for it
+                first_line = "nested too deeply"
             raise TfcliError(
                 f"{path} is not a tokenizer.json ({first_line})", hint="pass a file written by `tfcli tokenize train` or a Hugging Face tokenizer.json"
             ) from exc
@@ -194,7 +201,7 @@ def _read_tokenizer_config(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        data = loads_json(path.read_text(encoding="utf-8"))
+        data = loads_json(read_text_capped(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TfcliError(f"{path} is not valid JSON ({exc})", hint="fix it or delete it") from exc
     if not isinstance(data, dict):

@@ -20,6 +20,7 @@ from tfcli.data.chat import encode_conversations, read_conversations, shifted_ta
 from tfcli.data.labeled import split_validation
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json, atomic_write_text
+from tfcli.limits import CHAT_TEMPLATE_FILE, read_text_capped
 from tfcli.tokenizer.chat_template import DEFAULT_TEMPLATE, ChatTemplate, chat_tokenizer_files, template_source
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
 from tfcli.train.data import IGNORE, Batch, LabeledSource, pad_rows
@@ -44,9 +45,12 @@ def _template_text(template_file: Path | None, parent_config: dict) -> str:
     if template_file is None:
         return template_source(parent_config) or DEFAULT_TEMPLATE
     try:
-        return Path(template_file).read_text(encoding="utf-8")
+        text = read_text_capped(Path(template_file), CHAT_TEMPLATE_FILE)
     except (OSError, UnicodeDecodeError) as exc:
         raise TfcliError(f"cannot read the chat template {template_file} ({exc})", hint="pass a UTF-8 Jinja file") from None
+    if not text.strip():
+        raise TfcliError(f"the chat template {template_file} is empty", hint="write a template, or leave --chat-template out for tfcli's default (ChatML)")
+    return text
 
 
 def prepare_chat(job, *, template_file: Path | None, resume: bool) -> None:

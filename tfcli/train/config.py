@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tfcli.errors import TfcliError
+from tfcli.limits import JSON_FILE, TOML_DEPTH, nesting_depth, read_text_capped
 from tfcli.model.config import ModelConfig, preset
 from tfcli.schema import expect
 from tfcli.training_config import TrainConfig
@@ -120,7 +121,10 @@ def read_toml(path: Path) -> dict[str, Any]:
     """A config file: [model] and [train] tables, or flat keys; returned flat with dotted section names."""
     tomllib = _tomllib()
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        text = read_text_capped(Path(path), JSON_FILE)
+        if nesting_depth(text, TOML_DEPTH.value + 1) > TOML_DEPTH.value:  # tomllib recurses per level: 3,000 are a RecursionError
+            raise TOML_DEPTH.exceeded(f"{path}'s nesting")
+        data = tomllib.loads(text)
     except FileNotFoundError as exc:
         raise TfcliError(f"config file {path} does not exist") from exc
     except (OSError, UnicodeDecodeError) as exc:

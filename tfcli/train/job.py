@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -65,18 +66,20 @@ def _digest(obj: Any) -> str:
 
 
 def shard_fingerprint(shard_dir: Path) -> str:
-    from tfcli.data.shards import load_shard_meta
+    from tfcli.data.shards import load_shard_meta, verify_shards
 
     meta = load_shard_meta(shard_dir)
-    return _digest(
-        {
-            "tokenizer": meta.tokenizer_sha256,
-            "train": meta.train_tokens,
-            "val": meta.val_tokens,
-            "sources": [s.to_json() for s in meta.sources],
-            "seed": meta.seed,
-        }
-    )
+    verify_shards(shard_dir, meta, full=os.environ.get("TFCLI_VERIFY_SHARDS", "") == "full")
+    described = {
+        "tokenizer": meta.tokenizer_sha256,
+        "train": meta.train_tokens,
+        "val": meta.val_tokens,
+        "sources": [s.to_json() for s in meta.sources],
+        "seed": meta.seed,
+    }
+    if meta.checks:  # the content too (older shards have only their counts, and keep their old fingerprint)
+        described["sha256"] = {split: check.sha256 for split, check in sorted(meta.checks.items())}
+    return _digest(described)
 
 
 def file_fingerprint(*paths: Path | None) -> str:

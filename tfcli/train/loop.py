@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from tfcli.errors import Interrupted
-from tfcli.fsutil import exclusive_lock
+from tfcli.fsutil import exclusive_lock, remove_stale_temp_files, removed_note
 from tfcli.train.distributed import World, join_world, leave_world
 from tfcli.train.job import TrainingJob
 from tfcli.train.run_checks import refuse_existing_run
@@ -59,6 +59,8 @@ def train(job: TrainingJob | Word2VecJob) -> Iterator[Any]:
         with exclusive_lock(job.run_dir, "training into") if world.is_main else contextlib.nullcontext():
             if world.is_main and not job.resume:
                 refuse_existing_run(job.run_dir)  # again, under the lock: another process may have made one since
+            if world.is_main:
+                _clean_crash_leftovers(job)
             yield from _train(job, world)
         together = True
     except Interrupted:
@@ -72,6 +74,31 @@ def train(job: TrainingJob | Word2VecJob) -> Iterator[Any]:
         if world.enabled:
             gc.collect()
         leave_world(world, together=together)
+
+
+RUN_FILES = (
+    "config.json",
+    "model.safetensors",
+    "adapter_model.safetensors",
+    "adapter_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "metrics.jsonl",
+    "loss.png",
+    "state.json",
+)
+
+
+def _clean_crash_leftovers(job: TrainingJob | Word2VecJob) -> None:
+    """Under the run's lock no other writer is at work: every temp file of a save's naming is a killed save's
+    (a whole model's copy each), in the run folder, trainer/, best/ and the kept checkpoints. Said as a note."""
+    folders = [job.run_dir, job.run_dir / "trainer", job.run_dir / "best"]
+    if (job.run_dir / "checkpoints").is_dir():
+        folders += sorted(p for p in (job.run_dir / "checkpoints").iterdir() if p.is_dir())
+    for folder in folders:
+        removed = remove_stale_temp_files(folder, RUN_FILES, locked=True)
+        if removed:
+            job.notes.append(removed_note(removed))
 
 
 def _train(job: TrainingJob | Word2VecJob, world: World) -> Iterator[Any]:

@@ -28,8 +28,9 @@ def refuse_existing_run(run_dir: Path) -> None:
 def check_output(run_dir: Path, resume: bool) -> None:
     """A new run's folder is new, empty or what a stopped run left (and is made here); --resume's holds a run."""
     from tfcli.checkpoint import CONFIG_FILE
-    from tfcli.fsutil import artifact_kind, prepare_output_dir
+    from tfcli.fsutil import artifact_kind, prepare_output_dir, refuse_non_utf8_path
 
+    refuse_non_utf8_path(run_dir)
     if resume:
         if not (run_dir / CONFIG_FILE).is_file():
             raise TfcliError(f"{run_dir} holds no run to resume", hint="drop --resume to start a new run there")

@@ -20,8 +20,9 @@ WRITE_ERRORS = (OSError, SafetensorError)  # what a save can meet: a full disk, 
 def save_run(job: TrainingJob, model, tensors: dict[str, torch.Tensor], state: TrainerState) -> Path:
     """Write the run directory (weights, config, tokenizer) with its trainer state (the optimizer's
     `tensors`), atomically."""
-    from tfcli.checkpoint import save_checkpoint
+    from tfcli.checkpoint import CONFIG_FILE, save_checkpoint
 
+    had_one = (job.run_dir / CONFIG_FILE).is_file()
     try:
         save_checkpoint(
             job.run_dir,
@@ -34,20 +35,23 @@ def save_run(job: TrainingJob, model, tensors: dict[str, torch.Tensor], state: T
     except WRITE_ERRORS as exc:
         raise TfcliError(
             f"cannot write the checkpoint in {job.run_dir}: {describe_write_error(exc)}",
-            hint="free some space or fix the folder's permissions; the previous checkpoint is intact",
+            hint="free some space or fix the folder's permissions; "
+            + ("the previous checkpoint is intact" if had_one else "the run had saved no checkpoint yet, so none is kept"),
         ) from exc
     return job.run_dir
 
 
 def save_best(job: TrainingJob, model, step: int, val_loss: float) -> Path:
-    from tfcli.checkpoint import save_checkpoint
+    from tfcli.checkpoint import CONFIG_FILE, save_checkpoint
 
+    had_one = (job.run_dir / BEST_DIR / CONFIG_FILE).is_file()
     try:
         save_checkpoint(job.run_dir / BEST_DIR, model, job.tokenizer, training={**job.training_record(step), "val_loss": val_loss})
     except WRITE_ERRORS as exc:
         raise TfcliError(
             f"cannot write the best checkpoint in {job.run_dir / BEST_DIR}: {describe_write_error(exc)}",
-            hint="free some space or fix the folder's permissions; the previous best checkpoint is intact",
+            hint="free some space or fix the folder's permissions; "
+            + ("the previous best checkpoint is intact" if had_one else "there was no best checkpoint before"),
         ) from exc
     return job.run_dir / BEST_DIR
 

@@ -51,11 +51,13 @@ def initial_model(job: TrainingJob):
     from tfcli.model.transformer import Transformer
 
     torch.manual_seed(derived_seed(job.config.seed, "init"))
+    if not job.resume and not (job.init_from is not None and job.config.lora_rank is not None):
+        refuse_what_memory_cannot_hold(job.model_config)  # first: a model too big for memory is the larger mistake
+    refuse_a_batch_memory_cannot_hold(job.model_config, job.config.batch_size)
     if job.resume:
         return load_checkpoint(job.run_dir, merge_adapter=False).model  # an adapter run: wrapped, as it trains
     if job.init_from is not None and job.config.lora_rank is not None:
         return _lora_model(job)
-    refuse_what_memory_cannot_hold(job.model_config)
     model = Transformer(job.model_config)
     if job.init_from is not None:
         parent = load_checkpoint(job.init_from).model
@@ -81,6 +83,18 @@ def refuse_what_memory_cannot_hold(config) -> None:
         raise TfcliError(
             f"the model's {config.parameter_estimate():,} parameters need {weights / 1e9:,.1f} GB for their weights alone; this machine has {total / 1e9:,.1f} GB",
             hint="choose a smaller model: --preset, or --set d_model, n_layers, d_ff",
+        )
+
+
+def refuse_a_batch_memory_cannot_hold(config, batch_size: int) -> None:
+    """A micro-batch whose activations cannot fit: counted low (four float32 values per layer, position and
+    model dimension, where a real step keeps several times that), so only a batch that surely fails is refused."""
+    total = physical_memory()
+    need = 4 * 4 * batch_size * config.block_size * config.d_model * config.n_layers
+    if total and need > total:
+        raise TfcliError(
+            f"--batch-size {batch_size:,} of {config.block_size:,} tokens needs more than {need / 1e9:,.1f} GB for its activations; this machine has {total / 1e9:,.1f} GB",
+            hint="use a smaller --batch-size (--set grad_accum=N keeps the tokens per step)",
         )
 
 

@@ -99,6 +99,20 @@ def commit_trainer_state(run_dir: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+STATE_MINIMUMS = {"step": 0, "tokens_seen": 0, "elapsed_seconds": 0, "world_size": 1, "best_val_loss": 0, "window_loss": 0, "window_count": 0}
+
+
+def check_state_ranges(path: Path, state: TrainerState) -> None:
+    """Every number of state.json in its range (a negative step would train steps -3, -2, ... at a negative
+    learning rate, which is gradient ascent); the file and the key in the message."""
+    for name, minimum in STATE_MINIMUMS.items():
+        value = getattr(state, name)
+        if value is not None and value < minimum:
+            raise TfcliError(
+                f"{path}: {name} is {value}, less than {minimum}", hint="the file was edited or damaged; restore the run folder or start a new run"
+            )
+
+
 def find_trainer_state(run_dir: Path, weights: Path | None = None) -> tuple[Path, TrainerState]:
     """The trainer folder whose state belongs to `weights`: by default RUN/model.safetensors (an adapter run's
     adapter_model.safetensors)."""
@@ -118,6 +132,7 @@ def find_trainer_state(run_dir: Path, weights: Path | None = None) -> tuple[Path
             state = TrainerState.load(folder / STATE_FILE)
             if state.format_version != TRAINER_FORMAT:
                 raise TfcliError(f"{folder / STATE_FILE} has trainer format {state.format_version}; this tfcli reads {TRAINER_FORMAT}")
+            check_state_ranges(folder / STATE_FILE, state)
             if state.model_sha256 == checksum:
                 return folder, state
     raise TfcliError(
