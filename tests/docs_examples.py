@@ -10,8 +10,11 @@ Markers in HTML comments steer the test:
 - `<!-- docs-test: needs quickstart -->` as the page's first line: the page's folder gets a small
   `runs/quickstart` first (TINY_QUICKSTART's settings, made once per test session);
 - `<!-- docs-test: skip REASON -->` on the line before a block: the block is not run (a download, a GPU);
+- a `pycon` block (`>>> ` lines and what they print) runs as a doctest in the page's folder;
 - `<!-- docs-test: tiny FLAGS -->` on the line before a block: its `tfcli` commands run with FLAGS added
-  (fewer steps) and the output the page shows is an example from the full run, not compared.
+  (fewer steps) and the output the page shows is an example from the full run, not compared;
+- `<!-- docs-test: unchecked REASON -->` on the line before a block: it runs, but its output (a machine's
+  description, timings) is not compared.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ class Block:
     commands: list[Command]
     skip: str | None = None  # the reason, when a marker says not to run it
     tiny: tuple[str, ...] | None = None  # flags added to each tfcli command; output not compared
+    session: str | None = None  # a `pycon` block: a Python session, run as a doctest
+    page_line: int = 0
 
 
 @dataclasses.dataclass
@@ -74,13 +79,17 @@ def read_page(path: Path) -> Page:
             body.append(lines[i][len(indent) :] if lines[i].startswith(indent) else lines[i].lstrip())
             i += 1
         i += 1
-        if fence["info"] == "console":
-            block = Block(_commands(body, start))
+        if fence["info"] in ("console", "pycon"):
+            block = Block(_commands(body, start), page_line=start)
+            if fence["info"] == "pycon":
+                block = Block([], session="\n".join(body) + "\n", page_line=start)
             if marker is not None:
                 if marker["kind"] == "skip":
                     block.skip = marker["rest"] or "the page says so"
                 elif marker["kind"] == "tiny":
                     block.tiny = tuple(shlex.split(marker["rest"]))
+                elif marker["kind"] == "unchecked":
+                    block.tiny = ()
                 else:
                     raise ValueError(f"{path}:{start}: unknown docs-test marker {marker['kind']!r}")
             blocks.append(block)

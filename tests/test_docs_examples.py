@@ -19,7 +19,7 @@ from tests.docs_examples import TINY_QUICKSTART, Page, lines_match, output_diffe
 pytestmark = pytest.mark.slow  # the real commands on sample_data/
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
-RUNNABLE = [page for page in PAGES if any(block.commands for block in read_page(page).blocks)]
+RUNNABLE = [page for page in PAGES if any(block.commands or block.session for block in read_page(page).blocks)]
 
 
 @pytest.fixture(scope="session")
@@ -80,6 +80,22 @@ def _quickstart(args: list[str], folder: Path, quickstarts: dict) -> tuple[int, 
     return code, said
 
 
+def run_session(session: str, folder: Path, name: str) -> str:
+    """A `pycon` block as a doctest, in the page's folder; returns the report of what failed ('' when none)."""
+    import doctest
+
+    test = doctest.DocTestParser().get_doctest(session, {}, name, name, 0)
+    report = io.StringIO()
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    before = Path.cwd()
+    os.chdir(folder)
+    try:
+        runner.run(test, out=report.write)
+    finally:
+        os.chdir(before)
+    return report.getvalue()
+
+
 def page_folder(page: Page, tmp_path: Path, quickstarts: dict) -> Path:
     shutil.copytree(SAMPLE_DATA, tmp_path / "sample_data")
     if page.needs_quickstart:
@@ -97,6 +113,10 @@ def test_the_page_prints_what_it_shows(path: Path, tmp_path, quickstarts, monkey
     for block in page.blocks:
         if block.skip:
             continue
+        if block.session is not None:
+            failures = run_session(block.session, folder, f"{path.relative_to(REPO)}:{block.page_line}")
+            assert not failures, failures
+            ran += 1
         for command in block.commands:
             code, said = run_line(command.line, folder, quickstarts, block.tiny or ())
             where = f"{path.relative_to(REPO)}:{command.page_line}: $ {command.line}"
@@ -133,6 +153,8 @@ def test_markers_are_read(tmp_path):
     assert [b.skip for b in read.blocks] == ["a download", None, None]
     assert read.blocks[1].tiny == ("--steps", "2")
     assert [(c.line, c.expected) for c in read.blocks[2].commands] == [("tfcli info a", ["run a"]), ("ls | wc -l", ["3"])]
+    assert run_session(">>> 1 + 1\n2\n", tmp_path, "right") == ""
+    assert "Expected:" in run_session(">>> 1 + 1\n3\n", tmp_path, "wrong")
     assert tfcli_args("tfcli info a") == ["info", "a"]
     assert tfcli_args('tfcli generate r -p "Once upon a time"') == ["generate", "r", "-p", "Once upon a time"]
     assert tfcli_args('tfcli inspect-attention r --text "$(sed -n 1p x)"') is None
