@@ -79,7 +79,14 @@ def _options(**values: Any) -> dict[str, Any]:
 
 @app.command("pretrain")
 def pretrain(
-    data: Annotated[Path, typer.Option("--data", help="A shard folder from `tfcli tokenize encode`.", show_default=False)],
+    data: Annotated[
+        Path,
+        typer.Option(
+            "--data",
+            help="A shard folder from `tfcli tokenize encode`, or text (a file, a folder, JSON lines with a text field, ...): then a tokenizer sized to it and its shards are made in RUN/data/ first, and the quickstart's settings are the defaults.",
+            show_default=False,
+        ),
+    ],
     output: Output,
     arch: Annotated[
         Optional[str],
@@ -123,22 +130,27 @@ def pretrain(
     resume: Resume = False,
     json_output: JsonFlag = False,
 ) -> None:
-    """Pretrain a model from scratch on token shards.
+    """Pretrain a model from scratch on token shards, or on text in one command.
 
     The objective follows the architecture: next-token prediction for a decoder, masked LM (BERT's 15%)
     for an encoder, span denoising (BART's text infilling) for an encoder-decoder. The run directory gets
     the model, the tokenizer, trainer/ (optimizer state for --resume), metrics.jsonl, loss.png, and best/
     (the checkpoint with the lowest validation loss). Ctrl-C saves a checkpoint and exits 130.
 
+    Text as --data (not shards): a byte-level BPE tokenizer with a vocabulary the text can fill, and its
+    shards, are made in RUN/data/; the defaults are then the quickstart's (tiny preset, batch 32, lr 3e-3,
+    400 steps): --time-budget sets how long it trains instead.
+
     Settings: preset < --config FILE.toml < --set key=value < the options below.
     Many processes: torchrun --nproc-per-node N -m tfcli train pretrain ... (data-parallel; add --fsdp to
     shard a model too large for one device).
 
     \b
-    Example: tfcli train pretrain --data runs/quickstart/shards -o runs/tiny --preset tiny --max-steps 500
+    Example: tfcli train pretrain --data sample_data/corpus/stories.txt -o runs/mine --time-budget 2m
     """
     from tfcli.model.config import ARCHS
     from tfcli.train.job import pretrain_job
+    from tfcli.train.text_data import is_shard_folder
 
     if arch is not None:
         _check_choice("--arch", arch, ARCHS)
@@ -161,6 +173,8 @@ def pretrain(
     if block_size is not None:
         options["model.block_size"] = block_size
     with no_empty_folder_left(output):
+        if not is_shard_folder(data):
+            data = _text_to_shards(data, output, options, config, sets or [], resume, json_output)
         job = pretrain_job(
             data=data,
             output=output,
@@ -173,6 +187,35 @@ def pretrain(
             resume=resume,
         )
         render_training(job, json_output)
+
+
+def _text_to_shards(data: Path, output: Path, options: dict[str, Any], config: Path | None, sets: list[str], resume: bool, quiet: bool) -> Path:
+    """Text as --data: a tokenizer and shards made in RUN/data/, said line by line; the quickstart's settings
+    added to `options` where nothing else sets them. Returns the shard folder."""
+    from rich.text import Text
+
+    from tfcli.cli.common import stderr_console
+    from tfcli.train.run_checks import check_output
+    from tfcli.train.text_data import prepare_text_data, text_defaults
+
+    check_output(output, resume)
+    defaults = text_defaults(options, config, sets)
+    options.update(defaults)
+    console = stderr_console()
+    steps = prepare_text_data(data, output, resume=resume)
+    with console.status(f"making a tokenizer and shards of {data}"):
+        while True:
+            try:
+                step = next(steps)
+            except StopIteration as done:
+                shard_dir = done.value
+                break
+            if not quiet:
+                console.print(Text(f"{step.name:<10} ", style="bold") + Text(step.detail), soft_wrap=True)
+    if defaults and not quiet:
+        said = ", ".join(f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}" for key, value in defaults.items())
+        console.print(Text("settings   ", style="bold") + Text(f"the quickstart's for text: {said} (the options and --set change them)"), soft_wrap=True)
+    return shard_dir
 
 
 @app.command("finetune")
