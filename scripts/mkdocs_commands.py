@@ -119,11 +119,11 @@ def settings_page() -> str:
         "# Settings and config files\n\n"
         "A training run's settings come from a preset, then `--config FILE.toml`, then `--set key=value` (repeatable), then "
         "the plain options (`--max-steps`, `--lr`, ...); the resolved settings are saved in the run's `config.json`. A "
-        "config file holds `preset = \"NAME\"`, a `[model]` and a `[train]` table, or flat keys; `--set` takes `model.` / "
+        'config file holds `preset = "NAME"`, a `[model]` and a `[train]` table, or flat keys; `--set` takes `model.` / '
         "`train.` prefixes where a name is in both. `examples/` in the repository holds a config file per preset. This "
         "page is made from the source (`tfcli/model/config.py`, `tfcli/training_config.py`) when the site is built.\n\n"
-        "```toml\npreset = \"small\"\n\n[model]\nn_kv_heads = 2\npositions = \"rotary\"\n\n[train]\nlr = 3e-3\n"
-        "batch_size = 32\ntime_budget = \"10m\"\n```\n\n"
+        '```toml\npreset = "small"\n\n[model]\nn_kv_heads = 2\npositions = "rotary"\n\n[train]\nlr = 3e-3\n'
+        'batch_size = 32\ntime_budget = "10m"\n```\n\n'
         f"## Presets\n\n| preset | settings over the model defaults |\n|---|---|\n{presets}\n\n"
         f"## Model keys (`[model]`)\n\n{table(fields(REPO / 'tfcli/model/config.py', 'ModelConfig'))}\n\n"
         f"## Training keys (`[train]`)\n\n{table(fields(REPO / 'tfcli/training_config.py', 'TrainConfig'))}\n"

@@ -54,6 +54,14 @@ Precision = Annotated[
     Optional[str], typer.Option("--precision", help="auto (bf16 on a GPU that has it, else fp32), fp32 or bf16 [default: auto].", show_default=False)
 ]
 Compile = Annotated[bool, typer.Option("--compile", help="Use torch.compile where it works (falls back with a note where it does not).")]
+LogTo = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--log-to",
+        help="Also log the metrics to tensorboard (RUN/tensorboard/), wandb (offline unless WANDB_MODE=online) or trackio (local); repeatable, or comma-separated. Each needs its extra: pip install 'tfcli[tensorboard]'.",
+        show_default=False,
+    ),
+]
 Resume = Annotated[bool, typer.Option("--resume", help="Continue the run in -o from its last checkpoint, exactly.")]
 Fsdp = Annotated[
     bool,
@@ -128,6 +136,7 @@ def pretrain(
     compile_model: Compile = False,
     fsdp: Fsdp = False,
     resume: Resume = False,
+    log_to: LogTo = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Pretrain a model from scratch on token shards, or on text in one command.
@@ -151,6 +160,7 @@ def pretrain(
     from tfcli.model.config import ARCHS
     from tfcli.train.job import pretrain_job
     from tfcli.train.text_data import is_shard_folder
+    from tfcli.train.tracking import check_trackers
 
     if arch is not None:
         _check_choice("--arch", arch, ARCHS)
@@ -172,6 +182,7 @@ def pretrain(
     )
     if block_size is not None:
         options["model.block_size"] = block_size
+    trackers = check_trackers(log_to or [])
     with no_empty_folder_left(output):
         if not is_shard_folder(data):
             data = _text_to_shards(data, output, options, config, sets or [], resume, json_output)
@@ -186,6 +197,7 @@ def pretrain(
             tokenizer_path=tokenizer,
             resume=resume,
         )
+        job.log_to = trackers
         render_training(job, json_output)
 
 
@@ -310,6 +322,7 @@ def finetune(
     compile_model: Compile = False,
     fsdp: Fsdp = False,
     resume: Resume = False,
+    log_to: LogTo = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Fine-tune a run directory: continued LM on shards, text classification, sequence-to-sequence, or chat.
@@ -326,6 +339,7 @@ def finetune(
     Example: tfcli train finetune --init-from runs/tiny --task classify --data sample_data/reviews.jsonl -o runs/reviews
     """
     from tfcli.train.job import finetune_job
+    from tfcli.train.tracking import check_trackers
     from tfcli.training_config import TASKS
 
     _check_choice("--task", task, TASKS)
@@ -355,6 +369,7 @@ def finetune(
         lora_dropout=lora_dropout,
         lora_targets=lora_targets,
     )
+    trackers = check_trackers(log_to or [])
     with no_empty_folder_left(output):
         fields = {"text": text_field, "label": label_field, "source": source_field, "target": target_field}
         job = finetune_job(
@@ -370,6 +385,7 @@ def finetune(
             fields={k: v for k, v in fields.items() if v is not None},
             chat_template=chat_template,
         )
+        job.log_to = trackers
         render_training(job, json_output)
 
 
