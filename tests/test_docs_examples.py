@@ -158,3 +158,11 @@ def test_markers_are_read(tmp_path):
     assert tfcli_args("tfcli info a") == ["info", "a"]
     assert tfcli_args('tfcli generate r -p "Once upon a time"') == ["generate", "r", "-p", "Once upon a time"]
     assert tfcli_args('tfcli inspect-attention r --text "$(sed -n 1p x)"') is None
+
+
+def test_ci_runs_exactly_the_readmes_test_command():
+    readme = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    command = next(line for line in readme if line.startswith('python3 -m pip install torch==2.13.0 -e ".[test]"'))
+    ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert ci[-1] == command
+    assert "mkdocs build --strict" in command and "apt-get install -y chromium" in command
