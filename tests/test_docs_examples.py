@@ -88,7 +88,7 @@ def run_session(session: str, folder: Path, name: str) -> str:
 
     test = doctest.DocTestParser().get_doctest(session, {}, name, name, 0)
     report = io.StringIO()
-    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    runner = doctest.DocTestRunner(verbose=False, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     before = Path.cwd()
     os.chdir(folder)
     try:
