@@ -27,6 +27,7 @@ TINY_TEXT = (
 # The longest files (subprocesses, torchrun ranks, the benches' workers) go first, so that the workers of
 # `-n auto --dist loadfile` end together instead of one of them finishing a long file alone.
 RUN_FIRST = (
+    "test_docs_examples.py",
     "test_train_distributed.py",
     "test_quickstart.py",
     "test_bench.py",

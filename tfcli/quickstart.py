@@ -29,6 +29,14 @@ class QuickstartStep:
     detail: str
 
 
+@dataclasses.dataclass(frozen=True)
+class QuickstartSkip:
+    """A step left out because the data folder lacks what it needs."""
+
+    name: str
+    reason: str
+
+
 def find_sample_data(explicit: Path | None = None) -> Path:
     """--data if given; else ./sample_data; else the sample_data/ of the source tree tfcli runs from."""
     candidates = [explicit] if explicit is not None else [Path("sample_data"), Path(__file__).resolve().parents[1] / "sample_data"]
@@ -49,7 +57,11 @@ def run_quickstart(
     tokenizer = yield from _tokenizer_step(corpus, tokenizer_dir, force)
     yield from _shards_step(corpus, tokenizer, shard_dir, force)
     made = yield from _model_step(shard_dir, model_dir, tokenizer, tokenizer_dir, force, pretrain_steps, device)
-    yield from _classifier_step(data_dir / "reviews.jsonl", model_dir, out_dir / "classifier", tokenizer, force or made, classifier_steps, device)
+    reviews = data_dir / "reviews.jsonl"
+    if not reviews.is_file():
+        yield QuickstartSkip("classifier", f"{data_dir} has no reviews.jsonl (JSON lines of text and label), so no classifier is fine-tuned")
+        return
+    yield from _classifier_step(reviews, model_dir, out_dir / "classifier", tokenizer, force or made, classifier_steps, device)
 
 
 def _tokenizer_step(corpus, tokenizer_dir: Path, force: bool) -> Iterator[Any]:

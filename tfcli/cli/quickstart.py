@@ -13,7 +13,11 @@ from tfcli.cli.common import at_least, stderr_console, stdout_console
 def quickstart(
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for everything the chain makes.")] = Path("runs/quickstart"),
     data: Annotated[
-        Optional[Path], typer.Option(help="The sample data folder (default: ./sample_data, else the one beside the tfcli sources).", show_default=False)
+        Optional[Path],
+        typer.Option(
+            help="The data folder: corpus/ (text) and, for the classifier, reviews.jsonl; a step whose data is missing is skipped with a line (default: ./sample_data, else the one beside the tfcli sources).",
+            show_default=False,
+        ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Redo every step, even those whose output is already there.")] = False,
     steps: Annotated[int, typer.Option("--steps", help="Pretraining steps for the tiny decoder (fewer: faster and rougher).")] = 400,
@@ -32,13 +36,14 @@ def quickstart(
     at_least(1, steps=steps, classifier_steps=classifier_steps)
     from rich.text import Text
 
-    from tfcli.quickstart import QuickstartStep, find_sample_data, run_quickstart
+    from tfcli.quickstart import QuickstartSkip, QuickstartStep, find_sample_data, run_quickstart
     from tfcli.runtime import keep_freed_memory
     from tfcli.train.events import Started, StepDone
 
     keep_freed_memory()  # as `tfcli train` sets it for its process
     console = stdout_console()
     data_dir = find_sample_data(data)
+    skipped = set()
     with stderr_console().status("running the quickstart chain") as status:
         for event in run_quickstart(data_dir, output, force=force, pretrain_steps=steps, classifier_steps=classifier_steps, device=device):
             if isinstance(event, QuickstartStep):
@@ -46,6 +51,12 @@ def quickstart(
                 line.append(f"{event.name:<10} ", style="bold")
                 line.append(f"{event.path}  ")
                 line.append(event.detail, style="dim")
+                console.print(line, soft_wrap=True)
+            elif isinstance(event, QuickstartSkip):
+                skipped.add(event.name)
+                line = Text("skipped ", style="yellow")
+                line.append(f"{event.name:<10} ", style="bold")
+                line.append(event.reason)
                 console.print(line, soft_wrap=True)
             elif isinstance(event, Started):
                 status.update(f"training {event.run_dir.name} ({event.parameters:,} parameters)")
@@ -56,7 +67,7 @@ def quickstart(
     for command in (
         f'tfcli generate {output / "model"} --prompt "Once upon a time"',
         f'tfcli inspect-attention {output / "model"} --text "The fox saw the ball and it rolled away."',
-        f'tfcli generate {output / "classifier"} --classify "The zipper was horrible."',
+        *([] if "classifier" in skipped else [f'tfcli generate {output / "classifier"} --classify "The zipper was horrible."']),
         f"tfcli info {output / 'model'}",
         'tfcli tokenize trace "a sailor went to sea sea sea " --merges 5',
     ):

@@ -54,6 +54,14 @@ Precision = Annotated[
     Optional[str], typer.Option("--precision", help="auto (bf16 on a GPU that has it, else fp32), fp32 or bf16 [default: auto].", show_default=False)
 ]
 Compile = Annotated[bool, typer.Option("--compile", help="Use torch.compile where it works (falls back with a note where it does not).")]
+LogTo = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--log-to",
+        help="Also log the metrics to tensorboard (RUN/tensorboard/), wandb (offline unless WANDB_MODE=online) or trackio (local); repeatable, or comma-separated. Each needs its extra: pip install 'tfcli[tensorboard]'.",
+        show_default=False,
+    ),
+]
 Resume = Annotated[bool, typer.Option("--resume", help="Continue the run in -o from its last checkpoint, exactly.")]
 Fsdp = Annotated[
     bool,
@@ -79,7 +87,14 @@ def _options(**values: Any) -> dict[str, Any]:
 
 @app.command("pretrain")
 def pretrain(
-    data: Annotated[Path, typer.Option("--data", help="A shard folder from `tfcli tokenize encode`.", show_default=False)],
+    data: Annotated[
+        Path,
+        typer.Option(
+            "--data",
+            help="A shard folder from `tfcli tokenize encode`, or text (a file, a folder, JSON lines with a text field, ...): then a tokenizer sized to it and its shards are made in RUN/data/ first, and the quickstart's settings are the defaults.",
+            show_default=False,
+        ),
+    ],
     output: Output,
     arch: Annotated[
         Optional[str],
@@ -146,14 +161,19 @@ def pretrain(
     threads: Annotated[
         Optional[int], typer.Option("--threads", help="word2vec: threads updating the vectors at once (as gensim's workers) [default: 1].", show_default=False)
     ] = None,
+    log_to: LogTo = None,
     json_output: JsonFlag = False,
 ) -> None:
-    """Pretrain a model from scratch on token shards.
+    """Pretrain a model from scratch on token shards, or on text in one command.
 
     The objective follows the architecture: next-token prediction for a decoder, masked LM (BERT's 15%)
     for an encoder, span denoising (BART's text infilling) for an encoder-decoder. The run directory gets
     the model, the tokenizer, trainer/ (optimizer state for --resume), metrics.jsonl, loss.png, and best/
     (the checkpoint with the lowest validation loss). Ctrl-C saves a checkpoint and exits 130.
+
+    Text as --data (not shards): a byte-level BPE tokenizer with a vocabulary the text can fill, and its
+    shards, are made in RUN/data/; the defaults are then the quickstart's (tiny preset, batch 32, lr 3e-3,
+    400 steps): --time-budget sets how long it trains instead.
 
     --objective word2vec trains word vectors instead, as gensim's Word2Vec does (its defaults; the learning
     rate falls linearly from --lr 0.025), on the shards of any tokenizer (`tokenize train --model word` gives
@@ -164,10 +184,12 @@ def pretrain(
     shard a model too large for one device).
 
     \b
-    Example: tfcli train pretrain --data runs/quickstart/shards -o runs/tiny --preset tiny --max-steps 500
+    Example: tfcli train pretrain --data sample_data/corpus/stories.txt -o runs/mine --time-budget 2m
     """
     from tfcli.model.config import ARCHS
     from tfcli.train.job import pretrain_job
+    from tfcli.train.text_data import is_shard_folder
+    from tfcli.train.tracking import check_trackers
 
     if objective is not None:
         _check_choice("--objective", objective, ("lm", "mlm", "denoise", "word2vec"))
@@ -196,6 +218,7 @@ def pretrain(
             "--precision": precision,
             "--compile": compile_model or None,
             "--fsdp": fsdp or None,
+            "--log-to": log_to or None,
         }
         _refuse_given(given, "--objective word2vec", "word2vec runs on the CPU for --epochs or --time-budget; its options are --word2vec, --dim, --window, ...")
         _pretrain_word2vec(
@@ -232,9 +255,12 @@ def pretrain(
         options["model.block_size"] = block_size
     if objective is not None:
         options["task"] = objective
+    trackers = check_trackers(log_to or [])
     from tfcli.train.run_checks import RUN_LEFTOVERS
 
     with no_empty_folder_left(output, RUN_LEFTOVERS):
+        if not is_shard_folder(data):
+            data = _text_to_shards(data, output, options, config, sets or [], resume, json_output)
         job = pretrain_job(
             data=data,
             output=output,
@@ -246,7 +272,37 @@ def pretrain(
             tokenizer_path=tokenizer,
             resume=resume,
         )
+        job.log_to = trackers
         render_training(job, json_output)
+
+
+def _text_to_shards(data: Path, output: Path, options: dict[str, Any], config: Path | None, sets: list[str], resume: bool, quiet: bool) -> Path:
+    """Text as --data: a tokenizer and shards made in RUN/data/, said line by line; the quickstart's settings
+    added to `options` where nothing else sets them. Returns the shard folder."""
+    from rich.text import Text
+
+    from tfcli.cli.common import stderr_console
+    from tfcli.train.run_checks import check_output
+    from tfcli.train.text_data import prepare_text_data, text_defaults
+
+    check_output(output, resume)
+    defaults = text_defaults(options, config, sets)
+    options.update(defaults)
+    console = stderr_console()
+    steps = prepare_text_data(data, output, resume=resume)
+    with console.status(f"making a tokenizer and shards of {data}"):
+        while True:
+            try:
+                step = next(steps)
+            except StopIteration as done:
+                shard_dir = done.value
+                break
+            if not quiet:
+                console.print(Text(f"{step.name:<10} ", style="bold") + Text(step.detail), soft_wrap=True)
+    if defaults and not quiet:
+        said = ", ".join(f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}" for key, value in defaults.items())
+        console.print(Text("settings   ", style="bold") + Text(f"the quickstart's for text: {said} (the options and --set change them)"), soft_wrap=True)
+    return shard_dir
 
 
 @app.command("finetune")
@@ -341,6 +397,7 @@ def finetune(
     compile_model: Compile = False,
     fsdp: Fsdp = False,
     resume: Resume = False,
+    log_to: LogTo = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Fine-tune a run directory: continued LM on shards, text classification, sequence-to-sequence, or chat.
@@ -357,6 +414,7 @@ def finetune(
     Example: tfcli train finetune --init-from runs/tiny --task classify --data sample_data/reviews.jsonl -o runs/reviews
     """
     from tfcli.train.job import finetune_job
+    from tfcli.train.tracking import check_trackers
     from tfcli.training_config import TASKS
 
     _check_choice("--task", task, TASKS)
@@ -386,6 +444,7 @@ def finetune(
         lora_dropout=lora_dropout,
         lora_targets=lora_targets,
     )
+    trackers = check_trackers(log_to or [])
     from tfcli.train.run_checks import RUN_LEFTOVERS
 
     with no_empty_folder_left(output, RUN_LEFTOVERS):
@@ -403,6 +462,7 @@ def finetune(
             fields={k: v for k, v in fields.items() if v is not None},
             chat_template=chat_template,
         )
+        job.log_to = trackers
         render_training(job, json_output)
 
 

@@ -37,6 +37,7 @@ class TrainingJob:
     fields: dict[str, str] | None = None  # classify / seq2seq: fields of the data renamed (--text-field ...)
     notes: list[str] = dataclasses.field(default_factory=list)  # said when training starts
     chat_files: Any = None  # chat / instruct: (tokenizer.json text, tokenizer_config.json) the run gets
+    log_to: list[str] = dataclasses.field(default_factory=list)  # experiment trackers beside metrics.jsonl (tracking.py)
 
     @property
     def title(self) -> str:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 # What a run that stopped before its first checkpoint can leave; such a folder may be trained into again.
 RUN_LEFTOVERS = {"metrics.jsonl", "loss.png", "trainer", "trainer.next", "best", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
 RUN_LEFTOVERS |= {"adapter_model.safetensors", "adapter_config.json"}  # a LoRA run's
+RUN_LEFTOVERS |= {"data"}  # `train pretrain --data TEXT`: the tokenizer and shards it made
 
 
 def refuse_existing_run(run_dir: Path) -> None:

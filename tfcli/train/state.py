@@ -177,23 +177,33 @@ def strict_json(record: dict[str, Any]) -> dict[str, Any]:
 
 
 class MetricsWriter:
-    """Appends one strict-JSON line per logged step to RUN/metrics.jsonl."""
+    """Appends one strict-JSON line per logged step to RUN/metrics.jsonl, and gives each record to the
+    experiment trackers (`--log-to`, tfcli/train/tracking.py)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, trackers: list[Any] | None = None) -> None:
         self.path = path
         self.handle = open(path, "a", encoding="utf-8")
+        self.trackers = trackers or []
 
     def write(self, record: dict[str, Any]) -> None:
+        self._append(record)
+        for tracker in self.trackers:
+            tracker.log(self._last)
+
+    def _append(self, record: dict[str, Any]) -> None:
         record = strict_json(record)
         self._last_start, self._last = self.handle.tell(), record
         self.handle.write(json.dumps(record, allow_nan=False) + "\n")
         self.handle.flush()
 
     def amend(self, extra: dict[str, Any]) -> dict[str, Any]:
-        """Add `extra` to the record written last (the final evaluation of a step already logged); return it."""
+        """Add `extra` to the record written last (the final evaluation of a step already logged); return it.
+        The trackers get only `extra`, at the record's step."""
         self.handle.truncate(self._last_start)
         self.handle.seek(self._last_start)
-        self.write({**self._last, **extra})
+        self._append({**self._last, **extra})
+        for tracker in self.trackers:
+            tracker.log(strict_json({"step": self._last["step"], **extra}))
         return self._last
 
     def sync(self) -> None:
@@ -201,3 +211,5 @@ class MetricsWriter:
 
     def close(self) -> None:
         self.handle.close()
+        for tracker in self.trackers:
+            tracker.close()

@@ -39,6 +39,7 @@ from tfcli.train.state import (
     strict_json,
     truncate_metrics,
 )
+from tfcli.train.tracking import open_trackers
 
 
 class Trainer:
@@ -157,7 +158,8 @@ class Trainer:
             truncate_metrics(self.metrics_path, self.start_step)
         elif self.metrics_path.exists():
             self.metrics_path.unlink()
-        return MetricsWriter(self.metrics_path)
+        trackers = open_trackers(self.job.log_to, self.job.run_dir, self.cfg.to_json(), self.start_step)
+        return MetricsWriter(self.metrics_path, trackers)
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=torch.bfloat16) if self.bf16 else contextlib.nullcontext()

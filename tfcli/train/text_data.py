@@ -1,0 +1,92 @@
+"""`train pretrain --data TEXT`: from a text file, a folder or JSON lines to shards in one command. A byte-level
+BPE tokenizer sized to the corpus and the shards it encodes are made inside the run directory (RUN/data/), so
+the run carries what it was trained on; the training defaults are the quickstart's, which are measured on text
+of this size (docs/tutorials/own-text.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tfcli.errors import TfcliError
+
+DATA_DIR = "data"  # inside the run directory: tokenizer/ and shards/
+VAL_FRACTION = 0.1
+# A vocabulary the corpus can fill: about OCCURRENCES tokens of text per entry, guessing BYTES_PER_TOKEN
+# (byte-level BPE on English); a power of two between the bounds.
+BYTES_PER_TOKEN = 4
+OCCURRENCES = 64
+MIN_VOCAB, MAX_VOCAB = 512, 8192
+# What the quickstart trains (the `tiny` preset): measured on 100 KB to 100 MB of text (the tutorial's table).
+TEXT_DEFAULTS: dict[str, Any] = {"batch_size": 32, "lr": 3e-3, "max_steps": 400, "eval_every": 100, "save_every": 200}
+
+
+@dataclasses.dataclass(frozen=True)
+class TextStep:
+    """One line for the command to print while the data is made."""
+
+    name: str
+    detail: str
+
+
+def is_shard_folder(path: Path) -> bool:
+    return (Path(path) / "meta.json").is_file()
+
+
+def vocab_for(corpus_bytes: int) -> tuple[int, str]:
+    """The vocabulary size for a corpus of this many bytes, and why.
+    Example: 500,000 bytes -> 2,048 (about 125,000 tokens, 61 per entry)."""
+    wanted = corpus_bytes / (BYTES_PER_TOKEN * OCCURRENCES)
+    size = int(min(MAX_VOCAB, max(MIN_VOCAB, 2 ** round(math.log2(max(wanted, 1))))))
+    tokens = corpus_bytes // BYTES_PER_TOKEN
+    if size == MAX_VOCAB and wanted > MAX_VOCAB:
+        why = f"the most for the small presets (the corpus could fill {int(wanted):,})"
+    elif size == MIN_VOCAB and wanted < MIN_VOCAB:
+        why = "the fewest that still learns whole words"
+    else:
+        why = f"about {OCCURRENCES} tokens of text for each entry"
+    return size, f"{size:,} tokens asked: {corpus_bytes:,} bytes are about {tokens:,} tokens at {BYTES_PER_TOKEN} bytes a token; {why}"
+
+
+def prepare_text_data(data: Path, run_dir: Path, *, field: str = "text", resume: bool = False) -> Iterator[TextStep]:
+    """Make RUN/data/tokenizer and RUN/data/shards from the text at `data` (kept when --resume finds them);
+    returns the shard folder."""
+    from tfcli.corpus.reader import resolve_corpus
+    from tfcli.data.shards import encode_corpus, load_shard_meta
+    from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
+    from tfcli.tokenizer.train import train_tokenizer
+    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+
+    tokenizer_dir, shard_dir = run_dir / DATA_DIR / "tokenizer", run_dir / DATA_DIR / "shards"
+    if resume and is_shard_folder(shard_dir) and (tokenizer_dir / TOKENIZER_FILE).is_file():
+        meta = load_shard_meta(shard_dir)
+        yield TextStep("data", f"{shard_dir}: {meta.train_tokens:,} train / {meta.val_tokens:,} val tokens, kept")
+        return shard_dir
+    corpus = resolve_corpus([data], field=field)
+    if corpus.has_stdin:
+        raise TfcliError("train pretrain --data reads files, not standard input", hint="save the text to a file first")
+    vocab, why = vocab_for(corpus.total_bytes)
+    summary = train_tokenizer(corpus, tokenizer_dir, TokenizerTrainingConfig(vocab_size=vocab))
+    learned = "" if summary.vocab_size == vocab else f"; it learned {summary.vocab_size:,} (the text has no more pairs seen twice)"
+    yield TextStep("tokenizer", f"{tokenizer_dir}: byte-level BPE, {why}{learned}; {summary.bytes_per_token:.2f} bytes per token")
+    tokenizer = TextTokenizer.load(tokenizer_dir / TOKENIZER_FILE)
+    meta = encode_corpus(corpus, tokenizer, shard_dir, val_fraction=VAL_FRACTION)
+    if meta.val_tokens == 0:
+        raise TfcliError(f"{data} is too short to hold out a validation split", hint="train on more text, or encode it yourself with tokenize encode")
+    yield TextStep("shards", f"{shard_dir}: {meta.train_tokens:,} train / {meta.val_tokens:,} val tokens")
+    return shard_dir
+
+
+def text_defaults(given: dict[str, Any], config_file: Path | None, sets: list[str]) -> dict[str, Any]:
+    """TEXT_DEFAULTS under what the command line, --set and the config file say: the options to add."""
+    from tfcli.train.config import parse_sets, read_toml
+
+    said = set(given)
+    for key in [*(read_toml(config_file) if config_file is not None else {}), *parse_sets(sets)]:
+        said.add(key.removeprefix("train."))
+    if "time_budget" in said:
+        said.add("max_steps")
+    return {key: value for key, value in TEXT_DEFAULTS.items() if key not in said}
