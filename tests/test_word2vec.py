@@ -63,6 +63,19 @@ def test_analogies_and_neighbours_match_gensim(cli, stories, tmp_path, algorithm
     assert np.mean(with_gensim) >= 5 and np.mean(with_gensim) >= np.mean(between_gensims) - 1.5, (with_gensim, between_gensims)
 
 
+def test_loading_the_kernel_leaves_the_processs_arithmetic_alone(tmp_path, monkeypatch):
+    """A library built with -ffast-math turns on flush-to-zero in every thread of the process that loads it."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("TFCLI_CACHE_DIR", str(tmp_path))
+    code = (
+        "import numpy as np\nfrom tfcli.word2vec.kernel import train_span_function\ntrain_span_function()\nprint(float(np.float32(1e-38) / np.float32(100)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert float(done.stdout) > 0  # a subnormal, not flushed to zero
+
+
 def test_statistics_are_gensims(stories):
     """The subsampling thresholds and the noise table are gensim's (prepare_weights, make_cum_table)."""
     Word2Vec = require_gensim()

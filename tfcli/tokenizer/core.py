@@ -100,7 +100,7 @@ class TextTokenizer:
     def spec(self) -> dict[str, Any]:
         """tokenizer.json as a dictionary. Its ids are checked first: the library writes a vocabulary by
         walking every id up to the largest, so one token numbered 1,000,000,000 costs it gigabytes."""
-        self.check_ids(max(self.hf.get_vocab(with_added_tokens=True).values(), default=0))
+        self.check_ids(max(self.hf.get_vocab(with_added_tokens=True).values(), default=-1))  # an empty vocabulary has no id past it
         return json.loads(self.hf.to_str())
 
     @cached_property

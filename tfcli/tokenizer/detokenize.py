@@ -126,10 +126,23 @@ def alone_texts(tokenizer: TextTokenizer, ids: Sequence[int]) -> list[str]:
     piece that continues a word has none: "ing"). Part of a character comes out as U+FFFD.
 
     Example (GPT-2): [id("Ġcat"), id("Ċ"), id("<|endoftext|>")] -> [" cat", "\\n", "<|endoftext|>"]"""
-    anchor = tokenizer.encode("a")[-1:] or [0]
+    anchor = _ordinary_word(tokenizer)
     prefix = tokenizer.hf.decode(anchor, skip_special_tokens=False)
     decoded = tokenizer.hf.decode_batch([anchor + [i] for i in ids], skip_special_tokens=False)
     return [text[len(prefix) :] if text.startswith(prefix) else text for text in decoded]
+
+
+def _ordinary_word(tokenizer: TextTokenizer) -> list[int]:
+    """One id that reads as an ordinary word: the last token of "a", or the first id that is not special where
+    "a" does not encode (a vocabulary without "a" whose unknown token is missing makes the library raise)."""
+    try:
+        found = tokenizer.encode("a")[-1:]
+    except Exception:  # the tokenizers library raises a plain Exception
+        found = []
+    if found:
+        return found
+    special = set(tokenizer.special_ids.values()) | set(tokenizer.hf.get_added_tokens_decoder())
+    return [next((i for i in range(tokenizer.vocab_size) if i not in special), 0)]
 
 
 def text_byte_lengths(tokenizer: TextTokenizer) -> list[int]:
@@ -139,7 +152,7 @@ def text_byte_lengths(tokenizer: TextTokenizer) -> list[int]:
     it for a `</w>` BPE). A token that is only part of a character adds no whole character; it stands for one
     byte per symbol of its vocabulary entry where the decoder maps symbols to bytes (GPT-2's ByteLevel), and
     for one byte as a byte-fallback piece `<0xE6>`."""
-    anchor = tokenizer.encode("a")[-1:] or [0]
+    anchor = _ordinary_word(tokenizer)
     base = len(tokenizer.hf.decode(anchor + anchor, skip_special_tokens=False).encode("utf-8"))
     ids = range(tokenizer.vocab_size)
     texts = tokenizer.hf.decode_batch([anchor + [i] + anchor for i in ids], skip_special_tokens=False)

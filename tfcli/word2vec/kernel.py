@@ -24,7 +24,9 @@ from tfcli.accel.native import private
 from tfcli.errors import TfcliError
 
 SOURCE = Path(__file__).with_name("kernel.c")
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-shared", "-fPIC"]
+# The parts of -ffast-math that let the compiler vectorise the dot products, without -ffast-math itself: a
+# library linked with it sets flush-to-zero for the whole process on load (torch's and numpy's arithmetic too).
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math", "-freciprocal-math", "-shared", "-fPIC"]
 BUILD_TIMEOUT_S = 60
 
 _lock = threading.Lock()
