@@ -75,7 +75,7 @@ def _quickstart(args: list[str], folder: Path, quickstarts: dict) -> tuple[int, 
         shutil.copytree(made, folder / out)
         return 0, said
     code, said = _in_process(args, folder)
-    if code == 0 and "--data" not in args:
+    if code == 0 and "--data" not in args and key not in quickstarts["made"]:
         made = quickstarts["folder"] / f"q{len(quickstarts['made'])}"
         shutil.copytree(folder / out, made)
         quickstarts["made"][key] = (said, made)

@@ -89,7 +89,7 @@ def test_bad_inputs_are_one_line_errors(cli, shards, tmp_path):
         (pretrain_args(shards, tmp_path / "a", "--block-size", "100000"), "the train split holds"),
         # longer than the validation split, not the train split: refused too, not trained without validation
         (pretrain_args(shards, tmp_path / "a2", "--block-size", str(meta.val_tokens)), "the validation split holds"),
-        (pretrain_args(tmp_path, tmp_path / "b"), "meta.json"),
+        (pretrain_args(tmp_path, tmp_path / "b"), "too little to train on"),  # no meta.json: read as text
         (pretrain_args(shards, tmp_path / "c", "--arch", "lstm"), "--arch"),
         (pretrain_args(shards, tmp_path / "d", "--set", "warp=9"), "warp"),
         (pretrain_args(shards, tmp_path / "e", "--time-budget", "soon"), "duration"),

@@ -80,6 +80,20 @@ def _indented(text: str) -> str:
     return text.rstrip("\n").replace("\n", "\n  ")
 
 
+def _column_names(runs: list[str]) -> list[str]:
+    """The runs as the shortest names that tell them apart: their paths below the folder they share.
+
+    Example: ["/tmp/a/runs/gpt2", "/tmp/a/runs/llama/best"] -> ["gpt2", "llama/best"]"""
+    import os
+
+    try:
+        shared = os.path.commonpath([os.path.abspath(run) for run in runs])
+    except ValueError:  # different drives
+        return runs
+    names = [os.path.relpath(os.path.abspath(run), shared) for run in runs]
+    return runs if "." in names or len(set(names)) < len(names) else names
+
+
 def _comparison_table(by_run: dict[str, dict[str, Any]]):
     """One row per (task, filter, metric), one column per run; the best value of a row in bold."""
     from rich.table import Table
@@ -91,8 +105,8 @@ def _comparison_table(by_run: dict[str, dict[str, Any]]):
     table.add_column("task")
     table.add_column("n-shot", justify="right")
     table.add_column("metric")
-    for run in by_run:
-        table.add_column(Text(run), justify="right")
+    for name in _column_names(list(by_run)):
+        table.add_column(Text(name), justify="right", overflow="fold")
     values: dict[tuple[str, str, str], dict[str, float]] = {}
     for run, results in by_run.items():
         for task, filter_name, metric, value, _ in metric_rows(results):

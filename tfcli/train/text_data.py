@@ -13,6 +13,7 @@ from typing import Any
 
 from tfcli.errors import TfcliError
 
+MIN_TEXT_BYTES = 4096  # below this no tokenizer, validation split and batch are worth making
 DATA_DIR = "data"  # inside the run directory: tokenizer/ and shards/
 VAL_FRACTION = 0.1
 # A vocabulary the corpus can fill: about OCCURRENCES tokens of text per entry, guessing BYTES_PER_TOKEN
@@ -68,6 +69,11 @@ def prepare_text_data(data: Path, run_dir: Path, *, field: str = "text", resume:
     corpus = resolve_corpus([data], field=field)
     if corpus.has_stdin:
         raise TfcliError("train pretrain --data reads files, not standard input", hint="save the text to a file first")
+    if corpus.total_bytes < MIN_TEXT_BYTES:
+        raise TfcliError(
+            f"{data} holds {corpus.total_bytes:,} bytes of text, too little to train on (at least {MIN_TEXT_BYTES:,})",
+            hint="pass more text, or token shards made with tokenize encode",
+        )
     vocab, why = vocab_for(corpus.total_bytes)
     summary = train_tokenizer(corpus, tokenizer_dir, TokenizerTrainingConfig(vocab_size=vocab))
     learned = "" if summary.vocab_size == vocab else f"; it learned {summary.vocab_size:,} (the text has no more pairs seen twice)"
