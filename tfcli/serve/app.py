@@ -137,6 +137,19 @@ def _context_check(served: Served, prompt_tokens: int, max_tokens: int, where: s
         )
 
 
+def _sampling(served: Served, body, max_tokens: int, *, chat: bool, logprobs: int | None) -> Sampling:
+    """A request's decoding settings, OpenAI's defaults where it leaves them out (temperature 1, top_p 1)."""
+    return Sampling(
+        max_tokens=max_tokens,
+        temperature=body.temperature if body.temperature is not None else 1.0,
+        top_p=body.top_p if body.top_p is not None else 1.0,
+        stop=body.stops(),
+        seed=body.seed,
+        end_ids=_end_ids(served, body, chat=chat),
+        logprobs=logprobs,
+    )
+
+
 def _end_ids(served: Served, body, chat: bool) -> frozenset[int]:
     if body.ignore_eos:
         return frozenset()
@@ -206,15 +219,7 @@ async def _completions(served: Served, body: CompletionRequest, request: Request
     scores: list[list[ContinuationScore | None]] | None = None
     if body.echo and want_logprobs is not None:
         scores = await _score_prompts(served, request, prompts, want_logprobs)
-    sampling = Sampling(
-        max_tokens=max_tokens,
-        temperature=body.temperature if body.temperature is not None else 1.0,
-        top_p=body.top_p if body.top_p is not None else 1.0,
-        stop=body.stops(),
-        seed=body.seed,
-        end_ids=_end_ids(served, body, chat=False),
-        logprobs=want_logprobs,
-    )
+    sampling = _sampling(served, body, max_tokens, chat=False, logprobs=want_logprobs)
     rid = f"cmpl-{secrets.token_hex(12)}"
     created = int(time.time())
     ticket = _submit(served, Ticket(asyncio.get_running_loop(), prompts, n, sampling)) if max_tokens else None
@@ -376,15 +381,7 @@ async def _chat(served: Served, body: ChatRequest, request: Request):
     top = body.top_logprobs if body.logprobs else None
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    sampling = Sampling(
-        max_tokens=max_tokens,
-        temperature=body.temperature if body.temperature is not None else 1.0,
-        top_p=body.top_p if body.top_p is not None else 1.0,
-        stop=body.stops(),
-        seed=body.seed,
-        end_ids=_end_ids(served, body, chat=True),
-        logprobs=(top or 0) if body.logprobs else None,
-    )
+    sampling = _sampling(served, body, max_tokens, chat=True, logprobs=(top or 0) if body.logprobs else None)
     rid = f"chatcmpl-{secrets.token_hex(12)}"
     created = int(time.time())
     ticket = _submit(served, Ticket(asyncio.get_running_loop(), [prompt], n, sampling))
