@@ -12,10 +12,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from tests.conftest import snapshot
-from tfcli.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint, save_checkpoint
+from tfcli.checkpoint import load_checkpoint, save_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.model.config import ModelConfig
 from tfcli.model.transformer import Transformer
+from tfcli.rundir import CONFIG_FILE, WEIGHTS_FILE
 from tfcli.tokenizer.core import TextTokenizer
 
 

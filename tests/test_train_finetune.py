@@ -112,7 +112,7 @@ def test_finetune_reads_csv_and_parquet_with_renamed_fields(cli, shards, reviews
     args = ["train", "finetune", "--init-from", parent, "--task", "classify", "--max-steps", "3", "--batch-size", "8"]
     result = cli(*args, "--data", table, "-o", child, "--text-field", "review", "--label-field", "stars")
     assert result.code == 0, result.stderr
-    from tfcli.checkpoint import read_run_config
+    from tfcli.rundir import read_run_config
 
     training = read_run_config(child).training
     assert training["labels"] == ["fox", "other"] and training["fields"] == {"text": "review", "label": "stars"}

@@ -15,63 +15,25 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
 
 from tfcli import __version__
-from tfcli.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, MAX_CHAIN, PEFT_PREFIX, AdapterRecord
+from tfcli.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, MAX_CHAIN, PEFT_PREFIX, check_parent_weights, find_parent, peft_config
+from tfcli.adapters.lora import adapter_tensors, apply_lora, attached, expected_adapter_shapes, load_adapter, merged_state, saved_module_keys
 from tfcli.errors import TfcliError
-from tfcli.fsutil import artifact_kind, commit_staged, fsync_file, prepare_output_dir, set_default_mode, temp_path_beside
-from tfcli.jsontext import loads_json
-from tfcli.limits import read_text_capped
+from tfcli.fsutil import commit_staged, fsync_file, prepare_output_dir, set_default_mode, temp_path_beside
 from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
-from tfcli.schema import JsonRecord
-from tfcli.tensorfile import read_tensors, weights_header_problem
+from tfcli.model.layers import RotaryEmbedding, sinusoidal_table
+from tfcli.model.transformer import Transformer
+from tfcli.rundir import CHECKPOINT_FORMAT, CONFIG_FILE, WEIGHTS_FILE, RunConfig, read_run_config, run_file_problems, weights_path
+from tfcli.tensorfile import read_tensors
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
-from tfcli.training_config import TrainConfig
 
-if TYPE_CHECKING:
-    import torch
-
-    from tfcli.model.transformer import Transformer
-
-CHECKPOINT_FORMAT = 1
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 TIED_KEY = "lm_head.weight"
-
-
-@dataclasses.dataclass
-class RunConfig(JsonRecord):
-    """config.json of a run directory."""
-
-    format_version: int
-    model: ModelConfig
-    tokenizer_sha256: str
-    weights_bytes: int
-    tfcli_version: str = ""
-    training: dict[str, Any] | None = None  # the resolved training config, for runs that were trained
-    source: str | None = None  # where the weights came from (e.g. an imported GPT-2 folder)
-    source_class: str | None = None  # the Hugging Face class they were imported from (e.g. LlamaForCausalLM)
-    adapter: AdapterRecord | None = None  # an adapter run (LoRA): the weights are its parent's plus adapter_model.safetensors
-
-
-@dataclasses.dataclass
-class TrainingRecord(JsonRecord):
-    """What config.json keeps under "training" for a trained run (`TrainingJob.training_record`; a section
-    written by hand may hold only some of it, such as the labels). Read to check it; RunConfig keeps it as
-    the plain dictionary the commands read."""
-
-    config: TrainConfig | None = None
-    task: str | None = None
-    step: int | None = None
-    labels: list[str] | None = None
-    data: str | None = None
-    val_data: str | None = None
-    init_from: str | None = None
-    val_loss: float | None = None  # the best checkpoint's validation loss
-    fields: dict[str, str] | None = None  # classify / seq2seq: the data's names of text, label, source, target, where renamed
 
 
 @dataclasses.dataclass
@@ -83,10 +45,6 @@ class Checkpoint:
 
 
 def _tensors_to_save(model: Transformer) -> dict[str, torch.Tensor]:
-    import torch
-
-    from tfcli.adapters.lora import adapter_tensors, attached
-
     tensors = {}
     adapter = attached(model) is not None
     for name, tensor in (adapter_tensors(model) if adapter else model.state_dict()).items():
@@ -115,12 +73,6 @@ def save_checkpoint(
     signal that came during them is delivered (the trainer swaps its state in there). A model with LoRA adapters
     (`tfcli.adapters.lora`) saves the adapters only: adapter_model.safetensors and adapter_config.json, its
     parent named in config.json."""
-    import json
-
-    from safetensors.torch import save_file
-
-    from tfcli.adapters.lora import attached
-
     if tokenizer.vocab_size > model.config.vocab_size:  # a larger model vocabulary is padding (nanoGPT's 50,304)
         raise TfcliError(f"the tokenizer has {tokenizer.vocab_size:,} tokens but the model only {model.config.vocab_size:,}")
     run_dir = prepare_output_dir(Path(run_dir), "run")
@@ -136,8 +88,6 @@ def save_checkpoint(
         fsync_file(weights_tmp)
         staged.append((weights_tmp, run_dir / weights_name))
         if adapter is not None:
-            from tfcli.adapters import peft_config
-
             adapter_tmp = temp_path_beside(run_dir / ADAPTER_CONFIG_FILE)
             tied = model.config.tie_embeddings and "tok_emb" in adapter.modules_to_save
             text = json.dumps(
@@ -179,121 +129,10 @@ def save_checkpoint(
     return config
 
 
-def _refuse_pickle(path: Path) -> None:
-    if path.suffix in PICKLE_SUFFIXES:
-        raise TfcliError(
-            f"{path} is a pickle file; tfcli never loads pickle (it can run arbitrary code)",
-            hint="convert it to safetensors with a tool you trust, or import a GPT-2 folder with `tfcli import`",
-        )
-
-
-def read_run_config(run_dir: Path) -> RunConfig:
-    """Validate and return RUN/config.json without touching the weights."""
-    run_dir = Path(run_dir)
-    if run_dir.is_file():
-        _refuse_pickle(run_dir)
-        raise TfcliError(f"{run_dir} is a file, not a run directory", hint="pass the folder that holds config.json")
-    if not run_dir.is_dir():
-        raise TfcliError(f"run directory {run_dir} does not exist", hint="train one with `tfcli train pretrain` or import one with `tfcli import`")
-    kind = artifact_kind(run_dir)
-    if kind and kind != "a run directory":
-        raise TfcliError(f"{run_dir} is {kind}, not a run directory", hint="pass a run made by `tfcli train` or `tfcli import`")
-    if not (run_dir / WEIGHTS_FILE).is_file():
-        pickles = sorted(p.name for p in run_dir.iterdir() if p.suffix in PICKLE_SUFFIXES)
-        if pickles:
-            _refuse_pickle(run_dir / pickles[0])
-    if not (run_dir / CONFIG_FILE).is_file():
-        raise TfcliError(f"{run_dir} has no {CONFIG_FILE}; it is not a tfcli run directory", hint="for a Hugging Face GPT-2 folder use `tfcli import`")
-    _refuse_other_folders(run_dir)
-    config = RunConfig.load(run_dir / CONFIG_FILE)
-    if config.format_version != CHECKPOINT_FORMAT:
-        raise TfcliError(f"{run_dir / CONFIG_FILE} has checkpoint format {config.format_version}; this tfcli reads {CHECKPOINT_FORMAT}")
-    labels = (config.training or {}).get("labels")
-    n_classes = config.model.n_classes
-    if labels is not None and (
-        not isinstance(labels, list) or not all(isinstance(name, str) for name in labels) or len(labels) != n_classes or len(set(labels)) != len(labels)
-    ):
-        raise TfcliError(
-            f"{run_dir / CONFIG_FILE} has training.labels {json.dumps(labels)}, which is not a list of the {n_classes} distinct class names"
-            if n_classes
-            else f"{run_dir / CONFIG_FILE} has training.labels but no classifier",
-            hint="fix it, or remove it to call the classes class 0, class 1, ...",
-        )
-    if config.training is not None:
-        try:
-            TrainingRecord.from_json(config.training, where="training")
-        except TfcliError as error:
-            raise TfcliError(f"{run_dir / CONFIG_FILE}: {error.message}", hint="restore the run's own config.json, or remove the training section") from None
-    return config
-
-
-def _refuse_other_folders(run_dir: Path) -> None:
-    """An exported or downloaded transformers folder has a config.json too, in another format; a word2vec run's
-    holds word vectors, not a model (`tfcli.word2vec.run`)."""
-    try:
-        data = loads_json(read_text_capped(run_dir / CONFIG_FILE))
-    except (OSError, ValueError):
-        return  # RunConfig.load says what is wrong with it
-    if isinstance(data, dict) and "format_version" not in data and ("model_type" in data or "architectures" in data):
-        raise TfcliError(f"{run_dir} is a Hugging Face model folder, not a tfcli run directory", hint=f"import it first: tfcli import {run_dir} -o RUN")
-    if isinstance(data, dict) and "word2vec" in data and "model" not in data:
-        raise TfcliError(
-            f"{run_dir} is a word2vec run: it holds word vectors, not a transformer this command can use",
-            hint=f"look at the vectors with `tfcli inspect-embeddings {run_dir}`; `tfcli info {run_dir}` describes the run",
-        )
-
-
-def weights_path(run_dir: Path, config: RunConfig | None = None) -> Path:
-    """The file that holds a run's own weights: model.safetensors, or adapter_model.safetensors for an adapter run."""
-    config = config if config is not None else read_run_config(run_dir)
-    return Path(run_dir) / (ADAPTER_WEIGHTS_FILE if config.adapter is not None else WEIGHTS_FILE)
-
-
-def run_file_problems(run_dir: Path, config: RunConfig, tokenizer: TextTokenizer) -> list[TfcliError]:
-    """What config.json says the weights file and the tokenizer should be and they are not (the weights are
-    not read: their size is checked, the tokenizer's sha256 too), and for an adapter run a missing parent."""
-    problems = []
-    weights = weights_path(run_dir, config)
-    if not weights.is_file():
-        problems.append(TfcliError(f"{run_dir} has no {weights.name}", hint="use an intact run directory"))
-    elif (size := weights.stat().st_size) != config.weights_bytes:
-        problems.append(
-            TfcliError(
-                f"{weights} holds {size:,} bytes but {CONFIG_FILE} expects {config.weights_bytes:,}",
-                hint="the checkpoint is truncated or from another save; use an intact run directory",
-            )
-        )
-    elif (header := weights_header_problem(weights)) is not None:
-        problems.append(header)
-    if tokenizer.vocab_size > config.model.vocab_size:
-        problems.append(
-            TfcliError(
-                f"{run_dir / TOKENIZER_FILE} has {tokenizer.vocab_size:,} tokens but the model's vocabulary only {config.model.vocab_size:,}",
-                hint="use the tokenizer the model was trained with",
-            )
-        )
-    elif tokenizer.sha256 != config.tokenizer_sha256:
-        problems.append(
-            TfcliError(
-                f"{run_dir / TOKENIZER_FILE} is not the tokenizer this model was saved with (sha256 differs)", hint="restore the run's own tokenizer.json"
-            )
-        )
-    if config.adapter is not None:
-        from tfcli.adapters import find_parent
-
-        try:
-            find_parent(run_dir, config.adapter)
-        except TfcliError as error:
-            problems.insert(0, error)
-    return problems
-
-
 def load_checkpoint(run_dir: Path, device: str = "cpu", *, merge_adapter: bool = True, _depth: int = 0) -> Checkpoint:
     """Load a run directory, checking everything before the model is used. An adapter run loads its parent
     and applies the adapter: merged into the weights (a plain model, as every command but training wants
     it), or with merge_adapter=False wrapped as it trains (`tfcli.adapters.lora`)."""
-
-    from tfcli.model.transformer import Transformer
 
     run_dir = Path(run_dir)
     config = read_run_config(run_dir)
@@ -316,10 +155,6 @@ def load_checkpoint(run_dir: Path, device: str = "cpu", *, merge_adapter: bool =
 
 def _load_adapter_run(run_dir: Path, config: RunConfig, merge: bool, depth: int) -> Transformer:
     """The parent's weights (loaded as any run is, an adapter run's merged) with this run's adapter."""
-
-    from tfcli.adapters import check_parent_weights, find_parent
-    from tfcli.adapters.lora import apply_lora, expected_adapter_shapes, load_adapter, merged_state, saved_module_keys
-    from tfcli.model.transformer import Transformer
 
     record = config.adapter
     assert record is not None
@@ -369,8 +204,6 @@ def model_from_tensors(model_config: ModelConfig, tensors: dict[str, torch.Tenso
     """A model over these tensors, used as they are (no copy, no random initialisation first); the tied
     output weight may be absent."""
 
-    from tfcli.model.transformer import Transformer
-
     tensors = dict(tensors)
     if model_config.tie_embeddings:
         tensors[TIED_KEY] = tensors["tok_emb.weight"]
@@ -385,8 +218,6 @@ def model_from_tensors(model_config: ModelConfig, tensors: dict[str, torch.Tenso
 
 def _rebuild_position_tables(model: Transformer) -> None:
     """The sinusoid and rotary tables are computed, not saved; a model built on the meta device needs them made."""
-    from tfcli.model.layers import RotaryEmbedding, sinusoidal_table
-
     config = model.config
     if config.positions == "sinusoidal":
         model.sinusoid = sinusoidal_table(config.block_size, config.d_model)

@@ -7,10 +7,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from tfcli.checkpoint import TOKENIZER_FILE, read_run_config, run_file_problems, weights_path
 from tfcli.jsontext import loads_json
 from tfcli.model.config import ModelConfig
-from tfcli.tokenizer.core import TextTokenizer
+from tfcli.rundir import read_run_config, run_file_problems, weights_path
+from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
+from tfcli.word2vec.run import is_word2vec_run, read_vectors_config, vectors_file_problems
 
 METRICS_FILE = "metrics.jsonl"
 # Imported classes whose checkpoints have no masked-LM head: tfcli's encoder got a fresh one, which
@@ -33,7 +34,6 @@ def run_info(run_dir: Path) -> dict[str, Any]:
     """Config, parameters by part, memory, KV-cache cost per token, tokenizer, training history, and what is
     wrong with the weights file or the tokenizer (`problems`, empty for an intact run)."""
     run_dir = Path(run_dir)
-    from tfcli.word2vec.run import is_word2vec_run
 
     if is_word2vec_run(run_dir):
         return vectors_info(run_dir)
@@ -82,8 +82,6 @@ def _tokenizer_info(tokenizer: TextTokenizer) -> dict[str, Any]:
 
 def vectors_info(run_dir: Path) -> dict[str, Any]:
     """A word2vec run: its vectors and objective, parameters, tokenizer, training and history, problems."""
-    from tfcli.word2vec.run import read_vectors_config, vectors_file_problems
-
     config = read_vectors_config(run_dir)
     tokenizer = TextTokenizer.load(run_dir / TOKENIZER_FILE)
     vectors = config.word2vec
@@ -106,7 +104,7 @@ def adapter_info(model: ModelConfig, record) -> dict[str, Any] | None:
     """An adapter run's LoRA: rank, alpha, layers, the parameters it trains, and its parent (None for a full run)."""
     if record is None:
         return None
-    from tfcli.adapters.lora import expected_adapter_shapes
+    from tfcli.adapters.lora import expected_adapter_shapes  # noqa: PLC0415  torch (a meta-device model) for adapter runs only: info stays torch-free
 
     parameters = sum(math.prod(shape) for shape in expected_adapter_shapes(model, record).values())
     return {

@@ -9,11 +9,24 @@ unless `force` is set; an interrupted training step resumes. It yields one `Quic
 from __future__ import annotations
 
 import dataclasses
+import shutil
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tfcli.corpus.reader import resolve_corpus
+from tfcli.data.labeled import LabeledSet, read_labeled, split_validation
+from tfcli.data.shards import encode_corpus, load_shard_meta
 from tfcli.errors import TfcliError
+from tfcli.rundir import read_run_config
+from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
+from tfcli.tokenizer.train import train_tokenizer
+from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+from tfcli.train.evaluate import unigram_entropy
+from tfcli.train.job import finetune_job, pretrain_job
+from tfcli.train.loop import train
+from tfcli.train.state import METRICS_FILE, read_metrics
 
 QUICKSTART_VOCAB_SIZE = 2048
 QUICKSTART_VAL_FRACTION = 0.1
@@ -50,8 +63,6 @@ def find_sample_data(explicit: Path | None = None) -> Path:
 def run_quickstart(
     data_dir: Path, out_dir: Path, force: bool = False, pretrain_steps: int = PRETRAIN_STEPS, classifier_steps: int = CLASSIFIER_STEPS, device: str = "auto"
 ) -> Iterator[Any]:
-    from tfcli.corpus.reader import resolve_corpus
-
     corpus = resolve_corpus([data_dir / "corpus"])
     tokenizer_dir, shard_dir, model_dir = out_dir / "tokenizer", out_dir / "shards", out_dir / "model"
     tokenizer = yield from _tokenizer_step(corpus, tokenizer_dir, force)
@@ -66,10 +77,6 @@ def run_quickstart(
 
 def _tokenizer_step(corpus, tokenizer_dir: Path, force: bool) -> Iterator[Any]:
     """A BPE tokenizer of QUICKSTART_VOCAB_SIZE tokens on the corpus; returns it loaded."""
-    from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
-    from tfcli.tokenizer.train import train_tokenizer
-    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
-
     tokenizer = _existing(lambda: TextTokenizer.load(tokenizer_dir / TOKENIZER_FILE)) if not force else None
     if tokenizer is None:
         summary = train_tokenizer(corpus, tokenizer_dir, TokenizerTrainingConfig(vocab_size=QUICKSTART_VOCAB_SIZE))
@@ -82,8 +89,6 @@ def _tokenizer_step(corpus, tokenizer_dir: Path, force: bool) -> Iterator[Any]:
 
 def _shards_step(corpus, tokenizer, shard_dir: Path, force: bool) -> Iterator[Any]:
     """The corpus encoded with the tokenizer (kept when shards of this tokenizer are there)."""
-    from tfcli.data.shards import encode_corpus, load_shard_meta
-
     meta = _existing(lambda: load_shard_meta(shard_dir)) if not force else None
     made = meta is None or meta.tokenizer_sha256 != tokenizer.sha256
     if made:
@@ -105,10 +110,6 @@ def _settings(steps: int, lr: float, evaluations: int, device: str) -> dict[str,
 
 def _model_step(shard_dir: Path, model_dir: Path, tokenizer, tokenizer_dir: Path, force: bool, steps: int, device: str) -> Iterator[Any]:
     """The tiny decoder pretrained on the shards; returns whether it trained."""
-    from tfcli.tokenizer.core import TOKENIZER_FILE
-    from tfcli.train.evaluate import unigram_entropy
-    from tfcli.train.job import pretrain_job
-
     settings = _settings(steps, 3e-3, 4, device)
     made = yield from _train_step(
         model_dir,
@@ -135,8 +136,6 @@ def _model_step(shard_dir: Path, model_dir: Path, tokenizer, tokenizer_dir: Path
 
 def _classifier_step(reviews: Path, model_dir: Path, classifier_dir: Path, tokenizer, force: bool, steps: int, device: str) -> Iterator[Any]:
     """The sentiment classifier fine-tuned from the decoder on the reviews."""
-    from tfcli.train.job import finetune_job
-
     settings = _settings(steps, 2e-3, 2, device)
     made = yield from _train_step(
         classifier_dir,
@@ -157,11 +156,6 @@ def _classifier_step(reviews: Path, model_dir: Path, classifier_dir: Path, token
 def _train_step(run_dir: Path, force: bool, steps: int, tokenizer_sha256: str, make_job) -> Iterator[Any]:
     """Train into run_dir unless a finished run on this tokenizer is there; resume a run that was cut short.
     Returns whether it trained."""
-    import shutil
-
-    from tfcli.checkpoint import read_run_config
-    from tfcli.train.loop import train
-
     config = _existing(lambda: read_run_config(run_dir)) if run_dir.exists() else None
     if force or config is None or config.tokenizer_sha256 != tokenizer_sha256:
         if run_dir.exists():
@@ -176,19 +170,12 @@ def _train_step(run_dir: Path, force: bool, steps: int, tokenizer_sha256: str, m
 
 
 def _last_metric(run_dir: Path, key: str) -> float | None:
-    from tfcli.train.state import METRICS_FILE, read_metrics
-
     values = [r[key] for r in read_metrics(run_dir / METRICS_FILE) if isinstance(r.get(key), (int, float))]
     return values[-1] if values else None
 
 
 def majority_baseline(run_dir: Path) -> float:
     """The accuracy of always answering the most common label of the run's validation split."""
-    from collections import Counter
-
-    from tfcli.checkpoint import read_run_config
-    from tfcli.data.labeled import LabeledSet, read_labeled, split_validation
-
     training = read_run_config(run_dir).training or {}
     config = training.get("config") or {}
     rows = read_labeled(Path(training["data"]), "classify", training.get("fields"))

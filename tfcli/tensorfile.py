@@ -6,17 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from safetensors import SafetensorError, safe_open
+
 from tfcli.errors import TfcliError
 
 if TYPE_CHECKING:
-    import torch
+    import torch  # the header check needs no torch; the tensors read are torch's (their own methods)
 
 
 def weights_header_problem(weights: Path) -> TfcliError | None:
     """Whether the weights file's header reads: safetensors checks every tensor's offsets against the file's
     size, so a header that claims huge tensors in a small file is refused here, before anything is allocated."""
-    from safetensors import SafetensorError, safe_open
-
     try:
         with safe_open(str(weights), framework="numpy") as handle:
             handle.keys()
@@ -32,9 +32,6 @@ def _invalid_weights(weights: Path, exc: BaseException) -> TfcliError:
 def read_tensors(path: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
     """The tensors of a safetensors file that must hold exactly `expected` (name -> shape), each checked
     (names, shapes from the header first, floating point, finite) before it is used."""
-    import torch
-    from safetensors import SafetensorError, safe_open
-
     try:
         with safe_open(str(path), framework="pt") as handle:
             names = set(handle.keys())
@@ -56,6 +53,6 @@ def read_tensors(path: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, 
     for name, tensor in tensors.items():
         if not tensor.is_floating_point():
             raise TfcliError(f"tensor {name} has dtype {tensor.dtype}, not a floating-point type")
-        if not torch.isfinite(tensor).all():
+        if not tensor.isfinite().all():
             raise TfcliError(f"tensor {name} holds non-finite values (NaN or infinity)", hint="use an earlier checkpoint")
-    return {k: v.to(torch.float32) for k, v in tensors.items()}
+    return {k: v.float() for k, v in tensors.items()}

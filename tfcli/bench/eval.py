@@ -14,8 +14,12 @@ import sys
 import time
 from pathlib import Path
 
-from tfcli.bench.common import peak_rss_mb, run_worker
+import torch
+
+from tfcli.bench.common import keep_fastest, peak_rss_mb, run_worker
 from tfcli.errors import TfcliError
+from tfcli.hf.convert import export_hf
+from tfcli.rundir import read_run_config
 
 WARMUP_REQUESTS = 8
 
@@ -55,7 +59,7 @@ class EvalBench:
 
 def task_requests(task_name: str, limit: int) -> list:
     """The harness's loglikelihood Instances for the first `limit` documents of a task (0-shot)."""
-    from tfcli.harness.tasks import check_tasks, go_offline, load_tasks, task_manager
+    from tfcli.harness.tasks import check_tasks, go_offline, load_tasks, task_manager  # noqa: PLC0415  the eval extra
 
     go_offline()
     manager = task_manager([task_name], ())
@@ -72,10 +76,6 @@ def task_requests(task_name: str, limit: int) -> list:
 
 def run_eval_bench(run: Path, task: str, limit: int, batch_size: int, threads: int, repeat: int, folder: Path) -> EvalBench:
     """Export the run to folder/hf, then time both models `repeat` times, interleaved; the fastest of each kept."""
-    from tfcli.bench.common import keep_fastest
-    from tfcli.checkpoint import read_run_config
-    from tfcli.hf.convert import export_hf
-
     config = read_run_config(run)
     if config.model.arch != "decoder":
         raise TfcliError(f"{run} is an {config.model.arch}; bench eval scores a decoder", hint="bench a language model run")
@@ -94,11 +94,9 @@ def run_eval_bench(run: Path, task: str, limit: int, batch_size: int, threads: i
 
 
 def _worker(model: str, run: str, hf_folder: str, task: str, limit: int, batch_size: int, threads: int) -> dict:
-    import torch
-
     requests = task_requests(task, limit)
     if model == "tfcli":
-        from tfcli.harness.model import TfcliLM
+        from tfcli.harness.model import TfcliLM  # noqa: PLC0415  the eval extra
 
         lm = TfcliLM(run, batch_size=batch_size, device="cpu")
     else:

@@ -9,6 +9,7 @@ every later run does, and the first run's extra time and memory stay out of the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import sys
@@ -16,7 +17,26 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from tfcli.bench.common import peak_rss_mb, run_worker
+from tfcli.data.shards import SHARD_FORMAT_VERSION, ShardMeta, open_shard, shard_dtype_name
+from tfcli.hf import gpt2_config
+from tfcli.model.config import preset
+from tfcli.runtime import keep_freed_memory
+from tfcli.tokenizer.core import TextTokenizer
+from tfcli.tokenizer.families import build_untrained
+from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+from tfcli.train.data import LMSource, Slot
+from tfcli.train.events import Started, StepDone
+from tfcli.train.fingerprint import shard_fingerprint
+from tfcli.train.flops import measure_matmul_flops, training_flops_per_token
+from tfcli.train.job import TrainingJob
+from tfcli.train.loop import train
+from tfcli.train.optim import make_optimizer
+from tfcli.train.setup import pick_device, use_bf16
+from tfcli.training_config import TrainConfig
 
 
 @dataclasses.dataclass
@@ -33,13 +53,6 @@ class TrainMeasurement:
 
 def _make_data(folder: Path, vocab_size: int, tokens: int, seed: int = 0):
     """Random token shards and a byte-level tokenizer to stand beside them (the loop needs one)."""
-    import numpy as np
-
-    from tfcli.data.shards import SHARD_FORMAT_VERSION, ShardMeta, shard_dtype_name
-    from tfcli.tokenizer.core import TextTokenizer
-    from tfcli.tokenizer.families import build_untrained
-    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
-
     tokenizer_dir = folder / "tokenizer"
     tokenizer_dir.mkdir(parents=True)
     hf, _ = build_untrained(TokenizerTrainingConfig(vocab_size=300))
@@ -58,14 +71,6 @@ def _make_data(folder: Path, vocab_size: int, tokens: int, seed: int = 0):
 
 
 def _job(implementation: str, preset_name: str, batch: int, steps: int, threads: int, device_name: str, precision: str) -> TrainMeasurement:
-    import torch
-
-    from tfcli.model.config import preset
-    from tfcli.runtime import keep_freed_memory
-    from tfcli.train.flops import measure_matmul_flops, training_flops_per_token
-    from tfcli.train.setup import pick_device, use_bf16
-    from tfcli.training_config import TrainConfig
-
     keep_freed_memory()  # as `tfcli train` sets it, for both loops, so they differ only in their own work
     if threads:
         torch.set_num_threads(threads)
@@ -100,10 +105,6 @@ def _job(implementation: str, preset_name: str, batch: int, steps: int, threads:
 
 def _time_tfcli(model_config, config, tokenizer, shard_dir, run_dir, warmup: int, steps: int) -> tuple[float, int]:
     """Seconds per step of the real training loop (data, schedule, forward, backward, clipping, AdamW)."""
-    from tfcli.train.events import Started, StepDone
-    from tfcli.train.job import TrainingJob, shard_fingerprint
-    from tfcli.train.loop import train
-
     job = TrainingJob(run_dir, model_config, config, tokenizer, shard_dir, data_fingerprint=shard_fingerprint(shard_dir))
     run_dir.mkdir()
     events = train(job)
@@ -124,15 +125,7 @@ def _time_tfcli(model_config, config, tokenizer, shard_dir, run_dir, warmup: int
 
 def _time_transformers(model_config, config, shard_dir, device, bf16: bool, warmup: int, steps: int) -> tuple[float, int]:
     """Seconds per step of a plain loop over GPT2LMHeadModel: the same batches, AdamW and clipping."""
-    import contextlib
-
-    import torch
     import transformers
-
-    from tfcli.data.shards import open_shard
-    from tfcli.hf import gpt2_config
-    from tfcli.train.data import LMSource, Slot
-    from tfcli.train.optim import make_optimizer
 
     torch.manual_seed(0)
     hf_config = transformers.GPT2Config(**{k: v for k, v in gpt2_config(model_config, 0).items() if k not in ("architectures", "model_type")})
@@ -157,8 +150,6 @@ def _time_transformers(model_config, config, shard_dir, device, bf16: bool, warm
 
 
 def _sync(device) -> None:
-    import torch
-
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 

@@ -62,8 +62,8 @@ def _prompt_lines(handle, where: str, run: Path | None) -> list[bytes]:
 
     block = None
     if run is not None:
-        from tfcli.checkpoint import read_run_config
         from tfcli.errors import TfcliError
+        from tfcli.rundir import read_run_config
 
         try:
             block = read_run_config(run).model.block_size

@@ -48,10 +48,10 @@ def export(
     Example: tfcli export runs/mine --to hf -o exported/
     Or: tfcli export runs/mine --to gguf -o mine.gguf --type q8_0
     """
-    from tfcli.checkpoint import read_run_config
     from tfcli.errors import TfcliError
     from tfcli.fsutil import nothing_left_on_failure
     from tfcli.hf import export_hf
+    from tfcli.rundir import read_run_config
 
     target = to if to is not None else ("tfcli" if merge else "hf")
     if target not in ("hf", "gguf", "tfcli"):

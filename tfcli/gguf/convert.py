@@ -13,7 +13,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfcli.checkpoint import load_checkpoint, model_from_tensors, read_run_config, save_checkpoint
+import torch
+
+from tfcli.checkpoint import load_checkpoint, model_from_tensors, save_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json, atomic_write_text, prepare_output_dir, set_default_mode, temp_path_beside
 from tfcli.gguf.layout import (
@@ -31,11 +33,12 @@ from tfcli.gguf.reader import READABLE_TYPES, GgufFile, read_gguf, refused_type
 from tfcli.gguf.vocab import Vocab, tokenizer_metadata
 from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig, RopeScaling
+from tfcli.model.transformer import Transformer
+from tfcli.rundir import read_run_config
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
 
 if TYPE_CHECKING:
     import numpy as np
-    import torch
 
 TYPES = ("f32", "f16", "q8_0")
 # general.file_type (llama.cpp's LLAMA_FTYPE_ALL_F32, MOSTLY_F16, MOSTLY_Q8_0)
@@ -186,8 +189,6 @@ def _layout_config(file: GgufFile, arch: str, where: str) -> ModelConfig:
 def _llama3_scaling(file: GgufFile, config: ModelConfig, where: str) -> dict[str, Any]:
     """Llama 3.1's rope scaling, recognised from rope_freqs.weight: the factors it implies for the usual
     low/high frequency factors (1, 4) and original context (8,192), with the largest divisor as the factor."""
-    import torch
-
     factors = file.read(ROPE_FREQS)
     if factors.shape != (config.head_dim // 2,):
         raise TfcliError(f"{where}: tensor {ROPE_FREQS} has shape {list(factors.shape)}, not [{config.head_dim // 2}]")
@@ -203,8 +204,6 @@ def _llama3_scaling(file: GgufFile, config: ModelConfig, where: str) -> dict[str
 
 def import_gguf(src: Path, run_dir: Path) -> Imported:
     """Read a GGUF file (nothing in it is executed) and save it as a tfcli run directory."""
-    from tfcli.model.transformer import Transformer
-
     src, run_dir = Path(src), Path(run_dir)
     if (run_dir / "config.json").exists() or (run_dir / "model.safetensors").exists():
         raise TfcliError(f"{run_dir} already holds a run", hint="import into another folder with -o, or delete that one first")
@@ -241,7 +240,6 @@ def import_gguf(src: Path, run_dir: Path) -> Imported:
             raise TfcliError(f"{where}: tensor {entry.name} holds non-finite values")
         parts.setdefault(entry.ours, []).append(unpermute_heads(tensor, entry.heads) if entry.heads else tensor)
         types[info.kind.name] = types.get(info.kind.name, 0) + 1
-    import torch
 
     state = {name: torch.cat(chunks) if len(chunks) > 1 else chunks[0] for name, chunks in parts.items()}
     model = model_from_tensors(config, state)

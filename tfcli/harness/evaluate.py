@@ -8,15 +8,20 @@ import dataclasses
 import io
 import json
 import logging
+import platform
 import subprocess
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from tfcli.checkpoint import read_run_config
+import torch
+
+from tfcli import __version__
 from tfcli.errors import TfcliError
 from tfcli.harness.tasks import check_tasks, go_offline, load_tasks, task_manager
+from tfcli.rundir import read_run_config
 
 BOOTSTRAP_ITERS = 1000  # resamples for the standard error of a non-mean metric (perplexity); the harness's 100,000 take minutes
 
@@ -88,12 +93,6 @@ def _git_commit() -> str | None:
 
 def _add_env_info(storage: dict[str, Any]) -> None:
     """The harness's environment record (versions, the machine), without its `pip list` and compiler probes."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
-    import torch
-
-    from tfcli import __version__
 
     def installed(name: str) -> str:
         try:
@@ -115,7 +114,7 @@ def evaluate_tasks(run: Path, options: TaskOptions, *, device: str = "auto") -> 
     """The harness's results dictionary for one run."""
     check_decoder(run)
     prepared = prepare(options)  # a broken task is said before the run loads
-    from tfcli.harness.model import TfcliLM
+    from tfcli.harness.model import TfcliLM  # noqa: PLC0415  lm_eval's model classes: after the tasks are checked
 
     lm = TfcliLM(run, batch_size=options.batch_size, device=device)
     if options.chat_template:

@@ -17,11 +17,16 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfcli.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, PEFT_PREFIX, peft_config
-from tfcli.checkpoint import load_checkpoint, read_run_config
+from safetensors.torch import save_file
+
+from tfcli.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, PEFT_PREFIX, find_parent, peft_config
+from tfcli.adapters.lora import base_state
+from tfcli.adapters.vocabulary import VOCABULARY_TENSORS, grow_vocabulary, vocabulary_modules
+from tfcli.checkpoint import TIED_KEY, load_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_text, prepare_output_dir, set_default_mode
 from tfcli.hf.convert import FAMILIES, export_class, write_hf_folder
+from tfcli.rundir import read_run_config
 
 if TYPE_CHECKING:
     import torch
@@ -34,8 +39,6 @@ PEFT_TIES = ("embed_tokens", "lm_head")  # the module names PEFT's ensure_weight
 def export_lora_hf(run_dir: Path, out_dir: Path) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """Write OUT/base (a transformers folder) and OUT/adapter (adapter_config.json, adapter_model.safetensors);
     returns the class, its config and the adapter's config."""
-    from safetensors.torch import save_file
-
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if read_run_config(run_dir).adapter is None:
         raise TfcliError(f"{run_dir} is not an adapter run", hint="export it with tfcli export RUN --to hf")
@@ -95,11 +98,6 @@ def _base_weights(run_dir: Path, checkpoint) -> dict[str, torch.Tensor]:
     """base/'s weights (tfcli names): the frozen base with the run's new head, and where the run grew the
     vocabulary, the parent's embedding (and output layer) grown as training began, new rows at the mean: the
     trained ones are the adapter's."""
-    from tfcli.adapters import find_parent
-    from tfcli.adapters.lora import base_state
-    from tfcli.adapters.vocabulary import VOCABULARY_TENSORS, grow_vocabulary, vocabulary_modules
-    from tfcli.checkpoint import TIED_KEY
-
     record, config = checkpoint.config.adapter, checkpoint.config.model
     state = base_state(checkpoint.model)
     if not set(vocabulary_modules(config)) & set(record.modules_to_save):

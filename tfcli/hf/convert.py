@@ -11,21 +11,24 @@ import dataclasses
 import json
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tfcli.checkpoint import WEIGHTS_FILE, load_checkpoint, model_from_tensors, read_run_config, save_checkpoint
+import torch
+from safetensors.torch import save_file
+
+from tfcli.checkpoint import load_checkpoint, model_from_tensors, save_checkpoint
 from tfcli.errors import TfcliError
-from tfcli.fsutil import atomic_write_json, atomic_write_text, prepare_output_dir, refuse_non_utf8_path
+from tfcli.fsutil import atomic_write_json, atomic_write_text, prepare_output_dir, refuse_non_utf8_path, set_default_mode, temp_path_beside
 from tfcli.hf import bert, gpt2, llama
 from tfcli.hf.folder import HfConfig, WeightFiles, read_hf_config
 from tfcli.hf.mapping import TensorMap
 from tfcli.hf.tokenizer import import_tokenizer
 from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
+from tfcli.model.transformer import Transformer
+from tfcli.rundir import WEIGHTS_FILE, read_run_config
+from tfcli.tokenizer.chat_template import ChatTemplate
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
-
-if TYPE_CHECKING:
-    import torch
 
 FAMILIES: dict[str, ModuleType] = {name: family for family in (gpt2, llama, bert) for name in family.CLASSES}
 MODEL_TYPES = {"GPT2LMHeadModel": "gpt2", **llama.MODEL_TYPES, **{name: "bert" for name in bert.CLASSES}}
@@ -74,8 +77,6 @@ def _is_tfcli_run(folder: Path) -> bool:
 
 def _read_tensor(weights: WeightFiles, mapping: TensorMap, expected: tuple[int, ...], where: Path) -> torch.Tensor:
     """Our tensor `mapping.ours`, made of its Hugging Face parts, each checked against the shape the config implies."""
-    import torch
-
     parts = []
     sizes = mapping.split or (expected[0],)
     for theirs, size in zip(mapping.theirs, sizes):
@@ -101,8 +102,6 @@ def _read_tensor(weights: WeightFiles, mapping: TensorMap, expected: tuple[int, 
 
 def import_hf(src: Path, run_dir: Path) -> Imported:
     """Read a Hugging Face folder (safetensors only, one tensor at a time) and save it as a tfcli run directory."""
-
-    from tfcli.model.transformer import Transformer
 
     src, run_dir = Path(src), Path(run_dir)
     if not src.is_dir():
@@ -172,10 +171,6 @@ def export_hf(run_dir: Path, out_dir: Path) -> tuple[str, dict[str, Any]]:
 
 def write_hf_folder(checkpoint, state: dict[str, torch.Tensor], out_dir: Path) -> tuple[str, dict[str, Any]]:
     """Write the weights `state` (tfcli names) of the checkpoint's model as the transformers class that expresses it."""
-    from safetensors.torch import save_file
-
-    from tfcli.fsutil import set_default_mode, temp_path_beside
-
     config = checkpoint.config.model
     hf_class = export_class(config, checkpoint.config.source_class)
     family = FAMILIES[hf_class]
@@ -216,8 +211,6 @@ def write_hf_folder(checkpoint, state: dict[str, torch.Tensor], out_dir: Path) -
 def chat_generation_config(hf_config: dict[str, Any], tokenizer, tokenizer_config: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
     """A chat run's generation_config.json: transformers' generate stops at any id of eos_token_id, so the
     end-of-turn token (<|im_end|>) comes first and the end-of-text token after it. None for other runs."""
-    from tfcli.tokenizer.chat_template import ChatTemplate
-
     try:
         template = ChatTemplate.for_tokenizer(tokenizer, tokenizer_config, str(run_dir))
     except TfcliError:  # a template jinja2 cannot compile is exported as it is, as transformers would read it

@@ -9,10 +9,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfcli.checkpoint import PICKLE_SUFFIXES, WEIGHTS_FILE
+from safetensors import SafetensorError, safe_open
+
 from tfcli.errors import TfcliError
 from tfcli.jsontext import loads_json
 from tfcli.limits import read_text_capped
+from tfcli.rundir import PICKLE_SUFFIXES, WEIGHTS_FILE
 
 if TYPE_CHECKING:
     import torch
@@ -104,8 +106,6 @@ class WeightFiles:
         raise TfcliError(f"{src} has no {WEIGHTS_FILE} (nor {INDEX_FILE} with its shards)", hint="download the model's safetensors weights")
 
     def __enter__(self) -> WeightFiles:
-        from safetensors import SafetensorError, safe_open
-
         for path in self.files:
             try:
                 handle = self._stack.enter_context(safe_open(str(path), framework="pt"))
@@ -131,8 +131,6 @@ class WeightFiles:
         return tuple(self._handles[stored].get_slice(stored).get_shape())
 
     def read(self, stored: str) -> torch.Tensor:
-        from safetensors import SafetensorError
-
         try:
             return self._handles[stored].get_tensor(stored)
         except SafetensorError as exc:

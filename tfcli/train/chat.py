@@ -24,6 +24,7 @@ from tfcli.limits import CHAT_TEMPLATE_FILE, read_text_capped
 from tfcli.tokenizer.chat_template import DEFAULT_TEMPLATE, ChatTemplate, chat_tokenizer_files, template_source
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
 from tfcli.train.data import IGNORE, Batch, LabeledSource, pad_rows
+from tfcli.train.fingerprint import digest, file_fingerprint
 
 
 class ChatSource(LabeledSource):
@@ -56,8 +57,6 @@ def _template_text(template_file: Path | None, parent_config: dict) -> str:
 def prepare_chat(job, *, template_file: Path | None, resume: bool) -> None:
     """Give a chat job its tokenizer (the parent's with the template, grown where needed), its model
     vocabulary, its conversations and its notes. Nothing is written here (`install_chat_tokenizer` does that)."""
-    from tfcli.train.job import _digest, file_fingerprint
-
     parent_dir = job.init_from
     source = _template_text(template_file, _read_config(parent_dir))
     text, config, added = chat_tokenizer_files(job.tokenizer, _read_config(parent_dir), source)
@@ -95,7 +94,7 @@ def prepare_chat(job, *, template_file: Path | None, resume: bool) -> None:
             f"no conversation in {job.data} fits the context of {block + 1:,} tokens", hint="shorten them, or fine-tune a model with a longer context"
         )
     job.labeled = (train_set, val_set)
-    job.data_fingerprint = _digest([file_fingerprint(job.data, job.val_data), source])
+    job.data_fingerprint = digest([file_fingerprint(job.data, job.val_data), source])
 
 
 def install_chat_tokenizer(job) -> None:

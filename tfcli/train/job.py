@@ -4,16 +4,19 @@ and the checks that must pass before anything is written (the output folder and 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
 from pathlib import Path
 from typing import Any
 
+from tfcli.adapters.lora import check_rank
+from tfcli.data.labeled import FIELD_OPTIONS, field_names, load_labeled, split_validation
+from tfcli.data.shards import load_shard_meta
 from tfcli.errors import TfcliError, a_or_an
 from tfcli.model.config import ModelConfig
+from tfcli.rundir import read_run_config
 from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
+from tfcli.train.chat import install_chat_tokenizer, prepare_chat
 from tfcli.train.config import check_settings_apply, resolve_configs
+from tfcli.train.fingerprint import digest, file_fingerprint, shard_fingerprint
 from tfcli.train.run_checks import check_output, check_resumed, check_resumed_finetune
 from tfcli.training_config import PRETRAIN_TASK, TrainConfig
 
@@ -62,38 +65,9 @@ class TrainingJob:
         }
 
 
-def _digest(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
-
-
-def shard_fingerprint(shard_dir: Path) -> str:
-    from tfcli.data.shards import load_shard_meta, verify_shards
-
-    meta = load_shard_meta(shard_dir)
-    verify_shards(shard_dir, meta, full=os.environ.get("TFCLI_VERIFY_SHARDS", "") == "full")
-    described = {
-        "tokenizer": meta.tokenizer_sha256,
-        "train": meta.train_tokens,
-        "val": meta.val_tokens,
-        "sources": [s.to_json() for s in meta.sources],
-        "seed": meta.seed,
-    }
-    if meta.checks:  # the content too (older shards have only their counts, and keep their old fingerprint)
-        described["sha256"] = {split: check.sha256 for split, check in sorted(meta.checks.items())}
-    return _digest(described)
-
-
-def file_fingerprint(*paths: Path | None) -> str:
-    from tfcli.fsutil import sha256_file
-
-    return _digest([sha256_file(p) if p else None for p in paths])
-
-
 def find_tokenizer(shard_dir: Path, explicit: Path | None) -> TextTokenizer:
     """--tokenizer if given, else the tokenizer.json whose checksum the shards name: inside or beside the
     shards' folder, or where it was when they were encoded."""
-    from tfcli.data.shards import load_shard_meta
-
     meta = load_shard_meta(shard_dir)
     if explicit is not None:
         tokenizer = TextTokenizer.load(explicit)
@@ -124,8 +98,6 @@ def pretrain_job(
     tokenizer_path: Path | None,
     resume: bool,
 ) -> TrainingJob:
-    from tfcli.data.shards import load_shard_meta
-
     meta = load_shard_meta(data)
     tokenizer = find_tokenizer(data, tokenizer_path)
     if arch is None:  # no --arch: the architecture the settings describe (--set, the file, the preset), else a decoder
@@ -194,21 +166,15 @@ def finetune_job(
     if chat_template is not None and task not in CHAT_TASKS:
         raise TfcliError(f"--chat-template applies to --task chat and instruct, not {task}")
     if task in CHAT_TASKS:
-        from tfcli.train.chat import prepare_chat
-
         prepare_chat(job, template_file=chat_template, resume=resume)
     elif task in LABELED_TASKS:
         _read_labeled(job, fields)
     else:
         _read_shards(job)
     if config.lora_rank is not None:
-        from tfcli.adapters.lora import check_rank
-
         check_rank(job.model_config, config.lora_rank, config.lora_groups)
     check_output(output, resume)
     if task in CHAT_TASKS:
-        from tfcli.train.chat import install_chat_tokenizer
-
         install_chat_tokenizer(job)
     if resume:
         check_resumed_finetune(job, Path(init_from), data)
@@ -217,8 +183,6 @@ def finetune_job(
 
 def _check_fields(task: str, fields: dict[str, str] | None) -> dict[str, str]:
     """Renamed fields (--text-field ...) only for the labeled tasks, and only the fields the task reads."""
-    from tfcli.data.labeled import FIELD_OPTIONS, field_names
-
     fields = dict(fields or {})
     if fields and task not in LABELED_TASKS:
         raise TfcliError(f"{FIELD_OPTIONS[next(iter(fields))]} applies to --task classify and seq2seq, not {task}", hint=f"--task {task} reads shards")
@@ -230,8 +194,6 @@ def _check_fields(task: str, fields: dict[str, str] | None) -> dict[str, str]:
 def _read_parent(init_from: Path, output: Path, task: str):
     """The run being fine-tuned (its config and tokenizer), once it is known to be another folder, whole, and of an
     architecture the task can train."""
-    from tfcli.checkpoint import read_run_config
-
     if Path(output).resolve() == Path(init_from).resolve():
         raise TfcliError("-o is the run being fine-tuned", hint="write the fine-tuned run to a new folder")
     parent = read_run_config(init_from)
@@ -278,8 +240,6 @@ def _finetune_configs(
 
 def _read_labeled(job: TrainingJob, fields: dict[str, str]) -> None:
     """classify / seq2seq: the train and validation sets, a classifier's labels and head, the data's fingerprint."""
-    from tfcli.data.labeled import load_labeled, split_validation
-
     task, data, val_data, config, model_config = job.config.task, job.data, job.val_data, job.config, job.model_config
     block = job.block_size
     train_set, labels = load_labeled(data, task, job.tokenizer, model_config.arch, block, labels=None, fields=fields)
@@ -295,13 +255,11 @@ def _read_labeled(job: TrainingJob, fields: dict[str, str]) -> None:
     job.labeled = (train_set, val_set)
     job.fields = fields or None
     # renamed fields read other examples from the same bytes, so they are part of the data's identity
-    job.data_fingerprint = file_fingerprint(data, val_data) if not fields else _digest([file_fingerprint(data, val_data), fields])
+    job.data_fingerprint = file_fingerprint(data, val_data) if not fields else digest([file_fingerprint(data, val_data), fields])
 
 
 def _read_shards(job: TrainingJob) -> None:
     """lm / mlm / denoise: shards encoded with the parent's tokenizer; their fingerprint."""
-    from tfcli.data.shards import load_shard_meta
-
     meta = load_shard_meta(job.data)
     if meta.tokenizer_sha256 != job.tokenizer.sha256:
         raise TfcliError(

@@ -6,7 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tfcli.adapters import find_parent
 from tfcli.errors import TfcliError
+from tfcli.fsutil import artifact_kind, prepare_output_dir, refuse_non_utf8_path
+from tfcli.rundir import CONFIG_FILE, read_run_config
 from tfcli.training_config import RESUMABLE_CHANGES
 
 if TYPE_CHECKING:
@@ -20,17 +23,12 @@ RUN_LEFTOVERS |= {"data"}  # `train pretrain --data TEXT`: the tokenizer and sha
 
 def refuse_existing_run(run_dir: Path) -> None:
     """A new run never writes over a finished or running one."""
-    from tfcli.checkpoint import CONFIG_FILE
-
     if (run_dir / CONFIG_FILE).exists():
         raise TfcliError(f"{run_dir} already holds a run", hint="pass --resume to continue it, or choose another -o")
 
 
 def check_output(run_dir: Path, resume: bool) -> None:
     """A new run's folder is new, empty or what a stopped run left (and is made here); --resume's holds a run."""
-    from tfcli.checkpoint import CONFIG_FILE
-    from tfcli.fsutil import artifact_kind, prepare_output_dir, refuse_non_utf8_path
-
     refuse_non_utf8_path(run_dir)
     if resume:
         if not (run_dir / CONFIG_FILE).is_file():
@@ -52,8 +50,6 @@ def check_output(run_dir: Path, resume: bool) -> None:
 def check_resumed(job: TrainingJob) -> None:
     """A resumed run must be the run it continues: same model, tokenizer, data, and training settings
     (except those in RESUMABLE_CHANGES)."""
-    from tfcli.checkpoint import read_run_config
-
     saved = read_run_config(job.run_dir)
     saved_model, now_model = saved.model.to_json(), job.model_config.to_json()
     for key in saved_model:
@@ -88,9 +84,6 @@ def check_resumed_finetune(job: TrainingJob, init_from: Path, data: Path) -> Non
 
 def _check_parent(run_dir: Path, init_from: Path) -> None:
     """A resumed adapter run continues on the parent it was trained on, which --init-from names."""
-    from tfcli.adapters import find_parent
-    from tfcli.checkpoint import read_run_config
-
     record = read_run_config(run_dir).adapter
     if record is not None and find_parent(run_dir, record).resolve() != init_from.resolve():
         raise TfcliError(
@@ -99,8 +92,6 @@ def _check_parent(run_dir: Path, init_from: Path) -> None:
 
 
 def _saved_labels(run_dir: Path) -> list[str] | None:
-    from tfcli.checkpoint import read_run_config
-
     training = read_run_config(run_dir).training or {}
     labels = training.get("labels")
     return labels if isinstance(labels, list) else None

@@ -9,8 +9,10 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
+from tfcli.checkpoint import save_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.fsutil import describe_write_error
+from tfcli.rundir import CONFIG_FILE, read_run_config
 from tfcli.train.job import TrainingJob
 from tfcli.train.state import BEST_DIR, TrainerState, commit_trainer_state, stage_trainer_state
 
@@ -20,8 +22,6 @@ WRITE_ERRORS = (OSError, SafetensorError)  # what a save can meet: a full disk, 
 def save_run(job: TrainingJob, model, tensors: dict[str, torch.Tensor], state: TrainerState) -> Path:
     """Write the run directory (weights, config, tokenizer) with its trainer state (the optimizer's
     `tensors`), atomically."""
-    from tfcli.checkpoint import CONFIG_FILE, save_checkpoint
-
     had_one = (job.run_dir / CONFIG_FILE).is_file()
     try:
         save_checkpoint(
@@ -42,8 +42,6 @@ def save_run(job: TrainingJob, model, tensors: dict[str, torch.Tensor], state: T
 
 
 def save_best(job: TrainingJob, model, step: int, val_loss: float) -> Path:
-    from tfcli.checkpoint import CONFIG_FILE, save_checkpoint
-
     had_one = (job.run_dir / BEST_DIR / CONFIG_FILE).is_file()
     try:
         save_checkpoint(job.run_dir / BEST_DIR, model, job.tokenizer, training={**job.training_record(step), "val_loss": val_loss})
@@ -67,8 +65,6 @@ def kept_dir(run_dir: Path, step: int) -> Path:
 def save_kept(job: TrainingJob, model, step: int) -> Path:
     """Keep this step's weights as a run directory of their own (config, safetensors, tokenizer; no
     optimizer state), so any command that reads a run reads it."""
-    from tfcli.checkpoint import save_checkpoint
-
     folder = kept_dir(job.run_dir, step)
     try:
         folder.parent.mkdir(exist_ok=True)
@@ -80,8 +76,6 @@ def save_kept(job: TrainingJob, model, step: int) -> Path:
 
 def best_saved_val_loss(run_dir: Path) -> float | None:
     """The validation loss best/ was saved with (None when there is none, or it predates the record)."""
-    from tfcli.checkpoint import CONFIG_FILE, read_run_config
-
     if not (run_dir / BEST_DIR / CONFIG_FILE).is_file():
         return None
     try:

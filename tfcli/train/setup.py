@@ -7,10 +7,19 @@ from pathlib import Path
 
 import torch
 
+from tfcli.adapters import AdapterRecord, describe_parent
+from tfcli.adapters.lora import apply_lora, check_rank
+from tfcli.adapters.vocabulary import grow_vocabulary, vocabulary_modules
+from tfcli.checkpoint import TIED_KEY, load_checkpoint, model_from_tensors
+from tfcli.data.shards import open_shard
 from tfcli.errors import TfcliError
 from tfcli.meta_device import on_meta_device
+from tfcli.model.transformer import Transformer
+from tfcli.rundir import weights_path
 from tfcli.runtime import physical_memory, resolve_device
 from tfcli.tokenizer.detokenize import text_byte_lengths
+from tfcli.train import data as d
+from tfcli.train.chat import ChatSource
 from tfcli.train.data import derived_seed
 from tfcli.train.distributed import World
 from tfcli.train.job import TrainingJob
@@ -47,9 +56,6 @@ def freeze(model, how: str, task: str) -> None:
 def initial_model(job: TrainingJob):
     """A fresh model, the parent's weights (finetune; a new head where the task needs one), or the
     checkpoint's (resume)."""
-    from tfcli.checkpoint import load_checkpoint
-    from tfcli.model.transformer import Transformer
-
     torch.manual_seed(derived_seed(job.config.seed, "init"))
     if not job.resume and not (job.init_from is not None and job.config.lora_rank is not None):
         refuse_what_memory_cannot_hold(job.model_config)  # first: a model too big for memory is the larger mistake
@@ -65,8 +71,6 @@ def initial_model(job: TrainingJob):
         if job.config.task == "classify":
             weights = {k: v for k, v in weights.items() if not k.startswith("classifier.")}
         if job.model_config.vocab_size > parent.config.vocab_size:  # a chat template's tokens were added
-            from tfcli.adapters.vocabulary import grow_vocabulary
-
             weights = grow_vocabulary(weights, job.model_config.vocab_size)
         missing, unexpected = model.load_state_dict(weights, strict=False)
         fresh = ("classifier.", "pooler.") if job.config.task == "classify" else ()  # a new head (and a BERT's pooler)
@@ -102,11 +106,6 @@ def _lora_model(job: TrainingJob):
     """The parent's weights, used as they are (the model is never held twice), a fresh head where the task
     adds one, frozen, with LoRA adapters on the target layers; the fresh modules and a grown vocabulary's
     train whole."""
-    from tfcli.adapters import AdapterRecord, describe_parent
-    from tfcli.adapters.lora import apply_lora, check_rank
-    from tfcli.checkpoint import TIED_KEY, load_checkpoint, model_from_tensors, weights_path
-    from tfcli.model.transformer import Transformer
-
     cfg = job.config
     weights = load_checkpoint(job.init_from).model.state_dict()
     weights, grown = _grown_for_lora(weights, job.model_config)
@@ -138,9 +137,6 @@ def _grown_for_lora(weights: dict, config) -> tuple[dict, list[str]]:
     """The parent's weights with the vocabulary grown to the config's (a chat template added tokens), and the
     modules that then train whole beside the adapters, as PEFT users train a resized embedding
     (`modules_to_save`): the embedding, and an untied output layer. With the parent's vocabulary: the weights as they are, and no module."""
-    from tfcli.adapters.vocabulary import grow_vocabulary, vocabulary_modules
-    from tfcli.checkpoint import TIED_KEY
-
     if config.vocab_size <= weights["tok_emb.weight"].shape[0]:
         return weights, []
     if config.tie_embeddings:
@@ -161,14 +157,9 @@ def check_token_ids(batch, task: str, vocab_size: int, data: Path) -> None:
 
 
 def build_source(job: TrainingJob, world: World):
-    from tfcli.data.shards import open_shard
-    from tfcli.train import data as d
-
     cfg, tok = job.config, job.tokenizer
     per_rank, block = cfg.batch_size, job.block_size
     if cfg.task in ("chat", "instruct"):
-        from tfcli.train.chat import ChatSource
-
         train_set, val_set = job.labeled
         pad = tok.special_ids.get("pad", tok.special_ids.get("eos", 0))
         return ChatSource(cfg.task, train_set, val_set, per_rank, cfg.seed, pad_id=pad, eos_id=pad, accum=cfg.grad_accum)

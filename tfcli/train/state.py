@@ -18,9 +18,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_text, describe_write_error, fsync_dir, fsync_file, set_default_mode, sha256_file
 from tfcli.jsontext import loads_json
+from tfcli.rundir import CONFIG_FILE, weights_path
 from tfcli.schema import JsonRecord
 
 TRAINER_DIR = "trainer"
@@ -56,8 +60,6 @@ class TrainerState(JsonRecord):
 
 def stage_trainer_state(run_dir: Path, state: TrainerState, optimizer_tensors: dict[str, Any], weights: Path) -> None:
     """Write RUN/trainer.next/ for the weights staged at `weights` (called before they are renamed into place)."""
-    from safetensors.torch import save_file
-
     staged = run_dir / STAGED_TRAINER_DIR
     shutil.rmtree(staged, ignore_errors=True)
     staged.mkdir()
@@ -76,9 +78,6 @@ def stage_trainer_state(run_dir: Path, state: TrainerState, optimizer_tensors: d
 def read_optimizer_tensors(path: Path) -> dict[str, Any]:
     """RUN/trainer/optimizer.safetensors, or one line on what is wrong with it. safetensors checks the header
     against the file's size before it allocates anything, so a header that claims huge tensors costs nothing."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     try:
         return load_file(str(path))
     except (SafetensorError, OSError) as exc:
@@ -116,8 +115,6 @@ def check_state_ranges(path: Path, state: TrainerState) -> None:
 def find_trainer_state(run_dir: Path, weights: Path | None = None) -> tuple[Path, TrainerState]:
     """The trainer folder whose state belongs to `weights`: by default RUN/model.safetensors (an adapter run's
     adapter_model.safetensors)."""
-    from tfcli.checkpoint import CONFIG_FILE, weights_path
-
     if weights is None:
         weights = weights_path(run_dir) if (run_dir / CONFIG_FILE).is_file() else run_dir / "model.safetensors"
     candidates = [run_dir / name for name in (TRAINER_DIR, STAGED_TRAINER_DIR, OLD_TRAINER_DIR)]

@@ -19,14 +19,30 @@ from typing import Any
 
 import numpy as np
 
+from tfcli.data.shards import load_shard_meta, open_shard
 from tfcli.errors import TfcliError
+from tfcli.fsutil import describe_write_error
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.train.data import derived_seed
 from tfcli.train.distributed import World
 from tfcli.train.events import Finished, Logged, Note, Saved, Started, StepDone
-from tfcli.train.state import METRICS_FILE, TRAINER_FORMAT, MetricsWriter, TrainerState, commit_trainer_state, find_trainer_state, stage_trainer_state
+from tfcli.train.fingerprint import shard_fingerprint
+from tfcli.train.job import find_tokenizer
+from tfcli.train.run_checks import check_output
+from tfcli.train.state import (
+    METRICS_FILE,
+    TRAINER_FORMAT,
+    MetricsWriter,
+    TrainerState,
+    commit_trainer_state,
+    find_trainer_state,
+    stage_trainer_state,
+    truncate_metrics,
+)
 from tfcli.word2vec.config import RESUMABLE_CHANGES, Word2VecConfig, Word2VecRecord, Word2VecTraining
+from tfcli.word2vec.kernel import train_span, train_span_function
 from tfcli.word2vec.run import COUNTS, INPUT, OUTPUT, load_vectors, read_vectors_config, save_vectors
+from tfcli.word2vec.vocab import count_tokens, initial_vectors, keep_thresholds, noise_table
 
 
 @dataclasses.dataclass
@@ -51,10 +67,6 @@ class Word2VecJob:
 
 def word2vec_job(*, data: Path, output: Path, vectors: dict[str, Any], settings: dict[str, Any], tokenizer_path: Path | None, resume: bool) -> Word2VecJob:
     """The job from the command line's values (None: the default), checked before anything is written."""
-    from tfcli.data.shards import load_shard_meta
-    from tfcli.train.job import find_tokenizer, shard_fingerprint
-    from tfcli.train.run_checks import check_output
-
     meta = load_shard_meta(data)
     tokenizer = find_tokenizer(data, tokenizer_path)
     if meta.vocab_size != tokenizer.vocab_size:
@@ -90,10 +102,6 @@ class Word2VecTrainer:
     """The loop's trainer for a word2vec job (the same methods as `trainer.Trainer`)."""
 
     def __init__(self, job: Word2VecJob, world: World) -> None:
-        from tfcli.data.shards import open_shard
-        from tfcli.word2vec.kernel import train_span_function
-        from tfcli.word2vec.vocab import count_tokens, initial_vectors, keep_thresholds, noise_table
-
         if world.enabled:
             raise TfcliError("word2vec trains in one process (its threads share the tables)", hint="run it without torchrun; --threads sets the threads")
         train_span_function()  # built now: a missing compiler is said before anything is written
@@ -119,8 +127,6 @@ class Word2VecTrainer:
         self.pool = ThreadPoolExecutor(cfg.threads, thread_name_prefix="word2vec")
         self.metrics_path = job.run_dir / METRICS_FILE
         if job.resume:
-            from tfcli.train.state import truncate_metrics
-
             truncate_metrics(self.metrics_path, self.start_step)
         elif self.metrics_path.exists():
             self.metrics_path.unlink()
@@ -200,8 +206,6 @@ class Word2VecTrainer:
         return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
 
     def step_once(self):
-        from tfcli.word2vec.kernel import train_span
-
         cfg, v = self.cfg, self.job.vectors
         start = self.step * cfg.step_tokens
         end = start + cfg.step_tokens if cfg.time_budget is not None else min(start + cfg.step_tokens, self.total_tokens)
@@ -287,8 +291,6 @@ class Word2VecTrainer:
         return Logged(record)
 
     def _save(self) -> Saved:
-        from tfcli.fsutil import describe_write_error
-
         job = self.job
         state = TrainerState(
             TRAINER_FORMAT,

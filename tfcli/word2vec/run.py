@@ -11,12 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from safetensors.numpy import save_file
 
 from tfcli import __version__
-from tfcli.checkpoint import CHECKPOINT_FORMAT, CONFIG_FILE, WEIGHTS_FILE
 from tfcli.errors import TfcliError
 from tfcli.fsutil import commit_staged, fsync_file, prepare_output_dir, set_default_mode, temp_path_beside
 from tfcli.jsontext import loads_json
+from tfcli.rundir import CHECKPOINT_FORMAT, CONFIG_FILE, WEIGHTS_FILE
 from tfcli.schema import JsonRecord
 from tfcli.tensorfile import read_tensors, weights_header_problem
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
@@ -71,8 +72,6 @@ def save_vectors(
     """Write RUN/config.json, RUN/model.safetensors and the tokenizer files, config.json last, each staged first:
     a crash leaves the previous save whole. `before_commit(staged_weights)` and `after_commit()` as in
     `checkpoint.save_checkpoint` (the trainer stages and swaps its state there)."""
-    from safetensors.numpy import save_file
-
     for name, table in tables.items():
         if not np.isfinite(table).all():
             raise TfcliError(f"the {name} hold non-finite values; not saving broken vectors", hint="lower --lr")
