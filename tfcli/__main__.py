@@ -8,7 +8,7 @@ import sys
 def main() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the CLI puts its own in place
     try:
-        from tfcli.cli.app import main as run_command_line
+        from tfcli.cli.app import main as run_command_line  # noqa: PLC0415  after the SIGTERM handler, inside the Ctrl-C guard
     except KeyboardInterrupt:
         sys.exit(130)
     run_command_line()

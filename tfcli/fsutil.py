@@ -7,16 +7,27 @@ over the final name; a crash leaves either the old file or the new one, never a 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from safetensors import SafetensorError
+
 from tfcli.errors import TfcliError
 from tfcli.jsontext import dumps_json
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: no lock
+    fcntl = None
 
 
 def _current_umask() -> int:
@@ -142,9 +153,6 @@ def signals_deferred() -> Iterator[None]:
     """Hold SIGINT and SIGTERM back while the block runs and deliver them when it ends, in the order they
     came. Python runs signal handlers in the main thread, whichever thread the signal reached, so swapping
     the handlers there is enough; elsewhere (another thread, a handler set outside Python) the block runs as is."""
-    import signal
-    import threading
-
     signums = (signal.SIGINT, signal.SIGTERM)
     if threading.current_thread() is not threading.main_thread() or any(signal.getsignal(s) is None for s in signums):
         yield
@@ -176,8 +184,6 @@ def prepare_output_dir(path: Path, what: str = "output", option: str = "-o") -> 
 
 
 def sha256_file(path: Path, block_size: int = 1 << 20) -> str:
-    import hashlib
-
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while block := handle.read(block_size):
@@ -213,9 +219,7 @@ LOCK_FILE = ".lock"
 def exclusive_lock(folder: Path, doing: str) -> Iterator[None]:
     """Hold FOLDER/.lock while the block runs, so two processes never write one folder at once; the
     second gets a TfcliError. The lock goes with the process (a crash releases it); the file stays."""
-    try:
-        import fcntl
-    except ImportError:  # not a POSIX system: no lock
+    if fcntl is None:  # not a POSIX system: no lock
         yield
         return
     with open(Path(folder) / LOCK_FILE, "a") as handle:
@@ -248,8 +252,6 @@ def nothing_left_on_failure(folder: Path, doing: str) -> Iterator[None]:
     """For a command that makes FOLDER's whole content at once (import, export): if it fails or is
     interrupted, every entry it added is removed, and the folder too if it made it. A write error (a
     full disk, a read-only folder) becomes one line."""
-    from safetensors import SafetensorError
-
     folder = Path(folder)
     existed = folder.exists()
     before = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
@@ -298,8 +300,6 @@ def remove_stale_temp_files(folder: Path, names: Iterable[str], *, locked: bool,
     .NAME.PID.tmp), and only stale ones: every one where the caller holds the folder's lock (`locked`: no
     other writer can be at work), else those of a process that is gone or older than `older_than` seconds.
     Returns what was removed."""
-    import time
-
     wanted = set(names)
     removed: list[Path] = []
     if not Path(folder).is_dir():

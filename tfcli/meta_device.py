@@ -9,12 +9,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+import torch
+from torch.overrides import TorchFunctionMode
+
 
 @contextlib.contextmanager
 def on_meta_device() -> Iterator[None]:
     """Inside the block, modules are built on the meta device and `torch.nn.init`'s fills do nothing."""
-    import torch
-    from torch.overrides import TorchFunctionMode
 
     class SkipFills(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):

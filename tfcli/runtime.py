@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
+
+import torch
+
+from tfcli.errors import TfcliError
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
@@ -30,8 +35,6 @@ def keep_freed_memory() -> bool:
 
 def physical_memory() -> int | None:
     """This machine's memory in bytes, or None where the system does not say."""
-    import os
-
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
@@ -41,10 +44,6 @@ def physical_memory() -> int | None:
 def resolve_device(name: str) -> str:
     """A device name checked against this machine: auto (a CUDA GPU, else Apple's MPS, else the CPU), cpu,
     cuda, cuda:N or mps. Anything else, or a device that is not there, is a TfcliError."""
-    import torch
-
-    from tfcli.errors import TfcliError
-
     if name == "auto":
         if torch.cuda.is_available():
             return "cuda"
@@ -69,8 +68,6 @@ def resolve_device(name: str) -> str:
 
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity where the system says, else the machine's count)."""
-    import os
-
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -80,8 +77,6 @@ def usable_cores() -> int:
 def check_threads(threads: int, option: str = "--threads") -> None:
     """0 (automatic) up to this machine's usable cores: more threads than cores only wait on each other, and
     tens of thousands end the process inside the OpenMP runtime."""
-    from tfcli.errors import TfcliError
-
     cores = usable_cores()
     if not 0 <= threads <= cores:
         raise TfcliError(

@@ -18,6 +18,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
+from torch import nn
+
+from tfcli.accel import choices, decode_step, fused_loss, native, products
+from tfcli.accel.machine import processor_name, vector_extensions
+
 OFF_VALUES = ("0", "false", "no", "off")
 
 
@@ -30,9 +36,6 @@ def accelerate(model):
     TFCLI_ACCEL=0 the model stays plain."""
     if not enabled():
         return model
-    from torch import nn
-
-    from tfcli.accel import decode_step, fused_loss, products
 
     for module in model.modules():
         if type(module) is nn.Linear:
@@ -44,11 +47,6 @@ def accelerate(model):
 
 def report() -> dict[str, Any]:
     """This machine, the libraries tfcli can use here, and every decision measured on it so far."""
-    import torch
-
-    from tfcli.accel import choices, decode_step, native, products
-    from tfcli.accel.machine import processor_name, vector_extensions
-
     data: dict[str, Any] = {
         "processor": processor_name(),
         "vector_extensions": vector_extensions(),

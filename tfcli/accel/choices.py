@@ -21,8 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from tfcli.accel.machine import cache_dir, machine_digest, processor_name
+from tfcli.accel.native import private
 from tfcli.errors import TfcliError
+from tfcli.fsutil import atomic_write_json
 from tfcli.jsontext import loads_json
 from tfcli.schema import JsonRecord
 
@@ -134,7 +138,6 @@ class Choices:
         """Add the decision to the file as it is on disk now (another process may have added others)."""
         if self.path is None:
             return
-        from tfcli.fsutil import atomic_write_json
 
         on_disk = {}
         if self.path.exists():
@@ -157,10 +160,6 @@ _choices_lock = threading.Lock()
 
 def choices_path() -> Path | None:
     """The decisions file for this processor and torch version, or None where no private folder can hold it."""
-    import torch
-
-    from tfcli.accel.native import private
-
     folder = cache_dir() / "kernels"
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -176,7 +175,5 @@ def choices() -> Choices:
     global _choices
     with _choices_lock:
         if _choices is None:
-            import torch
-
             _choices = Choices(choices_path(), torch.__version__)
         return _choices

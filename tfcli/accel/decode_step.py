@@ -25,7 +25,7 @@ from torch import nn
 from tfcli.accel import choices, native, products
 from tfcli.accel.layout import ACTIVATIONS, NORMS, Decoder, DecoderLayer
 from tfcli.model.attention import Attention, KVCache
-from tfcli.model.config import ModelConfig
+from tfcli.model.config import ModelConfig, preset
 from tfcli.model.layers import MLP, RMSNorm, RotaryEmbedding
 from tfcli.model.transformer import Block, Stack, Transformer
 
@@ -375,8 +375,6 @@ def describe(model: Transformer | None = None) -> str:
 def _agrees(library: native.NativeLibrary, settings: dict) -> bool:
     """Four tokens after a three-token prefix: the C step's logits against the same model's full forward,
     in fp32 whatever the caller's default dtype or autocast, and without touching its random numbers."""
-    from tfcli.model.config import preset
-
     config = preset("tiny", vocab_size=37, block_size=12, n_layers=2, d_ff=40, **settings)
     generator = torch.Generator().manual_seed(0)
     with torch.random.fork_rng(devices=[]), torch.inference_mode(), torch.autocast("cpu", enabled=False):

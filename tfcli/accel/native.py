@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from tfcli.accel import layout
 from tfcli.accel.machine import cache_dir, processor_key
+from tfcli.fsutil import atomic_write_json
 from tfcli.jsontext import loads_json
 
 SOURCE = Path(__file__).with_name("native.c")
@@ -197,8 +198,6 @@ def _remembered(failed: Path) -> str:
 
 
 def _remember(failed: Path, reason: str) -> None:
-    from tfcli.fsutil import atomic_write_json
-
     with contextlib.suppress(OSError):
         atomic_write_json(failed, {"reason": reason})
 

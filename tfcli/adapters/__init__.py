@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tfcli.errors import TfcliError
+from tfcli.fsutil import sha256_file
 from tfcli.schema import JsonRecord
 
 ADAPTER_CONFIG_FILE = "adapter_config.json"
@@ -57,8 +58,6 @@ class AdapterRecord(JsonRecord):
 
 def describe_parent(parent_dir: Path, weights: Path) -> dict[str, Any]:
     """The parent fields of an AdapterRecord for the run in `parent_dir` whose weights file is `weights`."""
-    from tfcli.fsutil import sha256_file
-
     stat = weights.stat()
     return {
         "parent": str(Path(parent_dir).resolve()),  # made relative by placed_in when the run is saved
@@ -84,8 +83,6 @@ def find_parent(run_dir: Path, record: AdapterRecord) -> Path:
 def check_parent_weights(parent_dir: Path, weights: Path, record: AdapterRecord) -> None:
     """The parent's weights are the ones the adapter was trained on: same size and, unless the file's
     modification time is the recorded one, the same sha256."""
-    from tfcli.fsutil import sha256_file
-
     hint = "an adapter fits only the weights it was trained on; restore the parent run as it was"
     if not weights.is_file():
         raise TfcliError(f"the parent run {parent_dir} of this adapter has no {weights.name}", hint=hint)

@@ -20,6 +20,7 @@ from tfcli.adapters import PEFT_PREFIX, AdapterRecord
 from tfcli.errors import TfcliError
 from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
+from tfcli.model.transformer import Transformer
 
 # Each group's linear layers, by the end of their module name (tfcli/model/attention.py, layers.py).
 TARGET_GROUPS: dict[str, tuple[str, ...]] = {
@@ -90,8 +91,6 @@ def target_modules(model: nn.Module, groups: tuple[str, ...] | list[str]) -> lis
 def check_rank(config: ModelConfig, rank: int, groups: tuple[str, ...] | list[str]) -> list[str]:
     """The names of the layers LoRA would wrap; a clear error when there are none or the rank is larger
     than the smallest of them (a rank past min(in, out) adds parameters and nothing else)."""
-    from tfcli.model.transformer import Transformer
-
     with on_meta_device():
         targets = target_modules(Transformer(config), groups)
     if not targets:
@@ -149,8 +148,6 @@ def adapter_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def expected_adapter_shapes(config: ModelConfig, record: AdapterRecord) -> dict[str, tuple[int, ...]]:
     """Every tensor an adapter file of this record holds, and its shape."""
-    from tfcli.model.transformer import Transformer
-
     with on_meta_device():
         model = Transformer(config)
     shapes = {}

@@ -25,8 +25,21 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from tfcli.accel import decode_step
 from tfcli.bench.common import keep_fastest, peak_rss_mb, run_worker
+from tfcli.checkpoint import save_checkpoint
 from tfcli.errors import TfcliError
+from tfcli.generate.decoding import Generator
+from tfcli.generate.events import Done
+from tfcli.generate.loading import load_for_decoding
+from tfcli.generate.settings import GenerationSettings
+from tfcli.hf import export_gpt2, gpt2_incompatibility
+from tfcli.model.config import preset
+from tfcli.model.transformer import Transformer
+from tfcli.tokenizer.core import TextTokenizer
 
 JOBS = ("tfcli", "transformers", "tfcli-no-cache", "llama.cpp")
 GGUF_FILE = "model.gguf"
@@ -129,8 +142,6 @@ def bench_config(preset_name: str, prompt_tokens: int, new_tokens: int, against:
     """The preset's shape, its context widened to hold the prompt and every new token (GPT-2 cannot
     slide a window, so both sides must fit the whole text); against llama.cpp, with GPT-2's own GELU
     (the tanh approximation), the one llama.cpp's gpt2 has."""
-    from tfcli.model.config import preset
-
     config = preset(preset_name)
     config = config.with_overrides(block_size=max(config.block_size, prompt_tokens + new_tokens))
     return config.with_overrides(activation="gelu_tanh") if against == "llama.cpp" else config
@@ -138,8 +149,6 @@ def bench_config(preset_name: str, prompt_tokens: int, new_tokens: int, against:
 
 def synthetic_tokenizer(vocab_size: int, folder: Path) -> Path:
     """A byte-level BPE tokenizer with exactly `vocab_size` tokens (256 bytes, pairs of them, <|endoftext|>)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {ch: i for i, ch in enumerate(alphabet)}
     merges = []
@@ -161,13 +170,6 @@ def synthetic_tokenizer(vocab_size: int, folder: Path) -> Path:
 def prepare(work: Path, preset_name: str, prompt_tokens: int, new_tokens: int, against: str | None = None) -> tuple[Path, Path, int, int]:
     """Seeded random weights saved as a run directory and exported to a GPT-2 folder (and against
     llama.cpp, to WORK/model.gguf, f32). Returns both paths, the parameter count and the weight bytes read per token."""
-    import torch
-
-    from tfcli.checkpoint import save_checkpoint
-    from tfcli.hf import export_gpt2, gpt2_incompatibility
-    from tfcli.model.transformer import Transformer
-    from tfcli.tokenizer.core import TextTokenizer
-
     config = bench_config(preset_name, prompt_tokens, new_tokens, against)
     problem = gpt2_incompatibility(config)
     if problem:
@@ -179,7 +181,7 @@ def prepare(work: Path, preset_name: str, prompt_tokens: int, new_tokens: int, a
     save_checkpoint(run_dir, model, tokenizer)
     export_gpt2(run_dir, hf_dir)
     if against == "llama.cpp":
-        from tfcli.gguf import export_gguf
+        from tfcli.gguf import export_gguf  # noqa: PLC0415  the gguf extra
 
         export_gguf(run_dir, work / GGUF_FILE, "f32")
     parameters = model.parameter_count()
@@ -188,15 +190,11 @@ def prepare(work: Path, preset_name: str, prompt_tokens: int, new_tokens: int, a
 
 
 def _prompt(vocab_size: int, length: int) -> list[int]:
-    import torch
-
     generator = torch.Generator().manual_seed(1234)
     return torch.randint(0, vocab_size - 1, (length,), generator=generator).tolist()  # never the eos id (the last)
 
 
 def _sync(device: str) -> None:
-    import torch
-
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
@@ -204,8 +202,6 @@ def _sync(device: str) -> None:
 def _probe_bandwidth(device: str, buffer) -> float:
     """GB/s of reading `buffer` over and over for PROBE_SECONDS. Decoding reads the weights and writes
     almost nothing, so the probe only reads: a sum over the buffer."""
-    import torch
-
     with torch.inference_mode():
         buffer.sum()
         _sync(device)
@@ -223,16 +219,8 @@ def _probe_bandwidth(device: str, buffer) -> float:
 def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_tokens: int, threads: int, device: str, weight_bytes: int) -> DecodeMeasurement:
     """One measurement, inside the worker subprocess: a short warm-up call, then the best of three timed
     calls (two for models over 20M parameters); the cached tfcli job probes the bandwidth around each."""
-    import torch
-
     machine_threads = torch.get_num_threads()
     if job in ("tfcli", "tfcli-no-cache"):
-        from tfcli.accel import decode_step
-        from tfcli.generate.decoding import Generator
-        from tfcli.generate.events import Done
-        from tfcli.generate.loading import load_for_decoding
-        from tfcli.generate.settings import GenerationSettings
-
         checkpoint = load_for_decoding(run_dir, device, threads)  # as `tfcli generate` loads it
         model = checkpoint.model
         prompt = _prompt(checkpoint.config.model.vocab_size, prompt_tokens)
@@ -307,8 +295,6 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
 
 def _probe_with_threads(device: str, buffer, threads: int) -> float:
     """The probe on every thread the machine gives PyTorch (a small model decodes on one), then back."""
-    import torch
-
     decoding_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -339,7 +325,6 @@ def run_generate_bench(
         raise TfcliError(f"--repeat must be at least 1, not {repeat}")
     if prompt_tokens < 1 or new_tokens < 1:
         raise TfcliError("--prompt-tokens and --new-tokens must be at least 1")
-    from tfcli.hf import gpt2_incompatibility
 
     config = bench_config(preset_name, prompt_tokens, new_tokens, against)
     problem = gpt2_incompatibility(config)

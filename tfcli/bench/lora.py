@@ -10,12 +10,27 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from tfcli.bench.common import peak_rss_mb, run_worker
+from tfcli.checkpoint import save_checkpoint
+from tfcli.corpus.reader import resolve_corpus
+from tfcli.data.shards import SHARD_FORMAT_VERSION, ShardMeta, shard_dtype_name
+from tfcli.model.config import preset
+from tfcli.model.transformer import Transformer
+from tfcli.runtime import keep_freed_memory
+from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
+from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
+from tfcli.train.events import Started, StepDone
+from tfcli.train.job import finetune_job
+from tfcli.train.loop import train
 
 WARMUP = 2  # steps before the clock starts
 
@@ -56,17 +71,6 @@ class LoraBench:
 def _make_parent(folder: Path, preset_name: str, block: int) -> None:
     """A random model of the preset's shape saved as a run, random token shards, and a small byte-level
     tokenizer (with the eos a fine-tune needs) for both."""
-    import numpy as np
-    import torch
-
-    from tfcli.checkpoint import save_checkpoint
-    from tfcli.corpus.reader import resolve_corpus
-    from tfcli.data.shards import SHARD_FORMAT_VERSION, ShardMeta, shard_dtype_name
-    from tfcli.model.config import preset
-    from tfcli.model.transformer import Transformer
-    from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
-    from tfcli.tokenizer.train import TokenizerTrainingConfig, train_tokenizer
-
     config = preset(preset_name)
     text = folder / "text.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 200, encoding="utf-8")
@@ -86,13 +90,6 @@ def _make_parent(folder: Path, preset_name: str, block: int) -> None:
 
 
 def _job(kind: str, folder: Path, batch: int, block: int, steps: int, rank: int, targets: str, threads: int) -> LoraMeasurement:
-    import torch
-
-    from tfcli.runtime import keep_freed_memory
-    from tfcli.train.events import Started, StepDone
-    from tfcli.train.job import finetune_job
-    from tfcli.train.loop import train
-
     keep_freed_memory()  # as `tfcli train` sets it
     if threads:
         torch.set_num_threads(threads)
@@ -145,8 +142,6 @@ def run_lora_bench(
     """Full fine-tuning and LoRA on the same parent and data, each in fresh processes; the fastest of
     `repeat` interleaved rounds per kind, with the highest peak RSS any of its rounds reached. With
     first_run, an untimed run of each kind first."""
-    import shutil
-
     folder = Path(tempfile.mkdtemp(prefix="tfcli-bench-lora-", dir=workdir))
     try:
         run_worker("tfcli.bench.lora", ["parent", str(folder), preset_name, str(block)])

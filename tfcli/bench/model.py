@@ -12,7 +12,14 @@ import json
 import sys
 import time
 
+import torch
+
+from tfcli.accel import accelerate
 from tfcli.bench.common import keep_fastest, peak_rss_mb, run_worker
+from tfcli.hf import gpt2_config
+from tfcli.model.config import preset
+from tfcli.model.transformer import Transformer
+from tfcli.runtime import keep_freed_memory
 
 
 @dataclasses.dataclass
@@ -29,11 +36,6 @@ class StepMeasurement:
 
 
 def _step_job(implementation: str, preset_name: str, batch: int, length: int, steps: int, threads: int) -> StepMeasurement:
-    import torch
-
-    from tfcli.model.config import preset
-    from tfcli.runtime import keep_freed_memory
-
     keep_freed_memory()  # what `tfcli train` does on CPU; both sides get it, so the models are compared alone
     torch.manual_seed(0)
     if threads:
@@ -42,17 +44,12 @@ def _step_job(implementation: str, preset_name: str, batch: int, length: int, st
     ids = torch.randint(0, config.vocab_size, (batch, length + 1))
     inputs, targets = ids[:, :-1], ids[:, 1:]
     if implementation == "tfcli":
-        from tfcli.accel import accelerate
-        from tfcli.model.transformer import Transformer
-
         model = accelerate(Transformer(config).train())  # as `tfcli train` runs it: measured on the first step
 
         def step() -> torch.Tensor:
             return model(inputs, targets=targets).loss / targets.numel()  # the mean, as transformers reports it
     else:
         import transformers
-
-        from tfcli.hf import gpt2_config
 
         hf_config = transformers.GPT2Config(**{k: v for k, v in gpt2_config(config, 0).items() if k not in ("architectures", "model_type")})
         model = transformers.GPT2LMHeadModel(hf_config).train()

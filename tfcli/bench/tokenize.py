@@ -15,8 +15,17 @@ import sys
 import time
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from tfcli.bench.common import keep_fastest, peak_rss_mb, run_worker
+from tfcli.corpus.documents import iter_document_pieces
+from tfcli.corpus.reader import ReadStats, resolve_corpus
+from tfcli.data.shards import encode_corpus
 from tfcli.errors import TfcliError
+from tfcli.tokenizer.core import TextTokenizer
+from tfcli.tokenizer.specials import DEFAULT_SPECIALS
+from tfcli.tokenizer.train import train_tokenizer
+from tfcli.tokenizer.training_config import TokenizerTrainingConfig
 
 BENCH_VOCAB_SIZE = 8192
 BENCH_MIN_FREQUENCY = 2
@@ -80,9 +89,6 @@ class TokenizeBench:
 
 def synthesize_corpus(source: Path, out_dir: Path, size_mb: float, seed: int = 0) -> list[Path]:
     """Write about `size_mb` MB of text into SYNTH_FILES files by drawing paragraphs of `source` at random."""
-    from tfcli.corpus.documents import iter_document_pieces
-    from tfcli.corpus.reader import ReadStats, resolve_corpus
-
     paragraphs = [p.text for p in iter_document_pieces(resolve_corpus([source]), "paragraph", ReadStats()) if p.text]
     if not paragraphs:
         raise TfcliError(f"{source} holds no text to build a bench corpus from")
@@ -107,10 +113,6 @@ def _job(job: str, files: list[Path], work: Path) -> Measurement:
     """One measurement, run inside the worker subprocess."""
     total = sum(f.stat().st_size for f in files)
     if job == "train_raw":
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-        from tfcli.tokenizer.specials import DEFAULT_SPECIALS
-
         started = time.perf_counter()
         tokenizer = Tokenizer(models.BPE(unk_token=DEFAULT_SPECIALS["unk"]))
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -126,17 +128,11 @@ def _job(job: str, files: list[Path], work: Path) -> Measurement:
         tokenizer.save(str(work / "raw-tokenizer.json"))
         return Measurement(job, time.perf_counter() - started, peak_rss_mb(), total)
     if job == "train_tfcli":
-        from tfcli.corpus.reader import resolve_corpus
-        from tfcli.tokenizer.train import train_tokenizer
-        from tfcli.tokenizer.training_config import TokenizerTrainingConfig
-
         started = time.perf_counter()
         config = TokenizerTrainingConfig(vocab_size=BENCH_VOCAB_SIZE, min_frequency=BENCH_MIN_FREQUENCY)
         train_tokenizer(resolve_corpus(files), work / "tfcli-tokenizer", config)
         return Measurement(job, time.perf_counter() - started, peak_rss_mb(), total)
     if job == "encode_raw":
-        from tokenizers import Tokenizer
-
         tokenizer = Tokenizer.from_file(str(work / "tfcli-tokenizer" / "tokenizer.json"))
         batches = []
         for f in files:  # read before the clock starts: the baseline times encode_batch alone
@@ -148,10 +144,6 @@ def _job(job: str, files: list[Path], work: Path) -> Measurement:
             tokens += sum(len(e.ids) for e in tokenizer.encode_batch(batch, add_special_tokens=False))
         return Measurement(job, time.perf_counter() - started, peak_rss_mb(), total, tokens)
     if job == "encode_tfcli":
-        from tfcli.corpus.reader import resolve_corpus
-        from tfcli.data.shards import encode_corpus
-        from tfcli.tokenizer.core import TextTokenizer
-
         started = time.perf_counter()
         tokenizer = TextTokenizer.load(work / "tfcli-tokenizer" / "tokenizer.json")
         meta = encode_corpus(resolve_corpus(files), tokenizer, work / "shards", val_fraction=0.01)
@@ -185,8 +177,6 @@ def run_tokenize_bench(
             raise TfcliError("no corpus and no sample data to synthesize one from", hint="pass --corpus or --data")
         files = synthesize_corpus(sample, work / "corpus", size_mb)
     else:
-        from tfcli.corpus.reader import resolve_corpus
-
         files = [f.path for f in resolve_corpus(corpus).files]
     results: dict[str, Measurement] = {}
     for round_number in range(1, repeat + 1):

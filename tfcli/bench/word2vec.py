@@ -16,8 +16,22 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from tfcli.bench.common import peak_rss_mb, run_worker
+from tfcli.corpus.reader import resolve_corpus
+from tfcli.data.shards import encode_corpus, open_shard
 from tfcli.errors import TfcliError
+from tfcli.inspect.embedding_evals import evaluate_analogies
+from tfcli.inspect.embedding_report import shipped_file
+from tfcli.inspect.embeddings import load_table, make_table
+from tfcli.tokenizer.core import TextTokenizer
+from tfcli.tokenizer.train import train_tokenizer
+from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+from tfcli.train.events import Started, StepDone
+from tfcli.train.loop import train
+from tfcli.train.word2vec import word2vec_job
+from tfcli.word2vec.kernel import train_span_function
 
 TARGET_RATIO = 0.5  # tfcli's words per CPU second / gensim's
 
@@ -85,12 +99,6 @@ class Word2VecBench:
 
 def prepare_corpus(sample_corpus: Path, folder: Path) -> Path:
     """A lowercased word-level tokenizer and shards of `sample_corpus` in `folder`; returns the shards."""
-    from tfcli.corpus.reader import resolve_corpus
-    from tfcli.data.shards import encode_corpus
-    from tfcli.tokenizer.core import TextTokenizer
-    from tfcli.tokenizer.train import train_tokenizer
-    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
-
     train_tokenizer(resolve_corpus([sample_corpus]), folder / "tokenizer", TokenizerTrainingConfig(model="word", lowercase=True))
     encode_corpus(resolve_corpus([sample_corpus]), TextTokenizer.load(folder / "tokenizer" / "tokenizer.json"), folder / "shards", val_fraction=0.0)
     return folder / "shards"
@@ -98,11 +106,6 @@ def prepare_corpus(sample_corpus: Path, folder: Path) -> Path:
 
 def corpus_sentences(shards: Path) -> tuple[list[list[str]], int]:
     """train.bin as gensim reads a corpus (one list of words per document), and its word count."""
-    import numpy as np
-
-    from tfcli.data.shards import open_shard
-    from tfcli.tokenizer.core import TextTokenizer
-
     tokenizer = TextTokenizer.load(shards.parent / "tokenizer" / "tokenizer.json")
     ids = np.asarray(open_shard(shards, "train"))
     words = np.array([tokenizer.hf.id_to_token(i) for i in range(tokenizer.vocab_size)], dtype=object)
@@ -162,19 +165,10 @@ def run_word2vec_bench(
 
 
 def _analogy_accuracy(table) -> float:
-    from tfcli.inspect.embedding_evals import evaluate_analogies
-    from tfcli.inspect.embedding_report import shipped_file
-
     return evaluate_analogies(table, shipped_file("stories", 0))[-1].accuracy or 0.0
 
 
 def _tfcli_worker(shards: Path, out: Path, settings: dict) -> dict:
-    from tfcli.inspect.embeddings import load_table
-    from tfcli.train.events import Started, StepDone
-    from tfcli.train.loop import train
-    from tfcli.train.word2vec import word2vec_job
-    from tfcli.word2vec.kernel import train_span_function
-
     train_span_function()  # built before the clock starts
     vectors = {k: settings[k] for k in ("dim", "window", "negatives", "subsample")} | {"algorithm": settings["algorithm"]}
     job = word2vec_job(
@@ -197,11 +191,7 @@ def _tfcli_worker(shards: Path, out: Path, settings: dict) -> dict:
 
 
 def _gensim_worker(shards: Path, settings: dict) -> dict:
-    import numpy as np
     from gensim.models import Word2Vec
-
-    from tfcli.inspect.embeddings import make_table
-    from tfcli.tokenizer.core import TextTokenizer
 
     sentences, words = corpus_sentences(shards)
     model = Word2Vec(

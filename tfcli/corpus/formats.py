@@ -9,9 +9,16 @@ are optional and imported only when a file needs them.
 
 from __future__ import annotations
 
+import bz2
 import contextlib
 import dataclasses
+import gzip
+import importlib
+import io
+import lzma
 import sys
+import tempfile
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -37,8 +44,6 @@ def display_name(path: Path | str) -> str:
 
 def require(module: str, package: str, why: str):
     """Import an optional dependency, or stop with one line that says what to install."""
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError:
@@ -141,9 +146,6 @@ def read_at_most(stream: BinaryIO, n: int, where: str, compression: str | None) 
 
 
 def _decompression_errors() -> tuple[type[BaseException], ...]:
-    import lzma
-    import zlib
-
     errors: list[type[BaseException]] = [OSError, EOFError, zlib.error, lzma.LZMAError]
     zstandard = sys.modules.get("zstandard")
     if zstandard is not None:
@@ -208,16 +210,10 @@ def _decompressing(raw: Any, compression: str | None, where: str) -> Iterator[An
     frames = ZstdFrames() if compression == "zstd" else None
     counted = _CountingReader(raw, None, on_data=frames.feed if frames else None)
     if compression == "gzip":
-        import gzip
-
         stream: Any = gzip.GzipFile(fileobj=counted, mode="rb")
     elif compression == "bzip2":
-        import bz2
-
         stream = bz2.BZ2File(counted, "rb")
     elif compression == "xz":
-        import lzma
-
         stream = lzma.LZMAFile(counted, "rb")
     elif compression == "zstd":
         zstandard = require("zstandard", "zstandard", f"{where} is zstd-compressed")
@@ -375,8 +371,6 @@ def open_source(path: Path, fmt: str, compression: str | None, count: Callable[[
 
 def _decompressed_start(head: bytes, compression: str | None) -> bytes:
     """The first bytes of `head` decompressed, as far as they go (standard input's format sniffing)."""
-    import io
-
     if compression is None:
         return head
     with _decompressing(io.BytesIO(head), compression, "standard input") as stream:
@@ -393,7 +387,6 @@ def _open_parquet(path: Path, stream: Any, compression: str | None, stack: conte
     if compression is not None or str(path) == STDIN:
         # Parquet keeps its index at the end of the file, so a stream is spooled to a temporary file (on
         # disk, not in memory) before pyarrow reads it.
-        import tempfile
 
         spool = stack.enter_context(tempfile.TemporaryFile(prefix="tfcli-parquet-"))
         while block := read_block(stream, SPOOL_BLOCK_BYTES, where, compression):

@@ -10,6 +10,7 @@ frame them alike.
 from __future__ import annotations
 
 import dataclasses
+import random
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -164,8 +165,6 @@ def load_labeled(
 
 def split_validation(data: LabeledSet, fraction: float, seed: int) -> tuple[LabeledSet, LabeledSet]:
     """Hold out `fraction` of the examples (a seeded shuffle) as the validation set."""
-    import random
-
     order = list(range(len(data)))
     random.Random(seed).shuffle(order)
     n_val = int(round(len(order) * fraction))

@@ -15,18 +15,18 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
+
+import numpy as np
 
 from tfcli.corpus.documents import DocumentBoundary, DocumentPiece, empty_corpus_error, iter_document_pieces
 from tfcli.corpus.reader import Corpus, ReadStats
 from tfcli.errors import TfcliError
-from tfcli.fsutil import commit_staged, discard_staged, prepare_output_dir, stage_file
+from tfcli.fsutil import commit_staged, discard_staged, prepare_output_dir, sha256_file, stage_file
 from tfcli.jsontext import dumps_json
 from tfcli.schema import JsonRecord
 from tfcli.tokenizer.core import TextTokenizer
-
-if TYPE_CHECKING:
-    import numpy as np
+from tfcli.tokenizer.fast import fast_encoder
 
 SHARD_FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -111,8 +111,6 @@ class ShardWriter:
     rename into place."""
 
     def __init__(self, path: Path, dtype: str) -> None:
-        import numpy as np
-
         self.path = path
         self.tmp_path = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         self.dtype = np.dtype(dtype).newbyteorder("<")
@@ -178,8 +176,6 @@ class _DocumentSplits:
     def write(self, batch: list[DocumentPiece], ids_per_piece) -> None:
         """Append a batch's ids (lists from tokenizers, arrays from tiktoken); a new draw picks the split of
         each next document."""
-        import numpy as np
-
         eos = np.array([self.eos_id], dtype=np.uint32)
         parts: dict[str, list] = {"train": [], "val": []}
         for piece, ids in zip(batch, ids_per_piece):
@@ -251,7 +247,6 @@ def encode_corpus(
         raise TfcliError(f"--val-fraction must be in [0, 1), not {val_fraction}")
     if corpus.total_bytes == 0 and not corpus.has_stdin:
         raise TfcliError("the corpus is empty (every file has 0 bytes)", hint="pass files that hold text")
-    from tfcli.tokenizer.fast import fast_encoder
 
     started = time.perf_counter()
     eos_id = tokenizer.require("eos")
@@ -355,8 +350,6 @@ def verify_shards(shard_dir: Path, meta: ShardMeta, full: bool = False) -> None:
         if split not in SPLITS or not path.is_file():
             continue
         if full:
-            from tfcli.fsutil import sha256_file
-
             same, how = sha256_file(path) == check.sha256, "its sha256 differs"
         elif path.stat().st_mtime_ns == check.mtime_ns:
             continue
@@ -371,8 +364,6 @@ def verify_shards(shard_dir: Path, meta: ShardMeta, full: bool = False) -> None:
 
 def open_shard(shard_dir: Path, split: str) -> np.ndarray:
     """Memory-map one split's token ids (read-only); nothing is loaded until it is indexed."""
-    import numpy as np
-
     if split not in SPLITS:
         raise TfcliError(f"unknown split {split!r}", hint=f"use one of {', '.join(SPLITS)}")
     meta = load_shard_meta(shard_dir)

@@ -5,6 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
+from tfcli.accel import accelerate, decode_step
+from tfcli.checkpoint import load_checkpoint
+from tfcli.runtime import resolve_device
+
 SMALL_MODEL = 5_000_000  # parameters under which a CPU decodes on one thread
 
 
@@ -12,12 +18,6 @@ def load_for_decoding(run: Path, device: str = "auto", threads: int = 0):
     """The run's checkpoint, on `device`, with `threads` threads (0: one for a small model on the CPU,
     PyTorch's default otherwise), bf16 on a GPU that has it, and its accelerated paths attached; on the
     CPU the decoding step is built, checked and measured now, before any clock starts."""
-    import torch
-
-    from tfcli.accel import accelerate
-    from tfcli.checkpoint import load_checkpoint
-    from tfcli.runtime import resolve_device
-
     device = resolve_device(device)
     checkpoint = load_checkpoint(run, device)
     if threads:
@@ -28,7 +28,5 @@ def load_for_decoding(run: Path, device: str = "auto", threads: int = 0):
         checkpoint.model.to(torch.bfloat16)  # decoding reads every weight per token: half the bytes, twice the speed
     accelerate(checkpoint.model)
     if device == "cpu":
-        from tfcli.accel import decode_step
-
         decode_step.describe(checkpoint.model)  # builds, checks and measures what decodes one row
     return checkpoint

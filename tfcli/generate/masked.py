@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from tfcli.data.labeled import classification_ids
 from tfcli.errors import TfcliError, a_or_an
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
@@ -110,8 +111,6 @@ def label_names(training: dict[str, Any] | None, n_classes: int) -> list[str]:
 def classify(model: Transformer, tokenizer: TextTokenizer, texts: list[str], labels: list[str]) -> list[list[tuple[str, float]]]:
     """Label probabilities of each text, most likely first. The text is read as classifier training reads
     it: [cls] + text for an encoder, text + [eos] for a decoder (cropped to the context)."""
-    from tfcli.data.labeled import classification_ids
-
     config = model.config
     if not config.n_classes:
         raise TfcliError("this run has no classification head", hint="fine-tune one with `tfcli train finetune --task classify`, or use --prompt to generate")

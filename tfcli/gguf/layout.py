@@ -11,13 +11,13 @@ does the same and import undoes it. `qwen2` rotates halves ("neox" RoPE): its ro
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from tfcli.errors import TfcliError
 from tfcli.model.config import ModelConfig, RopeScaling
-
-if TYPE_CHECKING:
-    import torch
+from tfcli.model.layers import scaled_frequencies
 
 EXPORT_ARCHS = ("llama", "gpt2")
 IMPORT_ARCHS = ("llama", "qwen2", "gpt2")
@@ -160,10 +160,6 @@ def hyperparameters(config: ModelConfig, arch: str) -> dict[str, Any]:
 def llama3_rope_factors(config: ModelConfig) -> torch.Tensor:
     """rope_freqs.weight: what each rotary frequency is divided by under Llama 3.1's scaling (llama.cpp's
     freq_factors), from tfcli's own scaled frequencies."""
-    import torch
-
-    from tfcli.model.layers import scaled_frequencies
-
     assert config.rope_scaling is not None
     inverse = 1.0 / (config.rope_base ** (torch.arange(0, config.head_dim, 2, dtype=torch.float64) / config.head_dim))  # (hs/2,)
     return (inverse / scaled_frequencies(inverse, config.rope_scaling)).to(torch.float32)

@@ -12,14 +12,14 @@ from __future__ import annotations
 import dataclasses
 import struct
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
+import numpy as np
+import torch
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
+from gguf.quants import dequantize
 
 from tfcli.errors import TfcliError
-
-if TYPE_CHECKING:
-    import torch
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -72,10 +72,6 @@ class GgufFile:
 
     def read(self, name: str) -> torch.Tensor:
         """One tensor as float32 (F16, BF16 and Q8_0 dequantized), shaped as torch writes it."""
-        import numpy as np
-        import torch
-        from gguf.quants import dequantize
-
         info = self.tensors[name]
         if info.kind not in READABLE_TYPES:
             raise refused_type(self.path, info)
@@ -134,8 +130,6 @@ class _Cursor:
             raise TfcliError(f"{self.path}: {what} has the unknown value type {raw}") from None
 
     def value(self, kind: GGUFValueType, key: str, depth: int = 0) -> Any:
-        import numpy as np
-
         if kind == GGUFValueType.FLOAT32:  # the shortest decimal that is this float32: 1e-05, not 9.999999747378752e-06
             return float(str(np.float32(self.scalar("<f", f"the value of {key}"))))
         if kind in _SCALARS:

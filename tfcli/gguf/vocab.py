@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
 from tfcli.errors import TfcliError
 from tfcli.tokenizer.specials import CONFIG_KEYS
 
@@ -81,8 +83,6 @@ TOKENIZER_KEYS = {
 
 
 def _pre_tokenizer(name: str):
-    from tokenizers import Regex, pre_tokenizers
-
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=name in ("gpt-2", "smollm"))
     if name == "gpt-2":
         return byte_level
@@ -102,8 +102,6 @@ def _without_offsets(part: Any) -> Any:
 
 
 def _byte_level_pre_name(spec: dict[str, Any]) -> str | None:
-    from tokenizers import Tokenizer, models
-
     for name in ("gpt-2", "llama-bpe", "qwen2", "smollm"):
         probe = Tokenizer(models.BPE())
         probe.pre_tokenizer = _pre_tokenizer(name)
@@ -275,8 +273,6 @@ class Vocab:
 
     def tokenizer_json(self) -> str:
         """The tokenizer.json that encodes and decodes as llama.cpp does."""
-        from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
-
         vocab: dict[str, int] = {}
         for i, token in enumerate(self.tokens):
             if token in vocab:

@@ -9,6 +9,7 @@ generation's prompt keeps its last (window - max_gen_toks) tokens."""
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,8 @@ from tfcli.generate.events import Done
 from tfcli.generate.loading import load_for_decoding
 from tfcli.generate.scoring import DEFAULT_BATCH_SIZE, score_continuations
 from tfcli.generate.settings import GenerationSettings
-from tfcli.tokenizer.chat_template import Message
+from tfcli.tokenizer.chat_template import ChatTemplate, Message
+from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE
 
 DEFAULT_MAX_GEN_TOKS = 256  # the harness's default for a generation task that names no max_gen_toks
 ENCODED_KEPT = 4096  # texts whose token ids are kept for the next request that asks (a question's choices share its context)
@@ -201,11 +203,6 @@ class TfcliLM(TemplateLM):
     def template(self):
         """The run's chat template (tokenizer_config.json's chat_template), or a clear error without one."""
         if self._template is None:
-            import json
-
-            from tfcli.tokenizer.chat_template import ChatTemplate
-            from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE
-
             path = self.tokenizer.path.parent / TOKENIZER_CONFIG_FILE
             config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
             self._template = ChatTemplate.for_tokenizer(self.tokenizer, config, str(self.run))

@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jinja2
+import jinja2.meta
+
 from tfcli.errors import TfcliError
 
 SHIPPED_TASKS = Path(__file__).parent / "tasks"
@@ -192,9 +195,6 @@ def check_tasks(tasks: list, num_fewshot: int | None, limit: int | None) -> None
 def _template_fields(config) -> set[str]:
     """The document fields the task's prompt, target and choices read: a field named alone, or the variables
     of a Jinja template. Example: "{{context}} {{choices[0]}}" -> {"context", "choices"}."""
-    import jinja2
-    import jinja2.meta
-
     environment = jinja2.Environment()
     fields: set[str] = set()
     for template in (config.doc_to_text, config.doc_to_target, config.doc_to_choice):

@@ -11,15 +11,14 @@ it is made fresh (as transformers initialises a head a checkpoint lacks) and nev
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import torch
 
 from tfcli.errors import TfcliError
 from tfcli.hf.folder import HfConfig
 from tfcli.hf.mapping import TensorMap, incompatibility
 from tfcli.model.config import ModelConfig
-
-if TYPE_CHECKING:
-    import torch
 
 CLASSES = ("BertForMaskedLM", "BertModel", "BertForSequenceClassification")
 HEADLESS = ("BertModel", "BertForSequenceClassification")  # no masked-LM head in the checkpoint
@@ -132,8 +131,6 @@ def tensor_maps(config: ModelConfig, hf_class: str) -> list[TensorMap]:
 def fresh_tensors(config: ModelConfig, hf_class: str) -> dict[str, torch.Tensor]:
     """The masked-LM head a BertModel or BertForSequenceClassification checkpoint lacks, initialised as tfcli
     initialises it (untied models also get a fresh vocabulary projection)."""
-    import torch
-
     if hf_class not in HEADLESS:
         return {}
     d = config.d_model

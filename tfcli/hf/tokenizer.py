@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
 from tfcli import limits
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json, atomic_write_text
@@ -31,8 +33,6 @@ def _token_text(value: Any) -> str | None:
 
 
 def _byte_level_bpe(src: Path) -> str:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
     for name in ("vocab.json", "merges.txt"):
         if (src / name).stat().st_size > limits.TOKENIZER_FILE.value:
             raise limits.TOKENIZER_FILE.exceeded(str(src / name))
@@ -49,8 +49,6 @@ def _byte_level_bpe(src: Path) -> str:
 
 def _wordpiece(src: Path, settings: dict[str, Any]) -> str:
     """BERT's tokenizer from vocab.txt, one token a line, as transformers builds it (BertTokenizerFast)."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
-
     try:
         lines = read_text_capped(src / "vocab.txt", limits.TOKENIZER_FILE).split("\n")
     except (OSError, UnicodeDecodeError) as exc:
@@ -114,7 +112,6 @@ def import_tokenizer(src: Path, run_dir: Path) -> tuple[TextTokenizer, list[str]
             f"{src} has no tokenizer (tokenizer.json, vocab.json and merges.txt, or vocab.txt)", hint="copy the model's tokenizer files into the folder"
         )
     atomic_write_text(run_dir / TOKENIZER_FILE, text)
-    from tokenizers import Tokenizer
 
     try:
         vocabulary = Tokenizer.from_str(text)

@@ -7,15 +7,17 @@ layer they touch (`Hooks.fan_out`), so the layers before it run once. Edits are 
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from tfcli.errors import TfcliError
+from tfcli.inspect.hooks import Hooks, lens_stack, vocabulary
+from tfcli.inspect.lens import decoder_views, token_text
 
 if TYPE_CHECKING:
-    import torch
-
     from tfcli.checkpoint import Checkpoint
 
 MODES: tuple[str, ...] = ("zero", "mean")
@@ -56,10 +58,6 @@ def parse_heads(spec: str, n_layers: int, n_heads: int) -> list[tuple[int, int]]
 
 def head_means(model, ids: list[int]) -> torch.Tensor:
     """Each head's mean output over the positions of one text: (L, nh, hs)."""
-    import torch
-
-    from tfcli.inspect.hooks import Hooks, lens_stack
-
     stack = lens_stack(model, "inspect-ablate", ("decoder",))
     with torch.inference_mode(), Hooks() as hooks:
         outputs = hooks.head_outputs(stack)
@@ -77,10 +75,6 @@ def ablated_runs(
     Rows are grouped by the first layer they touch (the plain run with layer 0's); each group is one batch
     (of at most `batch` rows) fanned out there, so the layers before it run once, at batch size one.
     """
-    import torch
-
-    from tfcli.inspect.hooks import Hooks, lens_stack, vocabulary
-
     stack = lens_stack(model, "inspect-ablate", ("decoder",))
     device = model.lm_head.weight.device
     src = torch.tensor([ids], device=device)  # (1, T)
@@ -192,13 +186,6 @@ def ablate(
     top_k: int = 5,
 ) -> Ablation:
     """Knock out `heads` together ("1.0,2.3"), or without them every head one at a time."""
-    import time
-
-    import torch
-
-    from tfcli.inspect.hooks import lens_stack
-    from tfcli.inspect.lens import decoder_views, token_text
-
     began = time.perf_counter()
     if mode not in MODES:
         raise TfcliError(f"unknown --mode {mode!r}", hint=f"use {' or '.join(MODES)}")

@@ -11,17 +11,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from rich.table import Table
+from rich.text import Text
 
 from tfcli.errors import TfcliError
-from tfcli.inspect.capture import AttentionCapture
+from tfcli.inspect import png
+from tfcli.inspect.capture import AttentionCapture, capture_attention, load_run, summarize_capture
+from tfcli.inspect.html import render_page
+from tfcli.inspect.labels import kind_label
+from tfcli.inspect.session import Inspection, attention_document
 from tfcli.inspect.stats import PATTERNS
+from tfcli.inspect.terminal import LEGEND, grid
 from tfcli.jsontext import loads_json
 from tfcli.limits import read_text_capped
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-    from tfcli.inspect.session import Inspection
 
 ACROSS_FORMAT = "tfcli-attention-across"
 ACROSS_VERSION = 1
@@ -87,8 +93,6 @@ def across_checkpoints(run: Path, text: str, *, kind: str | None = None, device:
     """The detector scores of every head at every kept checkpoint of `run`, on `text` (previous-token,
     first-token) and on a repeated random sequence (duplicate, induction); with `keep_weights`, each
     checkpoint's capture of `text` too."""
-    from tfcli.inspect.capture import capture_attention, load_run, summarize_capture
-
     if not text.strip():
         raise TfcliError("the text is empty", hint="pass --text TEXT")
     entries = kept_runs(run)
@@ -150,8 +154,6 @@ def head_scores(across: Across, layer: int, head: int) -> list[dict[str, float |
 
 def head_inspection(across: Across, layer: int, head: int) -> Inspection:
     """One head at every kept checkpoint, as the single-run view's `Inspection`: a capture per step."""
-    from tfcli.inspect.session import Inspection
-
     assert across.captures is not None, "across_checkpoints(..., keep_weights=True) keeps the captures"
     return Inspection(captures=across.captures, titles=[f"step {s}" for s in across.steps], layers=[layer], heads=[head])
 
@@ -159,8 +161,6 @@ def head_inspection(across: Across, layer: int, head: int) -> Inspection:
 def head_document(across: Across, layer: int, head: int) -> dict[str, Any]:
     """The single-run JSON document of one head (a capture per checkpoint, titled by its step), with each
     checkpoint's step, path and detector scores of that head."""
-    from tfcli.inspect.session import attention_document
-
     document = attention_document(head_inspection(across, layer, head))
     document["checkpoints"] = [{"step": s, "path": p, "scores": v} for s, p, v in zip(across.steps, across.paths, head_scores(across, layer, head))]
     return document
@@ -169,12 +169,6 @@ def head_document(across: Across, layer: int, head: int) -> dict[str, Any]:
 def head_view(across: Across, layer: int, head: int, *, width: int = 80) -> list[RenderableType]:
     """The terminal view of one head across checkpoints: a small map per step (as `--head all` draws
     heads) and the head's detector scores at each step."""
-    from rich.table import Table
-    from rich.text import Text
-
-    from tfcli.inspect.labels import kind_label
-    from tfcli.inspect.terminal import LEGEND, grid
-
     captures = across.captures or []
     first = captures[0]
     columns = min(len(captures), 4)
@@ -194,9 +188,6 @@ def head_view(across: Across, layer: int, head: int, *, width: int = 80) -> list
 
 def head_png(across: Across, layer: int, head: int, pattern: str) -> bytes:
     """One small map per checkpoint, titled by its step and the head's `pattern` score there."""
-    from tfcli.inspect import png
-    from tfcli.inspect.labels import kind_label
-
     captures = across.captures or []
     maps = []
     for step, capture, scores in zip(across.steps, captures, head_scores(across, layer, head)):
@@ -209,8 +200,6 @@ def head_png(across: Across, layer: int, head: int, pattern: str) -> bytes:
 def head_page(across: Across, layer: int, head: int) -> str:
     """The single-run attention page with a panel per checkpoint (the layer/head picker still picks any
     head) and a table of the chosen head's scores at each step."""
-    from tfcli.inspect.html import render_page
-
     inspection = head_inspection(across, layer, head)
     rows = [[str(s), *("-" if v[name] is None else f"{v[name]:.3f}" for name in PATTERNS)] for s, v in zip(across.steps, head_scores(across, layer, head))]
     table = {"title": f"layer {layer}, head {head}: detector scores at each step (click to show)", "columns": ["step", *PATTERNS], "rows": rows}

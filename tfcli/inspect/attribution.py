@@ -16,6 +16,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import torch
+
+from tfcli.inspect.hooks import Hooks, lens_stack
+from tfcli.inspect.patching import logit_difference, record
 
 
 @contextlib.contextmanager
@@ -34,11 +38,6 @@ def _parameters_frozen(model) -> Iterator[None]:
 def attribution_differences(model, clean_ids: list[int], corrupt_ids: list[int], answer: int, wrong: int, *, per_head: bool = False) -> dict[str, Any]:
     """What `patching.patch_differences` returns (`clean`, `corrupted`, `patched` (L, T), `heads` (L, nh)
     with per_head), each patched difference estimated to first order from the corrupted run's gradient."""
-    import torch
-
-    from tfcli.inspect.hooks import Hooks, lens_stack
-    from tfcli.inspect.patching import logit_difference, record
-
     stack = lens_stack(model, "inspect-patch", ("decoder",))
     with torch.inference_mode():
         clean_stream, clean_heads, clean_diff = record(model, stack, clean_ids, answer, wrong)

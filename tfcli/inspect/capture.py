@@ -12,8 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
 
+from tfcli.checkpoint import load_checkpoint
 from tfcli.errors import TfcliError, a_or_an
+from tfcli.inspect.stats import repeated_random_ids, summarize_heads
+from tfcli.runtime import resolve_device
 from tfcli.tokenizer.show import TokenView, token_views, visible
 
 if TYPE_CHECKING:
@@ -79,9 +83,6 @@ def default_kind(config: ModelConfig) -> str:
 
 
 def load_run(run: Path, device: str = "cpu") -> Checkpoint:
-    from tfcli.checkpoint import load_checkpoint
-    from tfcli.runtime import resolve_device
-
     return load_checkpoint(Path(run), resolve_device(device))
 
 
@@ -158,8 +159,6 @@ def capture_attention(checkpoint: Checkpoint, text: str, *, target: str | None =
 
 def forward_weights(model, kind: str, ids: list[int], decoder_ids: list[int] | None = None) -> np.ndarray:
     """One forward pass with weights; returns float32 [layer, head, query_pos, key_pos] for `kind`."""
-    import torch
-
     device = next(model.parameters()).device
     with torch.inference_mode():
         src = torch.tensor([ids], dtype=torch.long, device=device)  # (1, S)
@@ -179,8 +178,6 @@ def forward_weights(model, kind: str, ids: list[int], decoder_ids: list[int] | N
 def probe(checkpoint: Checkpoint, capture: AttentionCapture, seed: int = 0) -> tuple[np.ndarray, list[int]] | None:
     """Weights on a repeated random sequence (the same kind as `capture`), for duplicate and induction
     scores; None for cross-attention or a block too small to hold a repeat."""
-    from tfcli.inspect.stats import repeated_random_ids
-
     if not capture.self_attention:
         return None
     config = checkpoint.config.model
@@ -200,8 +197,6 @@ def probe(checkpoint: Checkpoint, capture: AttentionCapture, seed: int = 0) -> t
 def summarize_capture(checkpoint: Checkpoint, capture: AttentionCapture) -> list[HeadSummary]:
     """Every head's summary of `capture`, its duplicate and induction scores read on `probe`'s repeated random
     sequence (self-attention only)."""
-    from tfcli.inspect.stats import summarize_heads
-
     probed = probe(checkpoint, capture)
     return summarize_heads(
         capture.weights,

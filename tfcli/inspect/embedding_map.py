@@ -8,13 +8,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tfcli.inspect.png import scatter_png
+
 PAGE_SIZE = 640  # the SVG's side in pixels
 MARGIN = 40
 
 
 def map_png(points: np.ndarray, labels: Sequence[str], title: str, share: np.ndarray) -> bytes:
-    from tfcli.inspect.png import scatter_png
-
     return scatter_png(points, labels, title, (f"PC1 ({share[0]:.0%} of the variance)", f"PC2 ({share[1]:.0%})"))
 
 

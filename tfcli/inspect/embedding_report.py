@@ -12,6 +12,7 @@ import numpy as np
 
 from tfcli.errors import TfcliError
 from tfcli.inspect.embedding_evals import SectionScore, SimilarityScore, evaluate_analogies, evaluate_similarity
+from tfcli.inspect.embedding_map import map_html, map_png
 from tfcli.inspect.embeddings import (
     METHODS,
     Analogy,
@@ -25,6 +26,8 @@ from tfcli.inspect.embeddings import (
     pca_2d,
     solve_analogy,
 )
+from tfcli.inspect.session import check_output, write_output
+from tfcli.jsontext import dumps_json
 
 WORD_TESTS = Path(__file__).with_name("word_tests")
 SHIPPED = {"stories": ("stories-analogies.txt", "stories-similarity.txt")}  # --eval-analogies stories: the shipped files
@@ -131,7 +134,6 @@ def _check_request(request: EmbeddingRequest) -> None:
             raise TfcliError("-o writes the map", hint="pass --map, or drop -o and use --json for the rest")
         if request.output.suffix.lower() not in MAP_SUFFIXES:
             raise TfcliError(f"cannot tell the map's format from {request.output}", hint="end it in .png, .html or .json")
-        from tfcli.inspect.session import check_output
 
         check_output(request.output)
     if request.analogy is not None:
@@ -193,10 +195,6 @@ def _map(table: EmbeddingTable, request: EmbeddingRequest, notes: list[str]) -> 
 
 
 def _write_map(found: EmbeddingMap, path: Path, title: str) -> None:
-    from tfcli.inspect.embedding_map import map_html, map_png
-    from tfcli.inspect.session import write_output
-    from tfcli.jsontext import dumps_json
-
     suffix = path.suffix.lower()
     if suffix == ".png":
         write_output(path, map_png(found.points, found.labels, title, found.share))

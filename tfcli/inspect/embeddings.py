@@ -15,10 +15,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from tfcli.checkpoint import load_checkpoint
 from tfcli.errors import TfcliError
+from tfcli.inspect.hooks import Hooks, lens_stack
+from tfcli.runtime import resolve_device
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.show import token_label, visible
+from tfcli.word2vec.run import is_word2vec_run, load_vectors
 
 TABLES = ("input", "output")
 METHODS = ("3cosadd", "3cosmul")
@@ -76,8 +81,6 @@ def make_table(raw: np.ndarray, tokenizer: TextTokenizer, candidates: np.ndarray
 def load_table(run: Path, *, table: str = "input", layer: int | None = None, data: str | None = None, device: str = "cpu") -> EmbeddingTable:
     """The vectors to explore: a word2vec run's, a transformer's input embeddings (`table="output"`: its
     unembedding), or with `layer` the mean residual stream of each token of `data` at that layer."""
-    from tfcli.word2vec.run import is_word2vec_run, load_vectors
-
     if table not in TABLES:
         raise TfcliError(f"--table must be input or output, not {table!r}")
     if (layer is None) != (data is None):
@@ -89,8 +92,6 @@ def load_table(run: Path, *, table: str = "input", layer: int | None = None, dat
         raw = vectors.input_vectors if table == "input" else vectors.output_vectors
         what = f"the {'word' if table == 'input' else 'context (output)'} vectors of {run}"
         return make_table(raw, vectors.tokenizer, vectors.counts > 0, what, vectors.counts)
-    from tfcli.checkpoint import load_checkpoint
-    from tfcli.runtime import resolve_device
 
     checkpoint = load_checkpoint(Path(run), resolve_device(device))
     model, tokenizer = checkpoint.model, checkpoint.tokenizer
@@ -113,10 +114,6 @@ def load_table(run: Path, *, table: str = "input", layer: int | None = None, dat
 def _contextual_table(checkpoint, layer: int, data: str, run: Path) -> EmbeddingTable:
     """Each token's residual stream at block input `layer` (0: the embeddings; n_layers: the last block's
     output), averaged over its occurrences in `data`, read in windows of the model's context."""
-    import torch
-
-    from tfcli.inspect.hooks import Hooks, lens_stack
-
     model, tokenizer = checkpoint.model, checkpoint.tokenizer
     stack = lens_stack(model, "inspect-embeddings --layer")
     n_layers = len(stack.blocks)

@@ -28,6 +28,7 @@ import secrets
 import unicodedata
 import zlib
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from typing import Any
 
@@ -76,8 +77,6 @@ def pack_weights(weights: np.ndarray, causal: bool, level: int = 1) -> list[str]
     packed on parallel threads (numpy and zlib release the GIL); level 1 deflate is several times faster
     than the default and barely larger on attention maps.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     workers = max(1, min(len(weights), os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(lambda layer: _pack_layer(layer, causal, level), weights))

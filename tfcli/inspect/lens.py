@@ -9,13 +9,13 @@ import re
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from tfcli.errors import TfcliError, a_or_an
+from tfcli.inspect.hooks import Hooks, lens_stack, unembed
 from tfcli.tokenizer.show import TokenView, token_label, token_views, visible
 
 if TYPE_CHECKING:
-    import torch
-
     from tfcli.checkpoint import Checkpoint
     from tfcli.tokenizer.core import TextTokenizer
 
@@ -77,10 +77,6 @@ def lens_logits(model, ids: list[int], decoder_ids: list[int] | None = None) -> 
     """The logit lens of one text: float32 (L + 1, T, vocab), [0] from the embeddings, [l + 1] after block l.
     The last entry is the model's own logits. An encoder-decoder reads `ids` as the source and is looked at
     on its decoder's side, over `decoder_ids` (T of them)."""
-    import torch
-
-    from tfcli.inspect.hooks import Hooks, lens_stack, unembed
-
     stack = lens_stack(model, "inspect-logits", SUPPORTED)
     device = model.lm_head.weight.device
     with torch.inference_mode(), Hooks() as hooks:
@@ -155,14 +151,11 @@ def _seq2seq_views(checkpoint: Checkpoint, text: str, target: str | None) -> tup
 def logit_lens(checkpoint: Checkpoint, text: str, *, target: str | None = None, top_k: int = 5) -> LogitLens:
     """What each layer predicts at each position of `text` (an encoder-decoder: of its decoder, reading
     `target` after its start token, with `text` as the source); see `lens_logits`."""
-    import torch
-
     if top_k < 1:
         raise TfcliError(f"--top-k must be at least 1, not {top_k}")
     if not text.strip():
         raise TfcliError("the text is empty", hint="pass --text TEXT")
     config = checkpoint.config.model
-    from tfcli.inspect.hooks import lens_stack
 
     lens_stack(checkpoint.model, "inspect-logits", SUPPORTED)  # an unsupported architecture fails before any work
     if target is not None and config.arch != "encoder-decoder":

@@ -11,8 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tfcli.inspect.ablation import ablate as run_ablation
 from tfcli.inspect.capture import load_run
+from tfcli.inspect.html import render_fragment
+from tfcli.inspect.lens import logit_lens as read_lens
+from tfcli.inspect.lens import token_text
+from tfcli.inspect.neuron import capture_query_keys, neuron_view
+from tfcli.inspect.patching import patch as run_patching
 from tfcli.inspect.session import Inspection, InspectRequest, attention_document, html_page, inspect_attention, page_options, write_output
+from tfcli.inspect.tables import ablation_html, lens_html, patching_html
 
 
 class AttentionView:
@@ -23,8 +30,6 @@ class AttentionView:
         self.inspection = inspection
 
     def _repr_html_(self) -> str:
-        from tfcli.inspect.html import render_fragment
-
         inspection = self.inspection
         summary = inspection.summaries[0] if inspection.summaries else None
         return render_fragment(inspection.captures, inspection.titles, **page_options(inspection), summary=summary, changes=inspection.changes)
@@ -36,8 +41,6 @@ class AttentionView:
 
     def neuron(self, layer: int, head: int, query: int):
         """The numbers behind weights[layer, head, query]: q, each k, q∘k, q·k/√d and the softmax."""
-        from tfcli.inspect.neuron import capture_query_keys, neuron_view
-
         first = self.inspection.first
         return neuron_view(first, capture_query_keys(self.inspection.checkpoint.model, first), layer, head, query)
 
@@ -76,10 +79,6 @@ def attention(run: str | Path, text: str, *, device: str = "auto", **options: An
 
 def logit_lens(run: str | Path, text: str, *, target: str | None = None, top_k: int = 5, device: str = "auto") -> TableView:
     """`tfcli inspect-logits`: what each layer already predicts at each position."""
-    from tfcli.inspect.lens import logit_lens as read_lens
-    from tfcli.inspect.lens import token_text
-    from tfcli.inspect.tables import lens_html
-
     checkpoint = load_run(Path(run), device)
     view = TableView(read_lens(checkpoint, text, target=target, top_k=top_k), lens_html)
     view.to_json = lambda: view.result.to_json(lambda i: token_text(checkpoint.tokenizer, i))  # type: ignore[method-assign]
@@ -89,16 +88,10 @@ def logit_lens(run: str | Path, text: str, *, target: str | None = None, top_k: 
 def ablate(run: str | Path, text: str, *, device: str = "auto", **options: Any) -> TableView:
     """`tfcli inspect-ablate`: the loss change when heads are knocked out (options: heads, mode,
     reference_text, position, top_k)."""
-    from tfcli.inspect.ablation import ablate as run_ablation
-    from tfcli.inspect.tables import ablation_html
-
     return TableView(run_ablation(load_run(Path(run), device), text, **options), ablation_html)
 
 
 def patch(run: str | Path, clean: str, corrupt: str, answer: str, wrong: str | None = None, *, device: str = "auto", **options: Any) -> TableView:
     """`tfcli inspect-patch`: how much of the clean answer each patched activation restores (options:
     per_head, method, verify)."""
-    from tfcli.inspect.patching import patch as run_patching
-    from tfcli.inspect.tables import patching_html
-
     return TableView(run_patching(load_run(Path(run), device), clean, corrupt, answer, wrong, **options), patching_html)

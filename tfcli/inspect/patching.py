@@ -14,15 +14,20 @@ residuals are equal needs no run (it restores exactly 0). Edits are scoped hooks
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 from tfcli.errors import TfcliError
+from tfcli.inspect.attribution import attribution_differences, top_cells
+from tfcli.inspect.hooks import Hooks, lens_stack
+from tfcli.inspect.lens import decoder_views, token_text
+from tfcli.model.attention import AttentionMask, KVCache
 
 if TYPE_CHECKING:
-    import torch
-
     from tfcli.checkpoint import Checkpoint
 
 PATCH_FORMAT = "tfcli-patching"
@@ -34,8 +39,6 @@ ROWS_PER_BATCH = 8  # patches run together, each batch from its first patched po
 def logit_difference(model, hidden: torch.Tensor, answer: int, wrong: int) -> torch.Tensor:
     """answer - wrong from the last stack's output `hidden` (rows, d) at the last position: the vocabulary
     head restricted to those two tokens (the rest of the vocabulary is never read). Returns (rows,)."""
-    import torch.nn.functional as F
-
     head = model.lm_head
     bias = None if head.bias is None else head.bias[[answer, wrong]]
     two = F.linear(model._head_input(hidden), head.weight[[answer, wrong]], bias).float()  # (rows, 2)
@@ -45,10 +48,6 @@ def logit_difference(model, hidden: torch.Tensor, answer: int, wrong: int) -> to
 def record(model, stack, ids: list[int], answer: int, wrong: int, cache=None) -> tuple[list[torch.Tensor], list[torch.Tensor], float]:
     """One plain run: the residual stream (L + 1 of (T, d)), head outputs (L of (T, nh, hs)) and the logit
     difference; with `cache` (a KVCache), every layer's keys and values too."""
-    import torch
-
-    from tfcli.inspect.hooks import Hooks
-
     with Hooks() as hooks:
         stream = hooks.residual_stream(stack)
         heads = hooks.head_outputs(stack)
@@ -62,9 +61,6 @@ def run_from(model, stack, layer: int, x: torch.Tensor, cache=None) -> torch.Ten
     the blocks before `layer`, whose output x replaces, do not run. Only the last position is read, so the
     last block runs its output projection and MLP there only (`Hooks.last_position_only`). Returns the last
     position's output of the stack, normed (rows, d)."""
-    from tfcli.inspect.hooks import Hooks
-    from tfcli.model.attention import AttentionMask
-
     offset, n = (cache.length if cache is not None else 0), x.shape[1]
     mask = AttentionMask.build(n, offset + n, causal=True, offset=offset)
     with Hooks() as hooks:
@@ -77,7 +73,6 @@ def run_from(model, stack, layer: int, x: torch.Tensor, cache=None) -> torch.Ten
 def _rows_of(cache, rows: int, start: int):
     """The first `rows` rows of `cache` (L, B, nkv, T, hs), as a KVCache whose runs start at position `start`:
     they read its keys and values before `start` and write theirs from `start` on."""
-    from tfcli.model.attention import KVCache
 
     class Rows(KVCache):
         def __init__(self) -> None:  # the parent's fields, as views of `cache`'s
@@ -108,7 +103,6 @@ def _patch_positions(model, stack, layer: int, positions: list[int], clean, corr
 def _patch_heads(model, stack, layer: int, heads: list[int], clean_heads, corrupt, answer: int, wrong: int) -> np.ndarray:
     """The logit difference with head h's clean output put in at every position of layer `layer`, one row
     per head of `heads`."""
-    from tfcli.inspect.hooks import Hooks
 
     def put_heads(z):  # z (rows, T, nh, hs): row i gets head heads[i]'s clean output
         z[list(range(len(heads))), :, heads] = clean_heads[layer][:, heads].transpose(0, 1).to(z.dtype)
@@ -138,11 +132,6 @@ def patch_differences(
     head put in at every position. `cells` / `head_cells`, (layer, position) / (layer, head) pairs: patch
     only those (default: all). A cell whose clean and corrupted values are equal needs no run: it is the
     corrupted difference, as is every cell not patched."""
-    import torch
-
-    from tfcli.inspect.hooks import lens_stack
-    from tfcli.model.attention import KVCache
-
     stack = lens_stack(model, "inspect-patch", ("decoder",))
     device, dtype = model.lm_head.weight.device, model.lm_head.weight.dtype
     L, T, nh = len(stack.blocks), len(corrupt_ids), stack.blocks[0].attn.n_heads
@@ -211,8 +200,6 @@ class Patching:
 
 def single_token(checkpoint: Checkpoint, word: str, flag: str) -> int:
     """The id of a one-token word; a word of several tokens (or none) is an error that shows them."""
-    from tfcli.inspect.lens import token_text
-
     tokenizer = checkpoint.tokenizer
     ids = tokenizer.encode(word)
     if len(ids) == 1:
@@ -249,11 +236,6 @@ def patch(
 ) -> Patching:
     """Activation patching (`method` exact) or its first-order estimate (attribution), with the `verify`
     largest estimates of each map re-checked exactly."""
-    import time
-
-    from tfcli.inspect.hooks import lens_stack
-    from tfcli.inspect.lens import decoder_views, token_text
-
     began = time.perf_counter()
     check_method(method, verify)
     model = checkpoint.model
@@ -278,8 +260,6 @@ def patch(
     if method == "exact":
         result = patch_differences(model, clean_ids, corrupt_ids, answer_id, wrong_id, per_head=per_head)
     else:
-        from tfcli.inspect.attribution import attribution_differences
-
         result = attribution_differences(model, clean_ids, corrupt_ids, answer_id, wrong_id, per_head=per_head)
     clean_diff, corrupt_diff = result["clean"], result["corrupted"]
     if abs(clean_diff - corrupt_diff) < 1e-6:
@@ -314,8 +294,6 @@ def patch(
 def _verify(model, clean_ids, corrupt_ids, answer, wrong, restored, head_restored, n: int):
     """Patch exactly the `n` estimates of each map furthest from 0 (changed nothing), put the exact fractions
     in place, and return each map's (row, column, estimate, exact) for them."""
-    from tfcli.inspect.attribution import top_cells
-
     cells = top_cells(restored, 0.0, n)
     head_cells = top_cells(head_restored, 0.0, n) if head_restored is not None else []
     if not cells and not head_cells:
@@ -332,8 +310,6 @@ def _verify(model, clean_ids, corrupt_ids, answer, wrong, restored, head_restore
 
 def _corrupted_favourite(model, ids: list[int], answer: int) -> int:
     """The token the corrupted text's last position likes best, other than the answer."""
-    import torch
-
     with torch.inference_mode():
         logits = model(torch.tensor([ids], device=model.lm_head.weight.device)).logits[0, -1].float()
         logits[answer] = float("-inf")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 import warnings
 from collections.abc import Sequence
 
@@ -29,8 +30,6 @@ def tick_text(text: str) -> str:
 
 def _title(text: str, width_inches: float, fontsize: float) -> str:
     """`text` wrapped to lines that fit `width_inches` at `fontsize` (about 0.6 em a character), never cut."""
-    import textwrap
-
     per_line = max(20, int(width_inches * 72 / (fontsize * 0.62)))
     return "\n".join(textwrap.wrap(text.replace("$", r"\$"), per_line, break_long_words=True, replace_whitespace=False) or [""])
 

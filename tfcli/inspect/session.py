@@ -14,8 +14,12 @@ from typing import IO, Any
 import numpy as np
 
 from tfcli.errors import TfcliError
+from tfcli.fsutil import atomic_open, atomic_write_bytes, atomic_write_text
+from tfcli.inspect import png
 from tfcli.inspect.capture import AttentionCapture, capture_attention, check_comparable, find_token, load_run, parse_index, summarize_capture
+from tfcli.inspect.html import neuron_data, neuron_heads, render_page
 from tfcli.inspect.labels import excerpts, kind_label
+from tfcli.inspect.neuron import capture_query_keys, neuron_view
 from tfcli.inspect.stats import HeadChange, HeadSummary, head_changes
 from tfcli.jsontext import dumps_json
 
@@ -149,8 +153,6 @@ def parse_neuron(spec: str, n_layers: int, n_heads: int) -> tuple[int, int]:
 
 def neuron_document(inspection: Inspection) -> dict[str, Any]:
     """--neuron L.H --format json: the numbers behind one head's weights for one query (`neuron.NeuronView`)."""
-    from tfcli.inspect.neuron import capture_query_keys, neuron_view
-
     first = inspection.first
     qk = capture_query_keys(inspection.checkpoint.model, first)
     view = neuron_view(first, qk, *inspection.neuron, inspection.query)
@@ -195,8 +197,6 @@ def check_output(path: Path) -> None:
 
 def write_output(path: Path, data: bytes | str) -> None:
     """Atomically: a temp file beside it, fsynced, renamed; a failure leaves nothing behind."""
-    from tfcli.fsutil import atomic_write_bytes, atomic_write_text
-
     try:
         if isinstance(data, bytes):
             atomic_write_bytes(path, data)
@@ -329,8 +329,6 @@ def _json_scalar(value: Any) -> str:
 
 def save_document(path: Path, document: dict[str, Any]) -> None:
     """`write_document` into `path` atomically."""
-    from tfcli.fsutil import atomic_open
-
     try:
         with atomic_open(path, "w", encoding="utf-8", newline="\n") as handle:
             write_document(handle, document)
@@ -340,17 +338,12 @@ def save_document(path: Path, document: dict[str, Any]) -> None:
 
 def html_page(inspection: Inspection) -> str:
     """The page, with every head's pattern label on the model view and q and k for the neuron view."""
-    from tfcli.inspect.html import render_page
-
     summary = inspection.summaries[0] if inspection.summaries else None
     return render_page(inspection.captures, inspection.titles, **page_options(inspection), summary=summary, changes=inspection.changes)
 
 
 def page_options(inspection: Inspection) -> dict[str, Any]:
     """What the page shows first (layer, head, focus) and what the model and neuron views read."""
-    from tfcli.inspect.html import neuron_data, neuron_heads
-    from tfcli.inspect.neuron import capture_query_keys
-
     first = inspection.first
     layer, head = inspection.neuron or (inspection.layers[0], inspection.heads[0])
     focus = inspection.focus
@@ -366,8 +359,6 @@ def page_options(inspection: Inspection) -> dict[str, Any]:
 
 def png_image(inspection: Inspection) -> bytes:
     """A heatmap for one head, a grid for several, or the focus token's attention per head."""
-    from tfcli.inspect import png
-
     first = inspection.first
     kind = kind_label(first)
     pairs = [(layer, head) for layer in inspection.layers for head in inspection.heads]

@@ -9,7 +9,9 @@ others."""
 
 from __future__ import annotations
 
+import html
 import math
+import secrets
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -19,7 +21,9 @@ from rich.table import Table
 from rich.text import Text
 
 from tfcli.errors import TfcliError
+from tfcli.inspect import palette, png
 from tfcli.inspect.terminal import _colour, _short, fit
+from tfcli.tokenizer.show import visible
 
 CELL = 7  # columns per position or head
 
@@ -252,8 +256,6 @@ def patching_view(patching, *, width: int = 80, start: int = 0) -> list[Renderab
 
 
 def lens_png(lens) -> bytes:
-    from tfcli.inspect import png
-
     values = np.array([[cell.top[0][2] for cell in row] for row in lens.cells], dtype=np.float32)  # (layers, positions)
     texts = [[_short(cell.top[0][1]) for cell in row] for row in lens.cells]
     columns = [_short(lens.tokens[p].label) for p in lens.positions]
@@ -269,8 +271,6 @@ def lens_png(lens) -> bytes:
 
 
 def ablation_png(ablation) -> bytes:
-    from tfcli.inspect import png
-
     if ablation.heads is not None:
         raise TfcliError("the png shows every head's loss change", hint="drop --heads, or use the terminal or --json for chosen heads")
     L, nh = ablation.delta.shape
@@ -285,8 +285,6 @@ def ablation_png(ablation) -> bytes:
 
 
 def patching_png(patching) -> bytes:
-    from tfcli.inspect import png
-
     columns = [a if a == b else f"{a}/{b}" for a, b in ((_short(x.label), _short(y.label)) for x, y in zip(patching.clean_tokens, patching.corrupt_tokens))]
     how = "patching the residual stream" if patching.method == "exact" else "the residual stream, estimated by attribution patching"
     checked = {(l, p) for l, p, _, _ in patching.verified}
@@ -365,8 +363,6 @@ _VIEW = """<div class="tfcli-tables" id="{uid}">
 def legend_html(label: str, *, signed: float | None = None) -> str:
     """A colour bar with its scale: the views' one map (viridis, square-root scale) from 0 to 1, or with
     `signed` the red-blue map from -signed to +signed (blue a fall, red a rise)."""
-    from tfcli.inspect import palette
-
     if signed is None:
         stops = ", ".join(f"rgb{palette.VIRIDIS[i]} {100 * i / (len(palette.VIRIDIS) - 1):.1f}%" for i in range(len(palette.VIRIDIS)))
         ticks = [(f"{w:g}", 100 * math.sqrt(w)) for w in (0, 0.05, 0.25, 0.5, 1)]
@@ -379,8 +375,6 @@ def legend_html(label: str, *, signed: float | None = None) -> str:
 
 
 def _escape(text: str) -> str:
-    import html
-
     return html.escape(text, quote=True)
 
 
@@ -409,10 +403,6 @@ def html_page(title: str, notes: Sequence[str], tables: Sequence[str], *, legend
     """The page (or with `fragment`, the view alone, for a notebook); the title and notes (user text: the
     run's path, the texts) shown with control and bidirectional characters escaped (`visible`), so none
     can act or reorder the page."""
-    import secrets
-
-    from tfcli.tokenizer.show import visible
-
     notes_html = "".join(f'<p class="note">{_escape(visible(n))}</p>' for n in notes)
     view = _VIEW.format(uid=f"tfcli-tables-{secrets.token_hex(6)}", title=_escape(visible(title)), notes=notes_html, legend=legend, tables="\n".join(tables))
     return view if fragment else _PAGE.format(title=_escape(visible(title)), view=view)

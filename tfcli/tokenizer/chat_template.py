@@ -16,10 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import json
 from collections.abc import Iterator, Sequence
 from functools import cached_property
 from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
 
 from tfcli.errors import TfcliError
 from tfcli.limits import CHAT_TEMPLATE_OUTPUT
@@ -67,10 +73,6 @@ def template_source(config: dict[str, Any]) -> str | None:
 
 
 def _environment():
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     class GenerationBlock(jinja2.ext.Extension):
         """transformers' `{% generation %}...{% endgeneration %}` marks assistant text; here it only renders."""
 
@@ -91,8 +93,6 @@ def _environment():
         return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     def strftime_now(fmt):
-        import datetime
-
         return datetime.datetime.now().strftime(fmt)
 
     class BoundedSandbox(ImmutableSandboxedEnvironment):
@@ -149,8 +149,6 @@ class ChatTemplate:
     """A compiled chat template over a tokenizer. `where` names its origin in messages (a file, a run)."""
 
     def __init__(self, source: str, tokenizer: TextTokenizer, where: str, special_tokens: dict[str, str] | None = None) -> None:
-        import jinja2
-
         self.source, self.tokenizer, self.where = source, tokenizer, where
         if not source.strip():
             raise TfcliError(f"the chat template of {where} is empty", hint="write a template, or leave the option out for tfcli's default (ChatML)")
@@ -178,8 +176,6 @@ class ChatTemplate:
         return cls(source, tokenizer, where, names)
 
     def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False) -> str:
-        import jinja2
-
         cap = CHAT_TEMPLATE_OUTPUT.value
         pieces, size = [], 0
         try:  # piece by piece, so that output past the cap stops the template instead of filling memory
@@ -284,8 +280,6 @@ def chat_tokenizer_files(tokenizer: TextTokenizer, config: dict[str, Any], sourc
     `source`: the template under `chat_template`, special-token text read as the special tokens (so that
     transformers' apply_chat_template reads the template's markers as tfcli does), and ChatML's two markers
     added as special tokens where the template writes them and the tokenizer lacks them. Returns the added tokens too."""
-    from tokenizers import Tokenizer
-
     text = tokenizer.path.read_text(encoding="utf-8")
     added: list[str] = []
     hf = Tokenizer.from_str(text)

@@ -7,12 +7,15 @@ corpus or prompt never becomes the end-of-text id); special ids are inserted by 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from tokenizers import Tokenizer
 
 from tfcli import limits
 from tfcli.corpus.reader import replace_lone_surrogates
@@ -20,9 +23,6 @@ from tfcli.errors import TfcliError
 from tfcli.jsontext import loads_json
 from tfcli.limits import nesting_depth, read_file_capped, read_text_capped
 from tfcli.tokenizer.specials import CONFIG_KEYS, KNOWN_NAMES, LOADED_ROLES
-
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -50,10 +50,6 @@ class TextTokenizer:
     @classmethod
     def load(cls, path: Path) -> TextTokenizer:
         """Load `path` (a tokenizer.json, or a folder holding one); every problem is a TfcliError."""
-        import hashlib
-
-        from tokenizers import Tokenizer
-
         path = Path(path)
         if path.is_dir():
             path = path / TOKENIZER_FILE

@@ -8,22 +8,18 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
-from typing import TYPE_CHECKING
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from tfcli.tokenizer.core import WORDPIECE_PREFIX
 from tfcli.tokenizer.specials import CONFIG_KEYS, ROLES, SpecialTokens
 from tfcli.tokenizer.training_config import TokenizerTrainingConfig
-
-if TYPE_CHECKING:
-    from tokenizers import Tokenizer
 
 END_OF_WORD = "</w>"
 METASPACE = "\u2581"
 
 
 def _normalizer(config: TokenizerTrainingConfig):
-    from tokenizers import normalizers
-
     if config.model == "wordpiece":  # BERT's: control characters dropped, CJK characters spaced, then case and accents
         return normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=config.accents_stripped, lowercase=config.lowercase)
     return normalizers.Lowercase() if config.lowercase else None
@@ -32,8 +28,6 @@ def _normalizer(config: TokenizerTrainingConfig):
 def build_untrained(config: TokenizerTrainingConfig) -> tuple[Tokenizer, object]:
     """An empty tokenizer of the chosen family, with its normalizer, pre-tokenizer and decoder, and its
     trainer (None for char, whose vocabulary `train_tokenizer` counts itself)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-
     specials = config.special_tokens
     assert specials is not None  # set in __post_init__
     unk = specials.get("unk")
@@ -118,8 +112,6 @@ def char_vocabulary(counts: Counter[str], cap: int, min_frequency: int = 1) -> C
 
 def char_model(specials: SpecialTokens, kept: list[str]):
     """The char vocabulary as a `WordLevel` model: the special tokens first, then the characters."""
-    from tokenizers import models
-
     vocab = {token: i for i, token in enumerate(specials.all_tokens())}
     for ch in kept:
         vocab[ch] = len(vocab)
@@ -132,8 +124,6 @@ def finish_unigram(tokenizer: Tokenizer, specials: SpecialTokens) -> None:
     score becomes lower than any spelling of it by known characters (each piece scores at least the lowest
     score). The other special tokens are added after the pieces, outside the model, so text never becomes them.
     """
-    from tokenizers import models
-
     spec = json.loads(tokenizer.to_str())["model"]
     pieces = [(piece, score) for piece, score in spec["vocab"]]
     unk_id = spec["unk_id"]
@@ -147,8 +137,6 @@ def finish_unigram(tokenizer: Tokenizer, specials: SpecialTokens) -> None:
 def bert_template(tokenizer: Tokenizer, specials: SpecialTokens):
     """BERT's post-processor: `[CLS] A [SEP]` and `[CLS] A [SEP] B [SEP]` when transformers adds special tokens
     (tfcli itself never asks it to: it inserts special ids itself)."""
-    from tokenizers import processors
-
     cls, sep = specials.get("cls"), specials.get("eos")
     return processors.TemplateProcessing(
         single=f"{cls}:0 $A:0 {sep}:0",

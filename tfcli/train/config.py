@@ -4,7 +4,9 @@ preset, a TOML file, `--set key=value` overrides, then the everyday options."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
+import sys
 import typing
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,11 @@ from tfcli.limits import JSON_FILE, TOML_DEPTH, nesting_depth, read_text_capped
 from tfcli.model.config import ModelConfig, preset
 from tfcli.schema import expect
 from tfcli.training_config import TrainConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    import tomli as tomllib
 
 # Settings that only one objective (or data layout) reads; anything else given a non-default value is an error.
 TASK_SETTINGS = {"mask_prob": ("mlm",), "noise_density": ("denoise",), "mean_span": ("denoise",), "val_fraction": ("classify", "seq2seq", "chat", "instruct")}
@@ -60,14 +67,6 @@ def check_lora_settings(config: TrainConfig, *, finetune: bool) -> None:
         )
 
 
-def _tomllib():
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib
-    return tomllib
-
-
 def parse_duration(text: str) -> float:
     """Seconds in a duration. Example: "90s" -> 90.0, "3m" -> 180.0, "1h30m" -> 5400.0, "45" -> 45.0."""
     text = text.strip().lower()
@@ -84,7 +83,6 @@ def parse_duration(text: str) -> float:
 
 def parse_value(text: str) -> Any:
     """A --set value as TOML reads it, else the plain string. Example: "3" -> 3, "true" -> True, "rotary" -> "rotary"."""
-    tomllib = _tomllib()
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
@@ -108,8 +106,6 @@ def _split_settings(settings: dict[str, Any], where: str) -> tuple[dict[str, Any
         elif section == "" and name in model_keys:
             model[name] = expect(value, model_types[name], what)
         else:
-            import difflib
-
             known = sorted(model_keys | train_keys)
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"the settings are {', '.join(known)}"
@@ -119,7 +115,6 @@ def _split_settings(settings: dict[str, Any], where: str) -> tuple[dict[str, Any
 
 def read_toml(path: Path) -> dict[str, Any]:
     """A config file: [model] and [train] tables, or flat keys; returned flat with dotted section names."""
-    tomllib = _tomllib()
     try:
         text = read_text_capped(Path(path), JSON_FILE)
         if nesting_depth(text, TOML_DEPTH.value + 1) > TOML_DEPTH.value:  # tomllib recurses per level: 3,000 are a RecursionError

@@ -6,23 +6,36 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from tfcli.accel import accelerate
+from tfcli.checkpoint import load_checkpoint
+from tfcli.corpus.documents import iter_document_pieces
 from tfcli.corpus.formats import RECORD_FORMATS, format_of_name
+from tfcli.corpus.reader import ReadStats, resolve_corpus
+from tfcli.data.chat import encode_conversations, read_conversations
+from tfcli.data.labeled import load_labeled
+from tfcli.data.shards import load_shard_meta, open_shard
 from tfcli.errors import TfcliError
 from tfcli.fsutil import artifact_kind
-from tfcli.train.setup import check_token_ids
+from tfcli.tokenizer.chat_template import ChatTemplate
+from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE
+from tfcli.train import data as d
+from tfcli.train.chat import ChatSource
+from tfcli.train.job import TrainingJob
+from tfcli.train.objectives import evaluate
+from tfcli.train.setup import check_token_ids, pick_device, token_byte_lengths
+from tfcli.training_config import TrainConfig
 
 
 def _text_tokens(path: Path, tokenizer) -> np.ndarray:
     """A text file (or a folder of them) as one token stream, documents (paragraphs) ended by [eos]."""
-    from tfcli.corpus.documents import iter_document_pieces
-    from tfcli.corpus.reader import ReadStats, resolve_corpus
-
     eos = tokenizer.require("eos")
     ids: list[int] = []
     pieces = list(iter_document_pieces(resolve_corpus([path]), "paragraph", ReadStats()))
@@ -37,12 +50,6 @@ def _text_tokens(path: Path, tokenizer) -> np.ndarray:
 def evaluate_run(
     run: Path, data: Path, *, split: str = "val", batch_size: int = 16, max_batches: int | None = None, device: str = "auto", seed: int = 0
 ) -> dict[str, Any]:
-    from tfcli.accel import accelerate
-    from tfcli.checkpoint import load_checkpoint
-    from tfcli.train.job import TrainingJob
-    from tfcli.train.objectives import evaluate
-    from tfcli.train.setup import pick_device, token_byte_lengths
-
     checkpoint = load_checkpoint(run)
     tokenizer, config = checkpoint.tokenizer, checkpoint.config.model
     target = pick_device(device)
@@ -67,9 +74,6 @@ def evaluate_run(
 
 def _labeled_batches(checkpoint, run: Path, data: Path, batch_size: int, max_batches: int | None, seed: int, result: dict):
     """(task, batches) of a JSONL set: classification for a run with a head, else sequence-to-sequence."""
-    from tfcli.data.labeled import load_labeled
-    from tfcli.train import data as d
-
     tokenizer, config = checkpoint.tokenizer, checkpoint.config.model
     template = _chat_template(checkpoint, run) if config.arch == "decoder" and not config.n_classes else None
     if template is not None:
@@ -96,11 +100,6 @@ def _labeled_batches(checkpoint, run: Path, data: Path, batch_size: int, max_bat
 
 def _chat_template(checkpoint, run: Path):
     """The chat template a decoder run keeps in its tokenizer_config.json, or None."""
-    import json
-
-    from tfcli.tokenizer.chat_template import ChatTemplate
-    from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE
-
     path = checkpoint.tokenizer.path.parent / TOKENIZER_CONFIG_FILE
     config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     return ChatTemplate.for_tokenizer(checkpoint.tokenizer, config, str(run))
@@ -109,9 +108,6 @@ def _chat_template(checkpoint, run: Path):
 def _chat_batches(checkpoint, template, data: Path, batch_size: int, max_batches: int | None, seed: int, result: dict):
     """(task, batches) of a chat or instruct file (as the run was fine-tuned; chat for a run imported with a
     template), encoded and fitted to the context as training does: the loss and accuracy of the replies."""
-    from tfcli.data.chat import encode_conversations, read_conversations
-    from tfcli.train.chat import ChatSource
-
     trained = (checkpoint.config.training or {}).get("task")
     task = trained if trained in ("chat", "instruct") else "chat"
     conversations, report = encode_conversations(read_conversations(data, task), template, checkpoint.config.model.block_size, data)
@@ -130,8 +126,6 @@ def _chat_batches(checkpoint, template, data: Path, batch_size: int, max_batches
 
 def _tokens_to_score(checkpoint, run: Path, data: Path, split: str, result: dict):
     """The token ids of a shard folder's split or of a text file, checked against the run's tokenizer."""
-    from tfcli.data.shards import load_shard_meta, open_shard
-
     if data.is_dir() and (data / "meta.json").is_file():
         meta = load_shard_meta(data)
         if meta.tokenizer_sha256 != checkpoint.tokenizer.sha256:
@@ -156,8 +150,6 @@ def _tokens_to_score(checkpoint, run: Path, data: Path, split: str, result: dict
 
 def _text_batches(checkpoint, run: Path, data: Path, split: str, batch_size: int, max_batches: int | None, seed: int, result: dict):
     """(task, batches) covering the tokens with back-to-back windows of the run's own objective."""
-    from tfcli.train import data as d
-
     tokenizer, config = checkpoint.tokenizer, checkpoint.config.model
     task = {"decoder": "lm", "encoder": "mlm", "encoder-decoder": "denoise"}[config.arch]
     tokens = _tokens_to_score(checkpoint, run, data, split, result)
@@ -210,18 +202,12 @@ def _text_batches(checkpoint, run: Path, data: Path, split: str, batch_size: int
 
 
 def _default_train_config():
-    from tfcli.training_config import TrainConfig
-
     return TrainConfig()
 
 
 def unigram_entropy(shard_dir: Path) -> float:
     """Entropy in nats of the train split's token frequencies: the loss of a model that knows only how
     often each token occurs. A language model has learned something when its validation loss is below it."""
-    import math
-
-    from tfcli.data.shards import load_shard_meta, open_shard
-
     meta = load_shard_meta(shard_dir)
     counts = np.bincount(np.asarray(open_shard(shard_dir, "train")), minlength=meta.vocab_size).astype(np.float64)
     p = counts[counts > 0] / counts.sum()

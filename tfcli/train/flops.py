@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from tfcli.accel import choices, products
 from tfcli.model.config import ModelConfig
 
 
@@ -23,8 +24,6 @@ def training_flops_per_token(config: ModelConfig, tokens_per_row: int) -> float:
 def measure_matmul_flops(device: torch.device, dtype: torch.dtype, size: int | None = None, seconds: float = 0.3) -> float:
     """The FLOP/s of a square matmul on `device` in `dtype`, through the fastest library tfcli can use there
     (PyTorch's own, or oneDNN for fp32 on the CPU where it is available): the peak MFU is measured against."""
-    from tfcli.accel import products
-
     size = size or (4096 if device.type == "cuda" else 1024)
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
@@ -38,8 +37,6 @@ def peak_matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
     """The matmul rate a training run's MFU is measured against: timed on the first run on this machine
     (for this device, dtype and thread count) and remembered beside tfcli.accel's decisions, so later runs
     start without probing. The best single product of each library counts, as a peak should."""
-    from tfcli.accel import choices, products
-
     size = 4096 if device.type == "cuda" else 1024
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype).t()

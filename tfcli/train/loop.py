@@ -19,6 +19,7 @@ from tfcli.errors import Interrupted
 from tfcli.fsutil import exclusive_lock, remove_stale_temp_files, removed_note
 from tfcli.train.distributed import World, join_world, leave_world
 from tfcli.train.job import TrainingJob
+from tfcli.train.plot import plot_loss_curve
 from tfcli.train.run_checks import refuse_existing_run
 from tfcli.train.state import LOSS_PLOT, read_metrics
 from tfcli.train.trainer import Trainer
@@ -116,8 +117,6 @@ def _train(job: TrainingJob | Word2VecJob, world: World) -> Iterator[Any]:
             trainer.close()
     plot = None
     if world.is_main:
-        from tfcli.train.plot import plot_loss_curve
-
         title = f"{job.run_dir.name}: {job.title}, step {trainer.step}"
         if plot_loss_curve(read_metrics(trainer.metrics_path), job.run_dir / LOSS_PLOT, title):
             plot = job.run_dir / LOSS_PLOT

@@ -11,7 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tfcli.corpus.reader import resolve_corpus
+from tfcli.data.shards import encode_corpus, load_shard_meta
 from tfcli.errors import TfcliError
+from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
+from tfcli.tokenizer.train import train_tokenizer
+from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+from tfcli.train.config import parse_sets, read_toml
 
 MIN_TEXT_BYTES = 4096  # below this no tokenizer, validation split and batch are worth making
 DATA_DIR = "data"  # inside the run directory: tokenizer/ and shards/
@@ -55,12 +61,6 @@ def vocab_for(corpus_bytes: int) -> tuple[int, str]:
 def prepare_text_data(data: Path, run_dir: Path, *, field: str = "text", resume: bool = False) -> Iterator[TextStep]:
     """Make RUN/data/tokenizer and RUN/data/shards from the text at `data` (kept when --resume finds them);
     returns the shard folder."""
-    from tfcli.corpus.reader import resolve_corpus
-    from tfcli.data.shards import encode_corpus, load_shard_meta
-    from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
-    from tfcli.tokenizer.train import train_tokenizer
-    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
-
     tokenizer_dir, shard_dir = run_dir / DATA_DIR / "tokenizer", run_dir / DATA_DIR / "shards"
     if resume and is_shard_folder(shard_dir) and (tokenizer_dir / TOKENIZER_FILE).is_file():
         meta = load_shard_meta(shard_dir)
@@ -88,8 +88,6 @@ def prepare_text_data(data: Path, run_dir: Path, *, field: str = "text", resume:
 
 def text_defaults(given: dict[str, Any], config_file: Path | None, sets: list[str]) -> dict[str, Any]:
     """TEXT_DEFAULTS under what the command line, --set and the config file say: the options to add."""
-    from tfcli.train.config import parse_sets, read_toml
-
     said = set(given)
     for key in [*(read_toml(config_file) if config_file is not None else {}), *parse_sets(sets)]:
         said.add(key.removeprefix("train."))

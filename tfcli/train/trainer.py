@@ -14,19 +14,28 @@ from closures into one object; what needs none of it already lives beside it (st
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
+from tfcli.accel import accelerate
+from tfcli.checkpoint import model_from_tensors
 from tfcli.errors import TfcliError
+from tfcli.train import sharding
 from tfcli.train.data import Slot, derived_seed
 from tfcli.train.distributed import World, agree, all_sum
 from tfcli.train.events import Finished, Logged, Note, Saved, Started, StepDone
+from tfcli.train.flops import peak_matmul_flops, training_flops_per_token
 from tfcli.train.job import TrainingJob
-from tfcli.train.saving import best_saved_val_loss, lowest, save_best, save_run
+from tfcli.train.objectives import evaluate as evaluate_model
+from tfcli.train.objectives import loss_sum
+from tfcli.train.optim import load_optimizer_tensors, lr_factor, make_optimizer, optimizer_tensors
+from tfcli.train.saving import best_saved_val_loss, lowest, save_best, save_kept, save_run
 from tfcli.train.setup import build_source, check_token_ids, freeze, initial_model, pick_device, token_byte_lengths, use_bf16
 from tfcli.train.state import (
     METRICS_FILE,
@@ -44,11 +53,6 @@ from tfcli.train.tracking import open_trackers
 
 class Trainer:
     def __init__(self, job: TrainingJob, world: World) -> None:
-        from tfcli.accel import accelerate
-        from tfcli.train import sharding
-        from tfcli.train.flops import peak_matmul_flops, training_flops_per_token
-        from tfcli.train.optim import load_optimizer_tensors, make_optimizer
-
         cfg = self.cfg = job.config
         self.job, self.world = job, world
         if cfg.fsdp and not world.enabled:
@@ -133,10 +137,6 @@ class Trainer:
         """(the DDP wrapper or None, what the forward pass runs: DDP, torch.compile of it, or the model)."""
         runner, ddp = self.model, None
         if self.world.enabled and not self.fsdp:
-            import inspect
-
-            from torch.nn.parallel import DistributedDataParallel
-
             unused = self.cfg.task == "classify" or self.model.config.n_classes > 0
             # the buffers (position tables) are the same on every rank: no syncing before each forward
             no_sync = (
@@ -213,9 +213,6 @@ class Trainer:
 
     def step_once(self) -> Iterator[Note]:
         """One optimizer update over the global batch; yields a Note if torch.compile has to be dropped."""
-        from tfcli.train import sharding
-        from tfcli.train.optim import lr_factor
-
         cfg, world, job = self.cfg, self.world, self.job
         fraction = self.elapsed / cfg.time_budget if cfg.time_budget else None
         self.lr = cfg.lr * lr_factor(cfg, self.step, fraction)
@@ -256,8 +253,6 @@ class Trainer:
         self.elapsed = self.elapsed_before + time.perf_counter() - self.run_start
 
     def _backward(self, batch, scale: float) -> Iterator[Note]:
-        from tfcli.train.objectives import loss_sum
-
         def loss_of_batch() -> torch.Tensor:
             with self.autocast():
                 return loss_sum(self.runner, batch, self.cfg.task, self.cfg.label_smoothing)
@@ -308,8 +303,6 @@ class Trainer:
     def _record(self, *, evaluate: bool, log: bool, amend: bool) -> Iterator[Any]:
         """Evaluate (if asked), then log a metrics record (or amend the step's record with the evaluation),
         then keep best/ if the validation loss improved."""
-        from tfcli.train.objectives import evaluate as evaluate_model
-
         extra: dict[str, Any] = {}
         if evaluate:
             self.evaluated_step = self.step
@@ -339,8 +332,6 @@ class Trainer:
 
     def _keep(self) -> Iterator[Saved]:
         """--keep-checkpoints: this step's weights under RUN/checkpoints/ (every rank joins an FSDP gather)."""
-        from tfcli.train.saving import save_kept
-
         to_save, _ = self._snapshot(with_optimizer=False)
         if self.world.is_main:
             yield Saved(self.step, save_kept(self.job, to_save, self.step), False)
@@ -348,12 +339,8 @@ class Trainer:
     def _snapshot(self, with_optimizer: bool = True):
         """(the model to write, its optimizer tensors) on rank 0; under FSDP a collective that gathers the
         shards (every rank calls it; the others get (None, {}))."""
-        from tfcli.train import sharding
-        from tfcli.train.optim import optimizer_tensors
-
         if not self.fsdp:
             return self.model, (optimizer_tensors(self.optimizer, self.names) if with_optimizer else {})
-        from tfcli.checkpoint import model_from_tensors
 
         weights = sharding.full_weights(self.model)
         tensors = sharding.full_optimizer_tensors(self.model, self.optimizer) if with_optimizer else {}
