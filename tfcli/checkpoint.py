@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
-from safetensors.torch import save_file
 
 from tfcli import __version__
 from tfcli.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, MAX_CHAIN, PEFT_PREFIX, check_parent_weights, find_parent, peft_config
@@ -83,7 +83,7 @@ def save_checkpoint(
     try:
         weights_name = ADAPTER_WEIGHTS_FILE if adapter is not None else WEIGHTS_FILE
         weights_tmp = temp_path_beside(run_dir / weights_name)
-        save_file(_tensors_to_save(model), str(weights_tmp), metadata={"format": "pt"})
+        safetensors.torch.save_file(_tensors_to_save(model), str(weights_tmp), metadata={"format": "pt"})
         set_default_mode(weights_tmp)  # safetensors writes a private file of its own
         fsync_file(weights_tmp)
         staged.append((weights_tmp, run_dir / weights_name))

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from safetensors.torch import save_file
+import safetensors.torch
 
 from tfcli.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, PEFT_PREFIX, find_parent, peft_config
 from tfcli.adapters.lora import base_state
@@ -88,7 +88,7 @@ def export_lora_hf(run_dir: Path, out_dir: Path) -> tuple[str, dict[str, Any], d
     adapter_config = peft_config(
         record, targets, list(dict.fromkeys(saved)), str((out_dir / BASE_DIR).resolve()), fan_in_fan_out=conv1d == {True}, ensure_weight_tying=ensure_tying
     )
-    save_file(tensors, str(adapter_dir / ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
+    safetensors.torch.save_file(tensors, str(adapter_dir / ADAPTER_WEIGHTS_FILE), metadata={"format": "pt"})
     set_default_mode(adapter_dir / ADAPTER_WEIGHTS_FILE)
     atomic_write_text(adapter_dir / ADAPTER_CONFIG_FILE, json.dumps(adapter_config, indent=2) + "\n")
     return hf_class, hf_config, adapter_config

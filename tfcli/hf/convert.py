@@ -13,8 +13,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import safetensors.torch
 import torch
-from safetensors.torch import save_file
 
 from tfcli.checkpoint import load_checkpoint, model_from_tensors, save_checkpoint
 from tfcli.errors import TfcliError
@@ -184,7 +184,7 @@ def write_hf_folder(checkpoint, state: dict[str, torch.Tensor], out_dir: Path) -
             tensors[name] = (part.t() if mapping.transposed else part).contiguous()
     weights_tmp = temp_path_beside(out_dir / WEIGHTS_FILE)
     try:
-        save_file(tensors, str(weights_tmp), metadata={"format": "pt"})
+        safetensors.torch.save_file(tensors, str(weights_tmp), metadata={"format": "pt"})
         set_default_mode(weights_tmp)
         weights_tmp.replace(out_dir / WEIGHTS_FILE)
     finally:

@@ -18,8 +18,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_text, describe_write_error, fsync_dir, fsync_file, set_default_mode, sha256_file
@@ -64,7 +65,7 @@ def stage_trainer_state(run_dir: Path, state: TrainerState, optimizer_tensors: d
     shutil.rmtree(staged, ignore_errors=True)
     staged.mkdir()
     try:
-        save_file(optimizer_tensors, str(staged / OPTIMIZER_FILE), metadata={"format": "pt"})
+        safetensors.torch.save_file(optimizer_tensors, str(staged / OPTIMIZER_FILE), metadata={"format": "pt"})
         set_default_mode(staged / OPTIMIZER_FILE)
         fsync_file(staged / OPTIMIZER_FILE)
         state = dataclasses.replace(state, model_sha256=sha256_file(weights))

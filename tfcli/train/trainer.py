@@ -26,14 +26,13 @@ from torch.nn.parallel import DistributedDataParallel
 from tfcli.accel import accelerate
 from tfcli.checkpoint import model_from_tensors
 from tfcli.errors import TfcliError
-from tfcli.train import sharding
+from tfcli.train import objectives, sharding
 from tfcli.train.data import Slot, derived_seed
 from tfcli.train.distributed import World, agree, all_sum
 from tfcli.train.events import Finished, Logged, Note, Saved, Started, StepDone
 from tfcli.train.flops import peak_matmul_flops, training_flops_per_token
 from tfcli.train.job import TrainingJob
 from tfcli.train.objectives import evaluate as evaluate_model
-from tfcli.train.objectives import loss_sum
 from tfcli.train.optim import load_optimizer_tensors, lr_factor, make_optimizer, optimizer_tensors
 from tfcli.train.saving import best_saved_val_loss, lowest, save_best, save_kept, save_run
 from tfcli.train.setup import build_source, check_token_ids, freeze, initial_model, pick_device, token_byte_lengths, use_bf16
@@ -255,7 +254,7 @@ class Trainer:
     def _backward(self, batch, scale: float) -> Iterator[Note]:
         def loss_of_batch() -> torch.Tensor:
             with self.autocast():
-                return loss_sum(self.runner, batch, self.cfg.task, self.cfg.label_smoothing)
+                return objectives.loss_sum(self.runner, batch, self.cfg.task, self.cfg.label_smoothing)
 
         try:
             loss = loss_of_batch()
