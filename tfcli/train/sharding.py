@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_optimizer_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 from tfcli.train.distributed import World
 
@@ -19,6 +17,8 @@ _FULL = dict(full_state_dict=True, cpu_offload=True)
 
 def shard_model(model: nn.Module, device: torch.device, world: World) -> None:
     """Shard each block of each stack, then the rest (embeddings, final norm, heads) as one group."""
+    from torch.distributed.fsdp import fully_shard
+
     mesh = init_device_mesh(device.type, (world.size,))
     for stack_name in ("encoder", "decoder"):
         stack = getattr(model, stack_name, None)
@@ -35,12 +35,16 @@ def set_gradient_sync(model: nn.Module, sync: bool) -> None:
 
 def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every weight, whole, on the CPU of rank 0 (empty elsewhere). A collective: every rank calls it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     return get_model_state_dict(model, options=StateDictOptions(**_FULL))
 
 
 def full_optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     """The optimizer state, whole, keyed `NAME/KEY` as `optim.optimizer_tensors` keys it (rank 0; empty
     elsewhere). A collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
     state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(**_FULL)).get("state", {})
     return {
         f"{name}/{key}": (value if torch.is_tensor(value) else torch.tensor(value)).detach().contiguous()
@@ -51,6 +55,8 @@ def full_optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -
 
 def load_full_optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor]) -> None:
     """Give each rank its shard of optimizer state saved whole (every rank passes the same tensors)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
+
     template = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
     state: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
