@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from tfcli.inspect.hooks import Hooks, lens_stack
-from tfcli.inspect.patching import logit_difference, record
+from tfcli.inspect.recording import logit_difference, record
 
 
 @contextlib.contextmanager

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from tfcli.errors import TfcliError
 from tfcli.inspect.attribution import attribution_differences, top_cells
 from tfcli.inspect.hooks import Hooks, lens_stack
 from tfcli.inspect.lens import decoder_views, token_text
+from tfcli.inspect.recording import logit_difference, record
 from tfcli.model.attention import AttentionMask, KVCache
 
 if TYPE_CHECKING:
@@ -34,25 +34,6 @@ PATCH_FORMAT = "tfcli-patching"
 PATCH_VERSION = 2  # 2: "method", "verified", "head_verified"
 METHODS = ("exact", "attribution")
 ROWS_PER_BATCH = 8  # patches run together, each batch from its first patched position on (more rows: more positions run twice)
-
-
-def logit_difference(model, hidden: torch.Tensor, answer: int, wrong: int) -> torch.Tensor:
-    """answer - wrong from the last stack's output `hidden` (rows, d) at the last position: the vocabulary
-    head restricted to those two tokens (the rest of the vocabulary is never read). Returns (rows,)."""
-    head = model.lm_head
-    bias = None if head.bias is None else head.bias[[answer, wrong]]
-    two = F.linear(model._head_input(hidden), head.weight[[answer, wrong]], bias).float()  # (rows, 2)
-    return two[:, 0] - two[:, 1]
-
-
-def record(model, stack, ids: list[int], answer: int, wrong: int, cache=None) -> tuple[list[torch.Tensor], list[torch.Tensor], float]:
-    """One plain run: the residual stream (L + 1 of (T, d)), head outputs (L of (T, nh, hs)) and the logit
-    difference; with `cache` (a KVCache), every layer's keys and values too."""
-    with Hooks() as hooks:
-        stream = hooks.residual_stream(stack)
-        heads = hooks.head_outputs(stack)
-        hidden = model(torch.tensor([ids], device=model.lm_head.weight.device), logits=False, cache=cache).hidden
-    return [x[0] for x in stream], [z[0] for z in heads], float(logit_difference(model, hidden[:, -1], answer, wrong)[0])
 
 
 def run_from(model, stack, layer: int, x: torch.Tensor, cache=None) -> torch.Tensor:
