@@ -230,10 +230,10 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
         from tfcli.accel import decode_step
         from tfcli.generate.decoding import Generator
         from tfcli.generate.events import Done
-        from tfcli.generate.loading import load_for_decoding
         from tfcli.generate.settings import GenerationSettings
+        from tfcli.loader import load_run
 
-        checkpoint = load_for_decoding(run_dir, device, threads)  # as `tfcli generate` loads it
+        checkpoint = load_run(run_dir, "decode", device, threads)  # as `tfcli generate` loads it
         model = checkpoint.model
         prompt = _prompt(checkpoint.config.model.vocab_size, prompt_tokens)
 

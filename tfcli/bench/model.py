@@ -42,10 +42,10 @@ def _step_job(implementation: str, preset_name: str, batch: int, length: int, st
     ids = torch.randint(0, config.vocab_size, (batch, length + 1))
     inputs, targets = ids[:, :-1], ids[:, 1:]
     if implementation == "tfcli":
-        from tfcli.accel import accelerate
+        from tfcli.loader import prepare
         from tfcli.model.transformer import Transformer
 
-        model = accelerate(Transformer(config).train())  # as `tfcli train` runs it: measured on the first step
+        model = prepare(Transformer(config), "train")  # as `tfcli train` runs it: measured on the first step
 
         def step() -> torch.Tensor:
             return model(inputs, targets=targets).loss / targets.numel()  # the mean, as transformers reports it

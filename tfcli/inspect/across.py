@@ -17,6 +17,7 @@ from tfcli.inspect.capture import AttentionCapture
 from tfcli.inspect.stats import PATTERNS
 from tfcli.jsontext import loads_json
 from tfcli.limits import read_text_capped
+from tfcli.loader import load_run
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -87,7 +88,7 @@ def across_checkpoints(run: Path, text: str, *, kind: str | None = None, device:
     """The detector scores of every head at every kept checkpoint of `run`, on `text` (previous-token,
     first-token) and on a repeated random sequence (duplicate, induction); with `keep_weights`, each
     checkpoint's capture of `text` too."""
-    from tfcli.inspect.capture import capture_attention, load_run, summarize_capture
+    from tfcli.inspect.capture import capture_attention, summarize_capture
 
     if not text.strip():
         raise TfcliError("the text is empty", hint="pass --text TEXT")
@@ -98,7 +99,7 @@ def across_checkpoints(run: Path, text: str, *, kind: str | None = None, device:
     scores: dict[str, list[np.ndarray]] = {name: [] for name in PATTERNS}
     captures: list[AttentionCapture] = []
     for step, path in entries:
-        checkpoint = load_run(path, device)
+        checkpoint = load_run(path, "inspect", device)
         capture = capture_attention(checkpoint, text, kind=kind)
         if keep_weights:
             captures.append(capture)

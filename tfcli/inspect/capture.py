@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -76,13 +75,6 @@ def attention_kinds(config: ModelConfig) -> tuple[str, ...]:
 
 def default_kind(config: ModelConfig) -> str:
     return {"decoder": "decoder", "encoder": "encoder"}.get(config.arch, "cross")
-
-
-def load_run(run: Path, device: str = "cpu") -> Checkpoint:
-    from tfcli.checkpoint import load_checkpoint
-    from tfcli.runtime import resolve_device
-
-    return load_checkpoint(Path(run), resolve_device(device))
 
 
 def _start_view(tokenizer: TextTokenizer) -> TokenView | None:

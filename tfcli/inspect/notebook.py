@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tfcli.inspect.capture import load_run
 from tfcli.inspect.session import Inspection, InspectRequest, attention_document, html_page, inspect_attention, page_options, write_output
+from tfcli.loader import load_run
 
 
 class AttentionView:
@@ -80,7 +80,7 @@ def logit_lens(run: str | Path, text: str, *, target: str | None = None, top_k: 
     from tfcli.inspect.lens import token_text
     from tfcli.inspect.tables import lens_html
 
-    checkpoint = load_run(Path(run), device)
+    checkpoint = load_run(run, "inspect", device)
     view = TableView(read_lens(checkpoint, text, target=target, top_k=top_k), lens_html)
     view.to_json = lambda: view.result.to_json(lambda i: token_text(checkpoint.tokenizer, i))  # type: ignore[method-assign]
     return view
@@ -92,7 +92,7 @@ def ablate(run: str | Path, text: str, *, device: str = "auto", **options: Any) 
     from tfcli.inspect.ablation import ablate as run_ablation
     from tfcli.inspect.tables import ablation_html
 
-    return TableView(run_ablation(load_run(Path(run), device), text, **options), ablation_html)
+    return TableView(run_ablation(load_run(run, "inspect", device), text, **options), ablation_html)
 
 
 def patch(run: str | Path, clean: str, corrupt: str, answer: str, wrong: str | None = None, *, device: str = "auto", **options: Any) -> TableView:
@@ -101,4 +101,4 @@ def patch(run: str | Path, clean: str, corrupt: str, answer: str, wrong: str | N
     from tfcli.inspect.patching import patch as run_patching
     from tfcli.inspect.tables import patching_html
 
-    return TableView(run_patching(load_run(Path(run), device), clean, corrupt, answer, wrong, **options), patching_html)
+    return TableView(run_patching(load_run(run, "inspect", device), clean, corrupt, answer, wrong, **options), patching_html)

@@ -15,6 +15,7 @@ import torch
 from tfcli.corpus.formats import RECORD_FORMATS, format_of_name
 from tfcli.errors import TfcliError
 from tfcli.fsutil import artifact_kind
+from tfcli.loader import load_run
 from tfcli.train.setup import check_token_ids
 
 
@@ -37,16 +38,13 @@ def _text_tokens(path: Path, tokenizer) -> np.ndarray:
 def evaluate_run(
     run: Path, data: Path, *, split: str = "val", batch_size: int = 16, max_batches: int | None = None, device: str = "auto", seed: int = 0
 ) -> dict[str, Any]:
-    from tfcli.accel import accelerate
-    from tfcli.checkpoint import load_checkpoint
     from tfcli.train.job import TrainingJob
     from tfcli.train.objectives import evaluate
     from tfcli.train.setup import pick_device, token_byte_lengths
 
-    checkpoint = load_checkpoint(run)
-    tokenizer, config = checkpoint.tokenizer, checkpoint.config.model
     target = pick_device(device)
-    model = accelerate(checkpoint.model.to(target))
+    checkpoint = load_run(run, "evaluate", str(target))
+    tokenizer, config, model = checkpoint.tokenizer, checkpoint.config.model, checkpoint.model
     data = Path(data)
     result: dict[str, Any] = {"run": str(run), "data": str(data)}
     if split != "val" and not (data.is_dir() and (data / "meta.json").is_file()):

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from tfcli.errors import TfcliError
+from tfcli.loader import load_run
 from tfcli.meta_device import on_meta_device
 from tfcli.runtime import physical_memory, resolve_device
 from tfcli.tokenizer.detokenize import text_byte_lengths
@@ -47,7 +48,6 @@ def freeze(model, how: str, task: str) -> None:
 def initial_model(job: TrainingJob):
     """A fresh model, the parent's weights (finetune; a new head where the task needs one), or the
     checkpoint's (resume)."""
-    from tfcli.checkpoint import load_checkpoint
     from tfcli.model.transformer import Transformer
 
     torch.manual_seed(derived_seed(job.config.seed, "init"))
@@ -55,12 +55,12 @@ def initial_model(job: TrainingJob):
         refuse_what_memory_cannot_hold(job.model_config)  # first: a model too big for memory is the larger mistake
     refuse_a_batch_memory_cannot_hold(job.model_config, job.config.batch_size)
     if job.resume:
-        return load_checkpoint(job.run_dir, merge_adapter=False).model  # an adapter run: wrapped, as it trains
+        return load_run(job.run_dir, "resume").model  # an adapter run: wrapped, as it trains
     if job.init_from is not None and job.config.lora_rank is not None:
         return _lora_model(job)
     model = Transformer(job.model_config)
     if job.init_from is not None:
-        parent = load_checkpoint(job.init_from).model
+        parent = load_run(job.init_from, "parent").model
         weights = parent.state_dict()
         if job.config.task == "classify":
             weights = {k: v for k, v in weights.items() if not k.startswith("classifier.")}
@@ -104,11 +104,11 @@ def _lora_model(job: TrainingJob):
     train whole."""
     from tfcli.adapters import AdapterRecord, describe_parent
     from tfcli.adapters.lora import apply_lora, check_rank
-    from tfcli.checkpoint import TIED_KEY, load_checkpoint, model_from_tensors, weights_path
+    from tfcli.checkpoint import TIED_KEY, model_from_tensors, weights_path
     from tfcli.model.transformer import Transformer
 
     cfg = job.config
-    weights = load_checkpoint(job.init_from).model.state_dict()
+    weights = load_run(job.init_from, "parent").model.state_dict()
     weights, grown = _grown_for_lora(weights, job.model_config)
     if cfg.task == "classify":
         weights = {k: v for k, v in weights.items() if not k.startswith("classifier.")}

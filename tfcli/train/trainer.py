@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from tfcli.errors import TfcliError
+from tfcli.loader import prepare
 from tfcli.train.data import Slot, derived_seed
 from tfcli.train.distributed import World, agree, all_sum
 from tfcli.train.events import Finished, Logged, Note, Saved, Started, StepDone
@@ -44,7 +45,6 @@ from tfcli.train.tracking import open_trackers
 
 class Trainer:
     def __init__(self, job: TrainingJob, world: World) -> None:
-        from tfcli.accel import accelerate
         from tfcli.train import sharding
         from tfcli.train.flops import peak_matmul_flops, training_flops_per_token
         from tfcli.train.optim import load_optimizer_tensors, make_optimizer
@@ -64,7 +64,7 @@ class Trainer:
 
         self.model = initial_model(job)
         freeze(self.model, cfg.freeze, cfg.task)
-        accelerate(self.model.to(self.device).train())
+        prepare(self.model, "train", self.device)
         self.fsdp = cfg.fsdp
         if self.fsdp:
             sharding.shard_model(self.model, self.device, world)
