@@ -126,16 +126,18 @@ def test_every_command_of_a_purpose_gets_the_same_model(cli, run, loads, tmp_pat
     assert by_purpose["train"]["train pretrain"] == {**accelerated, "training": True}
 
 
-def test_a_finetune_and_a_resume_load_plain_weights_that_the_trainer_then_prepares(run, trained_tokenizer):
+def test_a_finetune_and_a_resume_load_plain_weights_that_the_trainer_then_prepares(run, monkeypatch):
+    monkeypatch.delenv("TFCLI_ACCEL", raising=False)
     parent = loader.load_run(run, "parent")
     assert loader.describe(parent.model)["accel"] == [] and not parent.model.training
     resumed = loader.load_run(run, "resume")
     assert loader.describe(resumed.model)["accel"] == []
     trained = loader.prepare(resumed.model, "train", "cpu")
     assert trained is resumed.model and loader.describe(trained)["training"] is True
+    assert loader.describe(trained)["accel"] == ["decode_step", "fused_loss", "products"]
 
 
-def test_a_small_decoding_model_gets_one_thread_unless_told(run, monkeypatch):
+def test_a_small_decoding_model_gets_one_thread_unless_told(run):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
