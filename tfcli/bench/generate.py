@@ -34,9 +34,9 @@ from tfcli.checkpoint import save_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.generate.decoding import Generator
 from tfcli.generate.events import Done
-from tfcli.generate.loading import load_for_decoding
 from tfcli.generate.settings import GenerationSettings
 from tfcli.hf import export_gpt2, gpt2_incompatibility
+from tfcli.loader import load_run
 from tfcli.model.config import preset
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
@@ -221,7 +221,7 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
     calls (two for models over 20M parameters); the cached tfcli job probes the bandwidth around each."""
     machine_threads = torch.get_num_threads()
     if job in ("tfcli", "tfcli-no-cache"):
-        checkpoint = load_for_decoding(run_dir, device, threads)  # as `tfcli generate` loads it
+        checkpoint = load_run(run_dir, "decode", device, threads)  # as `tfcli generate` loads it
         model = checkpoint.model
         prompt = _prompt(checkpoint.config.model.vocab_size, prompt_tokens)
 

@@ -14,9 +14,9 @@ import time
 
 import torch
 
-from tfcli.accel import accelerate
 from tfcli.bench.common import keep_fastest, peak_rss_mb, run_worker
 from tfcli.hf import gpt2_config
+from tfcli.loader import prepare
 from tfcli.model.config import preset
 from tfcli.model.transformer import Transformer
 from tfcli.runtime import keep_freed_memory
@@ -44,7 +44,7 @@ def _step_job(implementation: str, preset_name: str, batch: int, length: int, st
     ids = torch.randint(0, config.vocab_size, (batch, length + 1))
     inputs, targets = ids[:, :-1], ids[:, 1:]
     if implementation == "tfcli":
-        model = accelerate(Transformer(config).train())  # as `tfcli train` runs it: measured on the first step
+        model = prepare(Transformer(config), "train")  # as `tfcli train` runs it: measured on the first step
 
         def step() -> torch.Tensor:
             return model(inputs, targets=targets).loss / targets.numel()  # the mean, as transformers reports it

@@ -140,14 +140,14 @@ def inspect_logits(
     """
     import time
 
-    from tfcli.inspect.capture import load_run
     from tfcli.inspect.lens import logit_lens, token_text
     from tfcli.inspect.tables import lens_html, lens_png, lens_view
+    from tfcli.loader import load_run
 
     began = time.perf_counter()
     fmt = _format(output_format, output, json_output)
     source = _text(text, text_file)
-    checkpoint = load_run(run, device)
+    checkpoint = load_run(run, "inspect", device)
     with stderr_console().status("reading every layer"):
         lens = logit_lens(checkpoint, source, target=target, top_k=top_k)
     document = lens.to_json(lambda i: token_text(checkpoint.tokenizer, i)) if fmt == "json" else {}
@@ -208,10 +208,9 @@ def inspect_ablate(
     """
     import time
 
-    from tfcli.accel import accelerate
     from tfcli.inspect.ablation import ablate
-    from tfcli.inspect.capture import load_run
     from tfcli.inspect.tables import ablation_html, ablation_png, ablation_view
+    from tfcli.loader import load_run
 
     began = time.perf_counter()
     fmt = _format(output_format, output, json_output)
@@ -221,8 +220,7 @@ def inspect_ablate(
         raise TfcliError("the png shows every head's loss change", hint="drop --heads, or use the terminal or --json for chosen heads")
     source = _text(text, text_file)
     require_utf8(reference_text, "--reference-text")
-    checkpoint = load_run(run, device)
-    accelerate(checkpoint.model)  # this machine's fastest products (the same modules and hooks); TFCLI_ACCEL=0: plain
+    checkpoint = load_run(run, "inspect", device)
     with stderr_console().status("ablating heads"):
         ablation = ablate(checkpoint, source, heads=heads, mode=mode, reference_text=reference_text, position=position, top_k=top_k)
     document = ablation.to_json() if fmt == "json" else {}
@@ -286,18 +284,16 @@ def inspect_patch(
     """
     import time
 
-    from tfcli.accel import accelerate
-    from tfcli.inspect.capture import load_run
     from tfcli.inspect.patching import check_method, patch
     from tfcli.inspect.tables import patching_html, patching_png, patching_view
+    from tfcli.loader import load_run
 
     began = time.perf_counter()
     fmt = _format(output_format, output, json_output)
     check_method(method, verify)
     for value, what in ((clean, "--clean's text"), (corrupt, "--corrupt's text"), (answer, "--answer"), (wrong, "--wrong")):
         require_utf8(value, what)
-    checkpoint = load_run(run, device)
-    accelerate(checkpoint.model)
+    checkpoint = load_run(run, "inspect", device)
     with stderr_console().status("patching"):
         patching = patch(checkpoint, clean, corrupt, answer, wrong, per_head=per_head, method=method, verify=verify)
     document = patching.to_json() if fmt == "json" else {}

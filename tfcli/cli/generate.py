@@ -287,9 +287,9 @@ def _decode(
 
 
 def _load(run: Path, device: str, threads: int = 0):
-    from tfcli.generate.loading import load_for_decoding
+    from tfcli.loader import load_run
 
-    return load_for_decoding(run, device, threads)
+    return load_run(run, "decode", device, threads)
 
 
 def _render(generator, prompts: list[str], *, stream: bool, json_output: bool, run: Path) -> None:

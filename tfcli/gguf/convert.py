@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tfcli.checkpoint import load_checkpoint, model_from_tensors, save_checkpoint
+from tfcli.checkpoint import model_from_tensors, save_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json, atomic_write_text, prepare_output_dir, set_default_mode, temp_path_beside
 from tfcli.gguf.layout import (
@@ -31,6 +31,7 @@ from tfcli.gguf.layout import (
 )
 from tfcli.gguf.reader import READABLE_TYPES, GgufFile, read_gguf, refused_type
 from tfcli.gguf.vocab import Vocab, tokenizer_metadata
+from tfcli.loader import load_run
 from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig, RopeScaling
 from tfcli.model.transformer import Transformer
@@ -89,7 +90,7 @@ def export_gguf(run_dir: Path, out_path: Path, kind: str = "f32") -> Exported:
     if out_path.parent.exists() and not out_path.parent.is_dir():
         raise TfcliError(f"{out_path.parent} is not a folder", hint="pass a file path with -o")
     read_run_config(run_dir)
-    checkpoint = load_checkpoint(run_dir)
+    checkpoint = load_run(run_dir, "export")
     config = checkpoint.config.model
     arch = export_arch(config)
     tokenizer_config = _tokenizer_config(checkpoint.tokenizer)

@@ -23,9 +23,9 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from tfcli.errors import TfcliError
 from tfcli.generate.decoding import Generator
 from tfcli.generate.events import Done
-from tfcli.generate.loading import load_for_decoding
 from tfcli.generate.scoring import DEFAULT_BATCH_SIZE, score_continuations
 from tfcli.generate.settings import GenerationSettings
+from tfcli.loader import load_run
 from tfcli.tokenizer.chat_template import ChatTemplate, Message
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE
 
@@ -36,7 +36,7 @@ ENCODED_KEPT = 4096  # texts whose token ids are kept for the next request that 
 @register_model("tfcli")
 class TfcliLM(TemplateLM):
     """A tfcli decoder run as an lm-eval model. `run` is the run directory; `checkpoint`, a run already loaded
-    (`tfcli.generate.loading.load_for_decoding`), takes its place where the caller holds one."""
+    (`tfcli.loader.load_run(run, "decode")`), takes its place where the caller holds one."""
 
     def __init__(
         self,
@@ -52,7 +52,7 @@ class TfcliLM(TemplateLM):
         if checkpoint is None:
             if run is None:
                 raise TfcliError("the tfcli model needs a run", hint="pass --model_args run=RUN_DIR")
-            checkpoint = load_for_decoding(Path(run), device or "auto")
+            checkpoint = load_run(run, "decode", device)
         self.checkpoint = checkpoint
         self.run = Path(run) if run is not None else checkpoint.tokenizer.path.parent
         self.model, self.tokenizer = checkpoint.model, checkpoint.tokenizer

@@ -22,10 +22,11 @@ import safetensors.torch
 from tfcli.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, PEFT_PREFIX, find_parent, peft_config
 from tfcli.adapters.lora import base_state
 from tfcli.adapters.vocabulary import VOCABULARY_TENSORS, grow_vocabulary, vocabulary_modules
-from tfcli.checkpoint import TIED_KEY, load_checkpoint
+from tfcli.checkpoint import TIED_KEY
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_text, prepare_output_dir, set_default_mode
 from tfcli.hf.convert import FAMILIES, export_class, write_hf_folder
+from tfcli.loader import load_run
 from tfcli.rundir import read_run_config
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def export_lora_hf(run_dir: Path, out_dir: Path) -> tuple[str, dict[str, Any], d
     for sub in (BASE_DIR, ADAPTER_DIR):
         if (out_dir / sub).exists():
             raise TfcliError(f"{out_dir / sub} already exists", hint="export into another folder with -o, or delete that one first")
-    checkpoint = load_checkpoint(run_dir, merge_adapter=False)
+    checkpoint = load_run(run_dir, "export-adapter")
     record, config, model = checkpoint.config.adapter, checkpoint.config.model, checkpoint.model
     hf_class = export_class(config, checkpoint.config.source_class)
     maps = {m.ours: m for m in FAMILIES[hf_class].tensor_maps(config, hf_class)}
@@ -102,7 +103,7 @@ def _base_weights(run_dir: Path, checkpoint) -> dict[str, torch.Tensor]:
     state = base_state(checkpoint.model)
     if not set(vocabulary_modules(config)) & set(record.modules_to_save):
         return state
-    parent = load_checkpoint(find_parent(run_dir, record)).model.state_dict()
+    parent = load_run(find_parent(run_dir, record), "export").model.state_dict()
     names = [n for n in VOCABULARY_TENSORS if n in parent and not (n == TIED_KEY and config.tie_embeddings)]
     state.update(grow_vocabulary({n: parent[n] for n in names}, config.vocab_size))
     if config.tie_embeddings:

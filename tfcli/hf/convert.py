@@ -16,13 +16,14 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from tfcli.checkpoint import load_checkpoint, model_from_tensors, save_checkpoint
+from tfcli.checkpoint import model_from_tensors, save_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json, atomic_write_text, prepare_output_dir, refuse_non_utf8_path, set_default_mode, temp_path_beside
 from tfcli.hf import bert, gpt2, llama
 from tfcli.hf.folder import HfConfig, WeightFiles, read_hf_config
 from tfcli.hf.mapping import TensorMap
 from tfcli.hf.tokenizer import import_tokenizer
+from tfcli.loader import load_run
 from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
 from tfcli.model.transformer import Transformer
@@ -165,7 +166,7 @@ def export_hf(run_dir: Path, out_dir: Path) -> tuple[str, dict[str, Any]]:
     """Write OUT/config.json, OUT/model.safetensors and the tokenizer files for the transformers class
     that expresses this run; returns that class and its config."""
     _refuse_to_overwrite(Path(out_dir), "an exported model", "export")
-    checkpoint = load_checkpoint(run_dir)  # an adapter run's adapter is merged (export_lora_hf keeps it apart)
+    checkpoint = load_run(run_dir, "export")  # an adapter run's adapter is merged (export_lora_hf keeps it apart)
     return write_hf_folder(checkpoint, checkpoint.model.state_dict(), out_dir)
 
 

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from tfcli.errors import TfcliError
 from tfcli.inspect import png
-from tfcli.inspect.capture import AttentionCapture, capture_attention, load_run, summarize_capture
+from tfcli.inspect.capture import AttentionCapture, capture_attention, summarize_capture
 from tfcli.inspect.html import render_page
 from tfcli.inspect.labels import kind_label
 from tfcli.inspect.session import Inspection, attention_document
@@ -24,6 +24,7 @@ from tfcli.inspect.stats import PATTERNS
 from tfcli.inspect.terminal import LEGEND, grid
 from tfcli.jsontext import loads_json
 from tfcli.limits import read_text_capped
+from tfcli.loader import load_run
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -102,7 +103,7 @@ def across_checkpoints(run: Path, text: str, *, kind: str | None = None, device:
     scores: dict[str, list[np.ndarray]] = {name: [] for name in PATTERNS}
     captures: list[AttentionCapture] = []
     for step, path in entries:
-        checkpoint = load_run(path, device)
+        checkpoint = load_run(path, "inspect", device)
         capture = capture_attention(checkpoint, text, kind=kind)
         if keep_weights:
             captures.append(capture)

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from tfcli.checkpoint import load_checkpoint
 from tfcli.errors import TfcliError, a_or_an
 from tfcli.inspect.stats import repeated_random_ids, summarize_heads
-from tfcli.runtime import resolve_device
 from tfcli.tokenizer.show import TokenView, token_views, visible
 
 if TYPE_CHECKING:
@@ -80,10 +77,6 @@ def attention_kinds(config: ModelConfig) -> tuple[str, ...]:
 
 def default_kind(config: ModelConfig) -> str:
     return {"decoder": "decoder", "encoder": "encoder"}.get(config.arch, "cross")
-
-
-def load_run(run: Path, device: str = "cpu") -> Checkpoint:
-    return load_checkpoint(Path(run), resolve_device(device))
 
 
 def _start_view(tokenizer: TextTokenizer) -> TokenView | None:

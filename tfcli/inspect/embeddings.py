@@ -17,10 +17,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tfcli.checkpoint import load_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.inspect.hooks import Hooks, lens_stack
-from tfcli.runtime import resolve_device
+from tfcli.loader import load_run
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.show import token_label, visible
 from tfcli.word2vec.run import is_word2vec_run, load_vectors
@@ -92,8 +91,7 @@ def load_table(run: Path, *, table: str = "input", layer: int | None = None, dat
         raw = vectors.input_vectors if table == "input" else vectors.output_vectors
         what = f"the {'word' if table == 'input' else 'context (output)'} vectors of {run}"
         return make_table(raw, vectors.tokenizer, vectors.counts > 0, what, vectors.counts)
-
-    checkpoint = load_checkpoint(Path(run), resolve_device(device))
+    checkpoint = load_run(run, "inspect", device)
     model, tokenizer = checkpoint.model, checkpoint.tokenizer
     if layer is not None:
         if table != "input":

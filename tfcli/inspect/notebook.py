@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from tfcli.inspect.ablation import ablate as run_ablation
-from tfcli.inspect.capture import load_run
 from tfcli.inspect.html import render_fragment
 from tfcli.inspect.lens import logit_lens as read_lens
 from tfcli.inspect.lens import token_text
@@ -20,6 +19,7 @@ from tfcli.inspect.neuron import capture_query_keys, neuron_view
 from tfcli.inspect.patching import patch as run_patching
 from tfcli.inspect.session import Inspection, InspectRequest, attention_document, html_page, inspect_attention, page_options, write_output
 from tfcli.inspect.tables import ablation_html, lens_html, patching_html
+from tfcli.loader import load_run
 
 
 class AttentionView:
@@ -79,7 +79,7 @@ def attention(run: str | Path, text: str, *, device: str = "auto", **options: An
 
 def logit_lens(run: str | Path, text: str, *, target: str | None = None, top_k: int = 5, device: str = "auto") -> TableView:
     """`tfcli inspect-logits`: what each layer already predicts at each position."""
-    checkpoint = load_run(Path(run), device)
+    checkpoint = load_run(run, "inspect", device)
     view = TableView(read_lens(checkpoint, text, target=target, top_k=top_k), lens_html)
     view.to_json = lambda: view.result.to_json(lambda i: token_text(checkpoint.tokenizer, i))  # type: ignore[method-assign]
     return view
@@ -88,10 +88,10 @@ def logit_lens(run: str | Path, text: str, *, target: str | None = None, top_k: 
 def ablate(run: str | Path, text: str, *, device: str = "auto", **options: Any) -> TableView:
     """`tfcli inspect-ablate`: the loss change when heads are knocked out (options: heads, mode,
     reference_text, position, top_k)."""
-    return TableView(run_ablation(load_run(Path(run), device), text, **options), ablation_html)
+    return TableView(run_ablation(load_run(run, "inspect", device), text, **options), ablation_html)
 
 
 def patch(run: str | Path, clean: str, corrupt: str, answer: str, wrong: str | None = None, *, device: str = "auto", **options: Any) -> TableView:
     """`tfcli inspect-patch`: how much of the clean answer each patched activation restores (options:
     per_head, method, verify)."""
-    return TableView(run_patching(load_run(Path(run), device), clean, corrupt, answer, wrong, **options), patching_html)
+    return TableView(run_patching(load_run(run, "inspect", device), clean, corrupt, answer, wrong, **options), patching_html)

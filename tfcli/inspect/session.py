@@ -16,12 +16,13 @@ import numpy as np
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_open, atomic_write_bytes, atomic_write_text
 from tfcli.inspect import png
-from tfcli.inspect.capture import AttentionCapture, capture_attention, check_comparable, find_token, load_run, parse_index, summarize_capture
+from tfcli.inspect.capture import AttentionCapture, capture_attention, check_comparable, find_token, parse_index, summarize_capture
 from tfcli.inspect.html import neuron_data, neuron_heads, render_page
 from tfcli.inspect.labels import excerpts, kind_label
 from tfcli.inspect.neuron import capture_query_keys, neuron_view
 from tfcli.inspect.stats import HeadChange, HeadSummary, head_changes
 from tfcli.jsontext import dumps_json
+from tfcli.loader import load_run
 
 FORMATS: tuple[str, ...] = ("terminal", "html", "png", "json")
 SUFFIXES = {".html": "html", ".htm": "html", ".png": "png", ".json": "json"}
@@ -88,7 +89,7 @@ def inspect_attention(request: InspectRequest) -> Inspection:
         raise TfcliError("the --compare text is empty", hint="pass a second text")
     if request.occurrence < 1:
         raise TfcliError(f"--occurrence must be 1 or more, not {request.occurrence}")
-    checkpoint = load_run(request.run, request.device)
+    checkpoint = load_run(request.run, "inspect", request.device)
     first = capture_attention(checkpoint, request.text, target=request.target, kind=request.attention, crop=request.crop)
     title = excerpts([request.text])[0] if request.target is None else f"{excerpts([request.text], 30)[0]} → {excerpts([request.target], 24)[0]}"
     captures, titles = [first], [title]
@@ -97,7 +98,7 @@ def inspect_attention(request: InspectRequest) -> Inspection:
         captures.append(capture_attention(checkpoint, request.compare, target=request.target, kind=first.kind, crop=request.crop))
         titles = [f"{n}: {excerpt}" for n, excerpt in enumerate(excerpts([request.text, request.compare]), 1)]  # never alike
     if request.compare_run is not None:
-        other_checkpoint = load_run(request.compare_run, request.device)
+        other_checkpoint = load_run(request.compare_run, "inspect", request.device)
         check_comparable(checkpoint, other_checkpoint)
         captures.append(capture_attention(other_checkpoint, request.text, target=request.target, kind=first.kind, crop=request.crop))
         titles = excerpts([str(request.run), str(request.compare_run)], 60)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tfcli.errors import TfcliError, a_or_an
-from tfcli.generate.loading import load_for_decoding
+from tfcli.loader import load_run
 from tfcli.serve.app import Served, create_app
 from tfcli.serve.engine import Engine
 from tfcli.tokenizer.chat_template import ChatTemplate
@@ -29,7 +29,7 @@ def check_limits(max_batch: int, max_queue: int) -> None:
 def load_served(run: Path, *, device: str = "auto", threads: int = 0, max_batch: int = 16, max_queue: int = 64) -> Served:
     """Load a decoder run for serving and start its engine (the caller stops it: `served.engine.stop()`)."""
     check_limits(max_batch, max_queue)
-    checkpoint = load_for_decoding(Path(run), device, threads)
+    checkpoint = load_run(run, "decode", device, threads)
     config = checkpoint.model.config
     if config.arch != "decoder":
         raise TfcliError(

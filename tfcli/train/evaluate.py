@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from tfcli.accel import accelerate
 from tfcli.checkpoint import load_checkpoint
 from tfcli.corpus.documents import iter_document_pieces
 from tfcli.corpus.formats import RECORD_FORMATS, format_of_name
@@ -24,6 +23,7 @@ from tfcli.data.labeled import load_labeled
 from tfcli.data.shards import load_shard_meta, open_shard
 from tfcli.errors import TfcliError
 from tfcli.fsutil import artifact_kind
+from tfcli.loader import load_run
 from tfcli.tokenizer.chat_template import ChatTemplate
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE
 from tfcli.train import data as d
@@ -53,7 +53,8 @@ def evaluate_run(
     checkpoint = load_checkpoint(run)
     tokenizer, config = checkpoint.tokenizer, checkpoint.config.model
     target = pick_device(device)
-    model = accelerate(checkpoint.model.to(target))
+    checkpoint = load_run(run, "evaluate", str(target))
+    tokenizer, config, model = checkpoint.tokenizer, checkpoint.config.model, checkpoint.model
     data = Path(data)
     result: dict[str, Any] = {"run": str(run), "data": str(data)}
     if split != "val" and not (data.is_dir() and (data / "meta.json").is_file()):

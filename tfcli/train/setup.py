@@ -10,9 +10,10 @@ import torch
 from tfcli.adapters import AdapterRecord, describe_parent
 from tfcli.adapters.lora import apply_lora, check_rank
 from tfcli.adapters.vocabulary import grow_vocabulary, vocabulary_modules
-from tfcli.checkpoint import TIED_KEY, load_checkpoint, model_from_tensors
+from tfcli.checkpoint import TIED_KEY, model_from_tensors
 from tfcli.data.shards import open_shard
 from tfcli.errors import TfcliError
+from tfcli.loader import load_run
 from tfcli.meta_device import on_meta_device
 from tfcli.model.transformer import Transformer
 from tfcli.rundir import weights_path
@@ -61,12 +62,12 @@ def initial_model(job: TrainingJob):
         refuse_what_memory_cannot_hold(job.model_config)  # first: a model too big for memory is the larger mistake
     refuse_a_batch_memory_cannot_hold(job.model_config, job.config.batch_size)
     if job.resume:
-        return load_checkpoint(job.run_dir, merge_adapter=False).model  # an adapter run: wrapped, as it trains
+        return load_run(job.run_dir, "resume").model  # an adapter run: wrapped, as it trains
     if job.init_from is not None and job.config.lora_rank is not None:
         return _lora_model(job)
     model = Transformer(job.model_config)
     if job.init_from is not None:
-        parent = load_checkpoint(job.init_from).model
+        parent = load_run(job.init_from, "parent").model
         weights = parent.state_dict()
         if job.config.task == "classify":
             weights = {k: v for k, v in weights.items() if not k.startswith("classifier.")}
@@ -107,7 +108,7 @@ def _lora_model(job: TrainingJob):
     adds one, frozen, with LoRA adapters on the target layers; the fresh modules and a grown vocabulary's
     train whole."""
     cfg = job.config
-    weights = load_checkpoint(job.init_from).model.state_dict()
+    weights = load_run(job.init_from, "parent").model.state_dict()
     weights, grown = _grown_for_lora(weights, job.model_config)
     if cfg.task == "classify":
         weights = {k: v for k, v in weights.items() if not k.startswith("classifier.")}

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from tfcli.accel import accelerate
 from tfcli.checkpoint import model_from_tensors
 from tfcli.errors import TfcliError
+from tfcli.loader import prepare
 from tfcli.train import objectives, sharding
 from tfcli.train.data import Slot, derived_seed
 from tfcli.train.distributed import World, agree, all_sum
@@ -67,7 +67,7 @@ class Trainer:
 
         self.model = initial_model(job)
         freeze(self.model, cfg.freeze, cfg.task)
-        accelerate(self.model.to(self.device).train())
+        prepare(self.model, "train", self.device)
         self.fsdp = cfg.fsdp
         if self.fsdp:
             sharding.shard_model(self.model, self.device, world)

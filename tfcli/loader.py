@@ -1,0 +1,91 @@
+"""The one loader: a run (model, tokenizer, config) made ready for what a command does with it. Device, dtype,
+threads and this machine's faster paths (`tfcli.accel`) are decided here, by purpose, and nowhere else."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tfcli.accel import accelerate, decode_step, fused_loss, products
+from tfcli.checkpoint import Checkpoint, load_checkpoint
+from tfcli.runtime import resolve_device
+
+SMALL_MODEL = 5_000_000  # parameters under which a CPU decodes on one thread
+
+
+@dataclasses.dataclass(frozen=True)
+class Purpose:
+    """What one use of a model asks of it."""
+
+    accelerated: bool  # this machine's measured products and fused loss attached (TFCLI_ACCEL=0: plain all the same)
+    decodes: bool = False  # one thread for a small model on the CPU, bf16 on a GPU that has it, the C decoder step ready
+    merge_adapter: bool = True  # an adapter run's adapter merged into its weights; False: wrapped, as it trains
+    training: bool = False  # train mode (dropout on) rather than eval mode
+    default_device: str = "auto"  # where the model goes when the caller names no device
+
+
+PURPOSES: dict[str, Purpose] = {
+    "decode": Purpose(accelerated=True, decodes=True),  # generate, serve, the lm-eval harness, bench generate
+    "evaluate": Purpose(accelerated=True),  # eval: the loss and metrics on a data set, fp32
+    "inspect": Purpose(accelerated=True),  # every inspect-* command, inspect-embeddings, the notebook helpers: fp32
+    "export": Purpose(accelerated=False, default_device="cpu"),  # export to hf or gguf: the saved weights, fp32
+    "export-adapter": Purpose(accelerated=False, merge_adapter=False, default_device="cpu"),  # a LoRA run for PEFT, kept apart
+    "parent": Purpose(accelerated=False, default_device="cpu"),  # a finetune's starting weights (the trainer prepares its model)
+    "resume": Purpose(accelerated=False, merge_adapter=False, default_device="cpu"),  # train --resume's weights, as they train
+    "train": Purpose(accelerated=True, training=True),  # prepare() only: the model a trainer steps
+}
+
+
+def load_run(run: Path | str, purpose: str, device: str | None = None, threads: int = 0) -> Checkpoint:
+    """The run's checkpoint, its model ready for `purpose` (a key of PURPOSES) on `device` (auto, cpu, cuda,
+    cuda:N or mps; None: the purpose's default), with `threads` threads (0: the purpose's choice)."""
+    use = PURPOSES[purpose]
+    device = resolve_device(device or use.default_device)
+    checkpoint = load_checkpoint(Path(run), device, merge_adapter=use.merge_adapter)
+    prepare(checkpoint.model, purpose, device, threads)
+    return checkpoint
+
+
+def prepare(model: nn.Module, purpose: str, device: str | torch.device | None = None, threads: int = 0) -> nn.Module:
+    """Make a built model ready for `purpose`, in place (returned): on `device` (None: where it is), in train or
+    eval mode, its threads, dtype and accelerated paths chosen; on the CPU a decoding model's C step is built,
+    checked and measured now, before any clock starts."""
+    use = PURPOSES[purpose]
+    if device is not None:
+        model.to(device)
+    model.train(use.training)
+    on = next(model.parameters()).device
+    if threads:
+        torch.set_num_threads(threads)
+    elif use.decodes and on.type == "cpu" and model.parameter_count() < SMALL_MODEL:
+        torch.set_num_threads(1)  # a small model's steps are too short to share between threads
+    if use.decodes and on.type == "cuda" and torch.cuda.is_bf16_supported():
+        model.to(torch.bfloat16)  # decoding reads every weight per token: half the bytes, twice the speed
+    if use.accelerated:
+        accelerate(model)
+    if use.decodes and on.type == "cpu":
+        decode_step.describe(model)  # builds, checks and measures what decodes one row
+    return model
+
+
+def describe(model: nn.Module) -> dict[str, Any]:
+    """What the loader decided for a model: where it is, its dtype, the threads, its mode and which of
+    tfcli.accel's pieces it carries. Example: {"device": "cpu", "dtype": "float32", "threads": 1,
+    "training": False, "accel": ["decode_step", "fused_loss", "products"]}"""
+    parameter = next(model.parameters())
+    pieces = {
+        "products": any(isinstance(m, products.Linear) for m in model.modules()),
+        "fused_loss": isinstance(getattr(model, "vocabulary_loss", None), fused_loss.VocabularyLoss),
+        "decode_step": getattr(model, "fast_decode_step", None) is not None,
+    }
+    return {
+        "device": parameter.device.type,
+        "dtype": str(parameter.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "training": model.training,
+        "accel": sorted(name for name, attached in pieces.items() if attached),
+    }
