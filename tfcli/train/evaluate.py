@@ -50,8 +50,6 @@ def _text_tokens(path: Path, tokenizer) -> np.ndarray:
 def evaluate_run(
     run: Path, data: Path, *, split: str = "val", batch_size: int = 16, max_batches: int | None = None, device: str = "auto", seed: int = 0
 ) -> dict[str, Any]:
-    checkpoint = load_checkpoint(run)
-    tokenizer, config = checkpoint.tokenizer, checkpoint.config.model
     target = pick_device(device)
     checkpoint = load_run(run, "evaluate", str(target))
     tokenizer, config, model = checkpoint.tokenizer, checkpoint.config.model, checkpoint.model
