@@ -101,10 +101,10 @@ def _job(implementation: str, preset_name: str, batch: int, steps: int, threads:
 def _time_tfcli(model_config, config, tokenizer, shard_dir, run_dir, warmup: int, steps: int) -> tuple[float, int]:
     """Seconds per step of the real training loop (data, schedule, forward, backward, clipping, AdamW)."""
     from tfcli.train.events import Started, StepDone
-    from tfcli.train.job import TrainingJob, shard_fingerprint
+    from tfcli.train.job import ShardJob, shard_fingerprint
     from tfcli.train.loop import train
 
-    job = TrainingJob(run_dir, model_config, config, tokenizer, shard_dir, data_fingerprint=shard_fingerprint(shard_dir))
+    job = ShardJob(run_dir, model_config, config, tokenizer, shard_dir, data_fingerprint=shard_fingerprint(shard_dir))
     run_dir.mkdir()
     events = train(job)
     started_at, parameters = 0.0, 0

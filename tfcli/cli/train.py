@@ -271,8 +271,8 @@ def pretrain(
             options=options,
             tokenizer_path=tokenizer,
             resume=resume,
+            log_to=tuple(trackers),
         )
-        job.log_to = trackers
         render_training(job, json_output)
 
 
@@ -461,8 +461,8 @@ def finetune(
             resume=resume,
             fields={k: v for k, v in fields.items() if v is not None},
             chat_template=chat_template,
+            log_to=tuple(trackers),
         )
-        job.log_to = trackers
         render_training(job, json_output)
 
 

@@ -39,7 +39,6 @@ def evaluate_run(
 ) -> dict[str, Any]:
     from tfcli.accel import accelerate
     from tfcli.checkpoint import load_checkpoint
-    from tfcli.train.job import TrainingJob
     from tfcli.train.objectives import evaluate
     from tfcli.train.setup import pick_device, token_byte_lengths
 
@@ -57,8 +56,7 @@ def evaluate_run(
         task, batches = _labeled_batches(checkpoint, run, data, batch_size, max_batches, seed, result)
     else:
         task, batches = _text_batches(checkpoint, run, data, split, batch_size, max_batches, seed, result)
-    job = TrainingJob(Path(run), config, dataclasses.replace(_default_train_config(), task=task), tokenizer, data)
-    byte_lengths = token_byte_lengths(job) if task == "lm" else None
+    byte_lengths = token_byte_lengths(tokenizer, config.vocab_size) if task == "lm" else None
     metrics = evaluate(model, batches, task, target, contextlib.nullcontext, byte_lengths)
     result["task"] = task
     result.update({k.removeprefix("val_"): v for k, v in metrics.items()})

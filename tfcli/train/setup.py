@@ -10,10 +10,12 @@ import torch
 from tfcli.errors import TfcliError
 from tfcli.meta_device import on_meta_device
 from tfcli.runtime import physical_memory, resolve_device
+from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.detokenize import text_byte_lengths
+from tfcli.train.chat import ChatSource
 from tfcli.train.data import derived_seed
 from tfcli.train.distributed import World
-from tfcli.train.job import TrainingJob
+from tfcli.train.job import ChatJob, LabeledJob, TrainingJob
 
 
 def pick_device(name: str, world: World | None = None) -> torch.device:
@@ -166,16 +168,12 @@ def build_source(job: TrainingJob, world: World):
 
     cfg, tok = job.config, job.tokenizer
     per_rank, block = cfg.batch_size, job.block_size
-    if cfg.task in ("chat", "instruct"):
-        from tfcli.train.chat import ChatSource
-
-        train_set, val_set = job.labeled
+    if isinstance(job, ChatJob):
         pad = tok.special_ids.get("pad", tok.special_ids.get("eos", 0))
-        return ChatSource(cfg.task, train_set, val_set, per_rank, cfg.seed, pad_id=pad, eos_id=pad, accum=cfg.grad_accum)
-    if cfg.task in ("classify", "seq2seq"):
-        train_set, val_set = job.labeled
+        return ChatSource(cfg.task, job.train_set, job.val_set, per_rank, cfg.seed, pad_id=pad, eos_id=pad, accum=cfg.grad_accum)
+    if isinstance(job, LabeledJob):
         return d.LabeledSource(
-            cfg.task, train_set, val_set, per_rank, cfg.seed, pad_id=tok.require("pad"), eos_id=tok.special_ids.get("eos", 0), accum=cfg.grad_accum
+            cfg.task, job.train_set, job.val_set, per_rank, cfg.seed, pad_id=tok.require("pad"), eos_id=tok.special_ids.get("eos", 0), accum=cfg.grad_accum
         )
     train, val = open_shard(job.data, "train"), open_shard(job.data, "val")
     if cfg.task == "lm":
@@ -198,11 +196,11 @@ def build_source(job: TrainingJob, world: World):
     )
 
 
-def token_byte_lengths(job: TrainingJob) -> torch.Tensor:
-    """Bytes of text each token id stands for, as the tokenizer's decoder writes it (special tokens count 0),
-    for bits per byte."""
-    lengths = torch.zeros(job.model_config.vocab_size, dtype=torch.long)
-    known = text_byte_lengths(job.tokenizer)[: job.model_config.vocab_size]
+def token_byte_lengths(tokenizer: TextTokenizer, vocab_size: int) -> torch.Tensor:
+    """Bytes of text each of the model's `vocab_size` token ids stands for, as the tokenizer's decoder writes it
+    (special tokens count 0), for bits per byte."""
+    lengths = torch.zeros(vocab_size, dtype=torch.long)
+    known = text_byte_lengths(tokenizer)[:vocab_size]
     lengths[: len(known)] = torch.tensor(known, dtype=torch.long)
-    lengths[[i for i in set(job.tokenizer.special_ids.values()) if i < len(lengths)]] = 0
+    lengths[[i for i in set(tokenizer.special_ids.values()) if i < len(lengths)]] = 0
     return lengths

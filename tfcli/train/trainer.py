@@ -92,7 +92,7 @@ class Trainer:
         self.val_batches = self.source.validation(cfg.eval_batches, cfg.batch_size * world.size) if self.evaluates else []
         for batch in self.val_batches:
             check_token_ids(batch, cfg.task, job.model_config.vocab_size, job.data)
-        self.byte_lengths = token_byte_lengths(job) if cfg.task == "lm" and self.evaluates else None
+        self.byte_lengths = token_byte_lengths(job.tokenizer, job.model_config.vocab_size) if cfg.task == "lm" and self.evaluates else None
 
         self.step = self.start_step
         self.lr = cfg.lr

@@ -29,7 +29,7 @@ from tfcli.word2vec.config import RESUMABLE_CHANGES, Word2VecConfig, Word2VecRec
 from tfcli.word2vec.run import COUNTS, INPUT, OUTPUT, load_vectors, read_vectors_config, save_vectors
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Word2VecJob:
     run_dir: Path
     vectors: Word2VecConfig
@@ -38,7 +38,7 @@ class Word2VecJob:
     data: Path
     resume: bool = False
     data_fingerprint: str = ""
-    notes: list[str] = dataclasses.field(default_factory=list)
+    notes: tuple[str, ...] = ()
 
     @property
     def title(self) -> str:
