@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from tfcli.cli.common import JsonFlag, Typer
 from tfcli.cli.train_progress import render_training
 from tfcli.fsutil import no_empty_folder_left
+
+if TYPE_CHECKING:
+    from tfcli.train.config import RunOptions
 
 app = Typer(
     help="Pretrain a model on token shards, or fine-tune a run directory on a new task.\n\n"
@@ -202,11 +205,13 @@ def pretrain(
         render_training(job, json_output)
 
 
-def _run_options(parameters: dict[str, Any]):
-    """The options both commands take (`RunOptions`), out of a command's parameters (its `locals()`)."""
+def _run_options(parameters: dict[str, Any]) -> RunOptions:
+    """The options both commands take, out of a command's parameters (its `locals()`; --compile is compile_model)."""
+    import dataclasses
+
     from tfcli.train.config import RunOptions
 
-    return RunOptions(**{name: parameters["compile_model" if name == "compile" else name] for name in RunOptions.__dataclass_fields__})
+    return RunOptions(**{f.name: parameters["compile_model" if f.name == "compile" else f.name] for f in dataclasses.fields(RunOptions)})
 
 
 def _trackers(log_to: Optional[list[str]]) -> tuple[str, ...]:
