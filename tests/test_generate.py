@@ -212,6 +212,20 @@ def test_beam_search_with_one_beam_is_greedy(tokenizer, arch):
     assert beam == greedy
 
 
+def test_beam_search_reaches_the_decoder_through_its_protocol_only():
+    import ast
+    import inspect
+
+    import tfcli.generate.beam as beam
+
+    tree = ast.parse(inspect.getsource(beam))
+    private = [node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")]
+    private = [name for name in private if not (name in dir(beam._Search) or name == "_events")]
+    assert not private, private  # only its own helpers
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert "tfcli.generate.decoding" not in imported
+
+
 def test_beam_search_with_every_token_as_a_beam_finds_the_best_pair(tokenizer):
     model = make_model(seed=3)
     prompt = tokenizer.encode("The fox")

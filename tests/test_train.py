@@ -170,6 +170,27 @@ def test_the_architecture_follows_the_settings_unless_arch_is_given(shards, tmp_
         assert (job.model_config.arch, job.config.task) == (arch, task), given
 
 
+def test_a_training_job_is_built_once_typed_and_frozen(shards, tmp_path):
+    import dataclasses
+    import typing
+
+    from tfcli.train.job import ChatJob, LabeledJob, ShardJob, TrainingJob, pretrain_job
+    from tfcli.train.word2vec import Word2VecJob
+
+    for kind in (TrainingJob, ShardJob, LabeledJob, ChatJob, Word2VecJob):
+        hints = typing.get_type_hints(kind)
+        untyped = [f.name for f in dataclasses.fields(kind) if hints[f.name] is typing.Any]
+        assert not untyped, (kind.__name__, untyped)
+    job = pretrain_job(
+        data=shards, output=tmp_path / "run", arch=None, preset_name=None, config_file=None, sets=[], options={}, tokenizer_path=None, resume=False
+    )
+    assert isinstance(job, ShardJob) and job.data_fingerprint
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.tokenizer = None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.model_config = dataclasses.replace(job.model_config, vocab_size=1)
+
+
 def test_the_output_folder_is_new_empty_or_a_failed_start_and_one_process_at_a_time(cli, shards, tmp_path, monkeypatch):
     from tfcli.fsutil import exclusive_lock
 

@@ -26,6 +26,21 @@ def test_parse_duration_refuses(text):
         parse_duration(text)
 
 
+def test_run_options_give_only_what_was_given_with_the_budget_in_seconds():
+    from tfcli.train.config import RunOptions
+
+    assert RunOptions().settings() == {}
+    assert RunOptions(lr=0.5, time_budget="2m", compile=True, seed=0).settings({"model.block_size": None, "freeze": "body"}) == {
+        "time_budget": 120,
+        "lr": 0.5,
+        "seed": 0,
+        "compile": True,
+        "freeze": "body",
+    }
+    with pytest.raises(TfcliError, match="do not go together"):
+        RunOptions(max_steps=3, time_budget="1m").settings()
+
+
 def test_set_values_read_as_toml():
     assert parse_value("3") == 3 and parse_value("0.5") == 0.5 and parse_value("true") is True and parse_value("rotary") == "rotary"
 

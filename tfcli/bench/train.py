@@ -32,7 +32,7 @@ from tfcli.train.data import LMSource, Slot
 from tfcli.train.events import Started, StepDone
 from tfcli.train.fingerprint import shard_fingerprint
 from tfcli.train.flops import measure_matmul_flops, training_flops_per_token
-from tfcli.train.job import TrainingJob
+from tfcli.train.job import ShardJob
 from tfcli.train.loop import train
 from tfcli.train.optim import make_optimizer
 from tfcli.train.setup import pick_device, use_bf16
@@ -105,7 +105,7 @@ def _job(implementation: str, preset_name: str, batch: int, steps: int, threads:
 
 def _time_tfcli(model_config, config, tokenizer, shard_dir, run_dir, warmup: int, steps: int) -> tuple[float, int]:
     """Seconds per step of the real training loop (data, schedule, forward, backward, clipping, AdamW)."""
-    job = TrainingJob(run_dir, model_config, config, tokenizer, shard_dir, data_fingerprint=shard_fingerprint(shard_dir))
+    job = ShardJob(run_dir, model_config, config, tokenizer, shard_dir, data_fingerprint=shard_fingerprint(shard_dir))
     run_dir.mkdir()
     events = train(job)
     started_at, parameters = 0.0, 0

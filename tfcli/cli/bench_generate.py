@@ -14,35 +14,44 @@ from tfcli.cli.common import JsonFlag, human_bytes, print_json, print_table, std
 MAX_BENCH_TOKENS = 8192  # prompt + new tokens in `bench generate` (the uncached job re-runs all of them per token)
 
 
+Presets = Annotated[list[str], typer.Option("--preset", help="Model shapes to measure (repeatable; decoder presets GPT-2 can express).")]
+PromptTokens = Annotated[int, typer.Option(help="Prompt length in tokens (random ids, the same on both sides).")]
+NewTokens = Annotated[int, typer.Option(help="Tokens generated per call, greedy, end-of-text ignored.")]
+Repeat = Annotated[int, typer.Option(help="Rounds of every job, interleaved; each job keeps its best time.")]
+Threads = Annotated[int, typer.Option(help="torch threads in every job (0: torch's default, all cores).")]
+Device = Annotated[str, typer.Option(help="cpu or cuda (fp32 either way).")]
+NoCache = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--no-cache/--skip-no-cache",
+        help="Measure decoding without the KV cache every round / never (default: every round for small models, once for large).",
+        show_default=False,
+    ),
+]
+Against = Annotated[
+    Optional[str],
+    typer.Option(
+        "--against",
+        help="Also time llama.cpp (llama-cpp-python) on the same weights exported to GGUF f32, on the threads tfcli decodes on.",
+        show_default=False,
+    ),
+]
+Workdir = Annotated[Optional[Path], typer.Option(help="Scratch folder for the weights (default: a temporary one, removed afterwards).", show_default=False)]
+
+
 def generate(
-    preset: Annotated[list[str], typer.Option("--preset", help="Model shapes to measure (repeatable; decoder presets GPT-2 can express).")] = [  # noqa: B006
+    preset: Presets = [  # noqa: B006
         "tiny",
         "gpt2-small",
     ],
-    prompt_tokens: Annotated[int, typer.Option(help="Prompt length in tokens (random ids, the same on both sides).")] = 16,
-    new_tokens: Annotated[int, typer.Option(help="Tokens generated per call, greedy, end-of-text ignored.")] = 256,
-    repeat: Annotated[int, typer.Option(help="Rounds of every job, interleaved; each job keeps its best time.")] = 3,
-    threads: Annotated[int, typer.Option(help="torch threads in every job (0: torch's default, all cores).")] = 0,
-    device: Annotated[str, typer.Option(help="cpu or cuda (fp32 either way).")] = "cpu",
-    no_cache: Annotated[
-        Optional[bool],
-        typer.Option(
-            "--no-cache/--skip-no-cache",
-            help="Measure decoding without the KV cache every round / never (default: every round for small models, once for large).",
-            show_default=False,
-        ),
-    ] = None,
-    against: Annotated[
-        Optional[str],
-        typer.Option(
-            "--against",
-            help="Also time llama.cpp (llama-cpp-python) on the same weights exported to GGUF f32, on the threads tfcli decodes on.",
-            show_default=False,
-        ),
-    ] = None,
-    workdir: Annotated[
-        Optional[Path], typer.Option(help="Scratch folder for the weights (default: a temporary one, removed afterwards).", show_default=False)
-    ] = None,
+    prompt_tokens: PromptTokens = 16,
+    new_tokens: NewTokens = 256,
+    repeat: Repeat = 3,
+    threads: Threads = 0,
+    device: Device = "cpu",
+    no_cache: NoCache = None,
+    against: Against = None,
+    workdir: Workdir = None,
     first_run: FirstRun = True,
     json_output: JsonFlag = False,
 ) -> None:
@@ -64,19 +73,42 @@ def generate(
     Example: tfcli bench generate --preset tiny --preset gpt2-small --repeat 3
     Or: tfcli bench generate --preset gpt2-small --against llama.cpp --threads 2
     """
-    import shutil
+    device = _checked_device(device, prompt_tokens=prompt_tokens, new_tokens=new_tokens, repeat=repeat, threads=threads, against=against, workdir=workdir)
+    machine = machine_line()
+    benches = [
+        _bench(
+            name,
+            workdir,
+            prompt_tokens=prompt_tokens,
+            new_tokens=new_tokens,
+            repeat=repeat,
+            threads=threads,
+            device=device,
+            no_cache=no_cache,
+            first_run=first_run,
+            against=against,
+        )
+        for name in preset
+    ]
+    if json_output:
+        print_json({"machine": machine, "benches": [b.to_json() for b in benches]})
+        return
+    out = stdout_console()
+    for b in benches:
+        _print_generate_bench(out, b, machine)
+    out.print(f"tfcli's choices on this machine: {accel_summary()}")
 
-    from tfcli.bench.generate import run_generate_bench
+
+def _checked_device(device: str, *, prompt_tokens: int, new_tokens: int, repeat: int, threads: int, against: str | None, workdir: Path | None) -> str:
+    """The device to measure on, once every option is known to be usable (and the peers to be installed)."""
     from tfcli.errors import TfcliError
-    from tfcli.runtime import resolve_device
+    from tfcli.runtime import check_threads, resolve_device
 
     if device != "cpu" and not device.startswith("cuda"):
         raise TfcliError(f"--device must be cpu, cuda or cuda:N, not {device!r}")
     device = resolve_device(device)
     if min(repeat, prompt_tokens, new_tokens) < 1 or threads < 0:
         raise TfcliError("--repeat, --prompt-tokens and --new-tokens must be at least 1, --threads at least 0")
-    from tfcli.runtime import check_threads
-
     check_threads(threads)
     if prompt_tokens + new_tokens > MAX_BENCH_TOKENS:
         raise TfcliError(
@@ -98,38 +130,22 @@ def generate(
         import transformers  # noqa: F401
     except ImportError as exc:
         raise TfcliError("bench generate compares against transformers, which is not installed", hint="pip install transformers") from exc
-    machine = machine_line()
-    benches = []
-    console = stderr_console()
-    for name in preset:
-        scratch = scratch_folder(workdir, name)
-        try:
-            with console.status(f"benchmarking {name}") as status:
-                benches.append(
-                    run_generate_bench(
-                        scratch,
-                        name,
-                        prompt_tokens=prompt_tokens,
-                        new_tokens=new_tokens,
-                        repeat=repeat,
-                        threads=threads,
-                        device=device,
-                        no_cache=no_cache,
-                        first_run=first_run,
-                        against=against,
-                        progress=lambda job, name=name: status.update(f"benchmarking {name}: {job}"),
-                    )
-                )
-        finally:
-            if workdir is None:
-                shutil.rmtree(scratch, ignore_errors=True)
-    if json_output:
-        print_json({"machine": machine, "benches": [b.to_json() for b in benches]})
-        return
-    out = stdout_console()
-    for b in benches:
-        _print_generate_bench(out, b, machine)
-    out.print(f"tfcli's choices on this machine: {accel_summary()}")
+    return device
+
+
+def _bench(name: str, workdir: Path | None, **settings):
+    """One preset measured in its scratch folder (removed afterwards unless --workdir keeps it), with a status line."""
+    import shutil
+
+    from tfcli.bench.generate import run_generate_bench
+
+    scratch = scratch_folder(workdir, name)
+    try:
+        with stderr_console().status(f"benchmarking {name}") as status:
+            return run_generate_bench(scratch, name, **settings, progress=lambda job: status.update(f"benchmarking {name}: {job}"))
+    finally:
+        if workdir is None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _print_generate_bench(out, b, machine: str) -> None:

@@ -42,20 +42,8 @@ def lora(
 
     check_threads(threads)
     from tfcli.bench.lora import run_lora_bench
-    from tfcli.errors import TfcliError
-    from tfcli.model.config import preset as make_preset
-    from tfcli.training_config import TrainConfig
 
-    config = make_preset(preset)
-    if config.arch != "decoder":
-        raise TfcliError(f"preset {preset!r} is {config.arch}; bench lora fine-tunes a decoder", hint="use tiny, small or gpt2-small")
-    block_size = block_size if block_size is not None else min(256, config.block_size)
-    if not 2 <= block_size <= config.block_size:
-        raise TfcliError(f"--block-size must be between 2 and the preset's context ({config.block_size}), not {block_size}")
-    groups = TrainConfig(lora_rank=rank, lora_targets=targets).lora_groups  # an unknown group is an error here
-    from tfcli.adapters.lora import check_rank
-
-    check_rank(config, rank, groups)
+    block_size, groups = _checked_shape(preset, rank, targets, block_size)
     if workdir is not None:
         from tfcli.fsutil import prepare_output_dir
 
@@ -94,3 +82,21 @@ def lora(
     console.print(
         f"step time LoRA / full: {result.time_ratio:.3f} (target <= 0.8: {'ok' if result.time_ratio <= 0.8 else 'MISSED'}); CPU time: {result.cpu_time_ratio:.3f}"
     )
+
+
+def _checked_shape(preset: str, rank: int, targets: str, block_size: int | None) -> tuple[int, tuple[str, ...]]:
+    """The block size (the default where not given) and the LoRA target groups, once the preset is a decoder they fit."""
+    from tfcli.adapters.lora import check_rank
+    from tfcli.errors import TfcliError
+    from tfcli.model.config import preset as make_preset
+    from tfcli.training_config import TrainConfig
+
+    config = make_preset(preset)
+    if config.arch != "decoder":
+        raise TfcliError(f"preset {preset!r} is {config.arch}; bench lora fine-tunes a decoder", hint="use tiny, small or gpt2-small")
+    block_size = block_size if block_size is not None else min(256, config.block_size)
+    if not 2 <= block_size <= config.block_size:
+        raise TfcliError(f"--block-size must be between 2 and the preset's context ({config.block_size}), not {block_size}")
+    groups = TrainConfig(lora_rank=rank, lora_targets=targets).lora_groups  # an unknown group is an error here
+    check_rank(config, rank, groups)
+    return block_size, groups

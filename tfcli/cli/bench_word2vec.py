@@ -35,7 +35,7 @@ def word2vec(
     """
     import shutil
 
-    from tfcli.bench.word2vec import TARGET_RATIO, run_word2vec_bench
+    from tfcli.bench.word2vec import run_word2vec_bench
     from tfcli.errors import TfcliError
     from tfcli.quickstart import find_sample_data
 
@@ -69,7 +69,13 @@ def word2vec(
     if json_output:
         print_json({"machine": machine, **result.to_json()})
         return
+    _print_result(result, machine)
+
+
+def _print_result(result, machine: str) -> None:
     from rich.table import Table
+
+    from tfcli.bench.word2vec import TARGET_RATIO
 
     s = result.settings
     table = Table(

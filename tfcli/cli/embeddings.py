@@ -10,6 +10,27 @@ import typer
 
 from tfcli.cli.common import JsonFlag, print_json, print_table, stdout_console
 
+EvalAnalogies = Annotated[
+    Optional[str],
+    typer.Option(
+        "--eval-analogies",
+        help="Analogy accuracy on a questions-words.txt file (': section' lines, then 'a b c d'), or `stories` for the file shipped with tfcli.",
+        show_default=False,
+    ),
+]
+EvalSimilarity = Annotated[
+    Optional[str],
+    typer.Option(
+        "--eval-similarity",
+        help="Spearman's rho against human scores: a file of 'word word score' lines, or `stories` for the file shipped with tfcli.",
+        show_default=False,
+    ),
+]
+Layer = Annotated[
+    Optional[int],
+    typer.Option("--layer", "-l", help="Contextual vectors: the residual stream at this block's input (0: the embeddings), with --data.", show_default=False),
+]
+
 
 def inspect_embeddings(
     run: Annotated[Path, typer.Argument(help="A run directory: word2vec, a trained transformer or an imported one.", show_default=False)],
@@ -26,29 +47,10 @@ def inspect_embeddings(
     output: Annotated[
         Optional[Path], typer.Option("--output", "-o", help="Write the map: .png (a picture), .html (hover labels) or .json.", show_default=False)
     ] = None,
-    eval_analogies: Annotated[
-        Optional[str],
-        typer.Option(
-            "--eval-analogies",
-            help="Analogy accuracy on a questions-words.txt file (': section' lines, then 'a b c d'), or `stories` for the file shipped with tfcli.",
-            show_default=False,
-        ),
-    ] = None,
-    eval_similarity: Annotated[
-        Optional[str],
-        typer.Option(
-            "--eval-similarity",
-            help="Spearman's rho against human scores: a file of 'word word score' lines, or `stories` for the file shipped with tfcli.",
-            show_default=False,
-        ),
-    ] = None,
+    eval_analogies: EvalAnalogies = None,
+    eval_similarity: EvalSimilarity = None,
     table: Annotated[str, typer.Option("--table", help="input (the token embeddings) or output (the unembedding, where it is untied).")] = "input",
-    layer: Annotated[
-        Optional[int],
-        typer.Option(
-            "--layer", "-l", help="Contextual vectors: the residual stream at this block's input (0: the embeddings), with --data.", show_default=False
-        ),
-    ] = None,
+    layer: Layer = None,
     data: Annotated[
         Optional[Path], typer.Option("--data", help="Contextual vectors: a UTF-8 text file; each token's vectors are averaged over it.", show_default=False)
     ] = None,

@@ -57,8 +57,6 @@ def evaluate(
     \b
     Example: tfcli eval runs/quickstart/model --data runs/quickstart/shards
     """
-    from rich.table import Table
-
     from tfcli.errors import TfcliError
 
     at_least(1, batch_size=batch_size, max_batches=max_batches, limit=limit)
@@ -88,6 +86,12 @@ def evaluate(
     if json_output:
         print_json(result)
         return
+    _print_result(result)
+
+
+def _print_result(result: dict) -> None:
+    from rich.table import Table
+
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()

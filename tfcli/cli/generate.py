@@ -73,81 +73,102 @@ def _prompt_lines(handle, where: str, run: Path | None) -> list[bytes]:
     return read_prompt_lines(handle, where, (block or 8192) * BYTES_PER_TOKEN, context)
 
 
+Run = Annotated[Path, typer.Argument(help="A run directory (config.json, model.safetensors, tokenizer.json).", show_default=False)]
+Prompt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="The text to continue (encoder-decoder: the source).", show_default=False)]
+PromptFile = Annotated[
+    Optional[Path], typer.Option("--prompt-file", help="One prompt per line (blank lines skipped), decoded in batches; - reads stdin.", show_default=False)
+]
+MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", "-n", help="New tokens per completion, at most.")]
+Strategy = Annotated[
+    Optional[str],
+    typer.Option(
+        help="greedy | sample | beam. Default: beam with --num-beams > 1, sample with any sampling option or --seed, else greedy.", show_default=False
+    ),
+]
+Temperature = Annotated[Optional[float], typer.Option(help="Sampling: divide the logits by this (0 = greedy). Default 1.", show_default=False)]
+TopK = Annotated[
+    Optional[int], typer.Option(help="Sampling: keep the K most likely tokens (0: all). --fill-mask: fillers to list (default 5).", show_default=False)
+]
+TopP = Annotated[Optional[float], typer.Option(help="Sampling: nucleus, keep the most likely tokens up to probability P, in (0, 1].", show_default=False)]
+MinP = Annotated[Optional[float], typer.Option(help="Sampling: drop tokens less likely than P x the most likely one.", show_default=False)]
+RepetitionPenalty = Annotated[float, typer.Option(help="> 1 makes tokens already in the text less likely (1 = off).")]
+NumBeams = Annotated[int, typer.Option(help="Beam search: hypotheses kept per prompt.")]
+LengthPenalty = Annotated[float, typer.Option(help="Beam search: score = sum of log-probabilities / length ** this (> 1 favours longer texts).")]
+EarlyStopping = Annotated[
+    bool,
+    typer.Option(
+        "--early-stopping/--no-early-stopping",
+        help="Beam search: stop when --num-beams hypotheses are finished, or go on while a running beam could still beat them.",
+    ),
+]
+NumSamples = Annotated[int, typer.Option(help="Completions per prompt (beam search: the best N hypotheses).")]
+Seed = Annotated[Optional[int], typer.Option(help="Seed the sampling draws, for the same text every time (the seed used is in --json).", show_default=False)]
+Stop = Annotated[
+    Optional[list[str]], typer.Option("--stop", help="Stop when the text contains this string, which is not kept (repeatable).", show_default=False)
+]
+IgnoreEos = Annotated[
+    bool, typer.Option("--ignore-eos", help="Go on past the end-of-text token (it shows in the text as itself), up to --max-new-tokens or a --stop string.")
+]
+NoStream = Annotated[bool, typer.Option("--no-stream", help="Print the text when it is finished instead of token by token.")]
+NoCache = Annotated[bool, typer.Option("--no-cache", help="Re-run the whole context for every token instead of using the KV cache (slow; for comparison).")]
+BatchSize = Annotated[int, typer.Option(help="Sequences decoded together (prompts x samples, or x beams).")]
+FillMask = Annotated[
+    Optional[str], typer.Option("--fill-mask", help="Encoder runs: list the likeliest tokens for each [MASK] in this text.", show_default=False)
+]
+Classify = Annotated[
+    Optional[str], typer.Option("--classify", help="Runs with a classification head: the label probabilities of this text.", show_default=False)
+]
+Interactive = Annotated[
+    bool,
+    typer.Option(
+        "--interactive",
+        "-i",
+        help="A conversation on stdin: each line is added to the context and answered; a reply ends at a newline unless --stop says otherwise (/reset, /quit).",
+    ),
+]
+Chat = Annotated[
+    bool,
+    typer.Option(
+        "--chat",
+        help="A chat with a run that has a chat template (tfcli train finetune --task chat): answers --prompt once, else each line typed on stdin; the oldest exchanges leave the context when it is full.",
+    ),
+]
+System = Annotated[Optional[str], typer.Option("--system", help="--chat: the system message the conversation starts with.", show_default=False)]
+Device = Annotated[str, typer.Option(help="auto (a GPU when there is one), cpu, cuda, cuda:N or mps.")]
+Threads = Annotated[
+    int,
+    typer.Option(help="CPU threads for torch (0: one for models under 5M parameters, where waking threads costs more than it saves; else torch's default)."),
+]
+
+
 def generate(
-    run: Annotated[Path, typer.Argument(help="A run directory (config.json, model.safetensors, tokenizer.json).", show_default=False)],
-    prompt: Annotated[Optional[str], typer.Option("--prompt", "-p", help="The text to continue (encoder-decoder: the source).", show_default=False)] = None,
-    prompt_file: Annotated[
-        Optional[Path], typer.Option("--prompt-file", help="One prompt per line (blank lines skipped), decoded in batches; - reads stdin.", show_default=False)
-    ] = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="New tokens per completion, at most.")] = 128,
-    strategy: Annotated[
-        Optional[str],
-        typer.Option(
-            help="greedy | sample | beam. Default: beam with --num-beams > 1, sample with any sampling option or --seed, else greedy.", show_default=False
-        ),
-    ] = None,
-    temperature: Annotated[Optional[float], typer.Option(help="Sampling: divide the logits by this (0 = greedy). Default 1.", show_default=False)] = None,
-    top_k: Annotated[
-        Optional[int], typer.Option(help="Sampling: keep the K most likely tokens (0: all). --fill-mask: fillers to list (default 5).", show_default=False)
-    ] = None,
-    top_p: Annotated[
-        Optional[float], typer.Option(help="Sampling: nucleus, keep the most likely tokens up to probability P, in (0, 1].", show_default=False)
-    ] = None,
-    min_p: Annotated[Optional[float], typer.Option(help="Sampling: drop tokens less likely than P x the most likely one.", show_default=False)] = None,
-    repetition_penalty: Annotated[float, typer.Option(help="> 1 makes tokens already in the text less likely (1 = off).")] = 1.0,
-    num_beams: Annotated[int, typer.Option(help="Beam search: hypotheses kept per prompt.")] = 1,
-    length_penalty: Annotated[float, typer.Option(help="Beam search: score = sum of log-probabilities / length ** this (> 1 favours longer texts).")] = 1.0,
-    early_stopping: Annotated[
-        bool,
-        typer.Option(
-            "--early-stopping/--no-early-stopping",
-            help="Beam search: stop when --num-beams hypotheses are finished, or go on while a running beam could still beat them.",
-        ),
-    ] = True,
-    num_samples: Annotated[int, typer.Option(help="Completions per prompt (beam search: the best N hypotheses).")] = 1,
-    seed: Annotated[
-        Optional[int], typer.Option(help="Seed the sampling draws, for the same text every time (the seed used is in --json).", show_default=False)
-    ] = None,
-    stop: Annotated[
-        Optional[list[str]], typer.Option("--stop", help="Stop when the text contains this string, which is not kept (repeatable).", show_default=False)
-    ] = None,
-    ignore_eos: Annotated[
-        bool, typer.Option("--ignore-eos", help="Go on past the end-of-text token (it shows in the text as itself), up to --max-new-tokens or a --stop string.")
-    ] = False,
-    no_stream: Annotated[bool, typer.Option("--no-stream", help="Print the text when it is finished instead of token by token.")] = False,
-    no_cache: Annotated[
-        bool, typer.Option("--no-cache", help="Re-run the whole context for every token instead of using the KV cache (slow; for comparison).")
-    ] = False,
-    batch_size: Annotated[int, typer.Option(help="Sequences decoded together (prompts x samples, or x beams).")] = 16,
-    fill_mask: Annotated[
-        Optional[str], typer.Option("--fill-mask", help="Encoder runs: list the likeliest tokens for each [MASK] in this text.", show_default=False)
-    ] = None,
-    classify: Annotated[
-        Optional[str], typer.Option("--classify", help="Runs with a classification head: the label probabilities of this text.", show_default=False)
-    ] = None,
-    interactive: Annotated[
-        bool,
-        typer.Option(
-            "--interactive",
-            "-i",
-            help="A conversation on stdin: each line is added to the context and answered; a reply ends at a newline unless --stop says otherwise (/reset, /quit).",
-        ),
-    ] = False,
-    chat: Annotated[
-        bool,
-        typer.Option(
-            "--chat",
-            help="A chat with a run that has a chat template (tfcli train finetune --task chat): answers --prompt once, else each line typed on stdin; the oldest exchanges leave the context when it is full.",
-        ),
-    ] = False,
-    system: Annotated[Optional[str], typer.Option("--system", help="--chat: the system message the conversation starts with.", show_default=False)] = None,
-    device: Annotated[str, typer.Option(help="auto (a GPU when there is one), cpu, cuda, cuda:N or mps.")] = "auto",
-    threads: Annotated[
-        int,
-        typer.Option(
-            help="CPU threads for torch (0: one for models under 5M parameters, where waking threads costs more than it saves; else torch's default)."
-        ),
-    ] = 0,
+    run: Run,
+    prompt: Prompt = None,
+    prompt_file: PromptFile = None,
+    max_new_tokens: MaxNewTokens = 128,
+    strategy: Strategy = None,
+    temperature: Temperature = None,
+    top_k: TopK = None,
+    top_p: TopP = None,
+    min_p: MinP = None,
+    repetition_penalty: RepetitionPenalty = 1.0,
+    num_beams: NumBeams = 1,
+    length_penalty: LengthPenalty = 1.0,
+    early_stopping: EarlyStopping = True,
+    num_samples: NumSamples = 1,
+    seed: Seed = None,
+    stop: Stop = None,
+    ignore_eos: IgnoreEos = False,
+    no_stream: NoStream = False,
+    no_cache: NoCache = False,
+    batch_size: BatchSize = 16,
+    fill_mask: FillMask = None,
+    classify: Classify = None,
+    interactive: Interactive = False,
+    chat: Chat = False,
+    system: System = None,
+    device: Device = "auto",
+    threads: Threads = 0,
     json_output: JsonFlag = False,
 ) -> None:
     """Generate text from a run: continue a prompt, fill in masks, or classify.
@@ -175,25 +196,7 @@ def generate(
     from tfcli.runtime import check_threads
 
     check_threads(threads)
-    decoding = DecodingOptions(
-        max_new_tokens=max_new_tokens,
-        strategy=strategy,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repetition_penalty=repetition_penalty,
-        num_beams=num_beams,
-        length_penalty=length_penalty,
-        early_stopping=early_stopping,
-        num_samples=num_samples,
-        seed=seed,
-        stop=stop,
-        ignore_eos=ignore_eos,
-        no_stream=no_stream,
-        no_cache=no_cache,
-        batch_size=batch_size,
-    )
+    decoding = DecodingOptions.of(locals())
     if fill_mask is not None or classify is not None:  # no text is generated: decoding options would do nothing
         decoding.refuse_given(modes[0], fill_mask=fill_mask is not None)
     import torch

@@ -3,7 +3,8 @@ GenerationSettings the decoder runs with."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,11 @@ class DecodingOptions:
     no_stream: bool
     no_cache: bool
     batch_size: int
+
+    @classmethod
+    def of(cls, parameters: dict[str, Any]) -> DecodingOptions:
+        """The decoding options among `tfcli generate`'s parameters (its `locals()`)."""
+        return cls(**{f.name: parameters[f.name] for f in fields(cls)})
 
     def refuse_given(self, mode: str, *, fill_mask: bool) -> None:
         """Refuse a decoding option given to a mode that generates no text (--top-k counts only for --classify)."""

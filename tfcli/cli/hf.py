@@ -59,50 +59,65 @@ def export(
     if type_ is not None and target != "gguf":
         raise TfcliError("--type is for --to gguf", hint="drop --type, or add --to gguf")
     if target == "gguf":
-        exported = _gguf().export_gguf(run, output, type_ or "f32")
-        stdout_console().print(
-            f"exported {run} to {output} (GGUF {exported.arch}, {type_ or 'f32'}, {exported.tensors} tensors, {exported.bytes:,} bytes, tokenizer {exported.tokenizer_model}); run it with llama-cli -m {output}",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
+        _export_gguf(run, output, type_ or "f32")
         return
     adapter = read_run_config(run).adapter
     if merge and adapter is None:
         raise TfcliError(f"{run} is not a LoRA run; there is nothing to merge", hint="drop --merge")
     if target == "tfcli" and not merge:
         raise TfcliError("--to tfcli writes a LoRA run merged into a full run", hint="add --merge, or copy the run directory as it is")
-    out = stdout_console()
     if target == "tfcli":
-        from tfcli.checkpoint import save_merged
-
-        with nothing_left_on_failure(output, "merging into"):
-            config = save_merged(run, output)
-        out.print(
-            f"merged the LoRA adapter of {run} (rank {adapter.rank}, {len(adapter.modules)} layers) into a full run in {output} ({config.weights_bytes:,} bytes of weights)",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
+        _export_merged(run, output, adapter)
         return
     if adapter is not None and not merge:
-        from tfcli.hf.adapter import ADAPTER_DIR, BASE_DIR, export_lora_hf
-
-        with nothing_left_on_failure(output, "exporting to"):
-            hf_class, config, adapter_config = export_lora_hf(run, output)
-        out.print(
-            f"exported the parent of {run} to {output / BASE_DIR} ({hf_class}) and its LoRA adapter to {output / ADAPTER_DIR} "
-            f"(rank {adapter_config['r']}, {len(adapter_config['target_modules'])} {hf_class} modules); load it with PeftModel.from_pretrained(model, {str(output / ADAPTER_DIR)!r})",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
+        _export_adapter(run, output)
         return
     with nothing_left_on_failure(output, "exporting to"):
         hf_class, config = export_hf(run, output)
     layers = config.get("n_layer", config.get("num_hidden_layers"))
     merged = " with its LoRA adapter merged" if adapter is not None else ""
-    out.print(f"exported {run}{merged} to {output} ({hf_class}, {layers} layers, vocab {config['vocab_size']:,})")
+    stdout_console().print(f"exported {run}{merged} to {output} ({hf_class}, {layers} layers, vocab {config['vocab_size']:,})")
+
+
+def _export_gguf(run: Path, output: Path, type_: str) -> None:
+    exported = _gguf().export_gguf(run, output, type_)
+    stdout_console().print(
+        f"exported {run} to {output} (GGUF {exported.arch}, {type_}, {exported.tensors} tensors, {exported.bytes:,} bytes, tokenizer {exported.tokenizer_model}); run it with llama-cli -m {output}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _export_merged(run: Path, output: Path, adapter) -> None:
+    """--merge --to tfcli: the LoRA run merged into a full run."""
+    from tfcli.checkpoint import save_merged
+    from tfcli.fsutil import nothing_left_on_failure
+
+    with nothing_left_on_failure(output, "merging into"):
+        config = save_merged(run, output)
+    stdout_console().print(
+        f"merged the LoRA adapter of {run} (rank {adapter.rank}, {len(adapter.modules)} layers) into a full run in {output} ({config.weights_bytes:,} bytes of weights)",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _export_adapter(run: Path, output: Path) -> None:
+    """A LoRA run to transformers and PEFT: its parent as OUT/base, the adapter as OUT/adapter."""
+    from tfcli.fsutil import nothing_left_on_failure
+    from tfcli.hf.adapter import ADAPTER_DIR, BASE_DIR, export_lora_hf
+
+    with nothing_left_on_failure(output, "exporting to"):
+        hf_class, config, adapter_config = export_lora_hf(run, output)
+    stdout_console().print(
+        f"exported the parent of {run} to {output / BASE_DIR} ({hf_class}) and its LoRA adapter to {output / ADAPTER_DIR} "
+        f"(rank {adapter_config['r']}, {len(adapter_config['target_modules'])} {hf_class} modules); load it with PeftModel.from_pretrained(model, {str(output / ADAPTER_DIR)!r})",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def import_(

@@ -69,6 +69,37 @@ def _print_table(data: dict) -> None:
         _vectors_rows(table, data)
         print_table(console, table)
         return
+    _model_rows(table, data)
+    _size_rows(table, data)
+    model = data["model"]
+    tok = data["tokenizer"]
+    padding = f" (model vocabulary {model['vocab_size']:,}: never generated past the tokenizer's)" if model["vocab_size"] > tok["vocab_size"] else ""
+    table.add_row(
+        "tokenizer",
+        f"{tok['vocab_size']:,} tokens{padding}, {tok['model']} ({tok['pre_tokenizer']}), "
+        f"specials {' '.join(dict.fromkeys(tok['special_tokens'].values())) or 'none'}",
+    )
+    history = data["history"]
+    if history:
+        read = (
+            f"{counted(history['records'], 'record')} read from the first line and the end of a {human_bytes(history['file_bytes'])} file"
+            if history["tail_only"]
+            else counted(history["records"], "record")
+        )
+        table.add_row(
+            "history",
+            f"{read}, steps {history['first_step']}..{history['last_step']}, "
+            f"last loss {_loss(history['last_loss'])}, best val loss {_loss(history['best_val_loss'])}",
+        )
+    for problem in data["problems"]:
+        table.add_row(Text("problem", style="bold red"), Text(problem, style="red"))
+    print_table(console, table)
+
+
+def _model_rows(table, data: dict) -> None:
+    """The run, the model's shape and options, its task, classes and adapter."""
+    from rich.text import Text
+
     model = data["model"]
     table.add_row("run", data["run"] + (f"  (from {data['source']})" if data["source"] else ""))
     layers = str(model["n_layers"]) + (f" + {model['n_decoder_layers'] or model['n_layers']} decoder" if model["arch"] == "encoder-decoder" else "")
@@ -102,6 +133,10 @@ def _print_table(data: dict) -> None:
                 f"{adapter['parameters']:,} trained parameters ({share:.2%}); parent {adapter['parent_path']}"
             ),
         )
+
+
+def _size_rows(table, data: dict) -> None:
+    """Parameters, where they were imported from, the weights' and the KV cache's bytes."""
     params = data["parameters"]
     parts = ", ".join(f"{name} {params[name]:,}" for name in ("embeddings", "attention", "mlp", "norms", "heads") if params[name])
     table.add_row("parameters", f"{params['total']:,} ({parts})")
@@ -117,28 +152,6 @@ def _print_table(data: dict) -> None:
         cross = kv["cross_attention_per_source_token_bf16"]
         cross_text = f", plus {human_bytes(cross)} per source token for cross-attention" if cross else ""
         table.add_row("KV cache", f"{human_bytes(kv['bf16'])} per token bf16 ({human_bytes(kv['fp32'])} fp32; {kv['kv_heads']} kv heads{saving}){cross_text}")
-    tok = data["tokenizer"]
-    padding = f" (model vocabulary {model['vocab_size']:,}: never generated past the tokenizer's)" if model["vocab_size"] > tok["vocab_size"] else ""
-    table.add_row(
-        "tokenizer",
-        f"{tok['vocab_size']:,} tokens{padding}, {tok['model']} ({tok['pre_tokenizer']}), "
-        f"specials {' '.join(dict.fromkeys(tok['special_tokens'].values())) or 'none'}",
-    )
-    history = data["history"]
-    if history:
-        read = (
-            f"{counted(history['records'], 'record')} read from the first line and the end of a {human_bytes(history['file_bytes'])} file"
-            if history["tail_only"]
-            else counted(history["records"], "record")
-        )
-        table.add_row(
-            "history",
-            f"{read}, steps {history['first_step']}..{history['last_step']}, "
-            f"last loss {_loss(history['last_loss'])}, best val loss {_loss(history['best_val_loss'])}",
-        )
-    for problem in data["problems"]:
-        table.add_row(Text("problem", style="bold red"), Text(problem, style="red"))
-    print_table(console, table)
 
 
 def _vectors_rows(table, data: dict) -> None:

@@ -44,59 +44,71 @@ InputFormat = Annotated[
 ]
 
 
+TokenizerOutput = Annotated[Path, typer.Option("--output", "-o", help="Folder to write tokenizer.json and tokenizer_config.json into.")]
+TokenizerModel = Annotated[
+    str,
+    typer.Option(
+        "--model",
+        "-m",
+        help="bpe (byte-pair encoding, GPT-2 style), wordpiece (BERT's: ## continuations; also writes vocab.txt), "
+        "unigram (SentencePiece-style, as T5 uses), char (one token per character, as nanoGPT's shakespeare_char) "
+        "or word (one token per word or punctuation run, rarer ones unk: classic word2vec's vocabulary).",
+    ),
+]
+VocabSize = Annotated[int, typer.Option(help="Tokens in the vocabulary, special tokens included (for char: a cap; rarer characters become unk).")]
+MinFrequency = Annotated[
+    Optional[int],
+    typer.Option(
+        help="bpe, wordpiece: a pair is merged only if it occurs at least this often (default 2). "
+        "char, word: a character or word seen fewer times becomes unk (default 1).",
+        show_default=False,
+    ),
+]
+SpecialTokens = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--special-tokens",
+        help="Repeatable. ROLE=TEXT renames a role's token (roles: eos, pad, unk, mask, cls); "
+        "a bare TEXT adds an extra special token. Defaults: <|endoftext|> <|pad|> <|unk|> <|mask|> <|cls|>; "
+        "for wordpiece BERT's [PAD] [UNK] [CLS] [SEP] (eos) [MASK].",
+        show_default=False,
+    ),
+]
+PreTokenizer = Annotated[
+    Optional[str],
+    typer.Option(
+        help="bpe only: byte-level (default; lossless, never unknown), whitespace (classic word-level BPE) or metaspace (SentencePiece-style).",
+        show_default=False,
+    ),
+]
+Lowercase = Annotated[bool, typer.Option("--lowercase", help="Lowercase text before tokenizing (wordpiece: as bert-base-uncased).")]
+StripAccents = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--strip-accents/--keep-accents",
+        help="wordpiece only: strip accents (é -> e) or keep them. Default: strip them when lowercasing, as BERT's normalizer does.",
+        show_default=False,
+    ),
+]
+LimitAlphabet = Annotated[
+    Optional[int], typer.Option(help="Keep at most this many initial characters (bpe with whitespace or metaspace, wordpiece).", show_default=False)
+]
+MaxLength = Annotated[int, typer.Option(help="model_max_length written to tokenizer_config.json.")]
+
+
 @app.command("train")
 def train(
     corpus: Corpus,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Folder to write tokenizer.json and tokenizer_config.json into.")],
-    model: Annotated[
-        str,
-        typer.Option(
-            "--model",
-            "-m",
-            help="bpe (byte-pair encoding, GPT-2 style), wordpiece (BERT's: ## continuations; also writes vocab.txt), "
-            "unigram (SentencePiece-style, as T5 uses), char (one token per character, as nanoGPT's shakespeare_char) "
-            "or word (one token per word or punctuation run, rarer ones unk: classic word2vec's vocabulary).",
-        ),
-    ] = "bpe",
-    vocab_size: Annotated[int, typer.Option(help="Tokens in the vocabulary, special tokens included (for char: a cap; rarer characters become unk).")] = 8192,
-    min_frequency: Annotated[
-        Optional[int],
-        typer.Option(
-            help="bpe, wordpiece: a pair is merged only if it occurs at least this often (default 2). "
-            "char, word: a character or word seen fewer times becomes unk (default 1).",
-            show_default=False,
-        ),
-    ] = None,
-    special_tokens: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--special-tokens",
-            help="Repeatable. ROLE=TEXT renames a role's token (roles: eos, pad, unk, mask, cls); "
-            "a bare TEXT adds an extra special token. Defaults: <|endoftext|> <|pad|> <|unk|> <|mask|> <|cls|>; "
-            "for wordpiece BERT's [PAD] [UNK] [CLS] [SEP] (eos) [MASK].",
-            show_default=False,
-        ),
-    ] = None,
-    pre_tokenizer: Annotated[
-        Optional[str],
-        typer.Option(
-            help="bpe only: byte-level (default; lossless, never unknown), whitespace (classic word-level BPE) or metaspace (SentencePiece-style).",
-            show_default=False,
-        ),
-    ] = None,
-    lowercase: Annotated[bool, typer.Option("--lowercase", help="Lowercase text before tokenizing (wordpiece: as bert-base-uncased).")] = False,
-    strip_accents: Annotated[
-        Optional[bool],
-        typer.Option(
-            "--strip-accents/--keep-accents",
-            help="wordpiece only: strip accents (é -> e) or keep them. Default: strip them when lowercasing, as BERT's normalizer does.",
-            show_default=False,
-        ),
-    ] = None,
-    limit_alphabet: Annotated[
-        Optional[int], typer.Option(help="Keep at most this many initial characters (bpe with whitespace or metaspace, wordpiece).", show_default=False)
-    ] = None,
-    max_length: Annotated[int, typer.Option(help="model_max_length written to tokenizer_config.json.")] = 1024,
+    output: TokenizerOutput,
+    model: TokenizerModel = "bpe",
+    vocab_size: VocabSize = 8192,
+    min_frequency: MinFrequency = None,
+    special_tokens: SpecialTokens = None,
+    pre_tokenizer: PreTokenizer = None,
+    lowercase: Lowercase = False,
+    strip_accents: StripAccents = None,
+    limit_alphabet: LimitAlphabet = None,
+    max_length: MaxLength = 1024,
     field: Field = "text",
     input_format: InputFormat = "auto",
     json_output: JsonFlag = False,
@@ -114,7 +126,6 @@ def train(
     """
     from tfcli.corpus.reader import resolve_corpus
     from tfcli.tokenizer.specials import default_specials, parse_special_tokens
-    from tfcli.tokenizer.train import train_tokenizer
     from tfcli.tokenizer.training_config import TokenizerTrainingConfig
 
     config = TokenizerTrainingConfig(
@@ -129,6 +140,18 @@ def train(
         strip_accents=strip_accents,
     )
     sources = resolve_corpus(corpus, field=field, input_format=input_format)
+    summary = _train_with_progress(sources, output, config)
+    if json_output:
+        print_json(summary.to_json())
+        return
+    _render_train_summary(summary)
+
+
+def _train_with_progress(sources, output: Path, config):
+    """Train the tokenizer with a progress display: the bytes read, then the merges (or the vocabulary) being made."""
+    from tfcli.tokenizer.train import train_tokenizer
+
+    model = config.model
     console = stderr_console()
     with make_progress(console) as progress:
         reading = progress.add_task("reading corpus", total=max(sources.total_bytes, 1) if not sources.has_stdin else None)
@@ -145,11 +168,7 @@ def train(
                 progress.update(merging, total=1, completed=1)
 
         with no_empty_folder_left(output):
-            summary = train_tokenizer(sources, output, config, progress=report)
-    if json_output:
-        print_json(summary.to_json())
-        return
-    _render_train_summary(summary)
+            return train_tokenizer(sources, output, config, progress=report)
 
 
 _SHORT_OF_THE_ASK = {

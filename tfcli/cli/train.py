@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from tfcli.cli.common import JsonFlag, Typer
 from tfcli.cli.train_progress import render_training
 from tfcli.fsutil import no_empty_folder_left
+
+if TYPE_CHECKING:
+    from tfcli.train.config import RunOptions
 
 app = Typer(
     help="Pretrain a model on token shards, or fine-tune a run directory on a new task.\n\n"
@@ -71,59 +74,75 @@ Fsdp = Annotated[
 ]
 
 
-def _options(**values: Any) -> dict[str, Any]:
-    """The options given on the command line (unset ones are None or False), the time budget in seconds."""
-    from tfcli.train.config import parse_duration
-
-    given = {k: v for k, v in values.items() if v is not None and v is not False}
-    if "time_budget" in given and "max_steps" in given:
-        from tfcli.errors import TfcliError
-
-        raise TfcliError("--max-steps and --time-budget do not go together: a budget sets the run's length", hint="pass one of them")
-    if "time_budget" in given:
-        given["time_budget"] = parse_duration(given["time_budget"])
-    return given
+PretrainData = Annotated[
+    Path,
+    typer.Option(
+        "--data",
+        help="A shard folder from `tfcli tokenize encode`, or text (a file, a folder, JSON lines with a text field, ...): then a tokenizer sized to it and its shards are made in RUN/data/ first, and the quickstart's settings are the defaults.",
+        show_default=False,
+    ),
+]
+Arch = Annotated[
+    Optional[str],
+    typer.Option(
+        "--arch",
+        help="decoder (causal LM), encoder (masked LM) or encoder-decoder (span denoising) [default: the preset's or config's, else decoder].",
+        show_default=False,
+    ),
+]
+Preset = Annotated[
+    Optional[str],
+    typer.Option(
+        "--preset",
+        help="Model preset: tiny, small, gpt2-small, bert-base, seq2seq-tiny [default: tiny; seq2seq-tiny for encoder-decoder].",
+        show_default=False,
+    ),
+]
+ShardTokenizer = Annotated[
+    Optional[Path],
+    typer.Option("--tokenizer", "-t", help="The tokenizer the shards were encoded with [default: found beside the shards].", show_default=False),
+]
+ContextSize = Annotated[Optional[int], typer.Option("--block-size", help="The model's context length in tokens (the preset's by default).", show_default=False)]
+Objective = Annotated[
+    Optional[str],
+    typer.Option(
+        "--objective",
+        help="lm, mlm or denoise (the architecture's own), or word2vec: word vectors (skip-gram or CBOW with negative sampling) instead of a transformer [default: the architecture's].",
+        show_default=False,
+    ),
+]
+Word2VecAlgorithm = Annotated[
+    Optional[str],
+    typer.Option("--word2vec", help="word2vec: skipgram (each word predicts its neighbours) or cbow [default: skipgram].", show_default=False),
+]
+Dim = Annotated[Optional[int], typer.Option("--dim", help="word2vec: the length of each vector [default: 100].", show_default=False)]
+Window = Annotated[
+    Optional[int],
+    typer.Option("--window", help="word2vec: the most words on each side; each word draws a window of 1..N [default: 5].", show_default=False),
+]
+Negatives = Annotated[Optional[int], typer.Option("--negatives", help="word2vec: noise words per example [default: 5].", show_default=False)]
+Subsample = Annotated[
+    Optional[float], typer.Option("--subsample", help="word2vec: the threshold for dropping frequent words; 0: none [default: 1e-3].", show_default=False)
+]
+Epochs = Annotated[Optional[int], typer.Option("--epochs", help="word2vec: passes over the shards [default: 5].", show_default=False)]
+Threads = Annotated[
+    Optional[int], typer.Option("--threads", help="word2vec: threads updating the vectors at once (as gensim's workers) [default: 1].", show_default=False)
+]
 
 
 @app.command("pretrain")
 def pretrain(
-    data: Annotated[
-        Path,
-        typer.Option(
-            "--data",
-            help="A shard folder from `tfcli tokenize encode`, or text (a file, a folder, JSON lines with a text field, ...): then a tokenizer sized to it and its shards are made in RUN/data/ first, and the quickstart's settings are the defaults.",
-            show_default=False,
-        ),
-    ],
+    data: PretrainData,
     output: Output,
-    arch: Annotated[
-        Optional[str],
-        typer.Option(
-            "--arch",
-            help="decoder (causal LM), encoder (masked LM) or encoder-decoder (span denoising) [default: the preset's or config's, else decoder].",
-            show_default=False,
-        ),
-    ] = None,
-    preset: Annotated[
-        Optional[str],
-        typer.Option(
-            "--preset",
-            help="Model preset: tiny, small, gpt2-small, bert-base, seq2seq-tiny [default: tiny; seq2seq-tiny for encoder-decoder].",
-            show_default=False,
-        ),
-    ] = None,
+    arch: Arch = None,
+    preset: Preset = None,
     config: ConfigFile = None,
     sets: Sets = None,
-    tokenizer: Annotated[
-        Optional[Path],
-        typer.Option("--tokenizer", "-t", help="The tokenizer the shards were encoded with [default: found beside the shards].", show_default=False),
-    ] = None,
+    tokenizer: ShardTokenizer = None,
     max_steps: MaxSteps = None,
     time_budget: TimeBudget = None,
     batch_size: BatchSize = None,
-    block_size: Annotated[
-        Optional[int], typer.Option("--block-size", help="The model's context length in tokens (the preset's by default).", show_default=False)
-    ] = None,
+    block_size: ContextSize = None,
     grad_accum: GradAccum = None,
     lr: Lr = None,
     seed: Seed = None,
@@ -136,31 +155,14 @@ def pretrain(
     compile_model: Compile = False,
     fsdp: Fsdp = False,
     resume: Resume = False,
-    objective: Annotated[
-        Optional[str],
-        typer.Option(
-            "--objective",
-            help="lm, mlm or denoise (the architecture's own), or word2vec: word vectors (skip-gram or CBOW with negative sampling) instead of a transformer [default: the architecture's].",
-            show_default=False,
-        ),
-    ] = None,
-    word2vec: Annotated[
-        Optional[str],
-        typer.Option("--word2vec", help="word2vec: skipgram (each word predicts its neighbours) or cbow [default: skipgram].", show_default=False),
-    ] = None,
-    dim: Annotated[Optional[int], typer.Option("--dim", help="word2vec: the length of each vector [default: 100].", show_default=False)] = None,
-    window: Annotated[
-        Optional[int],
-        typer.Option("--window", help="word2vec: the most words on each side; each word draws a window of 1..N [default: 5].", show_default=False),
-    ] = None,
-    negatives: Annotated[Optional[int], typer.Option("--negatives", help="word2vec: noise words per example [default: 5].", show_default=False)] = None,
-    subsample: Annotated[
-        Optional[float], typer.Option("--subsample", help="word2vec: the threshold for dropping frequent words; 0: none [default: 1e-3].", show_default=False)
-    ] = None,
-    epochs: Annotated[Optional[int], typer.Option("--epochs", help="word2vec: passes over the shards [default: 5].", show_default=False)] = None,
-    threads: Annotated[
-        Optional[int], typer.Option("--threads", help="word2vec: threads updating the vectors at once (as gensim's workers) [default: 1].", show_default=False)
-    ] = None,
+    objective: Objective = None,
+    word2vec: Word2VecAlgorithm = None,
+    dim: Dim = None,
+    window: Window = None,
+    negatives: Negatives = None,
+    subsample: Subsample = None,
+    epochs: Epochs = None,
+    threads: Threads = None,
     log_to: LogTo = None,
     json_output: JsonFlag = False,
 ) -> None:
@@ -187,93 +189,63 @@ def pretrain(
     Example: tfcli train pretrain --data sample_data/corpus/stories.txt -o runs/mine --time-budget 2m
     """
     from tfcli.model.config import ARCHS
-    from tfcli.train.job import pretrain_job
-    from tfcli.train.text_data import is_shard_folder
-    from tfcli.train.tracking import check_trackers
 
     if objective is not None:
         _check_choice("--objective", objective, ("lm", "mlm", "denoise", "word2vec"))
-    word2vec_options = {
-        "--word2vec": word2vec,
-        "--dim": dim,
-        "--window": window,
-        "--negatives": negatives,
-        "--subsample": subsample,
-        "--epochs": epochs,
-        "--threads": threads,
-    }
     if objective == "word2vec":
-        given = {
-            "--arch": arch,
-            "--preset": preset,
-            "--config": config,
-            "--set": sets,
-            "--max-steps": max_steps,
-            "--batch-size": batch_size,
-            "--block-size": block_size,
-            "--grad-accum": grad_accum,
-            "--eval-every": eval_every,
-            "--keep-checkpoints": keep_every,
-            "--device": device,
-            "--precision": precision,
-            "--compile": compile_model or None,
-            "--fsdp": fsdp or None,
-            "--log-to": log_to or None,
-        }
-        _refuse_given(given, "--objective word2vec", "word2vec runs on the CPU for --epochs or --time-budget; its options are --word2vec, --dim, --window, ...")
-        _pretrain_word2vec(
-            data,
-            output,
-            tokenizer,
-            resume,
-            json_output,
-            vectors={"algorithm": word2vec, "dim": dim, "window": window, "negatives": negatives, "subsample": subsample},
-            settings={"epochs": epochs, "threads": threads, "lr": lr, "seed": seed, "save_every": save_every, "log_every": log_every},
-            time_budget=time_budget,
-        )
+        _pretrain_word2vec(locals())
         return
-    _refuse_given(word2vec_options, "a transformer's pretraining", "they are --objective word2vec's")
+    _refuse_given(_word2vec_options(locals()), "a transformer's pretraining", "they are --objective word2vec's")
     if arch is not None:
         _check_choice("--arch", arch, ARCHS)
-    options = _options(
-        max_steps=max_steps,
-        time_budget=time_budget,
-        batch_size=batch_size,
-        grad_accum=grad_accum,
-        lr=lr,
-        seed=seed,
-        save_every=save_every,
-        keep_every=keep_every,
-        eval_every=eval_every,
-        log_every=log_every,
-        device=device,
-        precision=precision,
-        compile=compile_model,
-        fsdp=fsdp,
-    )
-    if block_size is not None:
-        options["model.block_size"] = block_size
-    if objective is not None:
-        options["task"] = objective
-    trackers = check_trackers(log_to or [])
+    options = _run_options(locals()).settings({"model.block_size": block_size, "task": objective})
+    trackers = _trackers(log_to)
+    with _no_empty_run_left(output):
+        job = _pretrain_job(data, output, options, arch, preset, config, sets or [], tokenizer, resume, trackers=trackers, quiet=json_output)
+        render_training(job, json_output)
+
+
+def _run_options(parameters: dict[str, Any]) -> RunOptions:
+    """The options both commands take, out of a command's parameters (its `locals()`; --compile is compile_model)."""
+    import dataclasses
+
+    from tfcli.train.config import RunOptions
+
+    return RunOptions(**{f.name: parameters["compile_model" if f.name == "compile" else f.name] for f in dataclasses.fields(RunOptions)})
+
+
+def _trackers(log_to: Optional[list[str]]) -> tuple[str, ...]:
+    from tfcli.train.tracking import check_trackers
+
+    return tuple(check_trackers(log_to or []))
+
+
+def _no_empty_run_left(output: Path):
+    """A start that fails leaves no empty -o behind (nor a stopped run's leftovers it made)."""
     from tfcli.train.run_checks import RUN_LEFTOVERS
 
-    with no_empty_folder_left(output, RUN_LEFTOVERS):
-        if not is_shard_folder(data):
-            data = _text_to_shards(data, output, options, config, sets or [], resume, json_output)
-        job = pretrain_job(
-            data=data,
-            output=output,
-            arch=arch,
-            preset_name=preset,
-            config_file=config,
-            sets=sets or [],
-            options=options,
-            tokenizer_path=tokenizer,
-            resume=resume,
-        )
-        job.log_to = trackers
-        render_training(job, json_output)
+    return no_empty_folder_left(output, RUN_LEFTOVERS)
+
+
+def _pretrain_job(data: Path, output: Path, options: dict[str, Any], arch, preset, config, sets: list[str], tokenizer, resume: bool, *, trackers, quiet: bool):
+    """The pretraining job; text as --data is made into a tokenizer and shards in RUN/data/ first."""
+    from tfcli.train.job import pretrain_job
+    from tfcli.train.text_data import is_shard_folder
+
+    if not is_shard_folder(data):
+        data = _text_to_shards(data, output, options, config, sets, resume, quiet)
+    return pretrain_job(
+        data=data,
+        output=output,
+        arch=arch,
+        preset_name=preset,
+        config_file=config,
+        sets=sets,
+        options=options,
+        tokenizer_path=tokenizer,
+        resume=resume,
+        log_to=trackers,
+    )
 
 
 def _text_to_shards(data: Path, output: Path, options: dict[str, Any], config: Path | None, sets: list[str], resume: bool, quiet: bool) -> Path:
@@ -305,86 +277,95 @@ def _text_to_shards(data: Path, output: Path, options: dict[str, Any], config: P
     return shard_dir
 
 
+InitFrom = Annotated[Path, typer.Option("--init-from", help="The run directory to start from.", show_default=False)]
+Task = Annotated[
+    str,
+    typer.Option(
+        "--task",
+        help="lm, mlm or denoise (continued pretraining of a decoder, encoder or encoder-decoder, on shards), classify (text/label records), seq2seq (source/target records), chat (messages records) or instruct (prompt/response records).",
+        show_default=False,
+    ),
+]
+FinetuneData = Annotated[
+    Path,
+    typer.Option(
+        "--data",
+        help="Shards for lm, mlm and denoise; for classify and seq2seq a labeled set: JSON lines, CSV / TSV or Parquet, compressed or not (.gz, .zst, .xz, .bz2); for chat and instruct JSON lines or Parquet.",
+        show_default=False,
+    ),
+]
+ValData = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--val-data", help="A labeled validation set, in any of --data's formats [default: hold out --set val_fraction=0.1 of --data].", show_default=False
+    ),
+]
+TextField = Annotated[
+    Optional[str],
+    typer.Option(
+        "--text-field",
+        help="classify: the field (JSON lines; a dotted path reaches into nested objects) or column (CSV, Parquet) of the text [default: text].",
+        show_default=False,
+    ),
+]
+LabelField = Annotated[Optional[str], typer.Option("--label-field", help="classify: the field or column of the label [default: label].", show_default=False)]
+SourceField = Annotated[
+    Optional[str], typer.Option("--source-field", help="seq2seq: the field or column of the source text [default: source].", show_default=False)
+]
+TargetField = Annotated[
+    Optional[str], typer.Option("--target-field", help="seq2seq: the field or column of the target text [default: target].", show_default=False)
+]
+Freeze = Annotated[
+    Optional[str], typer.Option("--freeze", help="none, embeddings, or body (train only the new classification head) [default: none].", show_default=False)
+]
+ChatTemplate = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--chat-template",
+        help="chat, instruct: a Jinja chat template file (transformers' format) [default: the parent's, else ChatML: <|im_start|>role\\n...<|im_end|>, its two markers added to a tokenizer that lacks them]. Conversations are padded, not packed; the loss counts the assistant's tokens only.",
+        show_default=False,
+    ),
+]
+LoraRank = Annotated[
+    Optional[int],
+    typer.Option(
+        "--lora-rank",
+        help="Train LoRA adapters of this rank on the frozen model instead of its weights; the run keeps only the adapters (a few MB) and names its parent.",
+        show_default=False,
+    ),
+]
+LoraAlpha = Annotated[Optional[float], typer.Option("--lora-alpha", help="LoRA: the update is scaled by alpha / rank [default: 2 x rank].", show_default=False)]
+LoraDropout = Annotated[Optional[float], typer.Option("--lora-dropout", help="LoRA: dropout on the adapters' input [default: 0].", show_default=False)]
+LoraTargets = Annotated[
+    Optional[str],
+    typer.Option("--lora-targets", help="LoRA: the layers that get adapters, comma-separated: qkv, out, mlp [default: qkv,out,mlp].", show_default=False),
+]
+WindowSize = Annotated[Optional[int], typer.Option("--block-size", help="Tokens per example or window, at most the model's context.", show_default=False)]
+
+
 @app.command("finetune")
 def finetune(
-    init_from: Annotated[Path, typer.Option("--init-from", help="The run directory to start from.", show_default=False)],
-    task: Annotated[
-        str,
-        typer.Option(
-            "--task",
-            help="lm, mlm or denoise (continued pretraining of a decoder, encoder or encoder-decoder, on shards), classify (text/label records), seq2seq (source/target records), chat (messages records) or instruct (prompt/response records).",
-            show_default=False,
-        ),
-    ],
-    data: Annotated[
-        Path,
-        typer.Option(
-            "--data",
-            help="Shards for lm, mlm and denoise; for classify and seq2seq a labeled set: JSON lines, CSV / TSV or Parquet, compressed or not (.gz, .zst, .xz, .bz2); for chat and instruct JSON lines or Parquet.",
-            show_default=False,
-        ),
-    ],
+    init_from: InitFrom,
+    task: Task,
+    data: FinetuneData,
     output: Output,
-    val_data: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--val-data", help="A labeled validation set, in any of --data's formats [default: hold out --set val_fraction=0.1 of --data].", show_default=False
-        ),
-    ] = None,
-    text_field: Annotated[
-        Optional[str],
-        typer.Option(
-            "--text-field",
-            help="classify: the field (JSON lines; a dotted path reaches into nested objects) or column (CSV, Parquet) of the text [default: text].",
-            show_default=False,
-        ),
-    ] = None,
-    label_field: Annotated[
-        Optional[str], typer.Option("--label-field", help="classify: the field or column of the label [default: label].", show_default=False)
-    ] = None,
-    source_field: Annotated[
-        Optional[str], typer.Option("--source-field", help="seq2seq: the field or column of the source text [default: source].", show_default=False)
-    ] = None,
-    target_field: Annotated[
-        Optional[str], typer.Option("--target-field", help="seq2seq: the field or column of the target text [default: target].", show_default=False)
-    ] = None,
-    freeze: Annotated[
-        Optional[str], typer.Option("--freeze", help="none, embeddings, or body (train only the new classification head) [default: none].", show_default=False)
-    ] = None,
-    chat_template: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--chat-template",
-            help="chat, instruct: a Jinja chat template file (transformers' format) [default: the parent's, else ChatML: <|im_start|>role\\n...<|im_end|>, its two markers added to a tokenizer that lacks them]. Conversations are padded, not packed; the loss counts the assistant's tokens only.",
-            show_default=False,
-        ),
-    ] = None,
-    lora_rank: Annotated[
-        Optional[int],
-        typer.Option(
-            "--lora-rank",
-            help="Train LoRA adapters of this rank on the frozen model instead of its weights; the run keeps only the adapters (a few MB) and names its parent.",
-            show_default=False,
-        ),
-    ] = None,
-    lora_alpha: Annotated[
-        Optional[float], typer.Option("--lora-alpha", help="LoRA: the update is scaled by alpha / rank [default: 2 x rank].", show_default=False)
-    ] = None,
-    lora_dropout: Annotated[
-        Optional[float], typer.Option("--lora-dropout", help="LoRA: dropout on the adapters' input [default: 0].", show_default=False)
-    ] = None,
-    lora_targets: Annotated[
-        Optional[str],
-        typer.Option("--lora-targets", help="LoRA: the layers that get adapters, comma-separated: qkv, out, mlp [default: qkv,out,mlp].", show_default=False),
-    ] = None,
+    val_data: ValData = None,
+    text_field: TextField = None,
+    label_field: LabelField = None,
+    source_field: SourceField = None,
+    target_field: TargetField = None,
+    freeze: Freeze = None,
+    chat_template: ChatTemplate = None,
+    lora_rank: LoraRank = None,
+    lora_alpha: LoraAlpha = None,
+    lora_dropout: LoraDropout = None,
+    lora_targets: LoraTargets = None,
     config: ConfigFile = None,
     sets: Sets = None,
     max_steps: MaxSteps = None,
     time_budget: TimeBudget = None,
     batch_size: BatchSize = None,
-    block_size: Annotated[
-        Optional[int], typer.Option("--block-size", help="Tokens per example or window, at most the model's context.", show_default=False)
-    ] = None,
+    block_size: WindowSize = None,
     grad_accum: GradAccum = None,
     lr: Lr = None,
     seed: Seed = None,
@@ -414,41 +395,13 @@ def finetune(
     Example: tfcli train finetune --init-from runs/tiny --task classify --data sample_data/reviews.jsonl -o runs/reviews
     """
     from tfcli.train.job import finetune_job
-    from tfcli.train.tracking import check_trackers
     from tfcli.training_config import TASKS
 
     _check_choice("--task", task, TASKS)
-    if lora_rank is not None and lora_rank < 1:
-        from tfcli.errors import TfcliError
-
-        raise TfcliError(f"--lora-rank must be at least 1, not {lora_rank}", hint="a rank of 4 to 64 is usual")
-    options = _options(
-        max_steps=max_steps,
-        time_budget=time_budget,
-        batch_size=batch_size,
-        block_size=block_size,
-        grad_accum=grad_accum,
-        lr=lr,
-        seed=seed,
-        save_every=save_every,
-        keep_every=keep_every,
-        eval_every=eval_every,
-        log_every=log_every,
-        device=device,
-        precision=precision,
-        compile=compile_model,
-        fsdp=fsdp,
-        freeze=freeze,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        lora_targets=lora_targets,
-    )
-    trackers = check_trackers(log_to or [])
-    from tfcli.train.run_checks import RUN_LEFTOVERS
-
-    with no_empty_folder_left(output, RUN_LEFTOVERS):
-        fields = {"text": text_field, "label": label_field, "source": source_field, "target": target_field}
+    options = _finetune_options(locals())
+    trackers = _trackers(log_to)
+    fields = {"text": text_field, "label": label_field, "source": source_field, "target": target_field}
+    with _no_empty_run_left(output):
         job = finetune_job(
             init_from=init_from,
             task=task,
@@ -461,31 +414,69 @@ def finetune(
             resume=resume,
             fields={k: v for k, v in fields.items() if v is not None},
             chat_template=chat_template,
+            log_to=trackers,
         )
-        job.log_to = trackers
         render_training(job, json_output)
 
 
-def _pretrain_word2vec(
-    data: Path, output: Path, tokenizer: Optional[Path], resume: bool, json_output: bool, *, vectors: dict, settings: dict, time_budget: Optional[str]
-) -> None:
+def _finetune_options(parameters: dict[str, Any]) -> dict[str, Any]:
+    """The settings finetune's parameters give: the shared options and its own."""
+    lora_rank = parameters["lora_rank"]
+    if lora_rank is not None and lora_rank < 1:
+        from tfcli.errors import TfcliError
+
+        raise TfcliError(f"--lora-rank must be at least 1, not {lora_rank}", hint="a rank of 4 to 64 is usual")
+    own = ("block_size", "freeze", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
+    return _run_options(parameters).settings({name: parameters[name] for name in own})
+
+
+def _word2vec_options(parameters: dict[str, Any]) -> dict[str, Any]:
+    """--objective word2vec's own options, by their names on the command line, out of pretrain's parameters."""
+    return {f"--{name.replace('_', '-')}": parameters[name] for name in ("word2vec", "dim", "window", "negatives", "subsample", "epochs", "threads")}
+
+
+# what only a transformer's pretraining takes: option -> pretrain's parameter
+_TRANSFORMER_OPTIONS = {
+    "--arch": "arch",
+    "--preset": "preset",
+    "--config": "config",
+    "--set": "sets",
+    "--max-steps": "max_steps",
+    "--batch-size": "batch_size",
+    "--block-size": "block_size",
+    "--grad-accum": "grad_accum",
+    "--eval-every": "eval_every",
+    "--keep-checkpoints": "keep_every",
+    "--device": "device",
+    "--precision": "precision",
+    "--compile": "compile_model",
+    "--fsdp": "fsdp",
+    "--log-to": "log_to",
+}
+
+
+def _pretrain_word2vec(parameters: dict[str, Any]) -> None:
+    """`train pretrain --objective word2vec` with pretrain's parameters: a transformer's options refused, then the job."""
     from tfcli.train.word2vec import word2vec_job
 
+    p = parameters
+    given = {flag: (p[name] or None) if name in ("compile_model", "fsdp") else p[name] for flag, name in _TRANSFORMER_OPTIONS.items()}
+    _refuse_given(given, "--objective word2vec", "word2vec runs on the CPU for --epochs or --time-budget; its options are --word2vec, --dim, --window, ...")
+    vectors = {"algorithm": p["word2vec"], "dim": p["dim"], "window": p["window"], "negatives": p["negatives"], "subsample": p["subsample"]}
+    settings = {name: p[name] for name in ("epochs", "threads", "lr", "seed", "save_every", "log_every")}
     if vectors["algorithm"] is not None:
         _check_choice("--word2vec", vectors["algorithm"], ("skipgram", "cbow"))
-    if time_budget is not None:
+    if p["time_budget"] is not None:
         from tfcli.train.config import parse_duration
 
-        settings["time_budget"] = parse_duration(time_budget)
+        settings["time_budget"] = parse_duration(p["time_budget"])
         if settings["epochs"] is not None:
             from tfcli.errors import TfcliError
 
             raise TfcliError("--epochs and --time-budget do not go together: a budget sets the run's length", hint="pass one of them")
-    from tfcli.train.run_checks import RUN_LEFTOVERS
-
-    with no_empty_folder_left(output, RUN_LEFTOVERS):
-        job = word2vec_job(data=data, output=output, vectors=vectors, settings=settings, tokenizer_path=tokenizer, resume=resume)
-        render_training(job, json_output)
+    with _no_empty_run_left(p["output"]):
+        job = word2vec_job(data=p["data"], output=p["output"], vectors=vectors, settings=settings, tokenizer_path=p["tokenizer"], resume=p["resume"])
+        render_training(job, p["json_output"])
 
 
 def _refuse_given(options: dict[str, Any], what: str, hint: str) -> None:

@@ -11,20 +11,43 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from tfcli.generate.events import Chunk, Completion, Event, Finished
+from tfcli.generate.events import Chunk, Completion, Event, Finished, Timing
 from tfcli.generate.sampling import apply_repetition_penalty
+from tfcli.generate.settings import GenerationSettings
 from tfcli.generate.stream import CompletionText
+from tfcli.generate.window import DecoderWindow, Vocabulary
+from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.detokenize import decode_completion, decode_pieces
 
-if TYPE_CHECKING:
-    from tfcli.generate.decoding import Generator
-
 MINUS_INF = float("-inf")
+
+
+class Decoder(Protocol):
+    """What beam search needs from the decoder it runs in (`decoding.Generator` is one): its settings, tokenizer,
+    vocabulary and device, a window factory, and the clock it adds its decoding time to."""
+
+    settings: GenerationSettings
+    tokenizer: TextTokenizer
+    vocab: Vocabulary
+    device: torch.device
+    timing: Timing
+
+    def open_window(self, rows: list[list[int]], repeat: int) -> tuple[DecoderWindow, torch.Tensor]:
+        """A window over the rows (each repeated `repeat` times, adjacent) with the prompts run through it; the next logits."""
+        ...
+
+    def seen_tokens(self, rows: list[list[int]], repeat: int) -> torch.Tensor | None:
+        """(rows * repeat, vocab) the tokens each row has had, for the repetition penalty; None without one."""
+        ...
+
+    def text_context(self, prompt_ids: Sequence[int]) -> Sequence[int]:
+        """What a completion's text follows."""
+        ...
 
 
 @dataclasses.dataclass
@@ -66,12 +89,12 @@ class Candidate:
     logprob: float  # the model's own log-probability of the token
 
 
-def beam_search(g: Generator, indices: list[int], prompts: list[str], rows: list[list[int]]) -> Iterator[Event]:
+def beam_search(g: Decoder, indices: list[int], prompts: list[str], rows: list[list[int]]) -> Iterator[Event]:
     """Decode rows (the prompts `indices`) with beams; yields a Chunk and a Finished per returned completion."""
     s = g.settings
-    window, logits = g._open(rows, s.num_beams)
+    window, logits = g.open_window(rows, s.num_beams)
     started = time.perf_counter()
-    seen = g._seen(window, rows, s.num_beams)
+    seen = g.seen_tokens(rows, s.num_beams)
     search = _Search(g, [g.text_context(r) for r in rows])
     for step in range(s.max_new_tokens):
         next_rows, next_tokens = search.step(logits, seen, step)
@@ -94,7 +117,7 @@ class _Search:
     """The state of one beam search over P prompts of K beams each: per prompt its running hypotheses
     (`beams`), the best K that ended (`ended`, best first) and whether it is done."""
 
-    def __init__(self, g: Generator, contexts: list[Sequence[int]]) -> None:
+    def __init__(self, g: Decoder, contexts: list[Sequence[int]]) -> None:
         self.g, self.s = g, g.settings
         self.K, self.P = self.s.num_beams, len(contexts)
         self.contexts = contexts  # per prompt, the ids its texts follow
@@ -204,7 +227,7 @@ class _Search:
                 self._end(p, hypothesis, hypothesis.total, "length", self.text_of(p, hypothesis.tokens))
 
 
-def _events(g: Generator, ended: list[Ended], prompt_index: int, prompt: str, prompt_ids: list[int]) -> Iterator[Event]:
+def _events(g: Decoder, ended: list[Ended], prompt_index: int, prompt: str, prompt_ids: list[int]) -> Iterator[Event]:
     """A Chunk (when there is text) and a Finished for each of the best num_samples ended hypotheses."""
     s = g.settings
     for sample_index, e in enumerate(ended[: s.num_samples]):

@@ -147,7 +147,7 @@ class Generator:
         self.timing.new_tokens = sum(len(c.tokens) for c in completions)
         yield Done(completions, self.timing, self.seed)
 
-    def _open(self, rows: list[list[int]], repeat: int) -> tuple[DecoderWindow, torch.Tensor]:
+    def open_window(self, rows: list[list[int]], repeat: int) -> tuple[DecoderWindow, torch.Tensor]:
         """A window over the rows (each repeated `repeat` times, adjacent), with the prompts run through it."""
         started = time.perf_counter()
         model, config = self.model, self.model.config
@@ -181,7 +181,9 @@ class Generator:
         self.timing.prompt_tokens += sum(len(r) for r in rows) * repeat
         return window, logits
 
-    def _seen(self, window: DecoderWindow, rows: list[list[int]], repeat: int) -> torch.Tensor | None:
+    def seen_tokens(self, rows: list[list[int]], repeat: int) -> torch.Tensor | None:
+        """(rows * repeat, vocab) the tokens each row has had (a decoder's prompt; not an encoder-decoder's
+        source), for the repetition penalty; None without one."""
         if self.settings.repetition_penalty == 1.0:
             return None
         seen = torch.zeros(len(rows) * repeat, self.vocab.limit, dtype=torch.bool, device=self.device)
@@ -195,7 +197,7 @@ class Generator:
         """Greedy or sampling for a batch of prompts, each repeated num_samples times."""
         s = self.settings
         n = s.num_samples
-        window, logits = self._open(rows, n)
+        window, logits = self.open_window(rows, n)
         started = time.perf_counter()
 
         def completion(b: int, row: Row, reason: str) -> Completion:
@@ -213,7 +215,7 @@ class Generator:
 
         completion_ids = [indices[b // n] * n + b % n for b in range(len(rows) * n)]
         contexts = [self.text_context(rows[b // n]) for b in range(len(rows) * n)]
-        yield from self.sampling_loop(window, logits, self._seen(window, rows, n), completion_ids, completion, contexts)
+        yield from self.sampling_loop(window, logits, self.seen_tokens(rows, n), completion_ids, completion, contexts)
         self.timing.decode_seconds += time.perf_counter() - started
 
     def text_context(self, prompt_ids: Sequence[int]) -> Sequence[int]:

@@ -15,16 +15,16 @@ import dataclasses
 import json
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from tfcli.data.chat import encode_conversations, read_conversations, shifted_targets
-from tfcli.data.labeled import split_validation
+from tfcli.data.labeled import LabeledSet, split_validation
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json, atomic_write_text
 from tfcli.limits import CHAT_TEMPLATE_FILE, read_text_capped
 from tfcli.tokenizer.chat_template import DEFAULT_TEMPLATE, ChatTemplate, chat_tokenizer_files, template_source
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
 from tfcli.train.data import IGNORE, Batch, LabeledSource, pad_rows
-from tfcli.train.fingerprint import digest, file_fingerprint
 
 
 class ChatSource(LabeledSource):
@@ -54,12 +54,39 @@ def _template_text(template_file: Path | None, parent_config: dict) -> str:
     return text
 
 
-def prepare_chat(job, *, template_file: Path | None, resume: bool) -> None:
-    """Give a chat job its tokenizer (the parent's with the template, grown where needed), its model
-    vocabulary, its conversations and its notes. Nothing is written here (`install_chat_tokenizer` does that)."""
-    parent_dir = job.init_from
-    source = _template_text(template_file, _read_config(parent_dir))
-    text, config, added = chat_tokenizer_files(job.tokenizer, _read_config(parent_dir), source)
+@dataclasses.dataclass(frozen=True)
+class ChatFiles:
+    """The tokenizer a chat run gets, as the files the run keeps: tokenizer.json's text and tokenizer_config.json."""
+
+    text: str
+    config: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatTokenizer:
+    """The parent's tokenizer with the chat template (grown where needed), loaded and as files; the template."""
+
+    files: ChatFiles
+    tokenizer: TextTokenizer
+    template: ChatTemplate
+    source: str  # the template's Jinja text
+    added: list[str]  # the markers added to the vocabulary
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatSets:
+    """The encoded conversations, and what was said about those that did not fit."""
+
+    train_set: LabeledSet
+    val_set: LabeledSet
+    notes: tuple[str, ...]
+
+
+def chat_tokenizer(parent_dir: Path, parent_tokenizer: TextTokenizer, template_file: Path | None) -> ChatTokenizer:
+    """The chat tokenizer of a run fine-tuned from `parent_dir`. Nothing is written here (`install_chat_tokenizer` does that)."""
+    parent_config = _read_config(parent_dir)
+    source = _template_text(template_file, parent_config)
+    text, config, added = chat_tokenizer_files(parent_tokenizer, parent_config, source)
     with tempfile.TemporaryDirectory() as staging:
         atomic_write_text(Path(staging) / TOKENIZER_FILE, text)
         atomic_write_json(Path(staging) / TOKENIZER_CONFIG_FILE, config)
@@ -67,47 +94,45 @@ def prepare_chat(job, *, template_file: Path | None, resume: bool) -> None:
     where = str(template_file) if template_file is not None else f"{parent_dir}" if source != DEFAULT_TEMPLATE else "tfcli's default"
     template = ChatTemplate.for_tokenizer(tokenizer, config, where)
     assert template is not None
-    job.chat_files = (text, config)
-    job.tokenizer = tokenizer
-    before = job.model_config.vocab_size
-    if tokenizer.vocab_size > before:
-        job.model_config = dataclasses.replace(job.model_config, vocab_size=tokenizer.vocab_size)
-        job.notes.append(
-            f"the chat template's tokens {', '.join(added)} were added to the tokenizer: the embedding grows from {before:,} to "
-            f"{tokenizer.vocab_size:,} rows{'' if job.model_config.tie_embeddings else ', and the output layer with it'}"
-        )
-    task, block = job.config.task, job.block_size
-    train_set, report = encode_conversations(read_conversations(job.data, task), template, block, job.data)
-    if job.val_data is not None:
-        val_set, val_report = encode_conversations(read_conversations(job.val_data, task), template, block, job.val_data)
+    return ChatTokenizer(ChatFiles(text, config), tokenizer, template, source, added)
+
+
+def grown_vocabulary_note(chat: ChatTokenizer, before: int, tied: bool) -> str:
+    return (
+        f"the chat template's tokens {', '.join(chat.added)} were added to the tokenizer: the embedding grows from {before:,} to "
+        f"{chat.tokenizer.vocab_size:,} rows{'' if tied else ', and the output layer with it'}"
+    )
+
+
+def chat_sets(template: ChatTemplate, task: str, data: Path, val_data: Path | None, block: int, *, val_fraction: float, seed: int) -> ChatSets:
+    """The conversations of --data (and --val-data, else a held-out share of --data) rendered and cropped to the context."""
+    train_set, report = encode_conversations(read_conversations(data, task), template, block, data)
+    if val_data is not None:
+        val_set, val_report = encode_conversations(read_conversations(val_data, task), template, block, val_data)
         report.cropped += val_report.cropped
         report.dropped += val_report.dropped
     else:
-        train_set, val_set = split_validation(train_set, job.config.val_fraction, job.config.seed)
+        train_set, val_set = split_validation(train_set, val_fraction, seed)
+    notes = []
     if report.cropped or report.dropped:
-        job.notes.append(
+        notes.append(
             f"{report.cropped + report.dropped:,} conversations are longer than the context of {block + 1:,} tokens: "
             f"{report.cropped:,} lost their oldest exchanges, {report.dropped:,} were dropped (their last exchange alone is longer)"
         )
     if len(train_set) == 0:
-        raise TfcliError(
-            f"no conversation in {job.data} fits the context of {block + 1:,} tokens", hint="shorten them, or fine-tune a model with a longer context"
-        )
-    job.labeled = (train_set, val_set)
-    job.data_fingerprint = digest([file_fingerprint(job.data, job.val_data), source])
+        raise TfcliError(f"no conversation in {data} fits the context of {block + 1:,} tokens", hint="shorten them, or fine-tune a model with a longer context")
+    return ChatSets(train_set, val_set, tuple(notes))
 
 
-def install_chat_tokenizer(job) -> None:
+def install_chat_tokenizer(run_dir: Path, files: ChatFiles, resume: bool) -> TextTokenizer:
     """Write the chat tokenizer into the run directory (a new run), or check it is the one there (--resume);
-    the job's tokenizer is then the run's own."""
-    text, config = job.chat_files
-    run_dir = job.run_dir
-    if job.resume:
-        if (run_dir / TOKENIZER_FILE).read_text(encoding="utf-8") != text or _read_config(run_dir) != config:
+    returns the run's own tokenizer."""
+    if resume:
+        if (run_dir / TOKENIZER_FILE).read_text(encoding="utf-8") != files.text or _read_config(run_dir) != files.config:
             raise TfcliError(
                 "cannot resume: the chat template or the tokenizer differs from the run's", hint="resume with the template the run was started with"
             )
     else:
-        atomic_write_text(run_dir / TOKENIZER_FILE, text)
-        atomic_write_json(run_dir / TOKENIZER_CONFIG_FILE, config)
-    job.tokenizer = TextTokenizer.load(run_dir / TOKENIZER_FILE)
+        atomic_write_text(run_dir / TOKENIZER_FILE, files.text)
+        atomic_write_json(run_dir / TOKENIZER_CONFIG_FILE, files.config)
+    return TextTokenizer.load(run_dir / TOKENIZER_FILE)

@@ -187,3 +187,33 @@ def resolve_configs(
         model = preset(preset_name, **model_settings)
     train = TrainConfig.from_json({**file_train, **set_train, **option_train, **(train_fixed or {})}, where="training config")
     return model, train
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """The everyday options `train pretrain` and `train finetune` share, as the command line gave them (None or
+    False: not given); the commands' signatures name them through the same option types (cli/train.py)."""
+
+    max_steps: int | None = None
+    time_budget: str | None = None  # 90s, 3m, 1h
+    batch_size: int | None = None
+    grad_accum: int | None = None
+    lr: float | None = None
+    seed: int | None = None
+    save_every: int | None = None
+    keep_every: int | None = None
+    eval_every: int | None = None
+    log_every: int | None = None
+    device: str | None = None
+    precision: str | None = None
+    compile: bool = False
+    fsdp: bool = False
+
+    def settings(self, more: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The settings given, with `more` (a command's own options), the time budget in seconds."""
+        given = {key: value for key, value in {**dataclasses.asdict(self), **(more or {})}.items() if value is not None and value is not False}
+        if "time_budget" in given and "max_steps" in given:
+            raise TfcliError("--max-steps and --time-budget do not go together: a budget sets the run's length", hint="pass one of them")
+        if "time_budget" in given:
+            given["time_budget"] = parse_duration(given["time_budget"])
+        return given

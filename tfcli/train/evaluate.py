@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from tfcli.checkpoint import load_checkpoint
 from tfcli.corpus.documents import iter_document_pieces
 from tfcli.corpus.formats import RECORD_FORMATS, format_of_name
 from tfcli.corpus.reader import ReadStats, resolve_corpus
@@ -28,7 +27,6 @@ from tfcli.tokenizer.chat_template import ChatTemplate
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE
 from tfcli.train import data as d
 from tfcli.train.chat import ChatSource
-from tfcli.train.job import TrainingJob
 from tfcli.train.objectives import evaluate
 from tfcli.train.setup import check_token_ids, pick_device, token_byte_lengths
 from tfcli.training_config import TrainConfig
@@ -63,8 +61,7 @@ def evaluate_run(
         task, batches = _labeled_batches(checkpoint, run, data, batch_size, max_batches, seed, result)
     else:
         task, batches = _text_batches(checkpoint, run, data, split, batch_size, max_batches, seed, result)
-    job = TrainingJob(Path(run), config, dataclasses.replace(_default_train_config(), task=task), tokenizer, data)
-    byte_lengths = token_byte_lengths(job) if task == "lm" else None
+    byte_lengths = token_byte_lengths(tokenizer, config.vocab_size) if task == "lm" else None
     metrics = evaluate(model, batches, task, target, contextlib.nullcontext, byte_lengths)
     result["task"] = task
     result.update({k.removeprefix("val_"): v for k, v in metrics.items()})

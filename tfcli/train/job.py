@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tfcli.adapters.lora import check_rank
-from tfcli.data.labeled import FIELD_OPTIONS, field_names, load_labeled, split_validation
+from tfcli.data.labeled import FIELD_OPTIONS, LabeledSet, field_names, load_labeled, split_validation
 from tfcli.data.shards import load_shard_meta
 from tfcli.errors import TfcliError, a_or_an
 from tfcli.model.config import ModelConfig
 from tfcli.rundir import read_run_config
 from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
-from tfcli.train.chat import install_chat_tokenizer, prepare_chat
+from tfcli.train.chat import ChatFiles, chat_sets, chat_tokenizer, grown_vocabulary_note, install_chat_tokenizer
 from tfcli.train.config import check_settings_apply, resolve_configs
 from tfcli.train.fingerprint import digest, file_fingerprint, shard_fingerprint
 from tfcli.train.run_checks import check_output, check_resumed, check_resumed_finetune
@@ -25,8 +25,11 @@ LABELED_TASKS = ("classify", "seq2seq")
 CHAT_TASKS = ("chat", "instruct")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class TrainingJob:
+    """What every run is made of, resolved and checked before anything is written. A job is one of the variants
+    below (the data differs per task); this base alone is the draft a fine-tune's variant is built from."""
+
     run_dir: Path
     model_config: ModelConfig
     config: TrainConfig
@@ -36,11 +39,8 @@ class TrainingJob:
     init_from: Path | None = None
     resume: bool = False
     data_fingerprint: str = ""
-    labeled: Any = None  # (train LabeledSet, val LabeledSet) for classify / seq2seq
-    fields: dict[str, str] | None = None  # classify / seq2seq: fields of the data renamed (--text-field ...)
-    notes: list[str] = dataclasses.field(default_factory=list)  # said when training starts
-    chat_files: Any = None  # chat / instruct: (tokenizer.json text, tokenizer_config.json) the run gets
-    log_to: list[str] = dataclasses.field(default_factory=list)  # experiment trackers beside metrics.jsonl (tracking.py)
+    notes: tuple[str, ...] = ()  # said when training starts
+    log_to: tuple[str, ...] = ()  # experiment trackers beside metrics.jsonl (tracking.py)
 
     @property
     def title(self) -> str:
@@ -61,8 +61,41 @@ class TrainingJob:
             "val_data": str(self.val_data) if self.val_data else None,
             "init_from": str(self.init_from) if self.init_from else None,
             "step": step,
-            **({"fields": self.fields} if self.fields else {}),
         }
+
+    def variant(self, kind: type[Job], **changes: Any) -> Job:
+        """This job's common fields, with `changes`, as `kind` (which adds its own)."""
+        common = {field.name: getattr(self, field.name) for field in dataclasses.fields(TrainingJob)}
+        return kind(**(common | changes))
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardJob(TrainingJob):
+    """lm / mlm / denoise: windows of the token shards in `data`."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LabeledJob(TrainingJob):
+    """classify / seq2seq: examples read from a labeled set (JSON lines, CSV, Parquet ...)."""
+
+    train_set: LabeledSet
+    val_set: LabeledSet
+    fields: dict[str, str] | None = None  # fields of the data renamed (--text-field ...)
+
+    def training_record(self, step: int) -> dict[str, Any]:
+        return {**super().training_record(step), **({"fields": self.fields} if self.fields else {})}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ChatJob(TrainingJob):
+    """chat / instruct: conversations rendered with a chat template, which the run's tokenizer keeps."""
+
+    train_set: LabeledSet
+    val_set: LabeledSet
+    tokenizer_files: ChatFiles  # the run's tokenizer.json and tokenizer_config.json
+
+
+Job = TypeVar("Job", bound=TrainingJob)
 
 
 def find_tokenizer(shard_dir: Path, explicit: Path | None) -> TextTokenizer:
@@ -97,7 +130,8 @@ def pretrain_job(
     options: dict[str, Any],
     tokenizer_path: Path | None,
     resume: bool,
-) -> TrainingJob:
+    log_to: tuple[str, ...] = (),
+) -> ShardJob:
     meta = load_shard_meta(data)
     tokenizer = find_tokenizer(data, tokenizer_path)
     if arch is None:  # no --arch: the architecture the settings describe (--set, the file, the preset), else a decoder
@@ -135,7 +169,7 @@ def pretrain_job(
         raise TfcliError(f"the shards hold ids for {meta.vocab_size:,} tokens but the tokenizer has {tokenizer.vocab_size:,}")
     _check_block(config, model_config, finetune=False)
     _require_roles(tokenizer, task)
-    job = TrainingJob(output, model_config, config, tokenizer, data, resume=resume, data_fingerprint=shard_fingerprint(data))
+    job = ShardJob(output, model_config, config, tokenizer, data, resume=resume, data_fingerprint=shard_fingerprint(data), log_to=tuple(log_to))
     check_output(output, resume)
     if resume:
         check_resumed(job)
@@ -155,6 +189,7 @@ def finetune_job(
     resume: bool,
     fields: dict[str, str] | None = None,
     chat_template: Path | None = None,
+    log_to: tuple[str, ...] = (),
 ) -> TrainingJob:
     """`fields` renames the fields of a labeled set (role -> name in the data, e.g. {"label": "stars"})."""
     fields = _check_fields(task, fields)
@@ -162,20 +197,20 @@ def finetune_job(
     model_config, config = _finetune_configs(parent.model, task, config_file=config_file, sets=sets, options=options, val_data=val_data)
     _check_block(config, model_config, finetune=True)
     _require_roles(tokenizer, task)
-    job = TrainingJob(output, model_config, config, tokenizer, data, val_data=val_data, init_from=Path(init_from), resume=resume)
     if chat_template is not None and task not in CHAT_TASKS:
         raise TfcliError(f"--chat-template applies to --task chat and instruct, not {task}")
+    draft = TrainingJob(output, model_config, config, tokenizer, data, val_data=val_data, init_from=Path(init_from), resume=resume, log_to=tuple(log_to))
     if task in CHAT_TASKS:
-        prepare_chat(job, template_file=chat_template, resume=resume)
+        job: TrainingJob = _chat_job(draft, chat_template)
     elif task in LABELED_TASKS:
-        _read_labeled(job, fields)
+        job = _labeled_job(draft, fields)
     else:
-        _read_shards(job)
+        job = _shard_job(draft)
     if config.lora_rank is not None:
         check_rank(job.model_config, config.lora_rank, config.lora_groups)
     check_output(output, resume)
-    if task in CHAT_TASKS:
-        install_chat_tokenizer(job)
+    if isinstance(job, ChatJob):  # the run's own tokenizer from now on
+        job = dataclasses.replace(job, tokenizer=install_chat_tokenizer(job.run_dir, job.tokenizer_files, resume))
     if resume:
         check_resumed_finetune(job, Path(init_from), data)
     return job
@@ -238,35 +273,59 @@ def _finetune_configs(
     return model_config, config
 
 
-def _read_labeled(job: TrainingJob, fields: dict[str, str]) -> None:
+def _labeled_job(draft: TrainingJob, fields: dict[str, str]) -> LabeledJob:
     """classify / seq2seq: the train and validation sets, a classifier's labels and head, the data's fingerprint."""
-    task, data, val_data, config, model_config = job.config.task, job.data, job.val_data, job.config, job.model_config
-    block = job.block_size
-    train_set, labels = load_labeled(data, task, job.tokenizer, model_config.arch, block, labels=None, fields=fields)
+    task, data, val_data, config, model_config = draft.config.task, draft.data, draft.val_data, draft.config, draft.model_config
+    block = draft.block_size
+    train_set, labels = load_labeled(data, task, draft.tokenizer, model_config.arch, block, labels=None, fields=fields)
     if val_data is not None:
-        val_set, _ = load_labeled(val_data, task, job.tokenizer, model_config.arch, block, labels=labels, fields=fields)
+        val_set, _ = load_labeled(val_data, task, draft.tokenizer, model_config.arch, block, labels=labels, fields=fields)
     else:
         train_set, val_set = split_validation(train_set, config.val_fraction, config.seed)
     if task == "classify":
-        job.config = dataclasses.replace(config, labels=labels)
+        config = dataclasses.replace(config, labels=labels)
         # A BERT classifier reads its pooler; one a masked-LM BERT lacks starts fresh, as transformers does.
         bert = model_config.arch == "encoder" and model_config.embedding_norm and model_config.type_vocab_size > 0
-        job.model_config = dataclasses.replace(model_config, n_classes=len(labels), pooler=model_config.pooler or bert)
-    job.labeled = (train_set, val_set)
-    job.fields = fields or None
+        model_config = dataclasses.replace(model_config, n_classes=len(labels), pooler=model_config.pooler or bert)
     # renamed fields read other examples from the same bytes, so they are part of the data's identity
-    job.data_fingerprint = file_fingerprint(data, val_data) if not fields else digest([file_fingerprint(data, val_data), fields])
+    fingerprint = file_fingerprint(data, val_data) if not fields else digest([file_fingerprint(data, val_data), fields])
+    return draft.variant(
+        LabeledJob, config=config, model_config=model_config, data_fingerprint=fingerprint, train_set=train_set, val_set=val_set, fields=fields or None
+    )
 
 
-def _read_shards(job: TrainingJob) -> None:
+def _chat_job(draft: TrainingJob, template_file: Path | None) -> ChatJob:
+    """chat / instruct: the parent's tokenizer with the template (grown where needed), the model's vocabulary,
+    the conversations, the notes. Nothing is written here (`install_chat_tokenizer` does that)."""
+    assert draft.init_from is not None
+    chat = chat_tokenizer(draft.init_from, draft.tokenizer, template_file)
+    model_config, notes = draft.model_config, list(draft.notes)
+    if chat.tokenizer.vocab_size > model_config.vocab_size:
+        notes.append(grown_vocabulary_note(chat, model_config.vocab_size, model_config.tie_embeddings))
+        model_config = dataclasses.replace(model_config, vocab_size=chat.tokenizer.vocab_size)
+    config = draft.config
+    sets = chat_sets(chat.template, config.task, draft.data, draft.val_data, draft.block_size, val_fraction=config.val_fraction, seed=config.seed)
+    return draft.variant(
+        ChatJob,
+        tokenizer=chat.tokenizer,
+        model_config=model_config,
+        notes=(*notes, *sets.notes),
+        data_fingerprint=digest([file_fingerprint(draft.data, draft.val_data), chat.source]),
+        train_set=sets.train_set,
+        val_set=sets.val_set,
+        tokenizer_files=chat.files,
+    )
+
+
+def _shard_job(draft: TrainingJob) -> ShardJob:
     """lm / mlm / denoise: shards encoded with the parent's tokenizer; their fingerprint."""
-    meta = load_shard_meta(job.data)
-    if meta.tokenizer_sha256 != job.tokenizer.sha256:
+    meta = load_shard_meta(draft.data)
+    if meta.tokenizer_sha256 != draft.tokenizer.sha256:
         raise TfcliError(
-            f"the shards in {job.data} were encoded with another tokenizer than {job.init_from}'s",
-            hint=f"re-encode them with `tfcli tokenize encode ... --tokenizer {job.init_from}/{TOKENIZER_FILE}`",
+            f"the shards in {draft.data} were encoded with another tokenizer than {draft.init_from}'s",
+            hint=f"re-encode them with `tfcli tokenize encode ... --tokenizer {draft.init_from}/{TOKENIZER_FILE}`",
         )
-    job.data_fingerprint = shard_fingerprint(job.data)
+    return draft.variant(ShardJob, data_fingerprint=shard_fingerprint(draft.data))
 
 
 def _check_block(config: TrainConfig, model_config: ModelConfig, *, finetune: bool) -> None:

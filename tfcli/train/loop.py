@@ -7,6 +7,7 @@ step in hand, with the checkpoint saved.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import signal
 import threading
@@ -61,7 +62,7 @@ def train(job: TrainingJob | Word2VecJob) -> Iterator[Any]:
             if world.is_main and not job.resume:
                 refuse_existing_run(job.run_dir)  # again, under the lock: another process may have made one since
             if world.is_main:
-                _clean_crash_leftovers(job)
+                job = dataclasses.replace(job, notes=(*job.notes, *_clean_crash_leftovers(job)))
             yield from _train(job, world)
         together = True
     except Interrupted:
@@ -90,16 +91,19 @@ RUN_FILES = (
 )
 
 
-def _clean_crash_leftovers(job: TrainingJob | Word2VecJob) -> None:
+def _clean_crash_leftovers(job: TrainingJob | Word2VecJob) -> list[str]:
     """Under the run's lock no other writer is at work: every temp file of a save's naming is a killed save's
-    (a whole model's copy each), in the run folder, trainer/, best/ and the kept checkpoints. Said as a note."""
+    (a whole model's copy each), in the run folder, trainer/, best/ and the kept checkpoints. Returns the notes
+    that say so."""
     folders = [job.run_dir, job.run_dir / "trainer", job.run_dir / "best"]
     if (job.run_dir / "checkpoints").is_dir():
         folders += sorted(p for p in (job.run_dir / "checkpoints").iterdir() if p.is_dir())
+    notes = []
     for folder in folders:
         removed = remove_stale_temp_files(folder, RUN_FILES, locked=True)
         if removed:
-            job.notes.append(removed_note(removed))
+            notes.append(removed_note(removed))
+    return notes
 
 
 def _train(job: TrainingJob | Word2VecJob, world: World) -> Iterator[Any]:

@@ -3,9 +3,13 @@ parent's weights or a checkpoint's) with what it freezes, and the data source fo
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import time
 from pathlib import Path
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from tfcli.adapters import AdapterRecord, describe_parent
 from tfcli.adapters.lora import apply_lora, check_rank
@@ -18,12 +22,19 @@ from tfcli.meta_device import on_meta_device
 from tfcli.model.transformer import Transformer
 from tfcli.rundir import weights_path
 from tfcli.runtime import physical_memory, resolve_device
+from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.detokenize import text_byte_lengths
 from tfcli.train import data as d
+from tfcli.train import sharding
 from tfcli.train.chat import ChatSource
 from tfcli.train.data import derived_seed
 from tfcli.train.distributed import World
-from tfcli.train.job import TrainingJob
+from tfcli.train.flops import peak_matmul_flops, training_flops_per_token
+from tfcli.train.job import ChatJob, LabeledJob, TrainingJob
+from tfcli.train.optim import load_optimizer_tensors, make_optimizer
+from tfcli.train.saving import best_saved_val_loss, lowest
+from tfcli.train.state import OPTIMIZER_FILE, find_trainer_state, read_optimizer_tensors
+from tfcli.training_config import TrainConfig
 
 
 def pick_device(name: str, world: World | None = None) -> torch.device:
@@ -160,14 +171,12 @@ def check_token_ids(batch, task: str, vocab_size: int, data: Path) -> None:
 def build_source(job: TrainingJob, world: World):
     cfg, tok = job.config, job.tokenizer
     per_rank, block = cfg.batch_size, job.block_size
-    if cfg.task in ("chat", "instruct"):
-        train_set, val_set = job.labeled
+    if isinstance(job, ChatJob):
         pad = tok.special_ids.get("pad", tok.special_ids.get("eos", 0))
-        return ChatSource(cfg.task, train_set, val_set, per_rank, cfg.seed, pad_id=pad, eos_id=pad, accum=cfg.grad_accum)
-    if cfg.task in ("classify", "seq2seq"):
-        train_set, val_set = job.labeled
+        return ChatSource(cfg.task, job.train_set, job.val_set, per_rank, cfg.seed, pad_id=pad, eos_id=pad, accum=cfg.grad_accum)
+    if isinstance(job, LabeledJob):
         return d.LabeledSource(
-            cfg.task, train_set, val_set, per_rank, cfg.seed, pad_id=tok.require("pad"), eos_id=tok.special_ids.get("eos", 0), accum=cfg.grad_accum
+            cfg.task, job.train_set, job.val_set, per_rank, cfg.seed, pad_id=tok.require("pad"), eos_id=tok.special_ids.get("eos", 0), accum=cfg.grad_accum
         )
     train, val = open_shard(job.data, "train"), open_shard(job.data, "val")
     if cfg.task == "lm":
@@ -190,11 +199,119 @@ def build_source(job: TrainingJob, world: World):
     )
 
 
-def token_byte_lengths(job: TrainingJob) -> torch.Tensor:
-    """Bytes of text each token id stands for, as the tokenizer's decoder writes it (special tokens count 0),
-    for bits per byte."""
-    lengths = torch.zeros(job.model_config.vocab_size, dtype=torch.long)
-    known = text_byte_lengths(job.tokenizer)[: job.model_config.vocab_size]
+def token_byte_lengths(tokenizer: TextTokenizer, vocab_size: int) -> torch.Tensor:
+    """Bytes of text each of the model's `vocab_size` token ids stands for, as the tokenizer's decoder writes it
+    (special tokens count 0), for bits per byte."""
+    lengths = torch.zeros(vocab_size, dtype=torch.long)
+    known = text_byte_lengths(tokenizer)[:vocab_size]
     lengths[: len(known)] = torch.tensor(known, dtype=torch.long)
-    lengths[[i for i in set(job.tokenizer.special_ids.values()) if i < len(lengths)]] = 0
+    lengths[[i for i in set(tokenizer.special_ids.values()) if i < len(lengths)]] = 0
     return lengths
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePoint:
+    """Where a run starts: step 0, or (--resume) the counters of the checkpoint it continues, the metrics window
+    that checkpoint was in the middle of, and the folder of its trainer state (the optimizer's tensors)."""
+
+    step: int = 0
+    tokens_seen: int = 0
+    elapsed: float = 0.0  # seconds trained before this process
+    best_val: float | None = None
+    window_loss: float = 0.0
+    window_count: int = 0
+    folder: Path | None = None
+
+
+def resume_point(job: TrainingJob, world: World) -> ResumePoint:
+    """On --resume: the saved trainer state, checked against this run's data, tokenizer and world size."""
+    if not job.resume:
+        return ResumePoint()
+    folder, saved = find_trainer_state(job.run_dir)
+    val = f" and {job.val_data}" if job.val_data is not None else ""
+    for before, now, problem in (
+        (saved.world_size, world.size, f"the world size was {saved.world_size}, now {world.size}"),
+        (saved.data_fingerprint, job.data_fingerprint, f"{job.data}{val} is not the data the run was trained on (its contents differ)"),
+        (saved.tokenizer_sha256, job.tokenizer.sha256, "the tokenizer is not the one the run was trained with"),
+    ):
+        if before != now:
+            raise TfcliError(f"cannot resume: {problem}", hint="resume with the data, tokenizer and process count the run was started with")
+    best_val = lowest(saved.best_val_loss, best_saved_val_loss(job.run_dir))  # best/ may be newer than the checkpoint
+    return ResumePoint(saved.step, saved.tokens_seen, saved.elapsed_seconds, best_val, saved.window_loss, saved.window_count, folder)
+
+
+def check_world(config: TrainConfig, world: World) -> None:
+    if config.fsdp and not world.enabled:
+        raise TfcliError(
+            "--fsdp shards the model across the processes torchrun starts; this is one process",
+            hint="launch with torchrun --nproc-per-node N -m tfcli train ... --fsdp, or drop --fsdp",
+        )
+
+
+def optimizer_for(model, config: TrainConfig, device: torch.device, names: dict[int, str], start: ResumePoint, fsdp: bool) -> torch.optim.AdamW:
+    """AdamW over the model's trainable parameters, with the saved state loaded on --resume."""
+    optimizer = make_optimizer(model, config, device)
+    if start.folder is not None:
+        saved_tensors = read_optimizer_tensors(start.folder / OPTIMIZER_FILE)
+        if fsdp:
+            sharding.load_full_optimizer_tensors(model, optimizer, saved_tensors)
+        else:
+            load_optimizer_tensors(optimizer, saved_tensors, names)
+    return optimizer
+
+
+def wrapped(model, config: TrainConfig, world: World, device: torch.device, fsdp: bool):
+    """(the DDP wrapper or None, what the forward pass runs: DDP, torch.compile of it, or the model)."""
+    runner, ddp = model, None
+    if world.enabled and not fsdp:
+        unused = config.task == "classify" or model.config.n_classes > 0
+        # the buffers (position tables) are the same on every rank: no syncing before each forward
+        no_sync = (
+            {"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False}
+        )  # the older name
+        ddp = runner = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=unused, **no_sync)
+    if config.compile:
+        runner = torch.compile(runner)
+    return ddp, runner
+
+
+@dataclasses.dataclass
+class Throughput:
+    """Tokens per optimizer step and the matmul FLOPs they cost, beside the machine's peak (0: not timed, on
+    the ranks that do not log)."""
+
+    tokens_per_step: int
+    flops_per_step: float
+    peak: float
+
+    def utilisation(self, rate: float) -> float:
+        """MFU at `rate` tokens/s. The peak was timed once on this machine, maybe while it was busy; then it
+        reads low, and what training reaches is the better bound."""
+        achieved = rate / max(self.tokens_per_step, 1) * self.flops_per_step
+        if self.peak:
+            self.peak = max(self.peak, achieved)
+        return achieved / self.peak if self.peak else 0.0
+
+
+def throughput(job: TrainingJob, world: World, device: torch.device, bf16: bool, tokens_per_row: int) -> Throughput:
+    cfg = job.config
+    tokens_per_step = cfg.batch_size * world.size * cfg.grad_accum * tokens_per_row
+    peak = peak_matmul_flops(device, torch.bfloat16 if bf16 else torch.float32) if world.is_main else 0.0
+    return Throughput(tokens_per_step, training_flops_per_token(job.model_config, tokens_per_row) * tokens_per_step, peak)
+
+
+@dataclasses.dataclass
+class MetricsWindow:
+    """What the metrics record being gathered sums: the loss and target count (this rank's), the tokens, since when."""
+
+    loss: torch.Tensor
+    count: int
+    tokens: int
+    start: float
+
+    @classmethod
+    def opened(cls, device: torch.device, start: ResumePoint | None = None) -> MetricsWindow:
+        """An empty window from now, or the one a checkpoint was in the middle of."""
+        if start is None:
+            return cls(torch.zeros((), device=device), 0, 0, time.perf_counter())
+        return cls(torch.tensor(start.window_loss, dtype=torch.float32, device=device), start.window_count, 0, time.perf_counter())

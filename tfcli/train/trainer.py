@@ -6,7 +6,7 @@ micro-batches (rank r takes its slice), the summed loss divided by the global ta
 of processes and micro-steps computes the same mean), gradient clipping whose returned norm is checked for
 NaN and infinity before the update.
 
-One class on purpose (a little over 400 lines): the step, the evaluation, the records and the saving read
+One class on purpose (some 350 lines): the step, the evaluation, the records and the saving read
 and change the same state (step, the metrics window, the best loss), which is what the issue asked to gather
 from closures into one object; what needs none of it already lives beside it (state.py, saving.py, evaluate.py).
 """
@@ -14,14 +14,12 @@ from closures into one object; what needs none of it already lives beside it (st
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from tfcli.checkpoint import model_from_tensors
 from tfcli.errors import TfcliError
@@ -30,20 +28,30 @@ from tfcli.train import objectives, sharding
 from tfcli.train.data import Slot, derived_seed
 from tfcli.train.distributed import World, agree, all_sum
 from tfcli.train.events import Finished, Logged, Note, Saved, Started, StepDone
-from tfcli.train.flops import peak_matmul_flops, training_flops_per_token
 from tfcli.train.job import TrainingJob
 from tfcli.train.objectives import evaluate as evaluate_model
-from tfcli.train.optim import load_optimizer_tensors, lr_factor, make_optimizer, optimizer_tensors
-from tfcli.train.saving import best_saved_val_loss, lowest, save_best, save_kept, save_run
-from tfcli.train.setup import build_source, check_token_ids, freeze, initial_model, pick_device, token_byte_lengths, use_bf16
+from tfcli.train.optim import lr_factor, optimizer_tensors
+from tfcli.train.saving import save_best, save_kept, save_run
+from tfcli.train.setup import (
+    MetricsWindow,
+    build_source,
+    check_token_ids,
+    check_world,
+    freeze,
+    initial_model,
+    optimizer_for,
+    pick_device,
+    resume_point,
+    throughput,
+    token_byte_lengths,
+    use_bf16,
+    wrapped,
+)
 from tfcli.train.state import (
     METRICS_FILE,
-    OPTIMIZER_FILE,
     TRAINER_FORMAT,
     MetricsWriter,
     TrainerState,
-    find_trainer_state,
-    read_optimizer_tensors,
     strict_json,
     truncate_metrics,
 )
@@ -51,19 +59,17 @@ from tfcli.train.tracking import open_trackers
 
 
 class Trainer:
+    """A transformer's run: its parts are made in setup.py (the device, the data source, where it resumes, the
+    model, the optimizer and its wrappers, the throughput); the counters and the metrics window change each step."""
+
     def __init__(self, job: TrainingJob, world: World) -> None:
         cfg = self.cfg = job.config
         self.job, self.world = job, world
-        if cfg.fsdp and not world.enabled:
-            raise TfcliError(
-                "--fsdp shards the model across the processes torchrun starts; this is one process",
-                hint="launch with torchrun --nproc-per-node N -m tfcli train ... --fsdp, or drop --fsdp",
-            )
+        check_world(cfg, world)
         self.device = pick_device(cfg.device, world)
         self.bf16 = use_bf16(cfg.precision, self.device)
         self.source = build_source(job, world)  # data problems surface before anything is written
-        self.start_step, self.tokens_seen, self.elapsed_before, self.best_val = 0, 0, 0.0, None
-        saved, trainer_folder = self._resume_state()
+        self.start = resume_point(job, world)
 
         self.model = initial_model(job)
         freeze(self.model, cfg.freeze, cfg.task)
@@ -73,91 +79,40 @@ class Trainer:
             sharding.shard_model(self.model, self.device, world)
         self.names = {id(p): n for n, p in self.model.named_parameters()}
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(self.model, cfg, self.device)
-        if trainer_folder is not None:
-            saved_tensors = read_optimizer_tensors(trainer_folder / OPTIMIZER_FILE)
-            if self.fsdp:
-                sharding.load_full_optimizer_tensors(self.model, self.optimizer, saved_tensors)
-            else:
-                load_optimizer_tensors(self.optimizer, saved_tensors, self.names)
+        self.optimizer = optimizer_for(self.model, cfg, self.device, self.names, self.start, self.fsdp)
+        self.ddp, self.runner = wrapped(self.model, cfg, world, self.device, self.fsdp)
+        self.compile_checked = not cfg.compile
+
+        self.speed = throughput(job, world, self.device, self.bf16, self.source.tokens_per_row)
+        self.metrics_path = job.run_dir / METRICS_FILE
+        self.writer = self._metrics_writer()
         # Under FSDP every rank evaluates (the forward pass is a collective); the results agree, so every
         # rank takes the same save decisions.
         self.evaluates = world.is_main or self.fsdp
-        self.ddp, self.runner = self._wrapped()
-        self.compile_checked = not cfg.compile
-
-        self.tokens_per_step = cfg.batch_size * world.size * cfg.grad_accum * self.source.tokens_per_row
-        self.peak = peak_matmul_flops(self.device, torch.bfloat16 if self.bf16 else torch.float32) if world.is_main else 0.0
-        self.flops_per_step = training_flops_per_token(job.model_config, self.source.tokens_per_row) * self.tokens_per_step
-        self.metrics_path = job.run_dir / METRICS_FILE
-        self.writer = self._metrics_writer()
         # the same validation set for any world size
         self.val_batches = self.source.validation(cfg.eval_batches, cfg.batch_size * world.size) if self.evaluates else []
         for batch in self.val_batches:
             check_token_ids(batch, cfg.task, job.model_config.vocab_size, job.data)
-        self.byte_lengths = token_byte_lengths(job) if cfg.task == "lm" and self.evaluates else None
+        self.byte_lengths = token_byte_lengths(job.tokenizer, job.model_config.vocab_size) if cfg.task == "lm" and self.evaluates else None
 
-        self.step = self.start_step
-        self.lr = cfg.lr
-        self.elapsed = self.elapsed_before
-        self.grad_norm = float("nan")
-        self.window_loss = torch.zeros((), device=self.device)
-        self.window_count = 0
-        if saved is not None and world.is_main:  # the metrics window the checkpoint was in the middle of
-            self.window_loss = torch.tensor(saved.window_loss, dtype=torch.float32, device=self.device)
-            self.window_count = saved.window_count
-        self.window_start = self.run_start = time.perf_counter()
-        self.window_tokens = 0
+        # the counters, from where the run starts; the metrics window the checkpoint was in the middle of
+        self.step, self.tokens_seen, self.elapsed, self.best_val = self.start.step, self.start.tokens_seen, self.start.elapsed, self.start.best_val
+        self.lr, self.grad_norm = cfg.lr, float("nan")
+        self.window = MetricsWindow.opened(self.device, self.start if job.resume and world.is_main else None)
+        self.run_start = self.window.start
         self.last_record: dict[str, Any] = {}
         self.logged_step = self.saved_step = self.evaluated_step = -1
 
     # ---- setting up ---------------------------------------------------------------------------------
 
-    def _resume_state(self):
-        """On --resume: the saved trainer state and its folder, checked against this run's data, tokenizer
-        and world size; the counters start where it stopped."""
-        job, world = self.job, self.world
-        if not job.resume:
-            return None, None
-        trainer_folder, saved = find_trainer_state(job.run_dir)
-        val = f" and {job.val_data}" if job.val_data is not None else ""
-        for before, now, problem in (
-            (saved.world_size, world.size, f"the world size was {saved.world_size}, now {world.size}"),
-            (saved.data_fingerprint, job.data_fingerprint, f"{job.data}{val} is not the data the run was trained on (its contents differ)"),
-            (saved.tokenizer_sha256, job.tokenizer.sha256, "the tokenizer is not the one the run was trained with"),
-        ):
-            if before != now:
-                raise TfcliError(f"cannot resume: {problem}", hint="resume with the data, tokenizer and process count the run was started with")
-        self.start_step, self.tokens_seen, self.elapsed_before = saved.step, saved.tokens_seen, saved.elapsed_seconds
-        self.best_val = lowest(saved.best_val_loss, best_saved_val_loss(job.run_dir))  # best/ may be newer than the checkpoint
-        return saved, trainer_folder
-
-    def _wrapped(self):
-        """(the DDP wrapper or None, what the forward pass runs: DDP, torch.compile of it, or the model)."""
-        runner, ddp = self.model, None
-        if self.world.enabled and not self.fsdp:
-            unused = self.cfg.task == "classify" or self.model.config.n_classes > 0
-            # the buffers (position tables) are the same on every rank: no syncing before each forward
-            no_sync = (
-                {"forward_sync_buffers": False}
-                if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-                else {"broadcast_buffers": False}
-            )  # the older name
-            ddp = runner = DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None, find_unused_parameters=unused, **no_sync
-            )
-        if self.cfg.compile:
-            runner = torch.compile(runner)
-        return ddp, runner
-
     def _metrics_writer(self) -> MetricsWriter | None:
         if not self.world.is_main:
             return None
         if self.job.resume:
-            truncate_metrics(self.metrics_path, self.start_step)
+            truncate_metrics(self.metrics_path, self.start.step)
         elif self.metrics_path.exists():
             self.metrics_path.unlink()
-        trackers = open_trackers(self.job.log_to, self.job.run_dir, self.cfg.to_json(), self.start_step)
+        trackers = open_trackers(self.job.log_to, self.job.run_dir, self.cfg.to_json(), self.start.step)
         return MetricsWriter(self.metrics_path, trackers)
 
     def autocast(self):
@@ -169,7 +124,7 @@ class Trainer:
         cfg = self.cfg
         budget = cfg.time_budget
         return Started(
-            self.start_step,
+            self.start.step,
             None if budget else cfg.max_steps,
             budget,
             sum(p.numel() for p in self.model.parameters()),
@@ -177,15 +132,15 @@ class Trainer:
             str(self.device),
             "bf16" if self.bf16 else "fp32",
             self.world.size,
-            self.tokens_per_step,
-            self.peak,
+            self.speed.tokens_per_step,
+            self.speed.peak,
             self.job.run_dir,
         )
 
     def notes_at_start(self) -> Iterator[Note]:
         cfg = self.cfg
-        if cfg.time_budget is None and self.start_step >= cfg.max_steps:
-            yield Note(f"the run is already at step {self.start_step} of {cfg.max_steps}; raise --max-steps to train further")
+        if cfg.time_budget is None and self.start.step >= cfg.max_steps:
+            yield Note(f"the run is already at step {self.start.step} of {cfg.max_steps}; raise --max-steps to train further")
         if self.world.is_main:
             yield from (Note(note) for note in self.job.notes)
         if self.world.is_main and not self.val_batches:
@@ -193,13 +148,13 @@ class Trainer:
 
     def begin(self) -> None:
         """Start the clocks: the first step begins now."""
-        self.window_start = self.run_start = time.perf_counter()
+        self.window.start = self.run_start = time.perf_counter()
 
     def stop_reason(self, signal_received: bool) -> str | None:
         """ "interrupted", "steps" or "budget" when the run should stop before another step, else None.
         Every rank agrees (a collective)."""
         cfg = self.cfg
-        interrupted, self.elapsed = agree(self.world, signal_received, self.elapsed_before + time.perf_counter() - self.run_start, self.device)
+        interrupted, self.elapsed = agree(self.world, signal_received, self.start.elapsed + time.perf_counter() - self.run_start, self.device)
         if interrupted:
             return "interrupted"
         if cfg.time_budget is None and self.step >= cfg.max_steps:
@@ -231,12 +186,12 @@ class Trainer:
                 sharding.set_gradient_sync(self.model, last)
             with sync:
                 yield from self._backward(batch.to(self.device), scale)
-        self.window_count += local_count  # this rank's; _log sums over ranks
+        self.window.count += local_count  # this rank's; _log sums over ranks
         norm = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         self.grad_norm = float(sharding.local_value(norm))
         if not math.isfinite(self.grad_norm):
             kept = (
-                f"the last good checkpoint (step {self.saved_step if self.saved_step >= 0 else self.start_step}) is kept"
+                f"the last good checkpoint (step {self.saved_step if self.saved_step >= 0 else self.start.step}) is kept"
                 if self.saved_step >= 0 or job.resume
                 else "no checkpoint was written"
             )
@@ -247,9 +202,9 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        self.tokens_seen += self.tokens_per_step
-        self.window_tokens += self.tokens_per_step
-        self.elapsed = self.elapsed_before + time.perf_counter() - self.run_start
+        self.tokens_seen += self.speed.tokens_per_step
+        self.window.tokens += self.speed.tokens_per_step
+        self.elapsed = self.start.elapsed + time.perf_counter() - self.run_start
 
     def _backward(self, batch, scale: float) -> Iterator[Note]:
         def loss_of_batch() -> torch.Tensor:
@@ -268,7 +223,7 @@ class Trainer:
             loss = loss_of_batch()
             (loss * scale).backward()
         self.compile_checked = True
-        self.window_loss += loss.detach().float()
+        self.window.loss += loss.detach().float()
 
     def after_step(self) -> Iterator[Any]:
         """Evaluate, log and save where the step falls on their intervals; then report the step."""
@@ -285,9 +240,9 @@ class Trainer:
     def finish(self, reason: str) -> Iterator[Any]:
         """At the end (or an interruption): evaluate, log and save what the last step has not had. An
         interruption keeps its metrics window (saved in the trainer state) and is not evaluated."""
-        finishing = self.step > self.start_step and reason != "interrupted"
+        finishing = self.step > self.start.step and reason != "interrupted"
         yield from self._record(evaluate=finishing and self.evaluated_step != self.step, log=finishing and self.logged_step != self.step, amend=True)
-        if self.saved_step != self.step and (self.step > self.start_step or not self.job.resume):
+        if self.saved_step != self.step and (self.step > self.start.step or not self.job.resume):
             yield from self._save(sync_metrics=False)
 
     def close(self) -> None:
@@ -347,7 +302,7 @@ class Trainer:
 
     def _window_totals(self) -> torch.Tensor:
         """The window's loss and target count summed over the ranks (a collective)."""
-        return all_sum(self.world, torch.stack([self.window_loss.float(), torch.tensor(float(self.window_count), device=self.device)]))
+        return all_sum(self.world, torch.stack([self.window.loss.float(), torch.tensor(float(self.window.count), device=self.device)]))
 
     def _trainer_state(self, totals: torch.Tensor) -> TrainerState:
         job = self.job
@@ -364,18 +319,10 @@ class Trainer:
             window_count=int(totals[1].item()),
         )
 
-    def _utilisation(self, rate: float) -> float:
-        """MFU at `rate` tokens/s. The peak was timed once on this machine, maybe while it was busy; then it
-        reads low, and what training reaches is the better bound."""
-        achieved = rate / max(self.tokens_per_step, 1) * self.flops_per_step
-        if self.peak:
-            self.peak = max(self.peak, achieved)
-        return achieved / self.peak if self.peak else 0.0
-
     def _log(self, extra: dict[str, Any]) -> dict[str, Any]:
         totals = self._window_totals()
         now = time.perf_counter()
-        rate = self.window_tokens / max(now - self.window_start, 1e-9)
+        rate = self.window.tokens / max(now - self.window.start, 1e-9)
         record: dict[str, Any] = {"step": self.step}
         if totals[1].item() > 0:
             record["loss"] = totals[0].item() / totals[1].item()
@@ -385,7 +332,7 @@ class Trainer:
                 "grad_norm": self.grad_norm,
                 "tokens": self.tokens_seen,
                 "tokens_per_sec": rate,
-                "mfu": self._utilisation(rate),
+                "mfu": self.speed.utilisation(rate),
                 "elapsed": self.elapsed,
             }
         )
@@ -393,19 +340,19 @@ class Trainer:
         record = strict_json({k: (round(v, 4) if k in ("tokens_per_sec", "mfu", "elapsed") else v) for k, v in record.items()})
         if self.writer is not None:
             self.writer.write(record)
-        self.window_loss = torch.zeros((), device=self.device)
-        self.window_count, self.window_start, self.window_tokens, self.logged_step = 0, now, 0, self.step
+        self.window.loss = torch.zeros((), device=self.device)
+        self.window.count, self.window.start, self.window.tokens, self.logged_step = 0, now, 0, self.step
         return record
 
     def _progress(self) -> StepDone:
         cfg, budget = self.cfg, self.cfg.time_budget
         if budget is None:
             done = self.step / cfg.max_steps
-            remaining = (self.elapsed - self.elapsed_before) / max(self.step - self.start_step, 1) * (cfg.max_steps - self.step)
+            remaining = (self.elapsed - self.start.elapsed) / max(self.step - self.start.step, 1) * (cfg.max_steps - self.step)
         else:
             done, remaining = min(self.elapsed / budget, 1.0), max(budget - self.elapsed, 0.0)
-        if self.window_tokens:
-            rate = self.window_tokens / max(time.perf_counter() - self.window_start, 1e-9)
+        if self.window.tokens:
+            rate = self.window.tokens / max(time.perf_counter() - self.window.start, 1e-9)
         else:
             rate = self.last_record.get("tokens_per_sec", 0.0)
-        return StepDone(self.step, self.lr, self.tokens_seen, rate, self._utilisation(rate), self.elapsed, remaining, done)
+        return StepDone(self.step, self.lr, self.tokens_seen, rate, self.speed.utilisation(rate), self.elapsed, remaining, done)

@@ -45,7 +45,7 @@ from tfcli.word2vec.run import COUNTS, INPUT, OUTPUT, load_vectors, read_vectors
 from tfcli.word2vec.vocab import count_tokens, initial_vectors, keep_thresholds, noise_table
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Word2VecJob:
     run_dir: Path
     vectors: Word2VecConfig
@@ -54,7 +54,7 @@ class Word2VecJob:
     data: Path
     resume: bool = False
     data_fingerprint: str = ""
-    notes: list[str] = dataclasses.field(default_factory=list)
+    notes: tuple[str, ...] = ()
 
     @property
     def title(self) -> str:
