@@ -15,7 +15,7 @@ from tests.layouts import HUB_LAYOUTS, TFCLI_LAYOUTS, build_layout
 from tfcli.generate.stream import CompletionText
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.detokenize import WINDOW_TOKENS, IncrementalDecoder, decode_completion, decode_pieces, text_byte_lengths
-from tfcli.tokenizer.show import token_label, views_of_ids
+from tfcli.tokenizer.show import token_label, token_text, views_of_ids
 
 LAYOUTS = HUB_LAYOUTS + TFCLI_LAYOUTS
 REAL_TEXTS = [
@@ -269,5 +269,38 @@ def test_byte_fallback_pieces_read_as_the_characters_they_stand_for(layouts):
     assert [v.token for v in views][2:9] == ["<0x0A>", "<0xE4>", "<0xBD>", "<0xA0>", "<0xE5>", "<0xA5>", "<0xBD>"]
     assert [v.text for v in views] == ["Lily", " said:", "\\n", "你", "你", "你", "好", "好", "好", " café"]
     assert [v.piece for v in views][2:] == ["\n", "", "", "你", "", "", "好", " café"]
-    labels = [token_label(tokenizer, tokenizer.hf.token_to_id(t)) for t in ("<0x0A>", "<0xE4>", "\u2581said:", "</s>")]
-    assert labels == ["\\n", "<0xE4>", " said:", "</s>"]  # alone: the text it adds after a word; a lone byte, its entry
+    assert [v.label for v in views] == ["Lily", "␣said:", "↵", "你", "你", "你", "好", "好", "好", "␣café"]
+    labels = [token_label(tokenizer, tokenizer.hf.token_to_id(t)) for t in ("<0x0A>", "<0x09>", "<0xE4>", "\u2581said:", "\u2581", "</s>")]
+    assert labels == ["↵", "\\t", "<0xE4>", "␣said:", "␣", "</s>"]  # alone: the text it adds after a word; a lone byte, its entry
+    invalid = views_of_ids(tokenizer, [tokenizer.hf.token_to_id("<0x80>")] + tokenizer.encode("ok")[1:])
+    assert [v.label for v in invalid][0] == "<0x80>"  # a byte that is no character: its entry, never U+FFFD
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_labels_mark_a_leading_space_the_same_in_every_layout(layouts, layout):
+    """Tables, pictures and tokenize show: a token that starts a word after a space is labelled ␣word (or
+    follows a token that is only the space, ␣), one inside a word has no mark; a newline is ↵, a tab \\t."""
+    tokenizer = layouts[layout]
+    text = "Lily was happy.\n\tThey  saw a big box"
+    views = views_of_ids(tokenizer, tokenizer.encode(text))
+    spelled, before = "", ""
+    checked = set()
+    for view in views:
+        shown = view.piece + view.part
+        if shown.strip() and "\ufffd" not in shown and not view.token.startswith(("[", "<")):
+            word = spelled + view.piece.rstrip(" ")
+            first = len(word) - len(view.piece.strip(" "))  # where its first visible character falls
+            after_space = first > 0 and word[first - 1] == " "
+            marked = view.readable.startswith("␣") or (not view.piece.startswith(" ") and before != "" and before.strip("␣") == "")
+            assert marked == after_space, (view, spelled)
+            checked.add(after_space)
+        if shown in (" ", "\n", "\t"):
+            assert view.readable == {" ": "␣", "\n": "↵", "\t": "\\t"}[shown]
+            checked.add(shown)
+        spelled, before = spelled + view.piece, view.readable
+    assert checked >= {True, False}  # both kinds of token were seen
+    if layout not in ("bert", "tfcli-wordpiece", "tfcli-bpe-whitespace", "metaspace-unigram"):  # they drop newlines
+        assert "\n" in checked
+    for token_id in tokenizer.encode("They saw"):
+        label, text = token_label(tokenizer, token_id), token_text(tokenizer, token_id)
+        assert label == text.replace(" ", "␣") and "␣" not in text  # JSON keeps the text unmarked

@@ -18,7 +18,7 @@ import numpy as np
 
 from tfcli.errors import TfcliError
 from tfcli.tokenizer.core import TextTokenizer
-from tfcli.tokenizer.show import token_label, visible
+from tfcli.tokenizer.show import token_text, visible
 
 TABLES = ("input", "output")
 METHODS = ("3cosadd", "3cosmul")
@@ -43,7 +43,7 @@ class EmbeddingTable:
         space it stands for (" mom" begins a word, "ly" continues one)."""
         if self.tokenizer.family == "word":
             return visible(self.tokenizer.hf.id_to_token(token_id) or "")
-        return token_label(self.tokenizer, token_id)
+        return token_text(self.tokenizer, token_id)
 
 
 @dataclasses.dataclass

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tfcli.errors import TfcliError, a_or_an
-from tfcli.tokenizer.show import TokenView, token_label, token_views, visible
+from tfcli.tokenizer.show import TokenView, token_text, token_views, visible
 
 if TYPE_CHECKING:
     import torch
@@ -23,12 +23,6 @@ MASK_PLACEHOLDER = "[MASK]"
 LENS_FORMAT = "tfcli-logit-lens"
 LENS_VERSION = 1
 SUPPORTED = ("decoder", "encoder", "encoder-decoder")
-
-
-def token_text(tokenizer: TextTokenizer, token_id: int) -> str:
-    """A token as it shows on its own: the text it adds after a word, through the tokenizer's decoder, control
-    characters escaped; part of a character shows as its vocabulary entry (`token_label`)."""
-    return token_label(tokenizer, token_id)
 
 
 def _special_view(tokenizer: TextTokenizer, token_id: int) -> TokenView:
