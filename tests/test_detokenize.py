@@ -138,6 +138,30 @@ def test_a_split_character_waits_for_its_last_byte_and_a_bad_run_shows_as_the_de
         assert "".join(streamed(tokenizer, context, bad)) == reference(tokenizer, context, bad) == "\ufffd" * 4 + " ok"
 
 
+def test_a_byte_fallback_run_streams_when_it_ends_because_a_later_byte_can_void_it(layouts):
+    """CJK and emoji written in byte pieces (<0xE4><0xB8><0xAD> is 中) come out when the run ends, whole and as
+    the library decodes them. Not a character at a time: `ByteFallback` writes a run with any invalid byte as
+    U+FFFD for every byte, so a character shown as soon as its bytes were complete would contradict the text
+    once a later byte of the same run turned out invalid (a stream cannot take text back)."""
+    tokenizer = layouts["llama2"]
+
+    def pieces(data: bytes) -> list[int]:
+        return [tokenizer.hf.token_to_id(f"<0x{b:02X}>") for b in data]
+
+    context, word = tokenizer.encode("Lily said"), tokenizer.hf.token_to_id("\u2581was")
+    cjk, emoji = pieces("中文字".encode()), pieces("🦊".encode())
+    assert len(cjk) == 9 and len(emoji) == 4
+    for run, text in ((cjk, "中文字"), (emoji, "🦊"), (cjk + emoji, "中文字🦊")):
+        chunks = streamed(tokenizer, context, run + [word])
+        assert chunks == [""] * len(run) + [f"{text} was", ""] and "".join(chunks) == reference(tokenizer, context, run + [word])
+        assert "".join(streamed(tokenizer, context, run)) == text == reference(tokenizer, context, run)  # the text ends the run
+    for invalid in (cjk + pieces(b"\x80"), cjk + pieces(b"\xe4"), pieces(b"\xe4") + cjk):
+        expected = reference(tokenizer, context, invalid + [word])
+        assert expected == "\ufffd" * len(invalid) + " was"  # the whole run, the three whole characters too
+        assert "".join(streamed(tokenizer, context, invalid + [word])) == expected
+        assert "".join(streamed(tokenizer, context, invalid)) == "\ufffd" * len(invalid) == reference(tokenizer, context, invalid)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_bytes_per_token_add_up_to_the_texts_bytes(layouts, layout):
     """Bits per byte divide by these: summed over a text's tokens they are the bytes of its decoded text."""
