@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tfcli.errors import TfcliError, a_or_an
-from tfcli.tokenizer.show import TokenView, token_text, token_views, visible
+from tfcli.tokenizer.show import TokenView, token_label, token_text, token_views, visible
 
 if TYPE_CHECKING:
     import torch
@@ -112,6 +112,11 @@ class LogitLens:
     losses: list[float | None]  # per layer: mean cross-entropy (nats) on the targets; None without targets
     top_k: int
     target: str | None = None  # an encoder-decoder's target (`text` is its source; `tokens` the decoder's)
+    labels: dict[int, str] = dataclasses.field(default_factory=dict)  # the cells' tokens as tables show them (`token_label`)
+
+    def label(self, token_id: int, text: str) -> str:
+        """A predicted token as tables and pictures name it ("␣the"); its `text` (JSON's, " the") where unknown."""
+        return self.labels.get(token_id, text)
 
     def to_json(self, tokenizer_text) -> dict[str, Any]:
         return {
@@ -221,6 +226,7 @@ def logit_lens(checkpoint: Checkpoint, text: str, *, target: str | None = None, 
         cells=cells,
         losses=losses,
         top_k=k,
+        labels={token_id: token_label(tokenizer, token_id) for token_id in names},
     )
 
 

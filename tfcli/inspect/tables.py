@@ -97,7 +97,7 @@ def lens_view(lens, *, width: int = 80, start: int = 0) -> list[RenderableType]:
     """Layers down, positions across: each layer's top-1 token, on a colour scale of its probability; the
     last row the token each position should predict, the right column each layer's loss."""
     positions = lens.positions
-    texts = [_short(lens.tokens[p].label) for p in positions] + [_short(cell.top[0][1]) for row in lens.cells for cell in row]
+    texts = [_short(lens.tokens[p].label) for p in positions] + [_short(lens.label(*cell.top[0][:2])) for row in lens.cells for cell in row]
     size = cell_width(texts)
     first, last = window(len(positions), start, width, 11, CELL + 1 if lens.losses[0] is not None else 0, size)
     columns = list(range(first, last))
@@ -107,10 +107,10 @@ def lens_view(lens, *, width: int = 80, start: int = 0) -> list[RenderableType]:
         if r == len(lens.cells):  # the target row
             target = lens.targets[columns[c]]
             return Text(fit(_short(_target_text(lens, target)), size) if target is not None else " " * size, style="bold")
-        _, text, p = lens.cells[r][columns[c]].top[0]
+        token_id, text, p = lens.cells[r][columns[c]].top[0]
         style = _on(_colour(p), p >= 0.3)
         hit = lens.targets[columns[c]] is not None and lens.cells[r][columns[c]].target_rank == 1
-        return Text(fit(_short(text), size), style=style + (" bold underline" if hit else ""))
+        return Text(fit(_short(lens.label(token_id, text)), size), style=style + (" bold underline" if hit else ""))
 
     has_targets = any(t is not None for t in lens.targets)
     rows = list(lens.layers) + (["next" if lens.arch == "decoder" else ""] if has_targets else [])
@@ -136,7 +136,7 @@ def _target_text(lens, target: int) -> str:
         for cell in row:
             for token_id, text, _ in cell.top:
                 if token_id == target:
-                    return text
+                    return lens.label(token_id, text)
     return next((v.label for v in lens.tokens if v.id == target), str(target))
 
 
@@ -255,7 +255,7 @@ def lens_png(lens) -> bytes:
     from tfcli.inspect import png
 
     values = np.array([[cell.top[0][2] for cell in row] for row in lens.cells], dtype=np.float32)  # (layers, positions)
-    texts = [[_short(cell.top[0][1]) for cell in row] for row in lens.cells]
+    texts = [[_short(lens.label(*cell.top[0][:2])) for cell in row] for row in lens.cells]
     columns = [_short(lens.tokens[p].label) for p in lens.positions]
     return png.value_grid_png(
         "logit lens: each layer's top-1 token, coloured by its probability",
@@ -424,11 +424,11 @@ def lens_html(lens, *, fragment: bool = False) -> str:
     for row in lens.cells:
         line = []
         for i, cell in enumerate(row):
-            _, text, p = cell.top[0]
-            tip = "; ".join(f"{t!r} {q:.3f}" for _, t, q in cell.top)
+            token_id, text, p = cell.top[0]
+            tip = "; ".join(f"{lens.label(i, t)!r} {q:.3f}" for i, t, q in cell.top)
             if cell.target_rank is not None:
                 tip += f" | next {_target_text(lens, lens.targets[i])!r}: rank {cell.target_rank}, p {cell.target_probability:.4f}"
-            line.append((text, _colour(p), p < 0.3, tip))
+            line.append((lens.label(token_id, text), _colour(p), p < 0.3, tip))
         cells.append(line)
     extra = []
     if lens.losses[0] is not None:
