@@ -20,6 +20,7 @@ from rich.text import Text
 
 from tfcli.errors import TfcliError
 from tfcli.inspect.terminal import _colour, _short, fit
+from tfcli.tokenizer.show import SPACE_MARK
 
 CELL = 7  # columns per position or head
 
@@ -206,6 +207,17 @@ def _restored_text(value: float, exact: bool) -> str:
     return f"{round(value, 2) + 0.0:.2f}" + ("*" if exact else "")  # + 0.0: no "-0.00"
 
 
+def _pair(clean: str, corrupt: str) -> str:
+    """The labels of a clean and a corrupted token at one position, their shared space mark written once.
+
+    Example: ("␣fox", "␣dog") -> "␣fox/dog"; ("The", "The") -> "The"; ("a", "␣b") -> "a/␣b"
+    """
+    if clean == corrupt:
+        return clean
+    shared = min(len(clean) - len(clean.lstrip(SPACE_MARK)), len(corrupt) - len(corrupt.lstrip(SPACE_MARK)))
+    return f"{clean}/{corrupt[shared:]}"
+
+
 def patching_view(patching, *, width: int = 80, start: int = 0) -> list[RenderableType]:
     restored = patching.restored
     L, T = restored.shape
@@ -214,8 +226,7 @@ def patching_view(patching, *, width: int = 80, start: int = 0) -> list[Renderab
     title, head_title = _patching_titles(patching)
 
     def label(c: int) -> str:
-        a, b = _short(patching.clean_tokens[c].label), _short(patching.corrupt_tokens[c].label)
-        return a if a == b else f"{a}/{b}"
+        return _pair(_short(patching.clean_tokens[c].label), _short(patching.corrupt_tokens[c].label))
 
     values = [_restored_text(float(restored[r, c]), (r, c) in checked) for r in range(L) for c in range(T)]
     size = cell_width([label(c) for c in range(T)] + values, least=5)
@@ -287,7 +298,7 @@ def ablation_png(ablation) -> bytes:
 def patching_png(patching) -> bytes:
     from tfcli.inspect import png
 
-    columns = [a if a == b else f"{a}/{b}" for a, b in ((_short(x.label), _short(y.label)) for x, y in zip(patching.clean_tokens, patching.corrupt_tokens))]
+    columns = [_pair(_short(x.label), _short(y.label)) for x, y in zip(patching.clean_tokens, patching.corrupt_tokens)]
     how = "patching the residual stream" if patching.method == "exact" else "the residual stream, estimated by attribution patching"
     checked = {(l, p) for l, p, _, _ in patching.verified}
     texts = [[_restored_text(float(v), (l, p) in checked) for p, v in enumerate(row)] for l, row in enumerate(patching.restored)]
@@ -484,7 +495,7 @@ def ablation_html(ablation, *, fragment: bool = False) -> str:
 
 
 def patching_html(patching, *, fragment: bool = False) -> str:
-    columns = [a.label if a.label == b.label else f"{a.label}/{b.label}" for a, b in zip(patching.clean_tokens, patching.corrupt_tokens)]
+    columns = [_pair(a.label, b.label) for a, b in zip(patching.clean_tokens, patching.corrupt_tokens)]
     title, head_title = _patching_titles(patching)
 
     def cells(values, verified) -> list:
