@@ -15,7 +15,7 @@ from tests.layouts import HUB_LAYOUTS, TFCLI_LAYOUTS, build_layout
 from tfcli.generate.stream import CompletionText
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.detokenize import WINDOW_TOKENS, IncrementalDecoder, decode_completion, decode_pieces, text_byte_lengths
-from tfcli.tokenizer.show import token_label, views_of_ids
+from tfcli.tokenizer.show import token_label, token_text, views_of_ids
 
 LAYOUTS = HUB_LAYOUTS + TFCLI_LAYOUTS
 REAL_TEXTS = [
@@ -136,6 +136,30 @@ def test_a_split_character_waits_for_its_last_byte_and_a_bad_run_shows_as_the_de
     if layout == "llama2":  # an invalid byte turns its whole run to U+FFFD, as ByteFallback writes it
         bad = [tokenizer.hf.token_to_id(f"<0x{b:02X}>") for b in "東".encode()] + [tokenizer.hf.token_to_id("<0x80>")] + tokenizer.encode("ok")
         assert "".join(streamed(tokenizer, context, bad)) == reference(tokenizer, context, bad) == "\ufffd" * 4 + " ok"
+
+
+def test_a_byte_fallback_run_streams_when_it_ends_because_a_later_byte_can_void_it(layouts):
+    """CJK and emoji written in byte pieces (<0xE4><0xB8><0xAD> is 中) come out when the run ends, whole and as
+    the library decodes them. Not a character at a time: `ByteFallback` writes a run with any invalid byte as
+    U+FFFD for every byte, so a character shown as soon as its bytes were complete would contradict the text
+    once a later byte of the same run turned out invalid (a stream cannot take text back)."""
+    tokenizer = layouts["llama2"]
+
+    def pieces(data: bytes) -> list[int]:
+        return [tokenizer.hf.token_to_id(f"<0x{b:02X}>") for b in data]
+
+    context, word = tokenizer.encode("Lily said"), tokenizer.hf.token_to_id("\u2581was")
+    cjk, emoji = pieces("中文字".encode()), pieces("🦊".encode())
+    assert len(cjk) == 9 and len(emoji) == 4
+    for run, text in ((cjk, "中文字"), (emoji, "🦊"), (cjk + emoji, "中文字🦊")):
+        chunks = streamed(tokenizer, context, run + [word])
+        assert chunks == [""] * len(run) + [f"{text} was", ""] and "".join(chunks) == reference(tokenizer, context, run + [word])
+        assert "".join(streamed(tokenizer, context, run)) == text == reference(tokenizer, context, run)  # the text ends the run
+    for invalid in (cjk + pieces(b"\x80"), cjk + pieces(b"\xe4"), pieces(b"\xe4") + cjk):
+        expected = reference(tokenizer, context, invalid + [word])
+        assert expected == "\ufffd" * len(invalid) + " was"  # the whole run, the three whole characters too
+        assert "".join(streamed(tokenizer, context, invalid + [word])) == expected
+        assert "".join(streamed(tokenizer, context, invalid)) == "\ufffd" * len(invalid) == reference(tokenizer, context, invalid)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -269,5 +293,38 @@ def test_byte_fallback_pieces_read_as_the_characters_they_stand_for(layouts):
     assert [v.token for v in views][2:9] == ["<0x0A>", "<0xE4>", "<0xBD>", "<0xA0>", "<0xE5>", "<0xA5>", "<0xBD>"]
     assert [v.text for v in views] == ["Lily", " said:", "\\n", "你", "你", "你", "好", "好", "好", " café"]
     assert [v.piece for v in views][2:] == ["\n", "", "", "你", "", "", "好", " café"]
-    labels = [token_label(tokenizer, tokenizer.hf.token_to_id(t)) for t in ("<0x0A>", "<0xE4>", "\u2581said:", "</s>")]
-    assert labels == ["\\n", "<0xE4>", " said:", "</s>"]  # alone: the text it adds after a word; a lone byte, its entry
+    assert [v.label for v in views] == ["Lily", "␣said:", "↵", "你", "你", "你", "好", "好", "好", "␣café"]
+    labels = [token_label(tokenizer, tokenizer.hf.token_to_id(t)) for t in ("<0x0A>", "<0x09>", "<0xE4>", "\u2581said:", "\u2581", "</s>")]
+    assert labels == ["↵", "\\t", "<0xE4>", "␣said:", "␣", "</s>"]  # alone: the text it adds after a word; a lone byte, its entry
+    invalid = views_of_ids(tokenizer, [tokenizer.hf.token_to_id("<0x80>")] + tokenizer.encode("ok")[1:])
+    assert [v.label for v in invalid][0] == "<0x80>"  # a byte that is no character: its entry, never U+FFFD
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_labels_mark_a_leading_space_the_same_in_every_layout(layouts, layout):
+    """Tables, pictures and tokenize show: a token that starts a word after a space is labelled ␣word (or
+    follows a token that is only the space, ␣), one inside a word has no mark; a newline is ↵, a tab \\t."""
+    tokenizer = layouts[layout]
+    text = "Lily was happy.\n\tThey  saw a big box"
+    views = views_of_ids(tokenizer, tokenizer.encode(text))
+    spelled, before = "", ""
+    checked = set()
+    for view in views:
+        shown = view.piece + view.part
+        if shown.strip() and "\ufffd" not in shown and not view.token.startswith(("[", "<")):
+            word = spelled + view.piece.rstrip(" ")
+            first = len(word) - len(view.piece.strip(" "))  # where its first visible character falls
+            after_space = first > 0 and word[first - 1] == " "
+            marked = view.readable.startswith("␣") or (not view.piece.startswith(" ") and before != "" and before.strip("␣") == "")
+            assert marked == after_space, (view, spelled)
+            checked.add(after_space)
+        if shown in (" ", "\n", "\t"):
+            assert view.readable == {" ": "␣", "\n": "↵", "\t": "\\t"}[shown]
+            checked.add(shown)
+        spelled, before = spelled + view.piece, view.readable
+    assert checked >= {True, False}  # both kinds of token were seen
+    if layout not in ("bert", "tfcli-wordpiece", "tfcli-bpe-whitespace", "metaspace-unigram"):  # they drop newlines
+        assert "\n" in checked
+    for token_id in tokenizer.encode("They saw"):
+        label, text = token_label(tokenizer, token_id), token_text(tokenizer, token_id)
+        assert label == text.replace(" ", "␣") and "␣" not in text  # JSON keeps the text unmarked

@@ -135,7 +135,8 @@ def test_find_token_reads_characters_split_over_byte_tokens():
     assert find_token(views, "世")[0] == 2  # the token that completes the character
     with pytest.raises(TfcliError) as error:
         find_token(views, "zebra")
-    assert "'\\n'" in error.value.message and "\\\\" not in error.value.message  # escapes shown once, not doubled
+    assert "'␣世'" in error.value.message and "'↵'" in error.value.message  # labels: a space marked ␣, a newline ↵
+    assert "\\" not in error.value.message  # no escape, doubled or not
 
 
 def test_excerpts_of_two_texts_never_look_the_same():
@@ -191,7 +192,7 @@ def test_heatmap_of_one_head(cli, runs):
     assert "layer 1, head 2" in result.stdout and "decoder self-attention" in result.stdout
     assert "blank: masked" in result.stdout  # the legend
     capture = capture_attention(load_checkpoint(runs["decoder"]), TEXT)
-    labels = [_short(v.text) for v in capture.queries]
+    labels = [_short(v.label) for v in capture.queries]
     width = min(12, max(cell_len(label) for label in labels))
     lines = _lines(result.stdout)
     first = next(i for i, line in enumerate(lines) if line.startswith(fit(labels[0], width, right=True) + " "))
@@ -202,8 +203,8 @@ def test_heatmap_of_one_head(cli, runs):
         assert cells[2 * q : 2 * q + 2].strip() != "" and cells[2 * q + 2 :].strip() == ""
     depth = min(4, max(len(label) for label in labels))
     column_labels = [line.ljust(80) for line in lines[first - depth : first]]  # the keys, written downwards
-    assert labels[17] == "the"
-    assert "".join(line[width + 1 + 2 * 17] for line in column_labels).strip() == "the"
+    assert labels[17] == "␣the"  # a word after a space: its label marks the space
+    assert "".join(line[width + 1 + 2 * 17] for line in column_labels).strip() == "␣the"
 
 
 def test_long_text_is_windowed_and_says_so(cli, runs):
@@ -232,7 +233,7 @@ def test_grid_of_every_head_and_layer(cli, runs):
 def test_token_bars_per_head(cli, runs):
     result = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--token", "it", "--layer", "1")
     assert result.code == 0 and _fits(result.stdout)
-    assert "where 'it' (position" in result.stdout
+    assert "where '␣it' (position" in result.stdout
     assert all(f"L1 H{h}" in result.stdout for h in range(4))
     one = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--token", "it", "--layer", "1", "--head", "0")
     assert one.code == 0 and _fits(one.stdout)
@@ -360,7 +361,7 @@ def test_summary_keeps_the_run_comparison_and_the_token(cli, runs):
     ranked = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--summary", "--compare-run", runs["decoder2"])
     assert ranked.code == 0 and "heads that changed most" in ranked.stdout and "entropy" in ranked.stdout
     token = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--summary", "--token", "it")
-    assert token.code == 0 and "entropy" in token.stdout and "where 'it' (position" in token.stdout
+    assert token.code == 0 and "entropy" in token.stdout and "where '␣it' (position" in token.stdout
     ignored = cli("inspect-attention", runs["decoder"], "--text", TEXT, "--head", "all", "--start", "2")
     assert ignored.code == 0 and "they change nothing here" in " ".join(ignored.stdout.split())
 

@@ -289,7 +289,7 @@ def test_inspect_logits_terminal_and_json(cli, runs, tmp_path):
     lines = result.stdout.splitlines()
     assert "logit lens" in lines[0]
     assert any(line.startswith("embeddings") for line in lines) and any(line.startswith("block 1") for line in lines)
-    assert any(line.startswith("next") and "fox" in line for line in lines)
+    assert any(line.startswith("next") and "␣fox" in line for line in lines)  # a label: its leading space marked
     assert all(len(line) <= 80 for line in lines)
     result = cli("inspect-logits", runs["decoder"], "--text", TEXT, "--json", "--top-k", "3")
     assert result.code == 0, result.stderr
@@ -297,7 +297,8 @@ def test_inspect_logits_terminal_and_json(cli, runs, tmp_path):
     assert doc["format"] == "tfcli-logit-lens" and doc["layers"] == ["embeddings", "block 0", "block 1"]
     T = len(doc["tokens"])
     assert len(doc["cells"]) == 3 and len(doc["cells"][0]) == T and len(doc["cells"][0][0]["top"]) == 3
-    assert doc["targets"][0]["text"] == " fox" and doc["targets"][-1] is None
+    assert doc["targets"][0]["text"] == " fox" and doc["targets"][-1] is None  # JSON: the text, unmarked
+    assert "␣" not in result.stdout
     checkpoint = load_checkpoint(runs["decoder"])
     ids = [t["id"] for t in doc["tokens"]]
     logits = lens_logits(checkpoint.model, ids)

@@ -90,6 +90,13 @@ def _shown(pieces: list, parts: bool = True) -> str:
     return "".join(piece if isinstance(piece, str) else piece[1] for piece in pieces if parts or isinstance(piece, str) or piece[0] not in ("p", "pc"))
 
 
+def _axis_label(shown: str) -> str:
+    """A token's label on the map's axes: a space at either end shows as ␣ (" fox" -> "␣fox")."""
+    inner = shown.strip(" ")
+    lead = len(shown) - len(shown.lstrip(" "))
+    return "␣" * lead + inner + "␣" * (len(shown) - lead - len(inner))
+
+
 def _parse(page: str) -> PageParser:
     parser = PageParser()
     parser.feed(page)
@@ -301,9 +308,11 @@ def test_the_page_script_runs_and_hover_shows_the_weights(cli, runs, tmp_path):
     # token labels along both axes of the map: every one that fits, and the hovered row and column
     cell = max(8, min(64, 560 // T))
     step = -(-12 // cell)
-    axis = [label if label.strip() else "␣" * len(label) for label in labels]
+    axis = [_axis_label(label) for label in labels]
     assert result["xLabels"] == axis[::step] and result["yLabels"] == axis[::step]
     assert result["hotX"] == axis[hover] and result["hotY"] == axis[hover]
+    fox = _run_page_script(parsed, tmp_path, labels.index(" fox"))
+    assert fox["hotX"] == fox["hotY"] == "␣fox"  # a word after a space: marked on the axes, as tables mark it
     # a minimum cell size, and a zoom
     assert result["zoom"] == f"{cell} px per token" and result["mapWidth"] == f"{T * cell}px"
     bigger = next(z for z in (1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 32, 48, 64) if z > cell)
@@ -359,7 +368,7 @@ def test_token_pieces_show_characters_and_badge_what_would_act():
     assert pieces[1] == [["p", "😀", "part of 😀 (U+1F600), completed by a later token"]]
     assert pieces[2][0] == "😀"  # the token that completes it shows it
     assert pieces[2][1][:2] == ["pc", "U+202E"]  # a part of U+202E: its badge, never the character
-    assert pieces[3] == [["c", "U+202E", "RIGHT-TO-LEFT OVERRIDE (U+202E)"], "b", ["c", "\\n", "control character (U+000A)"]]
+    assert pieces[3] == [["c", "U+202E", "RIGHT-TO-LEFT OVERRIDE (U+202E)"], "b", ["c", "↵", "control character (U+000A)"]]
     assert pieces[4] == [["x", "\ufffd", "bytes that are not UTF-8"], " ok"]  # as the decoder writes it
     assert "\u202e" not in json.dumps(pieces, ensure_ascii=False)
     assert token_pieces([TokenView(id=0, token="<|endoftext|>", text="<|endoftext|>")]) == [["<|endoftext|>"]]  # a start token
@@ -416,15 +425,15 @@ def test_a_512_token_page_in_a_browser(cli, runs, tmp_path):
     assert cli("inspect-attention", runs["long"], "--text", LONG_TEXT, "--crop", "-o", out).code == 0
     _, seen = browse(out, LAYOUT_PROBE)
     data = json.loads(_parse(out.read_text(encoding="utf-8")).scripts[0][1])
-    labels = [_shown(pieces) or "␣" for pieces in data["panels"][0]["queries"]]
+    labels = [_shown(pieces) for pieces in data["panels"][0]["queries"]]
     assert seen["tokens"] == 512
     assert seen["pageWidth"] <= seen["viewport"]  # nothing runs off the right edge: no page-wide scrollbar
     assert seen["stripRight"] <= seen["viewport"] and seen["stripLines"] > 2  # the strips wrap
     assert seen["cell"] >= 8 and seen["boxScrolls"] and seen["boxRight"] <= seen["viewport"]
     assert seen["zoomedCell"] > seen["cell"]
     assert len(seen["xLabels"]) >= 512 // 2 and len(seen["yLabels"]) >= 512 // 2 and seen["labelFont"] >= 8
-    assert seen["xLabels"][:3] == [label.replace(" ", "␣") if not label.strip() else label for label in labels[0:6:2]]
-    assert (seen["hotX"], seen["hotY"]) == (labels[300], labels[401])  # the cell under the pointer: its key and its query
+    assert seen["xLabels"][:3] == [_axis_label(label) for label in labels[0:6:2]]
+    assert (seen["hotX"], seen["hotY"]) == (_axis_label(labels[300]), _axis_label(labels[401]))  # the cell under the pointer
 
 
 CHARACTERS_PROBE = """

@@ -28,7 +28,7 @@ def test_show_prints_escape_sequences_and_markup_as_text(cli, trained_tokenizer)
     assert "\x1b]0" not in result.stdout and "\x07" not in result.stdout
     rows = result.stdout.splitlines()[:-1]  # token row, id row, token row, ... then the count line
     token_rows = "".join(rows[0::2]).replace(" ", "")
-    assert token_rows == visible(text).replace(" ", "")  # markup printed, escapes escaped, nothing lost
+    assert token_rows == visible(text).replace(" ", "␣")  # markup printed, escapes escaped, spaces marked, nothing lost
     tokenizer = TextTokenizer.load(trained_tokenizer)
     for token_id in tokenizer.encode(text):
         assert str(token_id) in result.stdout
@@ -143,7 +143,8 @@ def test_show_marks_wordpiece_continuations(cli, wordpiece_tokenizer):
     result = cli("tokenize", "show", text, "-t", wordpiece_tokenizer)
     assert result.code == 0
     shown = result.stdout.splitlines()[0::2][:-1]
-    assert "".join(shown).split() == tokens  # each continuation printed with its ## in front
+    # each continuation printed with its ## in front; a word after a space with ␣ (the decoder writes none before ".")
+    assert "".join(shown).split() == [t if i == 0 or t.startswith("##") or t == "." else f"␣{t}" for i, t in enumerate(tokens)]
 
 
 def test_show_json_of_other_families_has_no_continuations(cli, trained_tokenizer):

@@ -20,7 +20,8 @@ def show(
 ) -> None:
     """Show how a tokenizer cuts a text: each token coloured, its id beneath.
 
-    Control characters show escaped (\\n, \\x1b); special-token text in <text> stays ordinary text.
+    A space at either end of a token shows as ␣, a newline as ↵, other control characters escaped (\\t, \\x1b);
+    special-token text in <text> stays ordinary text. --json gives each token's text unmarked.
     A WordPiece token that continues a word is marked with a dim ## in front.
 
     \b
@@ -49,7 +50,7 @@ def _render_tokens(console, views) -> None:
     top, bottom, used = Text(), Text(), 0
     for i, view in enumerate(views):
         mark = "##" if view.continuation else ""  # a WordPiece piece that continues the word before it
-        shown = cell_len(mark) + cell_len(view.text)
+        shown = cell_len(mark) + cell_len(view.readable)
         cell = max(shown, len(str(view.id)))
         if used and used + cell + 1 > width:
             console.print(top, soft_wrap=True)
@@ -57,7 +58,7 @@ def _render_tokens(console, views) -> None:
             top, bottom, used = Text(), Text(), 0
         if mark:
             top.append(mark, style="dim")
-        top.append(view.text, style=colours[i % len(colours)])
+        top.append(view.readable, style=colours[i % len(colours)])
         top.append(" " * (cell - shown + 1))
         bottom.append(str(view.id).ljust(cell + 1), style="dim")
         used += cell + 1

@@ -21,7 +21,7 @@ from tfcli.errors import TfcliError
 from tfcli.inspect.hooks import Hooks, lens_stack
 from tfcli.loader import load_run
 from tfcli.tokenizer.core import TextTokenizer
-from tfcli.tokenizer.show import token_label, visible
+from tfcli.tokenizer.show import token_text, visible
 from tfcli.word2vec.run import is_word2vec_run, load_vectors
 
 TABLES = ("input", "output")
@@ -47,7 +47,7 @@ class EmbeddingTable:
         space it stands for (" mom" begins a word, "ly" continues one)."""
         if self.tokenizer.family == "word":
             return visible(self.tokenizer.hf.id_to_token(token_id) or "")
-        return token_label(self.tokenizer, token_id)
+        return token_text(self.tokenizer, token_id)
 
 
 @dataclasses.dataclass

@@ -39,7 +39,7 @@ from tfcli.inspect.capture import AttentionCapture
 from tfcli.inspect.labels import excerpts, kind_label
 from tfcli.inspect.stats import HeadChange, HeadSummary
 from tfcli.jsontext import dumps_json
-from tfcli.tokenizer.show import TokenView
+from tfcli.tokenizer.show import NEWLINE_MARK, TokenView
 
 PAGE_FORMAT = 3  # 2: tokens as pieces (characters, badges), not escaped text; 3: palette, head labels, q and k
 NEURON_BUDGET = 150_000  # numbers of q and k a page carries for every head (about 1.3 MB); past it, only the chosen head's
@@ -82,7 +82,7 @@ def pack_weights(weights: np.ndarray, causal: bool, level: int = 1) -> list[str]
         return list(pool.map(lambda layer: _pack_layer(layer, causal, level), weights))
 
 
-_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+_NAMED = {"\n": NEWLINE_MARK, "\t": "\\t", "\r": "\\r"}  # a newline as labels show it: ↵
 
 
 def _invisible(ch: str) -> bool:

@@ -12,23 +12,17 @@ import numpy as np
 import torch
 
 from tfcli.errors import TfcliError, a_or_an
+from tfcli.tokenizer.show import TokenView, token_label, token_text, token_views, visible
 from tfcli.inspect.hooks import Hooks, lens_stack, unembed
-from tfcli.tokenizer.show import TokenView, token_label, token_views, visible
+from tfcli.checkpoint import Checkpoint
+from tfcli.tokenizer.core import TextTokenizer
 
 if TYPE_CHECKING:
-    from tfcli.checkpoint import Checkpoint
-    from tfcli.tokenizer.core import TextTokenizer
 
 MASK_PLACEHOLDER = "[MASK]"
 LENS_FORMAT = "tfcli-logit-lens"
 LENS_VERSION = 1
 SUPPORTED = ("decoder", "encoder", "encoder-decoder")
-
-
-def token_text(tokenizer: TextTokenizer, token_id: int) -> str:
-    """A token as it shows on its own: the text it adds after a word, through the tokenizer's decoder, control
-    characters escaped; part of a character shows as its vocabulary entry (`token_label`)."""
-    return token_label(tokenizer, token_id)
 
 
 def _special_view(tokenizer: TextTokenizer, token_id: int) -> TokenView:
@@ -114,6 +108,11 @@ class LogitLens:
     losses: list[float | None]  # per layer: mean cross-entropy (nats) on the targets; None without targets
     top_k: int
     target: str | None = None  # an encoder-decoder's target (`text` is its source; `tokens` the decoder's)
+    labels: dict[int, str] = dataclasses.field(default_factory=dict)  # the cells' tokens as tables show them (`token_label`)
+
+    def label(self, token_id: int, text: str) -> str:
+        """A predicted token as tables and pictures name it ("␣the"); its `text` (JSON's, " the") where unknown."""
+        return self.labels.get(token_id, text)
 
     def to_json(self, tokenizer_text) -> dict[str, Any]:
         return {
@@ -220,6 +219,7 @@ def logit_lens(checkpoint: Checkpoint, text: str, *, target: str | None = None, 
         cells=cells,
         losses=losses,
         top_k=k,
+        labels={token_id: token_label(tokenizer, token_id) for token_id in names},
     )
 
 

@@ -23,7 +23,7 @@ from rich.text import Text
 from tfcli.errors import TfcliError
 from tfcli.inspect import palette, png
 from tfcli.inspect.terminal import _colour, _short, fit
-from tfcli.tokenizer.show import visible
+from tfcli.tokenizer.show import SPACE_MARK, visible
 
 CELL = 7  # columns per position or head
 
@@ -101,7 +101,7 @@ def lens_view(lens, *, width: int = 80, start: int = 0) -> list[RenderableType]:
     """Layers down, positions across: each layer's top-1 token, on a colour scale of its probability; the
     last row the token each position should predict, the right column each layer's loss."""
     positions = lens.positions
-    texts = [_short(lens.tokens[p].label) for p in positions] + [_short(cell.top[0][1]) for row in lens.cells for cell in row]
+    texts = [_short(lens.tokens[p].label) for p in positions] + [_short(lens.label(*cell.top[0][:2])) for row in lens.cells for cell in row]
     size = cell_width(texts)
     first, last = window(len(positions), start, width, 11, CELL + 1 if lens.losses[0] is not None else 0, size)
     columns = list(range(first, last))
@@ -111,10 +111,10 @@ def lens_view(lens, *, width: int = 80, start: int = 0) -> list[RenderableType]:
         if r == len(lens.cells):  # the target row
             target = lens.targets[columns[c]]
             return Text(fit(_short(_target_text(lens, target)), size) if target is not None else " " * size, style="bold")
-        _, text, p = lens.cells[r][columns[c]].top[0]
+        token_id, text, p = lens.cells[r][columns[c]].top[0]
         style = _on(_colour(p), p >= 0.3)
         hit = lens.targets[columns[c]] is not None and lens.cells[r][columns[c]].target_rank == 1
-        return Text(fit(_short(text), size), style=style + (" bold underline" if hit else ""))
+        return Text(fit(_short(lens.label(token_id, text)), size), style=style + (" bold underline" if hit else ""))
 
     has_targets = any(t is not None for t in lens.targets)
     rows = list(lens.layers) + (["next" if lens.arch == "decoder" else ""] if has_targets else [])
@@ -140,7 +140,7 @@ def _target_text(lens, target: int) -> str:
         for cell in row:
             for token_id, text, _ in cell.top:
                 if token_id == target:
-                    return text
+                    return lens.label(token_id, text)
     return next((v.label for v in lens.tokens if v.id == target), str(target))
 
 
@@ -210,6 +210,17 @@ def _restored_text(value: float, exact: bool) -> str:
     return f"{round(value, 2) + 0.0:.2f}" + ("*" if exact else "")  # + 0.0: no "-0.00"
 
 
+def _pair(clean: str, corrupt: str) -> str:
+    """The labels of a clean and a corrupted token at one position, their shared space mark written once.
+
+    Example: ("␣fox", "␣dog") -> "␣fox/dog"; ("The", "The") -> "The"; ("a", "␣b") -> "a/␣b"
+    """
+    if clean == corrupt:
+        return clean
+    shared = min(len(clean) - len(clean.lstrip(SPACE_MARK)), len(corrupt) - len(corrupt.lstrip(SPACE_MARK)))
+    return f"{clean}/{corrupt[shared:]}"
+
+
 def patching_view(patching, *, width: int = 80, start: int = 0) -> list[RenderableType]:
     restored = patching.restored
     L, T = restored.shape
@@ -218,8 +229,7 @@ def patching_view(patching, *, width: int = 80, start: int = 0) -> list[Renderab
     title, head_title = _patching_titles(patching)
 
     def label(c: int) -> str:
-        a, b = _short(patching.clean_tokens[c].label), _short(patching.corrupt_tokens[c].label)
-        return a if a == b else f"{a}/{b}"
+        return _pair(_short(patching.clean_tokens[c].label), _short(patching.corrupt_tokens[c].label))
 
     values = [_restored_text(float(restored[r, c]), (r, c) in checked) for r in range(L) for c in range(T)]
     size = cell_width([label(c) for c in range(T)] + values, least=5)
@@ -257,7 +267,7 @@ def patching_view(patching, *, width: int = 80, start: int = 0) -> list[Renderab
 
 def lens_png(lens) -> bytes:
     values = np.array([[cell.top[0][2] for cell in row] for row in lens.cells], dtype=np.float32)  # (layers, positions)
-    texts = [[_short(cell.top[0][1]) for cell in row] for row in lens.cells]
+    texts = [[_short(lens.label(*cell.top[0][:2])) for cell in row] for row in lens.cells]
     columns = [_short(lens.tokens[p].label) for p in lens.positions]
     return png.value_grid_png(
         "logit lens: each layer's top-1 token, coloured by its probability",
@@ -285,7 +295,7 @@ def ablation_png(ablation) -> bytes:
 
 
 def patching_png(patching) -> bytes:
-    columns = [a if a == b else f"{a}/{b}" for a, b in ((_short(x.label), _short(y.label)) for x, y in zip(patching.clean_tokens, patching.corrupt_tokens))]
+    columns = [_pair(_short(x.label), _short(y.label)) for x, y in zip(patching.clean_tokens, patching.corrupt_tokens)]
     how = "patching the residual stream" if patching.method == "exact" else "the residual stream, estimated by attribution patching"
     checked = {(l, p) for l, p, _, _ in patching.verified}
     texts = [[_restored_text(float(v), (l, p) in checked) for p, v in enumerate(row)] for l, row in enumerate(patching.restored)]
@@ -414,11 +424,11 @@ def lens_html(lens, *, fragment: bool = False) -> str:
     for row in lens.cells:
         line = []
         for i, cell in enumerate(row):
-            _, text, p = cell.top[0]
-            tip = "; ".join(f"{t!r} {q:.3f}" for _, t, q in cell.top)
+            token_id, text, p = cell.top[0]
+            tip = "; ".join(f"{lens.label(i, t)!r} {q:.3f}" for i, t, q in cell.top)
             if cell.target_rank is not None:
                 tip += f" | next {_target_text(lens, lens.targets[i])!r}: rank {cell.target_rank}, p {cell.target_probability:.4f}"
-            line.append((text, _colour(p), p < 0.3, tip))
+            line.append((lens.label(token_id, text), _colour(p), p < 0.3, tip))
         cells.append(line)
     extra = []
     if lens.losses[0] is not None:
@@ -474,7 +484,7 @@ def ablation_html(ablation, *, fragment: bool = False) -> str:
 
 
 def patching_html(patching, *, fragment: bool = False) -> str:
-    columns = [a.label if a.label == b.label else f"{a.label}/{b.label}" for a, b in zip(patching.clean_tokens, patching.corrupt_tokens)]
+    columns = [_pair(a.label, b.label) for a, b in zip(patching.clean_tokens, patching.corrupt_tokens)]
     title, head_title = _patching_titles(patching)
 
     def cells(values, verified) -> list:

@@ -5,6 +5,9 @@ escaped.
 Token text is data, never markup or terminal control: `visible` turns every control or format character
 into an escape (`\\x1b`, `\\n`, `\\u202e`). A token holding part of a character split across tokens shows
 that character. A WordPiece token shows as its vocabulary entry, marked when it continues a word (`##ing`).
+
+Labels (tables, pictures, `tokenize show`) mark what a reader could not see, the same for every family
+(`label_text`): a space at either end of a token as ␣, a newline as ↵. JSON keeps the text unmarked.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.detokenize import REPLACEMENT, IncrementalDecoder, alone_texts
 
 _NAMED_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+# U+2423 OPEN BOX, the typesetters' sign for a space: one mark for every family, found in no vocabulary (unlike
+# SentencePiece's ▁ or GPT-2's Ġ, which would make every label read as one family's raw vocabulary entry)
+SPACE_MARK = "\u2423"
+NEWLINE_MARK = "\u21b5"  # ↵
 
 
 def visible(text: str) -> str:
@@ -35,6 +42,19 @@ def visible(text: str) -> str:
     return "".join(out)
 
 
+def label_text(text: str) -> str:
+    """A token's text as a label shows it: each space at either end as ␣ (a space between two characters
+    reads as one), each newline as ↵, other control characters escaped as `visible` escapes them.
+
+    Example: " cat" -> "␣cat"; "  " -> "␣␣"; "\\n" -> "↵"; "\\t" -> "\\\\t"; "New York" -> "New York"
+    """
+    inner = text.strip(" ")
+    lead = len(text) - len(text.lstrip(" "))
+    trail = len(text) - lead - len(inner)
+    shown = NEWLINE_MARK.join(visible(line) for line in inner.split("\n"))
+    return SPACE_MARK * lead + shown + SPACE_MARK * trail
+
+
 @dataclasses.dataclass(frozen=True)
 class TokenView:
     id: int
@@ -45,9 +65,18 @@ class TokenView:
     continuation: bool = False  # a WordPiece token that continues the word before it (vocabulary entry "##ing", text "ing")
 
     @property
+    def readable(self) -> str:
+        """The token's text as labels show it (`label_text`: " cat" -> "␣cat", "\\n" -> "↵"); a byte that is
+        no character (U+FFFD) as its vocabulary entry (`<0x80>`); a token with no text as `text` has it."""
+        shown = self.piece + self.part
+        if not shown:
+            return self.text
+        return visible(self.token) if REPLACEMENT in shown else label_text(shown)
+
+    @property
     def label(self) -> str:
-        """How tables and pictures name the token: its text, a WordPiece continuation marked (`##ing`)."""
-        return f"##{self.text}" if self.continuation else self.text
+        """How tables and pictures name the token: `readable`, a WordPiece continuation marked (`##ing`)."""
+        return f"##{self.readable}" if self.continuation else self.readable
 
     def to_json(self) -> dict:
         return {"id": self.id, "token": self.token, "text": self.text, "continuation": self.continuation}
@@ -128,11 +157,25 @@ def _split_byte_runs(tokenizer: TextTokenizer, ids: list[int], pieces: list[str]
     return split
 
 
-def token_label(tokenizer: TextTokenizer, token_id: int) -> str:
-    """One token's name on its own (a prediction in a table): the text it adds after a word, through the
-    decoder, escaped; a token that is only part of a character (its text U+FFFD) shows as its vocabulary
-    entry ("<0xE6>", GPT-2's "æ")."""
+def _alone_text(tokenizer: TextTokenizer, token_id: int) -> tuple[str, bool]:
+    """The text a token adds after a word, or its vocabulary entry where that is only part of a character;
+    and whether it is that entry."""
     (text,) = alone_texts(tokenizer, [token_id])
     if REPLACEMENT in text:
-        text = tokenizer.hf.id_to_token(token_id) or text
-    return visible(text)
+        return tokenizer.hf.id_to_token(token_id) or text, True
+    return text, False
+
+
+def token_text(tokenizer: TextTokenizer, token_id: int) -> str:
+    """One token's text on its own (a prediction, in JSON): the text it adds after a word, through the
+    decoder, escaped; a token that is only part of a character (its text U+FFFD) shows as its vocabulary
+    entry ("<0xE6>", GPT-2's "æ")."""
+    return visible(_alone_text(tokenizer, token_id)[0])
+
+
+def token_label(tokenizer: TextTokenizer, token_id: int) -> str:
+    """One token's name on its own in a table or picture: `token_text` with its spaces and newlines marked
+    (`label_text`). Example (GPT-2): "Ġcat" -> "␣cat", "Ċ" -> "↵", "æ" (part of a character) -> "æ".
+    """
+    text, entry = _alone_text(tokenizer, token_id)
+    return visible(text) if entry else label_text(text)

@@ -32,13 +32,19 @@
   // ("c": an invisible or acting character as a badge, "p": part of a character a later token completes,
   // "pc": part of a badged one, "x": a byte that is not UTF-8).
   const PIECE_CLASS = { c: "badge", p: "part", pc: "badge part", x: "byte" };
-  function fill(el, pieces, blank) {
-    if (blank && pieces.length === 1 && typeof pieces[0] === "string" && !pieces[0].trim()) {
-      el.appendChild(document.createTextNode("\u2423".repeat(pieces[0].length)));  // an axis label of spaces: ␣
-      return el;
-    }
-    for (const piece of pieces) {
-      if (typeof piece === "string") { el.appendChild(document.createTextNode(piece)); continue; }
+  // As a label (`label`: an axis, a title), a space at either end of a token shows as ␣, as tables and
+  // pictures show it (tokenizer.show.label_text); the text's own token strip shows the text as it reads.
+  const spaces = (run) => "\u2423".repeat(run.length);
+  function fill(el, pieces, label) {
+    const last = pieces.length - 1;
+    for (const [i, piece] of pieces.entries()) {
+      if (typeof piece === "string") {
+        let text = piece;
+        if (label && i === 0) text = text.replace(/^ +/, spaces);
+        if (label && i === last) text = text.replace(/ +$/, spaces);
+        el.appendChild(document.createTextNode(text));
+        continue;
+      }
       const mark = make("span", piece[1], PIECE_CLASS[piece[0]] || "badge");
       mark.title = piece[2];
       el.appendChild(mark);
