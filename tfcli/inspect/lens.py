@@ -12,12 +12,12 @@ import numpy as np
 import torch
 
 from tfcli.errors import TfcliError, a_or_an
-from tfcli.tokenizer.show import TokenView, token_label, token_text, token_views, visible
 from tfcli.inspect.hooks import Hooks, lens_stack, unembed
-from tfcli.checkpoint import Checkpoint
-from tfcli.tokenizer.core import TextTokenizer
+from tfcli.tokenizer.show import TokenView, token_label, token_text, token_views, visible
 
 if TYPE_CHECKING:
+    from tfcli.checkpoint import Checkpoint
+    from tfcli.tokenizer.core import TextTokenizer
 
 MASK_PLACEHOLDER = "[MASK]"
 LENS_FORMAT = "tfcli-logit-lens"
