@@ -43,12 +43,12 @@ def _step_job(implementation: str, preset_name: str, batch: int, length: int, st
     inputs, targets = ids[:, :-1], ids[:, 1:]
     if implementation == "tfcli":
         from tfcli.accel import accelerate
-        from tfcli.model.transformer import Transformer
+        from tfcli.model.transformer import Loss, Transformer
 
         model = accelerate(Transformer(config).train())  # as `tfcli train` runs it: measured on the first step
 
         def step() -> torch.Tensor:
-            return model(inputs, targets=targets).loss / targets.numel()  # the mean, as transformers reports it
+            return model(inputs, head=Loss(targets)).loss / targets.numel()  # the mean, as transformers reports it
     else:
         import transformers
 

@@ -59,11 +59,12 @@ def head_means(model, ids: list[int]) -> torch.Tensor:
     import torch
 
     from tfcli.inspect.hooks import Hooks, lens_stack
+    from tfcli.model.transformer import HIDDEN
 
     stack = lens_stack(model, "inspect-ablate", ("decoder",))
     with torch.inference_mode(), Hooks() as hooks:
         outputs = hooks.head_outputs(stack)
-        model(torch.tensor([ids], device=model.lm_head.weight.device), logits=False)
+        model(torch.tensor([ids], device=model.lm_head.weight.device), head=HIDDEN)
         return torch.stack([z[0].mean(dim=0) for z in outputs])  # (L, nh, hs)
 
 
@@ -79,7 +80,8 @@ def ablated_runs(
     """
     import torch
 
-    from tfcli.inspect.hooks import Hooks, lens_stack, vocabulary
+    from tfcli.inspect.hooks import Hooks, lens_stack
+    from tfcli.model.transformer import HIDDEN
 
     stack = lens_stack(model, "inspect-ablate", ("decoder",))
     device = model.lm_head.weight.device
@@ -107,9 +109,9 @@ def ablated_runs(
                         by_layer.setdefault(layer, []).append((i, head))
                 for layer, pairs in by_layer.items():
                     hooks.edit_heads(stack, layer, _replace(pairs, replacement[layer]))
-                hidden = model(src, logits=False).hidden  # (rows, T, d)
+                hidden = model(src, head=HIDDEN).hidden  # (rows, T, d)
             for i, r in enumerate(group):
-                logits = vocabulary(model, hidden[i]).float()  # (T, vocab)
+                logits = model.unembed(hidden[i]).float()  # (T, vocab)
                 log_norm = torch.logsumexp(logits, dim=-1)  # (T,): log-softmax without a second (T, vocab) tensor
                 if len(ids) > 1:
                     losses[r] = (log_norm[:-1] - logits[:-1].gather(1, targets[:, None])[:, 0]).mean()

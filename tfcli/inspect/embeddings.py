@@ -116,6 +116,7 @@ def _contextual_table(checkpoint, layer: int, data: str, run: Path) -> Embedding
     import torch
 
     from tfcli.inspect.hooks import Hooks, lens_stack
+    from tfcli.model.transformer import HIDDEN
 
     model, tokenizer = checkpoint.model, checkpoint.tokenizer
     stack = lens_stack(model, "inspect-embeddings --layer")
@@ -140,7 +141,7 @@ def _contextual_table(checkpoint, layer: int, data: str, run: Path) -> Embedding
         for start in range(0, len(ids), block):
             window = torch.tensor([ids[start : start + block]], device=device)
             stream.clear()
-            model(window, logits=False)
+            model(window, head=HIDDEN)
             states = stream[layer][0].float().cpu().numpy()  # (T, d)
             np.add.at(sums, window[0].cpu().numpy(), states)
             np.add.at(counts, window[0].cpu().numpy(), 1)

@@ -80,13 +80,14 @@ def lens_logits(model, ids: list[int], decoder_ids: list[int] | None = None) -> 
     import torch
 
     from tfcli.inspect.hooks import Hooks, lens_stack, unembed
+    from tfcli.model.transformer import HIDDEN, DecoderInput
 
     stack = lens_stack(model, "inspect-logits", SUPPORTED)
     device = model.lm_head.weight.device
     with torch.inference_mode(), Hooks() as hooks:
         stream = hooks.residual_stream(stack)
-        decoder = None if decoder_ids is None else torch.tensor([decoder_ids], device=device)  # (1, T)
-        model(torch.tensor([ids], device=device), decoder_ids=decoder, logits=False)
+        decoder = None if decoder_ids is None else DecoderInput(torch.tensor([decoder_ids], device=device))  # (1, T)
+        model(torch.tensor([ids], device=device), head=HIDDEN, decoder=decoder)
         return torch.stack([unembed(model, stack, x[0]).float() for x in stream])  # (L + 1, T, vocab)
 
 

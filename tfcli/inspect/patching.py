@@ -38,7 +38,7 @@ def logit_difference(model, hidden: torch.Tensor, answer: int, wrong: int) -> to
 
     head = model.lm_head
     bias = None if head.bias is None else head.bias[[answer, wrong]]
-    two = F.linear(model._head_input(hidden), head.weight[[answer, wrong]], bias).float()  # (rows, 2)
+    two = F.linear(model.head_input(hidden), head.weight[[answer, wrong]], bias).float()  # (rows, 2)
     return two[:, 0] - two[:, 1]
 
 
@@ -48,11 +48,12 @@ def record(model, stack, ids: list[int], answer: int, wrong: int, cache=None) ->
     import torch
 
     from tfcli.inspect.hooks import Hooks
+    from tfcli.model.transformer import HIDDEN
 
     with Hooks() as hooks:
         stream = hooks.residual_stream(stack)
         heads = hooks.head_outputs(stack)
-        hidden = model(torch.tensor([ids], device=model.lm_head.weight.device), logits=False, cache=cache).hidden
+        hidden = model(torch.tensor([ids], device=model.lm_head.weight.device), head=HIDDEN, cache=cache).hidden
     return [x[0] for x in stream], [z[0] for z in heads], float(logit_difference(model, hidden[:, -1], answer, wrong)[0])
 
 
@@ -70,7 +71,7 @@ def run_from(model, stack, layer: int, x: torch.Tensor, cache=None) -> torch.Ten
     with Hooks() as hooks:
         hooks.last_position_only(stack)
         for i in range(layer, len(stack.blocks)):
-            x = stack.blocks[i](x, mask, rotary=model.rotary, cache=cache.layer(i) if cache is not None else None)[0]
+            x = stack.blocks[i](x, mask, cache=cache.layer(i) if cache is not None else None)
     return stack.norm(x[:, -1])
 
 
