@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfcli.model.config import ModelConfig
-from tfcli.model.hook_point import HookPoint
+from tfcli.model.hook_point import add_hook_points
 from tfcli.model.layers import RotaryEmbedding
 
 
@@ -125,9 +125,7 @@ class Attention(nn.Module):
             self.qkv = nn.Linear(config.d_model, config.d_model + kv_width, bias=config.has_qkv_bias)
         self.out = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.rotary = None if cross else rotary  # the model's one rotary module (no state of its own here), or None
-        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
-        self.hook_pattern = HookPoint()
-        self.hook_z = HookPoint()
+        add_hook_points(self, "hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z")
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         B, T, _ = x.shape

@@ -7,16 +7,17 @@ import threading
 from typing import Any
 
 import torch
-import torch.nn.modules.module as module_hooks
 from torch import nn
+from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks  # filled in place by torch
 
 _lock = threading.Lock()
 _registered = [0]  # hooks on any hook point of any model in this process, now
 
 
 class HookPoint(nn.Module):
-    """Returns its input, or what a forward hook registered on it returns instead. With no hook on it
-    (and no global module hook) it is a plain attribute check, not a module call: free when unused.
+    """Returns its input, or what a forward hook registered on it returns instead. With no hook on it (and
+    no global module hook) it is an attribute check, not a module call: free when unused. Hooks are also
+    counted, process-wide, as they are registered and removed through the handles returned here.
 
     Example: model.decoder.blocks[0].hook_resid_post.register_forward_hook(lambda m, args, x: x * 0)
     """
@@ -25,14 +26,14 @@ class HookPoint(nn.Module):
         return x
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.hooked:
+        if self._forward_hooks or self._forward_pre_hooks or _global_forward_hooks or _global_forward_pre_hooks:
             return super().__call__(x)
         return x
 
     @property
     def hooked(self) -> bool:
         """Whether anything would see or change the activation here (a hook on this point, or on every module)."""
-        return bool(self._forward_hooks or self._forward_pre_hooks or module_hooks._global_forward_hooks or module_hooks._global_forward_pre_hooks)
+        return bool(self._forward_hooks or self._forward_pre_hooks or _global_forward_hooks or _global_forward_pre_hooks)
 
     def register_forward_hook(self, *args: Any, **kwargs: Any) -> _CountedHandle:
         return _CountedHandle(super().register_forward_hook(*args, **kwargs))
@@ -66,7 +67,17 @@ class _CountedHandle:
 def any_hooked() -> bool:
     """Whether any hook point of any model may have a hook now (one check, for a path that would skip them
     all, such as a C decoding step)."""
-    return bool(_registered[0] or module_hooks._global_forward_hooks or module_hooks._global_forward_pre_hooks)
+    return bool(_registered[0] or _global_forward_hooks or _global_forward_pre_hooks)
+
+
+def add_hook_points(owner: nn.Module, *names: str) -> None:
+    """A HookPoint on `owner` under each name, registered as a submodule and also kept in its instance dict,
+    so the forward pass reads it without nn.Module.__getattr__ (which costs more than the point itself).
+    Assigning another module to the name later replaces both (nn.Module.__setattr__ drops the dict entry)."""
+    for name in names:
+        point = HookPoint()
+        owner.add_module(name, point)
+        owner.__dict__[name] = point
 
 
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:

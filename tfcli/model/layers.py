@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfcli.model.config import ModelConfig, RopeScaling
-from tfcli.model.hook_point import HookPoint
+from tfcli.model.hook_point import add_hook_points
 
 
 class RMSNorm(nn.Module):
@@ -93,7 +93,7 @@ class MLP(nn.Module):
         up = 2 * hidden if config.activation == "swiglu" else hidden
         self.fc = nn.Linear(config.d_model, up, bias=config.has_mlp_bias)
         self.proj = nn.Linear(hidden, config.d_model, bias=config.has_mlp_bias)
-        self.hook_pre, self.hook_post = HookPoint(), HookPoint()
+        add_hook_points(self, "hook_pre", "hook_post")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.hook_pre(self.fc(x))

@@ -13,7 +13,7 @@ from torch import nn
 from tfcli.errors import TfcliError
 from tfcli.model.attention import Attention, AttentionMask, KVCache, LayerKVCache
 from tfcli.model.config import ModelConfig
-from tfcli.model.hook_point import HookPoint
+from tfcli.model.hook_point import add_hook_points
 from tfcli.model.layers import MLP, RotaryEmbedding, make_norm, sinusoidal_table
 from tfcli.model.loss import IGNORE_INDEX, vocabulary_cross_entropy
 
@@ -35,8 +35,7 @@ class Block(nn.Module):
         self.mlp_norm = make_norm(config)
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
-        self.hook_resid_pre, self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint(), HookPoint()
-        self.hook_mlp_in, self.hook_mlp_out, self.hook_resid_post = HookPoint(), HookPoint(), HookPoint()
+        add_hook_points(self, "hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_in", "hook_mlp_out", "hook_resid_post")
 
     def _residual(self, x, y, norm):
         """Add a sublayer's output y to the residual stream x (post-norm: then normalise the sum)."""
@@ -75,7 +74,7 @@ class Stack(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(Block(config, causal=causal, cross=cross, rotary=rotary) for _ in range(n_layers))
         self.norm = make_norm(config) if config.norm_placement == "pre" else nn.Identity()
-        self.hook_normalized = HookPoint()
+        add_hook_points(self, "hook_normalized")
 
     def forward(self, x, mask: AttentionMask, *, memory: Memory | None = None, cache: KVCache | None = None):
         """x (B, T, d) through every block. Returns (B, T, d)."""
@@ -166,8 +165,7 @@ class Transformer(nn.Module):
             self.pooler = nn.Linear(d, d)  # BERT: the classifier reads tanh(pooler(state of [CLS]))
         if config.n_classes:
             self.classifier = nn.Linear(d, config.n_classes)
-        self.hook_embed, self.hook_pos_embed = HookPoint(), HookPoint()
-        self.hook_head_input, self.hook_logits = HookPoint(), HookPoint()
+        add_hook_points(self, "hook_embed", "hook_pos_embed", "hook_head_input", "hook_logits")
         self.apply(self.init_weights)
         residual_std = config.init_std / math.sqrt(2 * (config.n_layers * config.has_encoder + config.decoder_layers * config.has_decoder))
         for name, parameter in self.named_parameters():
