@@ -15,7 +15,7 @@ from tests.conftest import snapshot
 from tfcli.checkpoint import CONFIG_FILE, WEIGHTS_FILE, load_checkpoint, save_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.model.config import ModelConfig
-from tfcli.model.transformer import Transformer
+from tfcli.model.transformer import DecoderInput, Transformer
 from tfcli.tokenizer.core import TextTokenizer
 
 
@@ -51,7 +51,7 @@ def test_round_trip_gives_the_same_logits(tmp_path, tokenizer, overrides):
     save_checkpoint(tmp_path / "run", model, tokenizer, source="a test")
     loaded = load_checkpoint(tmp_path / "run")
     ids = torch.randint(0, tokenizer.vocab_size, (2, 9))
-    kwargs = {"decoder_ids": ids[:, :4]} if model.config.arch == "encoder-decoder" else {}
+    kwargs = {"decoder": DecoderInput(ids[:, :4])} if model.config.arch == "encoder-decoder" else {}
     assert torch.equal(loaded.model(ids, **kwargs).logits, model(ids, **kwargs).logits)
     assert loaded.config.model == model.config and loaded.config.source == "a test"
     assert loaded.tokenizer.sha256 == tokenizer.sha256
