@@ -16,7 +16,7 @@ from tests.conftest import forget_accel
 from tfcli.accel import accelerate, choices, fused_loss, products, report
 from tfcli.model.config import ModelConfig
 from tfcli.model.loss import vocabulary_cross_entropy
-from tfcli.model.transformer import Transformer
+from tfcli.model.transformer import DecoderInput, Loss, Transformer
 
 HAS_ONEDNN = products._onednn_op() is not None
 
@@ -100,12 +100,12 @@ def test_an_accelerated_model_gives_the_plain_models_logits_and_gradients(monkey
     ids = torch.randint(0, 300, (3, 16), generator=torch.Generator().manual_seed(1))
     padding = torch.ones(3, 16, dtype=torch.bool)
     padding[0, 12:] = False
-    extra = dict(decoder_ids=ids) if config.arch == "encoder-decoder" else {}
+    extra = dict(decoder=DecoderInput(ids)) if config.arch == "encoder-decoder" else {}
 
     def run(model):
         model.zero_grad()
         out = model(ids, padding, **extra)
-        loss = model(ids, padding, targets=ids, **extra).loss
+        loss = model(ids, padding, head=Loss(ids), **extra).loss
         total = loss + out.logits.square().mean() + (out.class_logits.sum() if out.class_logits is not None else 0)
         total.backward()
         return out, loss, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}

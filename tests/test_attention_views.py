@@ -25,7 +25,7 @@ from tfcli.inspect.hooks import Hooks
 from tfcli.inspect.neuron import capture_query_keys, neuron_view
 from tfcli.inspect.terminal import _short
 from tfcli.model.config import preset
-from tfcli.model.transformer import Transformer
+from tfcli.model.transformer import HIDDEN, Transformer
 from tfcli.tokenizer.core import TextTokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def test_neuron_view_equals_a_direct_computation_from_the_weights(cli, runs):
     checkpoint = load_checkpoint(run)
     with Hooks() as hooks, torch.inference_mode():
         stream = hooks.residual_stream(checkpoint.model.decoder)
-        checkpoint.model(torch.tensor([ids]), logits=False)
+        checkpoint.model(torch.tensor([ids]), head=HIDDEN)
     for layer, head, query in ((0, 1, 7), (1, 3, T - 1)):
         if layer == 0:
             x = weights["tok_emb.weight"][ids].double() + weights["pos_emb.weight"][:T].double()  # (T, d)

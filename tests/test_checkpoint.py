@@ -5,19 +5,27 @@ from __future__ import annotations
 import json
 import pickle
 import stat
+import subprocess
+import sys
 
 import pytest
+import safetensors.torch
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+import tfcli.info
 from tests.conftest import snapshot
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
+from tfcli.corpus.reader import resolve_corpus
 from tfcli.errors import TfcliError
+from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
-from tfcli.model.transformer import Transformer
+from tfcli.model.transformer import DecoderInput, Transformer
 from tfcli.rundir import CONFIG_FILE, WEIGHTS_FILE
 from tfcli.tokenizer.core import TextTokenizer
+from tfcli.tokenizer.train import train_tokenizer
+from tfcli.tokenizer.training_config import TokenizerTrainingConfig
 
 
 @pytest.fixture
@@ -52,7 +60,7 @@ def test_round_trip_gives_the_same_logits(tmp_path, tokenizer, overrides):
     save_checkpoint(tmp_path / "run", model, tokenizer, source="a test")
     loaded = load_checkpoint(tmp_path / "run")
     ids = torch.randint(0, tokenizer.vocab_size, (2, 9))
-    kwargs = {"decoder_ids": ids[:, :4]} if model.config.arch == "encoder-decoder" else {}
+    kwargs = {"decoder": DecoderInput(ids[:, :4])} if model.config.arch == "encoder-decoder" else {}
     assert torch.equal(loaded.model(ids, **kwargs).logits, model(ids, **kwargs).logits)
     assert loaded.config.model == model.config and loaded.config.source == "a test"
     assert loaded.tokenizer.sha256 == tokenizer.sha256
@@ -62,7 +70,6 @@ def test_round_trip_gives_the_same_logits(tmp_path, tokenizer, overrides):
 
 
 def test_a_model_built_on_the_meta_device_has_the_shapes_and_no_data():
-    from tfcli.meta_device import on_meta_device
 
     config = ModelConfig(vocab_size=50, block_size=16, n_layers=2, n_heads=2, d_model=16, d_ff=32, positions="learned", n_classes=3)
     with on_meta_device():
@@ -75,8 +82,6 @@ def test_a_model_built_on_the_meta_device_has_the_shapes_and_no_data():
 
 def test_loading_a_run_does_not_import_torch_dynamo(run):
     """On the meta device nn.init.normal_ would import torch._dynamo, 1.5 s of every command's start."""
-    import subprocess
-    import sys
 
     code = "import sys; from tfcli.checkpoint import load_checkpoint; load_checkpoint(sys.argv[1]); print('torch._dynamo' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=120)
@@ -93,7 +98,6 @@ def test_files_and_format(run):
 
 
 def test_a_save_that_fails_half_way_keeps_the_previous_checkpoint(run, tokenizer, monkeypatch):
-    import safetensors.torch
 
     before = snapshot(run)
 
@@ -221,9 +225,6 @@ def test_a_hugging_face_folder_is_named_as_one(run):
 
 
 def test_a_tokenizer_that_does_not_match(run, tmp_path, tiny_corpus):
-    from tfcli.corpus.reader import resolve_corpus
-    from tfcli.tokenizer.train import train_tokenizer
-    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
 
     for size, message in [(350, "has 350 tokens but the model's vocabulary only 320"), (290, "not the tokenizer this model was saved with")]:
         train_tokenizer(resolve_corpus([tiny_corpus]), tmp_path / f"other-{size}", TokenizerTrainingConfig(vocab_size=size, min_frequency=1))
@@ -345,7 +346,6 @@ def test_info_bad_run_dirs(cli, tmp_path, make, message):
 
 
 def test_info_reads_only_the_ends_of_a_huge_metrics_file(cli, run, monkeypatch):
-    import tfcli.info
 
     monkeypatch.setattr(tfcli.info, "TAIL_BYTES", 4096)  # a "huge" file of a few hundred kilobytes, read at its ends
     lines = ['{"step": 1, "loss": 9.0, "val_loss": 1.0}'] + [f'{{"step": {s}, "loss": {10 - s / 10000}}}' for s in range(2, 20000)]

@@ -388,3 +388,25 @@ def test_the_options_pretrained_models_bring_keep_pytorch(library, overrides):
     with torch.inference_mode():
         reason = decode_step.unsupported(Transformer(config).eval(), KVCache(config, 1, 24, torch.float32))
     assert reason is not None and "does not implement" in reason and next(iter(overrides)) in reason
+
+
+def test_a_hook_on_a_hook_point_keeps_pytorch_when_binding(library):
+    model = model_of()
+    with torch.inference_mode(), model.decoder.blocks[1].attn.hook_z.register_forward_hook(lambda module, args, z: z * 0):
+        assert "of its own" in decode_step.unsupported(model, KVCache(model.config, 1, 24, torch.float32))
+
+
+def test_a_hook_added_after_the_window_bound_the_c_step_sees_every_step(library, tokenizer, monkeypatch):
+    model = model_of(vocab_size=tokenizer.vocab_size)
+    calls, seen = [], []
+    with torch.inference_mode():
+        window = DecoderWindow(model, 1, Vocabulary.of(tokenizer, model.config.vocab_size))
+        assert window.fast_step is not None
+        window.start(torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.bool))
+        step = decode_step.NativeDecoderStep.__call__
+        monkeypatch.setattr(decode_step.NativeDecoderStep, "__call__", lambda self, token: calls.append(token) or step(self, token))
+        with model.decoder.blocks[0].hook_resid_post.register_forward_hook(lambda module, args, x: seen.append(x.shape)):
+            window.push(torch.tensor([8]))
+        assert calls == [] and seen == [(1, 1, model.config.d_model)]  # PyTorch's step, which the hook saw
+        window.push(torch.tensor([9]))
+    assert calls == [9] and len(seen) == 1  # the hook gone, the C step again

@@ -37,6 +37,8 @@ def train_briefly(model, ids, steps: int = 80) -> None:
     """A few steps of next-token training on random windows: predictions with some shape, not noise."""
     import torch
 
+    from tfcli.model.transformer import Loss
+
     data = torch.tensor(ids)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(0)
@@ -44,7 +46,7 @@ def train_briefly(model, ids, steps: int = 80) -> None:
     for _ in range(steps):
         starts = torch.randint(0, len(data) - BLOCK - 1, (8,), generator=generator)
         rows = torch.stack([data[s : s + BLOCK + 1] for s in starts])  # (8, BLOCK + 1)
-        loss = model(rows[:, :-1], targets=rows[:, 1:]).loss / rows[:, 1:].numel()
+        loss = model(rows[:, :-1], head=Loss(rows[:, 1:])).loss / rows[:, 1:].numel()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -17,10 +17,11 @@ from tests.helpers import heavy_imports_of
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.inspect.capture import capture_attention, find_token, parse_index
+from tfcli.inspect.hooks import Hooks
 from tfcli.inspect.labels import excerpts
 from tfcli.inspect.terminal import _short, fit
 from tfcli.model.config import preset
-from tfcli.model.transformer import Transformer
+from tfcli.model.transformer import HIDDEN, DecoderInput, Transformer
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.show import TokenView
 
@@ -78,9 +79,11 @@ def test_capture_is_the_models_own_weights(runs, arch, kind):
         assert np.all(w > 0)
     # the same numbers as the model's explicit path returns
     src = torch.tensor([capture.source_ids])
-    kwargs = {"decoder_ids": torch.tensor([capture.decoder_ids])} if capture.decoder_ids is not None else {}
-    with torch.no_grad():
-        expected = checkpoint.model(src, need_weights=True, logits=False, **kwargs).attentions[kind]
+    kwargs = {"decoder": DecoderInput(torch.tensor([capture.decoder_ids]))} if capture.decoder_ids is not None else {}
+    with torch.no_grad(), Hooks() as hooks:
+        patterns = hooks.attention_patterns(checkpoint.model)
+        checkpoint.model(src, head=HIDDEN, **kwargs)
+    expected = patterns[kind]
     assert np.array_equal(w, torch.cat(expected).numpy())
 
 

@@ -20,7 +20,7 @@ from tfcli.inspect.hooks import Hooks
 from tfcli.inspect.lens import lens_logits
 from tfcli.inspect.patching import patch_differences
 from tfcli.model.config import ModelConfig, preset
-from tfcli.model.transformer import Transformer
+from tfcli.model.transformer import DecoderInput, Transformer
 from tfcli.tokenizer.core import TextTokenizer
 
 V = 8  # the hand-built model's vocabulary
@@ -114,9 +114,10 @@ def _loss(logits: torch.Tensor, ids: list[int]) -> float:
 
 def test_the_hand_built_model_copies_the_previous_token():
     model = previous_token_model()
-    with torch.no_grad():
-        out = model(torch.tensor([ALTERNATING]), need_weights=True)
-    weights = out.attentions["decoder"][1][0, 0]  # layer 1, head 0: (T, T)
+    with torch.no_grad(), Hooks() as hooks:
+        patterns = hooks.attention_patterns(model)
+        out = model(torch.tensor([ALTERNATING]))
+    weights = patterns["decoder"][1][0, 0]  # layer 1, head 0: (T, T)
     assert torch.all(weights.diagonal(-1) > 0.99)  # each position looks at the one before
     assert torch.equal(out.logits[0, 1:].argmax(-1), torch.tensor(ALTERNATING[:-1]))  # the token before the last
     assert 0.7 < _loss(out.logits[0], ALTERNATING) < 0.8  # position 0 (no token before it) is all the loss
@@ -396,7 +397,7 @@ def test_logit_lens_of_an_encoder_decoder_reads_its_decoder(cli, runs):
     assert decoder[1:] == tokenizer.encode("The fox played.") and len(doc["cells"]) == 1 + checkpoint.config.model.decoder_layers
     lens = lens_logits(checkpoint.model, source, decoder)
     with torch.no_grad():
-        own = checkpoint.model(torch.tensor([source]), decoder_ids=torch.tensor([decoder])).logits[0]
+        own = checkpoint.model(torch.tensor([source]), decoder=DecoderInput(torch.tensor([decoder]))).logits[0]
     assert (lens[-1] - own).abs().max().item() < 1e-5  # the last layer's lens is the decoder's own logits
     assert doc["cells"][-1][0]["top"][0]["id"] == int(own[0].argmax())
     result = cli("inspect-logits", runs["seq2seq"], "--text", TEXT, "--target", "The fox played.")

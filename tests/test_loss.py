@@ -12,7 +12,7 @@ from tfcli.accel import accelerate
 from tfcli.accel.fused_loss import _block_rows, linear_cross_entropy
 from tfcli.model.config import ModelConfig
 from tfcli.model.loss import IGNORE_INDEX, vocabulary_cross_entropy
-from tfcli.model.transformer import Transformer
+from tfcli.model.transformer import DecoderInput, Loss, Transformer
 
 
 def _reference(hidden, weight, bias, targets, smoothing):
@@ -123,13 +123,13 @@ def test_model_targets_give_the_loss_of_its_logits(arch, accelerated):
     ids = torch.randint(0, 97, (3, 12))
     targets = torch.randint(0, 97, (3, 12))
     targets[:, :4] = IGNORE_INDEX
-    extra = dict(decoder_ids=ids) if arch == "encoder-decoder" else {}
+    extra = dict(decoder=DecoderInput(ids)) if arch == "encoder-decoder" else {}
     logits = model(ids, **extra).logits
     expected = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
     expected.backward()
     expected_grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
-    out = model(ids, targets=targets, **extra)
+    out = model(ids, head=Loss(targets), **extra)
     assert out.logits is None
     assert out.loss.item() == pytest.approx(expected.item(), rel=1e-5)
     out.loss.backward()
@@ -141,7 +141,7 @@ def test_model_targets_give_the_loss_of_its_logits(arch, accelerated):
 def test_no_scored_target_is_a_zero_loss_still_in_the_graph():
     model = Transformer(ModelConfig(vocab_size=50, block_size=8, n_layers=1, n_heads=2, d_model=16))
     ids = torch.randint(0, 50, (2, 8))
-    loss = model(ids, targets=torch.full((2, 8), IGNORE_INDEX)).loss
+    loss = model(ids, head=Loss(torch.full((2, 8), IGNORE_INDEX))).loss
     assert loss.item() == 0.0
     loss.backward()
     assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() == 0

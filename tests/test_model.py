@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from tfcli.errors import TfcliError
+from tfcli.inspect.hooks import Hooks
 from tfcli.model.attention import Attention, AttentionMask, KVCache
 from tfcli.model.config import PRESETS, ModelConfig, preset
 from tfcli.model.layers import sinusoidal_table
-from tfcli.model.transformer import Transformer
+from tfcli.model.transformer import HIDDEN, DecoderInput, Transformer
 
 LAYOUTS = {"mha": 4, "gqa": 2, "mqa": 1}
 
@@ -46,9 +47,11 @@ def test_fast_and_explicit_attention_agree(layout, kind):
         memory, keys = cached, T + 5
     else:
         mask = AttentionMask.build(T, keys, causal="causal" in kind, key_padding=padding)
-    fast, none = attention(x, mask, memory=memory)
-    explicit, weights = attention(x, mask, memory=memory, need_weights=True)
-    assert none is None
+    fast = attention(x, mask, memory=memory)
+    seen = []
+    with attention.hook_pattern.register_forward_hook(lambda module, args, output: seen.append(output)):
+        explicit = attention(x, mask, memory=memory)
+    (weights,) = seen
     assert (fast - explicit).abs().max().item() < 1e-5
     assert weights.shape == (B, config.n_heads, T, keys)
     torch.testing.assert_close(weights.sum(-1), torch.ones(B, config.n_heads, T))
@@ -64,14 +67,16 @@ def test_whole_model_paths_agree(arch, positions):
     model = Transformer(tiny(arch=arch, positions=positions, n_kv_heads=2)).eval()
     ids = torch.randint(0, 97, (2, 11))
     padding = _padding(2, 11)
-    kwargs = {"decoder_ids": ids[:, :6], "decoder_padding": padding[:, :6]} if arch == "encoder-decoder" else {}
+    kwargs = {"decoder": DecoderInput(ids[:, :6], padding[:, :6])} if arch == "encoder-decoder" else {}
     fast = model(ids, padding, **kwargs)
-    explicit = model(ids, padding, need_weights=True, **kwargs)
+    with Hooks() as hooks:
+        patterns = hooks.attention_patterns(model)
+        explicit = model(ids, padding, **kwargs)
     assert (fast.logits - explicit.logits).abs().max().item() < 1e-5
     n_layers = 2
     names = {"decoder": ["decoder"], "encoder": ["encoder"], "encoder-decoder": ["encoder", "decoder", "cross"]}[arch]
-    assert sorted(explicit.attentions) == sorted(names)
-    assert all(len(explicit.attentions[n]) == n_layers for n in names)
+    assert sorted(patterns) == sorted(names)
+    assert all(len(patterns[n]) == n_layers for n in names)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -95,10 +100,10 @@ def test_cached_encoder_decoder_computes_cross_keys_once():
     config = tiny(arch="encoder-decoder", n_kv_heads=2)
     model = Transformer(config).eval()
     source, target = torch.randint(0, 97, (2, 9)), torch.randint(0, 97, (2, 6))
-    full = model(source, decoder_ids=target).logits
+    full = model(source, decoder=DecoderInput(target)).logits
     memory = model.encode(source)
     cache = KVCache(config, batch=2, capacity=6, dtype=torch.float32)
-    steps = [model(source, decoder_ids=target[:, t : t + 1], memory=memory, cache=cache).logits for t in range(6)]
+    steps = [model(source, decoder=DecoderInput(target[:, t : t + 1], memory=memory), cache=cache).logits for t in range(6)]
     assert (torch.cat(steps, dim=1) - full).abs().max().item() < 1e-5
     assert all(kv is not None and kv[0].shape == (2, 2, 9, 8) for kv in cache.cross)
 
@@ -124,7 +129,7 @@ def test_rotary_attention_depends_only_on_relative_position():
 def test_post_norm_blocks_end_normalised():
     torch.manual_seed(0)
     model = Transformer(tiny(norm_placement="post", bias=False)).eval()
-    hidden = model(torch.randint(0, 97, (1, 8)), logits=False).hidden
+    hidden = model(torch.randint(0, 97, (1, 8)), head=HIDDEN).hidden
     assert hidden.mean(-1).abs().max().item() < 1e-5
     assert hidden.std(-1, unbiased=False).sub(1).abs().max().item() < 1e-3
 

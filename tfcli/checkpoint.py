@@ -222,4 +222,5 @@ def _rebuild_position_tables(model: Transformer) -> None:
     if config.positions == "sinusoidal":
         model.sinusoid = sinusoidal_table(config.block_size, config.d_model)
     elif config.positions == "rotary":
-        model.rotary = RotaryEmbedding(config.head_dim, config.block_size, config.rope_base, config.rope_scaling)
+        tables = RotaryEmbedding(config.head_dim, config.block_size, config.rope_base, config.rope_scaling)
+        model.rotary.cos, model.rotary.sin = tables.cos, tables.sin  # in place: every self-attention holds this module

@@ -26,6 +26,7 @@ from tfcli.accel import choices, native, products
 from tfcli.accel.layout import ACTIVATIONS, NORMS, Decoder, DecoderLayer
 from tfcli.model.attention import Attention, KVCache
 from tfcli.model.config import ModelConfig, preset
+from tfcli.model.hook_point import HookPoint, any_hooked
 from tfcli.model.layers import MLP, RMSNorm, RotaryEmbedding
 from tfcli.model.transformer import Block, Stack, Transformer
 
@@ -137,8 +138,9 @@ class NativeDecoderStep:
 
     @staticmethod
     def usable() -> bool:
-        """Whether this step may run now (the modes can change between steps)."""
-        return plain_mode()
+        """Whether this step may run now: the modes can change between steps, and a hook added to a hook
+        point since it was bound must see the step, which only the model's own forward shows it."""
+        return plain_mode() and not any_hooked()
 
     def __call__(self, token: int) -> torch.Tensor:
         """The next-token logits (1, vocab) after `token`; the cache grows by one position."""
@@ -224,9 +226,11 @@ def plain_mode() -> bool:
 
 # The methods the C step stands in for, as this module first saw them: one patched since is not ours to copy.
 _METHODS = {
-    (cls, "forward"): cls.forward for cls in (Transformer, Stack, Block, Attention, MLP, *LINEARS, nn.Embedding, nn.LayerNorm, RMSNorm, RotaryEmbedding)
+    (cls, "forward"): cls.forward
+    for cls in (Transformer, Stack, Block, Attention, MLP, HookPoint, *LINEARS, nn.Embedding, nn.LayerNorm, RMSNorm, RotaryEmbedding)
 }
-_METHODS.update({(Transformer, name): getattr(Transformer, name) for name in ("decode", "_embed", "_head_input")})
+_METHODS[(HookPoint, "__call__")] = HookPoint.__call__
+_METHODS.update({(Transformer, name): getattr(Transformer, name) for name in ("decode", "_embed", "head_input", "unembed")})
 
 
 def _as_built(model: Transformer) -> bool:
@@ -331,7 +335,7 @@ def choose(library: native.NativeLibrary, model: Transformer) -> str:
 
     def pytorch_steps() -> torch.Tensor:
         cache = KVCache(config, 1, capacity, torch.float32)
-        return torch.cat([model.lm_head(model._head_input(model.decode(torch.tensor([[token]]), cache=cache)[:, -1])) for token in tokens])
+        return torch.cat([model.unembed(model.decode(torch.tensor([[token]]), cache=cache)[:, -1]) for token in tokens])
 
     def c_steps() -> torch.Tensor:
         step = NativeDecoderStep(library, model, KVCache(config, 1, capacity, torch.float32))

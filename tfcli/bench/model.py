@@ -18,7 +18,7 @@ from tfcli.bench.common import keep_fastest, peak_rss_mb, run_worker
 from tfcli.hf import gpt2_config
 from tfcli.loader import prepare
 from tfcli.model.config import preset
-from tfcli.model.transformer import Transformer
+from tfcli.model.transformer import Loss, Transformer
 from tfcli.runtime import keep_freed_memory
 
 
@@ -47,7 +47,7 @@ def _step_job(implementation: str, preset_name: str, batch: int, length: int, st
         model = prepare(Transformer(config), "train")  # as `tfcli train` runs it: measured on the first step
 
         def step() -> torch.Tensor:
-            return model(inputs, targets=targets).loss / targets.numel()  # the mean, as transformers reports it
+            return model(inputs, head=Loss(targets)).loss / targets.numel()  # the mean, as transformers reports it
     else:
         import transformers
 

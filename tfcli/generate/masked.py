@@ -11,7 +11,7 @@ import torch
 
 from tfcli.data.labeled import classification_ids
 from tfcli.errors import TfcliError, a_or_an
-from tfcli.model.transformer import Transformer
+from tfcli.model.transformer import HIDDEN, Transformer
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.detokenize import decode_completion
 
@@ -123,6 +123,6 @@ def classify(model: Transformer, tokenizer: TextTokenizer, texts: list[str], lab
     ids = torch.tensor([r + [pad] * (longest - len(r)) for r in rows], device=device)  # right padding
     real = torch.tensor([[True] * len(r) + [False] * (longest - len(r)) for r in rows], device=device)
     with torch.inference_mode():
-        class_logits = model(ids, real, logits=False).class_logits.float()  # (B, n_classes)
+        class_logits = model(ids, real, head=HIDDEN).class_logits.float()  # (B, n_classes)
     probs = torch.softmax(class_logits, dim=-1).tolist()
     return [sorted(zip(labels, row), key=lambda pair: -pair[1]) for row in probs]

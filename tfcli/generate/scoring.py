@@ -95,7 +95,7 @@ def score_continuations(
 
 def _log_probs(model: Transformer, hidden: torch.Tensor) -> torch.Tensor:
     """Log-probabilities over the vocabulary (N, vocab) in float32 from hidden states (N, d)."""
-    return torch.log_softmax(model.lm_head(model._head_input(hidden)).float(), dim=-1)
+    return torch.log_softmax(model.unembed(hidden).float(), dim=-1)
 
 
 def _score(model: Transformer, groups: list[_Group], top_k: int, results: list) -> None:

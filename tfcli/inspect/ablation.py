@@ -14,8 +14,9 @@ import numpy as np
 import torch
 
 from tfcli.errors import TfcliError
-from tfcli.inspect.hooks import Hooks, lens_stack, vocabulary
+from tfcli.inspect.hooks import Hooks, lens_stack
 from tfcli.inspect.lens import decoder_views, token_text
+from tfcli.model.transformer import HIDDEN
 
 if TYPE_CHECKING:
     from tfcli.checkpoint import Checkpoint
@@ -61,7 +62,7 @@ def head_means(model, ids: list[int]) -> torch.Tensor:
     stack = lens_stack(model, "inspect-ablate", ("decoder",))
     with torch.inference_mode(), Hooks() as hooks:
         outputs = hooks.head_outputs(stack)
-        model(torch.tensor([ids], device=model.lm_head.weight.device), logits=False)
+        model(torch.tensor([ids], device=model.lm_head.weight.device), head=HIDDEN)
         return torch.stack([z[0].mean(dim=0) for z in outputs])  # (L, nh, hs)
 
 
@@ -101,9 +102,9 @@ def ablated_runs(
                         by_layer.setdefault(layer, []).append((i, head))
                 for layer, pairs in by_layer.items():
                     hooks.edit_heads(stack, layer, _replace(pairs, replacement[layer]))
-                hidden = model(src, logits=False).hidden  # (rows, T, d)
+                hidden = model(src, head=HIDDEN).hidden  # (rows, T, d)
             for i, r in enumerate(group):
-                logits = vocabulary(model, hidden[i]).float()  # (T, vocab)
+                logits = model.unembed(hidden[i]).float()  # (T, vocab)
                 log_norm = torch.logsumexp(logits, dim=-1)  # (T,): log-softmax without a second (T, vocab) tensor
                 if len(ids) > 1:
                     losses[r] = (log_norm[:-1] - logits[:-1].gather(1, targets[:, None])[:, 0]).mean()

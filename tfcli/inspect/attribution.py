@@ -20,6 +20,7 @@ import torch
 
 from tfcli.inspect.hooks import Hooks, lens_stack
 from tfcli.inspect.recording import logit_difference, record
+from tfcli.model.transformer import HIDDEN
 
 
 @contextlib.contextmanager
@@ -43,23 +44,20 @@ def attribution_differences(model, clean_ids: list[int], corrupt_ids: list[int],
         clean_stream, clean_heads, clean_diff = record(model, stack, clean_ids, answer, wrong)
     L = len(stack.blocks)
     with _parameters_frozen(model), torch.enable_grad(), Hooks() as hooks:
-        hooks.before(stack.blocks[0], lambda module, args: (args[0].detach().requires_grad_(), *args[1:]))  # the graph starts here
+        hooks.edit(stack.blocks[0].hook_resid_pre, lambda x: x.detach().requires_grad_())  # the graph starts here
         stream = hooks.residual_stream(stack)
-        head_inputs: list[torch.Tensor] = []  # each attention's output projection's input (1, T, nh * hs)
-        for block in stack.blocks:
-            hooks.before(block.attn.out, lambda module, args: head_inputs.append(args[0]))
-        hidden = model(torch.tensor([corrupt_ids], device=model.lm_head.weight.device), logits=False).hidden
+        head_outputs = hooks.head_outputs(stack)  # each attention's heads (1, T, nh, hs)
+        hidden = model(torch.tensor([corrupt_ids], device=model.lm_head.weight.device), head=HIDDEN).hidden
         difference = logit_difference(model, hidden[:, -1], answer, wrong)[0]
-        wanted = stream[:L] + (head_inputs if per_head else [])
+        wanted = stream[:L] + (head_outputs if per_head else [])
         gradients = torch.autograd.grad(difference, wanted, allow_unused=True, materialize_grads=True)  # unused: zeros
     with torch.no_grad():
         corrupt_diff = float(difference)
         patched = np.stack([_first_order(clean_stream[l], stream[l][0], gradients[l][0]).sum(-1) for l in range(L)]) + corrupt_diff  # (L, T)
         heads = None
         if per_head:
-            nh = stack.blocks[0].attn.n_heads
-            shaped = [(z[0].unflatten(-1, (nh, -1)), g[0].unflatten(-1, (nh, -1))) for z, g in zip(head_inputs, gradients[L:])]  # (T, nh, hs) each
-            heads = np.stack([_first_order(clean_heads[l], z, g).sum((0, 2)) for l, (z, g) in enumerate(shaped)]) + corrupt_diff  # (L, nh)
+            pairs = [(z[0], g[0]) for z, g in zip(head_outputs, gradients[L:])]  # (T, nh, hs) each
+            heads = np.stack([_first_order(clean_heads[l], z, g).sum((0, 2)) for l, (z, g) in enumerate(pairs)]) + corrupt_diff  # (L, nh)
     return {"clean": clean_diff, "corrupted": corrupt_diff, "patched": patched, "heads": heads}
 
 

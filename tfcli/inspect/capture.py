@@ -1,7 +1,7 @@
-"""Capture attention weights from a run: text -> tokens -> one forward pass through the model's explicit
-attention path (`need_weights=True`) -> `[layer, head, query_pos, key_pos]` as a numpy array.
+"""Capture attention weights from a run: text -> tokens -> one forward pass with every attention's
+`hook_pattern` read (which puts it on its explicit path) -> `[layer, head, query_pos, key_pos]` as a numpy array.
 
-Nothing here computes attention itself; it only asks the model for the weights it already returns.
+Nothing here computes attention itself; it only reads the weights the model computes.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import numpy as np
 import torch
 
 from tfcli.errors import TfcliError, a_or_an
+from tfcli.inspect.hooks import Hooks
 from tfcli.inspect.stats import repeated_random_ids, summarize_heads
+from tfcli.model.transformer import HIDDEN, DecoderInput
 from tfcli.tokenizer.show import TokenView, token_views, visible
 
 if TYPE_CHECKING:
@@ -151,20 +153,17 @@ def capture_attention(checkpoint: Checkpoint, text: str, *, target: str | None =
 
 
 def forward_weights(model, kind: str, ids: list[int], decoder_ids: list[int] | None = None) -> np.ndarray:
-    """One forward pass with weights; returns float32 [layer, head, query_pos, key_pos] for `kind`."""
+    """One forward pass reading the attention patterns; returns float32 [layer, head, query_pos, key_pos] for `kind`."""
     device = next(model.parameters()).device
-    with torch.inference_mode():
+    with torch.inference_mode(), Hooks() as hooks:
+        patterns = hooks.attention_patterns(model)
         src = torch.tensor([ids], dtype=torch.long, device=device)  # (1, S)
         if decoder_ids is None and model.config.arch == "encoder-decoder":  # the encoder alone (no target)
-            attentions: dict = {}
-            model.encode(src, need_weights=True, attentions=attentions)
+            model.encode(src)
         else:
-            kwargs = {}
-            if decoder_ids is not None:
-                kwargs["decoder_ids"] = torch.tensor([decoder_ids], dtype=torch.long, device=device)  # (1, T)
-            attentions = model(src, need_weights=True, logits=False, **kwargs).attentions
-        layers = attentions[kind]  # per layer (1, nh, T, S)
-        stacked = torch.cat(layers, dim=0)  # (L, nh, T, S)
+            decoder = None if decoder_ids is None else DecoderInput(torch.tensor([decoder_ids], dtype=torch.long, device=device))  # (1, T)
+            model(src, head=HIDDEN, decoder=decoder)
+        stacked = torch.cat(patterns[kind], dim=0)  # per layer (1, nh, T, S) -> (L, nh, T, S)
         return stacked.float().cpu().numpy()
 
 

@@ -20,6 +20,7 @@ import torch
 from tfcli.errors import TfcliError
 from tfcli.inspect.hooks import Hooks, lens_stack
 from tfcli.loader import load_run
+from tfcli.model.transformer import HIDDEN
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.show import token_text, visible
 from tfcli.word2vec.run import is_word2vec_run, load_vectors
@@ -135,7 +136,7 @@ def _contextual_table(checkpoint, layer: int, data: str, run: Path) -> Embedding
         for start in range(0, len(ids), block):
             window = torch.tensor([ids[start : start + block]], device=device)
             stream.clear()
-            model(window, logits=False)
+            model(window, head=HIDDEN)
             states = stream[layer][0].float().cpu().numpy()  # (T, d)
             np.add.at(sums, window[0].cpu().numpy(), states)
             np.add.at(counts, window[0].cpu().numpy(), 1)

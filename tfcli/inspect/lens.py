@@ -13,6 +13,7 @@ import torch
 
 from tfcli.errors import TfcliError, a_or_an
 from tfcli.inspect.hooks import Hooks, lens_stack, unembed
+from tfcli.model.transformer import HIDDEN, DecoderInput
 from tfcli.tokenizer.show import TokenView, token_label, token_text, token_views, visible
 
 if TYPE_CHECKING:
@@ -75,8 +76,8 @@ def lens_logits(model, ids: list[int], decoder_ids: list[int] | None = None) -> 
     device = model.lm_head.weight.device
     with torch.inference_mode(), Hooks() as hooks:
         stream = hooks.residual_stream(stack)
-        decoder = None if decoder_ids is None else torch.tensor([decoder_ids], device=device)  # (1, T)
-        model(torch.tensor([ids], device=device), decoder_ids=decoder, logits=False)
+        decoder = None if decoder_ids is None else DecoderInput(torch.tensor([decoder_ids], device=device))  # (1, T)
+        model(torch.tensor([ids], device=device), head=HIDDEN, decoder=decoder)
         return torch.stack([unembed(model, stack, x[0]).float() for x in stream])  # (L + 1, T, vocab)
 
 

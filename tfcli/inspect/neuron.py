@@ -1,7 +1,7 @@
 """The neuron view: how one head turns one query token's vector and every key's vector into its attention
 weights, q·k/√d_k then the softmax, with the actual numbers. q and k are read off the model's own modules
-(its q/k projection and rotary embedding) by scoped hooks during an ordinary forward pass; nothing here
-computes a layer."""
+(its attention's hook points q and k, after any rotary embedding) by scoped hooks during an ordinary forward
+pass; nothing here computes a layer."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 from tfcli.errors import TfcliError
 from tfcli.inspect.capture import AttentionCapture
 from tfcli.inspect.hooks import Hooks
+from tfcli.model.transformer import HIDDEN, DecoderInput
 
 JSON_FORMAT = "tfcli-neuron-view"
 JSON_VERSION = 1
@@ -38,48 +39,17 @@ class QueryKeys:
 
 
 def capture_query_keys(model, capture: AttentionCapture) -> QueryKeys:
-    """One forward pass over `capture`'s tokens, reading each layer's q and k of `capture.kind`."""
+    """One forward pass over `capture`'s tokens, reading each layer's q and k of `capture.kind` at its
+    attention's hook points (after any rotary embedding)."""
     stack = model.encoder if capture.kind == "encoder" else model.decoder
-    records: list[dict[str, list[torch.Tensor]]] = [{"q": [], "k": []} for _ in stack.blocks]
-    current: list[int | None] = [None]
+    attentions = [block.cross_attn if capture.kind == "cross" else block.attn for block in stack.blocks]
     with Hooks() as hooks:
-        for index, block in enumerate(stack.blocks):
-            attn = block.cross_attn if capture.kind == "cross" else block.attn
-            hooks.before(attn, lambda module, args, index=index: current.__setitem__(0, index))
-            hooks.after(attn, lambda module, args, output: current.__setitem__(0, None))
-            if capture.kind == "cross":
-                hooks.after(attn.q, lambda module, args, out, index=index: records[index]["q"].append(out))
-                hooks.after(attn.kv, lambda module, args, out, index=index, attn=attn: records[index]["k"].append(out[..., : attn.n_kv_heads * attn.head_dim]))
-            else:
-                hooks.after(attn.qkv, lambda module, args, out, index=index, attn=attn: _split_qkv(records[index], out, attn))
-        if getattr(model, "rotary", None) is not None and capture.kind != "cross":
-            # the one rotary module turns q then k of whichever attention runs; keep those of the chosen stack's
-            def rotated(module, args, out):
-                if current[0] is not None:
-                    record = records[current[0]]
-                    record["q" if len(record["q"]) < 2 else "k"].append(out)
-
-            hooks.after(model.rotary, rotated)
+        queries = [hooks.read(attn.hook_q) for attn in attentions]
+        keys = [hooks.read(attn.hook_k) for attn in attentions]
         _forward(model, capture)
-    q_layers, k_layers = [], []
-    for record, block in zip(records, stack.blocks):
-        attn = block.cross_attn if capture.kind == "cross" else block.attn
-        q, k = record["q"][-1], record["k"][-1]  # the rotated ones when there are two
-        if q.dim() == 3:  # a projection's output (1, T, width): split into heads
-            q = q.view(q.shape[1], attn.n_heads, attn.head_dim).transpose(0, 1)  # (nh, T, hs)
-            k = k.view(k.shape[1], attn.n_kv_heads, attn.head_dim).transpose(0, 1)  # (nkv, S, hs)
-        else:
-            q, k = q[0], k[0]  # (nh, T, hs), (nkv, S, hs)
-        q_layers.append(q.float().cpu().numpy())
-        k_layers.append(k.float().cpu().numpy())
-    return QueryKeys(np.stack(q_layers), np.stack(k_layers))
-
-
-def _split_qkv(record: dict[str, list[torch.Tensor]], out: torch.Tensor, attn) -> None:
-    d, kv = attn.n_heads * attn.head_dim, attn.n_kv_heads * attn.head_dim
-    q, k, _ = out.split([d, kv, kv], dim=-1)  # (1, T, d), (1, T, kv)
-    record["q"].append(q)
-    record["k"].append(k)
+    q = np.stack([seen[-1][0].float().cpu().numpy() for seen in queries])  # (L, nh, T, hs)
+    k = np.stack([seen[-1][0].float().cpu().numpy() for seen in keys])  # (L, nkv, S, hs)
+    return QueryKeys(q, k)
 
 
 def _forward(model, capture: AttentionCapture) -> None:
@@ -89,9 +59,9 @@ def _forward(model, capture: AttentionCapture) -> None:
         if capture.decoder_ids is None and model.config.arch == "encoder-decoder":
             model.encode(src)
         elif capture.decoder_ids is not None:
-            model(src, decoder_ids=torch.tensor([capture.decoder_ids], dtype=torch.long, device=device), logits=False)
+            model(src, head=HIDDEN, decoder=DecoderInput(torch.tensor([capture.decoder_ids], dtype=torch.long, device=device)))
         else:
-            model(src, logits=False)
+            model(src, head=HIDDEN)
 
 
 @dataclasses.dataclass

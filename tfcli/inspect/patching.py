@@ -47,7 +47,7 @@ def run_from(model, stack, layer: int, x: torch.Tensor, cache=None) -> torch.Ten
     with Hooks() as hooks:
         hooks.last_position_only(stack)
         for i in range(layer, len(stack.blocks)):
-            x = stack.blocks[i](x, mask, rotary=model.rotary, cache=cache.layer(i) if cache is not None else None)[0]
+            x = stack.blocks[i](x, mask, cache=cache.layer(i) if cache is not None else None)
     return stack.norm(x[:, -1])
 
 

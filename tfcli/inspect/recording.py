@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from tfcli.inspect.hooks import Hooks
+from tfcli.model.transformer import HIDDEN
 
 
 def logit_difference(model, hidden: torch.Tensor, answer: int, wrong: int) -> torch.Tensor:
@@ -14,7 +15,7 @@ def logit_difference(model, hidden: torch.Tensor, answer: int, wrong: int) -> to
     head restricted to those two tokens (the rest of the vocabulary is never read). Returns (rows,)."""
     head = model.lm_head
     bias = None if head.bias is None else head.bias[[answer, wrong]]
-    two = F.linear(model._head_input(hidden), head.weight[[answer, wrong]], bias).float()  # (rows, 2)
+    two = F.linear(model.head_input(hidden), head.weight[[answer, wrong]], bias).float()  # (rows, 2)
     return two[:, 0] - two[:, 1]
 
 
@@ -24,5 +25,5 @@ def record(model, stack, ids: list[int], answer: int, wrong: int, cache=None) ->
     with Hooks() as hooks:
         stream = hooks.residual_stream(stack)
         heads = hooks.head_outputs(stack)
-        hidden = model(torch.tensor([ids], device=model.lm_head.weight.device), logits=False, cache=cache).hidden
+        hidden = model(torch.tensor([ids], device=model.lm_head.weight.device), head=HIDDEN, cache=cache).hidden
     return [x[0] for x in stream], [z[0] for z in heads], float(logit_difference(model, hidden[:, -1], answer, wrong)[0])

@@ -2,8 +2,8 @@
 
 Scaled dot-product attention with multi-head, grouped-query and multi-query layouts (`n_kv_heads`),
 causal and padding masks, cross-attention, and a KV cache. Two paths compute the same function: the fast
-one (`F.scaled_dot_product_attention`) and an explicit one that also returns the weights
-`[batch, head, query_pos, key_pos]`; a test holds them equal.
+one (`F.scaled_dot_product_attention`) and an explicit one, softmax(q k^T / sqrt(hs)) v, taken only when a hook
+reads or edits the weights `[batch, head, query_pos, key_pos]` at `hook_pattern`; a test holds them equal.
 """
 
 from __future__ import annotations
@@ -16,24 +16,30 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfcli.model.config import ModelConfig
+from tfcli.model.hook_point import add_hook_points
 from tfcli.model.layers import RotaryEmbedding
 
 
 @dataclasses.dataclass
 class AttentionMask:
     """Which keys each query may see. `allowed` is (B or 1, 1, T, S) bool, True = attend; None with
-    `causal` means the plain lower-triangular mask (T == S, no offset), which the fast path fuses."""
+    `causal` means the plain lower-triangular mask (T == S, no offset), which the fast path fuses.
+    `positions` (B, T), optional: each query's own position when rows do not start together (left padding),
+    which rotary attention turns q and k by (default: the cache's length + 0..T-1)."""
 
     allowed: torch.Tensor | None = None
     causal: bool = False
+    positions: torch.Tensor | None = None
 
     @staticmethod
-    def build(T: int, S: int, *, causal: bool, key_padding: torch.Tensor | None = None, offset: int = 0) -> AttentionMask:
+    def build(
+        T: int, S: int, *, causal: bool, key_padding: torch.Tensor | None = None, offset: int = 0, positions: torch.Tensor | None = None
+    ) -> AttentionMask:
         """T queries at positions offset..offset+T-1 over S keys at 0..S-1; key_padding (B, S), True = real token."""
         if key_padding is None and (not causal or (offset == 0 and T == S)):
-            return AttentionMask(None, causal)
+            return AttentionMask(None, causal, positions)
         if key_padding is None and T == 1 and offset + 1 == S:
-            return AttentionMask(None, False)  # one new token after the cache sees every key: no mask at all
+            return AttentionMask(None, False, positions)  # one new token after the cache sees every key: no mask at all
         device = key_padding.device if key_padding is not None else None
         allowed = torch.ones(1, 1, T, S, dtype=torch.bool, device=device)
         if causal:
@@ -43,7 +49,7 @@ class AttentionMask:
             allowed = allowed & key_padding.bool()[:, None, None, :]  # (B, 1, T, S)
         # A query that may see nothing (a padding position) attends everywhere instead of producing NaN;
         # its output is padding and is never used.
-        return AttentionMask(allowed | ~allowed.any(dim=-1, keepdim=True), False)
+        return AttentionMask(allowed | ~allowed.any(dim=-1, keepdim=True), False, positions)
 
     def dense(self, T: int, S: int, device: torch.device) -> torch.Tensor | None:
         if self.allowed is not None:
@@ -102,7 +108,11 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, *, causal: bool, cross: bool = False) -> None:
+    """Hook points (see `HookPoint`): hook_q (B, nh, T, hs), hook_k and hook_v (B, n_kv, T, hs) for the new
+    positions (after rotary, before the cache), hook_pattern (B, nh, T, S), hook_z (B, T, nh, hs): each
+    head's output, the input of the output projection `out`."""
+
+    def __init__(self, config: ModelConfig, *, causal: bool, cross: bool = False, rotary: RotaryEmbedding | None = None) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.kv_heads, config.head_dim
         self.causal, self.cross = causal, cross
@@ -114,46 +124,39 @@ class Attention(nn.Module):
         else:
             self.qkv = nn.Linear(config.d_model, config.d_model + kv_width, bias=config.has_qkv_bias)
         self.out = nn.Linear(config.d_model, config.d_model, bias=config.bias)
+        self.rotary = None if cross else rotary  # the model's one rotary module (no state of its own here), or None
+        add_hook_points(self, "hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z")
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         B, T, _ = x.shape
         return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, hs)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        mask: AttentionMask,
-        *,
-        memory: torch.Tensor | None = None,
-        rotary: RotaryEmbedding | None = None,
-        cache: LayerKVCache | None = None,
-        need_weights: bool = False,
-        positions: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: (B, T, d). Returns y (B, T, d) and, with need_weights, the weights (B, nh, T, S).
-        positions (B, T): each row's rotary positions, when they differ from the cache offset (left padding)."""
+    def forward(self, x: torch.Tensor, mask: AttentionMask, *, memory: torch.Tensor | None = None, cache: LayerKVCache | None = None) -> torch.Tensor:
+        """x: (B, T, d); memory (B, S, d): what cross-attention reads. Returns (B, T, d)."""
         B, T, d = x.shape
         kv_width = self.n_kv_heads * self.head_dim
         if self.cross:
-            q = self._heads(self.q(x), self.n_heads)  # (B, nh, T, hs)
+            q = self.hook_q(self._heads(self.q(x), self.n_heads))  # (B, nh, T, hs)
             if cache is not None and cache.cross is not None:
                 k, v = cache.cross
             else:
                 k, v = self.kv(memory).split(kv_width, dim=-1)
                 k, v = self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)  # (B, nkv, S, hs)
+                k, v = self.hook_k(k), self.hook_v(v)
                 if cache is not None:
                     cache.cross = (k, v)
         else:
             q, k, v = self.qkv(x).split([d, kv_width, kv_width], dim=-1)
             q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
-            if rotary is not None:
+            if self.rotary is not None:
                 offset = cache.offset if cache is not None else 0
-                q, k = rotary(q, offset, positions), rotary(k, offset, positions)
+                q, k = self.rotary(q, offset, mask.positions), self.rotary(k, offset, mask.positions)
+            q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, nkv, S, hs), S = cached + T
         dropout = self.dropout if self.training else 0.0
-        if need_weights:
-            y, weights = self._explicit(q, k, v, mask, dropout)
+        if self.hook_pattern.hooked:
+            y = self._explicit(q, k, v, mask, dropout)
         else:
             y = F.scaled_dot_product_attention(
                 q,
@@ -164,12 +167,11 @@ class Attention(nn.Module):
                 is_causal=mask.causal and mask.allowed is None,
                 enable_gqa=self.n_kv_heads != self.n_heads,
             )
-            weights = None
-        y = y.transpose(1, 2).reshape(B, T, d)  # (B, T, nh * hs)
-        return self.out(y), weights
+        z = self.hook_z(y.transpose(1, 2))  # (B, T, nh, hs)
+        return self.out(z.flatten(2))  # (B, T, nh * hs)
 
-    def _explicit(self, q, k, v, mask: AttentionMask, dropout: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """softmax(q k^T / sqrt(hs) + mask) v, keeping the weights."""
+    def _explicit(self, q, k, v, mask: AttentionMask, dropout: float) -> torch.Tensor:
+        """softmax(q k^T / sqrt(hs) + mask) v, the weights passed through hook_pattern."""
         group = self.n_heads // self.n_kv_heads
         if group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, nh, S, hs)
@@ -177,6 +179,6 @@ class Attention(nn.Module):
         allowed = mask.dense(q.shape[2], k.shape[2], q.device)
         if allowed is not None:
             scores = scores.masked_fill(~allowed, float("-inf"))
-        weights = torch.softmax(scores, dim=-1)
+        weights = self.hook_pattern(torch.softmax(scores, dim=-1))
         dropped = F.dropout(weights, p=dropout) if dropout else weights
-        return dropped @ v, weights  # (B, nh, T, hs), (B, nh, T, S)
+        return dropped @ v  # (B, nh, T, hs)

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfcli.model.config import ModelConfig, RopeScaling
+from tfcli.model.hook_point import add_hook_points
 
 
 class RMSNorm(nn.Module):
@@ -81,7 +82,9 @@ class RotaryEmbedding(nn.Module):
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward: up-projection, activation, down-projection (SwiGLU gates the up path)."""
+    """Position-wise feed-forward: up-projection, activation, down-projection (SwiGLU gates the up path).
+    Hook points: hook_pre, the up-projection (B, T, d_ff, or 2 * d_ff for SwiGLU: gate then up), and
+    hook_post, the neurons' activations (B, T, d_ff) that the down-projection reads."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -90,9 +93,10 @@ class MLP(nn.Module):
         up = 2 * hidden if config.activation == "swiglu" else hidden
         self.fc = nn.Linear(config.d_model, up, bias=config.has_mlp_bias)
         self.proj = nn.Linear(hidden, config.d_model, bias=config.has_mlp_bias)
+        add_hook_points(self, "hook_pre", "hook_post")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fc(x)
+        h = self.hook_pre(self.fc(x))
         if self.activation == "swiglu":
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
@@ -100,4 +104,4 @@ class MLP(nn.Module):
             h = F.relu(h)
         else:
             h = F.gelu(h, approximate="tanh" if self.activation == "gelu_tanh" else "none")
-        return self.proj(h)
+        return self.proj(self.hook_post(h))

@@ -13,25 +13,29 @@ from torch import nn
 from tfcli.errors import TfcliError
 from tfcli.model.attention import Attention, AttentionMask, KVCache, LayerKVCache
 from tfcli.model.config import ModelConfig
+from tfcli.model.hook_point import add_hook_points
 from tfcli.model.layers import MLP, RotaryEmbedding, make_norm, sinusoidal_table
 from tfcli.model.loss import IGNORE_INDEX, vocabulary_cross_entropy
 
 
 class Block(nn.Module):
     """Self-attention, cross-attention (encoder-decoder's decoder only) and an MLP, each a sublayer on the
-    residual stream: pre-norm x + f(norm(x)), or post-norm norm(x + f(x)) as in the original transformer."""
+    residual stream: pre-norm x + f(norm(x)), or post-norm norm(x + f(x)) as in the original transformer.
+    Hook points, each (B, T, d): hook_resid_pre (the block's input), hook_attn_out (self-attention's output),
+    hook_resid_mid (the stream before the MLP), hook_mlp_in, hook_mlp_out, hook_resid_post (the block's output)."""
 
-    def __init__(self, config: ModelConfig, *, causal: bool, cross: bool) -> None:
+    def __init__(self, config: ModelConfig, *, causal: bool, cross: bool, rotary: RotaryEmbedding | None = None) -> None:
         super().__init__()
         self.pre_norm = config.norm_placement == "pre"
         self.attn_norm = make_norm(config)
-        self.attn = Attention(config, causal=causal)
+        self.attn = Attention(config, causal=causal, rotary=rotary)
         if cross:
             self.cross_norm = make_norm(config)
             self.cross_attn = Attention(config, causal=False, cross=True)
         self.mlp_norm = make_norm(config)
         self.mlp = MLP(config)
         self.drop = nn.Dropout(config.dropout)
+        add_hook_points(self, "hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_in", "hook_mlp_out", "hook_resid_post")
 
     def _residual(self, x, y, norm):
         """Add a sublayer's output y to the residual stream x (post-norm: then normalise the sum)."""
@@ -39,56 +43,96 @@ class Block(nn.Module):
             y = self.drop(y)
         return x + y if self.pre_norm else norm(x + y)
 
-    def forward(self, x, mask, *, memory=None, memory_mask=None, rotary=None, cache=None, need_weights=False, positions=None):
+    def forward(self, x, mask: AttentionMask, *, memory: Memory | None = None, cache: LayerKVCache | None = None):
+        x = self.hook_resid_pre(x)
         h = self.attn_norm(x) if self.pre_norm else x
-        y, self_weights = self.attn(h, mask, rotary=rotary, cache=cache, need_weights=need_weights, positions=positions)
-        x = self._residual(x, y, self.attn_norm)
-        cross_weights = None
+        x = self._residual(x, self.hook_attn_out(self.attn(h, mask, cache=cache)), self.attn_norm)
         if memory is not None:
             h = self.cross_norm(x) if self.pre_norm else x
-            y, cross_weights = self.cross_attn(h, memory_mask, memory=memory, cache=cache, need_weights=need_weights)
-            x = self._residual(x, y, self.cross_norm)
-        h = self.mlp_norm(x) if self.pre_norm else x
-        x = self._residual(x, self.mlp(h), self.mlp_norm)
-        return x, self_weights, cross_weights
+            x = self._residual(x, self.cross_attn(h, memory.mask, memory=memory.states, cache=cache), self.cross_norm)
+        x = self.hook_resid_mid(x)
+        h = self.hook_mlp_in(self.mlp_norm(x) if self.pre_norm else x)
+        x = self._residual(x, self.hook_mlp_out(self.mlp(h)), self.mlp_norm)
+        return self.hook_resid_post(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """What an encoder-decoder's cross-attention reads: the encoded source (B, S, d), and which of its
+    positions each target position may see."""
+
+    states: torch.Tensor
+    mask: AttentionMask
 
 
 class Stack(nn.Module):
     """The encoder's or the decoder's blocks, one after another on the residual stream, then the final norm
-    (pre-norm only: a post-norm block already ends in one)."""
+    (pre-norm only: a post-norm block already ends in one). Hook point: hook_normalized (B, T, d), the
+    stack's output after its final norm."""
 
-    def __init__(self, config: ModelConfig, n_layers: int, *, causal: bool, cross: bool) -> None:
+    def __init__(self, config: ModelConfig, n_layers: int, *, causal: bool, cross: bool, rotary: RotaryEmbedding | None = None) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(Block(config, causal=causal, cross=cross) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(Block(config, causal=causal, cross=cross, rotary=rotary) for _ in range(n_layers))
         self.norm = make_norm(config) if config.norm_placement == "pre" else nn.Identity()
+        add_hook_points(self, "hook_normalized")
 
-    def forward(
-        self, x, mask, *, memory=None, memory_mask=None, rotary=None, cache: KVCache | None = None, need_weights=False, attentions=None, name="", positions=None
-    ):
-        """x (B, T, d) through every block; with need_weights, each block's attention weights are appended to
-        attentions[name] (and attentions["cross"]). Returns (B, T, d)."""
+    def forward(self, x, mask: AttentionMask, *, memory: Memory | None = None, cache: KVCache | None = None):
+        """x (B, T, d) through every block. Returns (B, T, d)."""
         for i, block in enumerate(self.blocks):
-            layer_cache: LayerKVCache | None = cache.layer(i) if cache is not None else None
-            x, self_w, cross_w = block(
-                x, mask, memory=memory, memory_mask=memory_mask, rotary=rotary, cache=layer_cache, need_weights=need_weights, positions=positions
-            )
-            if need_weights:
-                attentions.setdefault(name, []).append(self_w)
-                if cross_w is not None:
-                    attentions.setdefault("cross", []).append(cross_w)
-        return self.norm(x)
+            x = block(x, mask, memory=memory, cache=cache.layer(i) if cache is not None else None)
+        return self.hook_normalized(self.norm(x))
+
+
+@dataclasses.dataclass(frozen=True)
+class Logits:
+    """The head scores the vocabulary at every position (B, T, vocab), or only where `at` (B, T) bool is
+    True: (N, vocab), N = at.sum()."""
+
+    at: torch.Tensor | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Loss:
+    """The head computes the cross-entropy summed over `targets` (B, T) long, the token each position should
+    predict (IGNORE_INDEX: none; divide by their count for the mean), without keeping the logits."""
+
+    targets: torch.Tensor
+    label_smoothing: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Hidden:
+    """No vocabulary head: the last stack's output (and a classifier's scores) only."""
+
+
+Head = Logits | Loss | Hidden
+LOGITS, HIDDEN = Logits(), Hidden()
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderInput:
+    """An encoder-decoder's target side: ids (B, T) the target so far, padding (B, T) True = real token, and
+    `memory`, the encoded source (B, S, d), to skip the encoder (as decoding does)."""
+
+    ids: torch.Tensor
+    padding: torch.Tensor | None = None
+    memory: torch.Tensor | None = None
 
 
 @dataclasses.dataclass
 class ModelOutput:
     logits: torch.Tensor | None = None  # (B, T, vocab): next-token (decoder) or masked-token (encoder) scores
     class_logits: torch.Tensor | None = None  # (B, n_classes)
-    loss: torch.Tensor | None = None  # with targets: the cross-entropy summed over the scored targets
+    loss: torch.Tensor | None = None  # with a Loss head: the cross-entropy summed over the scored targets
     hidden: torch.Tensor | None = None  # (B, T, d): the last stack's output
-    attentions: dict[str, list[torch.Tensor]] = dataclasses.field(default_factory=dict)  # name -> per layer (B, nh, T, S)
 
 
 class Transformer(nn.Module):
+    """Hook points: hook_embed (B, T, d) the token embeddings, hook_pos_embed (B or 1, T, d) the learned or
+    sinusoidal positions added to them (each once per stack that embeds ids: an encoder-decoder's source, then
+    its target), every block's and attention's (see `Block`, `Attention`, `MLP`), each stack's
+    hook_normalized, hook_head_input (..., d) what the vocabulary head reads and hook_logits (..., vocab)."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
@@ -107,9 +151,9 @@ class Transformer(nn.Module):
             self.emb_norm = make_norm(config)  # BERT: a LayerNorm over token + position + type embeddings
         self.drop = nn.Dropout(config.dropout)
         if config.has_encoder:
-            self.encoder = Stack(config, config.n_layers, causal=False, cross=False)
+            self.encoder = Stack(config, config.n_layers, causal=False, cross=False, rotary=self.rotary)
         if config.has_decoder:
-            self.decoder = Stack(config, config.decoder_layers, causal=True, cross=config.arch == "encoder-decoder")
+            self.decoder = Stack(config, config.decoder_layers, causal=True, cross=config.arch == "encoder-decoder", rotary=self.rotary)
         if config.arch == "encoder":
             # BERT's masked-LM head: a transform, then scores over the vocabulary.
             self.mlm_transform = nn.Linear(d, d, bias=config.bias)
@@ -121,7 +165,8 @@ class Transformer(nn.Module):
             self.pooler = nn.Linear(d, d)  # BERT: the classifier reads tanh(pooler(state of [CLS]))
         if config.n_classes:
             self.classifier = nn.Linear(d, config.n_classes)
-        self.apply(self._init_weights)
+        add_hook_points(self, "hook_embed", "hook_pos_embed", "hook_head_input", "hook_logits")
+        self.apply(self.init_weights)
         residual_std = config.init_std / math.sqrt(2 * (config.n_layers * config.has_encoder + config.decoder_layers * config.has_decoder))
         for name, parameter in self.named_parameters():
             if name.endswith(("attn.out.weight", "mlp.proj.weight")):
@@ -132,7 +177,8 @@ class Transformer(nn.Module):
         # The plain one holds every logit; tfcli.accel may put a fused one here that never does.
         self.vocabulary_loss = vocabulary_cross_entropy
 
-    def _init_weights(self, module: nn.Module) -> None:
+    def init_weights(self, module: nn.Module) -> None:
+        """A module's initial weights as the model gives them: normal(0, init_std), biases zero."""
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
         if isinstance(module, nn.Linear) and module.bias is not None:
@@ -149,25 +195,23 @@ class Transformer(nn.Module):
             raise TfcliError(f"a sequence of {offset + T} tokens is longer than the model's block size ({self.config.block_size})")
         if positions is not None and positions.numel() and int(positions.max()) >= self.config.block_size:
             raise TfcliError(f"position {int(positions.max())} is past the model's block size ({self.config.block_size})")
-        x = self.tok_emb(ids)  # (B, T, d)
+        x = self.hook_embed(self.tok_emb(ids))  # (B, T, d)
         if self.config.positions == "learned":
-            x = x + (self.pos_emb(positions) if positions is not None else self.pos_emb.weight[offset : offset + T])
+            x = x + self.hook_pos_embed(self.pos_emb(positions) if positions is not None else self.pos_emb.weight[offset : offset + T])
         elif self.config.positions == "sinusoidal":
-            x = x + (self.sinusoid[positions] if positions is not None else self.sinusoid[offset : offset + T]).to(x.dtype)
+            x = x + self.hook_pos_embed((self.sinusoid[positions] if positions is not None else self.sinusoid[offset : offset + T]).to(x.dtype))
         if self.config.type_vocab_size:
             x = x + self.type_emb.weight[0]  # every token is in segment 0
         if self.config.embedding_norm:
             x = self.emb_norm(x)
         return self.drop(x) if self.drop.p and self.training else x
 
-    def encode(self, ids: torch.Tensor, padding: torch.Tensor | None = None, *, need_weights=False, attentions=None) -> torch.Tensor:
+    def encode(self, ids: torch.Tensor, padding: torch.Tensor | None = None) -> torch.Tensor:
         """The encoder stack over ids (B, S); padding (B, S) True = real token. Returns (B, S, d)."""
         mask = AttentionMask.build(ids.shape[1], ids.shape[1], causal=False, key_padding=padding)
-        return self.encoder(self._embed(ids, 0), mask, rotary=self.rotary, need_weights=need_weights, attentions=attentions, name="encoder")
+        return self.encoder(self._embed(ids, 0), mask)
 
-    def decode(
-        self, ids, padding=None, *, memory=None, memory_padding=None, cache: KVCache | None = None, need_weights=False, attentions=None, positions=None
-    ) -> torch.Tensor:
+    def decode(self, ids, padding=None, *, memory=None, memory_padding=None, cache: KVCache | None = None, positions=None) -> torch.Tensor:
         """The decoder stack over ids (B, T), after the cached positions. Returns (B, T, d).
         positions (B, T), optional: each token's position when rows do not start together (left padding;
         default: cached length + 0..T-1 for every row)."""
@@ -175,67 +219,37 @@ class Transformer(nn.Module):
         T = ids.shape[1]
         if cache is not None and padding is not None and padding.shape[1] != offset + T:
             raise ValueError("with a cache, padding covers the cached positions and the new ones")
-        mask = AttentionMask.build(T, offset + T, causal=True, key_padding=padding, offset=offset)
-        memory_mask = None
+        mask = AttentionMask.build(T, offset + T, causal=True, key_padding=padding, offset=offset, positions=positions)
+        cross = None
         if memory is not None:
-            memory_mask = AttentionMask.build(T, memory.shape[1], causal=False, key_padding=memory_padding)
-        x = self.decoder(
-            self._embed(ids, offset, positions),
-            mask,
-            memory=memory,
-            memory_mask=memory_mask,
-            rotary=self.rotary,
-            cache=cache,
-            need_weights=need_weights,
-            attentions=attentions,
-            name="decoder",
-            positions=positions,
-        )
+            cross = Memory(memory, AttentionMask.build(T, memory.shape[1], causal=False, key_padding=memory_padding))
+        x = self.decoder(self._embed(ids, offset, positions), mask, memory=cross, cache=cache)
         if cache is not None:
             cache.advance(T)
         return x
 
     def forward(
-        self,
-        ids: torch.Tensor,
-        padding: torch.Tensor | None = None,
-        *,
-        decoder_ids: torch.Tensor | None = None,
-        decoder_padding: torch.Tensor | None = None,
-        cache: KVCache | None = None,
-        memory: torch.Tensor | None = None,
-        need_weights: bool = False,
-        logits: bool = True,
-        logits_at: torch.Tensor | None = None,
-        targets: torch.Tensor | None = None,
-        label_smoothing: float = 0.0,
+        self, ids: torch.Tensor, padding: torch.Tensor | None = None, *, head: Head = LOGITS, cache: KVCache | None = None, decoder: DecoderInput | None = None
     ) -> ModelOutput:
         """decoder: ids are the text, logits predict each next token. encoder: logits score the vocabulary at
-        each position (masked LM). encoder-decoder: ids are the source, decoder_ids the target so far
-        (`memory`, the encoded source, can be passed instead to skip the encoder, as decoding does).
-        logits_at (B, T) bool: score only those positions; logits is then (N, vocab), N = logits_at.sum().
-        targets (B, T) long, the token each position should predict (IGNORE_INDEX: none): the output's
-        `loss` is then the cross-entropy summed over them (divide by their count for the mean), and `logits` is left out."""
-        attentions: dict[str, list[torch.Tensor]] = {}
+        each position (masked LM). encoder-decoder: ids are the source, `decoder` the target side.
+        `head` picks what the vocabulary head computes: Logits (everywhere, or at some positions), Loss (the
+        summed cross-entropy, computed here so that sharded weights are gathered for it), or Hidden (nothing)."""
         arch = self.config.arch
         if arch == "decoder":
-            hidden = self.decode(ids, padding, cache=cache, need_weights=need_weights, attentions=attentions)
+            hidden = self.decode(ids, padding, cache=cache)
         elif arch == "encoder":
-            hidden = self.encode(ids, padding, need_weights=need_weights, attentions=attentions)
+            hidden = self.encode(ids, padding)
         else:
-            if decoder_ids is None:
-                raise ValueError("an encoder-decoder needs decoder_ids")
-            if memory is None:
-                memory = self.encode(ids, padding, need_weights=need_weights, attentions=attentions)
-            hidden = self.decode(
-                decoder_ids, decoder_padding, memory=memory, memory_padding=padding, cache=cache, need_weights=need_weights, attentions=attentions
-            )
-        out = ModelOutput(hidden=hidden, attentions=attentions)
-        if targets is not None:
-            out.loss = self._vocabulary_loss(hidden, targets, label_smoothing)
-        elif logits:
-            head_input = self._head_input(hidden if logits_at is None else hidden[logits_at])  # (B, T, d) or (N, d)
-            out.logits = self.lm_head(head_input)  # (B, T, vocab) or (N, vocab)
+            if decoder is None:
+                raise ValueError("an encoder-decoder needs its decoder's input")
+            memory = decoder.memory if decoder.memory is not None else self.encode(ids, padding)
+            hidden = self.decode(decoder.ids, decoder.padding, memory=memory, memory_padding=padding, cache=cache)
+        out = ModelOutput(hidden=hidden)
+        if isinstance(head, Loss):
+            out.loss = self._vocabulary_loss(hidden, head.targets, head.label_smoothing)
+        elif isinstance(head, Logits):
+            out.logits = self.unembed(hidden if head.at is None else hidden[head.at])  # (B, T, vocab) or (N, vocab)
         if self.config.n_classes:
             out.class_logits = self.classifier(self._pooled(hidden, padding))
         return out
@@ -247,13 +261,19 @@ class Transformer(nn.Module):
             rows, targets = rows[scored], targets[scored]
         if targets.numel() == 0:
             return (rows.sum() + self.lm_head.weight.sum()) * 0.0  # nothing scored: zero, still in the graph
-        return self.vocabulary_loss(self._head_input(rows), self.lm_head.weight, self.lm_head.bias, targets, label_smoothing)
+        return self.vocabulary_loss(self.head_input(rows), self.lm_head.weight, self.lm_head.bias, targets, label_smoothing)
 
-    def _head_input(self, hidden: torch.Tensor) -> torch.Tensor:
-        """What the vocabulary head reads: the hidden states, through BERT's transform for an encoder."""
+    def head_input(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What the vocabulary head reads from the last stack's output `hidden` (..., d): the same, or an
+        encoder's masked-LM transform of it."""
         if self.config.arch == "encoder":
-            return self.mlm_norm(F.gelu(self.mlm_transform(hidden)))
-        return hidden
+            hidden = self.mlm_norm(F.gelu(self.mlm_transform(hidden)))
+        return self.hook_head_input(hidden)
+
+    def unembed(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The vocabulary's scores from the last stack's output `hidden` (..., d) (`ModelOutput.hidden`,
+        already normed). Returns (..., vocab)."""
+        return self.hook_logits(self.lm_head(self.head_input(hidden)))
 
     def _pooled(self, hidden: torch.Tensor, padding: torch.Tensor | None) -> torch.Tensor:
         """The state a classifier reads: the first (classification) token for an encoder (through BERT's

@@ -1,6 +1,7 @@
 """The attention view of a served exchange: the ids of the last few single-completion responses are kept
 (a bounded store, oldest out first) under the response's id, and drawn on request as the page
-`tfcli inspect-attention --format html` draws (one forward pass with the weights, in the engine's thread)."""
+`tfcli inspect-attention --format html` draws (one forward pass whose weights are read at the model's
+`hook_pattern` hook points, in the engine's thread)."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfcli.model.loss import IGNORE_INDEX
+from tfcli.model.transformer import HIDDEN, DecoderInput, Logits, Loss
 from tfcli.train.data import Batch
 
 
@@ -20,18 +21,12 @@ def loss_sum(model: nn.Module, batch: Batch, task: str, label_smoothing: float =
     t = batch.tensors
     labels = t["labels"]
     if task == "classify":
-        class_logits = model(t["ids"], t["padding"], logits=False).class_logits  # (B, n_classes)
+        class_logits = model(t["ids"], t["padding"], head=HIDDEN).class_logits  # (B, n_classes)
         return F.cross_entropy(class_logits.float(), labels, reduction="sum", label_smoothing=label_smoothing)
     if task in ("lm", "mlm", "chat", "instruct"):
-        return model(t["ids"], targets=labels, label_smoothing=label_smoothing).loss
-    return model(
-        t["ids"],
-        t["padding"],
-        decoder_ids=t["decoder_ids"],
-        decoder_padding=t["decoder_padding"],  # seq2seq, denoise
-        targets=labels,
-        label_smoothing=label_smoothing,
-    ).loss
+        return model(t["ids"], head=Loss(labels, label_smoothing)).loss
+    decoder = DecoderInput(t["decoder_ids"], t["decoder_padding"])  # seq2seq, denoise
+    return model(t["ids"], t["padding"], head=Loss(labels, label_smoothing), decoder=decoder).loss
 
 
 def macro_f1(predictions: list[int], labels: list[int]) -> float:
@@ -51,7 +46,7 @@ def _chat_scores(model: nn.Module, ids: torch.Tensor, labels: torch.Tensor) -> t
     """The summed loss over the assistant's tokens, and for each conversation whether every one of them is the
     model's most likely next token (then greedy decoding writes each reply exactly, given the turns before it)."""
     scored = labels != IGNORE_INDEX  # (B, T)
-    logits = model(ids, logits_at=scored).logits.float()  # (N, vocab), the scored positions only
+    logits = model(ids, head=Logits(at=scored)).logits.float()  # (N, vocab), the scored positions only
     targets = labels[scored]
     loss = F.cross_entropy(logits, targets, reduction="sum").item()
     wrong = torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device)
@@ -77,7 +72,7 @@ def evaluate(
             with autocast():
                 if task == "classify":
                     t = batch.tensors
-                    class_logits = model(t["ids"], t["padding"], logits=False).class_logits.float()
+                    class_logits = model(t["ids"], t["padding"], head=HIDDEN).class_logits.float()
                     total += F.cross_entropy(class_logits, t["labels"], reduction="sum").item()
                     predictions += class_logits.argmax(-1).tolist()
                     truth += t["labels"].tolist()

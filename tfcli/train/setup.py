@@ -130,7 +130,7 @@ def _lora_model(job: TrainingJob):
     assert all(name in ("classifier", "pooler") for name in new_modules), new_modules
     for name in new_modules:  # a new head (and a BERT's pooler), initialised as the model initialises it
         module = skeleton.get_submodule(name).to_empty(device="cpu")
-        skeleton._init_weights(module)
+        skeleton.init_weights(module)
         weights.update({f"{name}.{key}": tensor for key, tensor in module.state_dict().items()})
     model = model_from_tensors(job.model_config, weights)
     record = AdapterRecord(
