@@ -10,7 +10,6 @@ import typer
 
 from tfcli.cli.common import JsonFlag, Typer, counted, human_bytes, make_progress, print_json, print_table, stderr_console, stdout_console
 from tfcli.cli.tokenize_views import TokenizerFile, show, trace
-from tfcli.fsutil import no_empty_folder_left
 
 app = Typer(
     help="Train a tokenizer (BPE, WordPiece, Unigram, char), encode text into token shards, and look at tokens and merges.\n\n"
@@ -149,6 +148,7 @@ def train(
 
 def _train_with_progress(sources, output: Path, config):
     """Train the tokenizer with a progress display: the bytes read, then the merges (or the vocabulary) being made."""
+    from tfcli.fsutil import no_empty_folder_left
     from tfcli.tokenizer.train import train_tokenizer
 
     model = config.model
@@ -260,7 +260,7 @@ def encode(
 
         from rich.text import Text
 
-        from tfcli.fsutil import remove_stale_temp_files, removed_note
+        from tfcli.fsutil import no_empty_folder_left, remove_stale_temp_files, removed_note
 
         removed = remove_stale_temp_files(output, ("train.bin", "val.bin", "meta.json"), locked=False)
         if removed:

@@ -9,7 +9,6 @@ import typer
 
 from tfcli.cli.common import JsonFlag, Typer
 from tfcli.cli.train_progress import render_training
-from tfcli.fsutil import no_empty_folder_left
 
 if TYPE_CHECKING:
     from tfcli.train.config import RunOptions
@@ -222,6 +221,7 @@ def _trackers(log_to: Optional[list[str]]) -> tuple[str, ...]:
 
 def _no_empty_run_left(output: Path):
     """A start that fails leaves no empty -o behind (nor a stopped run's leftovers it made)."""
+    from tfcli.fsutil import no_empty_folder_left
     from tfcli.train.run_checks import RUN_LEFTOVERS
 
     return no_empty_folder_left(output, RUN_LEFTOVERS)
