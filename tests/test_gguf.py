@@ -546,3 +546,31 @@ def test_bench_generate_against_llama_cpp_decodes_the_same_tokens(cli, tmp_path)
     assert bench.same_tokens_as_llama_cpp is True  # the same GGUF export of the same weights, greedy
     assert bench.to_json()["time_per_token_vs_llama_cpp"] == pytest.approx(ours.seconds / llama.seconds, rel=1e-3)  # tfcli / llama.cpp
     assert "--against knows llama.cpp" in cli("bench", "generate", "--against", "vllm").stderr
+
+
+def test_an_imported_run_works_with_every_command(cli, tmp_path, exported_llama):
+    """A GGUF imported as a run generates, is inspected, evaluated, fine-tuned (whole and with LoRA) and
+    exported back, as any run is."""
+    run = tmp_path / "imported"
+    assert cli("import", exported_llama, "-o", run).code == 0
+    text = tmp_path / "text.txt"
+    text.write_text(TINY_TEXT * 8, encoding="utf-8")
+    assert cli("tokenize", "encode", text, "-t", run / "tokenizer.json", "-o", tmp_path / "shards").code == 0
+    commands = {
+        "generate": ["generate", run, "-p", PROMPT, "--max-new-tokens", "4", "--json"],
+        "inspect-attention": ["inspect-attention", run, "--text", PROMPT, "--format", "json"],
+        "inspect-logits": ["inspect-logits", run, "--text", PROMPT, "--json"],
+        "eval": ["eval", run, "--data", tmp_path / "shards", "--json"],
+    }
+    for name, args in commands.items():
+        result = cli(*args)
+        assert result.code == 0, f"{name}: {result.stderr}"
+        assert json.loads(result.stdout), name
+    tune = ["--init-from", run, "--task", "lm", "--data", tmp_path / "shards", "--max-steps", "2", "--batch-size", "2", "--block-size", "32"]
+    for name, extra in {"whole": [], "lora": ["--lora-rank", "4"]}.items():
+        result = cli("train", "finetune", *tune, "-o", tmp_path / name, *extra)
+        assert result.code == 0, f"{name}: {result.stderr}"
+        assert cli("generate", tmp_path / name, "-p", PROMPT, "--max-new-tokens", "4").code == 0, name
+    again = cli("export", tmp_path / "lora", "--to", "gguf", "-o", tmp_path / "again.gguf")
+    assert again.code == 0, again.stderr
+    assert cli("import", tmp_path / "again.gguf", "-o", tmp_path / "back").code == 0

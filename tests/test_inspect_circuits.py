@@ -22,6 +22,7 @@ from tfcli.inspect.patching import patch_differences
 from tfcli.model.config import ModelConfig, preset
 from tfcli.model.transformer import DecoderInput, Transformer
 from tfcli.tokenizer.core import TextTokenizer
+from tfcli.tokenizer.show import label_text
 
 V = 8  # the hand-built model's vocabulary
 
@@ -336,6 +337,9 @@ def test_inspect_ablate_sweep_and_heads(cli, runs):
     assert one["ablated"]["heads"] == ["1.2"] and one["position"] == 3 and one["mode"] == "mean"
     result = cli("inspect-ablate", runs["decoder"], "--text", TEXT, "--heads", "0.1,1.0")
     assert result.code == 0 and "heads 0.1, 1.0 zeroed" in result.stdout and "before" in result.stdout
+    tops = json.loads(cli("inspect-ablate", runs["decoder"], "--text", TEXT, "--heads", "0.1,1.0", "--json").stdout)["top"]
+    assert all(label_text(top["text"]) in result.stdout for top in tops)  # predictions named as token labels ("␣the"), JSON unmarked
+    assert any(top["text"].startswith(" ") for top in tops) and "␣" in result.stdout
 
 
 def test_inspect_patch_command(cli, runs):

@@ -17,6 +17,7 @@ from tfcli.errors import TfcliError
 from tfcli.inspect.hooks import Hooks, lens_stack
 from tfcli.inspect.lens import decoder_views, token_text
 from tfcli.model.transformer import HIDDEN
+from tfcli.tokenizer.show import token_label
 
 if TYPE_CHECKING:
     from tfcli.checkpoint import Checkpoint
@@ -139,6 +140,11 @@ class Ablation:
     kl: np.ndarray  # KL(before || after) at `position`, in nats; same shape
     top: list[tuple[int, str, float]] | None = None  # at `position`, after (heads given)
     seconds: float = 0.0
+    labels: dict[int, str] = dataclasses.field(default_factory=dict)  # the predictions as tables show them (`token_label`)
+
+    def label(self, token_id: int, text: str) -> str:
+        """A predicted token as tables name it ("␣the"); its `text` (JSON's, " the") where unknown."""
+        return self.labels.get(token_id, text)
 
     @property
     def delta(self) -> np.ndarray:
@@ -224,6 +230,7 @@ def ablate(
         return [(int(i), token_text(tokenizer, int(i)), float(v)) for i, v in zip(indices, values)]
 
     shape = (1,) if chosen is not None else (L, nh)
+    base_top, after_top = top(base), (top(log_probs[1]) if chosen is not None else None)
     return Ablation(
         run=str(checkpoint.path),
         text=text,
@@ -232,12 +239,13 @@ def ablate(
         reference=reference_text,
         position=position,
         base_loss=float(losses[0]),
-        base_top=top(base),
+        base_top=base_top,
         heads=chosen,
         n_layers=L,
         n_heads=nh,
         loss=losses[1:].numpy().reshape(shape),
         kl=kl.numpy().reshape(shape),
-        top=top(log_probs[1]) if chosen is not None else None,
+        top=after_top,
         seconds=time.perf_counter() - began,
+        labels={i: token_label(tokenizer, i) for i, _, _ in base_top + (after_top or [])},
     )

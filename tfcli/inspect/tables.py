@@ -159,8 +159,8 @@ def ablation_view(ablation, *, top: int = 10) -> list[RenderableType]:
         table.add_column("p", justify="right")
         table.add_column("after")
         table.add_column("p", justify="right")
-        for (_, a, pa), (_, b, pb) in zip(ablation.base_top, ablation.top or []):
-            table.add_row(Text(f"'{a}'"), f"{pa:.3f}", Text(f"'{b}'"), f"{pb:.3f}")
+        for (i, a, pa), (j, b, pb) in zip(ablation.base_top, ablation.top or []):
+            table.add_row(Text(ablation.label(i, a)), f"{pa:.3f}", Text(ablation.label(j, b)), f"{pb:.3f}")
         out.append(table)
         return out
     delta = ablation.delta
@@ -450,7 +450,7 @@ def ablation_html(ablation, *, fragment: bool = False) -> str:
     mode = "zeroed" if ablation.mode == "zero" else "mean-ablated"
     if ablation.heads is not None:
         rows = ["before", "after"]
-        cells = [[(f"{t} {p:.3f}", _colour(p), p < 0.3, "") for _, t, p in tops] for tops in (ablation.base_top, ablation.top or [])]
+        cells = [[(f"{ablation.label(i, t)} {p:.3f}", _colour(p), p < 0.3, "") for i, t, p in tops] for tops in (ablation.base_top, ablation.top or [])]
         return html_page(
             f"ablation · {ablation.run}",
             [
