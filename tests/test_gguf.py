@@ -555,12 +555,12 @@ def test_an_imported_run_works_with_every_command(cli, tmp_path, exported_llama)
     assert cli("import", exported_llama, "-o", run).code == 0
     text = tmp_path / "text.txt"
     text.write_text(TINY_TEXT * 8, encoding="utf-8")
-    assert cli("tokenize", "encode", text, "-t", run / "tokenizer.json", "-o", tmp_path / "shards").code == 0
+    assert cli("tokenize", "encode", text, "-t", run / "tokenizer.json", "-o", tmp_path / "shards", "--val-fraction", "0.2").code == 0
     commands = {
         "generate": ["generate", run, "-p", PROMPT, "--max-new-tokens", "4", "--json"],
         "inspect-attention": ["inspect-attention", run, "--text", PROMPT, "--format", "json"],
         "inspect-logits": ["inspect-logits", run, "--text", PROMPT, "--json"],
-        "eval": ["eval", run, "--data", tmp_path / "shards", "--json"],
+        "eval": ["eval", run, "--data", text, "--json"],
     }
     for name, args in commands.items():
         result = cli(*args)
