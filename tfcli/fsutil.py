@@ -280,7 +280,7 @@ def describe_write_error(exc: BaseException) -> str:
     return text.split("I/O error: ", 1)[-1] if "I/O error: " in text else text
 
 
-_MKSTEMP_TAIL = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")  # temp_path_beside's names: .NAME.XXXXXXXX.tmp
+_MKSTEMP_TAIL = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")  # temp_path_beside's names: .NAME.<8 random>.tmp
 _PID_TAIL = re.compile(r"^\.(?P<name>.+)\.(?P<pid>[0-9]+)\.tmp$")  # a shard writer's: .train.bin.PID.tmp
 
 
@@ -296,7 +296,7 @@ def _pid_alive(pid: int) -> bool:
 
 def remove_stale_temp_files(folder: Path, names: Iterable[str], *, locked: bool, older_than: float = 600.0) -> list[Path]:
     """Remove the temp files a crashed writer left in FOLDER beside the artifacts `names` (a kill -9 during
-    a save leaves a whole model's copy there): only files of tfcli's own naming (.NAME.XXXXXXXX.tmp,
+    a save leaves a whole model's copy there): only files of tfcli's own naming (.NAME.<8 random>.tmp,
     .NAME.PID.tmp), and only stale ones: every one where the caller holds the folder's lock (`locked`: no
     other writer can be at work), else those of a process that is gone or older than `older_than` seconds.
     Returns what was removed."""
