@@ -130,6 +130,10 @@ def test_neuron_view_in_the_terminal_and_its_mistakes(cli, runs, tmp_path):
     shown = cli("inspect-attention", run, "--text", TEXT, "--neuron", "1.2", "--query", "4")
     assert shown.code == 0 and "neuron view: layer 1, head 2, query 4" in shown.stdout and "softmax" in shown.stdout
     assert len([line for line in shown.stdout.splitlines() if re.match(r"\s*\d+ ", line)]) == 5  # keys 0..4: the rest are masked
+    keys = json.loads(cli("inspect-attention", run, "--text", TEXT, "--neuron", "1.2", "--query", "4", "--format", "json").stdout)["keys"]
+    spaced = [key for key in keys[:5] if key["text"].startswith(" ")]
+    assert spaced and all(key["label"] == "␣" + key["text"][1:] for key in spaced)  # JSON text unmarked, labels as every view
+    assert all(key["label"] in shown.stdout for key in spaced)
     for args, message in (
         (["--neuron", "1"], "is not LAYER.HEAD"),
         (["--neuron", "5.0"], "--layer 5 is out of range"),

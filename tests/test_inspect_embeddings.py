@@ -198,6 +198,13 @@ def test_imported_gpt2_and_contextual_vectors(cli, tmp_path, trained_tokenizer):
         float(np.sort(np.delete(unit @ unit[fox[0]], fox + list(tokenizer.special_ids.values())))[-1]), abs=1e-5
     )
 
+    json_texts = [n["token"] for n in found["neighbours"]["fox"]]
+    table = cli("inspect-embeddings", run, "--neighbours", "fox", "-k", "5")
+    assert table.code == 0, table.stderr
+    for text in json_texts:  # JSON keeps " x"; the table names it as every view does, "␣x"
+        assert (text.startswith(" ") and "␣" + text.strip() in table.stdout) or (not text.startswith(" ") and text.strip() in table.stdout)
+    assert any(text.startswith(" ") for text in json_texts)
+
     word = "hungrily"
     pieces = tokenizer.encode(" " + word)
     assert len(pieces) > 1

@@ -170,5 +170,5 @@ def _print_scores(console, title: str, found) -> None:
     grid.add_column("token")
     grid.add_column("cosine" if "nearest" in title else "score", justify="right")
     for rank, neighbour in enumerate(found, 1):
-        grid.add_row(str(rank), Text(neighbour.token), f"{neighbour.score:.3f}")
+        grid.add_row(str(rank), Text(neighbour.label or neighbour.token), f"{neighbour.score:.3f}")
     print_table(console, grid)

@@ -57,17 +57,18 @@ class EmbeddingRequest:
 
 @dataclasses.dataclass
 class EmbeddingMap:
-    labels: list[str]
+    labels: list[str]  # as the map names each point ("␣mom")
     ids: list[int]
     points: np.ndarray  # (n, 2)
     share: np.ndarray  # (2,) of the variance
     written: Path | None = None
+    texts: list[str] = dataclasses.field(default_factory=list)  # as JSON gives each token (" mom")
 
     def to_json(self) -> dict[str, Any]:
         return {
             "method": "pca",
             "explained_variance": [round(float(s), 6) for s in self.share],
-            "points": [{"id": i, "token": t, "x": round(float(x), 6), "y": round(float(y), 6)} for i, t, (x, y) in zip(self.ids, self.labels, self.points)],
+            "points": [{"id": i, "token": t, "x": round(float(x), 6), "y": round(float(y), 6)} for i, t, (x, y) in zip(self.ids, self.texts, self.points)],
             "file": str(self.written) if self.written else None,
         }
 
@@ -187,7 +188,7 @@ def _map(table: EmbeddingTable, request: EmbeddingRequest, notes: list[str]) -> 
         if len(ids) < 2:
             raise TfcliError("--map needs at least two different tokens", hint="pass more words")
     points, share = pca_2d(table.vectors[ids])
-    found = EmbeddingMap([table.label(i) for i in ids], ids, points, share)
+    found = EmbeddingMap([table.label(i) for i in ids], ids, points, share, texts=[table.text(i) for i in ids])
     if request.output is not None:
         _write_map(found, request.output, f"PCA of {table.what}")
         found.written = request.output

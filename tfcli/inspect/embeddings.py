@@ -22,7 +22,7 @@ from tfcli.inspect.hooks import Hooks, lens_stack
 from tfcli.loader import load_run
 from tfcli.model.transformer import HIDDEN
 from tfcli.tokenizer.core import TextTokenizer
-from tfcli.tokenizer.show import token_text, visible
+from tfcli.tokenizer.show import token_label, token_text, visible
 from tfcli.word2vec.run import is_word2vec_run, load_vectors
 
 TABLES = ("input", "output")
@@ -43,19 +43,26 @@ class EmbeddingTable:
     counts: np.ndarray | None = None  # (V,) how often each token occurs (word2vec's training shards, or --data)
     notes: list[str] = dataclasses.field(default_factory=list)
 
-    def label(self, token_id: int) -> str:
-        """The token as text, control characters escaped: a word-level token as the word, a subword token with the
-        space it stands for (" mom" begins a word, "ly" continues one)."""
+    def text(self, token_id: int) -> str:
+        """The token as JSON gives it, control characters escaped: a word-level token as the word, a subword
+        token with the space it stands for (" mom" begins a word, "ly" continues one)."""
         if self.tokenizer.family == "word":
             return visible(self.tokenizer.hf.id_to_token(token_id) or "")
         return token_text(self.tokenizer, token_id)
+
+    def label(self, token_id: int) -> str:
+        """The token as tables and maps name it: a word as the word, a subword token's space marked ("␣mom")."""
+        if self.tokenizer.family == "word":
+            return self.text(token_id)
+        return token_label(self.tokenizer, token_id)
 
 
 @dataclasses.dataclass
 class Neighbour:
     id: int
-    token: str
+    token: str  # the text JSON gives (" mom")
     score: float
+    label: str = dataclasses.field(default="", compare=False)  # as the table shows it ("␣mom")
 
     def to_json(self) -> dict:
         return {"id": self.id, "token": self.token, "score": round(self.score, 6)}
@@ -170,13 +177,13 @@ def find_word(table: EmbeddingTable, word: str, *, strict: bool = False) -> Look
             pieces = ids
     if not pieces:
         raise TfcliError(f"{word!r} has no tokens", hint="pass a word")
-    shown = " ".join(repr(table.label(i)) for i in pieces)
+    shown = " ".join(repr(table.text(i)) for i in pieces)
     if strict:
         raise TfcliError(f"{word!r} is not one token: it tokenizes as {shown}", hint="pick a word that is one token, or drop --strict")
     usable = [i for i in pieces if table.candidates[i]] or pieces  # a piece with a vector, where one has one
-    longest = max(usable, key=lambda i: len(table.label(i).strip()))
+    longest = max(usable, key=lambda i: len(table.text(i).strip()))
     lookup = _checked(table, word, longest)
-    lookup.note = f"{word!r} is {len(pieces)} tokens ({shown}); using {table.label(longest)!r}"
+    lookup.note = f"{word!r} is {len(pieces)} tokens ({shown}); using {table.text(longest)!r}"
     return lookup
 
 
@@ -199,7 +206,7 @@ def _top(table: EmbeddingTable, scores: np.ndarray, exclude: Sequence[int], k: i
     k = min(k, int(np.isfinite(scores).sum()))
     best = np.argpartition(-scores, k - 1)[:k] if k else np.zeros(0, dtype=np.int64)
     best = best[np.argsort(-scores[best], kind="stable")]
-    return [Neighbour(int(i), table.label(int(i)), float(scores[i])) for i in best]
+    return [Neighbour(int(i), table.text(int(i)), float(scores[i]), table.label(int(i))) for i in best]
 
 
 def neighbours(table: EmbeddingTable, token_id: int, k: int = 10) -> list[Neighbour]:

@@ -16,6 +16,7 @@ from tfcli.errors import TfcliError
 from tfcli.inspect.capture import AttentionCapture
 from tfcli.inspect.hooks import Hooks
 from tfcli.model.transformer import HIDDEN, DecoderInput
+from tfcli.tokenizer.show import TokenView
 
 JSON_FORMAT = "tfcli-neuron-view"
 JSON_VERSION = 1
@@ -72,8 +73,8 @@ class NeuronView:
     layer: int
     head: int
     query: int
-    query_label: str
-    key_labels: list[str]
+    query_token: TokenView
+    key_tokens: list[TokenView]
     q: np.ndarray
     k: np.ndarray
     products: np.ndarray
@@ -92,18 +93,19 @@ class NeuronView:
             "head": self.head,
             "head_dim": int(self.q.shape[0]),
             "scale": 1.0 / math.sqrt(self.q.shape[0]),
-            "query": {"position": self.query, "text": self.query_label, "q": numbers(self.q)},
+            "query": {"position": self.query, "text": self.query_token.text, "label": self.query_token.label, "q": numbers(self.q)},
             "keys": [
                 {
                     "position": i,
-                    "text": label,
+                    "text": token.text,
+                    "label": token.label,
                     "k": numbers(self.k[i]),
                     "q_times_k": numbers(self.products[i]),
                     "score": None if self.masked[i] else float(self.scores[i]),
                     "weight": float(self.weights[i]),
                     "masked": bool(self.masked[i]),
                 }
-                for i, label in enumerate(self.key_labels)
+                for i, token in enumerate(self.key_tokens)
             ],
         }
 
@@ -127,8 +129,8 @@ def neuron_view(capture: AttentionCapture, qk: QueryKeys, layer: int, head: int,
         layer=layer,
         head=head,
         query=query,
-        query_label=capture.queries[query].text,
-        key_labels=[v.text for v in capture.keys],
+        query_token=capture.queries[query],
+        key_tokens=list(capture.keys),
         q=q,
         k=k,
         products=products,

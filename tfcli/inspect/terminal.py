@@ -414,12 +414,12 @@ def neuron_table(document: dict) -> Group:
         weight = key["weight"]
         table.add_row(
             str(key["position"]),
-            Text(fit(_short(key["text"]), 14)),
+            Text(fit(_short(key.get("label", key["text"])), 14)),
             f"{key['score'] * root:.4f}",
             f"{key['score']:.4f}",
             Text(f"{weight:.4f}", style=f"{'white' if palette.dark(weight) else 'black'} on {palette.css(weight)}"),
         )
     title = Text(f"neuron view: layer {document['layer']}, head {document['head']}, query {query['position']} '", style="bold")
-    title.append(_short(query["text"]))
+    title.append(_short(query.get("label", query["text"])))
     title.append(f"': softmax(q·k/√{document['head_dim']}) over the keys it may see")
     return Group(title, table, Text("the vectors (q, each k, q∘k) with every number: --format json", style="dim"))
