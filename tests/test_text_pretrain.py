@@ -12,7 +12,9 @@ from tests.training import TINY_MODEL
 from tfcli.train.text_data import MAX_VOCAB, MIN_VOCAB, TEXT_DEFAULTS, text_defaults, vocab_for
 
 
-@pytest.mark.parametrize(("size", "vocab"), [(1_000, MIN_VOCAB), (100_000, 512), (200_000, 1024), (500_329, 2048), (10_000_000, MAX_VOCAB)])
+@pytest.mark.parametrize(
+    ("size", "vocab"), [(1_000, MIN_VOCAB), (100_000, 4096), (500_329, 4096), (1_400_000, 4096), (2_000_000, 8192), (10_000_000, MAX_VOCAB)]
+)
 def test_the_vocabulary_grows_with_the_text(size, vocab):
     chosen, why = vocab_for(size)
     assert chosen == vocab and f"{vocab:,} tokens asked" in why and f"{size:,} bytes" in why
@@ -33,7 +35,7 @@ def test_text_trains_in_one_command(cli, tmp_path):
     args = ["train", "pretrain", "--data", notes, "-o", run, "--max-steps", "3", "--block-size", "32", "--batch-size", "4", *TINY_MODEL]
     result = cli(*args)
     assert result.code == 0, result.stderr
-    assert "512 tokens asked" in result.stderr and "the fewest that still learns whole words" in result.stderr
+    assert "4,096 tokens asked" in result.stderr and "the floor for small texts" in result.stderr and "it learned" in result.stderr
     assert "settings" in result.stderr and "lr 0.003" in result.stderr
     config = json.loads((run / "config.json").read_text())
     assert config["training"]["config"]["lr"] == TEXT_DEFAULTS["lr"] and config["training"]["config"]["batch_size"] == 4
