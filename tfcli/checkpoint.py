@@ -11,8 +11,6 @@ non-finite values.
 from __future__ import annotations
 
 import dataclasses
-import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,14 +22,14 @@ from tfcli import __version__
 from tfcli.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, MAX_CHAIN, PEFT_PREFIX, check_parent_weights, find_parent, peft_config
 from tfcli.adapters.lora import adapter_tensors, apply_lora, attached, expected_adapter_shapes, load_adapter, merged_state, saved_module_keys
 from tfcli.errors import TfcliError
-from tfcli.fsutil import commit_staged, fsync_file, prepare_output_dir, set_default_mode, temp_path_beside
+from tfcli.fsutil import commit_staged, prepare_output_dir, stage_copy, stage_json, stage_written, staging
 from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
 from tfcli.model.layers import RotaryEmbedding, sinusoidal_table
 from tfcli.model.transformer import Transformer
 from tfcli.rundir import CHECKPOINT_FORMAT, CONFIG_FILE, WEIGHTS_FILE, RunConfig, read_run_config, run_file_problems, weights_path
 from tfcli.tensorfile import read_tensors
-from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
+from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
 
 TIED_KEY = "lm_head.weight"
 
@@ -79,29 +77,16 @@ def save_checkpoint(
     adapter = attached(model)
     if adapter is not None:
         adapter = adapter.placed_in(run_dir)
-    staged: list[tuple[Path, Path]] = []  # (temp, final), renamed in this order
-    try:
+    with staging(sweep=run_dir) as staged:  # (temp, final), renamed in this order
         weights_name = ADAPTER_WEIGHTS_FILE if adapter is not None else WEIGHTS_FILE
-        weights_tmp = temp_path_beside(run_dir / weights_name)
-        safetensors.torch.save_file(_tensors_to_save(model), str(weights_tmp), metadata={"format": "pt"})
-        set_default_mode(weights_tmp)  # safetensors writes a private file of its own
-        fsync_file(weights_tmp)
+        tensors = _tensors_to_save(model)
+        weights_tmp = stage_written(run_dir / weights_name, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata={"format": "pt"}))
         staged.append((weights_tmp, run_dir / weights_name))
         if adapter is not None:
-            adapter_tmp = temp_path_beside(run_dir / ADAPTER_CONFIG_FILE)
             tied = model.config.tie_embeddings and "tok_emb" in adapter.modules_to_save
-            text = json.dumps(
-                peft_config(adapter, adapter.modules, adapter.modules_to_save, adapter.parent_path, ensure_weight_tying=tied), indent=2, allow_nan=False
-            )
-            adapter_tmp.write_text(text + "\n", encoding="utf-8")
-            fsync_file(adapter_tmp)
-            staged.append((adapter_tmp, run_dir / ADAPTER_CONFIG_FILE))
-        for name, origin in ((TOKENIZER_FILE, tokenizer.path), (TOKENIZER_CONFIG_FILE, tokenizer.path.parent / TOKENIZER_CONFIG_FILE)):
-            if origin.is_file() and origin.resolve() != (run_dir / name).resolve():
-                copy_tmp = temp_path_beside(run_dir / name)
-                shutil.copyfile(origin, copy_tmp)
-                fsync_file(copy_tmp)
-                staged.append((copy_tmp, run_dir / name))
+            settings = peft_config(adapter, adapter.modules, adapter.modules_to_save, adapter.parent_path, ensure_weight_tying=tied)
+            staged.append((stage_json(run_dir / ADAPTER_CONFIG_FILE, settings), run_dir / ADAPTER_CONFIG_FILE))
+        staged += [(stage_copy(origin, final), final) for origin, final in tokenizer.copies_into(run_dir)]
         config = RunConfig(
             format_version=CHECKPOINT_FORMAT,
             model=model.config,
@@ -113,18 +98,9 @@ def save_checkpoint(
             source_class=source_class,
             adapter=adapter,
         )
-        config_tmp = temp_path_beside(run_dir / CONFIG_FILE)
-        config_tmp.write_text(json.dumps(config.to_json(), indent=2, allow_nan=False) + "\n", encoding="utf-8")
-        fsync_file(config_tmp)
-        staged.append((config_tmp, run_dir / CONFIG_FILE))
+        staged.append((stage_json(run_dir / CONFIG_FILE, config.to_json()), run_dir / CONFIG_FILE))
         if before_commit is not None:
             before_commit(weights_tmp)
-    except BaseException:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
-        for leftover in run_dir.glob(".*.tmp"):
-            leftover.unlink(missing_ok=True)
-        raise
     commit_staged(staged, then=after_commit)
     return config
 

@@ -122,6 +122,45 @@ def stage_file(path: Path, data: bytes | str) -> Path:
     return tmp
 
 
+def stage_json(path: Path, obj: Any) -> Path:
+    """`stage_file` of `obj` as `atomic_write_json` writes it."""
+    return stage_file(path, dumps_json(obj, indent=2) + "\n")
+
+
+def stage_written(path: Path, write: Callable[[Path], None]) -> Path:
+    """Have `write(temp)` fill a temp file beside `path` (for libraries that write files themselves:
+    safetensors, a copy), give it a plain file's mode, fsync it and return it, as `stage_file` does."""
+    tmp = temp_path_beside(path)
+    try:
+        write(tmp)
+        set_default_mode(tmp)
+        fsync_file(tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def stage_copy(origin: Path, path: Path) -> Path:
+    """A staged copy of `origin`, to become `path`."""
+    return stage_written(path, lambda tmp: shutil.copyfile(origin, tmp))
+
+
+@contextlib.contextmanager
+def staging(sweep: Path | None = None) -> Iterator[list[tuple[Path, Path]]]:
+    """The (temp, final) pairs of one artifact, for `commit_staged`; if the block fails, every temp staged so
+    far is removed, and with `sweep` every temp file in that folder too (one a callback staged and lost)."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        yield staged
+    except BaseException:
+        discard_staged(staged)
+        if sweep is not None:
+            for leftover in sweep.glob(".*.tmp"):
+                leftover.unlink(missing_ok=True)
+        raise
+
+
 def commit_staged(staged: list[tuple[Path, Path]], then: Callable[[], None] | None = None) -> None:
     """Rename each staged (temp, final) pair in order, then run `then` (the trainer state's swap), with
     SIGINT and SIGTERM held until all is done: an artifact of several files (shards and their meta.json, a

@@ -22,8 +22,7 @@ import numpy as np
 from tfcli.corpus.documents import DocumentBoundary, DocumentPiece, empty_corpus_error, iter_document_pieces
 from tfcli.corpus.reader import Corpus, ReadStats
 from tfcli.errors import TfcliError
-from tfcli.fsutil import commit_staged, discard_staged, prepare_output_dir, sha256_file, stage_file
-from tfcli.jsontext import dumps_json
+from tfcli.fsutil import commit_staged, discard_staged, prepare_output_dir, sha256_file, stage_json
 from tfcli.schema import JsonRecord
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.fast import fast_encoder
@@ -295,7 +294,7 @@ def encode_corpus(
         )
         # Everything is written and fsynced before the first rename, and a signal waits for the last one;
         # meta.json goes last, so a crash between the renames leaves sizes that load_shard_meta refuses.
-        staged.append((stage_file(out_dir / META_FILE, dumps_json(meta.to_json(), indent=2) + "\n"), out_dir / META_FILE))
+        staged.append((stage_json(out_dir / META_FILE, meta.to_json()), out_dir / META_FILE))
         commit_staged(staged)
         return meta
     finally:

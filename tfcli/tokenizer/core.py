@@ -92,6 +92,12 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return self.hf.get_vocab_size(with_added_tokens=True)
 
+    def copies_into(self, folder: Path) -> list[tuple[Path, Path]]:
+        """(origin, destination) of the files a run directory in `folder` keeps of this tokenizer
+        (tokenizer.json and, where there is one, tokenizer_config.json), but for those already there."""
+        pairs = [(self.path, folder / TOKENIZER_FILE), (self.path.parent / TOKENIZER_CONFIG_FILE, folder / TOKENIZER_CONFIG_FILE)]
+        return [(origin, destination) for origin, destination in pairs if origin.is_file() and origin.resolve() != destination.resolve()]
+
     @cached_property
     def spec(self) -> dict[str, Any]:
         """tokenizer.json as a dictionary. Its ids are checked first: the library writes a vocabulary by

@@ -5,8 +5,6 @@ tokenizer, written atomically and read back with every check first, as `tfcli.ch
 from __future__ import annotations
 
 import dataclasses
-import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,12 +13,12 @@ from safetensors.numpy import save_file
 
 from tfcli import __version__
 from tfcli.errors import TfcliError
-from tfcli.fsutil import commit_staged, fsync_file, prepare_output_dir, set_default_mode, temp_path_beside
+from tfcli.fsutil import commit_staged, prepare_output_dir, stage_copy, stage_json, stage_written, staging
 from tfcli.jsontext import loads_json
 from tfcli.rundir import CHECKPOINT_FORMAT, CONFIG_FILE, WEIGHTS_FILE
 from tfcli.schema import JsonRecord
 from tfcli.tensorfile import read_tensors, weights_header_problem
-from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
+from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
 from tfcli.word2vec.config import Word2VecConfig, Word2VecRecord
 
 INPUT, OUTPUT, COUNTS = "input_vectors", "output_vectors", "counts"
@@ -76,30 +74,15 @@ def save_vectors(
         if not np.isfinite(table).all():
             raise TfcliError(f"the {name} hold non-finite values; not saving broken vectors", hint="lower --lr")
     run_dir = prepare_output_dir(Path(run_dir), "run")
-    staged: list[tuple[Path, Path]] = []
-    try:
-        weights_tmp = temp_path_beside(run_dir / WEIGHTS_FILE)
-        save_file({name: np.ascontiguousarray(table) for name, table in tables.items()}, str(weights_tmp), metadata={"format": "np"})
-        set_default_mode(weights_tmp)
-        fsync_file(weights_tmp)
+    with staging() as staged:
+        arrays = {name: np.ascontiguousarray(table) for name, table in tables.items()}
+        weights_tmp = stage_written(run_dir / WEIGHTS_FILE, lambda tmp: save_file(arrays, str(tmp), metadata={"format": "np"}))
         staged.append((weights_tmp, run_dir / WEIGHTS_FILE))
-        for name, origin in ((TOKENIZER_FILE, tokenizer.path), (TOKENIZER_CONFIG_FILE, tokenizer.path.parent / TOKENIZER_CONFIG_FILE)):
-            if origin.is_file() and origin.resolve() != (run_dir / name).resolve():
-                copy_tmp = temp_path_beside(run_dir / name)
-                shutil.copyfile(origin, copy_tmp)
-                fsync_file(copy_tmp)
-                staged.append((copy_tmp, run_dir / name))
+        staged += [(stage_copy(origin, final), final) for origin, final in tokenizer.copies_into(run_dir)]
         run_config = VectorsRunConfig(CHECKPOINT_FORMAT, config, tokenizer.sha256, weights_tmp.stat().st_size, __version__, training)
-        config_tmp = temp_path_beside(run_dir / CONFIG_FILE)
-        config_tmp.write_text(json.dumps(run_config.to_json(), indent=2, allow_nan=False) + "\n", encoding="utf-8")
-        fsync_file(config_tmp)
-        staged.append((config_tmp, run_dir / CONFIG_FILE))
+        staged.append((stage_json(run_dir / CONFIG_FILE, run_config.to_json()), run_dir / CONFIG_FILE))
         if before_commit is not None:
             before_commit(weights_tmp)
-    except BaseException:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
-        raise
     commit_staged(staged, then=after_commit)
     return run_config
 
