@@ -4,6 +4,7 @@ and nothing outside the loader attaches tfcli.accel or reads a checkpoint itself
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,8 +50,13 @@ def loads(monkeypatch):
         return model
 
     monkeypatch.delenv("TFCLI_ACCEL", raising=False)
-    monkeypatch.setattr(loader, "prepare", recording)
-    monkeypatch.setattr("tfcli.train.trainer.prepare", recording)
+    import tfcli.bench.model
+    import tfcli.train.trainer
+
+    # every module that took `prepare` by name (`from tfcli.loader import prepare`), imported by now or not
+    for module in {id(m): m for m in [loader, tfcli.bench.model, tfcli.train.trainer, *list(sys.modules.values())]}.values():
+        if getattr(module, "__dict__", {}).get("prepare") is prepare:
+            monkeypatch.setattr(module, "prepare", recording)
     return made, stop_after
 
 
