@@ -19,6 +19,7 @@ from tests.serving import make_chat_run
         (["bench", "serve", "RUN", "--clients", "1,x"], "--clients takes numbers"),
         (["bench", "serve", "RUN", "--clients", "0"], "--clients takes counts between 1 and 256"),
         (["bench", "serve", "NOWHERE"], "is not a run directory"),
+        (["bench", "serve", "RUN", "--device", "tpu"], "unknown device 'tpu'"),
     ],
 )
 def test_bad_options_are_one_line_before_any_work(cli, tmp_path, args, message):
@@ -35,5 +36,5 @@ def test_bench_serve_measures_one_and_two_clients(cli, tmp_path_factory, trained
     bench = json.loads(result.stdout)["bench"]
     one, two = bench["rounds"]
     assert (one["clients"], one["tokens"], two["clients"], two["tokens"]) == (1, 12, 2, 24)
-    assert one["speedup_over_one_client"] == 1.0 and two["tokens_per_second"] > 0 and two["server_cpu_seconds"] > 0
+    assert bench["device"] == "cpu" and one["speedup_over_one_client"] == 1.0 and two["tokens_per_second"] > 0 and two["server_cpu_seconds"] > 0
     assert two["busiest_batch"] >= 1 and 0 < two["ttft_ms"]["p50"] <= two["ttft_ms"]["p99"]

@@ -80,6 +80,7 @@ class ServeBench:
     threads: int
     max_batch: int
     rounds: list[Round]
+    device: str = "cpu"
 
     def speedup(self, clients: int) -> float | None:
         """Aggregate tokens/s at `clients` over one client's (None without a one-client round)."""
@@ -98,6 +99,7 @@ class ServeBench:
             "requests_per_client": self.requests_per_client,
             "threads": self.threads,
             "max_batch": self.max_batch,
+            "device": self.device,
             "rounds": [r.to_json() | {"speedup_over_one_client": _rounded(self.speedup(r.clients))} for r in self.rounds],
         }
 
@@ -135,7 +137,7 @@ def own_cpu_seconds() -> float:
 
 
 def run_serve_bench(
-    run: Path, *, clients: list[int], requests: int, max_tokens: int, threads: int, max_batch: int, progress=lambda message: None
+    run: Path, *, clients: list[int], requests: int, max_tokens: int, threads: int, max_batch: int, device: str = "cpu", progress=lambda message: None
 ) -> ServeBench:
     import httpx
 
@@ -153,7 +155,7 @@ def run_serve_bench(
         "--threads",
         str(threads),
         "--device",
-        "cpu",
+        device,
     ]
     command += ["--max-queue", str(max(64, max(clients) * 2))]
     progress("starting the server")
@@ -169,7 +171,7 @@ def run_serve_bench(
         for count in clients:
             progress(f"{count} client{'s' if count > 1 else ''}")
             rounds.append(_round(base, model, server.pid, count, requests, max_tokens))
-        return ServeBench(str(run), model, context, max_tokens, requests, threads, max_batch, rounds)
+        return ServeBench(str(run), model, context, max_tokens, requests, threads, max_batch, rounds, device)
     finally:
         server.terminate()
         try:

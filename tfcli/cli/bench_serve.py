@@ -19,6 +19,7 @@ def serve(
     max_tokens: Annotated[int, typer.Option(help="Tokens per request (greedy, end-of-text ignored).")] = 64,
     threads: Annotated[int, typer.Option(help="The server's torch threads (0: tfcli serve's default).")] = 0,
     max_batch: Annotated[int, typer.Option(help="The server's --max-batch (default: the largest client count).", show_default=False)] = 0,
+    device: Annotated[str, typer.Option(help="Where the server decodes: cpu, cuda or cuda:N (as tfcli serve takes it).")] = "cpu",
     json_output: JsonFlag = False,
 ) -> None:
     """Serve a run in its own process and measure it with 1, 4 and 16 clients at once: aggregate tokens/s,
@@ -43,6 +44,9 @@ def serve(
         raise TfcliError("--requests and --max-tokens must be at least 1, --threads and --max-batch at least 0")
     if not (run / "config.json").is_file():
         raise TfcliError(f"{run} is not a run directory (no config.json)", hint="pass a folder that tfcli train or tfcli import wrote")
+    from tfcli.runtime import resolve_device
+
+    device = resolve_device(device)  # a device this machine lacks is one line here, not a server that fails to start
     machine = machine_line()
     with stderr_console().status("benchmarking serve") as status:
         bench = run_serve_bench(
@@ -52,6 +56,7 @@ def serve(
             max_tokens=max_tokens,
             threads=threads,
             max_batch=max_batch or max(counts),
+            device=device,
             progress=lambda message: status.update(f"benchmarking serve: {message}"),
         )
     if json_output:
@@ -62,7 +67,7 @@ def serve(
     out = stdout_console()
     table = Table(
         title=f"tfcli serve {bench.model} (context {bench.context}), {bench.requests_per_client} requests per client of {bench.max_tokens} tokens, "
-        f"greedy, streaming, max batch {bench.max_batch}; {machine}"
+        f"greedy, streaming, max batch {bench.max_batch}, on {bench.device}; {machine}"
     )
     for column in ("clients", "tokens/s", "x 1 client", "TTFT p50", "TTFT p99", "ms/token p50", "ms/token p99", "server CPU s", "tokens/CPU s", "batch"):
         table.add_column(column, justify="right")
