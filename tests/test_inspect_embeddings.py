@@ -204,6 +204,8 @@ def test_imported_gpt2_and_contextual_vectors(cli, tmp_path, trained_tokenizer):
     for text in json_texts:  # JSON keeps " x"; the table names it as every view does, "␣x"
         assert (text.startswith(" ") and "␣" + text.strip() in table.stdout) or (not text.startswith(" ") and text.strip() in table.stdout)
     assert any(text.startswith(" ") for text in json_texts)
+    mapped = _json(cli, run, "--map", "fox", "ball")["map"]["points"]
+    assert [p["token"] for p in mapped] == [" fox", " ball"]  # the map's JSON keeps the text, as neighbours'
 
     word = "hungrily"
     pieces = tokenizer.encode(" " + word)

@@ -61,8 +61,8 @@ class EmbeddingMap:
     ids: list[int]
     points: np.ndarray  # (n, 2)
     share: np.ndarray  # (2,) of the variance
+    texts: list[str]  # as JSON gives each token (" mom")
     written: Path | None = None
-    texts: list[str] = dataclasses.field(default_factory=list)  # as JSON gives each token (" mom")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -188,7 +188,7 @@ def _map(table: EmbeddingTable, request: EmbeddingRequest, notes: list[str]) -> 
         if len(ids) < 2:
             raise TfcliError("--map needs at least two different tokens", hint="pass more words")
     points, share = pca_2d(table.vectors[ids])
-    found = EmbeddingMap([table.label(i) for i in ids], ids, points, share, texts=[table.text(i) for i in ids])
+    found = EmbeddingMap([table.label(i) for i in ids], ids, points, share, [table.text(i) for i in ids])
     if request.output is not None:
         _write_map(found, request.output, f"PCA of {table.what}")
         found.written = request.output
