@@ -8,6 +8,7 @@ import dataclasses
 import io
 import json
 import logging
+import os
 import platform
 import subprocess
 from collections.abc import Sequence
@@ -66,6 +67,9 @@ def run_harness(lm, options: TaskOptions, prepared=None) -> dict[str, Any]:
     quiet.enter_context(contextlib.redirect_stdout(io.StringIO()))
     quiet.enter_context(mock.patch("lm_eval.evaluator.get_git_commit_hash", _git_commit))
     quiet.enter_context(mock.patch("lm_eval.evaluator.add_env_info", _add_env_info))
+    # its bootstrap (one chunk of BOOTSTRAP_ITERS) would fork a pool from a process that runs torch's threads,
+    # the server's or the tokenizer's: a fork can inherit a held lock and hang; in this process it cannot
+    quiet.enter_context(mock.patch.dict(os.environ, {"DISABLE_MULTIPROC": "1"}))
     with quiet:
         results = simple_evaluate(
             model=lm,
