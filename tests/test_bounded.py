@@ -41,8 +41,8 @@ def one_line(result, *needles: str) -> str:
 @pytest.fixture(scope="module", autouse=True)
 def quick_training():
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("tfcli.train.flops.peak_matmul_flops", lambda *args, **kwargs: 1e12)
-        patch.setattr("tfcli.train.plot.plot_loss_curve", lambda *args, **kwargs: False)
+        patch.setattr("tfcli.train.setup.peak_matmul_flops", lambda *args, **kwargs: 1e12)
+        patch.setattr("tfcli.train.loop.plot_loss_curve", lambda *args, **kwargs: False)
         yield
 
 

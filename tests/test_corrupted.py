@@ -41,7 +41,7 @@ def one_line(result, *needles: str, code: int = 2) -> None:
 @pytest.fixture(scope="module", autouse=True)
 def no_flops_measurement():
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("tfcli.train.flops.peak_matmul_flops", lambda *args, **kwargs: 1e12)
+        patch.setattr("tfcli.train.setup.peak_matmul_flops", lambda *args, **kwargs: 1e12)
         yield
 
 

@@ -168,8 +168,8 @@ def quick_training():
     """A training run times the machine's peak FLOP/s for its MFU once (0.3 s of matmuls) and draws loss.png
     at the end (0.3 s): neither is on the checkpoint's write path, and these tests look at neither."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("tfcli.train.flops.peak_matmul_flops", lambda *args, **kwargs: 1e12)
-        patch.setattr("tfcli.train.plot.plot_loss_curve", lambda *args, **kwargs: False)
+        patch.setattr("tfcli.train.setup.peak_matmul_flops", lambda *args, **kwargs: 1e12)
+        patch.setattr("tfcli.train.loop.plot_loss_curve", lambda *args, **kwargs: False)
         yield
 
 

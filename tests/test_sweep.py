@@ -186,8 +186,8 @@ def small_machine():
     which the sweep never looks at; and this machine has 64 MB, so a --set that asks for a big model is refused (by the check
     that refuses one larger than the real memory) instead of built."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("tfcli.train.flops.peak_matmul_flops", lambda *args, **kwargs: 1e12)
-        patch.setattr("tfcli.train.plot.plot_loss_curve", lambda *args, **kwargs: False)  # 0.3 s of matplotlib a run
+        patch.setattr("tfcli.train.setup.peak_matmul_flops", lambda *args, **kwargs: 1e12)
+        patch.setattr("tfcli.train.loop.plot_loss_curve", lambda *args, **kwargs: False)  # 0.3 s of matplotlib a run
         patch.setattr("tfcli.train.setup.physical_memory", lambda: 64 << 20)
         yield
 
