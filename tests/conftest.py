@@ -202,14 +202,28 @@ def reviews(tmp_path_factory) -> Path:
 MISSING_TOOL = ("could not import", "is not installed", "cannot be built")
 
 
+def _missing_tool(reason: str) -> bool:
+    return bool(os.environ.get("CI")) and any(words in reason for words in MISSING_TOOL)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """The same for a whole module skipped while it is collected (a module-level `pytest.importorskip`)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and _missing_tool(str(report.longrepr)):
+        report.outcome = "failed"
+        report.longrepr = f"CI is set and a tool this module needs is missing: {report.longrepr}"
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Under CI a test skipped for a missing outside tool fails instead: CI installs every tool
     (`.ci/run`), and the outside clients are the point of those tests."""
     outcome = yield
     report = outcome.get_result()
-    if os.environ.get("CI") and report.skipped and call.excinfo is not None:
+    if report.skipped and call.excinfo is not None:
         reason = str(call.excinfo.value)
-        if any(words in reason for words in MISSING_TOOL):
+        if _missing_tool(reason):
             report.outcome = "failed"
             report.longrepr = f"CI is set and a tool this test needs is missing: {reason}"

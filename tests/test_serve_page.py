@@ -21,7 +21,7 @@ def browser():
     if not (os.path.exists(CHROMIUM) or shutil.which("chromium")):
         if os.environ.get("CI"):
             pytest.fail("Chromium is missing (apt-get install chromium)")
-        pytest.skip("no Chromium on this machine")
+        pytest.skip("Chromium is not installed")
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"), args=ARGS)
