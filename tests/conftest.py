@@ -150,7 +150,7 @@ def trained_tokenizer(tmp_path_factory) -> Path:
     """A byte-level tokenizer (vocab 320) trained on the tiny text; returns its folder."""
     from tfcli.corpus.reader import resolve_corpus
     from tfcli.tokenizer.train import train_tokenizer
-    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+    from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 
     folder = tmp_path_factory.mktemp("tok")
     corpus = folder / "corpus.txt"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tfcli.corpus.reader import resolve_corpus
 from tfcli.tokenizer.train import train_tokenizer
-from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 
 CORPUS = (
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun.\n"

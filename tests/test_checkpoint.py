@@ -25,7 +25,7 @@ from tfcli.model.transformer import DecoderInput, Transformer
 from tfcli.rundir import CONFIG_FILE, WEIGHTS_FILE
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.train import train_tokenizer
-from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 
 
 @pytest.fixture

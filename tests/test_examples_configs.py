@@ -6,7 +6,7 @@ import pytest
 
 from tests.conftest import REPO
 from tfcli.model.config import PRESETS, preset
-from tfcli.train.config import resolve_configs
+from tfcli.train.command_line import resolve_configs
 from tfcli.training_config import TrainConfig
 
 EXAMPLES = sorted((REPO / "examples").glob("*.toml"))

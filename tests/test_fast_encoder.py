@@ -14,7 +14,7 @@ from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.fast import ENCODER_ENV, fast_encoder
 from tfcli.tokenizer.specials import DEFAULT_SPECIALS
 from tfcli.tokenizer.train import train_tokenizer
-from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 
 pytest.importorskip("tiktoken")
 

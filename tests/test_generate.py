@@ -392,7 +392,7 @@ def test_fill_mask_text_with_a_whitespace_tokenizer_has_single_spaces(tmp_path, 
     from tfcli.model.config import preset
     from tfcli.model.transformer import Transformer
     from tfcli.tokenizer.train import train_tokenizer
-    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+    from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 
     train_tokenizer(resolve_corpus([tiny_corpus]), tmp_path / "tok", TokenizerTrainingConfig(vocab_size=200, pre_tokenizer="whitespace"))
     tokenizer = TextTokenizer.load(tmp_path / "tok")

@@ -100,7 +100,7 @@ def metaspace_run(tmp_path_factory) -> Path:
     """A Llama-shaped run with a SentencePiece-style (metaspace BPE) tokenizer: llama.cpp's `llama` tokenizer."""
     from tfcli.corpus.reader import resolve_corpus
     from tfcli.tokenizer.train import train_tokenizer
-    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+    from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 
     root = tmp_path_factory.mktemp("gguf-metaspace")
     (root / "corpus.txt").write_text(TINY_TEXT * 20, encoding="utf-8")
@@ -283,7 +283,7 @@ def _sentencepiece_vocab(tmp_path: Path) -> tuple[list[str], list[float], list[i
     (U+2581 for a space) scored by when a BPE on the tiny text made them."""
     from tfcli.corpus.reader import resolve_corpus
     from tfcli.tokenizer.train import train_tokenizer
-    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+    from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TINY_TEXT * 20, encoding="utf-8")
@@ -429,7 +429,7 @@ def test_export_names_what_gguf_cannot_express(cli, tmp_path, trained_tokenizer,
 def test_export_refuses_a_tokenizer_llama_cpp_cannot_run(cli, tmp_path):
     from tfcli.corpus.reader import resolve_corpus
     from tfcli.tokenizer.train import train_tokenizer
-    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+    from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(TINY_TEXT * 20, encoding="utf-8")

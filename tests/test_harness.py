@@ -65,7 +65,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     from tfcli.model.transformer import Transformer
     from tfcli.tokenizer.core import TextTokenizer
     from tfcli.tokenizer.train import train_tokenizer
-    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+    from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 
     folder = tmp_path_factory.mktemp("harness")
     (folder / "corpus.txt").write_text(training_text(), encoding="utf-8")

@@ -309,7 +309,7 @@ def test_compare_run_refuses_another_shape(cli, runs, other, message):
 def test_compare_run_refuses_another_tokenizer(cli, runs, tmp_path, tiny_corpus):
     from tfcli.corpus.reader import resolve_corpus
     from tfcli.tokenizer.train import train_tokenizer
-    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+    from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 
     train_tokenizer(resolve_corpus([tiny_corpus]), tmp_path / "tok", TokenizerTrainingConfig(vocab_size=320, lowercase=True))
     other = _save(tmp_path / "run", TextTokenizer.load(tmp_path / "tok"))

@@ -121,7 +121,7 @@ def wordpiece_tokenizer(tmp_path_factory):
     from tests.conftest import TINY_TEXT
     from tfcli.corpus.reader import resolve_corpus
     from tfcli.tokenizer.train import train_tokenizer
-    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+    from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 
     folder = tmp_path_factory.mktemp("wordpiece")
     (folder / "c.txt").write_text(TINY_TEXT * 20, encoding="utf-8")

@@ -22,7 +22,7 @@ from tfcli.tokenizer.detokenize import decode_completion, decode_pieces, text_by
 from tfcli.tokenizer.families import char_vocabulary
 from tfcli.tokenizer.specials import BERT_SPECIALS, DEFAULT_SPECIALS, parse_special_tokens
 from tfcli.tokenizer.train import train_tokenizer
-from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 
 # Coriolanus, Act 1 Scene 1 (public domain): the opening of nanoGPT's tiny Shakespeare.
 SHAKESPEARE = (

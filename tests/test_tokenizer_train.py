@@ -15,7 +15,7 @@ from tfcli.errors import TfcliError
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.specials import DEFAULT_SPECIALS, parse_special_tokens
 from tfcli.tokenizer.train import train_tokenizer
-from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 
 SAMPLE = 'The fox saw 3 apples. "Hi!" said Zoë at the café 🦊 — 東京\n  indented line\n'
 

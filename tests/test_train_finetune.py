@@ -190,7 +190,7 @@ def test_finetune_refusals(cli, shards, reviews, tmp_path, trained_tokenizer):
     from tfcli.data.shards import encode_corpus
     from tfcli.tokenizer.core import TextTokenizer
     from tfcli.tokenizer.train import train_tokenizer
-    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+    from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 
     corpus = tmp_path / "c.txt"
     corpus.write_text(TINY_TEXT * 10)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tfcli.errors import TfcliError
-from tfcli.train.config import parse_duration, parse_value, resolve_configs
+from tfcli.train.command_line import parse_duration, parse_value, resolve_configs
 from tfcli.train.optim import lr_factor
 from tfcli.training_config import TrainConfig
 
@@ -27,7 +27,7 @@ def test_parse_duration_refuses(text):
 
 
 def test_run_options_give_only_what_was_given_with_the_budget_in_seconds():
-    from tfcli.train.config import RunOptions
+    from tfcli.train.command_line import RunOptions
 
     assert RunOptions().settings() == {}
     assert RunOptions(lr=0.5, time_budget="2m", compile=True, seed=0).settings({"model.block_size": None, "freeze": "body"}) == {

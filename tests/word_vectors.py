@@ -30,7 +30,7 @@ def word_shards(folder: Path) -> Path:
     from tfcli.data.shards import encode_corpus
     from tfcli.tokenizer.core import TextTokenizer
     from tfcli.tokenizer.train import train_tokenizer
-    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+    from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 
     corpus = resolve_corpus([SAMPLE_DATA / "corpus"])
     train_tokenizer(corpus, folder / "tokenizer", TokenizerTrainingConfig(model="word", lowercase=True))

@@ -22,7 +22,7 @@ from tfcli.errors import TfcliError
 from tfcli.rundir import read_run_config
 from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
 from tfcli.tokenizer.train import train_tokenizer
-from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 from tfcli.train.evaluate import unigram_entropy
 from tfcli.train.job import finetune_job, pretrain_job
 from tfcli.train.loop import train

@@ -1,6 +1,6 @@
 """The training settings (`TrainConfig`): a torch-free, JSON-serialisable dataclass, validated on creation.
 
-A run's config.json records them (`checkpoint.py`); `train/config.py` makes them from a command line.
+A run's config.json records them (`checkpoint.py`); `train/command_line.py` makes them from a command line.
 """
 
 from __future__ import annotations

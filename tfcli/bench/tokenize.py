@@ -25,7 +25,7 @@ from tfcli.errors import TfcliError
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.specials import DEFAULT_SPECIALS
 from tfcli.tokenizer.train import train_tokenizer
-from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 
 BENCH_VOCAB_SIZE = 8192
 BENCH_MIN_FREQUENCY = 2

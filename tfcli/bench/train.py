@@ -27,7 +27,7 @@ from tfcli.model.config import preset
 from tfcli.runtime import keep_freed_memory
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.families import build_untrained
-from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 from tfcli.train.data import LMSource, Slot
 from tfcli.train.events import Started, StepDone
 from tfcli.train.fingerprint import shard_fingerprint

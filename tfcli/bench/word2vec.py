@@ -27,7 +27,7 @@ from tfcli.inspect.embedding_report import shipped_file
 from tfcli.inspect.embeddings import load_table, make_table
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.train import train_tokenizer
-from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 from tfcli.train.events import Started, StepDone
 from tfcli.train.loop import train
 from tfcli.train.word2vec import word2vec_job

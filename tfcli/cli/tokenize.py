@@ -125,7 +125,7 @@ def train(
     """
     from tfcli.corpus.reader import resolve_corpus
     from tfcli.tokenizer.specials import default_specials, parse_special_tokens
-    from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+    from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 
     config = TokenizerTrainingConfig(
         vocab_size=vocab_size,

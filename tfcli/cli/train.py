@@ -11,7 +11,7 @@ from tfcli.cli.common import JsonFlag, Typer
 from tfcli.cli.train_progress import render_training
 
 if TYPE_CHECKING:
-    from tfcli.train.config import RunOptions
+    from tfcli.train.command_line import RunOptions
 
 app = Typer(
     help="Pretrain a model on token shards, or fine-tune a run directory on a new task.\n\n"
@@ -208,7 +208,7 @@ def _run_options(parameters: dict[str, Any]) -> RunOptions:
     """The options both commands take, out of a command's parameters (its `locals()`; --compile is compile_model)."""
     import dataclasses
 
-    from tfcli.train.config import RunOptions
+    from tfcli.train.command_line import RunOptions
 
     return RunOptions(**{f.name: parameters["compile_model" if f.name == "compile" else f.name] for f in dataclasses.fields(RunOptions)})
 
@@ -467,7 +467,7 @@ def _pretrain_word2vec(parameters: dict[str, Any]) -> None:
     if vectors["algorithm"] is not None:
         _check_choice("--word2vec", vectors["algorithm"], ("skipgram", "cbow"))
     if p["time_budget"] is not None:
-        from tfcli.train.config import parse_duration
+        from tfcli.train.command_line import parse_duration
 
         settings["time_budget"] = parse_duration(p["time_budget"])
         if settings["epochs"] is not None:

@@ -24,7 +24,7 @@ from tfcli.serve import errors
 from tfcli.serve.attention import Exchange, Exchanges, attention_page
 from tfcli.serve.engine import Busy, Ended, Engine, Failed, Sampling, Ticket, Token
 from tfcli.serve.errors import ApiError
-from tfcli.serve.limits import Limits
+from tfcli.serve.admission import Limits
 from tfcli.serve.page import chat_page
 from tfcli.serve.protocol import ChatRequest, CompletionRequest
 from tfcli.tokenizer.chat_template import ChatTemplate, Message

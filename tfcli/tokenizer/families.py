@@ -13,7 +13,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 from tfcli.tokenizer.core import WORDPIECE_PREFIX
 from tfcli.tokenizer.specials import CONFIG_KEYS, ROLES, SpecialTokens
-from tfcli.tokenizer.training_config import TokenizerTrainingConfig
+from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 
 END_OF_WORD = "</w>"
 METASPACE = "\u2581"

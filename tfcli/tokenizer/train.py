@@ -38,7 +38,7 @@ from tfcli.tokenizer.families import (
     wordpiece_vocab_txt,
 )
 from tfcli.tokenizer.specials import SpecialTokens
-from tfcli.tokenizer.training_config import FAMILY_NAMES, VOCAB_TXT, TokenizerTrainingConfig
+from tfcli.tokenizer.trainer_settings import FAMILY_NAMES, VOCAB_TXT, TokenizerTrainingConfig
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

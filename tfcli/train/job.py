@@ -15,7 +15,7 @@ from tfcli.model.config import ModelConfig
 from tfcli.rundir import read_run_config
 from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
 from tfcli.train.chat import ChatFiles, chat_sets, chat_tokenizer, grown_vocabulary_note, install_chat_tokenizer
-from tfcli.train.config import check_settings_apply, resolve_configs
+from tfcli.train.command_line import check_settings_apply, resolve_configs
 from tfcli.train.fingerprint import digest, file_fingerprint, shard_fingerprint
 from tfcli.train.run_checks import check_output, check_resumed, check_resumed_finetune
 from tfcli.training_config import PRETRAIN_TASK, TrainConfig

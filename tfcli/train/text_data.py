@@ -16,8 +16,8 @@ from tfcli.data.shards import encode_corpus, load_shard_meta
 from tfcli.errors import TfcliError
 from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
 from tfcli.tokenizer.train import train_tokenizer
-from tfcli.tokenizer.training_config import TokenizerTrainingConfig
-from tfcli.train.config import parse_sets, read_toml
+from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
+from tfcli.train.command_line import parse_sets, read_toml
 
 MIN_TEXT_BYTES = 4096  # below this no tokenizer, validation split and batch are worth making
 DATA_DIR = "data"  # inside the run directory: tokenizer/ and shards/
