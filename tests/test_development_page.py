@@ -1,0 +1,38 @@
+"""docs/development.md says what the code is: its layer list is pyproject.toml's contract, and its module map
+names every package and module of tfcli."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from tests.conftest import REPO
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PAGE = REPO / "docs" / "development.md"
+
+
+def block_after(heading: str) -> str:
+    """The first fenced block under a `## heading` of the page."""
+    section = PAGE.read_text(encoding="utf-8").split(f"## {heading}\n", 1)[1]
+    return section.split("```", 2)[1].split("\n", 1)[1]
+
+
+def test_the_layer_list_is_the_contract():
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]["contracts"]
+    layers = next(contract["layers"] for contract in contracts if contract["type"] == "layers")
+    contract = [" | ".join(name.strip().removeprefix("tfcli.") for name in floor.split("|")) for floor in layers]
+    assert block_after("The layers").strip().splitlines() == contract
+
+
+def test_the_module_map_names_every_package_and_module():
+    text = block_after("The module map")
+    named = set(re.findall(r"\b([a-z_0-9]+)(?:/|\.py\b)", text))
+    package = REPO / "tfcli"
+    present = {p.name for p in package.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    present |= {p.stem for p in package.glob("*.py") if not p.stem.startswith("__")}
+    assert present - named == set(), "docs/development.md's module map leaves these out"
