@@ -48,10 +48,18 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(autouse=True, scope="session")
 def kernel_cache(tmp_path_factory):
-    """Build the C kernel into the session's temporary folder, not the user's cache (commands run as
-    subprocesses inherit it)."""
+    """Build the C code and keep accel's measured choices in one temporary folder for the whole pytest run,
+    not the user's cache (commands run as subprocesses inherit it). Under pytest-xdist every worker of the
+    run uses the same folder (beside their own temporary folders): the first to need a library builds it
+    while the others wait for it (`tfcli.accel.build` locks the build), and a choice one worker measured the
+    others read. Tests that break a build set a cache folder of their own."""
     before = os.environ.get("TFCLI_CACHE_DIR")
-    os.environ["TFCLI_CACHE_DIR"] = str(tmp_path_factory.mktemp("tfcli-cache"))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "tfcli-cache"  # the run's folder, above each worker's
+        shared.mkdir(exist_ok=True)
+    else:
+        shared = tmp_path_factory.mktemp("tfcli-cache")
+    os.environ["TFCLI_CACHE_DIR"] = str(shared)
     yield
     if before is None:
         os.environ.pop("TFCLI_CACHE_DIR", None)
@@ -227,3 +235,27 @@ def pytest_runtest_makereport(item, call):
         if _missing_tool(reason):
             report.outcome = "failed"
             report.longrepr = f"CI is set and a tool this test needs is missing: {reason}"
+
+
+_SESSION_START = [0.0]
+
+
+def pytest_sessionstart(session):
+    import time
+
+    _SESSION_START[0] = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line for .ci/run's log: how many tests ran and the suite's wall time (the budget is 4 minutes of
+    pytest on 2 idle cores)."""
+    import time
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    counts = {key: len(terminalreporter.stats.get(key, [])) for key in ("passed", "failed", "skipped", "error")}
+    ran = counts["passed"] + counts["failed"]
+    workers = getattr(terminalreporter.config.option, "numprocesses", None) or 1
+    terminalreporter.write_line(
+        f"suite: {ran} tests ran ({counts['skipped']} skipped, {counts['error']} errors) in {time.monotonic() - _SESSION_START[0]:.0f} s of pytest, {workers} worker(s), {os.cpu_count()} cores"
+    )

@@ -135,7 +135,7 @@ def test_turned_off_the_model_stays_plain(monkeypatch):
     model = accelerate(Transformer(ModelConfig(vocab_size=50, block_size=8, n_layers=1, n_heads=2, d_model=16)))
     assert all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear))
     assert model.vocabulary_loss is vocabulary_cross_entropy
-    assert getattr(model, "fast_decode_step", None) is None
+    assert model.fast_decode_step is None
     assert report()["accel"] == "off (TFCLI_ACCEL=0)"
 
 

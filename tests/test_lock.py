@@ -96,11 +96,3 @@ def test_this_machine_runs_the_locked_versions():
         if installed != version:
             differ.append(f"{name} {installed} (the lock pins {version})")
     assert not differ, "install the lock (the README's test command): " + "; ".join(differ)
-
-
-def test_ci_runs_the_readme_test_command():
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    command = readme.split("Install and run the tests", 1)[1].split("```bash\n", 1)[1].split("\n```", 1)[0].strip()
-    assert "-r requirements/test.txt" in command and "--require-hashes" in command
-    ci = [line for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines() if line.startswith("python3 -m pip")]
-    assert ci == [command]

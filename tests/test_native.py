@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import forget_accel
-from tfcli.accel import accelerate, decode_step, native, products
+from tfcli.accel import accelerate, build, decode_step, native, products
 from tfcli.model.attention import KVCache
 from tfcli.model.config import ModelConfig
 from tfcli.model.transformer import Transformer
@@ -132,14 +132,14 @@ def test_cached_decoding_gives_the_same_logits_with_and_without_the_kernel(kerne
 def test_the_build_is_cached_and_reused(buildable, fresh, monkeypatch):
     assert native.vector_linear() is not None
     built = sorted((fresh / "kernels").iterdir())
-    assert [p.suffix for p in built] == [".so", ".sha256"]  # no partial file left beside them
-    assert built[0].stat().st_mode & 0o777 == 0o755  # other users may load it too
+    assert [p.suffix for p in built] == [".lock", ".so", ".sha256"]  # no partial file left beside them
+    assert built[1].stat().st_mode & 0o777 == 0o755  # other users may load it too
     forget_accel()
 
     def no_compiling(*args, **kwargs):
         raise AssertionError("the cached build should have been used")
 
-    monkeypatch.setattr(native.subprocess, "Popen", no_compiling)
+    monkeypatch.setattr(build.subprocess, "Popen", no_compiling)
     assert native.vector_linear() is not None and native.problem() is None
 
 
@@ -176,14 +176,14 @@ def test_no_compiler_keeps_onednn(fresh, monkeypatch):
     assert decode_step.describe().startswith("PyTorch's step (no C code: no C compiler")
     x, weight = torch.randn(1, 256), torch.randn(512, 256)
     assert torch.allclose(products.linear(x, weight), F.linear(x, weight), atol=1e-4)
-    assert not (fresh / "kernels").exists() or not any((fresh / "kernels").iterdir())  # no partial file left
+    assert not (fresh / "kernels").exists() or all(p.suffix == ".lock" for p in (fresh / "kernels").iterdir())  # no partial file left
 
 
 def test_a_compiler_that_cannot_start_for_now_is_not_remembered(fresh, monkeypatch):
     def out_of_processes(*args, **kwargs):
         raise BlockingIOError(11, "Resource temporarily unavailable")
 
-    monkeypatch.setattr(native.subprocess, "Popen", out_of_processes)
+    monkeypatch.setattr(build.subprocess, "Popen", out_of_processes)
     assert native.vector_linear() is None
     assert "could not start" in native.problem()
     assert not (fresh / "kernels").exists() or not any(p.suffix == ".failed" for p in (fresh / "kernels").iterdir())
@@ -198,14 +198,14 @@ def test_a_failed_build_is_remembered_and_not_tried_again(fresh, monkeypatch):
     monkeypatch.setenv("CC", shutil.which("false"))
     assert native.vector_linear() is None
     assert "could not build it" in native.problem()
-    (failed,) = (fresh / "kernels").iterdir()  # the reason, and no partial library
+    (failed,) = [p for p in (fresh / "kernels").iterdir() if p.suffix != ".lock"]  # the reason, and no partial library
     assert failed.suffix == ".failed"
     forget_accel()  # as a new process would start
 
     def no_compiling(*args, **kwargs):
         raise AssertionError("a build that failed must not run the compiler again")
 
-    monkeypatch.setattr(native.subprocess, "Popen", no_compiling)
+    monkeypatch.setattr(build.subprocess, "Popen", no_compiling)
     assert native.vector_linear() is None
     assert "could not build it" in native.problem() and "remembered" in native.problem() and str(failed) in native.problem()
     failed.unlink()  # what the message says to do to try again
@@ -232,7 +232,7 @@ def test_an_openmp_runtime_other_than_pytorchs_is_refused_before_loading(buildab
     def no_loading(*args, **kwargs):
         raise AssertionError("the library must not be loaded")
 
-    monkeypatch.setattr(native.ctypes, "CDLL", no_loading)
+    monkeypatch.setattr(build.ctypes, "CDLL", no_loading)
     assert native.vector_linear() is None
     assert "needs libgomp.so.1 while PyTorch runs libiomp5.so" in native.problem()
 
@@ -293,9 +293,16 @@ def test_any_failure_leaves_decoding_to_onednn_with_a_reason(fresh, monkeypatch)
 
 
 def test_a_second_openmp_runtime_is_refused(buildable, fresh, monkeypatch):
-    monkeypatch.setattr(native, "openmp_runtimes", lambda: {"/torch/lib/libgomp.so.1", "/usr/lib/libiomp5.so"})
+    seen = iter([{"/torch/lib/libgomp.so.1"}] * 2 + [{"/torch/lib/libgomp.so.1", "/usr/lib/libiomp5.so"}] * 10)  # before the load, then after
+    monkeypatch.setattr(native, "openmp_runtimes", lambda: next(seen))
     assert native.vector_linear() is None
-    assert native.problem().startswith("two OpenMP runtimes are loaded")
+    assert native.problem().startswith("it brought a second OpenMP runtime (/usr/lib/libiomp5.so)")
+
+
+def test_another_librarys_own_runtime_does_not_turn_it_off(buildable, fresh, monkeypatch):
+    """sentencepiece ships its own libgomp: once it is loaded, the C code still loads beside torch's runtime."""
+    monkeypatch.setattr(native, "openmp_runtimes", lambda: {"/torch/lib/libgomp.so.1", "/sp/sentencepiece.libs/libgomp-6a29c32d.so.1.0.0"})
+    assert native.vector_linear() is not None, native.problem()
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::torch.jit.TracerWarning")
@@ -314,3 +321,102 @@ def test_only_products_torch_would_accept_reach_the_kernel(monkeypatch):
     other = torch.randn(1, 256)
     assert torch.allclose(traced(other), F.linear(other, weight), atol=1e-4)  # traced as PyTorch's product
     assert calls == []
+
+
+# The one build (tfcli/accel/build.py) serves word2vec's kernel as it serves native.c: checked, remembered, and
+# built once however many processes want it at once.
+
+
+@pytest.fixture
+def word2vec_kernel(fresh, monkeypatch):
+    """word2vec's kernel forgotten in this process (a library loaded before stays loaded), its cache empty."""
+    from tfcli.word2vec import kernel
+
+    monkeypatch.setattr(kernel, "_function", None)
+    return kernel
+
+
+def logging_compiler(folder, log, body='exec "$REAL" "$@"'):
+    """A `CC` that writes each call's arguments to `log` (a line a call), then runs `body`."""
+    script = folder / "logging-cc"
+    real = shutil.which(os.environ.get("CC") or "cc") or "cc"
+    script.write_text(f'#!/bin/sh\necho "$*" >> {log}\nREAL={real}\n{body}\n')
+    script.chmod(0o755)
+    return script
+
+
+def test_a_damaged_word2vec_library_is_built_again_not_loaded(buildable, word2vec_kernel, fresh):
+    assert word2vec_kernel.train_span_function() is not None
+    (library,) = (fresh / "kernels").glob("word2vec-*.so")
+    assert build.intact(library)  # its digest was written beside it
+    damaged = library.with_name("damaged")
+    damaged.write_bytes(library.read_bytes()[:8000])  # cut off: loading it would crash with a bus error
+    os.replace(damaged, library)
+    assert not build.intact(library)
+    check = "from tfcli.word2vec.kernel import train_span_function; train_span_function(); print('trained')"
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=os.environ.copy(), timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "trained", done.stderr
+    assert build.intact(library) and library.stat().st_size > 8000
+    assert [p.name for p in (fresh / "kernels").glob("*.failed")] == []
+
+
+def test_a_failed_word2vec_build_is_one_line_and_remembered(word2vec_kernel, fresh, monkeypatch, tmp_path):
+    from tfcli.errors import TfcliError
+
+    log = tmp_path / "calls.log"
+    broken = logging_compiler(tmp_path, log, "echo \"kernel.c:12:5: error: expected ';' before '}' token\" >&2\necho '   12 | int x' >&2\nexit 1")
+    monkeypatch.setenv("CC", str(broken))
+    with pytest.raises(TfcliError) as first:
+        word2vec_kernel.train_span_function()
+    assert first.value.message == f"{broken} could not build the word2vec kernel: kernel.c:12:5: error: expected ';' before '}}' token"
+    assert "set CC to another C compiler" in first.value.hint and "\n" not in str(first.value)
+    (failed,) = (fresh / "kernels").glob("word2vec-*.failed")
+    with pytest.raises(TfcliError) as again:  # as a new process would ask: the compiler does not run again
+        word2vec_kernel.train_span_function()
+    assert again.value.message.startswith(first.value.message) and "remembered" in again.value.message
+    assert f"delete {failed}" in again.value.message + again.value.hint
+    assert len(log.read_text().splitlines()) == 1
+
+
+def test_no_compiler_for_word2vec_says_so_and_is_not_remembered(word2vec_kernel, fresh, monkeypatch):
+    from tfcli.errors import TfcliError
+
+    monkeypatch.setenv("CC", str(fresh / "no-such-compiler"))
+    with pytest.raises(TfcliError) as missing:
+        word2vec_kernel.train_span_function()
+    assert missing.value.message.startswith("word2vec training needs a C compiler") and "install gcc or clang" in missing.value.hint
+    assert not any((fresh / "kernels").glob("*.failed"))
+
+
+def test_two_processes_that_build_at_once_compile_once(buildable, fresh, tmp_path):
+    log = tmp_path / "calls.log"
+    slow = logging_compiler(tmp_path, log, 'sleep 1\nexec "$REAL" "$@"')  # slow enough for the other process to come meanwhile
+    environment = {**os.environ, "CC": str(slow), "TFCLI_CACHE_DIR": str(fresh)}
+    code = "from tfcli.accel import native\nfrom tfcli.word2vec.kernel import train_span_function\ntrain_span_function()\nprint(native.problem())\n"
+    processes = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment) for _ in range(2)]
+    outputs = [process.communicate(timeout=300) for process in processes]
+    for process, (out, err) in zip(processes, outputs):
+        assert process.returncode == 0 and out.strip() == "None", err
+    builds: dict[str, set[str]] = {}  # each source's builds, told apart by their output files (one per build, whatever flags it tries)
+    for call in log.read_text().splitlines():
+        words = call.split()
+        builds.setdefault(os.path.basename(words[-2]), set()).add(words[words.index("-o") + 1])
+    assert {source: len(outputs) for source, outputs in builds.items()} == {"kernel.c": 1, "native.c": 1}
+    assert len(list((fresh / "kernels").glob("*.so"))) == 2
+
+
+def test_a_choice_another_process_measured_meanwhile_is_read_not_measured_again(fresh, monkeypatch):
+    from tfcli.accel import choices
+
+    path = choices.choices_path()
+    first, second = (choices.Choices(path, torch.__version__) for _ in range(2))  # both read the file before either measured
+    candidates = {"torch": lambda: 1.0, "other": lambda: 1.0}
+    chosen = first.decide("shared work", candidates, lambda a, b: a == b)
+    monkeypatch.setattr(choices, "measure", lambda *args, **kwargs: pytest.fail("measured again"))
+    assert second.decide("shared work", candidates, lambda a, b: a == b) == chosen
+    assert second.decisions["shared work"] == first.decisions["shared work"]
+    monkeypatch.undo()
+    monkeypatch.setenv("TFCLI_CACHE_DIR", str(fresh))
+    second.decide("second's own work", candidates, lambda a, b: a == b)
+    assert set(choices.ChoicesFile.load(path).decisions) == {"shared work", "second's own work"}  # neither write lost the other's
+    assert path.with_suffix(".lock").exists()  # measured under the file's lock

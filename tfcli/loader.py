@@ -79,8 +79,8 @@ def describe(model: nn.Module) -> dict[str, Any]:
     parameter = next(model.parameters())
     pieces = {
         "products": any(isinstance(m, products.Linear) for m in model.modules()),
-        "fused_loss": isinstance(getattr(model, "vocabulary_loss", None), fused_loss.VocabularyLoss),
-        "decode_step": getattr(model, "fast_decode_step", None) is not None,
+        "fused_loss": isinstance(model.vocabulary_loss, fused_loss.VocabularyLoss),
+        "decode_step": model.fast_decode_step is not None,
     }
     return {
         "device": parameter.device.type,

@@ -7,14 +7,17 @@ of that shape; one whose result differs from PyTorch's is dropped, the others ar
 fastest is kept, but another candidate replaces PyTorch's only when it takes at most MARGIN of its time, so
 noise never turns a tie into a slow-down. Decisions go into one small JSON file per processor and torch
 version, beside the compiled C code; each decision's name holds the thread count it was measured at.
-A file that cannot be read is set aside with a note and the decisions are measured again.
+A file that cannot be read is set aside with a note and the decisions are measured again. Processes share
+the file: one measures a decision while holding its lock (`choices-*.lock`), and one that wanted the same
+decision meanwhile reads it from the file instead of measuring it again; each write is atomic and adds to
+what the file holds then.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -23,8 +26,8 @@ from typing import Any
 
 import torch
 
-from tfcli.accel.machine import cache_dir, machine_digest, processor_name
-from tfcli.accel.native import private
+from tfcli.accel.build import exclusive, kernel_folder
+from tfcli.accel.machine import machine_digest, processor_name
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json
 from tfcli.jsontext import loads_json
@@ -33,6 +36,7 @@ from tfcli.schema import JsonRecord
 VERSION = 1
 MARGIN = 0.97  # another candidate replaces PyTorch's own only when it takes at most 97% of its time
 BUDGET_S = 0.05  # each candidate is timed at least 3 times and until it has run this long (at most 20 times)
+LOCK_WAIT_S = 120  # how long to wait for another process's measurement before measuring as well
 
 
 @dataclasses.dataclass
@@ -101,44 +105,67 @@ class Choices:
         self.decisions: dict[str, Decision] = {}
         self.notes: list[str] = []
         self._lock = threading.RLock()
+        self._held = 0  # how deep this process is in `decide` calls that hold the file's lock (a measurement decides others)
         if path is None:
             self.notes.append("no private cache folder: decisions are measured for this process only")
         else:
             self.decisions = self._read()
 
     def _read(self) -> dict[str, Decision]:
-        assert self.path is not None
-        if not self.path.exists():
-            return {}
         try:
-            record = ChoicesFile.load(self.path)
-            if record.version != VERSION or record.torch != self.torch_version:
-                raise TfcliError(f"it was written for torch {record.torch}, format {record.version}")
-            return record.decisions
+            return self._on_disk()
         except TfcliError as problem:
+            assert self.path is not None
             self.notes.append(f"{self.path.name} could not be used ({problem}); measuring again")
             return {}
+
+    def _on_disk(self) -> dict[str, Decision]:
+        """The decisions in the file now; TfcliError where it cannot be used."""
+        if self.path is None or not self.path.exists():
+            return {}
+        record = ChoicesFile.load(self.path)
+        if record.version != VERSION or record.torch != self.torch_version:
+            raise TfcliError(f"it was written for torch {record.torch}, format {record.version}")
+        return record.decisions
 
     def get(self, key: str, allowed: tuple[str, ...]) -> Decision | None:
         decision = self.decisions.get(key)
         return decision if decision is not None and decision.choice in allowed else None
 
     def decide(self, key: str, candidates: dict[str, Callable[[], Any]], same: Callable[[Any, Any], bool], *, sync: Callable[[], None] = lambda: None) -> str:
-        """The candidate for `key`: the remembered one if it is still a candidate, else measured now."""
+        """The candidate for `key`: the remembered one if it is still a candidate, else one another process
+        has measured since this one read the file, else measured now."""
         with self._lock:
             known = self.get(key, tuple(candidates))
             if known is not None:
                 return known.choice
-            decision = measure(candidates, same, sync=sync)
-            self.decisions[key] = decision
-            self._write(key, decision)
-            return decision.choice
+            with self._measuring():
+                with contextlib.suppress(TfcliError):
+                    for name, decision in self._on_disk().items():
+                        self.decisions.setdefault(name, decision)
+                known = self.get(key, tuple(candidates))
+                if known is not None:
+                    return known.choice
+                decision = measure(candidates, same, sync=sync)
+                self.decisions[key] = decision
+                self._write(key, decision)
+                return decision.choice
+
+    @contextlib.contextmanager
+    def _measuring(self):
+        """Hold the file's lock: the outermost `decide` of this process takes it, a nested one has it."""
+        outermost = self._held == 0 and self.path is not None
+        with exclusive(self.path.with_suffix(".lock"), wait_s=LOCK_WAIT_S) if outermost else contextlib.nullcontext():
+            self._held += 1
+            try:
+                yield
+            finally:
+                self._held -= 1
 
     def _write(self, key: str, decision: Decision) -> None:
         """Add the decision to the file as it is on disk now (another process may have added others)."""
         if self.path is None:
             return
-
         on_disk = {}
         if self.path.exists():
             try:
@@ -160,14 +187,8 @@ _choices_lock = threading.Lock()
 
 def choices_path() -> Path | None:
     """The decisions file for this processor and torch version, or None where no private folder can hold it."""
-    folder = cache_dir() / "kernels"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        if not (private(folder) and os.access(folder, os.W_OK)):
-            return None
-    except (OSError, RuntimeError):  # RuntimeError: no home folder to hold the cache
-        return None
-    return folder / f"choices-{machine_digest(torch.__version__)}.json"
+    folder = kernel_folder()
+    return None if folder is None else folder / f"choices-{machine_digest(torch.__version__)}.json"
 
 
 def choices() -> Choices:

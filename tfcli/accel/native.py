@@ -4,45 +4,33 @@ had, everything runs in PyTorch.
 
 At batch 1 a linear layer reads its whole weight to make one output row, so a decoding step costs the time
 to stream every weight from memory, and a small model's step is the fixed cost of its hundred-odd PyTorch
-calls, which one C call removes. The code is built with the machine's C compiler (`$CC`, else `cc`) once per
-source, compiler and processor, into tfcli's cache folder (`machine.cache_dir()`, in `kernels/`); a
-compiler without OpenMP builds it for one thread. A build that fails is remembered there (a `.failed` file
-with the reason), so no compiler runs again until the source, the compiler or the processor changes. The
-library is loaded only when the OpenMP runtime it needs is the one PyTorch already loaded (or none is), and
-only after its product matches PyTorch's. `TFCLI_NATIVE_KERNELS=0` (or `TFCLI_ACCEL=0`) turns it off.
+calls, which one C call removes. `build.py` compiles, caches and checks the library (once per source,
+compiler and processor, in tfcli's cache folder; a failed build remembered there); it is built with OpenMP,
+or for one thread where the compiler has none. The library is loaded only when the OpenMP runtime it needs is
+the one PyTorch already loaded (or none is), and only after its product matches PyTorch's.
+`TFCLI_NATIVE_KERNELS=0` (or `TFCLI_ACCEL=0`) turns it off.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import hashlib
 import os
-import platform
 import re
-import shlex
-import signal
-import stat
 import struct
-import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from tfcli.accel import layout
-from tfcli.accel.machine import cache_dir, processor_key
-from tfcli.fsutil import atomic_write_json
-from tfcli.jsontext import loads_json
+from tfcli.accel import build, layout
 
 SOURCE = Path(__file__).with_name("native.c")
-FLAGS = ["-O3", "-march=native", "-shared", "-fPIC"]
-OPENMP = ["-fopenmp"]  # tried first; a compiler without OpenMP builds the serial version
-LIBRARIES = ["-lm"]  # after the source, so the linker keeps them
+FLAGS = ("-O3", "-march=native")
+OPENMP = ("-fopenmp",)  # tried first; a compiler without OpenMP builds the serial version
+LIBRARIES = ("-lm",)
 PARALLEL_FROM = 1 << 15  # weight elements from which a product is split between threads
-BUILD_TIMEOUT_S = 60
+BUILD_TIMEOUT_S = build.BUILD_TIMEOUT_S
 
 
 class VectorLinear:
@@ -78,18 +66,6 @@ class NativeLibrary:
         self.step_verified: bool | None = None  # decode_step.py's check against PyTorch, once a process
 
 
-class NativeUnavailable(Exception):
-    pass
-
-
-class PassingFailure(NativeUnavailable):
-    """Not remembered as a failed build: the next process may well succeed."""
-
-
-class NoCompiler(PassingFailure):
-    """Looking for a compiler costs nothing, and one may be installed."""
-
-
 _lock = threading.Lock()
 _library: NativeLibrary | None = None
 _problem: str | None = None  # why there is no library
@@ -105,7 +81,7 @@ def library() -> NativeLibrary | None:
         if not _tried:
             try:
                 _library = _build_and_load()
-            except NativeUnavailable as reason:
+            except build.Unavailable as reason:
                 _library, _problem = None, str(reason)
             except Exception as error:  # whatever goes wrong, decoding goes on without the C code
                 _library, _problem = None, f"{type(error).__name__}: {error}"
@@ -133,135 +109,14 @@ def turned_off() -> str | None:
     return None
 
 
-def private(path: Path) -> bool:
-    """Ours and not writable by everyone: no other user can have put a file there for us to load."""
-    info = path.stat()
-    return info.st_uid == os.getuid() and not info.st_mode & stat.S_IWOTH
-
-
-def _kernel_folder() -> Path | None:
-    """The private folder that holds built libraries, or None where there is none to trust."""
-    try:
-        folder = cache_dir() / "kernels"
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder if private(folder) and os.access(folder, os.W_OK) else None
-    except (OSError, RuntimeError):  # RuntimeError: no home folder to hold the cache
-        return None
-
-
 def _build_and_load() -> NativeLibrary:
     off = turned_off()
     if off:
-        raise NativeUnavailable(off)
-    if os.name != "posix":
-        raise NativeUnavailable(f"not built on {platform.system()}")
-    compiler = shlex.split(os.environ.get("CC") or "cc") or ["cc"]
-    header = layout.header()
-    key = hashlib.sha256(
-        b"\0".join([SOURCE.read_bytes(), header.encode(), " ".join(compiler).encode(), " ".join(FLAGS + OPENMP + LIBRARIES).encode(), processor_key().encode()])
+        raise build.Unavailable(off)
+    spec = build.Build(
+        "native", SOURCE, variants=((*OPENMP, *FLAGS), FLAGS), libraries=LIBRARIES, headers=(("layout.h", layout.header()),), timeout_s=BUILD_TIMEOUT_S
     )
-    name = f"native-{key.hexdigest()[:16]}.so"
-    folder = _kernel_folder()
-    if folder is None:
-        with tempfile.TemporaryDirectory(prefix="tfcli-kernel-") as scratch:  # for this process only
-            library = Path(scratch) / name
-            _compile(compiler, library, header)
-            return _load(library)  # the loaded library outlives its file
-    library = folder / name
-    failed = library.with_suffix(".failed")
-    if failed.exists():
-        raise NativeUnavailable(f"{_remembered(failed)} (remembered from an earlier build; delete {failed} to try again)")
-    if library.exists():
-        if private(library) and _intact(library):
-            try:
-                return _load(library)
-            except NativeUnavailable:
-                pass
-        with contextlib.suppress(OSError):
-            library.unlink()  # damaged, or not ours: build it again
-    try:
-        _compile(compiler, library, header)
-    except PassingFailure:
-        raise
-    except NativeUnavailable as reason:
-        _remember(failed, str(reason))
-        raise
-    return _load(library)
-
-
-def _remembered(failed: Path) -> str:
-    try:
-        reason = loads_json(failed.read_text()).get("reason")
-        return str(reason) if reason else "the build failed"
-    except (OSError, ValueError, AttributeError):
-        return "the build failed"
-
-
-def _remember(failed: Path, reason: str) -> None:
-    with contextlib.suppress(OSError):
-        atomic_write_json(failed, {"reason": reason})
-
-
-def _digest_file(library: Path) -> Path:
-    return library.with_name(library.name + ".sha256")
-
-
-def _intact(library: Path) -> bool:
-    """The library is byte for byte what its build wrote. A cut-off or damaged one is never loaded: the
-    loader can crash the process on it before saying anything."""
-    try:
-        recorded = _digest_file(library).read_text().strip()
-        return recorded == hashlib.sha256(library.read_bytes()).hexdigest()
-    except OSError:
-        return False
-
-
-def _run_compiler(command: list[str]) -> str | None:
-    """Run one compile; None on success, else its first error line. A compiler that hangs is killed with
-    everything it started."""
-    try:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    except FileNotFoundError:
-        raise NoCompiler(f"no C compiler {command[0]!r}; set CC to one") from None
-    except OSError as error:
-        raise PassingFailure(f"{command[0]} could not start: {error}") from None  # out of processes or memory for now
-    try:
-        _, stderr = process.communicate(timeout=BUILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        raise NativeUnavailable(f"{command[0]} took more than {BUILD_TIMEOUT_S} s") from None
-    if process.returncode == 0:
-        return None
-    return next((line.strip() for line in stderr.splitlines() if line.strip()), f"exit code {process.returncode}")
-
-
-def _compile(compiler: list[str], library: Path, header: str) -> None:
-    """Compile (with OpenMP, else without) into a private file, then move it into place, so a concurrent
-    build never loads half a file."""
-    fd, partial = tempfile.mkstemp(dir=library.parent, prefix=library.stem, suffix=".partial")
-    os.close(fd)
-    try:
-        with tempfile.TemporaryDirectory(prefix="tfcli-layout-") as include:
-            Path(include, "layout.h").write_text(header)
-            base = [*compiler, *FLAGS, "-I", include, "-o", partial, str(SOURCE)]
-            error = _run_compiler([*base[: len(compiler)], *OPENMP, *base[len(compiler) :], *LIBRARIES])
-            if error is not None:
-                serial_error = _run_compiler([*base, *LIBRARIES])
-                if serial_error is not None:
-                    raise NativeUnavailable(f"{compiler[0]} could not build it: {serial_error}")
-        with open(partial, "rb") as built:
-            digest = hashlib.sha256(built.read()).hexdigest()
-            os.fsync(built.fileno())
-        os.chmod(partial, 0o755)  # the compiler made it private to this user; loading needs read access
-        os.replace(partial, library)
-        fd, digest_partial = tempfile.mkstemp(dir=library.parent, prefix=library.stem, suffix=".partial")
-        with os.fdopen(fd, "w") as record:
-            record.write(digest + "\n")
-        os.replace(digest_partial, _digest_file(library))  # written last: a library without it is rebuilt
-    finally:
-        if os.path.exists(partial):
-            os.remove(partial)
+    return build.obtain(spec, _load)
 
 
 def _load(path: Path) -> NativeLibrary:
@@ -271,16 +126,17 @@ def _load(path: Path) -> NativeLibrary:
     wanted = {name for name in needed if _is_openmp(name)}
     present = {elf_names(runtime)[0] or os.path.basename(runtime) for runtime in openmp_runtimes()}
     if wanted and present and not wanted <= present:
-        raise NativeUnavailable(
+        raise build.Unavailable(
             f"it needs {', '.join(sorted(wanted))} while PyTorch runs {', '.join(sorted(present))}; two OpenMP runtimes would compete for the cores"
         )
+    before = openmp_runtimes()
     try:
-        loaded = NativeLibrary(ctypes.CDLL(str(path)))
-    except (OSError, AttributeError) as error:
-        raise NativeUnavailable(f"could not load {path.name}: {error}") from None
-    runtimes = openmp_runtimes()
-    if len(runtimes) > 1:
-        raise NativeUnavailable(f"two OpenMP runtimes are loaded ({', '.join(sorted(runtimes))})")
+        loaded = NativeLibrary(build.load_library(path))
+    except AttributeError as error:  # a function missing
+        raise build.Unavailable(f"could not load {path.name}: {error}") from None
+    added = openmp_runtimes() - before
+    if added and before:  # another library's own runtime (sentencepiece ships one) may be there already: only ours counts
+        raise build.Unavailable(f"it brought a second OpenMP runtime ({', '.join(sorted(added))}) beside {', '.join(sorted(before))}")
     return _checked(loaded)
 
 
@@ -340,5 +196,5 @@ def _checked(built: NativeLibrary) -> NativeLibrary:
             bias = torch.randn(n, generator=generator, dtype=torch.float32) if with_bias else None
             got = built.vector_linear(x, weight, bias, parallel_from=parallel_from)
             if not torch.allclose(got, F.linear(x, weight, bias), rtol=1e-4, atol=1e-4):
-                raise NativeUnavailable("the built kernel disagreed with PyTorch")
+                raise build.Unavailable("the built kernel disagreed with PyTorch")
     return built

@@ -72,7 +72,7 @@ class DecoderWindow:
         self.memory, self.memory_padding = memory, memory_padding
         self.slides = 0
         # One row: a faster step that tfcli.accel attached to the model, where it has one for it (the C step).
-        bind = getattr(model, "fast_decode_step", None)
+        bind = model.fast_decode_step
         self.fast_step = bind(model, self.cache) if bind is not None and self.cache is not None and batch == 1 else None
         if vocab.suppressed:
             self._suppressed: torch.Tensor | None = torch.tensor(vocab.suppressed, dtype=torch.long, device=device)

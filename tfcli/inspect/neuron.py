@@ -1,7 +1,7 @@
 """The neuron view: how one head turns one query token's vector and every key's vector into its attention
 weights, q·k/√d_k then the softmax, with the actual numbers. q and k are read off the model's own modules
-(its attention's hook points q and k, after any rotary embedding) by scoped hooks during an ordinary forward
-pass; nothing here computes a layer."""
+(its attention's hook points hook_rot_q and hook_rot_k on rotary models, else hook_q and hook_k) by scoped
+hooks during an ordinary forward pass; nothing here computes a layer."""
 
 from __future__ import annotations
 
@@ -41,15 +41,15 @@ class QueryKeys:
 
 def capture_query_keys(model, capture: AttentionCapture) -> QueryKeys:
     """One forward pass over `capture`'s tokens, reading each layer's q and k of `capture.kind` at its
-    attention's hook points (after any rotary embedding)."""
+    attention's hook points (after any rotary embedding: the q and k the scores are made of)."""
     stack = model.encoder if capture.kind == "encoder" else model.decoder
     attentions = [block.cross_attn if capture.kind == "cross" else block.attn for block in stack.blocks]
     with Hooks() as hooks:
-        queries = [hooks.read(attn.hook_q) for attn in attentions]
-        keys = [hooks.read(attn.hook_k) for attn in attentions]
+        queries = [hooks.read(attn.hook_q if attn.rotary is None else attn.hook_rot_q) for attn in attentions]
+        keys = [hooks.read(attn.hook_k if attn.rotary is None else attn.hook_rot_k) for attn in attentions]
         _forward(model, capture)
-    q = np.stack([seen[-1][0].float().cpu().numpy() for seen in queries])  # (L, nh, T, hs)
-    k = np.stack([seen[-1][0].float().cpu().numpy() for seen in keys])  # (L, nkv, S, hs)
+    q = np.stack([seen[-1][0].transpose(0, 1).float().cpu().numpy() for seen in queries])  # (T, nh, hs) -> (L, nh, T, hs)
+    k = np.stack([seen[-1][0].transpose(0, 1).float().cpu().numpy() for seen in keys])  # (S, nkv, hs) -> (L, nkv, S, hs)
     return QueryKeys(q, k)
 
 

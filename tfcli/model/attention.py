@@ -3,7 +3,8 @@
 Scaled dot-product attention with multi-head, grouped-query and multi-query layouts (`n_kv_heads`),
 causal and padding masks, cross-attention, and a KV cache. Two paths compute the same function: the fast
 one (`F.scaled_dot_product_attention`) and an explicit one, softmax(q k^T / sqrt(hs)) v, taken only when a hook
-reads or edits the weights `[batch, head, query_pos, key_pos]` at `hook_pattern`; a test holds them equal.
+reads or edits the scores or the weights `[batch, head, query_pos, key_pos]` (`hook_attn_scores`,
+`hook_pattern`); a test holds them equal.
 """
 
 from __future__ import annotations
@@ -108,9 +109,13 @@ class KVCache:
 
 
 class Attention(nn.Module):
-    """Hook points (see `HookPoint`): hook_q (B, nh, T, hs), hook_k and hook_v (B, n_kv, T, hs) for the new
-    positions (after rotary, before the cache), hook_pattern (B, nh, T, S), hook_z (B, T, nh, hs): each
-    head's output, the input of the output projection `out`."""
+    """Hook points (see `HookPoint`), named, shaped and placed as TransformerLens's: hook_q (B, T, nh, hs),
+    hook_k and hook_v (B, T, n_kv, hs), the new positions' queries, keys and values before rotary and the
+    cache (cross-attention: hook_k and hook_v (B, S, n_kv, hs), once per source); rotary models also
+    hook_rot_q and hook_rot_k, the same after rotary; hook_attn_scores (B, nh, T, S), q k^T / sqrt(hs) with
+    the masked keys at -inf, and hook_pattern (B, nh, T, S), its softmax (hooking either takes the explicit
+    path); hook_z (B, T, nh, hs): each head's output, the input of the output projection `out`. The
+    attention itself is computed heads first, (B, nh, T, hs), as the fused kernel and the cache take it."""
 
     def __init__(self, config: ModelConfig, *, causal: bool, cross: bool = False, rotary: RotaryEmbedding | None = None) -> None:
         super().__init__()
@@ -125,37 +130,41 @@ class Attention(nn.Module):
             self.qkv = nn.Linear(config.d_model, config.d_model + kv_width, bias=config.has_qkv_bias)
         self.out = nn.Linear(config.d_model, config.d_model, bias=config.bias)
         self.rotary = None if cross else rotary  # the model's one rotary module (no state of its own here), or None
-        add_hook_points(self, "hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z")
+        add_hook_points(self, "hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z")
+        if self.rotary is not None:
+            add_hook_points(self, "hook_rot_q", "hook_rot_k")
 
     def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
         B, T, _ = x.shape
-        return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, hs)
+        return x.view(B, T, n, self.head_dim)  # (B, T, n, hs)
 
     def forward(self, x: torch.Tensor, mask: AttentionMask, *, memory: torch.Tensor | None = None, cache: LayerKVCache | None = None) -> torch.Tensor:
         """x: (B, T, d); memory (B, S, d): what cross-attention reads. Returns (B, T, d)."""
         B, T, d = x.shape
         kv_width = self.n_kv_heads * self.head_dim
         if self.cross:
-            q = self.hook_q(self._heads(self.q(x), self.n_heads))  # (B, nh, T, hs)
+            q = self.hook_q(self._heads(self.q(x), self.n_heads)).transpose(1, 2)  # (B, T, nh, hs) -> (B, nh, T, hs)
             if cache is not None and cache.cross is not None:
-                k, v = cache.cross
+                k, v = cache.cross  # (B, nkv, S, hs)
             else:
                 k, v = self.kv(memory).split(kv_width, dim=-1)
-                k, v = self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)  # (B, nkv, S, hs)
-                k, v = self.hook_k(k), self.hook_v(v)
+                k, v = self.hook_k(self._heads(k, self.n_kv_heads)), self.hook_v(self._heads(v, self.n_kv_heads))  # (B, S, nkv, hs)
+                k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, nkv, S, hs)
                 if cache is not None:
                     cache.cross = (k, v)
         else:
             q, k, v = self.qkv(x).split([d, kv_width, kv_width], dim=-1)
-            q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
+            q = self.hook_q(self._heads(q, self.n_heads))  # (B, T, nh, hs)
+            k, v = self.hook_k(self._heads(k, self.n_kv_heads)), self.hook_v(self._heads(v, self.n_kv_heads))  # (B, T, nkv, hs)
             if self.rotary is not None:
                 offset = cache.offset if cache is not None else 0
-                q, k = self.rotary(q, offset, mask.positions), self.rotary(k, offset, mask.positions)
-            q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+                q = self.hook_rot_q(self.rotary(q, offset, mask.positions))  # (B, T, nh, hs)
+                k = self.hook_rot_k(self.rotary(k, offset, mask.positions))  # (B, T, nkv, hs)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hs), (B, nkv, T, hs) twice
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, nkv, S, hs), S = cached + T
         dropout = self.dropout if self.training else 0.0
-        if self.hook_pattern.hooked:
+        if self.hook_pattern.hooked or self.hook_attn_scores.hooked:
             y = self._explicit(q, k, v, mask, dropout)
         else:
             y = F.scaled_dot_product_attention(
@@ -171,7 +180,8 @@ class Attention(nn.Module):
         return self.out(z.flatten(2))  # (B, T, nh * hs)
 
     def _explicit(self, q, k, v, mask: AttentionMask, dropout: float) -> torch.Tensor:
-        """softmax(q k^T / sqrt(hs) + mask) v, the weights passed through hook_pattern."""
+        """softmax(q k^T / sqrt(hs) + mask) v, the scores passed through hook_attn_scores and the weights
+        through hook_pattern."""
         group = self.n_heads // self.n_kv_heads
         if group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, nh, S, hs)
@@ -179,6 +189,6 @@ class Attention(nn.Module):
         allowed = mask.dense(q.shape[2], k.shape[2], q.device)
         if allowed is not None:
             scores = scores.masked_fill(~allowed, float("-inf"))
-        weights = self.hook_pattern(torch.softmax(scores, dim=-1))
+        weights = self.hook_pattern(torch.softmax(self.hook_attn_scores(scores), dim=-1))
         dropped = F.dropout(weights, p=dropout) if dropout else weights
         return dropped @ v  # (B, nh, T, hs)

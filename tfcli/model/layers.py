@@ -67,15 +67,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin(), persistent=False)
 
     def forward(self, x: torch.Tensor, offset: int, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """x: (B, heads, T, hs), rotated as if it started at position `offset`, or at each row's own
+        """x: (B, T, heads, hs), rotated as if it started at position `offset`, or at each row's own
         `positions` (B, T) when given (left-padded batches)."""
-        T = x.shape[-2]
+        T = x.shape[1]
         if positions is not None:
-            cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # (B, 1, T, hs)
-            sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+            cos = self.cos[positions].unsqueeze(2).to(x.dtype)  # (B, T, 1, hs)
+            sin = self.sin[positions].unsqueeze(2).to(x.dtype)
         else:
-            cos = self.cos[offset : offset + T].to(x.dtype)  # (T, hs)
-            sin = self.sin[offset : offset + T].to(x.dtype)
+            cos = self.cos[offset : offset + T].unsqueeze(1).to(x.dtype)  # (T, 1, hs)
+            sin = self.sin[offset : offset + T].unsqueeze(1).to(x.dtype)
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
@@ -83,8 +83,9 @@ class RotaryEmbedding(nn.Module):
 
 class MLP(nn.Module):
     """Position-wise feed-forward: up-projection, activation, down-projection (SwiGLU gates the up path).
-    Hook points: hook_pre, the up-projection (B, T, d_ff, or 2 * d_ff for SwiGLU: gate then up), and
-    hook_post, the neurons' activations (B, T, d_ff) that the down-projection reads."""
+    Hook points, as TransformerLens's: hook_pre (B, T, d_ff), what the activation reads (SwiGLU: the gate;
+    its up path is hook_pre_linear (B, T, d_ff)), and hook_post (B, T, d_ff), the neurons' activations that
+    the down-projection reads."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -94,14 +95,16 @@ class MLP(nn.Module):
         self.fc = nn.Linear(config.d_model, up, bias=config.has_mlp_bias)
         self.proj = nn.Linear(hidden, config.d_model, bias=config.has_mlp_bias)
         add_hook_points(self, "hook_pre", "hook_post")
+        if self.activation == "swiglu":
+            add_hook_points(self, "hook_pre_linear")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.hook_pre(self.fc(x))
+        h = self.fc(x)  # (B, T, d_ff), or (B, T, 2 * d_ff) for SwiGLU: gate then up
         if self.activation == "swiglu":
-            gate, up = h.chunk(2, dim=-1)
-            h = F.silu(gate) * up
+            gate, up = h.chunk(2, dim=-1)  # (B, T, d_ff) each
+            h = F.silu(self.hook_pre(gate)) * self.hook_pre_linear(up)
         elif self.activation == "relu":
-            h = F.relu(h)
+            h = F.relu(self.hook_pre(h))
         else:
-            h = F.gelu(h, approximate="tanh" if self.activation == "gelu_tanh" else "none")
+            h = F.gelu(self.hook_pre(h), approximate="tanh" if self.activation == "gelu_tanh" else "none")
         return self.proj(self.hook_post(h))

@@ -21,8 +21,10 @@ from tfcli.model.loss import IGNORE_INDEX, vocabulary_cross_entropy
 class Block(nn.Module):
     """Self-attention, cross-attention (encoder-decoder's decoder only) and an MLP, each a sublayer on the
     residual stream: pre-norm x + f(norm(x)), or post-norm norm(x + f(x)) as in the original transformer.
-    Hook points, each (B, T, d): hook_resid_pre (the block's input), hook_attn_out (self-attention's output),
-    hook_resid_mid (the stream before the MLP), hook_mlp_in, hook_mlp_out, hook_resid_post (the block's output)."""
+    Hook points, each (B, T, d), as TransformerLens's: hook_resid_pre (the block's input), hook_attn_out
+    (self-attention's output), hook_resid_mid (the stream before the MLP), hook_mlp_in (a copy of it, before
+    the MLP's norm: an edit changes what the MLP reads, not the stream), hook_mlp_out, hook_resid_post (the
+    block's output)."""
 
     def __init__(self, config: ModelConfig, *, causal: bool, cross: bool, rotary: RotaryEmbedding | None = None) -> None:
         super().__init__()
@@ -51,7 +53,8 @@ class Block(nn.Module):
             h = self.cross_norm(x) if self.pre_norm else x
             x = self._residual(x, self.cross_attn(h, memory.mask, memory=memory.states, cache=cache), self.cross_norm)
         x = self.hook_resid_mid(x)
-        h = self.hook_mlp_in(self.mlp_norm(x) if self.pre_norm else x)
+        h = self.hook_mlp_in(x.clone()) if self.hook_mlp_in.hooked else x
+        h = self.mlp_norm(h) if self.pre_norm else h
         x = self._residual(x, self.hook_mlp_out(self.mlp(h)), self.mlp_norm)
         return self.hook_resid_post(x)
 
@@ -128,7 +131,7 @@ class ModelOutput:
 
 
 class Transformer(nn.Module):
-    """Hook points: hook_embed (B, T, d) the token embeddings, hook_pos_embed (B or 1, T, d) the learned or
+    """Hook points: hook_embed (B, T, d) the token embeddings, hook_pos_embed (B, T, d) the learned or
     sinusoidal positions added to them (each once per stack that embeds ids: an encoder-decoder's source, then
     its target), every block's and attention's (see `Block`, `Attention`, `MLP`), each stack's
     hook_normalized, hook_head_input (..., d) what the vocabulary head reads and hook_logits (..., vocab)."""
@@ -176,6 +179,9 @@ class Transformer(nn.Module):
         # The loss over the vocabulary, (hidden, weight, bias, targets, label_smoothing) -> summed loss.
         # The plain one holds every logit; tfcli.accel may put a fused one here that never does.
         self.vocabulary_loss = vocabulary_cross_entropy
+        # A faster one-row decoding step, (model, cache) -> step or None: the plain model has none, decoding
+        # takes it where tfcli.accel put one here (the C step) and falls back to `decode` where it binds none.
+        self.fast_decode_step = None
 
     def init_weights(self, module: nn.Module) -> None:
         """A module's initial weights as the model gives them: normal(0, init_std), biases zero."""
@@ -197,9 +203,11 @@ class Transformer(nn.Module):
             raise TfcliError(f"position {int(positions.max())} is past the model's block size ({self.config.block_size})")
         x = self.hook_embed(self.tok_emb(ids))  # (B, T, d)
         if self.config.positions == "learned":
-            x = x + self.hook_pos_embed(self.pos_emb(positions) if positions is not None else self.pos_emb.weight[offset : offset + T])
+            pos = self.pos_emb(positions) if positions is not None else self.pos_emb.weight[offset : offset + T]  # (B, T, d) or (T, d)
+            x = x + self.hook_pos_embed(pos.expand_as(x))  # (B, T, d)
         elif self.config.positions == "sinusoidal":
-            x = x + self.hook_pos_embed((self.sinusoid[positions] if positions is not None else self.sinusoid[offset : offset + T]).to(x.dtype))
+            pos = (self.sinusoid[positions] if positions is not None else self.sinusoid[offset : offset + T]).to(x.dtype)  # (B, T, d) or (T, d)
+            x = x + self.hook_pos_embed(pos.expand_as(x))  # (B, T, d)
         if self.config.type_vocab_size:
             x = x + self.type_emb.weight[0]  # every token is in segment 0
         if self.config.embedding_norm:

@@ -1,79 +1,51 @@
-"""The word2vec kernel (`kernel.c`), compiled on first use into tfcli's cache folder as `tfcli.accel.native`
-builds its own, and called from Python threads (ctypes lets go of the GIL, so threads train at once).
+"""The word2vec kernel (`kernel.c`), compiled on first use into tfcli's cache folder by `tfcli.accel.build`
+(as the decoder's C code is: cached, checked and a failed build remembered), and called from Python threads
+(ctypes lets go of the GIL, so threads train at once).
 
-Built once per source, compiler and processor; a build that fails says why in one line. Without a C
-compiler there is no word2vec training: a loop in Python or per-pair torch calls would be hundreds of times
-slower than gensim's C, which is the speed to match.
+Without a C compiler there is no word2vec training: a loop in Python or per-pair torch calls would be
+hundreds of times slower than gensim's C, which is the speed to match. A build that fails says why in one line.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shlex
-import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
 import numpy as np
 
-from tfcli.accel.machine import cache_dir, processor_key
-from tfcli.accel.native import private
+from tfcli.accel import build
 from tfcli.errors import TfcliError
 
 SOURCE = Path(__file__).with_name("kernel.c")
 # The parts of -ffast-math that let the compiler vectorise the dot products, without -ffast-math itself: a
 # library linked with it sets flush-to-zero for the whole process on load (torch's and numpy's arithmetic too).
-FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math", "-freciprocal-math", "-shared", "-fPIC"]
-BUILD_TIMEOUT_S = 60
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math", "-freciprocal-math")
+BUILD_TIMEOUT_S = build.BUILD_TIMEOUT_S
 
 _lock = threading.Lock()
 _function = None
 
 
-def _compile(compiler: list[str], library: Path) -> None:
-    """Compile into a private temp file beside `library`, then move it into place (a concurrent build never
-    loads half a file)."""
-    fd, partial = tempfile.mkstemp(dir=library.parent, prefix=library.stem, suffix=".partial")
-    os.close(fd)
+def _library() -> ctypes.CDLL:
+    """The built library, loaded; a TfcliError in one line where it cannot be had."""
     try:
-        try:
-            done = subprocess.run([*compiler, *FLAGS, "-o", partial, str(SOURCE), "-lm"], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-        except FileNotFoundError:
-            raise TfcliError(f"word2vec training needs a C compiler and there is no {compiler[0]!r}", hint="install gcc or clang, or set CC to one") from None
-        except subprocess.TimeoutExpired:
-            raise TfcliError(f"{compiler[0]} took more than {BUILD_TIMEOUT_S} s to build the word2vec kernel") from None
-        if done.returncode != 0:
-            first = next((line.strip() for line in done.stderr.splitlines() if line.strip()), f"exit code {done.returncode}")
-            raise TfcliError(f"{compiler[0]} could not build the word2vec kernel: {first}", hint="set CC to another C compiler")
-        os.chmod(partial, 0o755)
-        os.replace(partial, library)
-    finally:
-        if os.path.exists(partial):
-            os.remove(partial)
-
-
-def _library_path() -> tuple[Path, tempfile.TemporaryDirectory | None]:
-    compiler = shlex.split(os.environ.get("CC") or "cc") or ["cc"]
-    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(compiler + FLAGS).encode(), processor_key().encode()])).hexdigest()[:16]
-    folder: Path | None = cache_dir() / "kernels"
-    scratch = None
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        if not (private(folder) and os.access(folder, os.W_OK)):
-            folder = None
-    except (OSError, RuntimeError):
-        folder = None
-    if folder is None:  # no cache to trust: build for this process only
-        scratch = tempfile.TemporaryDirectory(prefix="tfcli-word2vec-")
-        folder = Path(scratch.name)
-    library = folder / f"word2vec-{key}.so"
-    if not (library.exists() and private(library)):
-        library.unlink(missing_ok=True)
-        _compile(compiler, library)
-    return library, scratch
+        return build.obtain(build.Build("word2vec", SOURCE, variants=(FLAGS,), timeout_s=BUILD_TIMEOUT_S))
+    except build.NoCompiler as missing:
+        raise TfcliError(f"word2vec training needs a C compiler and there is no {missing.compiler!r}", hint="install gcc or clang, or set CC to one") from None
+    except build.BuildFailed as failure:
+        what = (
+            f"{failure.compiler} {failure.error} to build the word2vec kernel"
+            if failure.timed_out
+            else f"{failure.compiler} could not build the word2vec kernel: {failure.error}"
+        )
+        if failure.remembered is not None:
+            raise TfcliError(
+                f"{what} (remembered from an earlier build)", hint=f"set CC to another C compiler, or delete {failure.remembered} to try again"
+            ) from None
+        raise TfcliError(what, hint="set CC to another C compiler") from None
+    except build.Unavailable as reason:
+        raise TfcliError(f"the word2vec kernel cannot be had: {reason}") from None
 
 
 def train_span_function():
@@ -81,10 +53,7 @@ def train_span_function():
     global _function
     with _lock:
         if _function is None:
-            path, scratch = _library_path()
-            library = ctypes.CDLL(str(path))
-            if scratch is not None:
-                scratch.cleanup()  # the loaded library outlives its file
+            library = _library()
             function = library.w2v_train_span
             function.argtypes = [
                 ctypes.c_void_p,  # tokens
