@@ -1,6 +1,7 @@
-"""word2vec training (`train pretrain --objective word2vec`) against gensim's Word2Vec on the same tokenized
-corpus and settings: analogy accuracy within 2 points, nearest neighbours as close to gensim's as gensim's
-are to themselves; and a word2vec run as a run: resume, time budget, metrics, info, generate's refusal."""
+"""word2vec training (`train word2vec`, or `train pretrain --objective word2vec`) against gensim's Word2Vec on
+the same tokenized corpus and settings: analogy accuracy within 2 points, nearest neighbours as close to
+gensim's as gensim's are to themselves; and a word2vec run as a run: resume, time budget, metrics, info,
+generate's refusal."""
 
 from __future__ import annotations
 
@@ -163,6 +164,25 @@ def test_options_that_do_not_apply(cli, stories, tmp_path):
         (["--objective", "word2vec", "--epochs", "2", "--time-budget", "1s"], "--epochs and --time-budget do not go together"),
     ):
         result = cli("train", "pretrain", "--data", stories, "-o", tmp_path / "never", *extra)
+        assert result.code == 2 and message in result.stderr, result.stderr
+        assert not (tmp_path / "never").exists()
+
+
+def test_train_word2vec_is_pretrain_with_objective_word2vec(cli, stories, tmp_path):
+    """`train word2vec` makes the very run `train pretrain --objective word2vec` makes, and takes only word2vec's options."""
+    from safetensors.numpy import load_file
+
+    common = ["--data", stories, "--epochs", 1, "--dim", 20, "--seed", 3]
+    assert cli("train", "word2vec", *common, "-o", tmp_path / "a").code == 0
+    assert cli("train", "pretrain", "--objective", "word2vec", *common, "-o", tmp_path / "b").code == 0
+    a, b = load_file(str(tmp_path / "a" / "model.safetensors")), load_file(str(tmp_path / "b" / "model.safetensors"))
+    np.testing.assert_array_equal(a["input_vectors"], b["input_vectors"])
+    for extra, message in (
+        (["--word2vec", "glove"], "--word2vec must be one of skipgram, cbow"),
+        (["--epochs", "2", "--time-budget", "1s"], "--epochs and --time-budget do not go together"),
+        (["--arch", "encoder"], "No such option: --arch"),
+    ):
+        result = cli("train", "word2vec", "--data", stories, "-o", tmp_path / "never", *extra)
         assert result.code == 2 and message in result.stderr, result.stderr
         assert not (tmp_path / "never").exists()
 

@@ -45,6 +45,7 @@ JOBS = ("tfcli", "transformers", "tfcli-no-cache", "llama.cpp")
 GGUF_FILE = "model.gguf"
 PROBE_BYTES = 256 * 1024 * 1024  # the bandwidth probe reads a tensor this large (far beyond any cache) ...
 PROBE_SECONDS = 0.5  # ... again and again for this long, before and after each timed call
+LARGE = 20_000_000  # parameters past which the uncached job runs once, not every round (minutes a call on a few cores)
 
 
 @dataclasses.dataclass
@@ -313,6 +314,7 @@ def run_generate_bench(
     threads: int = 0,
     device: str = "cpu",
     no_cache: bool | None = None,
+    quick: bool = False,
     peer: bool = True,
     first_run: bool = True,
     against: str | None = None,
@@ -320,7 +322,8 @@ def run_generate_bench(
 ) -> GenerateBench:
     """Measure every job `repeat` rounds, interleaved, best time kept (after the untimed first run unless
     `first_run` is False). The uncached job re-runs the whole text for every token; it runs every round for
-    small models and once for large ones (no_cache=None), always (True) or never (False)."""
+    small models and once for large ones (no_cache=None; not at all for large ones where `quick`), always
+    (True) or never (False)."""
     if repeat < 1:
         raise TfcliError(f"--repeat must be at least 1, not {repeat}")
     if prompt_tokens < 1 or new_tokens < 1:
@@ -346,7 +349,7 @@ def run_generate_bench(
         for job in JOBS:
             if (job == "transformers" and not peer) or (job == "llama.cpp" and against != "llama.cpp"):
                 continue
-            if job == "tfcli-no-cache" and (no_cache is False or (no_cache is None and round_number > 1 and parameters > 20_000_000)):
+            if job == "tfcli-no-cache" and not _uncached_in_round(round_number, parameters, no_cache, quick):
                 continue
             if progress:
                 progress(f"{job} (round {round_number} of {repeat})")
@@ -366,6 +369,14 @@ def run_generate_bench(
         repeat=repeat,
         results=results,
     )
+
+
+def _uncached_in_round(round_number: int, parameters: int, no_cache: bool | None, quick: bool) -> bool:
+    """Whether the uncached job runs in this round: as no_cache says, else every round for a small model and
+    the first for a large one (none in a quick run)."""
+    if no_cache is not None:
+        return no_cache
+    return parameters <= LARGE or (round_number == 1 and not quick)
 
 
 if __name__ == "__main__":

@@ -12,21 +12,14 @@ import typer
 
 from tfcli.cli.common import (
     PIPED_WIDTH,
-    JsonFlag,
     human_bytes,
     require_utf8,
     stderr_console,
     stdout_console,
 )
 from tfcli.cli.inspect import _read_text
+from tfcli.cli.options import Device, InspectFormat, InspectOutput, InspectStart, InspectTarget, InspectText, InspectTextFile, JsonFlag, Run
 
-RunArgument = Annotated[Path, typer.Argument(help="A run directory (config.json, model.safetensors, tokenizer.json).", show_default=False)]
-FormatOption = Annotated[
-    Optional[str], typer.Option("--format", "-f", help="terminal, json, html or png (default: from -o's suffix, else terminal).", show_default=False)
-]
-OutputOption = Annotated[Optional[Path], typer.Option("--output", "-o", help="The file to write (.json, .html or .png).", show_default=False)]
-StartOption = Annotated[int, typer.Option("--start", help="Terminal view of a long text: the first position shown.")]
-DeviceOption = Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu, cuda, cuda:N or mps.")]
 TopOption = Annotated[int, typer.Option("--top-k", help="How many of the most likely tokens to keep per cell.")]
 FORMATS = ("terminal", "json", "html", "png")
 SUFFIXES = {".json": "json", ".html": "html", ".htm": "html", ".png": "png"}
@@ -110,17 +103,15 @@ def _text(text: str | None, text_file: Path | None) -> str:
 
 
 def inspect_logits(
-    run: RunArgument,
-    text: Annotated[Optional[str], typer.Option("--text", help="The text to read (an encoder's with one or more [MASK]).", show_default=False)] = None,
-    text_file: Annotated[Optional[Path], typer.Option("--text-file", help="Read the text from a UTF-8 file instead.", show_default=False)] = None,
-    target: Annotated[
-        Optional[str], typer.Option("--target", help="Encoder-decoder only: the target its decoder reads (--text is the source).", show_default=False)
-    ] = None,
+    run: Run,
+    text: InspectText = None,
+    text_file: InspectTextFile = None,
+    target: InspectTarget = None,
     top_k: TopOption = 5,
-    output_format: FormatOption = None,
-    output: OutputOption = None,
-    start: StartOption = 0,
-    device: DeviceOption = "auto",
+    output_format: InspectFormat = None,
+    output: InspectOutput = None,
+    start: InspectStart = 0,
+    device: Device = "auto",
     json_output: JsonFlag = False,
 ) -> None:
     """The logit lens: what each layer already predicts.
@@ -163,9 +154,9 @@ def inspect_logits(
 
 
 def inspect_ablate(
-    run: RunArgument,
-    text: Annotated[Optional[str], typer.Option("--text", help="The text whose loss is measured.", show_default=False)] = None,
-    text_file: Annotated[Optional[Path], typer.Option("--text-file", help="Read the text from a UTF-8 file instead.", show_default=False)] = None,
+    run: Run,
+    text: InspectText = None,
+    text_file: InspectTextFile = None,
     heads: Annotated[
         Optional[str],
         typer.Option(
@@ -187,9 +178,9 @@ def inspect_ablate(
         ),
     ] = None,
     top_k: TopOption = 5,
-    output_format: FormatOption = None,
-    output: OutputOption = None,
-    device: DeviceOption = "auto",
+    output_format: InspectFormat = None,
+    output: InspectOutput = None,
+    device: Device = "auto",
     json_output: JsonFlag = False,
 ) -> None:
     """Which heads matter: knock out attention heads and measure the change.
@@ -236,7 +227,7 @@ def inspect_ablate(
 
 
 def inspect_patch(
-    run: RunArgument,
+    run: Run,
     clean: Annotated[str, typer.Option("--clean", help="The text the model gets right.", show_default=False)],
     corrupt: Annotated[str, typer.Option("--corrupt", help="The same text with a change (as many tokens) that changes the answer.", show_default=False)],
     answer: Annotated[
@@ -260,10 +251,10 @@ def inspect_patch(
         Optional[int],
         typer.Option("--verify", help="With --method attribution: re-check the N largest estimates of each map by exact patching.", show_default=False),
     ] = None,
-    output_format: FormatOption = None,
-    output: OutputOption = None,
-    start: StartOption = 0,
-    device: DeviceOption = "auto",
+    output_format: InspectFormat = None,
+    output: InspectOutput = None,
+    start: InspectStart = 0,
+    device: Device = "auto",
     json_output: JsonFlag = False,
 ) -> None:
     """Where the information for an answer flows: activation patching.

@@ -1,10 +1,11 @@
-"""Shared pieces of the command line: consoles, the error line, progress bars, common options."""
+"""Shared pieces of the command line: consoles, the error line, progress bars (the options more than one command
+takes are in options.py)."""
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from typer.core import TyperCommand
@@ -49,9 +50,6 @@ class Typer(typer.Typer):
 
     def command(self, *args: Any, cls: Any = None, **kwargs: Any) -> Any:
         return super().command(*args, cls=cls or Command, **kwargs)
-
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout instead of a table.")]
 
 
 def counted(n: int, noun: str, plural: str | None = None) -> str:

@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, print_json, print_table, stdout_console
+from tfcli.cli.common import print_json, print_table, stdout_console
+from tfcli.cli.options import Device, JsonFlag
 
 EvalAnalogies = Annotated[
     Optional[str],
@@ -55,7 +56,7 @@ def inspect_embeddings(
         Optional[Path], typer.Option("--data", help="Contextual vectors: a UTF-8 text file; each token's vectors are averaged over it.", show_default=False)
     ] = None,
     strict: Annotated[bool, typer.Option("--strict", help="Refuse a word that is not one token instead of using its longest piece.")] = False,
-    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or mps (for a transformer's contextual vectors).")] = "cpu",
+    device: Device = "cpu",
     json_output: JsonFlag = False,
 ) -> None:
     """Nearest neighbours, analogies and a map of a run's token vectors, and the word2vec papers' evaluations.

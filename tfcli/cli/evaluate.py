@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, at_least, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.common import at_least, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.options import Device, JsonFlag
 
 
 def evaluate(
@@ -45,7 +46,7 @@ def evaluate(
     max_batches: Annotated[
         Optional[int], typer.Option("--max-batches", help="Stop after this many batches [default: all the data].", show_default=False)
     ] = None,
-    device: Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu, cuda, cuda:N or mps.")] = "auto",
+    device: Device = "auto",
     json_output: JsonFlag = False,
 ) -> None:
     """Loss, perplexity and bits per byte of a language model on shards or text; accuracy and macro-F1 of

@@ -11,8 +11,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, TextWriter, print_json, require_utf8, stderr_console, terminal_safe, write_stdout
+from tfcli.cli.common import TextWriter, print_json, require_utf8, stderr_console, terminal_safe, write_stdout
 from tfcli.cli.generate_options import DecodingOptions
+from tfcli.cli.options import Device, JsonFlag, Run, Threads
 
 
 def _read_prompts(prompt: str | None, prompt_file: Path | None, run: Path | None = None, *, empty_ok: bool = False) -> list[str]:
@@ -73,7 +74,6 @@ def _prompt_lines(handle, where: str, run: Path | None) -> list[bytes]:
     return read_prompt_lines(handle, where, (block or 8192) * BYTES_PER_TOKEN, context)
 
 
-Run = Annotated[Path, typer.Argument(help="A run directory (config.json, model.safetensors, tokenizer.json).", show_default=False)]
 Prompt = Annotated[Optional[str], typer.Option("--prompt", "-p", help="The text to continue (encoder-decoder: the source).", show_default=False)]
 PromptFile = Annotated[
     Optional[Path], typer.Option("--prompt-file", help="One prompt per line (blank lines skipped), decoded in batches; - reads stdin.", show_default=False)
@@ -134,11 +134,6 @@ Chat = Annotated[
     ),
 ]
 System = Annotated[Optional[str], typer.Option("--system", help="--chat: the system message the conversation starts with.", show_default=False)]
-Device = Annotated[str, typer.Option(help="auto (a GPU when there is one), cpu, cuda, cuda:N or mps.")]
-Threads = Annotated[
-    int,
-    typer.Option(help="CPU threads for torch (0: one for models under 5M parameters, where waking threads costs more than it saves; else torch's default)."),
-]
 
 
 def generate(

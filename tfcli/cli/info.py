@@ -3,16 +3,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from tfcli.cli.common import JsonFlag, counted, human_bytes, print_json, print_table, stdout_console
+from tfcli.cli.common import counted, human_bytes, print_json, print_table, stdout_console
+from tfcli.cli.options import JsonFlag, RunOrNone
 
 
 def info(
-    run: Annotated[Optional[Path], typer.Argument(help="A run directory (config.json, model.safetensors, tokenizer.json).", show_default=False)] = None,
+    run: RunOrNone = None,
     device: Annotated[
         bool,
         typer.Option(

@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import PIPED_WIDTH, JsonFlag, human_bytes, require_utf8, stderr_console, stdout_console
+from tfcli.cli.common import PIPED_WIDTH, human_bytes, require_utf8, stderr_console, stdout_console
+from tfcli.cli.options import Device, InspectFormat, InspectOutput, InspectStart, InspectTarget, InspectText, InspectTextFile, JsonFlag, Run
 
 
 def _read_text(value: str | None, file: Path | None, what: str, flag: str) -> str | None:
@@ -40,12 +41,6 @@ def _read_text(value: str | None, file: Path | None, what: str, flag: str) -> st
         return raw.decode("utf-8", errors="replace")
 
 
-RunArgument = Annotated[Path, typer.Argument(help="A run directory (config.json, model.safetensors, tokenizer.json).", show_default=False)]
-TextOption = Annotated[Optional[str], typer.Option("--text", help="The text to look at (for an encoder-decoder: the source).", show_default=False)]
-TextFileOption = Annotated[Optional[Path], typer.Option("--text-file", help="Read the text from a UTF-8 file instead.", show_default=False)]
-TargetOption = Annotated[
-    Optional[str], typer.Option("--target", help="Encoder-decoder only: the target text the decoder reads (after its start token).", show_default=False)
-]
 TargetFileOption = Annotated[Optional[Path], typer.Option("--target-file", help="Read the target from a UTF-8 file instead.", show_default=False)]
 AttentionOption = Annotated[
     Optional[str],
@@ -79,18 +74,10 @@ CompareRunOption = Annotated[
         "--compare-run", help="A second run of the same shape and tokenizer: the same text through both, and which heads changed most.", show_default=False
     ),
 ]
-FormatOption = Annotated[
-    Optional[str], typer.Option("--format", "-f", help="terminal, html, png or json (default: from -o's suffix, else terminal).", show_default=False)
-]
-OutputOption = Annotated[
-    Optional[Path], typer.Option("--output", "-o", help="The file to write (html, png; json prints to stdout without it).", show_default=False)
-]
-StartOption = Annotated[int, typer.Option("--start", help="Terminal heatmap of a long text: the first token of the window shown.")]
 KeyStartOption = Annotated[
     int, typer.Option("--key-start", help="Terminal cross-attention heatmap of a long source: the first source token of the columns shown.")
 ]
 CropOption = Annotated[bool, typer.Option("--crop", help="Keep the first block-size tokens of a text longer than the model's context (default: an error).")]
-DeviceOption = Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu, cuda, cuda:N or mps.")]
 CheckpointsOption = Annotated[
     bool,
     typer.Option(
@@ -120,10 +107,10 @@ PatternOption = Annotated[
 
 
 def inspect_attention(
-    run: RunArgument,
-    text: TextOption = None,
-    text_file: TextFileOption = None,
-    target: TargetOption = None,
+    run: Run,
+    text: InspectText = None,
+    text_file: InspectTextFile = None,
+    target: InspectTarget = None,
     target_file: TargetFileOption = None,
     attention: AttentionOption = None,
     layer: LayerOption = None,
@@ -133,12 +120,12 @@ def inspect_attention(
     summary: SummaryOption = False,
     compare: CompareOption = None,
     compare_run: CompareRunOption = None,
-    output_format: FormatOption = None,
-    output: OutputOption = None,
-    start: StartOption = 0,
+    output_format: InspectFormat = None,
+    output: InspectOutput = None,
+    start: InspectStart = 0,
     key_start: KeyStartOption = 0,
     crop: CropOption = False,
-    device: DeviceOption = "auto",
+    device: Device = "auto",
     checkpoints: CheckpointsOption = False,
     pattern: PatternOption = "induction",
     neuron: NeuronOption = None,

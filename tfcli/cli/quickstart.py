@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from tfcli.cli.common import at_least, stderr_console, stdout_console
+from tfcli.cli.options import Device
 
 
 def quickstart(
@@ -22,7 +23,7 @@ def quickstart(
     force: Annotated[bool, typer.Option("--force", help="Redo every step, even those whose output is already there.")] = False,
     steps: Annotated[int, typer.Option("--steps", help="Pretraining steps for the tiny decoder (fewer: faster and rougher).")] = 400,
     classifier_steps: Annotated[int, typer.Option("--classifier-steps", help="Fine-tuning steps for the review classifier.")] = 200,
-    device: Annotated[str, typer.Option("--device", help="auto, cpu, cuda or mps.")] = "auto",
+    device: Device = "auto",
 ) -> None:
     """Run the whole chain on sample_data/: train a tokenizer, encode the stories into shards, pretrain the
     tiny decoder on them, and fine-tune a review classifier from it: about a minute on 2 CPU cores.

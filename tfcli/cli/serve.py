@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from tfcli.cli.common import stderr_console
+from tfcli.cli.options import DecoderRun, Device, Threads
 
 
 def serve(
-    run: Annotated[Path, typer.Argument(help="A decoder run directory (trained, fine-tuned, LoRA or imported).", show_default=False)],
+    run: DecoderRun,
     host: Annotated[str, typer.Option(help="The address to listen on (loopback by default: only this machine can connect).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="The port to listen on.")] = 8000,
     api_key: Annotated[
@@ -25,8 +25,8 @@ def serve(
     ] = None,
     max_batch: Annotated[int, typer.Option(help="Completions decoded together, at most (rows of the KV cache).")] = 16,
     max_queue: Annotated[int, typer.Option(help="Requests waiting for room, at most; past it the server answers 503.")] = 64,
-    device: Annotated[str, typer.Option(help="auto (a GPU when there is one), cpu, cuda, cuda:N or mps.")] = "auto",
-    threads: Annotated[int, typer.Option(help="CPU threads for torch (0: one for models under 5M parameters, else torch's default).")] = 0,
+    device: Device = "auto",
+    threads: Threads = 0,
 ) -> None:
     """Serve a run: OpenAI's API (/v1/completions, /v1/chat/completions, /v1/models), a chat page at /,
     and the attention view of each exchange.

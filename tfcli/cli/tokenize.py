@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, Typer, counted, human_bytes, make_progress, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.common import Typer, counted, human_bytes, make_progress, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.options import JsonFlag
 from tfcli.cli.tokenize_views import TokenizerFile, show, trace
 
 app = Typer(

@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, counted, print_json, stdout_console
+from tfcli.cli.common import counted, print_json, stdout_console
+from tfcli.cli.options import JsonFlag
 
 TokenizerFile = Annotated[Path, typer.Option("--tokenizer", "-t", help="A tokenizer.json, or the folder holding it.", show_default=False)]
 

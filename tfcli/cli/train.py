@@ -1,20 +1,23 @@
-"""`tfcli train pretrain` and `tfcli train finetune`: parse, build the job, render the loop's events (cli/train_progress.py)."""
+"""`tfcli train pretrain`, `tfcli train finetune` and `tfcli train word2vec`: parse, build the job, render the loop's
+events (cli/train_progress.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from tfcli.cli.common import JsonFlag, Typer
+from tfcli.cli.common import Typer
+from tfcli.cli.options import DeviceOrNone, JsonFlag, PrecisionOrNone
 from tfcli.cli.train_progress import render_training
 
 if TYPE_CHECKING:
     from tfcli.train.command_line import RunOptions
 
 app = Typer(
-    help="Pretrain a model on token shards, or fine-tune a run directory on a new task.\n\n"
+    help="Pretrain a model on token shards, fine-tune a run directory on a new task, or train word vectors.\n\n"
     "\b\nExample: tfcli train pretrain --data runs/quickstart/shards -o runs/tiny --preset tiny --max-steps 500",
     no_args_is_help=True,
     rich_markup_mode=None,
@@ -51,10 +54,6 @@ KeepEvery = Annotated[
 ]
 EvalEvery = Annotated[Optional[int], typer.Option("--eval-every", help="Steps between validations; 0 = only at the end [default: 100].", show_default=False)]
 LogEvery = Annotated[Optional[int], typer.Option("--log-every", help="Steps between metrics.jsonl records [default: 10].", show_default=False)]
-Device = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda or mps [default: auto].", show_default=False)]
-Precision = Annotated[
-    Optional[str], typer.Option("--precision", help="auto (bf16 on a GPU that has it, else fp32), fp32 or bf16 [default: auto].", show_default=False)
-]
 Compile = Annotated[bool, typer.Option("--compile", help="Use torch.compile where it works (falls back with a note where it does not).")]
 LogTo = Annotated[
     Optional[list[str]],
@@ -124,13 +123,30 @@ Subsample = Annotated[
     Optional[float], typer.Option("--subsample", help="word2vec: the threshold for dropping frequent words; 0: none [default: 1e-3].", show_default=False)
 ]
 Epochs = Annotated[Optional[int], typer.Option("--epochs", help="word2vec: passes over the shards [default: 5].", show_default=False)]
-Threads = Annotated[
+Word2VecThreads = Annotated[
     Optional[int], typer.Option("--threads", help="word2vec: threads updating the vectors at once (as gensim's workers) [default: 1].", show_default=False)
 ]
+
+# `train word2vec`'s own: its defaults differ from a transformer's
+Word2VecData = Annotated[Path, typer.Option("--data", help="A shard folder from `tfcli tokenize encode` (any tokenizer's).", show_default=False)]
+Word2VecLr = Annotated[
+    Optional[float], typer.Option("--lr", help="word2vec: the learning rate at the start; it falls linearly to 0.0001 [default: 0.025].", show_default=False)
+]
+Word2VecSeed = Annotated[
+    Optional[int],
+    typer.Option("--seed", help="word2vec: the seed of the vectors' initialisation and of every random draw [default: 1337].", show_default=False),
+]
+Word2VecLogEvery = Annotated[
+    Optional[int], typer.Option("--log-every", help="word2vec: steps (100,000 tokens each) between metrics.jsonl records [default: 1].", show_default=False)
+]
+# what only word vectors take, as pretrain's parameters (a transformer's pretraining refuses them)
+WORD2VEC_ONLY = ("word2vec", "dim", "window", "negatives", "subsample", "epochs", "threads")
+WORD2VEC_HINT = "word2vec runs on the CPU for --epochs or --time-budget; its options are --word2vec, --dim, --window, ... (tfcli train word2vec --help)"
 
 
 @app.command("pretrain")
 def pretrain(
+    ctx: typer.Context,
     data: PretrainData,
     output: Output,
     arch: Arch = None,
@@ -149,8 +165,8 @@ def pretrain(
     keep_every: KeepEvery = None,
     eval_every: EvalEvery = None,
     log_every: LogEvery = None,
-    device: Device = None,
-    precision: Precision = None,
+    device: DeviceOrNone = None,
+    precision: PrecisionOrNone = None,
     compile_model: Compile = False,
     fsdp: Fsdp = False,
     resume: Resume = False,
@@ -161,7 +177,7 @@ def pretrain(
     negatives: Negatives = None,
     subsample: Subsample = None,
     epochs: Epochs = None,
-    threads: Threads = None,
+    threads: Word2VecThreads = None,
     log_to: LogTo = None,
     json_output: JsonFlag = False,
 ) -> None:
@@ -176,9 +192,9 @@ def pretrain(
     shards, are made in RUN/data/; the defaults are then the quickstart's (tiny preset, batch 32, lr 3e-3,
     400 steps): --time-budget sets how long it trains instead.
 
-    --objective word2vec trains word vectors instead, as gensim's Word2Vec does (its defaults; the learning
-    rate falls linearly from --lr 0.025), on the shards of any tokenizer (`tokenize train --model word` gives
-    classic word2vec); look at them with `tfcli inspect-embeddings`.
+    --objective word2vec trains word vectors instead (the run `tfcli train word2vec` makes), as gensim's Word2Vec
+    does (its defaults; the learning rate falls linearly from --lr 0.025), on the shards of any tokenizer
+    (`tokenize train --model word` gives classic word2vec); look at them with `tfcli inspect-embeddings`.
 
     Settings: preset < --config FILE.toml < --set key=value < the options below.
     Many processes: torchrun --nproc-per-node N -m tfcli train pretrain ... (data-parallel; add --fsdp to
@@ -191,13 +207,16 @@ def pretrain(
 
     if objective is not None:
         _check_choice("--objective", objective, ("lm", "mlm", "denoise", "word2vec"))
-    if objective == "word2vec":
-        _pretrain_word2vec(locals())
+    if objective == "word2vec":  # the run `train word2vec` makes, which takes none of a transformer's options
+        _refuse_given(ctx, _transformer_only(ctx), "--objective word2vec", WORD2VEC_HINT)
+        vectors = {"algorithm": word2vec, "dim": dim, "window": window, "negatives": negatives, "subsample": subsample}
+        settings = {"epochs": epochs, "threads": threads, "lr": lr, "seed": seed, "save_every": save_every, "log_every": log_every}
+        _train_word2vec(data, output, tokenizer, vectors, settings, time_budget, resume, json_output)
         return
-    _refuse_given(_word2vec_options(locals()), "a transformer's pretraining", "they are --objective word2vec's")
+    _refuse_given(ctx, WORD2VEC_ONLY, "a transformer's pretraining", "they are --objective word2vec's")
     if arch is not None:
         _check_choice("--arch", arch, ARCHS)
-    options = _run_options(locals()).settings({"model.block_size": block_size, "task": objective})
+    options = _run_options(ctx.params).settings({"model.block_size": block_size, "task": objective})
     trackers = _trackers(log_to)
     with _no_empty_run_left(output):
         job = _pretrain_job(data, output, options, arch, preset, config, sets or [], tokenizer, resume, trackers=trackers, quiet=json_output)
@@ -205,7 +224,8 @@ def pretrain(
 
 
 def _run_options(parameters: dict[str, Any]) -> RunOptions:
-    """The options both commands take, out of a command's parameters (its `locals()`; --compile is compile_model)."""
+    """The options both commands take, out of a command's parameters (`ctx.params`, which holds these numbers,
+    words and switches as the function gets them; --compile is compile_model)."""
     import dataclasses
 
     from tfcli.train.command_line import RunOptions
@@ -345,6 +365,7 @@ WindowSize = Annotated[Optional[int], typer.Option("--block-size", help="Tokens 
 
 @app.command("finetune")
 def finetune(
+    ctx: typer.Context,
     init_from: InitFrom,
     task: Task,
     data: FinetuneData,
@@ -373,8 +394,8 @@ def finetune(
     keep_every: KeepEvery = None,
     eval_every: EvalEvery = None,
     log_every: LogEvery = None,
-    device: Device = None,
-    precision: Precision = None,
+    device: DeviceOrNone = None,
+    precision: PrecisionOrNone = None,
     compile_model: Compile = False,
     fsdp: Fsdp = False,
     resume: Resume = False,
@@ -398,7 +419,7 @@ def finetune(
     from tfcli.training_config import TASKS
 
     _check_choice("--task", task, TASKS)
-    options = _finetune_options(locals())
+    options = _finetune_options(ctx.params)
     trackers = _trackers(log_to)
     fields = {"text": text_field, "label": label_field, "source": source_field, "target": target_field}
     with _no_empty_run_left(output):
@@ -430,61 +451,88 @@ def _finetune_options(parameters: dict[str, Any]) -> dict[str, Any]:
     return _run_options(parameters).settings({name: parameters[name] for name in own})
 
 
-def _word2vec_options(parameters: dict[str, Any]) -> dict[str, Any]:
-    """--objective word2vec's own options, by their names on the command line, out of pretrain's parameters."""
-    return {f"--{name.replace('_', '-')}": parameters[name] for name in ("word2vec", "dim", "window", "negatives", "subsample", "epochs", "threads")}
+@app.command("word2vec")
+def train_word2vec(
+    data: Word2VecData,
+    output: Output,
+    tokenizer: ShardTokenizer = None,
+    word2vec: Word2VecAlgorithm = None,
+    dim: Dim = None,
+    window: Window = None,
+    negatives: Negatives = None,
+    subsample: Subsample = None,
+    epochs: Epochs = None,
+    time_budget: TimeBudget = None,
+    lr: Word2VecLr = None,
+    seed: Word2VecSeed = None,
+    threads: Word2VecThreads = None,
+    save_every: SaveEvery = None,
+    log_every: Word2VecLogEvery = None,
+    resume: Resume = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Train word vectors: skip-gram or CBOW with negative sampling, as gensim's Word2Vec does.
+
+    gensim's defaults: --dim 100 --window 5 --negatives 5 --subsample 1e-3, noise words drawn from the counts
+    to the power 0.75, and the learning rate falling linearly from --lr 0.025 to 0.0001 over --epochs (or
+    over --time-budget). Any tokenizer's shards will do (`tokenize train --model word` gives classic
+    word2vec's words). The run directory is a run like any other: the word and context vectors, the
+    tokenizer, metrics.jsonl, loss.png and trainer/ for --resume (one thread resumes exactly); look at the
+    vectors with `tfcli inspect-embeddings`. The same run as `tfcli train pretrain --objective word2vec`.
+
+    \b
+    Example: tfcli train word2vec --data runs/words/shards -o runs/w2v --epochs 10
+    """
+    vectors = {"algorithm": word2vec, "dim": dim, "window": window, "negatives": negatives, "subsample": subsample}
+    settings = {"epochs": epochs, "threads": threads, "lr": lr, "seed": seed, "save_every": save_every, "log_every": log_every}
+    _train_word2vec(data, output, tokenizer, vectors, settings, time_budget, resume, json_output)
 
 
-# what only a transformer's pretraining takes: option -> pretrain's parameter
-_TRANSFORMER_OPTIONS = {
-    "--arch": "arch",
-    "--preset": "preset",
-    "--config": "config",
-    "--set": "sets",
-    "--max-steps": "max_steps",
-    "--batch-size": "batch_size",
-    "--block-size": "block_size",
-    "--grad-accum": "grad_accum",
-    "--eval-every": "eval_every",
-    "--keep-checkpoints": "keep_every",
-    "--device": "device",
-    "--precision": "precision",
-    "--compile": "compile_model",
-    "--fsdp": "fsdp",
-    "--log-to": "log_to",
-}
-
-
-def _pretrain_word2vec(parameters: dict[str, Any]) -> None:
-    """`train pretrain --objective word2vec` with pretrain's parameters: a transformer's options refused, then the job."""
+def _train_word2vec(
+    data: Path,
+    output: Path,
+    tokenizer: Path | None,
+    vectors: dict[str, Any],
+    settings: dict[str, Any],
+    time_budget: str | None,
+    resume: bool,
+    json_output: bool,
+) -> None:
+    """Word vectors from the options given (None: the default), as `train word2vec` and `train pretrain --objective
+    word2vec` take them."""
     from tfcli.train.word2vec import word2vec_job
 
-    p = parameters
-    given = {flag: (p[name] or None) if name in ("compile_model", "fsdp") else p[name] for flag, name in _TRANSFORMER_OPTIONS.items()}
-    _refuse_given(given, "--objective word2vec", "word2vec runs on the CPU for --epochs or --time-budget; its options are --word2vec, --dim, --window, ...")
-    vectors = {"algorithm": p["word2vec"], "dim": p["dim"], "window": p["window"], "negatives": p["negatives"], "subsample": p["subsample"]}
-    settings = {name: p[name] for name in ("epochs", "threads", "lr", "seed", "save_every", "log_every")}
     if vectors["algorithm"] is not None:
         _check_choice("--word2vec", vectors["algorithm"], ("skipgram", "cbow"))
-    if p["time_budget"] is not None:
+    if time_budget is not None:
         from tfcli.train.command_line import parse_duration
 
-        settings["time_budget"] = parse_duration(p["time_budget"])
+        settings = {**settings, "time_budget": parse_duration(time_budget)}
         if settings["epochs"] is not None:
             from tfcli.errors import TfcliError
 
             raise TfcliError("--epochs and --time-budget do not go together: a budget sets the run's length", hint="pass one of them")
-    with _no_empty_run_left(p["output"]):
-        job = word2vec_job(data=p["data"], output=p["output"], vectors=vectors, settings=settings, tokenizer_path=p["tokenizer"], resume=p["resume"])
-        render_training(job, p["json_output"])
+    with _no_empty_run_left(output):
+        job = word2vec_job(data=data, output=output, vectors=vectors, settings=settings, tokenizer_path=tokenizer, resume=resume)
+        render_training(job, json_output)
 
 
-def _refuse_given(options: dict[str, Any], what: str, hint: str) -> None:
+def _transformer_only(ctx: typer.Context) -> set[str]:
+    """pretrain's parameters that `train word2vec` does not take (--objective aside): a transformer's alone."""
+    import inspect
+
+    return {param.name for param in ctx.command.params if param.name is not None} - set(inspect.signature(train_word2vec).parameters) - {"objective"}
+
+
+def _refuse_given(ctx: typer.Context, names: Collection[str], what: str, hint: str) -> None:
+    """Refuse the first of these parameters of the command that the command line gave: it does not apply to `what`."""
     from tfcli.errors import TfcliError
 
-    given = [name for name, value in options.items() if value is not None and value != []]
-    if given:
-        raise TfcliError(f"{given[0]} does not apply to {what}", hint=hint)
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name) if param.name in names else None
+        if source is not None and source.name == "COMMANDLINE":
+            flag = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+            raise TfcliError(f"{flag} does not apply to {what}", hint=hint)
 
 
 def _check_choice(option: str, value: str, choices: tuple[str, ...]) -> None:

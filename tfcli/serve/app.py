@@ -21,10 +21,10 @@ from fastapi.responses import HTMLResponse, StreamingResponse
 from tfcli.checkpoint import Checkpoint
 from tfcli.generate.scoring import ContinuationScore, score_continuations
 from tfcli.serve import errors
+from tfcli.serve.admission import Limits
 from tfcli.serve.attention import Exchange, Exchanges, attention_page
 from tfcli.serve.engine import Busy, Ended, Engine, Failed, Sampling, Ticket, Token
 from tfcli.serve.errors import ApiError
-from tfcli.serve.admission import Limits
 from tfcli.serve.page import chat_page
 from tfcli.serve.protocol import ChatRequest, CompletionRequest
 from tfcli.tokenizer.chat_template import ChatTemplate, Message

@@ -3,23 +3,23 @@ process (tfcli.bench.serve)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from tfcli.cli.bench_common import machine_line
-from tfcli.cli.common import JsonFlag, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.bench.common import machine_line
+from tfcli.cli.common import print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.options import DecoderRun, Device, JsonFlag, Threads
 
 
 def serve(
-    run: Annotated[Path, typer.Argument(help="A decoder run directory to serve.", show_default=False)],
+    run: DecoderRun,
     clients: Annotated[str, typer.Option(help="Client counts to measure, comma-separated, each a round of its own.")] = "1,4,16",
     requests: Annotated[int, typer.Option(help="Requests each client sends in turn, per round.")] = 4,
     max_tokens: Annotated[int, typer.Option(help="Tokens per request (greedy, end-of-text ignored).")] = 64,
-    threads: Annotated[int, typer.Option(help="The server's torch threads (0: tfcli serve's default).")] = 0,
+    threads: Threads = 0,
     max_batch: Annotated[int, typer.Option(help="The server's --max-batch (default: the largest client count).", show_default=False)] = 0,
-    device: Annotated[str, typer.Option(help="Where the server decodes: cpu, cuda or cuda:N (as tfcli serve takes it).")] = "cpu",
+    device: Device = "cpu",
     json_output: JsonFlag = False,
 ) -> None:
     """Serve a run in its own process and measure it with 1, 4 and 16 clients at once: aggregate tokens/s,

@@ -1,19 +1,19 @@
 """`tfcli bench`: speed on this machine, side by side with peers, as ratios measured in one run.
 
-One module a command (cli/bench_tokenize.py, bench_model.py, bench_generate.py, bench_train.py, bench_lora.py, bench_eval.py,
-bench_serve.py, bench_word2vec.py), each
-checking its options and rendering what its `tfcli.bench` module measured; what they share is in bench_common.py."""
+One module a command in this folder (tokenize.py, model.py, generate.py, train.py, lora.py, eval.py, serve.py,
+word2vec.py), each checking its options and rendering what its `tfcli.bench` module measured; what they share is
+in common.py."""
 
 from __future__ import annotations
 
-from tfcli.cli.bench_eval import eval_
-from tfcli.cli.bench_generate import generate
-from tfcli.cli.bench_lora import lora
-from tfcli.cli.bench_model import model
-from tfcli.cli.bench_serve import serve
-from tfcli.cli.bench_tokenize import tokenize
-from tfcli.cli.bench_train import train
-from tfcli.cli.bench_word2vec import word2vec
+from tfcli.cli.bench.eval import eval_
+from tfcli.cli.bench.generate import generate
+from tfcli.cli.bench.lora import lora
+from tfcli.cli.bench.model import model
+from tfcli.cli.bench.serve import serve
+from tfcli.cli.bench.tokenize import tokenize
+from tfcli.cli.bench.train import train
+from tfcli.cli.bench.word2vec import word2vec
 from tfcli.cli.common import Typer
 
 app = Typer(

@@ -7,8 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.bench_common import FirstRun, machine_line
-from tfcli.cli.common import JsonFlag, at_least, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.bench.common import machine_line
+from tfcli.cli.common import at_least, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.options import FirstRun, JobThreads, JsonFlag, Repeat
 
 
 def lora(
@@ -21,8 +22,8 @@ def lora(
         typer.Option("--block-size", help="Tokens per sequence, at most the preset's context [default: 256, or the context if shorter].", show_default=False),
     ] = None,
     steps: Annotated[int, typer.Option(help="Timed steps per run, after 2 warm-up steps.")] = 3,
-    repeat: Annotated[int, typer.Option(help="Interleaved rounds; the fastest of each kind is kept (and its highest peak RSS).")] = 1,
-    threads: Annotated[int, typer.Option(help="Threads per run (0: PyTorch's default).")] = 0,
+    repeat: Repeat = 1,
+    threads: JobThreads = 0,
     first_run: FirstRun = True,
     workdir: Annotated[Optional[Path], typer.Option("--workdir", help="Where the parent run and the shards are written [default: a temporary folder].")] = None,
     json_output: JsonFlag = False,

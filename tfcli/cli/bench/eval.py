@@ -4,12 +4,13 @@ requests on the same run (tfcli.bench.eval)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from tfcli.cli.bench_common import machine_line, scratch_folder
-from tfcli.cli.common import JsonFlag, at_least, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.bench.common import machine_line, scratch
+from tfcli.cli.common import at_least, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.options import JsonFlag, Repeat, Workdir
 
 
 def eval_(
@@ -18,10 +19,8 @@ def eval_(
     limit: Annotated[int, typer.Option("--limit", help="Documents of the task whose requests are scored.")] = 100,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Requests per forward pass, for both models.")] = 16,
     threads: Annotated[int, typer.Option("--threads", help="Threads of each scoring process.")] = 1,
-    repeat: Annotated[int, typer.Option("--repeat", help="Interleaved rounds; the fastest of each model is kept.")] = 1,
-    workdir: Annotated[
-        Optional[Path], typer.Option("--workdir", help="Where the Hugging Face export of the run is written [default: a temporary folder].")
-    ] = None,
+    repeat: Repeat = 1,
+    workdir: Workdir = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Scoring speed of `tfcli eval --tasks` beside the harness's own `hf` model: the task's requests (its
@@ -33,7 +32,6 @@ def eval_(
     Example: tfcli bench eval runs/quickstart/model --task tfcli_story_choice --limit 100
     """
     import importlib.util
-    import shutil
 
     from tfcli.errors import TfcliError
 
@@ -42,13 +40,8 @@ def eval_(
         raise TfcliError("bench eval needs EleutherAI's lm-evaluation-harness, which is not installed", hint="pip install 'tfcli[eval]'")
     from tfcli.bench.eval import run_eval_bench
 
-    folder = scratch_folder(workdir, "eval")
-    try:
-        with stderr_console().status(f"scoring {task} ({limit} documents) with tfcli and with lm-eval's hf model"):
-            result = run_eval_bench(run, task, limit, batch_size, threads, repeat, folder)
-    finally:
-        if workdir is None:
-            shutil.rmtree(folder, ignore_errors=True)
+    with scratch(workdir, "eval") as folder, stderr_console().status(f"scoring {task} ({limit} documents) with tfcli and with lm-eval's hf model"):
+        result = run_eval_bench(run, task, limit, batch_size, threads, repeat, folder)
     machine = f"{machine_line()}, device cpu, {threads} thread{'s' if threads > 1 else ''}"
     if json_output:
         print_json(

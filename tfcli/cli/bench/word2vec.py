@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from tfcli.cli.bench_common import machine_line, scratch_folder
-from tfcli.cli.common import JsonFlag, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.bench.common import machine_line, scratch
+from tfcli.cli.common import print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.options import JsonFlag, Repeat, SampleData, Workdir
 
 
 def word2vec(
@@ -19,9 +19,9 @@ def word2vec(
     subsample: Annotated[float, typer.Option("--subsample", help="The frequent-word threshold (0: none).")] = 1e-3,
     epochs: Annotated[int, typer.Option("--epochs", help="Passes over the corpus (sample_data's stories, 110k words).")] = 10,
     threads: Annotated[int, typer.Option("--threads", help="Threads for both (gensim's workers).")] = 1,
-    repeat: Annotated[int, typer.Option("--repeat", help="Rounds, interleaved; each side keeps its round with the least CPU time.")] = 2,
-    workdir: Annotated[Optional[Path], typer.Option(help="Scratch folder (default: a temporary one, removed afterwards).", show_default=False)] = None,
-    data: Annotated[Optional[Path], typer.Option(help="Sample data whose corpus/ to train on (default: ./sample_data).", show_default=False)] = None,
+    repeat: Repeat = 2,
+    workdir: Workdir = None,
+    data: SampleData = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Time word2vec training against gensim's Word2Vec (its optimized C) on the same tokenized corpus.
@@ -33,8 +33,6 @@ def word2vec(
     \b
     Example: tfcli bench word2vec --epochs 10 --threads 1
     """
-    import shutil
-
     from tfcli.bench.word2vec import run_word2vec_bench
     from tfcli.errors import TfcliError
     from tfcli.quickstart import find_sample_data
@@ -45,26 +43,20 @@ def word2vec(
         if value < 1:
             raise TfcliError(f"{name} must be at least 1, not {value}")
     sample = find_sample_data(data) / "corpus"
-    scratch = scratch_folder(workdir)
-    console = stderr_console()
-    try:
-        with console.status("benchmarking") as status:
-            result = run_word2vec_bench(
-                scratch,
-                sample,
-                algorithm=algorithm,
-                dim=dim,
-                window=window,
-                negatives=negatives,
-                subsample=subsample,
-                epochs=epochs,
-                threads=threads,
-                repeat=repeat,
-                progress=lambda job: status.update(f"benchmarking: {job}"),
-            )
-    finally:
-        if workdir is None:
-            shutil.rmtree(scratch, ignore_errors=True)
+    with scratch(workdir) as folder, stderr_console().status("benchmarking") as status:
+        result = run_word2vec_bench(
+            folder,
+            sample,
+            algorithm=algorithm,
+            dim=dim,
+            window=window,
+            negatives=negatives,
+            subsample=subsample,
+            epochs=epochs,
+            threads=threads,
+            repeat=repeat,
+            progress=lambda job: status.update(f"benchmarking: {job}"),
+        )
     machine = machine_line()
     if json_output:
         print_json({"machine": machine, **result.to_json()})

@@ -6,8 +6,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.bench_common import FirstRun, accel_summary, machine_line
-from tfcli.cli.common import JsonFlag, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.bench.common import accel_summary, machine_line
+from tfcli.cli.common import print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.options import FirstRun, JsonFlag, Repeat
 
 
 def model(
@@ -17,7 +18,7 @@ def model(
         Optional[int], typer.Option(help="Tokens per sequence [default: 256, or the preset's context where shorter].", show_default=False)
     ] = None,
     steps: Annotated[int, typer.Option(help="Timed steps per implementation (best kept), after one warm-up step.")] = 3,
-    repeat: Annotated[int, typer.Option(help="Interleaved rounds, each implementation in a fresh process; the fastest kept.")] = 2,
+    repeat: Repeat = 2,
     first_run: FirstRun = True,
     json_output: JsonFlag = False,
 ) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.bench_common import machine_line, scratch_folder
-from tfcli.cli.common import JsonFlag, human_bytes, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.bench.common import machine_line, scratch
+from tfcli.cli.common import human_bytes, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.options import JsonFlag, Repeat, SampleData, Workdir
 
 
 def tokenize(
@@ -16,9 +16,9 @@ def tokenize(
         Optional[list[str]], typer.Option("--corpus", help="Text to measure on (repeatable); default: synthesized from sample_data/.", show_default=False)
     ] = None,
     size_mb: Annotated[float, typer.Option(help="Size of the synthesized corpus in MB.")] = 50.0,
-    repeat: Annotated[int, typer.Option(help="Rounds of all four jobs, interleaved; each job keeps its best time.")] = 3,
-    workdir: Annotated[Optional[Path], typer.Option(help="Scratch folder (default: a temporary one, removed afterwards).", show_default=False)] = None,
-    data: Annotated[Optional[Path], typer.Option(help="Sample data to synthesize from (default: ./sample_data).", show_default=False)] = None,
+    repeat: Repeat = 3,
+    workdir: Workdir = None,
+    data: SampleData = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Time `tokenize train` and `tokenize encode` against raw `tokenizers` calls on the same text.
@@ -29,8 +29,6 @@ def tokenize(
     \b
     Example: tfcli bench tokenize --size-mb 50
     """
-    import shutil
-
     from tfcli.bench.tokenize import run_tokenize_bench
     from tfcli.errors import TfcliError
     from tfcli.quickstart import find_sample_data
@@ -38,16 +36,10 @@ def tokenize(
     if size_mb <= 0:
         raise TfcliError(f"--size-mb must be positive, not {size_mb}")
     sample = None if corpus else find_sample_data(data) / "corpus"
-    scratch = scratch_folder(workdir)
-    console = stderr_console()
-    try:
-        with console.status("benchmarking") as status:
-            result = run_tokenize_bench(
-                scratch, corpus=corpus, size_mb=size_mb, sample=sample, repeat=repeat, progress=lambda job: status.update(f"benchmarking: {job}")
-            )
-    finally:
-        if workdir is None:
-            shutil.rmtree(scratch, ignore_errors=True)
+    with scratch(workdir) as folder, stderr_console().status("benchmarking") as status:
+        result = run_tokenize_bench(
+            folder, corpus=corpus, size_mb=size_mb, sample=sample, repeat=repeat, progress=lambda job: status.update(f"benchmarking: {job}")
+        )
     machine = machine_line()
     if json_output:
         print_json({"machine": machine, **result.to_json()})

@@ -1,22 +1,12 @@
-"""What the bench commands share: the --first-run option, the machine line beside every table, tfcli.accel's choices,
-the scratch folder."""
+"""What the bench commands share: the machine line beside every table, tfcli.accel's choices, the scratch folder
+(their options are in cli/options.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import platform
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
-
-import typer
-
-FirstRun = Annotated[
-    bool,
-    typer.Option(
-        "--first-run/--no-first-run",
-        help="An untimed run first, in which tfcli measures its choices for these shapes on this machine (kept in its decisions file), "
-        "so the rounds time what every later run does. --no-first-run leaves it out: where an earlier run measured them, or for a quick check.",
-    ),
-]
 
 
 def machine_line() -> str:
@@ -56,7 +46,7 @@ def accel_summary() -> str:
 
 
 def scratch_folder(workdir: Path | None, name: str = "") -> Path:
-    """Where a bench writes: a new temporary folder (removed afterwards), or --workdir (made if need be)."""
+    """Where a bench writes: a new temporary folder, or --workdir (made if need be); `scratch` removes a temporary one afterwards."""
     import tempfile
 
     from tfcli.fsutil import prepare_output_dir
@@ -64,3 +54,16 @@ def scratch_folder(workdir: Path | None, name: str = "") -> Path:
     if workdir is None:
         return Path(tempfile.mkdtemp(prefix="tfcli-bench-"))
     return prepare_output_dir(workdir / name if name else workdir, "scratch", option="--workdir")
+
+
+@contextlib.contextmanager
+def scratch(workdir: Path | None, name: str = "") -> Iterator[Path]:
+    """The scratch folder for a `with` block: a new temporary one, removed afterwards, or --workdir, kept."""
+    import shutil
+
+    folder = scratch_folder(workdir, name)
+    try:
+        yield folder
+    finally:
+        if workdir is None:
+            shutil.rmtree(folder, ignore_errors=True)

@@ -6,17 +6,18 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.bench_common import FirstRun, accel_summary, machine_line
-from tfcli.cli.common import JsonFlag, at_least, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.bench.common import accel_summary, machine_line
+from tfcli.cli.common import at_least, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.options import Device, FirstRun, JsonFlag, Precision, Repeat
 
 
 def train(
     presets: Annotated[str, typer.Option("--presets", help="Comma-separated decoder presets to measure.")] = "tiny,small",
     batch: Annotated[int, typer.Option(help="Sequences per step (each the preset's block size long).")] = 16,
     steps: Annotated[int, typer.Option(help="Timed steps per run, after 3 warm-up steps.")] = 10,
-    repeat: Annotated[int, typer.Option(help="Interleaved rounds; the best of each is kept.")] = 1,
-    device: Annotated[str, typer.Option(help="cpu, cuda, mps or auto.")] = "cpu",
-    precision: Annotated[str, typer.Option(help="auto (bf16 on a GPU that has it, else fp32), fp32 or bf16.")] = "auto",
+    repeat: Repeat = 1,
+    device: Device = "cpu",
+    precision: Precision = "auto",
     first_run: FirstRun = True,
     json_output: JsonFlag = False,
 ) -> None:
@@ -46,9 +47,7 @@ def train(
             raise TfcliError(f"preset {name!r} cannot be built as GPT-2: {problem}", hint="use decoder presets such as tiny, small or gpt2-small")
     from tfcli.runtime import resolve_device
 
-    if device not in ("cpu", "cuda", "mps", "auto"):
-        raise TfcliError(f"--device must be cpu, cuda, mps or auto, not {device!r}")
-    resolve_device(device)  # there, on this machine
+    resolve_device(device)  # a device tfcli knows, and there on this machine
     if precision not in ("auto", "fp32", "bf16"):
         raise TfcliError(f"--precision must be auto, fp32 or bf16, not {precision!r}")
     try:

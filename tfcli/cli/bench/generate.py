@@ -8,24 +8,33 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.bench_common import FirstRun, accel_summary, machine_line, scratch_folder
-from tfcli.cli.common import JsonFlag, human_bytes, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.bench.common import accel_summary, machine_line, scratch, scratch_folder
+from tfcli.cli.common import human_bytes, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.options import REPEAT_HELP, FirstRun, JobThreads, JsonFlag, Workdir
 
 MAX_BENCH_TOKENS = 8192  # prompt + new tokens in `bench generate` (the uncached job re-runs all of them per token)
+FULL_ROUNDS, QUICK_ROUNDS = 3, 1  # --repeat's default with --full, and without
 
 
 Presets = Annotated[list[str], typer.Option("--preset", help="Model shapes to measure (repeatable; decoder presets GPT-2 can express).")]
 PromptTokens = Annotated[int, typer.Option(help="Prompt length in tokens (random ids, the same on both sides).")]
 NewTokens = Annotated[int, typer.Option(help="Tokens generated per call, greedy, end-of-text ignored.")]
-Repeat = Annotated[int, typer.Option(help="Rounds of every job, interleaved; each job keeps its best time.")]
-Threads = Annotated[int, typer.Option(help="torch threads in every job (0: torch's default, all cores).")]
-Device = Annotated[str, typer.Option(help="cpu or cuda (fp32 either way).")]
+Rounds = Annotated[Optional[int], typer.Option("--repeat", help=f"{REPEAT_HELP} [default: {QUICK_ROUNDS}; {FULL_ROUNDS} with --full].", show_default=False)]
+Device = Annotated[str, typer.Option(help="cpu, cuda or cuda:N (fp32 either way).")]
 NoCache = Annotated[
     Optional[bool],
     typer.Option(
         "--no-cache/--skip-no-cache",
-        help="Measure decoding without the KV cache every round / never (default: every round for small models, once for large).",
+        help="Measure decoding without the KV cache every round / never (default: every round for small models; for large ones once with --full, else never).",
         show_default=False,
+    ),
+]
+Full = Annotated[
+    bool,
+    typer.Option(
+        "--full",
+        help=f"The whole run behind the published figures: {FULL_ROUNDS} rounds, and the uncached job for large models too "
+        "(about 9 minutes on 2 cores at the default presets, where the default run takes a few).",
     ),
 ]
 Against = Annotated[
@@ -36,7 +45,6 @@ Against = Annotated[
         show_default=False,
     ),
 ]
-Workdir = Annotated[Optional[Path], typer.Option(help="Scratch folder for the weights (default: a temporary one, removed afterwards).", show_default=False)]
 
 
 def generate(
@@ -46,8 +54,9 @@ def generate(
     ],
     prompt_tokens: PromptTokens = 16,
     new_tokens: NewTokens = 256,
-    repeat: Repeat = 3,
-    threads: Threads = 0,
+    repeat: Rounds = None,
+    full: Full = False,
+    threads: JobThreads = 0,
     device: Device = "cpu",
     no_cache: NoCache = None,
     against: Against = None,
@@ -64,15 +73,21 @@ def generate(
     is loaded as `tfcli generate` loads a run: the same threads and accelerated paths.
     The context is widened to hold prompt + new tokens, since GPT-2 cannot slide a window.
 
+    The default run is short, a few minutes on 2 cores: one round, and the uncached job (which re-runs the
+    whole text for every token) for small models only. --full is the whole run behind the published
+    figures: three rounds, and the uncached job once for gpt2-small too (about 9 minutes on 2 cores).
+
     --against llama.cpp adds llama.cpp, the reference for CPU decoding, on the same model exported to GGUF
     f32 (`tfcli export --to gguf`) and the same prompt, with tfcli's thread count (--threads, or the one
     tfcli picks); the goal is tfcli's time per token within 1.2x llama.cpp's. The models then use GPT-2's
     own GELU (tanh), the one llama.cpp runs.
 
     \b
-    Example: tfcli bench generate --preset tiny --preset gpt2-small --repeat 3
+    Example: tfcli bench generate --full
     Or: tfcli bench generate --preset gpt2-small --against llama.cpp --threads 2
     """
+    if repeat is None:
+        repeat = FULL_ROUNDS if full else QUICK_ROUNDS
     device = _checked_device(device, prompt_tokens=prompt_tokens, new_tokens=new_tokens, repeat=repeat, threads=threads, against=against, workdir=workdir)
     machine = machine_line()
     benches = [
@@ -85,6 +100,7 @@ def generate(
             threads=threads,
             device=device,
             no_cache=no_cache,
+            quick=not full,
             first_run=first_run,
             against=against,
         )
@@ -135,17 +151,10 @@ def _checked_device(device: str, *, prompt_tokens: int, new_tokens: int, repeat:
 
 def _bench(name: str, workdir: Path | None, **settings):
     """One preset measured in its scratch folder (removed afterwards unless --workdir keeps it), with a status line."""
-    import shutil
-
     from tfcli.bench.generate import run_generate_bench
 
-    scratch = scratch_folder(workdir, name)
-    try:
-        with stderr_console().status(f"benchmarking {name}") as status:
-            return run_generate_bench(scratch, name, **settings, progress=lambda job: status.update(f"benchmarking {name}: {job}"))
-    finally:
-        if workdir is None:
-            shutil.rmtree(scratch, ignore_errors=True)
+    with scratch(workdir, name) as folder, stderr_console().status(f"benchmarking {name}") as status:
+        return run_generate_bench(folder, name, **settings, progress=lambda job: status.update(f"benchmarking {name}: {job}"))
 
 
 def _print_generate_bench(out, b, machine: str) -> None:
