@@ -36,3 +36,24 @@ def test_the_module_map_names_every_package_and_module():
     present = {p.name for p in package.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     present |= {p.stem for p in package.glob("*.py") if not p.stem.startswith("__")}
     assert present - named == set(), "docs/development.md's module map leaves these out"
+
+
+def test_every_test_that_starts_torchrun_is_in_the_slow_tier():
+    """`pytest -m "not slow"` is the quick loop: it must not start ranks of their own."""
+    import ast
+
+    unmarked = []
+    for path in sorted((REPO / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        slow_module = any(
+            isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets) and "slow" in ast.unparse(node.value)
+            for node in tree.body
+        )
+        for node in tree.body:
+            if not isinstance(node, ast.FunctionDef) or not node.name.startswith("test_"):
+                continue
+            calls = {getattr(call.func, "id", getattr(call.func, "attr", "")) for call in ast.walk(node) if isinstance(call, ast.Call)}
+            marked = slow_module or any("mark.slow" in ast.unparse(decorator) for decorator in node.decorator_list)
+            if "torchrun" in calls and not marked:
+                unmarked.append(f"{path.name}::{node.name}")
+    assert not unmarked, "these start torchrun without the slow mark: " + ", ".join(unmarked)

@@ -264,6 +264,7 @@ def test_a_killed_lora_run_resumes_bit_for_bit(cli, base, tmp_path):
     assert changed.code == 2 and "lora_rank was 4, now 8" in changed.stderr
 
 
+@pytest.mark.slow  # torchrun
 def test_two_gloo_ranks_train_a_lora_run_like_one_process(cli, base, tmp_path):
     from tests.training import torchrun
 

@@ -11,6 +11,8 @@ import pytest
 
 from tests.training import children, pretrain_args, records, torchrun, wait_for_step, weights
 
+pytestmark = pytest.mark.slow  # torchrun starts ranks of their own: the slow tier
+
 
 def test_two_gloo_ranks_match_one_process_with_the_whole_batch(cli, shards, tmp_path):
     common = ["--max-steps", "6", "--eval-every", "3", "--set", "bias=false", "--grad-accum", "2"]
