@@ -3,6 +3,7 @@ events (cli/train_progress.py)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
@@ -72,6 +73,47 @@ Fsdp = Annotated[
 ]
 
 
+def _shared(name: str, annotation: Any, default: Any = None) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+# The options every transformer training command takes, declared once: `takes` puts them into a
+# command's signature (where typer finds its options) and the command reads them from ctx.params.
+RUN_OPTIONS = (
+    _shared("config", ConfigFile),
+    _shared("sets", Sets),
+    _shared("max_steps", MaxSteps),
+    _shared("time_budget", TimeBudget),
+    _shared("batch_size", BatchSize),
+    _shared("grad_accum", GradAccum),
+    _shared("lr", Lr),
+    _shared("seed", Seed),
+    _shared("save_every", SaveEvery),
+    _shared("keep_every", KeepEvery),
+    _shared("eval_every", EvalEvery),
+    _shared("log_every", LogEvery),
+    _shared("device", DeviceOrNone),
+    _shared("precision", PrecisionOrNone),
+    _shared("compile_model", Compile, False),
+    _shared("fsdp", Fsdp, False),
+    _shared("resume", Resume, False),
+)
+
+
+def takes(options: tuple[inspect.Parameter, ...], *, before: str):
+    """Add `options` to a command's signature, before its parameter `before`; the function takes them as
+    **options (typer passes every option by name)."""
+
+    def add(command):
+        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        at = next(i for i, p in enumerate(own) if p.name == before)
+        keyword = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[at:]]
+        command.__signature__ = inspect.Signature([*own[:at], *options, *keyword])
+        return command
+
+    return add
+
+
 PretrainData = Annotated[
     Path,
     typer.Option(
@@ -139,47 +181,35 @@ Word2VecSeed = Annotated[
 Word2VecLogEvery = Annotated[
     Optional[int], typer.Option("--log-every", help="word2vec: steps (100,000 tokens each) between metrics.jsonl records [default: 1].", show_default=False)
 ]
-# what only word vectors take, as pretrain's parameters (a transformer's pretraining refuses them)
-WORD2VEC_ONLY = ("word2vec", "dim", "window", "negatives", "subsample", "epochs", "threads")
+# what only word vectors take: `train word2vec` and `pretrain --objective word2vec` (a transformer's pretraining refuses them)
+WORD2VEC_OPTIONS = (
+    _shared("word2vec", Word2VecAlgorithm),
+    _shared("dim", Dim),
+    _shared("window", Window),
+    _shared("negatives", Negatives),
+    _shared("subsample", Subsample),
+    _shared("epochs", Epochs),
+    _shared("threads", Word2VecThreads),
+)
+WORD2VEC_ONLY = tuple(option.name for option in WORD2VEC_OPTIONS)
 WORD2VEC_HINT = "word2vec runs on the CPU for --epochs or --time-budget; its options are --word2vec, --dim, --window, ... (tfcli train word2vec --help)"
 
 
 @app.command("pretrain")
+@takes(RUN_OPTIONS, before="objective")
+@takes(WORD2VEC_OPTIONS, before="log_to")
 def pretrain(
     ctx: typer.Context,
     data: PretrainData,
     output: Output,
     arch: Arch = None,
     preset: Preset = None,
-    config: ConfigFile = None,
-    sets: Sets = None,
     tokenizer: ShardTokenizer = None,
-    max_steps: MaxSteps = None,
-    time_budget: TimeBudget = None,
-    batch_size: BatchSize = None,
     block_size: ContextSize = None,
-    grad_accum: GradAccum = None,
-    lr: Lr = None,
-    seed: Seed = None,
-    save_every: SaveEvery = None,
-    keep_every: KeepEvery = None,
-    eval_every: EvalEvery = None,
-    log_every: LogEvery = None,
-    device: DeviceOrNone = None,
-    precision: PrecisionOrNone = None,
-    compile_model: Compile = False,
-    fsdp: Fsdp = False,
-    resume: Resume = False,
     objective: Objective = None,
-    word2vec: Word2VecAlgorithm = None,
-    dim: Dim = None,
-    window: Window = None,
-    negatives: Negatives = None,
-    subsample: Subsample = None,
-    epochs: Epochs = None,
-    threads: Word2VecThreads = None,
     log_to: LogTo = None,
     json_output: JsonFlag = False,
+    **shared: Any,
 ) -> None:
     """Pretrain a model from scratch on token shards, or on text in one command.
 
@@ -209,9 +239,8 @@ def pretrain(
         _check_choice("--objective", objective, ("lm", "mlm", "denoise", "word2vec"))
     if objective == "word2vec":  # the run `train word2vec` makes, which takes none of a transformer's options
         _refuse_given(ctx, _transformer_only(ctx), "--objective word2vec", WORD2VEC_HINT)
-        vectors = {"algorithm": word2vec, "dim": dim, "window": window, "negatives": negatives, "subsample": subsample}
-        settings = {"epochs": epochs, "threads": threads, "lr": lr, "seed": seed, "save_every": save_every, "log_every": log_every}
-        _train_word2vec(data, output, tokenizer, vectors, settings, time_budget, resume, json_output)
+        settings = {name: shared[name] for name in ("epochs", "threads", "lr", "seed", "save_every", "log_every")}
+        _train_word2vec(data, output, tokenizer, _vectors(shared), settings, shared["time_budget"], shared["resume"], json_output)
         return
     _refuse_given(ctx, WORD2VEC_ONLY, "a transformer's pretraining", "they are --objective word2vec's")
     if arch is not None:
@@ -219,7 +248,8 @@ def pretrain(
     options = _run_options(ctx.params).settings({"model.block_size": block_size, "task": objective})
     trackers = _trackers(log_to)
     with _no_empty_run_left(output):
-        job = _pretrain_job(data, output, options, arch, preset, config, sets or [], tokenizer, resume, trackers=trackers, quiet=json_output)
+        config, sets, resume = shared["config"], shared["sets"] or [], shared["resume"]
+        job = _pretrain_job(data, output, options, arch, preset, config, sets, tokenizer, resume, trackers=trackers, quiet=json_output)
         render_training(job, json_output)
 
 
@@ -364,6 +394,7 @@ WindowSize = Annotated[Optional[int], typer.Option("--block-size", help="Tokens 
 
 
 @app.command("finetune")
+@takes(RUN_OPTIONS, before="log_to")
 def finetune(
     ctx: typer.Context,
     init_from: InitFrom,
@@ -381,26 +412,10 @@ def finetune(
     lora_alpha: LoraAlpha = None,
     lora_dropout: LoraDropout = None,
     lora_targets: LoraTargets = None,
-    config: ConfigFile = None,
-    sets: Sets = None,
-    max_steps: MaxSteps = None,
-    time_budget: TimeBudget = None,
-    batch_size: BatchSize = None,
     block_size: WindowSize = None,
-    grad_accum: GradAccum = None,
-    lr: Lr = None,
-    seed: Seed = None,
-    save_every: SaveEvery = None,
-    keep_every: KeepEvery = None,
-    eval_every: EvalEvery = None,
-    log_every: LogEvery = None,
-    device: DeviceOrNone = None,
-    precision: PrecisionOrNone = None,
-    compile_model: Compile = False,
-    fsdp: Fsdp = False,
-    resume: Resume = False,
     log_to: LogTo = None,
     json_output: JsonFlag = False,
+    **shared: Any,
 ) -> None:
     """Fine-tune a run directory: continued LM on shards, text classification, sequence-to-sequence, or chat.
 
@@ -429,10 +444,10 @@ def finetune(
             data=data,
             val_data=val_data,
             output=output,
-            config_file=config,
-            sets=sets or [],
+            config_file=shared["config"],
+            sets=shared["sets"] or [],
             options=options,
-            resume=resume,
+            resume=shared["resume"],
             fields={k: v for k, v in fields.items() if v is not None},
             chat_template=chat_template,
             log_to=trackers,
@@ -452,24 +467,19 @@ def _finetune_options(parameters: dict[str, Any]) -> dict[str, Any]:
 
 
 @app.command("word2vec")
+@takes(WORD2VEC_OPTIONS, before="time_budget")
 def train_word2vec(
     data: Word2VecData,
     output: Output,
     tokenizer: ShardTokenizer = None,
-    word2vec: Word2VecAlgorithm = None,
-    dim: Dim = None,
-    window: Window = None,
-    negatives: Negatives = None,
-    subsample: Subsample = None,
-    epochs: Epochs = None,
     time_budget: TimeBudget = None,
     lr: Word2VecLr = None,
     seed: Word2VecSeed = None,
-    threads: Word2VecThreads = None,
     save_every: SaveEvery = None,
     log_every: Word2VecLogEvery = None,
     resume: Resume = False,
     json_output: JsonFlag = False,
+    **vector_options: Any,
 ) -> None:
     """Train word vectors: skip-gram or CBOW with negative sampling, as gensim's Word2Vec does.
 
@@ -483,9 +493,20 @@ def train_word2vec(
     \b
     Example: tfcli train word2vec --data runs/words/shards -o runs/w2v --epochs 10
     """
-    vectors = {"algorithm": word2vec, "dim": dim, "window": window, "negatives": negatives, "subsample": subsample}
-    settings = {"epochs": epochs, "threads": threads, "lr": lr, "seed": seed, "save_every": save_every, "log_every": log_every}
-    _train_word2vec(data, output, tokenizer, vectors, settings, time_budget, resume, json_output)
+    settings = {
+        "epochs": vector_options["epochs"],
+        "threads": vector_options["threads"],
+        "lr": lr,
+        "seed": seed,
+        "save_every": save_every,
+        "log_every": log_every,
+    }
+    _train_word2vec(data, output, tokenizer, _vectors(vector_options), settings, time_budget, resume, json_output)
+
+
+def _vectors(options: dict[str, Any]) -> dict[str, Any]:
+    """The vectors' settings out of the word2vec options given (None: the default)."""
+    return {"algorithm": options["word2vec"], **{name: options[name] for name in ("dim", "window", "negatives", "subsample")}}
 
 
 def _train_word2vec(
@@ -519,7 +540,6 @@ def _train_word2vec(
 
 def _transformer_only(ctx: typer.Context) -> set[str]:
     """pretrain's parameters that `train word2vec` does not take (--objective aside): a transformer's alone."""
-    import inspect
 
     return {param.name for param in ctx.command.params if param.name is not None} - set(inspect.signature(train_word2vec).parameters) - {"objective"}
 
