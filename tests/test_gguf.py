@@ -58,10 +58,14 @@ def _llama_cpp():
 
 
 def _tiny_run(folder: Path, tokenizer_dir: Path, shape: dict, seed: int = 0) -> Path:
-    """A tiny run whose weights are random but far from zero, so every tensor shows in the logits and greedy
-    decoding wanders instead of repeating two tokens (a GPT-2's MLP input stays gentle: see GELU_TABLE)."""
     tokenizer = TextTokenizer.load(tokenizer_dir)
     config = ModelConfig(vocab_size=tokenizer.vocab_size, block_size=128, n_layers=2, n_heads=4, d_model=64, d_ff=96, **shape)
+    return _random_run(folder, config, tokenizer, seed)
+
+
+def _random_run(folder: Path, config: ModelConfig, tokenizer: TextTokenizer, seed: int = 0) -> Path:
+    """A run whose weights are random but far from zero, so every tensor shows in the logits and greedy
+    decoding wanders instead of repeating two tokens (a GELU MLP's input stays gentle: see ggml_gelu)."""
     torch.manual_seed(seed)
     model = Transformer(config).eval()
     with torch.no_grad():
@@ -412,7 +416,7 @@ def test_a_converter_laid_out_llama_imports_and_generates_as_llama_cpp(cli, tmp_
 @pytest.mark.parametrize(
     ("shape", "named"),
     [
-        (dict(positions="learned", norm="layernorm", activation="gelu"), "activation 'gelu'"),
+        (dict(positions="learned", norm="layernorm", activation="relu"), "activation 'relu'"),
         (dict(positions="rotary", norm="layernorm", activation="swiglu"), "norm 'layernorm'"),
         (dict(positions="sinusoidal"), "positions 'sinusoidal'"),
         (dict(positions="learned", activation="gelu_tanh", norm_placement="post"), "norm_placement 'post'"),
@@ -424,6 +428,80 @@ def test_export_names_what_gguf_cannot_express(cli, tmp_path, trained_tokenizer,
     assert result.code == 2
     assert named in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "model.gguf").exists() and not list(tmp_path.glob(".model.gguf*"))
+
+
+# --- the models tfcli makes by default ---------------------------------------------------------------------
+
+
+def _hf_greedy(model, prompt: list[int], n: int, suppressed: list[int]) -> list[int]:
+    """transformers' logits, argmax each step, the same tokens held out."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(torch.tensor([ids])).logits[0, -1]
+            logits[suppressed] = -torch.inf
+            ids.append(int(logits.argmax()))
+    return ids[len(prompt) :]
+
+
+def test_the_default_model_leaves_through_gguf_and_hf_with_the_same_greedy_text(cli, tmp_path, trained_tokenizer, runs):
+    """The tiny preset (the quickstart's model and train pretrain's default) has the exact GELU, which llama.cpp's
+    gpt2 computes as its tanh approximation: the export says so, and the greedy text is tfcli's in llama.cpp and in
+    transformers alike."""
+    from tfcli.gguf import export_gguf
+    from tfcli.model.config import preset
+
+    llama_cpp = _llama_cpp()
+    transformers = pytest.importorskip("transformers")
+    tokenizer = TextTokenizer.load(trained_tokenizer)
+    config = preset("tiny", vocab_size=tokenizer.vocab_size)
+    assert config.activation == "gelu" and config.positions == "learned"  # what `tfcli export --to gguf` refused
+    run = _random_run(tmp_path / "run", config, tokenizer)
+    result = cli("export", run, "--to", "gguf", "-o", tmp_path / "model.gguf")
+    assert result.code == 0, result.stderr
+    assert "GGUF gpt2" in result.stdout
+    (note,) = export_gguf(run, tmp_path / "again.gguf").notes
+    assert "tanh approximation" in note and export_gguf(runs["gpt2"], tmp_path / "tanh.gguf").notes == []
+
+    llm = _llama(llama_cpp, tmp_path / "model.gguf")
+    ids = tokenizer.encode(TINY_TEXT)[:100]
+    theirs = _llama_logits(llm, ids)
+    difference = np.abs(theirs - _tfcli_logits(run, ids)).max()  # 4e-3 here, on logits up to 10
+    assert difference < 1e-3 * np.abs(theirs).max(), difference
+    with ggml_gelu():  # llama.cpp's GELU (tanh, from its fp16 table) in tfcli: several times closer, so the GELU is what differs
+        assert np.abs(theirs - _tfcli_logits(run, ids)).max() < difference / 3
+
+    prompt, suppressed = tokenizer.encode(PROMPT), _suppressed(tokenizer)
+    ours, completion = _tfcli_greedy(cli, run, 32)
+    assert len(set(ours)) > 8  # a continuation, not a few tokens over and over
+    assert _llama_greedy(llm, prompt, 32, suppressed) == ours
+    assert llm.detokenize(ours).decode("utf-8", errors="replace") == completion["text"]  # random weights: stray bytes too
+
+    result = cli("export", run, "--to", "hf", "-o", tmp_path / "hf")
+    assert result.code == 0, result.stderr
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    assert hf.config.activation_function == "gelu"  # transformers' exact GELU, as tfcli's
+    assert _hf_greedy(hf, prompt, 32, suppressed) == ours
+    assert transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf")).decode(ours) == completion["text"]
+
+    back = cli("import", tmp_path / "model.gguf", "-o", tmp_path / "back")  # in again as what llama.cpp runs
+    assert back.code == 0, back.stderr
+    assert load_checkpoint(tmp_path / "back").config.model == config.with_overrides(activation="gelu_tanh")
+
+
+def test_the_one_command_default_model_exports_to_gguf(cli, tmp_path):
+    """`train pretrain --data TEXT` makes the tiny preset, and that run exports."""
+    from tfcli.model.config import preset
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text(TINY_TEXT * 40, encoding="utf-8")
+    result = cli("train", "pretrain", "--data", notes, "-o", tmp_path / "run", "--max-steps", "2", "--batch-size", "4")
+    assert result.code == 0, result.stderr
+    config = load_checkpoint(tmp_path / "run").config.model
+    assert config == preset("tiny", vocab_size=config.vocab_size)
+    result = cli("export", tmp_path / "run", "--to", "gguf", "-o", tmp_path / "model.gguf")
+    assert result.code == 0, result.stderr
+    assert cli("export", tmp_path / "run", "--to", "hf", "-o", tmp_path / "hf").code == 0
 
 
 def test_export_refuses_a_tokenizer_llama_cpp_cannot_run(cli, tmp_path):

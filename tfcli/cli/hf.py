@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import stdout_console
+from tfcli.cli.common import stderr_console, stdout_console
 
 
 def export(
@@ -36,7 +36,7 @@ def export(
 
     --to gguf writes one GGUF file that llama.cpp, Ollama and LM Studio load: architecture llama for
     rotary runs (RMSNorm, SwiGLU, grouped-query attention), gpt2 for learned positions (LayerNorm,
-    gelu_tanh), with the tokenizer (byte-level BPE as gpt2, SentencePiece-style as llama), its special
+    GELU: llama.cpp computes its tanh form), with the tokenizer (byte-level BPE as gpt2, SentencePiece-style as llama), its special
     tokens, the chat template and the context length in the file's metadata. A LoRA run is merged first.
 
     A LoRA run (train finetune --lora-rank) exports as OUT/base, its parent as that class, and OUT/adapter,
@@ -81,6 +81,8 @@ def export(
 
 def _export_gguf(run: Path, output: Path, type_: str) -> None:
     exported = _gguf().export_gguf(run, output, type_)
+    for note in exported.notes:
+        stderr_console().print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     stdout_console().print(
         f"exported {run} to {output} (GGUF {exported.arch}, {type_}, {exported.tensors} tensors, {exported.bytes:,} bytes, tokenizer {exported.tokenizer_model}); run it with llama-cli -m {output}",
         markup=False,
@@ -142,7 +144,6 @@ def import_(
     Example: tfcli import ~/models/SmolLM2-135M -o runs/smollm2
     Or: tfcli import ~/models/smollm2-135m-instruct-q8_0.gguf -o runs/smollm2
     """
-    from tfcli.cli.common import stderr_console
     from tfcli.fsutil import nothing_left_on_failure
 
     if source.is_file() and (source.suffix.lower() == ".gguf" or _starts_with_gguf_magic(source)):

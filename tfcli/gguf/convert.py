@@ -22,6 +22,7 @@ from tfcli.gguf.layout import (
     IMPORT_ARCHS,
     ROPE_FREQS,
     export_arch,
+    export_notes,
     hyperparameters,
     llama3_rope_factors,
     model_config,
@@ -54,6 +55,7 @@ class Exported:
     tensors: int
     bytes: int
     tokenizer_model: str
+    notes: list[str] = dataclasses.field(default_factory=list)  # what llama.cpp computes otherwise than tfcli, for the CLI to print
 
 
 @dataclasses.dataclass
@@ -130,7 +132,7 @@ def export_gguf(run_dir: Path, out_path: Path, kind: str = "f32") -> Exported:
         tmp.replace(out_path)
     finally:
         tmp.unlink(missing_ok=True)
-    return Exported(arch, count, out_path.stat().st_size, vocab["tokenizer.ggml.model"])
+    return Exported(arch, count, out_path.stat().st_size, vocab["tokenizer.ggml.model"], export_notes(config, arch))
 
 
 def _add(writer, key: str, value: Any) -> None:
