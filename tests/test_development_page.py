@@ -57,3 +57,22 @@ def test_every_test_that_starts_torchrun_is_in_the_slow_tier():
             if "torchrun" in calls and not marked:
                 unmarked.append(f"{path.name}::{node.name}")
     assert not unmarked, "these start torchrun without the slow mark: " + ", ".join(unmarked)
+
+
+def test_the_docs_site_asks_no_outside_host(tmp_path):
+    """The built site works offline: no repository facts fetched from api.github.com (the theme does that
+    wherever repo_url is set), no fonts from a CDN."""
+    import subprocess
+    import sys
+
+    import pytest
+
+    pytest.importorskip("mkdocs", reason="could not import mkdocs")
+    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--site-dir", str(tmp_path / "site"), "-q"], cwd=REPO, capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    pages = list((tmp_path / "site").rglob("*.html"))
+    assert len(pages) > 20
+    for page in pages:
+        html = page.read_text(encoding="utf-8")
+        assert 'data-md-component="source"' not in html, page
+        assert "fonts.googleapis.com" not in html and "fonts.gstatic.com" not in html, page
