@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import SAMPLE_DATA
 from tfcli.data.shards import load_shard_meta, open_shard
+from tfcli.rundir import read_run_config
 from tfcli.tokenizer.core import TextTokenizer
 
 pytestmark = pytest.mark.slow  # the real commands end to end; `-m "not slow"` skips them
@@ -105,3 +106,24 @@ def test_quickstart_learns_the_stories_and_the_reviews(cli, tmp_path, quick_chai
     assert 0.4 < baseline < 0.6 and accuracy > baseline + 0.25
     said = " ".join(result.stdout.split())
     assert f"{entropy:.3f}" in said and f"{val_loss:.3f}" in said and f"{baseline:.1%}" in said
+
+
+def test_a_shorter_quickstart_keeps_the_longer_runs_and_says_so(cli, tmp_path, quick_chain):
+    """look-inside.md's `quickstart --steps 60 --classifier-steps 20` after a full quickstart: the better model
+    and classifier stay, and the lines say why; asking for more steps trains anew and says that."""
+    out = copied(quick_chain[0], tmp_path / "qs")
+    model_stamp = (out / "model" / "model.safetensors").stat().st_mtime_ns
+    classifier_stamp = (out / "classifier" / "model.safetensors").stat().st_mtime_ns
+    shorter = cli("quickstart", "-o", out, "--data", SAMPLE_DATA, "--steps", "2", "--classifier-steps", "2")
+    said = " ".join(shorter.stdout.split())
+    assert shorter.code == 0 and "made " not in said, said
+    assert "kept model" in said and "(it trained 4 steps; --steps 2 asks fewer: --force trains it again)" in said
+    assert "kept classifier" in said
+    assert (out / "model" / "model.safetensors").stat().st_mtime_ns == model_stamp
+    assert (out / "classifier" / "model.safetensors").stat().st_mtime_ns == classifier_stamp
+
+    longer = cli("quickstart", "-o", out, "--data", SAMPLE_DATA, "--steps", "5", "--classifier-steps", "4")
+    said = " ".join(longer.stdout.split())
+    assert longer.code == 0 and "made model" in said and "(the one there trained 4 steps; --steps 5 asks more)" in said
+    assert "made classifier" in said  # on the new model
+    assert read_run_config(out / "model").training["step"] == 5

@@ -111,10 +111,11 @@ def _settings(steps: int, lr: float, evaluations: int, device: str) -> dict[str,
 def _model_step(shard_dir: Path, model_dir: Path, tokenizer, tokenizer_dir: Path, force: bool, steps: int, device: str) -> Iterator[Any]:
     """The tiny decoder pretrained on the shards; returns whether it trained."""
     settings = _settings(steps, 3e-3, 4, device)
-    made = yield from _train_step(
+    made, said = yield from _train_step(
         model_dir,
         force,
         steps,
+        "--steps",
         tokenizer.sha256,
         lambda resume: pretrain_job(
             data=shard_dir,
@@ -130,17 +131,18 @@ def _model_step(shard_dir: Path, model_dir: Path, tokenizer, tokenizer_dir: Path
     )
     val_loss = _last_metric(model_dir, "val_loss")
     entropy = unigram_entropy(shard_dir)
-    yield QuickstartStep("model", made, model_dir, f"validation loss {val_loss:.3f} nats per token; the unigram entropy of the shards is {entropy:.3f}")
+    yield QuickstartStep("model", made, model_dir, f"validation loss {val_loss:.3f} nats per token; the unigram entropy of the shards is {entropy:.3f}{said}")
     return made
 
 
 def _classifier_step(reviews: Path, model_dir: Path, classifier_dir: Path, tokenizer, force: bool, steps: int, device: str) -> Iterator[Any]:
     """The sentiment classifier fine-tuned from the decoder on the reviews."""
     settings = _settings(steps, 2e-3, 2, device)
-    made = yield from _train_step(
+    made, said = yield from _train_step(
         classifier_dir,
         force,
         steps,
+        "--classifier-steps",
         tokenizer.sha256,
         lambda resume: finetune_job(
             init_from=model_dir, task="classify", data=reviews, val_data=None, output=classifier_dir, config_file=None, sets=[], options=settings, resume=resume
@@ -149,24 +151,32 @@ def _classifier_step(reviews: Path, model_dir: Path, classifier_dir: Path, token
     accuracy = _last_metric(classifier_dir, "val_accuracy")
     baseline = majority_baseline(classifier_dir)
     yield QuickstartStep(
-        "classifier", made, classifier_dir, f"validation accuracy {accuracy:.1%}; always answering the most common label scores {baseline:.1%}"
+        "classifier", made, classifier_dir, f"validation accuracy {accuracy:.1%}; always answering the most common label scores {baseline:.1%}{said}"
     )
 
 
-def _train_step(run_dir: Path, force: bool, steps: int, tokenizer_sha256: str, make_job) -> Iterator[Any]:
-    """Train into run_dir unless a finished run on this tokenizer is there; resume a run that was cut short.
-    Returns whether it trained."""
+def _train_step(run_dir: Path, force: bool, steps: int, option: str, tokenizer_sha256: str, make_job) -> Iterator[Any]:
+    """Train into run_dir unless a finished run of at least `steps` steps on this tokenizer is there (a longer one
+    is kept, never replaced by a shorter one); resume a run of this length that was cut short; a finished shorter
+    run is trained anew. Returns (whether it trained, what to say about the run that was there)."""
     config = _existing(lambda: read_run_config(run_dir)) if run_dir.exists() else None
+    training = (config.training or {}) if config is not None else {}
+    done, planned = training.get("step"), (training.get("config") or {}).get("max_steps")
+    said = ""
     if force or config is None or config.tokenizer_sha256 != tokenizer_sha256:
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
-        job = make_job(False)
-    elif (config.training or {}).get("step") == steps and _last_metric(run_dir, "val_loss") is not None:
-        return False
+        resume = False
+    elif done == planned and isinstance(done, int) and _last_metric(run_dir, "val_loss") is not None:  # finished
+        if done >= steps:
+            return False, "" if done == steps else f" (it trained {done} steps; {option} {steps} asks fewer: --force trains it again)"
+        resume, said = False, f" (the one there trained {done} steps; {option} {steps} asks more)"
+    elif planned == steps:
+        resume, said = True, f" (resumed at step {done})"
     else:
-        job = make_job(True)
-    yield from train(job)
-    return True
+        resume, said = False, f" (the one there stopped at step {done} of {planned})"
+    if not resume and run_dir.exists():
+        shutil.rmtree(run_dir)
+    yield from train(make_job(resume))
+    return True, said
 
 
 def _last_metric(run_dir: Path, key: str) -> float | None:
