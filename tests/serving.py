@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import socket
 import threading
 import time
 from pathlib import Path
@@ -13,13 +12,6 @@ from pathlib import Path
 import pytest
 
 from tests.test_chat import finetune_args, write_chats
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 _chat_runs: dict[Path, Path] = {}
 
@@ -64,18 +56,28 @@ class Running:
 
 
 @contextlib.contextmanager
-def running_server(run: Path, *, api_key: str | None = None, max_batch: int = 16, max_queue: int = 64):
-    """`tfcli serve RUN` in this process: the app under uvicorn in a thread, until the block ends."""
-    import uvicorn
+def running_server(
+    run: Path,
+    *,
+    api_key: str | None = None,
+    max_batch: int = 16,
+    max_queue: int = 64,
+    allowed_hosts: str | None = None,
+    head_seconds: float | None = None,
+    **load_options,
+):
+    """`tfcli serve RUN` in this process, as the command builds it (its socket, Host check, bounds), with
+    uvicorn in a thread, until the block ends. `allowed_hosts` is --allowed-hosts' text (None: the default
+    for 127.0.0.1); `head_seconds` shortens the time a request's head may take."""
+    from tfcli.serve.admission import allowed_hosts as hosts_for
+    from tfcli.serve.server import HEAD_SECONDS, bind, load_served, make_server
 
-    from tfcli.serve.app import create_app
-    from tfcli.serve.server import load_served
-
-    served = load_served(run, device="cpu", max_batch=max_batch, max_queue=max_queue)
-    port = free_port()
-    config = uvicorn.Config(create_app(served, api_key=api_key), host="127.0.0.1", port=port, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
+    served = load_served(run, device="cpu", max_batch=max_batch, max_queue=max_queue, **load_options)
+    sock = bind("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    hosts = hosts_for("127.0.0.1", allowed_hosts)
+    server = make_server(served, api_key=api_key, allowed_hosts=hosts, head_seconds=HEAD_SECONDS if head_seconds is None else head_seconds)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
         deadline = time.monotonic() + 60
@@ -86,6 +88,7 @@ def running_server(run: Path, *, api_key: str | None = None, max_batch: int = 16
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+        sock.close()
         served.engine.stop()
 
 

@@ -1,9 +1,12 @@
 """The HTTP side: OpenAI's routes over one run and its engine, the chat page and the attention view.
 
-Handlers check a request completely (model, prompt ids, the context, how many completions) and turn it
-into a `Ticket`; the engine's worker decodes it with whatever else is running. A response streams as
-server-sent events (`data: {...}` chunks, then `data: [DONE]`) or comes whole; a client that goes away
-cancels its ticket, and its rows leave the batch at the next step.
+Handlers check a request completely (prompt ids, the context, how many completions, how many
+log-probabilities an echo returns) before any work and turn it into a `Ticket`; the engine's worker decodes
+it with whatever else is running, and scores echoed prompts between steps. A response streams as
+server-sent events (`data: {...}` chunks, then `data: [DONE]`) or comes whole, built and encoded in a worker
+thread: the event loop only moves bytes. A client that goes away cancels its ticket, and its rows leave the
+batch at the next step. One model is served, so a request may name it anything (as llama.cpp's server
+takes it); /v1/models lists the names it is served under.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import json
 import secrets
 import time
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from tfcli.checkpoint import Checkpoint
+from tfcli.errors import TfcliError
 from tfcli.generate.scoring import ContinuationScore, score_continuations
 from tfcli.serve import errors
 from tfcli.serve.admission import Limits
@@ -29,21 +34,30 @@ from tfcli.serve.page import chat_page
 from tfcli.serve.protocol import ChatRequest, CompletionRequest
 from tfcli.tokenizer.chat_template import ChatTemplate, Message
 from tfcli.tokenizer.detokenize import REPLACEMENT, alone_texts, decode_completion
+from tfcli.train.saving import KEPT_DIR
+from tfcli.train.state import BEST_DIR
 
-DISCONNECT_POLL_SECONDS = 0.5  # how often a waiting non-streaming handler checks its client is still there
+DISCONNECT_POLL_SECONDS = 0.5  # how often a handler waiting on work for the model (scoring, a capture) checks its client is still there
+MAX_ECHO_LOGPROBS = 1_000_000  # log-probabilities an echo returns in one response: prompt tokens x n x (1 + logprobs)
+MAX_NAME_CHARS = 256  # a served model name
+GONE = "gone"  # put on a ticket's queue when its client has gone away
 
 
 @dataclasses.dataclass
 class Served:
     """One run behind the API."""
 
-    name: str
+    name: str  # the name responses give the model
     checkpoint: Checkpoint
     engine: Engine
     template: ChatTemplate | None
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     exchanges: Exchanges = dataclasses.field(default_factory=Exchanges)
+    names: tuple[str, ...] = ()  # the names /v1/models lists, `name` first (empty: `name` alone)
     _token_texts: dict[int, str] = dataclasses.field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.names = tuple(self.names) or (self.name,)
 
     @property
     def block(self) -> int:
@@ -64,6 +78,36 @@ class Served:
     def text(self, ids: Sequence[int]) -> str:
         """The text of ids (an echoed prompt), through the tokenizer's own decoder."""
         return decode_completion(self.checkpoint.tokenizer, (), ids)
+
+
+def run_name(run: Path) -> str:
+    """The name a run is served under by default: its folder's, or for its best checkpoint or a kept one, the run's.
+
+    Example: runs/story -> story; runs/story/best -> story; runs/story/checkpoints/step-0000500 -> story"""
+    folder = Path(run).resolve()
+    if folder.name == BEST_DIR:
+        folder = folder.parent
+    elif folder.parent.name == KEPT_DIR:
+        folder = folder.parent.parent
+    return folder.name or "model"
+
+
+def model_names(run: Path, given: Sequence[str] = ()) -> tuple[str, ...]:
+    """The names a run is served under: --served-model-name's (repeated or comma-separated), else the run's.
+
+    Example: ("tiny", "a,b") -> ("tiny", "a", "b"); () for runs/story/best -> ("story",)"""
+    names: list[str] = []
+    for value in given:
+        for name in value.split(","):
+            name = name.strip()
+            if not name or len(name) > MAX_NAME_CHARS or not name.isprintable():
+                raise TfcliError(
+                    f"--served-model-name {name[:40]!r} is not a name: a name is 1 to {MAX_NAME_CHARS} printable characters",
+                    hint="pass --served-model-name NAME, or names separated by commas",
+                )
+            if name not in names:
+                names.append(name)
+    return tuple(names) or (run_name(run),)
 
 
 def create_app(served: Served, *, api_key: str | None = None) -> FastAPI:
@@ -91,12 +135,19 @@ def create_app(served: Served, *, api_key: str | None = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [_model_card(served)]}
+        return {"object": "list", "data": [_model_card(served, name) for name in served.names]}
 
     @app.get("/v1/models/{model}")
     async def model(model: str) -> dict:
-        _check_model(served, model)
-        return _model_card(served)
+        if model not in served.names:
+            listed = ", ".join(repr(name) for name in served.names)
+            raise ApiError(
+                404,
+                f"the model {model!r} is not listed; this server serves one model, listed as {listed} (a request may name it anything)",
+                param="model",
+                code="model_not_found",
+            )
+        return _model_card(served, model)
 
     @app.get("/attention/{exchange}", response_class=HTMLResponse)
     async def attention(exchange: str, request: Request) -> HTMLResponse:
@@ -117,13 +168,8 @@ def create_app(served: Served, *, api_key: str | None = None) -> FastAPI:
     return app
 
 
-def _model_card(served: Served) -> dict:
-    return {"id": served.name, "object": "model", "created": served.created, "owned_by": "tfcli", "max_model_len": served.block}
-
-
-def _check_model(served: Served, model: str) -> None:
-    if model != served.name:
-        raise ApiError(404, f"the model {model!r} does not exist; this server serves {served.name!r}", param="model", code="model_not_found")
+def _model_card(served: Served, name: str) -> dict:
+    return {"id": name, "object": "model", "created": served.created, "owned_by": "tfcli", "max_model_len": served.block}
 
 
 def _context_check(served: Served, prompt_tokens: int, max_tokens: int, where: str = "the prompt") -> None:
@@ -161,11 +207,26 @@ def _end_ids(served: Served, body, chat: bool) -> frozenset[int]:
 
 
 def _check_rows(served: Served, rows: int) -> None:
+    """Every request, whatever its max_tokens: each completion is a row of the batch and a choice to build."""
     if rows > served.engine.max_batch:
         raise ApiError(
             400,
             f"the request asks for {rows} completions at once (prompts x n); this server decodes at most {served.engine.max_batch} together",
             param="n",
+        )
+
+
+def _check_echo(prompts: list[list[int]], n: int, logprobs: int) -> None:
+    """An echo with logprobs returns each prompt token's log-probability and top alternatives, in each of the
+    prompt's n completions: bounded before the prompts are scored."""
+    entries = sum(len(p) for p in prompts) * n * (1 + logprobs)
+    if entries > MAX_ECHO_LOGPROBS:
+        raise ApiError(
+            400,
+            f"echo with logprobs {logprobs} returns {entries:,} log-probabilities here (prompt tokens x n x (1 + logprobs)); "
+            f"this server returns at most {MAX_ECHO_LOGPROBS:,} in one response: send fewer or shorter prompts, a smaller n or a smaller logprobs",
+            param="logprobs",
+            code="echo_too_large",
         )
 
 
@@ -205,7 +266,6 @@ def _prompt_ids(served: Served, body: CompletionRequest) -> list[list[int]]:
 
 
 async def _completions(served: Served, body: CompletionRequest, request: Request):
-    _check_model(served, body.model)
     prompts = _prompt_ids(served, body)
     max_tokens = body.max_tokens if body.max_tokens is not None else 16
     if max_tokens == 0 and not body.echo:
@@ -213,32 +273,45 @@ async def _completions(served: Served, body: CompletionRequest, request: Request
     for ids in prompts:
         _context_check(served, len(ids), max_tokens)
     n = body.n or 1
-    if max_tokens:
-        _check_rows(served, len(prompts) * n)
+    _check_rows(served, len(prompts) * n)
     want_logprobs = body.logprobs
     scores: list[list[ContinuationScore | None]] | None = None
     if body.echo and want_logprobs is not None:
+        _check_echo(prompts, n, want_logprobs)
         scores = await _score_prompts(served, request, prompts, want_logprobs)
     sampling = _sampling(served, body, max_tokens, chat=False, logprobs=want_logprobs)
     rid = f"cmpl-{secrets.token_hex(12)}"
     created = int(time.time())
-    ticket = _submit(served, Ticket(asyncio.get_running_loop(), prompts, n, sampling)) if max_tokens else None
     builder = CompletionChoices(served, prompts, n, echo=bool(body.echo), scores=scores, logprobs=want_logprobs, token_ids=bool(body.return_token_ids))
+    echoed = None
+    if body.stream and builder.echo:  # the stream's first chunk, made and encoded in a worker thread
+        echoed = await asyncio.to_thread(lambda: _sse_line(_completion_chunk(served, rid, created, builder.echo_choices())))
+    ticket = _submit(served, Ticket(asyncio.get_running_loop(), prompts, n, sampling)) if max_tokens else None
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _sse(_stream_completion(served, request, ticket, builder, rid, created, include_usage))
+        return _sse(_stream_completion(served, request, ticket, builder, rid, created, include_usage, echoed))
     if ticket is not None:
         async for event in _events(served, request, ticket):
             builder.add(event)
-    choices = builder.finished()
-    if len(choices) == 1 and ticket is not None:
-        served.exchanges.add(rid, Exchange(prompts[0], builder.tokens[0], served.text(prompts[0])[:60]))
-    return {"id": rid, "object": "text_completion", "created": created, "model": served.name, "choices": choices, "usage": builder.usage()}
+        _check_present(ticket)
+
+    single = ticket is not None and len(builder.texts) == 1  # an exchange the attention view can show
+
+    def respond() -> tuple[JSONResponse, str]:  # in a worker thread: the choices' texts and log-probabilities, encoded
+        answer = {"id": rid, "object": "text_completion", "created": created, "model": served.name, "choices": builder.finished(), "usage": builder.usage()}
+        return JSONResponse(answer), served.text(prompts[0])[:60] if single else ""
+
+    response, title = await asyncio.to_thread(respond)
+    if single:
+        served.exchanges.add(rid, Exchange(prompts[0], builder.tokens[0], title))
+    return response
 
 
 class CompletionChoices:
     """The choices of a completions response, built from the engine's events (prompt i, sample s is
-    choice i * n + s, as OpenAI orders them)."""
+    choice i * n + s, as OpenAI orders them). An echoed prompt's text and log-probabilities are made once
+    per prompt and shared by its n choices; the handlers call `echo_choices` and `finished` in a worker
+    thread, never on the event loop."""
 
     def __init__(self, served: Served, prompts, n: int, *, echo: bool, scores, logprobs: int | None, token_ids: bool) -> None:
         self.served, self.prompts, self.n = served, prompts, n
@@ -249,6 +322,7 @@ class CompletionChoices:
         self.token_logprobs: list[list[float | None]] = [[] for _ in range(count)]
         self.top: list[list[dict | None]] = [[] for _ in range(count)]
         self.reasons: list[str] = ["length"] * count
+        self._echoed: dict[int, tuple[str, tuple[list[str], list[float | None], list[dict | None]]]] = {}
 
     def prompt_of(self, index: int) -> list[int]:
         return self.prompts[index // self.n]
@@ -273,33 +347,53 @@ class CompletionChoices:
             out[text] = max(logprob, out.get(text, float("-inf")))
         return out
 
-    def prompt_logprobs(self, index: int) -> tuple[list[int], list[float | None], list[dict | None]]:
-        """The echoed prompt's tokens, their log-probabilities (the first has none) and top alternatives."""
-        prompt = self.prompt_of(index)
-        if self.scores is None:
-            return prompt, [None] * len(prompt), [None] * len(prompt)
-        score = self.scores[index // self.n]
-        if score is None:
-            return prompt, [None], [None]
-        tops = [None] + [self._top(t) if t is not None else {} for t in (score.top_logprobs or [None] * len(score.token_logprobs))]
-        return prompt, [None, *score.token_logprobs], tops
+    def _echoed_prompt(self, index: int) -> tuple[str, tuple[list[str], list[float | None], list[dict | None]]]:
+        """Choice `index`'s prompt: its text, and its tokens' texts, log-probabilities (the first has none) and
+        top alternatives; made once per prompt."""
+        p = index // self.n
+        found = self._echoed.get(p)
+        if found is None:
+            prompt = self.prompts[p]
+            strings = [self.served.token_text(t) for t in prompt] if self.logprobs is not None else []
+            score = self.scores[p] if self.scores is not None else None
+            if self.scores is None:
+                logprobs, tops = [None] * len(prompt), [None] * len(prompt)
+            elif score is None:
+                logprobs, tops = [None], [None]
+            else:
+                tops = [None] + [self._top(t) if t is not None else {} for t in (score.top_logprobs or [None] * len(score.token_logprobs))]
+                logprobs = [None, *score.token_logprobs]
+            found = self._echoed[p] = (self.served.text(prompt), (strings, logprobs, tops))
+        return found
 
     def logprobs_of(self, index: int, start: int = 0, with_prompt: bool = False) -> dict | None:
         if self.logprobs is None:
             return None
-        tokens, token_logprobs, top = list(self.tokens[index][start:]), list(self.token_logprobs[index][start:]), list(self.top[index][start:])
+        strings = [self.served.token_text(t) for t in self.tokens[index][start:]]
+        token_logprobs, top = list(self.token_logprobs[index][start:]), list(self.top[index][start:])
         if with_prompt:
-            prompt, prompt_logprobs, prompt_top = self.prompt_logprobs(index)
-            tokens, token_logprobs, top = prompt + tokens, prompt_logprobs + token_logprobs, prompt_top + top
-        strings = [self.served.token_text(t) for t in tokens]
+            prompt_strings, prompt_logprobs, prompt_top = self._echoed_prompt(index)[1]
+            strings, token_logprobs, top = prompt_strings + strings, prompt_logprobs + token_logprobs, prompt_top + top
         offsets, at = [], 0
         for s in strings:
             offsets.append(at)
             at += len(s)
-        return {"tokens": strings, "token_logprobs": token_logprobs, "top_logprobs": top if self.logprobs > 0 else [None] * len(tokens), "text_offset": offsets}
+        return {
+            "tokens": strings,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top if self.logprobs > 0 else [None] * len(strings),
+            "text_offset": offsets,
+        }
 
     def prompt_text(self, index: int) -> str:
-        return self.served.text(self.prompt_of(index))
+        return self._echoed_prompt(index)[0]
+
+    def echo_choices(self) -> list[dict]:
+        """A stream's first chunk with echo: each choice's prompt (and its log-probabilities when asked for)."""
+        return [
+            {"index": i, "text": self.prompt_text(i), "logprobs": self.logprobs_of(i, with_prompt=True) if self.scores else None, "finish_reason": None}
+            for i in range(len(self.texts))
+        ]
 
     def finished(self) -> list[dict]:
         choices = []
@@ -318,22 +412,20 @@ class CompletionChoices:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-async def _stream_completion(served: Served, request: Request, ticket: Ticket | None, builder: CompletionChoices, rid: str, created: int, include_usage: bool):
-    def chunk(choices: list[dict], **extra) -> dict:
-        return {"id": rid, "object": "text_completion", "created": created, "model": served.name, "choices": choices, **extra}
+def _completion_chunk(served: Served, rid: str, created: int, choices: list[dict], **extra) -> dict:
+    return {"id": rid, "object": "text_completion", "created": created, "model": served.name, "choices": choices, **extra}
 
-    if builder.echo:
-        yield chunk(
-            [
-                {
-                    "index": i,
-                    "text": builder.prompt_text(i),
-                    "logprobs": builder.logprobs_of(i, with_prompt=True) if builder.scores else None,
-                    "finish_reason": None,
-                }
-                for i in range(len(builder.texts))
-            ]
-        )
+
+async def _stream_completion(
+    served: Served, request: Request, ticket: Ticket | None, builder: CompletionChoices, rid: str, created: int, include_usage: bool, echoed: str | None
+):
+    """The stream's chunks; `echoed`, the first with echo, comes encoded (it was made in a worker thread)."""
+
+    def chunk(choices: list[dict], **extra) -> dict:
+        return _completion_chunk(served, rid, created, choices, **extra)
+
+    if echoed is not None:
+        yield echoed
     if ticket is not None:
         async for event in _events(served, request, ticket):
             builder.add(event)
@@ -345,13 +437,12 @@ async def _stream_completion(served: Served, request: Request, ticket: Ticket | 
     else:
         yield chunk([{"index": i, "text": "", "logprobs": None, "finish_reason": "length"} for i in range(len(builder.texts))])
     if ticket is not None and len(builder.texts) == 1:
-        served.exchanges.add(rid, Exchange(builder.prompts[0], builder.tokens[0], builder.prompt_text(0)[:60]))
+        served.exchanges.add(rid, Exchange(builder.prompts[0], builder.tokens[0], served.text(builder.prompts[0])[:60]))
     if include_usage:
         yield chunk([], usage=builder.usage())
 
 
 async def _chat(served: Served, body: ChatRequest, request: Request):
-    _check_model(served, body.model)
     template = served.template
     if template is None:
         raise ApiError(
@@ -399,6 +490,7 @@ async def _chat(served: Served, body: ChatRequest, request: Request):
                 logprobs[event.index].append(_chat_logprob(served, event))
         else:
             reasons[event.index] = event.finish_reason
+    _check_present(ticket)
     if n == 1:
         served.exchanges.add(rid, Exchange(prompt, tokens[0], title))
     choices = []
@@ -415,7 +507,8 @@ async def _chat(served: Served, body: ChatRequest, request: Request):
         choices.append(choice)
     used = sum(len(t) for t in tokens)
     usage = {"prompt_tokens": len(prompt), "completion_tokens": used, "total_tokens": len(prompt) + used}
-    return {"id": rid, "object": "chat.completion", "created": created, "model": served.name, "choices": choices, "usage": usage}
+    answer = {"id": rid, "object": "chat.completion", "created": created, "model": served.name, "choices": choices, "usage": usage}
+    return await asyncio.to_thread(JSONResponse, answer)  # encoded in a worker thread
 
 
 def _chat_logprob(served: Served, event: Token) -> dict:
@@ -460,16 +553,15 @@ def _submit(served: Served, ticket: Ticket) -> Ticket:
 
 async def _events(served: Served, request: Request, ticket: Ticket) -> AsyncIterator[Token | Ended]:
     """The ticket's events until every completion has ended. A client that goes away (a cancelled stream, or a
-    closed connection noticed while waiting) cancels the ticket: its rows leave the batch at the next step."""
+    closed connection, which a watcher hears at once) cancels the ticket: its rows leave the batch at the next
+    step."""
     remaining = ticket.rows
+    watcher = asyncio.create_task(_watch_client(served, request, ticket))
     try:
         while remaining:
-            try:
-                events = await asyncio.wait_for(ticket.queue.get(), DISCONNECT_POLL_SECONDS)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    return
-                continue
+            events = await ticket.queue.get()
+            if events is GONE:
+                return
             for event in events:
                 if isinstance(event, Failed):
                     raise ApiError(500, event.message)
@@ -477,8 +569,27 @@ async def _events(served: Served, request: Request, ticket: Ticket) -> AsyncIter
                     remaining -= 1
                 yield event
     finally:
+        watcher.cancel()
         if remaining:
             served.engine.cancel(ticket)
+
+
+async def _watch_client(served: Served, request: Request, ticket: Ticket) -> None:
+    """Wait for the client to go away (the body was read, so the next message is its disconnect), then cancel
+    the ticket and wake its handler."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # a connection that cannot be read from any more has gone too
+        pass
+    served.engine.cancel(ticket)
+    ticket.queue.put_nowait(GONE)
+
+
+def _check_present(ticket: Ticket) -> None:
+    """After the events: a client that went away gets no response built."""
+    if ticket.cancelled:
+        raise ApiError(400, "the client went away")
 
 
 async def _run_task(served: Served, request: Request, task):
@@ -508,11 +619,17 @@ async def _score_prompts(served: Served, request: Request, prompts: list[list[in
     return [next(results) if len(p) > 1 else None for p in prompts]
 
 
-def _sse(chunks: AsyncIterator[dict]) -> StreamingResponse:
+def _sse_line(chunk: dict) -> str:
+    return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+
+
+def _sse(chunks: AsyncIterator[dict | str]) -> StreamingResponse:
+    """Server-sent events of the chunks (a str is an event already encoded)."""
+
     async def lines():
         try:
             async for chunk in chunks:
-                yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+                yield chunk if isinstance(chunk, str) else _sse_line(chunk)
         except ApiError as exc:  # after the first chunk the status is sent: the error travels as an event
             yield f"data: {json.dumps(errors.error_body(exc.status, exc.message, exc.param, exc.code))}\n\n"
         yield "data: [DONE]\n\n"

@@ -20,8 +20,10 @@ TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
+    421: "invalid_request_error",
     429: "rate_limit_error",
     503: "server_overloaded",
 }

@@ -1,23 +1,32 @@
 """The requests the API takes, as OpenAI documents them: typed models that refuse unknown keys, wrong types
-and out-of-range values with a 400 before any work. Two extensions, named as vLLM names them:
-`ignore_eos` (decode to max_tokens, for benchmarks) and `return_token_ids` (each choice's ids)."""
+and out-of-range values with a 400 before any work (JSON's true and false are not numbers, though pydantic's
+lax mode reads them as 1 and 0). Two extensions, named as vLLM names them: `ignore_eos` (decode to
+max_tokens, for benchmarks) and `return_token_ids` (each choice's ids)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 MAX_N = 128  # completions per request (OpenAI's own limit)
 MAX_PROMPTS = 128  # prompts in one completions request
 MAX_STOPS = 4  # stop strings (OpenAI's limit)
 MAX_LOGPROBS = 20
 
-Probability = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
-Temperature = Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)]
-Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
-Seed = Annotated[int, Field(ge=-(2**63), lt=2**64)]
-TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+
+def _not_a_bool(value):
+    """A number field refuses JSON's true and false (pydantic would read `max_tokens: true` as 1)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, not {str(value).lower()}")
+    return value
+
+
+NOT_A_BOOL = BeforeValidator(_not_a_bool)  # put after a number's Field (before it, the OpenAPI schema says "ge", not "minimum")
+Temperature = Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False), NOT_A_BOOL]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False), NOT_A_BOOL]
+Seed = Annotated[int, Field(ge=-(2**63), lt=2**64), NOT_A_BOOL]
+TokenId = Annotated[int, Field(ge=0, lt=2**31), NOT_A_BOOL]
 
 
 def _text(value: str, what: str) -> str:
@@ -41,15 +50,15 @@ class Sampled(BaseModel):
 
     model: str
     temperature: Optional[Temperature] = 1.0
-    top_p: Optional[Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]] = 1.0
-    n: Optional[Annotated[int, Field(ge=1, le=MAX_N)]] = 1
+    top_p: Optional[Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False), NOT_A_BOOL]] = 1.0
+    n: Optional[Annotated[int, Field(ge=1, le=MAX_N), NOT_A_BOOL]] = 1
     stop: Optional[Union[str, Annotated[list[str], Field(max_length=MAX_STOPS)]]] = None
     seed: Optional[Seed] = None
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
     presence_penalty: Optional[Annotated[Penalty, Field(ge=0.0, le=0.0)]] = 0.0  # accepted at 0 only: not implemented
     frequency_penalty: Optional[Annotated[Penalty, Field(ge=0.0, le=0.0)]] = 0.0
-    logit_bias: Optional[Annotated[dict[str, float], Field(max_length=0)]] = None
+    logit_bias: Optional[Annotated[dict[str, Annotated[float, NOT_A_BOOL]], Field(max_length=0)]] = None
     user: Optional[Annotated[str, Field(max_length=256)]] = None
     ignore_eos: Optional[bool] = False
     return_token_ids: Optional[bool] = False
@@ -82,10 +91,10 @@ class CompletionRequest(Sampled):
     """POST /v1/completions."""
 
     prompt: Prompt
-    max_tokens: Optional[Annotated[int, Field(ge=0, le=2**31)]] = 16
-    logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]] = None
+    max_tokens: Optional[Annotated[int, Field(ge=0, le=2**31), NOT_A_BOOL]] = 16
+    logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_LOGPROBS), NOT_A_BOOL]] = None
     echo: Optional[bool] = False
-    best_of: Optional[Annotated[int, Field(ge=1, le=1)]] = None  # accepted as 1 only
+    best_of: Optional[Annotated[int, Field(ge=1, le=1), NOT_A_BOOL]] = None  # accepted as 1 only
     suffix: Optional[Annotated[str, Field(max_length=0)]] = None
 
     @field_validator("prompt")
@@ -124,7 +133,7 @@ class ChatRequest(Sampled):
     """POST /v1/chat/completions."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=1024)]
-    max_tokens: Optional[Annotated[int, Field(ge=1, le=2**31)]] = None
-    max_completion_tokens: Optional[Annotated[int, Field(ge=1, le=2**31)]] = None
+    max_tokens: Optional[Annotated[int, Field(ge=1, le=2**31), NOT_A_BOOL]] = None
+    max_completion_tokens: Optional[Annotated[int, Field(ge=1, le=2**31), NOT_A_BOOL]] = None
     logprobs: Optional[bool] = False
-    top_logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]] = None
+    top_logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_LOGPROBS), NOT_A_BOOL]] = None
