@@ -181,3 +181,31 @@ def test_a_resume_never_replaces_best_with_a_worse_model(cli, shards, tmp_path):
     best_weights = (run / "best" / "model.safetensors").read_bytes()
     assert cli(*pretrain_args(shards, run, "--max-steps", "8", "--eval-every", "2", "--save-every", "4", "--resume")).code == 0
     assert (run / "best" / "model.safetensors").read_bytes() == best_weights
+
+
+def test_a_longer_max_steps_on_resume_continues_the_schedule(cli, shards, tmp_path):
+    """Extending a finished run: the rate goes on down from where it was, to the new end, never back up; a
+    second resume of the extended run keeps that schedule."""
+    run = tmp_path / "run"
+    common = ["--eval-every", "4", "--save-every", "4", "--log-every", "1", "--batch-size", "4", "--set", "warmup_steps=2"]
+    assert cli(*pretrain_args(shards, run, *common, "--max-steps", "8")).code == 0
+    first = {r["step"]: r["lr"] for r in records(run) if "lr" in r}
+    assert cli(*pretrain_args(shards, run, *common, "--max-steps", "16", "--resume")).code == 0
+    rates = [r["lr"] for r in records(run) if "lr" in r]
+    assert len(rates) == 16 and rates[:8] == pytest.approx([first[step] for step in range(1, 9)])
+    after = rates[7:]
+    assert all(b <= a + 1e-12 for a, b in zip(after, after[1:])), after  # laid out again, step 9's rate would jump up
+    assert after[-1] == pytest.approx(first[8])  # ends at min_lr_ratio, as the run did before
+    assert after[1] > rates[7] * 0.9  # and goes on from the rate it had, not from the floor
+    restart = json.loads((run / "config.json").read_text())["training"]["config"]["decay_restart"]
+    assert restart[0] == 8
+
+    extended = tmp_path / "extended"  # the same extension killed halfway and resumed again gives the same rates
+    assert cli(*pretrain_args(shards, extended, *common, "--max-steps", "8")).code == 0
+    process = spawn(pretrain_args(shards, extended, *common, "--max-steps", "16", "--resume", "--save-every", "2"))
+    wait_for_step(extended, process, 12)
+    process.send_signal(signal.SIGKILL)
+    process.communicate()
+    assert 8 < json.loads((extended / "trainer" / "state.json").read_text())["step"] < 16
+    assert cli(*pretrain_args(shards, extended, *common, "--max-steps", "16", "--resume")).code == 0
+    assert [r["lr"] for r in records(extended) if "lr" in r] == pytest.approx(rates)

@@ -19,7 +19,7 @@ FREEZE = ("none", "embeddings", "body")
 # LoRA's target groups: the linear layers each wraps (tfcli/adapters/lora.py: TARGET_GROUPS)
 LORA_TARGETS = ("qkv", "out", "mlp")
 # Settings a resumed run may change: they do not alter what the finished steps computed.
-RESUMABLE_CHANGES = ("max_steps", "time_budget", "eval_every", "eval_batches", "log_every", "save_every", "keep_every", "device", "compile", "fsdp")
+RESUMABLE_CHANGES = ("max_steps", "time_budget", "eval_every", "eval_batches", "log_every", "save_every", "keep_every", "device", "compile", "fsdp", "decay_restart")
 
 
 @dataclasses.dataclass
@@ -34,6 +34,9 @@ class TrainConfig(JsonRecord):
     min_lr_ratio: float = 0.1  # the schedule decays to lr * min_lr_ratio
     schedule: str = "cosine"  # cosine | linear | constant, after the warm-up
     warmup_steps: int | None = None  # linear warm-up (default: the first 5% of the run)
+    # [step, lr factor there]: set by --resume with another max_steps, so the decay goes on from where the run was
+    # (at the rate it had) to the new last step, instead of the schedule being laid out again
+    decay_restart: list[float] | None = None
     weight_decay: float = 0.1  # AdamW's decoupled decay, on matrices only (not norms, biases, embeddings)
     beta1: float = 0.9
     beta2: float = 0.95
@@ -82,6 +85,11 @@ class TrainConfig(JsonRecord):
             ("grad_clip", self.grad_clip >= 0, "0 or more"),
             ("label_smoothing", 0 <= self.label_smoothing < 1, "in [0, 1)"),
             ("time_budget", self.time_budget is None or self.time_budget > 0, "positive"),
+            (
+                "decay_restart",
+                self.decay_restart is None or (len(self.decay_restart) == 2 and self.decay_restart[0] >= 0 and 0 <= self.decay_restart[1] <= 1),
+                "[step, factor] with step 0 or more and factor in [0, 1]",
+            ),
             ("eval_every", self.eval_every >= 0, "0 or more"),
             ("eval_batches", self.eval_batches >= 1, "at least 1"),
             ("log_every", self.log_every >= 1, "at least 1"),

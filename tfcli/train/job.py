@@ -17,7 +17,9 @@ from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
 from tfcli.train.chat import ChatFiles, chat_sets, chat_tokenizer, grown_vocabulary_note, install_chat_tokenizer
 from tfcli.train.command_line import check_settings_apply, resolve_configs
 from tfcli.train.fingerprint import digest, file_fingerprint, shard_fingerprint
+from tfcli.train.optim import lr_factor
 from tfcli.train.run_checks import check_output, check_resumed, check_resumed_finetune
+from tfcli.train.state import find_trainer_state
 from tfcli.training_config import PRETRAIN_TASK, TrainConfig
 
 DEFAULT_PRESET = {"decoder": "tiny", "encoder": "tiny", "encoder-decoder": "seq2seq-tiny"}
@@ -173,6 +175,7 @@ def pretrain_job(
     check_output(output, resume)
     if resume:
         check_resumed(job)
+        job = continued_schedule(job)
     return job
 
 
@@ -213,7 +216,24 @@ def finetune_job(
         job = dataclasses.replace(job, tokenizer=install_chat_tokenizer(job.run_dir, job.tokenizer_files, resume))
     if resume:
         check_resumed_finetune(job, Path(init_from), data)
+        job = continued_schedule(job)
     return job
+
+
+def continued_schedule(job: TrainingJob) -> TrainingJob:
+    """A resumed run keeps its learning-rate schedule. With another --max-steps the decay goes on from the step
+    the run stopped at, at the rate it had there, to the new last step (`decay_restart`), instead of being laid
+    out again over the new length (which would send the rate back up); with the same length a restart an earlier
+    resume set is kept. A time budget lays the schedule over the budget, as it always does."""
+    before = TrainConfig.from_json((read_run_config(job.run_dir).training or {}).get("config") or {})
+    now = job.config
+    if now.time_budget is not None or before.time_budget is not None:
+        return job
+    restart = before.decay_restart
+    if now.max_steps != before.max_steps:
+        _, state = find_trainer_state(job.run_dir)
+        restart = [state.step, lr_factor(before, state.step)]
+    return dataclasses.replace(job, config=dataclasses.replace(now, decay_restart=restart))
 
 
 def _check_fields(task: str, fields: dict[str, str] | None) -> dict[str, str]:

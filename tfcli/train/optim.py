@@ -45,8 +45,15 @@ def lr_factor(config: TrainConfig, step: int, fraction: float | None = None) -> 
     unless warmup_steps is set, the warm-up (the first 5% of the budget).
 
     Example (max_steps 100, warmup 10, cosine, min 0.1): step 0 -> 0.0909, step 9 -> 0.909, step 10 -> 1.0, step 99 -> ~0.1.
+    After `decay_restart` [step s, factor f] (a run resumed with another max_steps) the decay goes from f at s
+    down to min_lr_ratio at the new last step.
     """
-    if fraction is None:
+    top = 1.0
+    restart = config.decay_restart
+    if fraction is None and restart is not None and step >= restart[0]:
+        start, top = int(restart[0]), float(restart[1])
+        progress = (step - start) / max(1, config.max_steps - start - 1)
+    elif fraction is None:
         total = config.max_steps
         warmup = config.warmup_steps if config.warmup_steps is not None else total // 20
         if step < warmup:
@@ -63,12 +70,12 @@ def lr_factor(config: TrainConfig, step: int, fraction: float | None = None) -> 
                 return max(fraction / 0.05, 1e-3)
             progress = (fraction - 0.05) / 0.95
     progress = min(max(progress, 0.0), 1.0)
-    low = config.min_lr_ratio
+    low = min(config.min_lr_ratio, top)
     if config.schedule == "cosine":
-        return low + (1 - low) * 0.5 * (1 + math.cos(math.pi * progress))
+        return low + (top - low) * 0.5 * (1 + math.cos(math.pi * progress))
     if config.schedule == "linear":
-        return low + (1 - low) * (1 - progress)
-    return 1.0
+        return low + (top - low) * (1 - progress)
+    return top
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer, names: dict[int, str]) -> dict[str, torch.Tensor]:
