@@ -126,4 +126,5 @@ def test_a_shorter_quickstart_keeps_the_longer_runs_and_says_so(cli, tmp_path, q
     said = " ".join(longer.stdout.split())
     assert longer.code == 0 and "made model" in said and "(the one there trained 4 steps; --steps 5 asks more)" in said
     assert "made classifier" in said  # on the new model
+    assert "training model: " in longer.stderr and "5 steps" in longer.stderr  # off a terminal too, it says what it trains
     assert read_run_config(out / "model").training["step"] == 5

@@ -10,6 +10,8 @@ import typer
 from tfcli.cli.common import at_least, stderr_console, stdout_console
 from tfcli.cli.options import Device
 
+PIPED_EVERY_S = 10.0
+
 
 def quickstart(
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for everything the chain makes.")] = Path("runs/quickstart"),
@@ -35,6 +37,8 @@ def quickstart(
     Example: tfcli quickstart
     """
     at_least(1, steps=steps, classifier_steps=classifier_steps)
+    import time
+
     from rich.text import Text
 
     from tfcli.quickstart import QuickstartSkip, QuickstartStep, find_sample_data, run_quickstart
@@ -45,7 +49,10 @@ def quickstart(
     console = stdout_console()
     data_dir = find_sample_data(data)
     skipped = set()
-    with stderr_console().status("running the quickstart chain") as status:
+    said = stderr_console()
+    piped = not said.is_terminal  # no spinner there: a line every PIPED_EVERY_S seconds of training instead
+    last_said = 0.0
+    with said.status("running the quickstart chain") as status:
         for event in run_quickstart(data_dir, output, force=force, pretrain_steps=steps, classifier_steps=classifier_steps, device=device):
             if isinstance(event, QuickstartStep):
                 line = Text(f"{'made' if event.made else 'kept'} ", style="green" if event.made else "dim")
@@ -60,10 +67,17 @@ def quickstart(
                 line.append(event.reason)
                 console.print(line, soft_wrap=True)
             elif isinstance(event, Started):
-                status.update(f"training {event.run_dir.name} ({event.parameters:,} parameters)")
-                name = event.run_dir.name
+                name, total = event.run_dir.name, event.max_steps
+                status.update(f"training {name} ({event.parameters:,} parameters)")
+                if piped:
+                    said.print(Text(f"training {name}: {event.parameters:,} parameters, {total:,} steps"), soft_wrap=True)
+                    last_said = time.monotonic()
             elif isinstance(event, StepDone):
-                status.update(f"training {name}: step {event.step:,}, {event.tokens_per_sec:,.0f} tokens/s, about {event.remaining or 0:.0f} s left")
+                progress = f"training {name}: step {event.step:,} of {total:,}, {event.tokens_per_sec:,.0f} tokens/s, about {event.remaining or 0:.0f} s left"
+                status.update(progress)
+                if piped and time.monotonic() - last_said >= PIPED_EVERY_S:
+                    said.print(Text(progress), soft_wrap=True)
+                    last_said = time.monotonic()
     console.print(Text("next:", style="bold"))
     for command in (
         f'tfcli generate {output / "model"} --prompt "Once upon a time"',
