@@ -19,7 +19,19 @@ FREEZE = ("none", "embeddings", "body")
 # LoRA's target groups: the linear layers each wraps (tfcli/adapters/lora.py: TARGET_GROUPS)
 LORA_TARGETS = ("qkv", "out", "mlp")
 # Settings a resumed run may change: they do not alter what the finished steps computed.
-RESUMABLE_CHANGES = ("max_steps", "time_budget", "eval_every", "eval_batches", "log_every", "save_every", "keep_every", "device", "compile", "fsdp", "decay_restart")
+RESUMABLE_CHANGES = (
+    "max_steps",
+    "time_budget",
+    "eval_every",
+    "eval_batches",
+    "log_every",
+    "save_every",
+    "keep_every",
+    "device",
+    "compile",
+    "fsdp",
+    "decay_restart",
+)
 
 
 @dataclasses.dataclass

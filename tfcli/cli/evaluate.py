@@ -32,6 +32,13 @@ def evaluate(
     include_path: Annotated[
         Optional[list[Path]], typer.Option("--include-path", help="A folder of lm-eval task .yaml files (repeatable).", show_default=False)
     ] = None,
+    trust_remote_code: Annotated[
+        bool,
+        typer.Option(
+            "--trust-remote-code",
+            help="Run the code an --include-path folder's task files name (!function, class:, metrics from HF evaluate) and let them read data outside the folder. Without it such a folder is refused.",
+        ),
+    ] = False,
     num_fewshot: Annotated[
         Optional[int], typer.Option("--num-fewshot", help="Examples before each question [default: each task's own].", show_default=False)
     ] = None,
@@ -72,10 +79,12 @@ def evaluate(
             raise TfcliError("--split and --max-batches go with --data", hint="with --tasks, --limit N scores the first N documents")
         from tfcli.cli.evaluate_tasks import evaluate_tasks_command
 
-        evaluate_tasks_command(runs, tasks, include_path or [], num_fewshot, limit, batch_size, chat_template, compare, output, device, json_output)
+        evaluate_tasks_command(
+            runs, tasks, include_path or [], num_fewshot, limit, batch_size, chat_template, compare, output, device, json_output, trust_remote_code
+        )
         return
-    if compare or include_path or num_fewshot is not None or limit is not None or chat_template or output is not None:
-        raise TfcliError("--compare, --include-path, --num-fewshot, --limit, --chat-template and -o go with --tasks")
+    if compare or include_path or num_fewshot is not None or limit is not None or chat_template or output is not None or trust_remote_code:
+        raise TfcliError("--compare, --include-path, --trust-remote-code, --num-fewshot, --limit, --chat-template and -o go with --tasks")
     from tfcli.train.evaluate import evaluate_run
 
     run = runs[0]

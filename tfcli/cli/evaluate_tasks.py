@@ -23,6 +23,7 @@ def evaluate_tasks_command(
     output: Path | None,
     device: str,
     json_output: bool,
+    trust_remote_code: bool = False,
 ) -> None:
     import importlib.util
 
@@ -35,7 +36,7 @@ def evaluate_tasks_command(
     from tfcli.harness.evaluate import TaskOptions, compare_runs, evaluate_tasks, results_json
     from tfcli.harness.tasks import split_names
 
-    options = TaskOptions(tuple(split_names(tasks)), tuple(include_paths), num_fewshot, limit, batch_size, chat_template)
+    options = TaskOptions(tuple(split_names(tasks)), tuple(include_paths), num_fewshot, limit, batch_size, chat_template, trust_remote_code=trust_remote_code)
     if output is not None and output.is_dir():
         raise TfcliError(f"-o {output} is a folder", hint="name the results file, e.g. -o results.json")
     stderr_console().print(f"scoring {', '.join(options.tasks)} ...", markup=False, highlight=False)

@@ -21,7 +21,8 @@ import torch
 
 from tfcli import __version__
 from tfcli.errors import TfcliError
-from tfcli.harness.tasks import check_tasks, go_offline, load_tasks, task_manager
+from tfcli.harness.sandbox import sandboxed_templates
+from tfcli.harness.tasks import SHIPPED_TASKS, check_tasks, go_offline, load_tasks, task_manager
 from tfcli.rundir import read_run_config
 
 BOOTSTRAP_ITERS = 1000  # resamples for the standard error of a non-mean metric (perplexity); the harness's 100,000 take minutes
@@ -36,6 +37,7 @@ class TaskOptions:
     batch_size: int = 16
     chat_template: bool = False
     log_samples: bool = False  # keep each document's requests and responses under results["samples"]
+    trust_remote_code: bool = False  # run the code an --include-path folder's task files name (!function, class:)
 
 
 def check_decoder(run: Path) -> None:
@@ -46,11 +48,13 @@ def check_decoder(run: Path) -> None:
 
 
 def prepare(options: TaskOptions):
-    """(the task manager, the loaded and checked tasks) for these options."""
+    """(the task manager, the loaded and checked tasks) for these options: an --include-path folder's code
+    refused and its data kept inside it unless trust_remote_code; templates rendered in the sandbox throughout."""
     go_offline()
     logging.getLogger("lm_eval").setLevel(logging.ERROR)  # the harness's info lines would bury the table
-    manager = task_manager(options.tasks, options.include_paths)
-    tasks = load_tasks(manager, options.tasks)
+    confined = bool(options.include_paths) and not options.trust_remote_code
+    manager = task_manager(options.tasks, options.include_paths, trust_remote_code=options.trust_remote_code)
+    tasks = load_tasks(manager, options.tasks, [SHIPPED_TASKS, *options.include_paths] if confined else None)
     check_tasks(tasks, options.num_fewshot, options.limit)
     return manager, tasks
 
@@ -70,6 +74,7 @@ def run_harness(lm, options: TaskOptions, prepared=None) -> dict[str, Any]:
     # its bootstrap (one chunk of BOOTSTRAP_ITERS) would fork a pool from a process that runs torch's threads,
     # the server's or the tokenizer's: a fork can inherit a held lock and hang; in this process it cannot
     quiet.enter_context(mock.patch.dict(os.environ, {"DISABLE_MULTIPROC": "1"}))
+    quiet.enter_context(sandboxed_templates())  # prompts, targets, choices and descriptions are rendered here too
     with quiet:
         results = simple_evaluate(
             model=lm,

@@ -2,10 +2,13 @@
 harness's own registry; loading them offline, checked, so a broken task is one clear line before any scoring.
 
 A relative `data_files` path in a task file is read beside the task file when it is there (the harness itself
-reads it from the current folder, which still works): a task folder can be moved or shipped whole."""
+reads it from the current folder, which still works with --trust-remote-code): a task folder can be moved or
+shipped whole. An --include-path folder is checked first (`trust.py`): without --trust-remote-code it holds no
+code and reads no data outside itself."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
@@ -17,6 +20,8 @@ import jinja2
 import jinja2.meta
 
 from tfcli.errors import TfcliError
+from tfcli.harness.sandbox import sandboxed_templates, template_refused
+from tfcli.harness.trust import check_task_folder, data_inside
 
 SHIPPED_TASKS = Path(__file__).parent / "tasks"
 SHIPPED_NAMES = ("tfcli_story_choice", "tfcli_last_word", "tfcli_dates")
@@ -60,14 +65,19 @@ def _registry_words() -> set[str]:
     return words
 
 
-def task_manager(names: Sequence[str], include_paths: Sequence[Path]):
+def task_manager(names: Sequence[str], include_paths: Sequence[Path], *, trust_remote_code: bool = False):
     """A TaskManager that knows every name: tfcli's and the include paths' alone where that is enough, the
-    harness's whole registry too where a name is not among them. An unknown name is a TfcliError."""
+    harness's whole registry too where a name is not among them. An unknown name is a TfcliError; so is code
+    in an include path's task files, unless `trust_remote_code`."""
+    import lm_eval.tasks
     from lm_eval.tasks import TaskManager
 
     for path in include_paths:
         if not Path(path).is_dir():
             raise TfcliError(f"--include-path {path} is not a folder", hint="pass a folder of task .yaml files")
+    if not trust_remote_code:
+        for path in include_paths:  # before lm-eval reads a file of it
+            check_task_folder(Path(path), trusted=[SHIPPED_TASKS, Path(lm_eval.tasks.__file__).parent])
     paths = [str(SHIPPED_TASKS), *(str(p) for p in include_paths)]
     manager = TaskManager(include_path=paths, include_defaults=False)
     missing = [n for n in names if n not in manager.task_index]
@@ -85,15 +95,21 @@ def task_manager(names: Sequence[str], include_paths: Sequence[Path]):
     return manager
 
 
-def _resolve_data_files(config: dict[str, Any], folder: Path) -> None:
-    """Relative data_files found beside the task file become absolute paths to them."""
+def _resolve_data_files(config: dict[str, Any], folder: Path, *, beside: bool = False) -> None:
+    """Relative data_files found beside the task file become absolute paths to them; with `beside`, every
+    relative data_files (when no data_dir) and data_dir is read beside the task file, found there or not, never
+    from the current folder."""
     kwargs = config.get("dataset_kwargs") or {}
+    data_dir = kwargs.get("data_dir")
+    if beside and isinstance(data_dir, str) and _relative_path(data_dir):
+        kwargs["data_dir"] = str(folder / data_dir)
     files = kwargs.get("data_files")
     if files is None:
         return
+    beside = beside and data_dir is None  # datasets reads data_files relative to data_dir where there is one
 
     def resolved(value):
-        if isinstance(value, str) and not Path(value).is_absolute() and "://" not in value and (folder / value).exists():
+        if isinstance(value, str) and _relative_path(value) and (beside or (folder / value).exists()):
             return str(folder / value)
         if isinstance(value, list):
             return [resolved(v) for v in value]
@@ -102,8 +118,13 @@ def _resolve_data_files(config: dict[str, Any], folder: Path) -> None:
     kwargs["data_files"] = {split: resolved(v) for split, v in files.items()} if isinstance(files, dict) else resolved(files)
 
 
-def _checked_config(name: str, path: Path) -> dict[str, Any]:
-    """The task file's whole configuration (includes followed), its required fields there, data paths resolved."""
+def _relative_path(value: str) -> bool:
+    return not Path(value).is_absolute() and not value.startswith("~") and "://" not in value and "::" not in value
+
+
+def _checked_config(name: str, path: Path, *, confined: bool = False) -> dict[str, Any]:
+    """The task file's whole configuration (includes followed), its required fields there, data paths resolved
+    (all beside the task file when `confined`: a task from an --include-path folder not trusted)."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
     try:
@@ -118,13 +139,14 @@ def _checked_config(name: str, path: Path) -> dict[str, Any]:
             raise TfcliError(f"task {name} ({path}) has no {field}", hint="every task file names task, dataset_path, doc_to_text and doc_to_target")
     if not (config.get("test_split") or config.get("validation_split")):
         raise TfcliError(f"task {name} ({path}) has no test_split or validation_split", hint="name the split to evaluate on")
-    _resolve_data_files(config, path.parent)
+    _resolve_data_files(config, path.parent, beside=confined)
     return config
 
 
-def load_tasks(manager, names: Sequence[str]) -> list:
+def load_tasks(manager, names: Sequence[str], data_folders: Sequence[Path] | None = None) -> list:
     """The harness's Task objects (and Group names) for `names`, tasks built from their checked files; a data
-    file that is missing or broken is a TfcliError naming the task."""
+    file that is missing or broken is a TfcliError naming the task. With `data_folders` (an --include-path
+    not trusted, and tfcli's tasks), every local file a task reads lies in one of them."""
     from lm_eval.tasks._index import Kind
 
     specs: list[Any] = []
@@ -134,23 +156,34 @@ def load_tasks(manager, names: Sequence[str]) -> list:
         for member in members:
             task_entry = manager.task_index[member]
             if task_entry.kind == Kind.TASK and task_entry.yaml_path is not None:
-                specs.append(_checked_config(member, Path(task_entry.yaml_path)))
+                specs.append(_checked_config(member, Path(task_entry.yaml_path), confined=data_folders is not None))
             else:
                 specs.append(member)  # a group or a Python task: the harness builds it as it is
     built = []
-    for spec in specs:
-        name = spec["task"] if isinstance(spec, dict) else spec
-        try:
-            loaded = manager.load([spec])
-        except Exception as exc:  # datasets' errors for a missing or malformed file, offline misses, bad fields
-            raise TfcliError(f"task {name} cannot load its data: {_first_line(exc)}", hint=_data_hint(exc)) from None
-        built.extend(loaded["tasks"].values() if isinstance(spec, dict) else [spec])
+    guard = data_inside(data_folders) if data_folders is not None else contextlib.nullcontext()
+    with sandboxed_templates(), guard:  # the harness reads a task's data and renders its first document as it builds it
+        for spec in specs:
+            name = spec["task"] if isinstance(spec, dict) else spec
+            try:
+                loaded = manager.load([spec])
+            except TfcliError as exc:  # a data path outside the task folders
+                raise TfcliError(f"task {name}: {exc.message}", hint=exc.hint) from None
+            except jinja2.exceptions.SecurityError as exc:  # a template the sandbox stopped
+                raise template_refused(name, exc) from None
+            except Exception as exc:  # datasets' errors for a missing or malformed file, offline misses, bad fields
+                raise TfcliError(f"task {name} cannot load its data: {_first_line(exc)}", hint=_data_hint(exc)) from None
+            built.extend(loaded["tasks"].values() if isinstance(spec, dict) else [spec])
     return built
 
 
 def check_tasks(tasks: list, num_fewshot: int | None, limit: int | None) -> None:
     """Each task can make its prompts: every document it will read has the fields its templates use, and
     it has enough examples for the few-shot count asked."""
+    with sandboxed_templates():
+        _check_tasks(tasks, num_fewshot, limit)
+
+
+def _check_tasks(tasks: list, num_fewshot: int | None, limit: int | None) -> None:
     for task in tasks:
         if isinstance(task, str):
             continue
@@ -185,6 +218,8 @@ def check_tasks(tasks: list, num_fewshot: int | None, limit: int | None) -> None
                     task.doc_to_target(doc)
                     if task.config.output_type == "multiple_choice":
                         task.doc_to_choice(doc)
+                except jinja2.exceptions.SecurityError as exc:
+                    raise template_refused(name, exc) from None
                 except Exception as exc:  # jinja2's UndefinedError for a missing field, a KeyError, a TypeError
                     raise TfcliError(
                         f"task {name}: {kind} document {number} cannot be read: {_first_line(exc)}",

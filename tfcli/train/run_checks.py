@@ -95,4 +95,3 @@ def _saved_labels(run_dir: Path) -> list[str] | None:
     training = read_run_config(run_dir).training or {}
     labels = training.get("labels")
     return labels if isinstance(labels, list) else None
-
