@@ -59,6 +59,7 @@ class EvalBench:
 
 def task_requests(task_name: str, limit: int) -> list:
     """The harness's loglikelihood Instances for the first `limit` documents of a task (0-shot)."""
+    from tfcli.harness.sandbox import sandboxed_templates  # noqa: PLC0415  the eval extra
     from tfcli.harness.tasks import check_tasks, go_offline, load_tasks, task_manager  # noqa: PLC0415  the eval extra
 
     go_offline()
@@ -70,7 +71,8 @@ def task_requests(task_name: str, limit: int) -> list:
         raise TfcliError(f"task {task_name} generates text; bench eval times log-likelihood scoring", hint="use tfcli_story_choice or tfcli_last_word")
     task.set_config(key="num_fewshot", value=0)
     check_tasks([task], 0, limit)
-    task.build_all_requests(limit=limit, rank=0, world_size=1)
+    with sandboxed_templates():  # the prompts are rendered here, as eval --tasks renders them
+        task.build_all_requests(limit=limit, rank=0, world_size=1)
     return list(task.instances)
 
 
