@@ -172,3 +172,26 @@ def test_line_documents_with_a_long_last_line(tmp_path):
             documents.append(current)
             current = ""
     assert documents == ["first", "second line", "z " * 3000]
+
+
+def test_symlink_loops_are_named_in_one_line_and_skipped_inside_a_folder(cli, tmp_path):
+    """A link to itself, two links to each other: `resolve` raised RuntimeError ("Symlink loop") inside a folder
+    or a glob. Met while walking they are skipped, as a dangling link is; named, they are one line."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "a.txt").write_text("a")
+    (folder / "loop").symlink_to("loop")
+    (folder / "ping").symlink_to("pong")
+    (folder / "pong").symlink_to("ping")
+    (folder / "gone").symlink_to("missing.txt")
+    assert [f.path.name for f in resolve_corpus([folder]).files] == ["a.txt"]
+    assert [f.path.name for f in resolve_corpus([str(folder / "*")]).files] == ["a.txt"]
+    with pytest.raises(TfcliError, match="is a symbolic link that leads back to itself"):
+        resolve_corpus([folder / "ping"])
+    with pytest.raises(TfcliError, match="is a symbolic link to missing.txt, which does not exist"):
+        resolve_corpus([folder / "gone"])
+    result = cli("train", "pretrain", "--data", folder / "loop", "-o", tmp_path / "run")
+    assert result.code == 2 and "loop is a symbolic link that leads back to itself" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+    result = cli("train", "pretrain", "--data", folder, "-o", tmp_path / "run", "--max-steps", "1")
+    assert result.code == 2 and "too little to train on" in result.stderr and "Traceback" not in result.stderr, result.stderr

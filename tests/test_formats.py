@@ -329,3 +329,36 @@ def test_labeled_sets_in_every_format_with_renamed_fields(tmp_path, trained_toke
     pq.write_table(pa.table({"text": ["a", "b"], "label": [1, 0]}), parquet)
     data, labels = load_labeled(parquet, "classify", tokenizer, "decoder", 16)
     assert labels == ["0", "1"] and data.targets == [1, 0]
+
+
+def test_skipped_json_lines_are_counted_in_one_line_once(cli, tmp_path, trained_tokenizer, caplog):
+    """`train pretrain --data X.jsonl` read the file twice (tokenizer, shards) and dropped its broken rows without
+    a word; now one line on stderr says how many and where the first is, once. Labeled data stays strict (a bad
+    record is an error by file and line); a corpus is lenient, and one with no text at all is refused."""
+    import logging
+
+    path = tmp_path / "mixed.jsonl"
+    rows = [json.dumps({"text": d}) for d in DOCS * 40]
+    rows[3:3] = ['{"txt": "a typo"}', "[1, 2]", "not json", '{"text": 7}']
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    caplog.set_level(logging.WARNING, logger="tfcli.corpus")
+    expected = (
+        f"skipped 4 of {len(rows):,} rows of {path} that were not JSON objects with a string in 'text' (the first: line 4 has no 'text' field (it has 'txt'))"
+    )
+    run = tmp_path / "run"
+    tiny = ["--set", "d_model=16", "--set", "n_heads=2", "--set", "n_layers=1", "--block-size", "16", "--batch-size", "2", "--max-steps", "1"]
+    result = cli("train", "pretrain", "--data", path, "-o", run, *tiny)
+    assert result.code == 0, result.stderr
+    assert [r.getMessage() for r in caplog.records if r.name == "tfcli.corpus"] == [expected]  # once, not once a pass
+
+    caplog.clear()
+    result = cli("tokenize", "encode", path, "-t", trained_tokenizer, "-o", tmp_path / "shards", "--field", "body")
+    assert result.code == 2 and "no record in the corpus has text in 'body'" in result.stderr
+
+    import subprocess
+
+    # outside pytest (no logging set up, as in the command): the bare line on stderr
+    code = "from tfcli.corpus.reader import ReadStats, resolve_corpus\nfrom tfcli.corpus.documents import iter_document_pieces\n"
+    code += f"list(iter_document_pieces(resolve_corpus([{str(path)!r}]), 'line', ReadStats()))\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stderr == expected + "\n"

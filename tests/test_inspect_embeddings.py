@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.word_vectors import require_gensim, word_shards
+from tfcli.errors import TfcliError
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +168,45 @@ def test_malformed_questions_name_the_line(cli, w2v, tmp_path):
     pairs.write_text("cat\tdog\t8\ncat dog high\n", encoding="utf-8")
     result = cli("inspect-embeddings", w2v, "--eval-similarity", pairs)
     assert result.code == 2 and f"{pairs}:2: expected two words and a score" in result.stderr
+
+
+@pytest.mark.parametrize("score", ["nan", "inf", "-Infinity"])
+def test_a_score_that_is_not_a_number_names_its_line(cli, w2v, tmp_path, score):
+    """NaN and infinities parse as floats; ranked, they gave "Spearman's rho 1.000". They are refused by line."""
+    pairs = tmp_path / "pairs.txt"
+    pairs.write_text(f"cat\tdog\t8\nbird\tduck\t{score}\nred\tblue\t7\n", encoding="utf-8")
+    result = cli("inspect-embeddings", w2v, "--eval-similarity", pairs)
+    assert result.code == 2 and f"{pairs}:2: the score {score!r} is not a finite number" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and len([line for line in result.stderr.splitlines() if line.strip()]) == 1
+
+
+@pytest.mark.parametrize("option", ["--eval-similarity", "--eval-analogies"])
+def test_a_one_line_file_of_150_mb_stops_at_the_line_cap(cli, w2v, tmp_path, option):
+    """A word-test line holds a few words and a number; a longer one is refused in one line as soon as the cap
+    is passed, without reading on (it was a MemoryError traceback), in memory that does not grow with the line."""
+    import tracemalloc
+
+    from tfcli.inspect.embedding_evals import MAX_LINE_BYTES, read_pairs, read_questions
+
+    huge = tmp_path / "huge.txt"
+    with open(huge, "wb") as handle:
+        handle.write(b"cat dog 8\n" if option == "--eval-similarity" else b"boy girl he she\n")
+        block = b"x" * (1 << 20)
+        for _ in range(150):
+            handle.write(block)
+    result = cli("inspect-embeddings", w2v, option, huge)
+    assert result.code == 2 and f"{huge}:2: the line is longer than {MAX_LINE_BYTES:,} bytes" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and len([line for line in result.stderr.splitlines() if line.strip()]) == 1
+
+    reader = read_pairs if option == "--eval-similarity" else read_questions
+    tracemalloc.start()
+    try:
+        with pytest.raises(TfcliError, match="the line is longer than"):
+            list(reader(huge))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak  # a read block or two, not the line
 
 
 def test_imported_gpt2_and_contextual_vectors(cli, tmp_path, trained_tokenizer):

@@ -63,3 +63,72 @@ def test_trackers_are_checked_before_any_work(cli, shards, tmp_path, monkeypatch
     result = cli(*pretrain_args(shards, tmp_path / "b", "--max-steps", "2", "--log-to", "tensorboard,wandb"))
     assert result.code == 2 and "needs the wandb package" in result.stderr and "tfcli[wandb]" in result.stderr
     assert not (tmp_path / "b").exists()
+
+
+def _read_only_folder(tmp_path):
+    """A folder no file can be made in: a chmod-ed one, or for root (whom permissions do not stop) one of the
+    kernel's (sysfs, procfs) where even root cannot create a file."""
+    import os
+    import tempfile
+
+    if os.geteuid() != 0:
+        folder = tmp_path / "read-only"
+        folder.mkdir()
+        folder.chmod(0o555)
+        return folder
+    for candidate in ("/sys/fs", "/proc/self"):
+        try:
+            with tempfile.TemporaryFile(dir=candidate):
+                continue
+        except OSError:
+            return candidate
+    pytest.skip("no folder here refuses root a new file")
+
+
+@pytest.mark.parametrize("blocker", ["a file", "a read-only folder"])
+def test_a_log_folder_that_cannot_be_written_is_one_line_and_the_run_is_intact(cli, shards, tmp_path, blocker):
+    """RUN/tensorboard a file (FileExistsError) or a folder no file can be made in (a PermissionError raised in
+    tensorboard's writer thread, printed there as a second traceback): one line, exit 2, nothing trained."""
+    run = tmp_path / "run"
+    assert cli(*pretrain_args(shards, run, "--max-steps", "2", "--save-every", "2")).code == 0
+    if blocker == "a file":
+        (run / TENSORBOARD_DIR).write_text("not a folder")
+    else:
+        (run / TENSORBOARD_DIR).symlink_to(_read_only_folder(tmp_path), target_is_directory=True)
+    state = (run / "trainer" / "state.json").read_text()
+    result = cli(*pretrain_args(shards, run, "--max-steps", "4", "--save-every", "2", "--log-to", "tensorboard", "--resume"))
+    assert result.code == 2, result.stderr
+    assert "Traceback" not in result.stderr and "Exception in thread" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and f"{run / TENSORBOARD_DIR}" in lines[0] and "--log-to tensorboard" in lines[0], result.stderr
+    assert (run / "trainer" / "state.json").read_text() == state and [r["step"] for r in records(run)] == [1, 2]
+
+
+def test_a_write_that_fails_in_tensorboards_thread_is_one_error_not_a_thread_traceback(tmp_path, monkeypatch, capsys):
+    """A disk that fills during a run: the writer thread's OSError reaches the step that logs as one TfcliError,
+    and the thread prints nothing of its own."""
+    import errno
+    import threading
+
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    from tfcli.errors import TfcliError
+    from tfcli.train.tracking import TensorBoardTracker
+
+    printed = []
+    monkeypatch.setattr(threading, "excepthook", printed.append)  # what Python would print from a thread
+    tracker = TensorBoardTracker(tmp_path, {}, 0)
+    tracker.log({"step": 1, "loss": 2.0})
+
+    def full(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(RecordWriter, "write", full)
+    with pytest.raises(TfcliError, match="No space left on device") as failed:
+        for step in range(2, 50):  # the thread fails on its own time; a later call sees it
+            tracker.log({"step": step, "loss": 2.0})
+    assert str(tmp_path / TENSORBOARD_DIR) in str(failed.value)
+    tracker.close()  # after the error: closing says nothing more
+    assert printed == [] and threading.excepthook == printed.append  # the hook is put back
+    captured = capsys.readouterr()
+    assert "Exception in thread" not in captured.err and "Traceback" not in captured.err, captured.err

@@ -155,6 +155,86 @@ def test_resume_is_exact_and_budget_stops(cli, stories, tmp_path):
     assert json.loads(budget.stdout)["stopped_by"] == "budget"
 
 
+# A word2vec run in a child process, in steps of 1,000 tokens (the command line's are 100,000), saying each save.
+_CHILD = """
+import json, sys
+from pathlib import Path
+from tfcli.train.events import Saved
+from tfcli.train.loop import train
+from tfcli.train.word2vec import word2vec_job
+job = word2vec_job(data=Path(sys.argv[1]), output=Path(sys.argv[2]), vectors={"dim": 20}, settings=json.loads(sys.argv[3]), tokenizer_path=None, resume=False)
+for event in train(job):
+    if isinstance(event, Saved):
+        print("saved", event.step, flush=True)
+"""
+_SMALL_STEPS = {"epochs": 2, "step_tokens": 1000, "save_every": 10, "log_every": 5, "threads": 1, "seed": 5}
+
+
+def _run_in_process(stories, out, resume):
+    from tfcli.train.events import Started
+    from tfcli.train.loop import train
+    from tfcli.train.word2vec import word2vec_job
+
+    job = word2vec_job(data=stories, output=out, vectors={"dim": 20}, settings=_SMALL_STEPS, tokenizer_path=None, resume=resume)
+    return [event.step for event in train(job) if isinstance(event, Started)][0]
+
+
+def test_a_run_killed_after_a_checkpoint_resumes_to_the_vectors_of_one_never_stopped(stories, tmp_path):
+    """SIGKILL in the middle of a run (nothing gets to save): what the last checkpoint holds survives, --resume
+    starts from its step and ends with the vectors and metrics of an uninterrupted run (one thread: exact)."""
+    import subprocess
+    import sys
+
+    from safetensors.numpy import load_file
+
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(stories), str(killed), json.dumps(_SMALL_STEPS)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        first = child.stdout.readline()  # the first checkpoint is written; the run goes on
+        child.kill()
+    finally:
+        child.wait(timeout=60)
+    assert first == "saved 10\n", child.stderr.read()
+    assert child.returncode == -9  # killed, not finished: 2 x 112,152 tokens are 225 steps
+    saved = json.loads((killed / "trainer" / "state.json").read_text())["step"]
+    assert saved % 10 == 0 and 10 <= saved < 225
+
+    assert _run_in_process(stories, killed, resume=True) == saved
+    assert _run_in_process(stories, whole, resume=False) == 0
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(killed / "model.safetensors"))
+    np.testing.assert_array_equal(a["input_vectors"], b["input_vectors"])
+    np.testing.assert_array_equal(a["output_vectors"], b["output_vectors"])
+    same = ("step", "loss", "lr", "tokens", "words_kept")  # not the speed and the time
+    assert [[r[k] for k in same] for r in records(killed)] == [[r[k] for k in same] for r in records(whole)]
+
+
+def test_sigterm_saves_a_checkpoint_also_without_periodic_saves(stories, tmp_path):
+    """SIGTERM (as Ctrl-C) ends the step in hand, saves and exits 143, also with no periodic save (--save-every 0)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    args = ["train", "word2vec", "--data", stories, "-o", run, "--epochs", 100, "--dim", 20, "--save-every", 0, "--log-every", 1]
+    child = subprocess.Popen([sys.executable, "-m", "tfcli", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child.send_signal(signal.SIGTERM)
+        _, stderr = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 143, stderr
+    step = json.loads((run / "trainer" / "state.json").read_text())["step"]
+    assert 1 <= step < 113 and f"stopped at step {step}; the checkpoint is saved in {run}" in stderr, stderr
+    assert "Traceback" not in stderr
+    assert json.loads((run / "config.json").read_text())["training"]["step"] == step
+
+
 def test_options_that_do_not_apply(cli, stories, tmp_path):
     for extra, message in (
         (["--objective", "word2vec", "--arch", "encoder"], "--arch does not apply to --objective word2vec"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -69,6 +70,10 @@ DECOMPRESSION_FREE = 16 << 20  # bytes any compressed file may give before its r
 TOML_DEPTH = Limit("TFCLI_MAX_TOML_DEPTH", 64, "the nesting of a --config TOML file", "levels")
 CHAT_TEMPLATE_FILE = Limit("TFCLI_MAX_CHAT_TEMPLATE_BYTES", 1 << 20, "a chat template file")
 CHAT_TEMPLATE_OUTPUT = Limit("TFCLI_MAX_CHAT_TEMPLATE_CHARS", 16 << 20, "what a chat template renders", "characters")
+# A GGUF file's metadata: real tokens are at most a few hundred bytes (llama.cpp's loader sets no cap of its own),
+# real metadata strings (a chat template, an embedded tokenizer.json) a few megabytes
+GGUF_TOKEN = Limit("TFCLI_MAX_GGUF_TOKEN_BYTES", 64 << 10, "one token of a GGUF file's vocabulary")
+GGUF_STRING = Limit("TFCLI_MAX_GGUF_STRING_BYTES", 64 << 20, "one string of a GGUF file's metadata")
 
 
 def read_capped(handle: BinaryIO, limit: Limit, subject: str) -> bytes:
@@ -157,6 +162,37 @@ def _long_line(where: str, number: int, line_cap: int, context: str) -> TfcliErr
     )
 
 
+def capped_lines(handle: BinaryIO, line_cap: int, too_long: Callable[[int], TfcliError]) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of a binary stream, each line without its "\\n" (nor a "\\r" before it), read a block
+    at a time; a line longer than `line_cap` bytes raises `too_long(its number)` as soon as the cap is passed,
+    without reading the rest of it, so memory stays a block plus the cap whatever the stream holds.
+    Example: b"a\\r\\n\\nb" -> (1, b"a"), (2, b""), (3, b"b")"""
+    held: list[bytes] = []  # the start of a line whose end has not been read yet
+    held_bytes = number = 0
+    while True:
+        block = handle.read(READ_BLOCK)
+        if not block:
+            if held:
+                yield number + 1, b"".join(held).removesuffix(b"\r")
+            return
+        parts = block.split(b"\n")
+        tail = parts.pop()
+        if parts and held:
+            parts[0] = b"".join(held) + parts[0]
+            held, held_bytes = [], 0
+        for line in parts:
+            number += 1
+            line = line.removesuffix(b"\r")
+            if len(line) > line_cap:
+                raise too_long(number)
+            yield number, line
+        if tail:
+            held.append(tail)
+            held_bytes += len(tail)
+            if held_bytes > line_cap + 1:  # + 1: a "\r" the line may end with
+                raise too_long(number + 1)
+
+
 ALL = (
     JSON_FILE,
     TOKENIZER_FILE,
@@ -167,4 +203,6 @@ ALL = (
     TOML_DEPTH,
     CHAT_TEMPLATE_FILE,
     CHAT_TEMPLATE_OUTPUT,
+    GGUF_TOKEN,
+    GGUF_STRING,
 )  # docs/limits.md lists them

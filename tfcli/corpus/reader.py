@@ -15,6 +15,7 @@ import codecs
 import contextlib
 import dataclasses
 import glob
+import logging
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -28,6 +29,7 @@ READ_BLOCK_BYTES = 1 << 20
 MAX_PIECE_CHARS = 1 << 16
 MAX_SKIP_EXAMPLES = 3  # skipped records named in summaries (all are counted)
 DEFAULT_FIELD = "text"
+_log = logging.getLogger("tfcli.corpus")
 
 # Bytes that are not valid UTF-8 come back from the "surrogateescape" decoder as lone surrogates
 # U+DC80..U+DCFF (one per byte); valid UTF-8 never decodes to them, so they count the bad bytes exactly.
@@ -113,6 +115,18 @@ def _walk(folder: Path) -> list[Path]:
     return found
 
 
+def _missing(path: Path) -> TfcliError:
+    """The one line for a named path that leads to nothing: missing, a link to a missing file, or a link loop."""
+    if path.is_symlink():
+        try:
+            path.resolve(strict=True)
+        except FileNotFoundError:
+            return TfcliError(f"{path} is a symbolic link to {os.readlink(path)}, which does not exist", hint="point it at a file or folder")
+        except (OSError, RuntimeError):  # ELOOP (RuntimeError before Python 3.13)
+            return TfcliError(f"{path} is a symbolic link that leads back to itself (a loop)", hint="point it at a file or folder")
+    return TfcliError(f"{path} does not exist", hint="check the path")
+
+
 def resolve_corpus(inputs: Sequence[str | Path], field: str = DEFAULT_FIELD, input_format: str = "auto") -> Corpus:
     """Expand files, folders (walked recursively, hidden entries skipped), globs and "-" (standard input)
     into a Corpus, each file's format and compression told by its extension or its first bytes.
@@ -144,7 +158,7 @@ def resolve_corpus(inputs: Sequence[str | Path], field: str = DEFAULT_FIELD, inp
             continue
         path = Path(text)
         if not path.exists():
-            raise TfcliError(f"{path} does not exist", hint="check the path")
+            raise _missing(path)
         kind = artifact_kind(path)
         if kind:
             raise TfcliError(f"{path} is {kind}, not text", hint="pass text files, or folders of them")
@@ -162,8 +176,13 @@ def resolve_corpus(inputs: Sequence[str | Path], field: str = DEFAULT_FIELD, inp
             if not corpus.has_stdin:
                 corpus.files.append(CorpusFile(path, 0, input_format))
             continue
-        key = path.resolve()
-        if key in seen or not path.is_file():
+        if not path.is_file():  # a folder, a dangling link or a link loop met while walking (named ones are refused above)
+            continue
+        try:
+            key = path.resolve()
+        except (OSError, RuntimeError):  # a loop in a folder above it; Python before 3.13 raises RuntimeError
+            continue
+        if key in seen:
             continue
         seen.add(key)
         try:
@@ -318,18 +337,50 @@ def record_unit(opened: formats.OpenedSource) -> str:
 
 def iter_record_texts(opened: formats.OpenedSource, field: str, stats: ReadStats) -> Iterator[str]:
     """The text of each record of an opened record file; a record whose field is missing or not a string
-    is skipped and counted in `stats` (the first few by file and line or row); blank texts are left out."""
+    is skipped and counted in `stats` (the first few by file and line or row), and once the file is read, one
+    line says how many (`say_skipped`); blank texts are left out."""
     unit = record_unit(opened)
     json_lines = opened.format == "jsonl"
     hint = "name the column that holds the text with --field"
+    rows = skipped = 0
+    first = ""
     for row in iter_records(opened, (field,), stats, hint=hint):
+        rows += 1
         value = row.values[0]
         if type(value) is not str:
             problem = row.problem or records.value_problem(field, value)
-            stats.skip(f"{opened.name} {unit} {row.number} {problem}" if row.problem else f"{opened.name} {unit} {row.number}: {problem}")
+            where = f"{unit} {row.number} {problem}" if row.problem else f"{unit} {row.number}: {problem}"
+            stats.skip(f"{opened.name} {where}")
+            skipped += 1
+            first = first or where
             continue
         if not value or value.isspace():
             continue
         if json_lines:  # JSON escapes can spell lone surrogates, which no UTF-8 encoder takes
             value = replace_lone_surrogates(value)
         yield value
+    if skipped:
+        say_skipped(opened, field, rows, skipped, first)
+
+
+def skipped_line(opened: formats.OpenedSource, field: str, rows: int, skipped: int, first: str) -> str:
+    """The line that says a file's skipped records. Example: "skipped 2 of 90 rows of a.jsonl that were not JSON
+    objects with a string in 'text' (the first: line 4 has no 'text' field (it has 'txt'))" """
+    if opened.format == "jsonl":
+        what = f"that were not JSON objects with a string in {field!r}"
+    else:
+        what = f"without a string in the {'column' if opened.format != 'parquet' else 'field'} {field!r}"
+    return f"skipped {skipped:,} of {rows:,} rows of {opened.name} {what} (the first: {first})"
+
+
+_SAID: set[tuple[str, int, int, str]] = set()  # the skips said in this process: a command may read a corpus twice
+
+
+def say_skipped(opened: formats.OpenedSource, field: str, rows: int, skipped: int, first: str) -> None:
+    """Say a file's skipped records in one line, once a process (training a tokenizer, then encoding, reads the
+    same file twice): a warning of the `tfcli.corpus` logger, which with no logging set up (the command line
+    sets none) is the bare line on stderr; a program using tfcli decides where it goes, as with any library."""
+    key = (opened.name, rows, skipped, first)
+    if key not in _SAID:
+        _SAID.add(key)
+        _log.warning("%s", skipped_line(opened, field, rows, skipped, first))

@@ -1,10 +1,12 @@
 """The two evaluations the word2vec and GloVe papers report, on any table of token vectors: analogy accuracy on a
 questions-words.txt file (per section and overall, questions with a word the table lacks skipped) and Spearman's
-rho between cosines and human scores of word pairs. A malformed line is one error naming the file and line."""
+rho between cosines and human scores of word pairs. A malformed line (a score that is not a finite number, a line
+past MAX_LINE_BYTES) is one error naming the file and line; the file is read a block at a time."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,8 +14,10 @@ import numpy as np
 
 from tfcli.errors import TfcliError
 from tfcli.inspect.embeddings import COSMUL_EPSILON, EmbeddingTable, find_word, unit_rows
+from tfcli.limits import capped_lines
 
 SCORE_ROWS = 256  # questions scored at a time: the score matrix stays (SCORE_ROWS, vocab), 50 MB for GPT-2's
+MAX_LINE_BYTES = 64 << 10  # a line of a word test holds a few words and a number (or a comment): longer is not one
 
 
 def known_token(table: EmbeddingTable, word: str) -> int | None:
@@ -42,7 +46,7 @@ class SectionScore:
 def read_questions(path: Path) -> Iterator[tuple[int, str, list[str]]]:
     """(line number, section, [a, b, c, d]) of a questions-words.txt file; a malformed line is one error naming it."""
     section = "(no section)"
-    for number, line in enumerate(_lines(path), 1):
+    for number, line in _lines(path):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
@@ -57,14 +61,28 @@ def read_questions(path: Path) -> Iterator[tuple[int, str, list[str]]]:
         yield number, section, words
 
 
-def _lines(path: Path) -> Iterator[str]:
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a word-test file, a block at a time; a line past MAX_LINE_BYTES or not UTF-8 is
+    the one line naming it."""
     if not Path(path).is_file():
         raise TfcliError(f"{path} does not exist or is not a file")
+
+    def too_long(number: int) -> TfcliError:
+        return TfcliError(
+            f"{path}:{number}: the line is longer than {MAX_LINE_BYTES:,} bytes, so the file is not a word test",
+            hint="one question or pair a line: a few words and a score",
+        )
+
     try:
-        with open(path, encoding="utf-8") as handle:
-            yield from handle
-    except UnicodeDecodeError as exc:
-        raise TfcliError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+        with open(path, "rb") as handle:
+            for number, line in capped_lines(handle, MAX_LINE_BYTES, too_long):
+                try:
+                    text = line.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise TfcliError(f"{path}:{number}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+                yield number, text.removeprefix("\ufeff") if number == 1 else text
+    except OSError as exc:
+        raise TfcliError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
 def evaluate_analogies(table: EmbeddingTable, path: Path, method: str = "3cosadd") -> list[SectionScore]:
@@ -115,7 +133,7 @@ class SimilarityScore:
 def read_pairs(path: Path) -> Iterator[tuple[int, str, str, float]]:
     """(line number, word, word, human score) of a word-similarity file (WordSim-353, SimLex-999: two words
     and a number per line, tabs or spaces; # comments)."""
-    for number, line in enumerate(_lines(path), 1):
+    for number, line in _lines(path):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
@@ -123,11 +141,14 @@ def read_pairs(path: Path) -> Iterator[tuple[int, str, str, float]]:
         try:
             if len(fields) != 3:
                 raise ValueError
-            yield number, fields[0], fields[1], float(fields[2])
+            score = float(fields[2])
         except ValueError:
             if number == 1 and len(fields) == 3:
                 continue  # a header line: Word 1, Word 2, Human (mean)
             raise TfcliError(f"{path}:{number}: expected two words and a score, got {text[:80]!r}", hint="one pair a line: word word score") from None
+        if not math.isfinite(score):  # float() takes nan and inf, which rank as numbers and make rho meaningless
+            raise TfcliError(f"{path}:{number}: the score {fields[2][:40]!r} is not a finite number", hint="give every pair a human score, e.g. 7.5")
+        yield number, fields[0], fields[1], score
 
 
 def rank_average(values: np.ndarray) -> np.ndarray:

@@ -7,10 +7,13 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
 from tfcli.errors import TfcliError
+from tfcli.fsutil import describe_write_error
 
 TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}  # name: the package it needs
 TENSORBOARD_DIR = "tensorboard"
@@ -42,22 +45,85 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
 
 class TensorBoardTracker:
     """Event files in RUN/tensorboard/, one scalar series per metric, written with torch's SummaryWriter;
-    a resumed run drops the events past its checkpoint (purge_step), as metrics.jsonl drops its records."""
+    a resumed run drops the events past its checkpoint (purge_step), as metrics.jsonl drops its records.
+
+    The folder is made and tried before the writer starts (a file in its place, a read-only folder: one line,
+    before any step). A write that fails later, in the writer's thread, reaches the next `log` as one
+    TfcliError; the thread itself prints nothing (Python would print it again there, as a traceback)."""
 
     def __init__(self, run_dir: Path, settings: dict[str, Any], start_step: int) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir / TENSORBOARD_DIR), purge_step=start_step + 1 if start_step else None)
-        if not start_step:
-            self.writer.add_text("settings", "\n".join(f"    {key} = {value!r}" for key, value in sorted(settings.items())), 0)
+        self.folder = run_dir / TENSORBOARD_DIR
+        self.failed = False
+        check_log_folder(self.folder)
+        self.quiet = _QuietWriterThreads()
+        try:
+            self.writer = SummaryWriter(log_dir=str(self.folder), purge_step=start_step + 1 if start_step else None)
+            if not start_step:
+                self.writer.add_text("settings", "\n".join(f"    {key} = {value!r}" for key, value in sorted(settings.items())), 0)
+        except OSError as exc:
+            self.quiet.restore()
+            raise self._cannot_write(exc) from exc
 
     def log(self, record: dict[str, Any]) -> None:
-        for key, value in scalars(record).items():
-            self.writer.add_scalar(key, value, record["step"])
-        self.writer.flush()
+        try:
+            for key, value in scalars(record).items():
+                self.writer.add_scalar(key, value, record["step"])
+            self.writer.flush()
+        except OSError as exc:
+            self.failed = True
+            raise self._cannot_write(exc) from exc
 
     def close(self) -> None:
-        self.writer.close()
+        try:
+            self.writer.close()
+        except OSError as exc:
+            if not self.failed:  # a failure already said is not said twice
+                raise self._cannot_write(exc) from exc
+        finally:
+            self.quiet.restore()
+
+    def _cannot_write(self, exc: OSError) -> TfcliError:
+        return TfcliError(
+            f"cannot write --log-to tensorboard's event files in {self.folder}: {describe_write_error(exc)}",
+            hint="free some space or fix the folder's permissions, then continue with --resume (the last checkpoint is intact)",
+        )
+
+
+def check_log_folder(folder: Path) -> None:
+    """Make FOLDER for a tracker's files and make sure a file can be made in it, or one line saying why not.
+    The trial file has no name (O_TMPFILE where the file system has it) and is gone once closed."""
+    if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
+        raise TfcliError(f"--log-to tensorboard writes its event files in {folder}, which is not a folder", hint="move it away, or drop --log-to tensorboard")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise TfcliError(
+            f"cannot write --log-to tensorboard's event files in {folder}: {describe_write_error(exc)}",
+            hint="make the folder writable (or a link to one), or drop --log-to tensorboard",
+        ) from exc
+
+
+class _QuietWriterThreads:
+    """While a TensorBoard writer is open, an OSError that ends one of tensorboard's threads is not printed by
+    Python's thread hook: the thread keeps it for the writer's next call, which raises it in the training loop
+    (where it becomes one line). Every other thread's exception goes to the hook as before."""
+
+    def __init__(self) -> None:
+        self.previous = threading.excepthook
+        threading.excepthook = self._hook
+
+    def _hook(self, args: Any) -> None:
+        if isinstance(args.exc_value, OSError) and type(args.thread).__module__.startswith("tensorboard."):
+            return
+        self.previous(args)
+
+    def restore(self) -> None:
+        if threading.excepthook == self._hook:  # not if another hook was put on top since
+            threading.excepthook = self.previous
 
 
 class WandbTracker:
