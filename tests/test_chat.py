@@ -447,3 +447,33 @@ def test_peft_loads_an_exported_lora_chat_run_whose_vocabulary_grew(cli, trained
     with torch.no_grad():
         merged = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).eval()(input_ids=ids).logits
     assert (merged - ours).abs().max().item() < 1e-4
+
+
+def test_generate_chat_and_the_serve_page_share_one_context_rule_found_in_few_renders(trained_tokenizer, tmp_path):
+    from tfcli.data.chat import without_oldest_exchange
+    from tfcli.generate.chat import fit_messages, reply_room
+
+    assert reply_room(96, 10) == 86 and reply_room(96, 500) == 72  # the reply's room: at most a quarter of the context
+    template = template_over(trained_tokenizer, tmp_path)
+    asking = [*MULTI_TURN, Message("user", "And the cat?")]
+    full = template.prompt_ids(asking)
+    assert fit_messages(template.prompt_ids, asking, len(full)) == (full, asking, 0)
+    shorter = [MULTI_TURN[0], *MULTI_TURN[3:], asking[-1]]
+    assert fit_messages(template.prompt_ids, asking, len(full) - 1) == (template.prompt_ids(shorter), shorter, 1)
+    alone = [MULTI_TURN[0], asking[-1]]  # the system message and the last exchange stay, fit or not
+    assert fit_messages(template.prompt_ids, asking, 0) == (template.prompt_ids(alone), alone, 2)
+    # a long conversation: the same messages as leaving out one exchange at a time, from a few renders
+    long = [MULTI_TURN[0]] + [Message(role, f"{role} {i}") for i in range(100) for role in ("user", "assistant")] + [Message("user", "And?")]
+    renders: list[int] = []
+
+    def render(messages: list[Message]) -> list[int]:
+        renders.append(len(messages))
+        return template.prompt_ids(messages)
+
+    for room in (40, 300, 1200):
+        one_at_a_time, dropped = list(long), 0
+        while len(template.prompt_ids(one_at_a_time)) > room and (fewer := without_oldest_exchange(one_at_a_time)) is not None:
+            one_at_a_time, dropped = fewer, dropped + 1
+        renders.clear()
+        assert fit_messages(render, long, room) == (template.prompt_ids(one_at_a_time), one_at_a_time, dropped)
+        assert len(renders) <= 9, renders  # one at a time took up to a hundred

@@ -209,3 +209,83 @@ def test_a_run_without_a_chat_template_refuses_chat_clearly(tmp_path, trained_to
             assert error_of(busy, 503)["code"] == "server_busy" and busy.headers["retry-after"] == "1"
             gate.set()
         waiting.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory, shards) -> Path:
+    from tests.test_serve_page import make_plain_run
+
+    return make_plain_run(tmp_path_factory, shards)
+
+
+def test_the_pages_route_keeps_answering_a_run_without_a_chat_template_past_its_context(plain_run, cli, monkeypatch):
+    import io
+    import sys
+
+    from tests.test_serve_page import LINES
+    from tfcli.generate.chat import reply_room
+    from tfcli.generate.conversation import transcript_ids
+    from tfcli.tokenizer.core import TextTokenizer
+
+    tokenizer = TextTokenizer.load(plain_run)
+
+    def text_ids(messages: list[dict]) -> list[int]:
+        return transcript_ids(tokenizer, [m["content"] for m in messages])
+
+    room = reply_room(32, 8)
+    replies, left_out = [], 0
+    with running_server(plain_run) as running:
+        conversation: list[dict] = []
+        for line in LINES:  # far more than 32 tokens hold
+            messages = [*conversation, {"role": "user", "content": line}]
+            ask = {"model": "plain", "messages": messages, "max_tokens": 8, "temperature": 0, "return_token_ids": True}
+            response = httpx.post(running.url + "/chat", json=ask, timeout=30)
+            assert response.status_code == 200, response.text
+            dropped = int(response.headers["x-dropped-exchanges"])
+            kept = messages[2 * dropped :]
+            choice = response.json()["choices"][0]
+            # the text so far (each message a line), less the fewest oldest exchanges that leave the reply its room
+            assert choice["prompt_token_ids"] == text_ids(kept) and len(text_ids(kept)) <= room
+            assert not dropped or len(text_ids(messages[2 * dropped - 2 :])) > room
+            reply = choice["message"]["content"]
+            assert reply.strip() and "\n" not in reply, reply  # a line answers a line
+            replies.append(reply)
+            conversation, left_out = [*kept, {"role": "assistant", "content": reply}], left_out + dropped
+        assert left_out >= len(LINES) // 2
+        # API clients keep OpenAI's answers: a prompt past the context is a 400, and chat needs a template
+        whole = "".join(m["content"] + "\n" for m in messages)
+        too_long = post(running, "/completions", json={"model": "plain", "prompt": whole * 2, "max_tokens": 8})
+        assert error_of(too_long, 400)["code"] == "context_length_exceeded"
+        assert error_of(post(running, "/chat/completions", json={"model": "plain", "messages": messages}), 400)["code"] == "no_chat_template"
+    # the first reply is `tfcli generate --interactive`'s for the same line, greedy by default
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO((LINES[0] + "\n").encode())))
+    result = cli("generate", plain_run, "--interactive", "-n", "8")
+    assert result.code == 0, result.stderr
+    assert result.stdout.splitlines() == [replies[0]]
+
+
+def test_the_pages_route_answers_a_chat_run_as_generate_chat_does_and_drops_the_same_exchanges(server, chat_run, cli, monkeypatch):
+    import io
+    import re
+    import sys
+
+    lines = [f"What about the {animal}?" for animal in ("fox", "dog", "cat", "fox", "dog", "cat")]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("".join(line + "\n" for line in lines).encode())))
+    result = cli("generate", chat_run, "--chat", "-n", "6")
+    assert result.code == 0, result.stderr
+    expected = result.stdout.splitlines()
+    left_out_by_generate = sum(int(n) for n in re.findall(r"its oldest (\d+) exchange", result.stderr))
+    conversation: list[dict] = []
+    replies, left_out = [], 0
+    for line in lines:
+        messages = [*conversation, {"role": "user", "content": line}]
+        response = httpx.post(server.url + "/chat", json={"model": "chat", "messages": messages, "max_tokens": 6, "temperature": 0}, timeout=30)
+        assert response.status_code == 200, response.text
+        dropped = int(response.headers["x-dropped-exchanges"])
+        replies.append(response.json()["choices"][0]["message"]["content"])
+        conversation, left_out = [*messages[2 * dropped :], {"role": "assistant", "content": replies[-1]}], left_out + dropped
+    assert replies == expected and left_out == left_out_by_generate > 0
+    # the API answers the whole conversation as OpenAI does: it does not fit, and says so
+    whole = [*[{"role": r, "content": c} for q, a in zip(lines, replies) for r, c in (("user", q), ("assistant", a))], {"role": "user", "content": "And?"}]
+    error = error_of(post(server, "/chat/completions", json={"model": "chat", "messages": whole, "max_tokens": 6}), 400)
+    assert error["code"] == "context_length_exceeded"

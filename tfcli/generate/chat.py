@@ -3,14 +3,15 @@ over the interactive session's window (`conversation.py`), so the KV cache carri
 
 Before each reply the conversation must leave room for it: while the rendered prompt is longer than the
 context less min(--max-new-tokens, a quarter of the context), its oldest exchanges are left out (a system
-message stays), with a note. A reply ends at the template's end-of-turn token or the end-of-text token.
+message stays), with a note (`fit_messages`, the rule `tfcli serve`'s chat page follows too). A reply ends
+at the template's end-of-turn token or the end-of-text token.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -37,6 +38,49 @@ def run_template(run: Path, generator: Generator) -> ChatTemplate:
     return template
 
 
+def reply_room(block: int, max_new_tokens: int) -> int:
+    """The tokens a conversation's prompt may take before a reply: the context less min(the reply's limit, a
+    quarter of the context).
+
+    Example: block 96, max_new_tokens 10 -> 86; block 96, max_new_tokens 500 -> 72"""
+    return block - min(max_new_tokens, block // 4)
+
+
+def fit_messages(render: Callable[[list[Message]], list[int]], messages: Sequence[Message], room: int) -> tuple[list[int], list[Message], int]:
+    """The context rule of a conversation about to be answered: while its prompt (`render`'s ids) is longer
+    than `room`, its oldest exchange is left out, whole (a leading system message stays; the last exchange
+    always stays, however long). Returns the prompt's ids, the messages kept and how many exchanges left.
+
+    A conversation that fits is rendered once; one that does not, log2(its exchanges) times or so: the fewest
+    exchanges to leave out are found by halving (a shorter conversation never renders to more tokens), so a
+    request of a thousand messages costs about ten renders, not five hundred.
+
+    Example: [user a, assistant a, user b], whose prompt is longer than `room` -> (ids of [user b], [user b], 1)"""
+    shorter = [list(messages)]  # shorter[k]: the conversation less its k oldest exchanges
+    while (next_shorter := without_oldest_exchange(shorter[-1])) is not None:
+        shorter.append(next_shorter)
+    rendered: dict[int, list[int]] = {}
+
+    def fits(k: int) -> bool:
+        if k not in rendered:
+            rendered[k] = render(shorter[k])
+        return len(rendered[k]) <= room
+
+    low, high = 0, len(shorter) - 1  # the fewest to leave out lies in [low, high] (high: all but the last, fit or not)
+    if fits(0):
+        high = 0
+    else:
+        low = min(1, high)
+    while low < high:
+        middle = (low + high) // 2
+        if fits(middle):
+            high = middle
+        else:
+            low = middle + 1
+    fits(low)
+    return rendered[low], shorter[low], low
+
+
 class ChatSession:
     """A conversation of messages; each user message is answered by the model, and the answer joins it."""
 
@@ -59,15 +103,9 @@ class ChatSession:
 
     def _context(self) -> tuple[list[int], int]:
         """The prompt's ids with room for the reply, and how many exchanges were left out to make it fit."""
-        block = self.generator.model.config.block_size
-        room = block - min(self.generator.settings.max_new_tokens, block // 4)
-        dropped = 0
-        while True:
-            ids = self.template.prompt_ids(self.system + self.messages)
-            shorter = without_oldest_exchange(self.messages) if len(ids) > room else None
-            if shorter is None:
-                return ids, dropped
-            self.messages, dropped = shorter, dropped + 1
+        room = reply_room(self.generator.model.config.block_size, self.generator.settings.max_new_tokens)
+        ids, self.messages, dropped = fit_messages(lambda messages: self.template.prompt_ids(self.system + messages), self.messages, room)
+        return ids, dropped
 
     @torch.inference_mode()
     def reply(self, text: str) -> Iterator[Event]:

@@ -4,7 +4,7 @@ and the KV cache carries over from turn to turn."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -12,6 +12,18 @@ from tfcli.errors import TfcliError
 from tfcli.generate.decoding import Generator
 from tfcli.generate.events import Completion, Event, Finished, Notice
 from tfcli.generate.window import DecoderWindow
+from tfcli.tokenizer.core import TextTokenizer
+
+
+def transcript_ids(tokenizer: TextTokenizer, lines: Iterable[str], *, start: bool = True) -> list[int]:
+    """A conversation with a run that has no chat template, as `--interactive` holds it: each line (a message,
+    a reply as it was shown) and its newline encoded on its own; `start`: after <s> where the tokenizer adds one.
+
+    Example: ["Hi", "there"] -> encode("Hi\\n") + encode("there\\n") (a Llama's with <s> first)"""
+    ids = [tokenizer.special_ids["bos"]] if start and tokenizer.adds_bos else []
+    for line in lines:
+        ids += tokenizer.encode(line + "\n")
+    return ids
 
 
 class Conversation:
@@ -48,9 +60,9 @@ class Conversation:
         if not line.strip():
             raise TfcliError("the line is empty", hint="type some text; /reset forgets the conversation, /quit leaves")
         started = time.perf_counter()
-        turn = g.tokenizer.encode(line + "\n")
-        if not self.history and g.tokenizer.adds_bos:  # a pretrained Llama's conversation starts with <s>
-            self.history = [g.tokenizer.special_ids["bos"]]
+        turn = transcript_ids(g.tokenizer, [line], start=False)
+        if not self.history:  # a pretrained Llama's conversation starts with <s>
+            self.history = transcript_ids(g.tokenizer, [])
         self.history += turn
         block = g.model.config.block_size
         window_keep = max(1, block - block // 4) if s.slide_keep is None else min(block, s.slide_keep)
@@ -59,7 +71,7 @@ class Conversation:
             yield Notice(f"the line has {len(turn):,} tokens, more than the context keeps ({len(context):,}); the model sees its last {len(context):,}")
         finished = yield from self.respond(context, line, started)
         # the reply as it was shown (a stop string cut off, end-of-text dropped) is what the next turn sees
-        self.history += g.tokenizer.encode(finished.result.text + "\n")
+        self.history += transcript_ids(g.tokenizer, [finished.result.text], start=False)
         yield finished
 
     def respond(self, context: list[int], prompt: str, started: float) -> Iterator[Event]:

@@ -16,7 +16,7 @@ import dataclasses
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -24,6 +24,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 
 from tfcli.checkpoint import Checkpoint
 from tfcli.errors import TfcliError
+from tfcli.generate.chat import fit_messages, reply_room
+from tfcli.generate.conversation import transcript_ids
 from tfcli.generate.scoring import ContinuationScore, score_continuations
 from tfcli.serve import errors
 from tfcli.serve.admission import Limits
@@ -164,6 +166,11 @@ def create_app(served: Served, *, api_key: str | None = None) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         return await _chat(served, body, request)
+
+    @app.post("/chat", include_in_schema=False)
+    async def page_chat(body: ChatRequest, request: Request):
+        """The chat page's: /v1/chat/completions on any run, its conversation fitted by `tfcli generate --chat`'s rule."""
+        return await _chat(served, body, request, fit=True)
 
     return app
 
@@ -442,9 +449,13 @@ async def _stream_completion(
         yield chunk([], usage=builder.usage())
 
 
-async def _chat(served: Served, body: ChatRequest, request: Request):
+async def _chat(served: Served, body: ChatRequest, request: Request, *, fit: bool = False):
+    """A chat completion. `fit` (the chat page's route): any run (one without a chat template continues the text,
+    as `generate --interactive` does: each message a line, the reply ends at a newline), and a conversation too
+    long for the context loses its oldest exchanges by `generate --chat`'s rule (`X-Dropped-Exchanges` says how
+    many) where the API answers 400, as OpenAI does."""
     template = served.template
-    if template is None:
+    if template is None and not fit:
         raise ApiError(
             400,
             f"the run {served.name!r} has no chat template (chat_template in tokenizer_config.json), so it cannot read messages; "
@@ -453,7 +464,14 @@ async def _chat(served: Served, body: ChatRequest, request: Request):
             code="no_chat_template",
         )
     messages = [Message("system" if m.role == "developer" else m.role, m.text()) for m in body.messages]
-    prompt = template.prompt_ids(messages)
+    asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    dropped = 0
+    render = _renderer(served)
+    if fit:  # in a worker thread: a long conversation is rendered a few times
+        room = reply_room(served.block, asked if asked is not None else served.block)
+        prompt, messages, dropped = await asyncio.to_thread(fit_messages, render, messages, room)
+    else:
+        prompt = render(messages)
     if not prompt:
         raise ApiError(400, "the conversation renders to no tokens", param="messages")
     if len(prompt) >= served.block:
@@ -464,8 +482,9 @@ async def _chat(served: Served, body: ChatRequest, request: Request):
             param="messages",
             code="context_length_exceeded",
         )
-    asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     max_tokens = asked if asked is not None else served.block - len(prompt)
+    if fit:  # the server never slides the window: the reply gets what the context has left
+        max_tokens = min(max_tokens, served.block - len(prompt))
     _context_check(served, len(prompt), max_tokens, "the messages")
     n = body.n or 1
     _check_rows(served, n)
@@ -473,13 +492,18 @@ async def _chat(served: Served, body: ChatRequest, request: Request):
     if body.top_logprobs is not None and not body.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     sampling = _sampling(served, body, max_tokens, chat=True, logprobs=(top or 0) if body.logprobs else None)
+    if template is None:  # a line of text answers a line
+        sampling = dataclasses.replace(sampling, stop=(*sampling.stop, "\n"))
     rid = f"chatcmpl-{secrets.token_hex(12)}"
     created = int(time.time())
     ticket = _submit(served, Ticket(asyncio.get_running_loop(), [prompt], n, sampling))
     title = messages[-1].content[:60]
+    fitted = {"X-Dropped-Exchanges": str(dropped)} if fit else {}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _sse(_stream_chat(served, request, ticket, prompt, n, rid, created, include_usage, title, bool(body.logprobs)))
+        response = _sse(_stream_chat(served, request, ticket, prompt, n, rid, created, include_usage, title, bool(body.logprobs)))
+        response.headers.update(fitted)
+        return response
     texts, tokens, reasons = [""] * n, [[] for _ in range(n)], ["length"] * n
     logprobs: list[list[dict]] = [[] for _ in range(n)]
     async for event in _events(served, request, ticket):
@@ -508,7 +532,16 @@ async def _chat(served: Served, body: ChatRequest, request: Request):
     used = sum(len(t) for t in tokens)
     usage = {"prompt_tokens": len(prompt), "completion_tokens": used, "total_tokens": len(prompt) + used}
     answer = {"id": rid, "object": "chat.completion", "created": created, "model": served.name, "choices": choices, "usage": usage}
-    return await asyncio.to_thread(JSONResponse, answer)  # encoded in a worker thread
+    return await asyncio.to_thread(lambda: JSONResponse(answer, headers=fitted))  # encoded in a worker thread
+
+
+def _renderer(served: Served) -> Callable[[list[Message]], list[int]]:
+    """How messages become a prompt: the run's chat template, or for a run without one the text so far, as
+    `tfcli generate --interactive` holds it (each message a line)."""
+    if served.template is not None:
+        return served.template.prompt_ids
+    tokenizer = served.checkpoint.tokenizer
+    return lambda messages: transcript_ids(tokenizer, [m.content for m in messages])
 
 
 def _chat_logprob(served: Served, event: Token) -> dict:
