@@ -380,8 +380,11 @@ def test_a_plain_model_has_no_fast_step(library, tokenizer):
         dict(embedding_norm=True),
         dict(type_vocab_size=2),
         dict(rope_scaling={"kind": "llama3", "factor": 4.0, "original_context": 16}, positions="rotary"),
+        dict(rope_scaling={"kind": "longrope", "factor": 2.0, "original_context": 24, "short_factor": [1.0, 1.5, 2.0, 3.0]}, positions="rotary"),
+        dict(qk_norm=True, positions="rotary", norm="rmsnorm"),
+        dict(d_head=16),
     ],
-    ids=["qkv_bias", "mlp_bias", "embedding_norm", "type_vocab_size", "rope_scaling"],
+    ids=["qkv_bias", "mlp_bias", "embedding_norm", "type_vocab_size", "rope_scaling", "longrope", "qk_norm", "d_head"],
 )
 def test_the_options_pretrained_models_bring_keep_pytorch(library, overrides):
     config = ModelConfig.from_json({**model_of().config.to_json(), **overrides})

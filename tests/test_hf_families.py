@@ -5,6 +5,7 @@ masks and classify as transformers does."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -33,6 +34,7 @@ def _save(model, folder, tokenizer_dir) -> None:
             shutil.copy(tokenizer_dir / name, folder / name)
 
 
+PHI3_IDS = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)  # Phi3Config's defaults are past a tiny vocabulary
 LLAMAS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=2, tie_word_embeddings=False)),
     "llama-tied-biased-llama3-rope": (
@@ -50,6 +52,19 @@ LLAMAS = {
     "llama-linear-rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling={"rope_type": "linear", "factor": 2.0}, mlp_bias=True)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(num_key_value_heads=2, tie_word_embeddings=True)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(num_key_value_heads=2, sliding_window=None, head_dim=8)),
+    # Qwen3: q/k norms, and heads wider than hidden_size / heads (16, not 8)
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)),
+    "qwen3-biased": ("Qwen3Config", "Qwen3ForCausalLM", dict(num_key_value_heads=1, head_dim=8, attention_bias=True, tie_word_embeddings=False)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(num_key_value_heads=2, **PHI3_IDS)),
+    "phi3-longrope": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            original_max_position_embeddings=32,
+            rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.3, 2.5, 4.0], "long_factor": [2.0, 3.0, 5.0, 9.0]},
+            **PHI3_IDS,
+        ),
+    ),
 }
 
 
@@ -391,6 +406,20 @@ def _edit_config(folder, **changes) -> None:
         (dict(num_key_value_heads=3), "n_kv_heads (3) must divide n_heads (4)"),
         (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}, rope_parameters=None), "rope scaling 'yarn'"),
         (dict(hidden_act="gelu"), "hidden_act 'gelu'"),
+        (dict(partial_rotary_factor=0.5), "rotates only part of each head"),
+        (
+            dict(
+                rope_parameters={
+                    "rope_type": "longrope",
+                    "rope_theta": 1e4,
+                    "short_factor": [1, 2],
+                    "long_factor": [1, 2],
+                    "original_max_position_embeddings": 16,
+                }
+            ),
+            "needs 4 positive short_factor values",
+        ),
+        (dict(rope_parameters={"rope_type": "longrope", "short_factor": "1 2 3 4", "original_max_position_embeddings": 16}), "not a list of numbers"),
     ],
 )
 def test_bad_llama_folders_are_one_line_and_leave_nothing(cli, tmp_path, trained_tokenizer, changes, message):
@@ -433,9 +462,10 @@ def test_a_hub_style_bert_checkpoint_imports(cli, tmp_path):
         assert (hf(ids, attention_mask=real.long()).logits[real] - load_checkpoint(tmp_path / "run").model(ids, real).logits[real]).abs().max() < 1e-4
 
 
-def test_a_sliding_window_shorter_than_the_context_becomes_the_context(cli, tmp_path, trained_tokenizer):
+@pytest.mark.parametrize("kind", ["mistral", "phi3"])  # Phi-3-mini-4k's window is 2,047 of its 4,096
+def test_a_sliding_window_shorter_than_the_context_becomes_the_context(cli, tmp_path, trained_tokenizer, kind):
     vocab = TextTokenizer.load(trained_tokenizer).vocab_size
-    hf = _llama("mistral", vocab, tmp_path / "hf", trained_tokenizer, sliding_window=16)
+    hf = _llama(kind, vocab, tmp_path / "hf", trained_tokenizer, sliding_window=16)
     result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
     assert result.code == 0 and "context 16 (the sliding window" in result.stderr
     ours = load_checkpoint(tmp_path / "run")
@@ -476,3 +506,47 @@ def test_a_long_context_holds_a_cache_only_as_long_as_the_request(cli, tmp_path,
     monkeypatch.setattr(window, "KVCache", recording)
     _greedy_ids_equal(cli, tmp_path / "run", hf, load_checkpoint(tmp_path / "run").tokenizer)
     assert capacities == [len(TextTokenizer.load(trained_tokenizer).encode(PROMPT)) + 12]  # not 4,096 positions
+
+
+def test_longrope_is_transformers_up_to_its_original_context_as_the_hub_writes_it(cli, tmp_path, trained_tokenizer):
+    """Phi-3-mini-128k's config.json: the older rope_scaling (type longrope) and original_max_position_embeddings
+    beside it. Up to that context transformers turns q and k by the short factors, scaled by the attention
+    factor it computes; tfcli's tables are the same, and its context stops there."""
+    vocab = TextTokenizer.load(trained_tokenizer).vocab_size
+    hf = _llama("phi3-longrope", vocab, tmp_path / "hf", trained_tokenizer)
+    scaling = {"type": "longrope", "short_factor": [1.0, 1.3, 2.5, 4.0], "long_factor": [2.0, 3.0, 5.0, 9.0]}
+    _edit_config(tmp_path / "hf", rope_parameters=None, rope_scaling=scaling, rope_theta=10000.0)
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
+    assert result.code == 0 and "context 32 (longrope's original context" in result.stderr, result.stderr
+    ours = load_checkpoint(tmp_path / "run")
+    assert ours.config.model.block_size == 32 and ours.config.model.rope_scaling.short_factor == (1.0, 1.3, 2.5, 4.0)
+    positions = torch.arange(32)[None]
+    with torch.no_grad():
+        cos, sin = hf.model.rotary_emb(torch.zeros(1, 32, 8), positions)  # (1, 32, hs), attention factor included
+    torch.testing.assert_close(ours.model.rotary.cos, cos[0])
+    torch.testing.assert_close(ours.model.rotary.sin, sin[0])
+    assert ours.model.rotary.cos[0, 0] == pytest.approx((1 + math.log(2) / math.log(32)) ** 0.5)  # factor 64 / 32
+    _decoder_logits_equal(hf, ours.model, vocab)
+
+
+ROTARY = dict(positions="rotary", norm="rmsnorm", activation="swiglu", bias=False)
+LONGROPE = {"kind": "longrope", "factor": 2.0, "original_context": 32, "short_factor": [1.0, 1.5, 2.0, 3.0]}
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(qk_norm=True), "GPT2LMHeadModel cannot express this model: qk_norm"),
+        (dict(d_head=16), "GPT2LMHeadModel cannot express this model: d_head 16"),
+        (dict(ROTARY, qk_norm=True, qkv_bias=True), "Qwen3ForCausalLM cannot express this model: biases on q, k and v but not on the attention output"),
+        (dict(ROTARY, bias=True, rope_scaling=LONGROPE), r"Phi3ForCausalLM cannot express this model: biases \(Phi3ForCausalLM has none\)"),
+    ],
+)
+def test_export_names_what_the_new_options_rule_out(options, message):
+    from tfcli.errors import TfcliError
+    from tfcli.hf.convert import export_class
+    from tfcli.model.config import ModelConfig
+
+    config = ModelConfig.from_json(dict(vocab_size=50, block_size=32, n_layers=1, n_heads=4, d_model=32, **options))
+    with pytest.raises(TfcliError, match=message):
+        export_class(config, None)

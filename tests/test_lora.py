@@ -16,7 +16,7 @@ from tests.conftest import TINY_TEXT, forget_accel
 from tfcli.adapters import AdapterRecord
 from tfcli.adapters.lora import LoraLinear, adapter_tensors, apply_lora, base_state, check_rank, merged_state
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
-from tfcli.model.config import ModelConfig
+from tfcli.model.config import ModelConfig, RopeScaling
 from tfcli.model.transformer import Loss, Transformer
 from tfcli.tokenizer.core import TextTokenizer
 
@@ -343,6 +343,18 @@ def _adapter_run(tmp_path, trained_tokenizer, config: ModelConfig, groups, new_h
 FAMILIES = {
     "gpt2": (dict(activation="gelu_tanh"), ("qkv", "out", "mlp"), ()),
     "llama": (dict(positions="rotary", norm="rmsnorm", activation="swiglu", n_kv_heads=2, bias=False, tie_embeddings=False), ("qkv", "out", "mlp"), ()),
+    "qwen3": (dict(positions="rotary", norm="rmsnorm", activation="swiglu", n_kv_heads=2, bias=False, qk_norm=True, d_head=16), ("qkv", "out", "mlp"), ()),
+    "phi3-longrope": (  # qkv_proj and gate_up_proj, fused as tfcli's: one A and B each
+        dict(
+            positions="rotary",
+            norm="rmsnorm",
+            activation="swiglu",
+            bias=False,
+            rope_scaling=RopeScaling("longrope", 2.0, 1.0, 4.0, 32, (1.0, 1.5, 2.0, 3.0), 1.1),
+        ),
+        ("qkv", "out", "mlp"),
+        (),
+    ),
     "bert-classifier": (
         dict(arch="encoder", norm_placement="post", embedding_norm=True, type_vocab_size=2, pooler=True, n_classes=3),
         ("qkv", "mlp"),

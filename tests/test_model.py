@@ -192,6 +192,7 @@ def test_residual_projections_are_scaled():
     "overrides, message",
     [
         (dict(d_model=30, n_heads=4), "divisible by n_heads"),
+        (dict(d_model=30, n_heads=4, d_head=1 << 13), "d_head = 8,192 is absurd"),
         (dict(n_kv_heads=3), "must divide n_heads"),
         (dict(d_model=1 << 20), "absurd"),
         (dict(n_layers=1000, d_model=16384, n_heads=16), "parameters"),
@@ -227,6 +228,12 @@ PRETRAINED_OPTIONS = {
     "llama mlp bias apart": dict(activation="swiglu", norm="rmsnorm", bias=True, mlp_bias=False),
     "bert parts": dict(arch="encoder", norm_placement="post", type_vocab_size=2, embedding_norm=True, pooler=True, n_classes=3),
     "llama3 rope": dict(positions="rotary", rope_scaling={"kind": "llama3", "factor": 8.0, "original_context": 16}),
+    "qwen3 qk norm, wide heads": dict(activation="swiglu", norm="rmsnorm", positions="rotary", bias=False, qk_norm=True, d_head=16, n_kv_heads=2),
+    "qk norm, narrow heads, layernorm": dict(qk_norm=True, d_head=4),  # LayerNorms with biases
+    "phi3 longrope": dict(
+        positions="rotary",
+        rope_scaling={"kind": "longrope", "factor": 4.0, "original_context": 32, "short_factor": [1.0, 1.5, 3.0, 7.0], "attention_factor": 1.2},
+    ),
 }
 
 
@@ -242,6 +249,42 @@ def test_the_options_pretrained_models_bring_are_counted_and_train(options):
     loss = out.logits.float().logsumexp(-1).mean() + (out.class_logits.sum() if out.class_logits is not None else 0)
     loss.backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_qk_norm_normalises_each_heads_query_before_rotary_and_wide_heads_decode_as_the_full_pass():
+    torch.manual_seed(0)
+    config = tiny(positions="rotary", norm="rmsnorm", activation="swiglu", qk_norm=True, d_head=16, n_kv_heads=2)
+    model = Transformer(config).eval()
+    assert model.decoder.blocks[0].attn.qkv.weight.shape == (4 * 16 + 2 * 2 * 16, 32) and model.decoder.blocks[0].attn.out.weight.shape == (32, 64)
+    ids = torch.randint(0, 97, (2, 12))
+    attention = model.decoder.blocks[0].attn
+    with Hooks() as hooks:
+        queries, outputs = hooks.read(attention.hook_rot_q), hooks.read(attention.hook_z)
+        hooks.attention_patterns(model)  # read: the explicit path
+        explicit = model(ids).logits
+    (rotated,), (z,) = queries, outputs
+    assert rotated.shape == z.shape == (2, 12, 4, 16)  # (B, T, nh, hs): heads of their own width
+    # position 0 is not turned: there the query is q_norm's output, each head at root-mean-square 1
+    torch.testing.assert_close(rotated[:, 0].pow(2).mean(-1).sqrt(), torch.ones(2, 4), rtol=0, atol=1e-2)  # (eps aside)
+    assert (model(ids).logits - explicit).abs().max().item() < 1e-5  # the fused path and the explicit one
+    cache = KVCache(config, batch=2, capacity=12, dtype=torch.float32)
+    steps = [model(ids[:, :5], cache=cache).logits] + [model(ids[:, t : t + 1], cache=cache).logits for t in range(5, 12)]
+    assert (torch.cat(steps, dim=1) - explicit).abs().max().item() < 1e-5
+    assert cache.keys.shape == (2, 2, 2, 12, 16)  # (L, B, n_kv, S, hs)
+    cross = tiny(arch="encoder-decoder", qk_norm=True, d_head=4)  # every attention has the norms, cross-attention too
+    assert Transformer(cross).parameter_count() == cross.parameter_estimate()
+
+
+def test_longrope_divides_each_frequency_by_its_short_factor_and_scales_cos_and_sin():
+    from tfcli.model.config import RopeScaling
+    from tfcli.model.layers import RotaryEmbedding
+
+    short = (1.0, 2.0, 4.0, 8.0)
+    rotary = RotaryEmbedding(8, 16, 10000.0, RopeScaling("longrope", 2.0, original_context=16, short_factor=short, attention_factor=1.5))
+    frequencies = 1.0 / (10000 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8)) / torch.tensor(short)
+    angles = torch.arange(16, dtype=torch.float32)[:, None] * frequencies  # (L, hs/2)
+    torch.testing.assert_close(rotary.cos, 1.5 * torch.cat([angles, angles], dim=-1).cos())
+    torch.testing.assert_close(rotary.sin, 1.5 * torch.cat([angles, angles], dim=-1).sin())
 
 
 def test_llama3_rope_scaling_keeps_high_frequencies_and_divides_low_ones():
@@ -264,6 +307,14 @@ def test_llama3_rope_scaling_keeps_high_frequencies_and_divides_low_ones():
         (dict(positions="rotary", rope_scaling={"kind": "linear", "factor": 0.5}), "factor >= 1"),
         (dict(pooler=True), "pooler is BERT's"),
         (dict(type_vocab_size=-1), "type_vocab_size"),
+        (dict(d_head=0), "d_head must be at least 1"),
+        (dict(positions="rotary", d_head=5), "even head size"),
+        (dict(positions="rotary", rope_scaling={"kind": "longrope", "factor": 2.0, "original_context": 32, "short_factor": [1.0]}), "4 positive short_factor"),
+        (
+            dict(positions="rotary", rope_scaling={"kind": "longrope", "factor": 2.0, "original_context": 16, "short_factor": [1.0] * 4}),
+            "up to original_context",
+        ),
+        (dict(positions="rotary", rope_scaling={"kind": "linear", "factor": 2.0, "attention_factor": 2.0}), "are longrope's"),
     ],
 )
 def test_bad_pretrained_options(overrides, message):

@@ -42,6 +42,7 @@ KNOWN_SETTINGS: dict[str, set | None] = {
     "n_heads": ANY,
     "n_kv_heads": ANY,
     "d_model": ANY,
+    "d_head": {None},  # heads of their own width (Qwen3): PyTorch's step
     "d_ff": ANY,
     "positions": {"learned", "sinusoidal", "rotary"},
     "rope_base": ANY,
@@ -52,6 +53,7 @@ KNOWN_SETTINGS: dict[str, set | None] = {
     "activation": set(ACTIVATIONS),
     "dropout": ANY,  # the step runs in eval mode only: no dropout
     "bias": ANY,
+    "qk_norm": {False},  # a norm on each head's q and k (Qwen3): PyTorch's step
     "qkv_bias": {None},
     "mlp_bias": {None},
     "tie_embeddings": ANY,

@@ -191,6 +191,10 @@ def _more_options(model: dict) -> list[str]:
         options.append(f"rope base {model['rope_base']:g}")
     if model.get("rope_scaling"):
         options.append(f"rope scaling {model['rope_scaling']['kind']} x{model['rope_scaling']['factor']:g}")
+    if model.get("qk_norm"):
+        options.append("QK-norm")
+    if model.get("d_head"):
+        options.append(f"heads {model['d_head']} wide")
     for key, name in (("qkv_bias", "q/k/v bias"), ("mlp_bias", "mlp bias")):
         if model.get(key) is not None:
             options.append(f"{name} {'on' if model[key] else 'off'}")

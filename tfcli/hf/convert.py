@@ -34,7 +34,7 @@ from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 FAMILIES: dict[str, ModuleType] = {name: family for family in (gpt2, llama, bert) for name in family.CLASSES}
 MODEL_TYPES = {"GPT2LMHeadModel": "gpt2", **llama.MODEL_TYPES, **{name: "bert" for name in bert.CLASSES}}
 # The class a config.json without `architectures` is read as, by its model_type.
-DEFAULT_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM", "bert": "BertModel"}
+DEFAULT_CLASSES = {"gpt2": "GPT2LMHeadModel", **{model_type: name for name, model_type in llama.MODEL_TYPES.items()}, "bert": "BertModel"}
 
 
 @dataclasses.dataclass
@@ -152,14 +152,26 @@ def export_class(config: ModelConfig, recorded: str | None) -> str:
         candidates = [llama.choose_class(config, recorded), "GPT2LMHeadModel"]
         if config.positions != "rotary":
             candidates.reverse()
-    problems = [(name, FAMILIES[name].incompatible(config, name)) for name in candidates]
+    problems = [(name, _llama_only_option(config, name) or FAMILIES[name].incompatible(config, name)) for name in candidates]
     for name, problem in problems:
         if problem is None:
             return name
     raise TfcliError(
         "; ".join(f"{name} cannot express this model: {problem}" for name, problem in problems),
-        hint="tfcli exports decoders as GPT-2, Llama, Qwen2 or Mistral and encoders as BERT, with their options",
+        hint="tfcli exports decoders as GPT-2, Llama, Qwen2, Qwen3, Mistral or Phi-3 and encoders as BERT, with their options",
     )
+
+
+def _llama_only_option(config: ModelConfig, hf_class: str) -> str | None:
+    """An option only the Llama-shaped classes express (a norm on q and k, heads of their own width), for
+    GPT-2 and BERT, whose modules predate both."""
+    if FAMILIES[hf_class] is llama:
+        return None
+    if config.qk_norm:
+        return f"qk_norm ({hf_class} has no norm on q and k)"
+    if config.q_width != config.d_model:
+        return f"d_head {config.head_dim} ({hf_class}'s heads are d_model / n_heads wide)"
+    return None
 
 
 def export_hf(run_dir: Path, out_dir: Path) -> tuple[str, dict[str, Any]]:

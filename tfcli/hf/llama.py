@@ -1,12 +1,15 @@
-"""The Llama family: LlamaForCausalLM, Qwen2ForCausalLM (biases on q, k and v) and MistralForCausalLM.
+"""The Llama family: LlamaForCausalLM, Qwen2ForCausalLM (biases on q, k and v), Qwen3ForCausalLM (an RMSNorm
+on each head's q and k, heads of their own width), MistralForCausalLM and Phi3ForCausalLM (longrope).
 
 Each is a pre-norm RMSNorm decoder with rotary positions, grouped-query attention and a SwiGLU MLP, which
-tfcli's model has: the mapping only stacks q/k/v into one projection and gate/up into one (gate first).
-Both rotate the halves of each head ([x1, x2] -> [-x2, x1]), so no permutation is needed.
+tfcli's model has: the mapping only stacks q/k/v into one projection and gate/up into one (gate first), as
+Phi-3 stores them already (qkv_proj, gate_up_proj). All rotate the halves of each head ([x1, x2] -> [-x2, x1]),
+so no permutation is needed.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from tfcli.errors import TfcliError
@@ -14,21 +17,32 @@ from tfcli.hf.folder import HfConfig
 from tfcli.hf.mapping import TensorMap, incompatibility
 from tfcli.model.config import ModelConfig, RopeScaling
 
-CLASSES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
-MODEL_TYPES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}
+CLASSES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM")
+MODEL_TYPES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "MistralForCausalLM": "mistral",
+    "Phi3ForCausalLM": "phi3",
+}
+FUSED = "Phi3ForCausalLM"  # stores q/k/v as one qkv_proj and gate/up as one gate_up_proj, as tfcli does
 
 
-def _rope_scaling(hf: HfConfig) -> tuple[float, RopeScaling | None]:
+def _rope_scaling(hf: HfConfig, hf_class: str) -> tuple[float, RopeScaling | None]:
     """rope_theta and the scaling, from transformers 5's rope_parameters or the older rope_theta + rope_scaling."""
     parameters = hf.get("rope_parameters", dict, None)
     if parameters is None:
         parameters = dict(hf.get("rope_scaling", dict, None) or {})
         parameters.setdefault("rope_theta", hf.get("rope_theta", float, 10000.0))
-    theta = HfConfig(parameters, hf.path).get("rope_theta", float, 10000.0)
+    values = HfConfig(parameters, hf.path)
+    theta = values.get("rope_theta", float, 10000.0)
+    if values.get("partial_rotary_factor", float, hf.get("partial_rotary_factor", float, 1.0)) != 1.0:
+        raise TfcliError(f"{hf.path} rotates only part of each head (partial_rotary_factor); tfcli rotates all of it")
     kind = parameters.get("rope_type", parameters.get("type", "default"))
+    if hf_class == FUSED and kind in ("su", "yarn"):
+        kind = "longrope"  # Phi-3's older names for it, as transformers' Phi3Config reads them
     if kind == "default":
         return theta, None
-    values = HfConfig(parameters, hf.path)
     if kind == "linear":
         return theta, RopeScaling("linear", values.get("factor", float))
     if kind == "llama3":
@@ -39,7 +53,23 @@ def _rope_scaling(hf: HfConfig) -> tuple[float, RopeScaling | None]:
             values.get("high_freq_factor", float),
             values.get("original_max_position_embeddings", int),
         )
-    raise TfcliError(f"{hf.path} asks for rope scaling {kind!r}, which tfcli does not implement", hint="tfcli implements default, linear and llama3")
+    if kind == "longrope":
+        return theta, _longrope(hf, values)
+    raise TfcliError(f"{hf.path} asks for rope scaling {kind!r}, which tfcli does not implement", hint="tfcli implements default, linear, llama3 and longrope")
+
+
+def _longrope(hf: HfConfig, values: HfConfig) -> RopeScaling:
+    """Phi-3's longrope up to its original context (short_factor; long_factor is what transformers switches to
+    past it), with the attention factor transformers computes when config.json gives none."""
+    original = values.get("original_max_position_embeddings", int, None) or hf.get("original_max_position_embeddings", int)
+    short = values.get("short_factor", list)
+    if not isinstance(short, list) or not all(isinstance(f, (int, float)) and not isinstance(f, bool) for f in short):
+        raise TfcliError(f"{hf.path} has a longrope short_factor that is not a list of numbers")
+    factor = values.get("factor", float, None) or hf.get("max_position_embeddings", int) / original
+    attention = values.get("attention_factor", float, None)
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return RopeScaling("longrope", max(factor, 1.0), original_context=original, short_factor=tuple(map(float, short)), attention_factor=attention)
 
 
 def model_config(hf: HfConfig, hf_class: str) -> tuple[ModelConfig, list[str]]:
@@ -48,25 +78,27 @@ def model_config(hf: HfConfig, hf_class: str) -> tuple[ModelConfig, list[str]]:
     d, heads = hf.get("hidden_size", int), hf.get("num_attention_heads", int)
     if hf.get("hidden_act", str, "silu") != "silu":
         raise TfcliError(f"{hf.path} has hidden_act {hf.data['hidden_act']!r}; tfcli's SwiGLU uses silu")
-    if heads < 1 or d % heads or hf.get("head_dim", int, d // heads) != d // heads:
-        raise TfcliError(
-            f"{hf.path} has head_dim {hf.data.get('head_dim')} with hidden_size {d} and {heads} heads; tfcli's heads are hidden_size / num_attention_heads wide"
-        )
-    if hf.get("partial_rotary_factor", float, 1.0) != 1.0:
-        raise TfcliError(f"{hf.path} rotates only part of each head (partial_rotary_factor); tfcli rotates all of it")
+    head_dim = hf.get("head_dim", int, None)  # Qwen3's heads have a width of their own; the others' are d / heads
+    d_head = head_dim if head_dim is not None and (heads < 1 or head_dim * heads != d) else None
     block_size = hf.get("max_position_embeddings", int)
     window = hf.get("sliding_window", int, None)
-    sliding = hf_class == "MistralForCausalLM" or hf.get("use_sliding_window", bool, False)
+    sliding = hf_class in ("MistralForCausalLM", "Phi3ForCausalLM") or hf.get("use_sliding_window", bool, False)
     if sliding and window is not None and window < block_size:
         # Within its window, sliding-window attention is full attention: the context stops there.
         notes.append(f"context {window:,} (the sliding window; tfcli attends to the whole context, which is the same within it)")
         block_size = window
-    rope_base, rope_scaling = _rope_scaling(hf)
+    rope_base, rope_scaling = _rope_scaling(hf, hf_class)
+    if rope_scaling is not None and rope_scaling.kind == "longrope" and rope_scaling.original_context < block_size:
+        notes.append(
+            f"context {rope_scaling.original_context:,} (longrope's original context; past it transformers switches to long_factor, "
+            "which tfcli does not implement)"
+        )
+        block_size = rope_scaling.original_context
     if hf_class == "Qwen2ForCausalLM":
         bias, qkv_bias, mlp_bias = False, True, None  # Qwen2: biases on q, k and v only
-    elif hf_class == "MistralForCausalLM":
+    elif hf_class in ("MistralForCausalLM", FUSED):
         bias, qkv_bias, mlp_bias = False, None, None
-    else:
+    else:  # Llama, Qwen3
         bias, mlp = hf.get("attention_bias", bool, False), hf.get("mlp_bias", bool, False)
         qkv_bias, mlp_bias = None, (None if mlp == bias else mlp)  # attention_bias covers q, k, v and o
     config = ModelConfig(
@@ -77,6 +109,7 @@ def model_config(hf: HfConfig, hf_class: str) -> tuple[ModelConfig, list[str]]:
         n_heads=heads,
         n_kv_heads=hf.get("num_key_value_heads", int, heads),
         d_model=d,
+        d_head=d_head,
         d_ff=hf.get("intermediate_size", int),
         positions="rotary",
         rope_base=rope_base,
@@ -87,6 +120,7 @@ def model_config(hf: HfConfig, hf_class: str) -> tuple[ModelConfig, list[str]]:
         activation="swiglu",
         dropout=hf.get("attention_dropout", float, 0.0),
         bias=bias,
+        qk_norm=hf_class == "Qwen3ForCausalLM",
         qkv_bias=qkv_bias,
         mlp_bias=mlp_bias,
         tie_embeddings=hf.get("tie_word_embeddings", bool, False),
@@ -96,7 +130,7 @@ def model_config(hf: HfConfig, hf_class: str) -> tuple[ModelConfig, list[str]]:
 
 
 def tensor_maps(config: ModelConfig, hf_class: str) -> list[TensorMap]:
-    d, kv, hidden = config.d_model, config.kv_heads * config.head_dim, config.hidden_dim
+    q, kv, hidden = config.q_width, config.kv_heads * config.head_dim, config.hidden_dim
     maps = [TensorMap("tok_emb.weight", ("model.embed_tokens.weight",))]
     for i in range(config.n_layers):
         ours, theirs = f"decoder.blocks.{i}", f"model.layers.{i}"
@@ -106,10 +140,16 @@ def tensor_maps(config: ModelConfig, hf_class: str) -> list[TensorMap]:
             TensorMap(f"{ours}.mlp_norm.weight", (f"{theirs}.post_attention_layernorm.weight",)),
             TensorMap(f"{ours}.mlp.proj.weight", (f"{theirs}.mlp.down_proj.weight",)),
         ]
-        kinds = ["weight", "bias"] if config.has_qkv_bias else ["weight"]
-        maps += [TensorMap(f"{ours}.attn.qkv.{kind}", tuple(f"{theirs}.self_attn.{p}_proj.{kind}" for p in "qkv"), (d, kv, kv)) for kind in kinds]
-        kinds = ["weight", "bias"] if config.has_mlp_bias else ["weight"]
-        maps += [TensorMap(f"{ours}.mlp.fc.{kind}", (f"{theirs}.mlp.gate_proj.{kind}", f"{theirs}.mlp.up_proj.{kind}"), (hidden, hidden)) for kind in kinds]
+        if hf_class == FUSED:  # stacked as tfcli's already, and without biases
+            maps.append(TensorMap(f"{ours}.attn.qkv.weight", (f"{theirs}.self_attn.qkv_proj.weight",)))
+            maps.append(TensorMap(f"{ours}.mlp.fc.weight", (f"{theirs}.mlp.gate_up_proj.weight",)))
+        else:
+            kinds = ["weight", "bias"] if config.has_qkv_bias else ["weight"]
+            maps += [TensorMap(f"{ours}.attn.qkv.{kind}", tuple(f"{theirs}.self_attn.{p}_proj.{kind}" for p in "qkv"), (q, kv, kv)) for kind in kinds]
+            kinds = ["weight", "bias"] if config.has_mlp_bias else ["weight"]
+            maps += [TensorMap(f"{ours}.mlp.fc.{kind}", (f"{theirs}.mlp.gate_proj.{kind}", f"{theirs}.mlp.up_proj.{kind}"), (hidden, hidden)) for kind in kinds]
+        if config.qk_norm:
+            maps += [TensorMap(f"{ours}.attn.{p}_norm.weight", (f"{theirs}.self_attn.{p}_norm.weight",)) for p in "qk"]
         if config.has_mlp_bias:
             maps.append(TensorMap(f"{ours}.mlp.proj.bias", (f"{theirs}.mlp.down_proj.bias",)))
         if config.bias:
@@ -121,12 +161,17 @@ def tensor_maps(config: ModelConfig, hf_class: str) -> list[TensorMap]:
 
 
 def choose_class(config: ModelConfig, recorded: str | None) -> str:
-    """Qwen2 for biases on q, k and v alone; the class a run was imported from when it still fits; else Llama."""
+    """Qwen3 for a norm on q and k; Qwen2 for biases on q, k and v alone; the class a run was imported from
+    when it still fits; Phi-3 for longrope; else Llama."""
+    if config.qk_norm:
+        return "Qwen3ForCausalLM"
     qwen2_biases = config.has_qkv_bias and not config.bias and not config.has_mlp_bias
     if qwen2_biases:
         return "Qwen2ForCausalLM"
-    if recorded == "MistralForCausalLM" and not (config.has_qkv_bias or config.bias or config.has_mlp_bias):
+    if recorded in ("MistralForCausalLM", FUSED) and not (config.has_qkv_bias or config.bias or config.has_mlp_bias):
         return recorded
+    if config.rope_scaling is not None and config.rope_scaling.kind == "longrope":
+        return FUSED
     return "LlamaForCausalLM"
 
 
@@ -147,9 +192,14 @@ def incompatible(config: ModelConfig, hf_class: str) -> str | None:
         (config.activation == "swiglu", f"activation {config.activation!r} ({hf_class} has a SwiGLU MLP)"),
         (config.n_classes == 0, f"a classification head ({hf_class} has none)"),
         (
-            hf_class != "LlamaForCausalLM" or config.has_qkv_bias == config.bias,
-            "biases on q, k and v but not on the attention output (LlamaForCausalLM's attention_bias covers all four)",
+            hf_class not in ("LlamaForCausalLM", "Qwen3ForCausalLM") or config.has_qkv_bias == config.bias,
+            f"biases on q, k and v but not on the attention output ({hf_class}'s attention_bias covers all four)",
         ),
+        (hf_class != "Qwen3ForCausalLM" or not config.has_mlp_bias, "biases in the MLP (Qwen3ForCausalLM has none)"),
+        (hf_class != FUSED or not (config.bias or config.has_qkv_bias or config.has_mlp_bias), f"biases ({FUSED} has none)"),
+        (config.qk_norm or hf_class != "Qwen3ForCausalLM", "no qk_norm (Qwen3ForCausalLM normalises each head's q and k)"),
+        (not config.qk_norm or hf_class == "Qwen3ForCausalLM", f"qk_norm ({hf_class} has no norm on q and k)"),
+        (config.rope_scaling is None or config.rope_scaling.kind != "longrope" or hf_class == FUSED, f"rope_scaling longrope (tfcli writes it as {FUSED})"),
     ]
     return incompatibility(checks)
 
@@ -180,8 +230,14 @@ def hf_config(config: ModelConfig, hf_class: str, special_ids: dict[str, int]) -
     }
     if hf_class == "LlamaForCausalLM":
         hf.update(attention_bias=config.bias, mlp_bias=config.has_mlp_bias)
+    elif hf_class == FUSED:
+        scaling = config.rope_scaling
+        original = scaling.original_context if scaling is not None and scaling.kind == "longrope" else config.block_size
+        hf.update(sliding_window=None, original_max_position_embeddings=original, resid_pdrop=config.dropout, embd_pdrop=config.dropout)
     else:
         hf.update(sliding_window=None, use_sliding_window=False)
+        if hf_class == "Qwen3ForCausalLM":
+            hf.update(attention_bias=config.bias)
     return hf
 
 
@@ -191,6 +247,14 @@ def _rope_scaling_json(config: ModelConfig) -> dict[str, Any] | None:
         return None
     if scaling.kind == "linear":
         return {"rope_type": "linear", "factor": scaling.factor}
+    if scaling.kind == "longrope":  # tfcli's context ends at original_context, where long_factor would start
+        return {
+            "rope_type": "longrope",
+            "short_factor": list(scaling.short_factor),
+            "long_factor": list(scaling.short_factor),
+            "attention_factor": scaling.attention_factor,
+            "original_max_position_embeddings": scaling.original_context,
+        }
     return {
         "rope_type": "llama3",
         "factor": scaling.factor,

@@ -18,7 +18,7 @@ from torch import nn
 
 from tfcli.model.config import ModelConfig
 from tfcli.model.hook_point import add_hook_points
-from tfcli.model.layers import RotaryEmbedding
+from tfcli.model.layers import RotaryEmbedding, make_norm
 
 
 @dataclasses.dataclass
@@ -115,20 +115,27 @@ class Attention(nn.Module):
     hook_rot_q and hook_rot_k, the same after rotary; hook_attn_scores (B, nh, T, S), q k^T / sqrt(hs) with
     the masked keys at -inf, and hook_pattern (B, nh, T, S), its softmax (hooking either takes the explicit
     path); hook_z (B, T, nh, hs): each head's output, the input of the output projection `out`. The
-    attention itself is computed heads first, (B, nh, T, hs), as the fused kernel and the cache take it."""
+    attention itself is computed heads first, (B, nh, T, hs), as the fused kernel and the cache take it.
+    With `qk_norm` (Qwen3), q_norm and k_norm normalise each head's query and key (hs wide) after hook_q
+    and hook_k, before rotary. Heads are d_model / nh wide unless `d_head` sets hs apart: then q and hook_z
+    are nh * hs wide, and `out` maps that back to d_model."""
 
     def __init__(self, config: ModelConfig, *, causal: bool, cross: bool = False, rotary: RotaryEmbedding | None = None) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.kv_heads, config.head_dim
         self.causal, self.cross = causal, cross
         self.dropout = config.dropout
-        kv_width = 2 * self.n_kv_heads * self.head_dim
+        q_width, kv_width = config.q_width, 2 * self.n_kv_heads * self.head_dim
         if cross:
-            self.q = nn.Linear(config.d_model, config.d_model, bias=config.has_qkv_bias)
+            self.q = nn.Linear(config.d_model, q_width, bias=config.has_qkv_bias)
             self.kv = nn.Linear(config.d_model, kv_width, bias=config.has_qkv_bias)
         else:
-            self.qkv = nn.Linear(config.d_model, config.d_model + kv_width, bias=config.has_qkv_bias)
-        self.out = nn.Linear(config.d_model, config.d_model, bias=config.bias)
+            self.qkv = nn.Linear(config.d_model, q_width + kv_width, bias=config.has_qkv_bias)
+        if config.qk_norm:
+            self.q_norm = make_norm(config, self.head_dim)  # over each head's query, shared by the heads
+            self.k_norm = make_norm(config, self.head_dim)
+        self.qk_norm = config.qk_norm
+        self.out = nn.Linear(q_width, config.d_model, bias=config.bias)
         self.rotary = None if cross else rotary  # the model's one rotary module (no state of its own here), or None
         add_hook_points(self, "hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z")
         if self.rotary is not None:
@@ -140,22 +147,25 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: AttentionMask, *, memory: torch.Tensor | None = None, cache: LayerKVCache | None = None) -> torch.Tensor:
         """x: (B, T, d); memory (B, S, d): what cross-attention reads. Returns (B, T, d)."""
-        B, T, d = x.shape
-        kv_width = self.n_kv_heads * self.head_dim
+        q_width, kv_width = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         if self.cross:
-            q = self.hook_q(self._heads(self.q(x), self.n_heads)).transpose(1, 2)  # (B, T, nh, hs) -> (B, nh, T, hs)
+            q = self.hook_q(self._heads(self.q(x), self.n_heads))  # (B, T, nh, hs)
+            q = (self.q_norm(q) if self.qk_norm else q).transpose(1, 2)  # (B, nh, T, hs)
             if cache is not None and cache.cross is not None:
                 k, v = cache.cross  # (B, nkv, S, hs)
             else:
                 k, v = self.kv(memory).split(kv_width, dim=-1)
                 k, v = self.hook_k(self._heads(k, self.n_kv_heads)), self.hook_v(self._heads(v, self.n_kv_heads))  # (B, S, nkv, hs)
+                k = self.k_norm(k) if self.qk_norm else k
                 k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, nkv, S, hs)
                 if cache is not None:
                     cache.cross = (k, v)
         else:
-            q, k, v = self.qkv(x).split([d, kv_width, kv_width], dim=-1)
+            q, k, v = self.qkv(x).split([q_width, kv_width, kv_width], dim=-1)
             q = self.hook_q(self._heads(q, self.n_heads))  # (B, T, nh, hs)
             k, v = self.hook_k(self._heads(k, self.n_kv_heads)), self.hook_v(self._heads(v, self.n_kv_heads))  # (B, T, nkv, hs)
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)  # each head's query and key normalised over its hs features
             if self.rotary is not None:
                 offset = cache.offset if cache is not None else 0
                 q = self.hook_rot_q(self.rotary(q, offset, mask.positions))  # (B, T, nh, hs)
@@ -177,7 +187,7 @@ class Attention(nn.Module):
                 enable_gqa=self.n_kv_heads != self.n_heads,
             )
         z = self.hook_z(y.transpose(1, 2))  # (B, T, nh, hs)
-        return self.out(z.flatten(2))  # (B, T, nh * hs)
+        return self.out(z.flatten(2))  # (B, T, nh * hs) -> (B, T, d)
 
     def _explicit(self, q, k, v, mask: AttentionMask, dropout: float) -> torch.Tensor:
         """softmax(q k^T / sqrt(hs) + mask) v, the scores passed through hook_attn_scores and the weights

@@ -19,10 +19,10 @@ NORMS: tuple[str, ...] = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS: tuple[str, ...] = ("pre", "post")
 ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh", "relu", "swiglu")
 
-ROPE_SCALINGS: tuple[str, ...] = ("linear", "llama3")
+ROPE_SCALINGS: tuple[str, ...] = ("linear", "llama3", "longrope")
 
 MAX_PARAMETERS = 200_000_000_000
-LIMITS = {"vocab_size": 1 << 22, "block_size": 1 << 20, "d_model": 1 << 16, "d_ff": 1 << 18, "n_layers": 1024, "n_heads": 1024}
+LIMITS = {"vocab_size": 1 << 22, "block_size": 1 << 20, "d_model": 1 << 16, "d_ff": 1 << 18, "n_layers": 1024, "n_heads": 1024, "d_head": 1 << 12}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,13 +30,17 @@ class RopeScaling(JsonRecord):
     """How rotary frequencies are stretched to reach past the context a model was first trained on
     (transformers' `rope_scaling`). linear: every frequency / factor. llama3: frequencies whose wavelength
     is longer than original_context / low_freq_factor / factor, shorter than original_context /
-    high_freq_factor kept, a smooth blend between."""
+    high_freq_factor kept, a smooth blend between. longrope (Phi-3's 128k models): each frequency divided
+    by its own short_factor and cos, sin scaled by attention_factor; transformers switches to its long
+    factors past original_context, so tfcli's context stops there."""
 
-    kind: str  # linear | llama3
+    kind: str  # linear | llama3 | longrope
     factor: float
     low_freq_factor: float = 1.0  # llama3 only
     high_freq_factor: float = 4.0  # llama3 only
-    original_context: int = 8192  # llama3 only: original_max_position_embeddings
+    original_context: int = 8192  # llama3 and longrope: original_max_position_embeddings
+    short_factor: tuple[float, ...] = ()  # longrope only: what each rotary frequency is divided by, (head_dim / 2,)
+    attention_factor: float = 1.0  # longrope only: cos and sin are scaled by it (the scores by its square)
 
 
 @dataclasses.dataclass
@@ -49,16 +53,18 @@ class ModelConfig(JsonRecord):
     n_heads: int = 4  # query heads per attention layer
     n_kv_heads: int | None = None  # key/value heads: = n_heads multi-head, divides it grouped-query, 1 multi-query
     d_model: int = 256  # width of the residual stream
+    d_head: int | None = None  # width of each attention head (default: d_model / n_heads; Qwen3 sets it apart)
     d_ff: int | None = None  # hidden width of the MLP (default: 4 * d_model)
     positions: str = "learned"  # learned | sinusoidal | rotary
     rope_base: float = 10000.0  # rotary: the base of the frequencies
-    rope_scaling: RopeScaling | None = None  # rotary: frequencies stretched for a longer context (Llama 3.x)
+    rope_scaling: RopeScaling | None = None  # rotary: frequencies stretched for a longer context (Llama 3.x, Phi-3's 128k)
     norm: str = "layernorm"  # layernorm | rmsnorm
     norm_placement: str = "pre"  # pre: x + f(norm(x)); post: norm(x + f(x)) (the original transformer)
     norm_eps: float = 1e-5
     activation: str = "gelu"  # gelu | gelu_tanh (GPT-2's) | relu | swiglu
     dropout: float = 0.0  # on embeddings, attention weights, and each sublayer's output
     bias: bool = True  # biases in linear layers and layer norms
+    qk_norm: bool = False  # a norm over each head's queries and keys (head_dim wide), before rotary (Qwen3)
     qkv_bias: bool | None = None  # biases on the query/key/value projections (None: as `bias`; Qwen2 has only these)
     mlp_bias: bool | None = None  # biases in the MLP (None: as `bias`; Llama sets attention and MLP biases apart)
     tie_embeddings: bool = True  # the output projection shares the token embedding matrix
@@ -83,8 +89,10 @@ class ModelConfig(JsonRecord):
         shortest = 2 if self.arch == "decoder" else 3  # a token and its target; encoders also hold [cls] or [eos]
         if self.block_size < shortest:
             raise TfcliError(f"model block_size must be at least {shortest} for {a_or_an(self.arch)}, not {self.block_size}")
-        if self.d_model % self.n_heads:
-            raise TfcliError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if self.d_head is None and self.d_model % self.n_heads:
+            raise TfcliError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})", hint="or set d_head, each head's width")
+        if self.d_head is not None and self.d_head < 1:
+            raise TfcliError(f"model d_head must be at least 1, not {self.d_head}")
         if self.kv_heads < 1 or self.n_heads % self.kv_heads:
             raise TfcliError(
                 f"n_kv_heads ({self.kv_heads}) must divide n_heads ({self.n_heads})",
@@ -117,6 +125,16 @@ class ModelConfig(JsonRecord):
                 raise TfcliError(f"model rope_scaling.kind must be one of {', '.join(ROPE_SCALINGS)}, not {scaling.kind!r}")
             if not scaling.factor >= 1 or not 0 < scaling.low_freq_factor < scaling.high_freq_factor or scaling.original_context < 1:
                 raise TfcliError("model rope_scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and original_context >= 1")
+            if scaling.kind == "longrope":
+                if len(scaling.short_factor) != self.head_dim // 2 or not all(f > 0 for f in scaling.short_factor) or not scaling.attention_factor > 0:
+                    raise TfcliError(f"model rope_scaling longrope needs {self.head_dim // 2} positive short_factor values and attention_factor > 0")
+                if self.block_size > scaling.original_context:
+                    raise TfcliError(
+                        f"model rope_scaling longrope holds up to original_context ({scaling.original_context}), not block_size {self.block_size}",
+                        hint="past it longrope switches to its long factors, which tfcli does not implement",
+                    )
+            elif scaling.short_factor or scaling.attention_factor != 1.0:
+                raise TfcliError("model rope_scaling short_factor and attention_factor are longrope's")
         if not 0 <= self.type_vocab_size <= 1 << 16:
             raise TfcliError(f"model type_vocab_size must be between 0 and {1 << 16:,}, not {self.type_vocab_size}")
         if self.pooler and self.arch != "encoder":
@@ -128,7 +146,12 @@ class ModelConfig(JsonRecord):
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+
+    @property
+    def q_width(self) -> int:
+        """The queries' width, n_heads * head_dim: d_model unless d_head sets the heads apart."""
+        return self.n_heads * self.head_dim
 
     @property
     def kv_heads(self) -> int:
@@ -165,9 +188,10 @@ class ModelConfig(JsonRecord):
     def parameter_counts(self) -> dict[str, int]:
         """Parameters by part: embeddings, attention, mlp, norms, heads."""
         d, b, qb, mb = self.d_model, int(self.bias), int(self.has_qkv_bias), int(self.has_mlp_bias)
-        kv = self.kv_heads * self.head_dim
-        attn = d * (d + 2 * kv) + qb * (d + 2 * kv) + d * d + b * d
-        cross = d * d + qb * d + d * 2 * kv + qb * 2 * kv + d * d + b * d
+        q, kv = self.q_width, self.kv_heads * self.head_dim
+        qk_norms = 2 * self.head_dim * (2 if self.norm == "layernorm" and self.bias else 1) if self.qk_norm else 0
+        attn = d * (q + 2 * kv) + qb * (q + 2 * kv) + q * d + b * d + qk_norms
+        cross = d * q + qb * q + d * 2 * kv + qb * 2 * kv + q * d + b * d + qk_norms
         up = 2 * self.hidden_dim if self.activation == "swiglu" else self.hidden_dim
         mlp = d * up + mb * up + self.hidden_dim * d + mb * d
         norm = d * (2 if self.norm == "layernorm" and self.bias else 1)

@@ -22,10 +22,12 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def make_norm(config: ModelConfig) -> nn.Module:
+def make_norm(config: ModelConfig, dim: int | None = None) -> nn.Module:
+    """The config's norm over the last `dim` features (default: the residual stream's d_model)."""
+    dim = config.d_model if dim is None else dim
     if config.norm == "rmsnorm":
-        return RMSNorm(config.d_model, config.norm_eps)
-    return nn.LayerNorm(config.d_model, eps=config.norm_eps, bias=config.bias)
+        return RMSNorm(dim, config.norm_eps)
+    return nn.LayerNorm(dim, eps=config.norm_eps, bias=config.bias)
 
 
 def sinusoidal_table(length: int, dim: int) -> torch.Tensor:
@@ -40,9 +42,12 @@ def sinusoidal_table(length: int, dim: int) -> torch.Tensor:
 
 def scaled_frequencies(inverse_frequency: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
     """Rotary frequencies stretched for a longer context: linear divides them all by the factor; llama3
-    (Llama 3.1) divides the low ones (long wavelengths), keeps the high ones, and blends in between."""
+    (Llama 3.1) divides the low ones (long wavelengths), keeps the high ones, and blends in between;
+    longrope (Phi-3) divides each by its own short factor."""
     if scaling.kind == "linear":
         return inverse_frequency / scaling.factor
+    if scaling.kind == "longrope":
+        return inverse_frequency / torch.tensor(scaling.short_factor, dtype=torch.float32)  # (hs/2,)
     wavelength = 2 * math.pi / inverse_frequency  # (hs/2,)
     low_cutoff = scaling.original_context / scaling.low_freq_factor  # longer wavelengths: divided
     high_cutoff = scaling.original_context / scaling.high_freq_factor  # shorter: kept
@@ -54,7 +59,8 @@ def scaled_frequencies(inverse_frequency: torch.Tensor, scaling: RopeScaling) ->
 
 
 class RotaryEmbedding(nn.Module):
-    """RoPE: rotate each (i, i + hs/2) pair of q and k by an angle proportional to the position."""
+    """RoPE: rotate each (i, i + hs/2) pair of q and k by an angle proportional to the position (longrope
+    also scales q and k by its attention factor)."""
 
     def __init__(self, head_dim: int, length: int, base: float, scaling: RopeScaling | None = None) -> None:
         super().__init__()
@@ -63,8 +69,9 @@ class RotaryEmbedding(nn.Module):
             inverse_frequency = scaled_frequencies(inverse_frequency, scaling)
         angles = torch.outer(torch.arange(length, dtype=torch.float32), inverse_frequency)  # (L, hs/2)
         angles = torch.cat([angles, angles], dim=-1)  # (L, hs)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        magnitude = scaling.attention_factor if scaling is not None else 1.0
+        self.register_buffer("cos", angles.cos() * magnitude, persistent=False)
+        self.register_buffer("sin", angles.sin() * magnitude, persistent=False)
 
     def forward(self, x: torch.Tensor, offset: int, positions: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, heads, hs), rotated as if it started at position `offset`, or at each row's own
