@@ -328,3 +328,73 @@ def test_labels_mark_a_leading_space_the_same_in_every_layout(layouts, layout):
     for token_id in tokenizer.encode("They saw"):
         label, text = token_label(tokenizer, token_id), token_text(tokenizer, token_id)
         assert label == text.replace(" ", "␣") and "␣" not in text  # JSON keeps the text unmarked
+
+
+def _spaced_words(folder: Path) -> TextTokenizer:
+    """Words joined by a space (no decoder: "don ' t"), and tokenizer_config.json asking for transformers'
+    clean-up of spaces ("don't"); the vocabulary is every piece of the clean-up's patterns, so random ids
+    make every pattern, whole and split, and chains (" n ' t" -> " n't" -> "n't")."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["[UNK]", "a", "n", "n't", "'", "t", "s", "'s", "'m", "m", ".", ",", "?", "!", "ve", "'ve", "re", "'re", "x", "<s>"]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(["<s>"])
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"clean_up_tokenization_spaces": True}), encoding="utf-8")
+    return TextTokenizer.load(folder)
+
+
+def test_a_space_clean_up_streams_as_a_whole_decode_cleans_up(tmp_path):
+    """tokenizer_config.json's clean_up_tokenization_spaces, as transformers' decode applies it after the
+    decoder: the streamed pieces, in any grouping, join to the cleaned-up text, though a space the clean-up
+    takes out shows only as later ids come (" n" may go on "'t"). After a context whose text ends in such a
+    space, the space went out with the context; the rest is the whole decode's."""
+    tokenizer = _spaced_words(tmp_path / "words")
+    assert tokenizer.cleans_up_spaces
+    word = tokenizer.hf.token_to_id
+    ids = [word(w) for w in ["a", "n", "'", "t", "x", ",", "a", "'", "s", "!", "<s>", "a", "'", "re", "."]]
+    assert tokenizer.hf.decode(ids, skip_special_tokens=False) == "a n ' t x , a ' s ! <s> a ' re ."  # the library alone
+    assert tokenizer.decode(ids) == "an't x, a's! <s> a're." == transformers_tokenizer_of(tmp_path / "words").decode(ids)
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "an't x, a's! a're."  # the library joins the words left
+    assert decode_pieces(tokenizer, [word("a")], [word("n"), word("'"), word("t"), word("x")]) == ["", "", "n't", " x"]
+    assert decode_pieces(tokenizer, [word("x")], [word(","), word("a"), word("?")]) == [",", " a", "?"]
+    rng = random.Random(44)
+    for _ in range(3000):
+        context = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.choice([0, 0, 1, 3, 9]))]
+        new = [rng.randrange(tokenizer.vocab_size) for _ in range(rng.randrange(0, 30))]
+        skip = rng.random() < 0.5
+        decoder, chunks, at = IncrementalDecoder(tokenizer, context, skip_special_tokens=skip), [], 0
+        while at < len(new):
+            step = rng.randint(1, 3)
+            chunks.append(decoder.extend(new[at : at + step]))
+            at += step
+        chunks.append(decoder.finish())
+        whole, prompt = tokenizer.decode(context + new, skip_special_tokens=skip), tokenizer.decode(context, skip_special_tokens=skip)
+        if whole.startswith(prompt):
+            assert "".join(chunks) == whole[len(prompt) :], (context, new, chunks)
+        else:  # the clean-up took out a space at the end of the context's text, given out already
+            assert prompt.endswith(" ") or " n" in prompt[-3:] or " '" in prompt[-3:], (prompt, whole)
+    views = views_of_ids(tokenizer, ids)  # tokenize show: each token's piece, joined, is the text
+    assert "".join(view.piece for view in views) == tokenizer.decode(ids)
+
+
+def transformers_tokenizer_of(folder: Path):
+    """transformers' tokenizer of a folder, as AutoTokenizer reads it (tokenizer_config.json too)."""
+    return _transformers().AutoTokenizer.from_pretrained(str(folder))
+
+
+def test_settled_text_of_a_space_clean_up_never_changes():
+    """`settled_length`: the start of the cleaned-up text that no text after it can change."""
+    from tfcli.tokenizer.cleanup import clean_up_spaces, settled_length
+
+    assert settled_length("a , b n") == 4 and clean_up_spaces("a , b n") == "a, b n"
+    rng = random.Random(7)
+    alphabet = [" ", "n", "'", "t", ".", ",", "s", "m", "v", "e", "r", "x", "?", "!"]
+    for _ in range(5000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(12)))
+        after = "".join(rng.choice(alphabet) for _ in range(rng.randrange(6)))
+        settled = settled_length(text)
+        assert settled <= len(clean_up_spaces(text))
+        assert clean_up_spaces(text + after)[:settled] == clean_up_spaces(text)[:settled], (text, after)

@@ -1,8 +1,9 @@
 """A Hugging Face folder's tokenizer, written into a run directory as tokenizer.json + tokenizer_config.json.
 
 Whatever the folder holds: tokenizer.json (BPE, WordPiece, Unigram...), GPT-2's vocab.json + merges.txt,
-or BERT's vocab.txt alone. The roles of its special tokens (bos, eos, pad, unk, mask, cls, sep) come from
-tokenizer_config.json and special_tokens_map.json, merged into the run's tokenizer_config.json.
+or BERT's vocab.txt alone; padding and truncation saved in a tokenizer.json are off in the run's copy (as
+transformers encodes with it: `without_padding`). The roles of its special tokens (bos, eos, pad, unk, mask,
+cls, sep) come from tokenizer_config.json and special_tokens_map.json, merged into the run's tokenizer_config.json.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tfcli import limits
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json, atomic_write_text
 from tfcli.hf.folder import read_json_object
+from tfcli.jsontext import dumps_json, loads_json
 from tfcli.limits import read_text_capped
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
 from tfcli.tokenizer.specials import CONFIG_KEYS, LOADED_ROLES
@@ -89,6 +91,21 @@ def _roles(src: Path, settings: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def without_padding(text: str) -> str:
+    """tokenizer.json text with its padding and truncation off (`null`), as transformers encodes with it: a
+    sentence-transformers file pads every text to a multiple of 8 and cuts it at 256 tokens, which would
+    travel with the run to every other tool. The rest of the file is kept as it is; a file without either
+    comes back unchanged, byte for byte.
+
+    Example: '{..., "truncation": {"max_length": 256, ...}, "padding": {...}, ...}' -> '{..., "truncation": null, "padding": null, ...}'
+    """
+    spec = loads_json(text, finite=False)
+    if not isinstance(spec, dict) or (spec.get("padding") is None and spec.get("truncation") is None):
+        return text
+    spec.update({key: None for key in ("truncation", "padding") if key in spec})
+    return dumps_json(spec, indent=2) + "\n"
+
+
 def import_tokenizer(src: Path, run_dir: Path) -> tuple[TextTokenizer, list[str]]:
     """Write the folder's tokenizer into run_dir; returns it and notes (special tokens named but absent)."""
     settings = read_json_object(src / TOKENIZER_CONFIG_FILE) if (src / TOKENIZER_CONFIG_FILE).is_file() else {}
@@ -111,12 +128,11 @@ def import_tokenizer(src: Path, run_dir: Path) -> tuple[TextTokenizer, list[str]
         raise TfcliError(
             f"{src} has no tokenizer (tokenizer.json, vocab.json and merges.txt, or vocab.txt)", hint="copy the model's tokenizer files into the folder"
         )
-    atomic_write_text(run_dir / TOKENIZER_FILE, text)
-
     try:
         vocabulary = Tokenizer.from_str(text)
     except Exception as exc:  # tokenizers raises a plain Exception for bad JSON
         raise TfcliError(f"{src / TOKENIZER_FILE} is not a tokenizer.json ({str(exc).splitlines()[0] if str(exc) else exc})") from exc
+    atomic_write_text(run_dir / TOKENIZER_FILE, without_padding(text))
     notes = []
     for role in LOADED_ROLES:  # a role naming a token the vocabulary lacks is dropped, and said
         key = CONFIG_KEYS[role]

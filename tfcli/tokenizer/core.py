@@ -2,6 +2,11 @@
 
 User text is always encoded with special tokens split into ordinary text (a literal `<|endoftext|>` in a
 corpus or prompt never becomes the end-of-text id); special ids are inserted by id, never by text.
+
+A tokenizer.json is read as transformers reads it: padding and truncation saved in it are off (transformers'
+encode turns them off unless a call asks for them), tokenizer_config.json's word on added tokens
+(`added_tokens_decoder`, the named special tokens) is applied over the file's, and `decode` cleans up
+spaces where tokenizer_config.json asks for it (`clean_up_tokenization_spaces`).
 """
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer
+from tokenizers import AddedToken, Tokenizer
 
 from tfcli import limits
 from tfcli.corpus.reader import replace_lone_surrogates
 from tfcli.errors import TfcliError
 from tfcli.jsontext import loads_json
 from tfcli.limits import nesting_depth, read_file_capped, read_text_capped
+from tfcli.tokenizer.cleanup import clean_up_spaces
 from tfcli.tokenizer.specials import CONFIG_KEYS, KNOWN_NAMES, LOADED_ROLES
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -46,6 +52,7 @@ class TextTokenizer:
     special_ids: dict[str, int]
     model_max_length: int | None = None
     adds_bos: bool = False  # a pretrained decoder's prompts start with its bos token (Llama's <s>: add_bos_token)
+    cleans_up_spaces: bool = False  # decode takes out spaces before punctuation (tokenizer_config.json's clean_up_tokenization_spaces)
 
     @classmethod
     def load(cls, path: Path) -> TextTokenizer:
@@ -72,8 +79,13 @@ class TextTokenizer:
         vocab_size = hf.get_vocab_size(with_added_tokens=True)
         if vocab_size > MAX_VOCAB_SIZE:
             raise TfcliError(f"{path} has {vocab_size:,} tokens, more than tfcli supports ({MAX_VOCAB_SIZE:,})")
+        # transformers' encode runs with padding and truncation off unless a call asks for them
+        # (TokenizersBackend.set_truncation_and_padding); a file saved with them on pads "Hello" to 8 ids
+        hf.no_padding()
+        hf.no_truncation()
         hf.encode_special_tokens = True
         config = _read_tokenizer_config(path.parent / TOKENIZER_CONFIG_FILE)
+        _apply_added_tokens(hf, config)
         special_ids = _find_special_ids(hf, config)
         max_length = config.get("model_max_length")
         bos = special_ids.get("bos")
@@ -86,6 +98,7 @@ class TextTokenizer:
             special_ids=special_ids,
             model_max_length=max_length if isinstance(max_length, int) and max_length < 1 << 40 else None,
             adds_bos=adds_bos,
+            cleans_up_spaces=_cleans_up_spaces(hf, config),
         )
 
     @property
@@ -171,8 +184,16 @@ class TextTokenizer:
                 hint="its ids must run from 0 to the vocabulary size - 1; use a tokenizer.json written by tfcli or transformers",
             )
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.hf.decode(list(ids), skip_special_tokens=False)
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        """The text of `ids`, as transformers' decode gives it: the library's decoder, then the space clean-up
+        where tokenizer_config.json asks for it. The one way from ids to text (streaming: `detokenize.py`)."""
+        text = self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return clean_up_spaces(text) if self.cleans_up_spaces else text
+
+    def decode_batch(self, batch: Sequence[Sequence[int]], *, skip_special_tokens: bool = False) -> list[str]:
+        """`decode` of each row, the rows decoded in parallel."""
+        texts = self.hf.decode_batch([list(ids) for ids in batch], skip_special_tokens=skip_special_tokens)
+        return [clean_up_spaces(text) for text in texts] if self.cleans_up_spaces else texts
 
     @cached_property
     def byte_fallback_ids(self) -> frozenset[int]:
@@ -209,6 +230,78 @@ def _read_tokenizer_config(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise TfcliError(f"{path} must hold a JSON object")
     return data
+
+
+def _cleans_up_spaces(hf: Tokenizer, config: dict[str, Any]) -> bool:
+    """Whether decode cleans up spaces, as transformers 5 decides (TokenizersBackend._decode): where
+    tokenizer_config.json says clean_up_tokenization_spaces, but for a BPE model, unless it also says
+    clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output (the clean-up was made for
+    WordPiece; on BPE text it takes out spaces the text had)."""
+    if config.get("clean_up_tokenization_spaces") is not True:
+        return False
+    return type(hf.model).__name__ != "BPE" or config.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output") is True
+
+
+_ADDED_TOKEN_FLAGS = ("single_word", "lstrip", "rstrip", "normalized", "special")
+_NAMED_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")  # transformers' order
+
+
+def _apply_added_tokens(hf: Tokenizer, config: dict[str, Any]) -> None:
+    """tokenizer_config.json's word on added tokens over tokenizer.json's, as transformers 5 loads a fast
+    tokenizer (TokenizersBackend.__init__): it adds again every entry of `added_tokens_decoder` (without one,
+    every added token of tokenizer.json), then each named special token (bos_token ... mask_token,
+    additional/extra_special_tokens) that is not an added token yet, as special (normalized off); an entry
+    whose text a named token has is made special. The library keeps a token's id and takes its new flags when it
+    is added again. A token the vocabulary lacks is left out: transformers would give it a new id, past the
+    model's embeddings.
+
+    Example: tokenizer.json's "<sep>" with lstrip and rstrip, tokenizer_config.json's entry without: "a <sep> b"
+    encodes with its spaces, as transformers encodes it; eos_token "</s>" that tokenizer.json has only in its
+    vocabulary is special (a decode that skips special tokens leaves it out).
+    """
+    current = hf.get_added_tokens_decoder()
+    entries = config.get("added_tokens_decoder")
+    if isinstance(entries, dict):  # transformers refuses an entry that is not an object; tfcli passes it by
+        keys = sorted((key for key in entries if isinstance(entries[key], dict)), key=lambda key: int(key) if str(key).isdigit() else -1)
+        updates = [token for token in (_added_token(entries[key], special=False) for key in keys) if token is not None]
+    else:
+        updates = [current[i] for i in sorted(current)]
+    seen = {token.content for token in current.values()} | {token.content for token in updates}
+    named = [config.get(key) for key in _NAMED_KEYS]
+    extra = config.get("extra_special_tokens") or config.get("additional_special_tokens")
+    named_texts = {token.content for token in (_added_token(value, special=True) for value in named) if token is not None}
+    for value in named + (extra if isinstance(extra, list) else []):
+        token = _added_token(value, special=True)
+        if token is not None and token.content not in seen:
+            updates.append(token)
+            seen.add(token.content)
+    now = {token.content: _flags(token) for token in current.values()}
+    changed: dict[str, AddedToken] = {}  # the last word on each token, added in one call (each call rebuilds the matcher)
+    for token in updates:
+        if not token.special and token.content in named_texts:
+            token = AddedToken(token.content, **{**_flags(token), "special": True})
+        if now.get(token.content) != _flags(token) and hf.token_to_id(token.content) is not None:
+            changed[token.content] = token
+            now[token.content] = _flags(token)
+    if changed:
+        hf.add_tokens(list(changed.values()))
+
+
+def _added_token(value: Any, *, special: bool) -> AddedToken | None:
+    """An added token as tokenizer_config.json writes one: its text alone (for a named special token, special
+    with normalized off, as transformers makes it), or {"content": ..., "lstrip": ..., ...}. None for anything else."""
+    if isinstance(value, str) and value:
+        return AddedToken(value, special=True, normalized=False) if special else AddedToken(value)
+    if not isinstance(value, dict) or not isinstance(value.get("content"), str) or not value["content"]:
+        return None
+    flags = {flag: value[flag] for flag in _ADDED_TOKEN_FLAGS if isinstance(value.get(flag), bool)}
+    if special:
+        flags["special"] = True
+    return AddedToken(value["content"], **flags)
+
+
+def _flags(token: AddedToken) -> dict[str, bool]:
+    return {flag: getattr(token, flag) for flag in _ADDED_TOKEN_FLAGS}
 
 
 def _find_special_ids(hf: Tokenizer, config: dict[str, Any]) -> dict[str, int]:

@@ -6,10 +6,12 @@ the first space of a text (SentencePiece's `Strip`, Metaspace) never eats the sp
 of recent ids (a few already given out, for the decoder's start-of-text rules, then the new ones) and gives
 out what the window's text adds, as vLLM and TGI do with their prefix and read offsets. It holds back
 
-- a last character U+FFFD (a character whose bytes are split across tokens: it shows once complete), and
+- a last character U+FFFD (a character whose bytes are split across tokens: it shows once complete),
 - an unfinished run of byte-fallback tokens (`<0xE4>`): the `ByteFallback` decoder turns a whole run into
   U+FFFD when any byte of it is invalid, so a run's text is final only when a token that is not a byte ends it
-  (special tokens left out of the text do not: the bytes on either side of one join),
+  (special tokens left out of the text do not: the bytes on either side of one join), and
+- where the tokenizer cleans up spaces (tokenizer_config.json's clean_up_tokenization_spaces: " ." -> "."),
+  a tail the clean-up may still change (" n" may yet go on "'t", and its space go: `cleanup.settled_length`),
 
 so the pieces it gives out join to exactly the text of a single decode. (`tokenizers.decoders.DecodeStream`
 does the same windowing, but shows a byte run early, then fails with "Invalid prefix" when the run turns out
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from tfcli.tokenizer.cleanup import clean_up_spaces, settled_length
 
 if TYPE_CHECKING:
     from tfcli.tokenizer.core import TextTokenizer
@@ -34,7 +38,8 @@ class IncrementalDecoder:
 
     `extend(ids)` returns the text that is final now (possibly ""); `finish()` the rest (a character left
     unfinished comes out as the decoder writes it, U+FFFD). The pieces join to
-    `tokenizer.decode(context + ids)` less `tokenizer.decode(context)`.
+    `tokenizer.decode(context + ids)` less `tokenizer.decode(context)` (but where the tokenizer cleans up spaces
+    and the clean-up takes out a space at the end of the context's text, which was given out with it).
 
     Example (a Llama-2 tokenizer, whose decoder strips the first space of a text):
         d = IncrementalDecoder(tok, tok.encode("Once upon a time"))
@@ -42,7 +47,7 @@ class IncrementalDecoder:
     """
 
     def __init__(self, tokenizer: TextTokenizer, context: Sequence[int] = (), *, skip_special_tokens: bool = True) -> None:
-        self._hf = tokenizer.hf
+        self._tokenizer = tokenizer
         self._skip = skip_special_tokens
         # ids after which a byte run may go on: its bytes, and the special tokens a decode leaves out between them
         runs = tokenizer.byte_fallback_ids
@@ -51,11 +56,18 @@ class IncrementalDecoder:
         while 0 < start < len(context) and context[-1] in self._run_ids and context[start - 1] in self._run_ids:
             start -= 1  # a byte run the context leaves open is decoded whole, as the new ids may go on with it
         self._window = list(context[start:])
-        self._text = self._decode(self._window)  # the window's text as last decoded
+        self._text, settled = self._decode(self._window)  # the window's text as last decoded
         self._given = len(self._text)  # chars of it given out: the context's text is the prompt's, all of it
+        self._loose = self._text[settled:]  # the end of what is given that a space clean-up may still change
 
-    def _decode(self, ids: list[int]) -> str:
-        return self._hf.decode(ids, skip_special_tokens=self._skip) if ids else ""
+    def _decode(self, ids: list[int]) -> tuple[str, int]:
+        """The text of `ids`, and how much of its start no later id changes by a space clean-up."""
+        if not ids:
+            return "", 0
+        raw = self._tokenizer.hf.decode(ids, skip_special_tokens=self._skip)  # TextTokenizer.decode, in its two steps
+        if not self._tokenizer.cleans_up_spaces:
+            return raw, len(raw)
+        return clean_up_spaces(raw), settled_length(raw)
 
     def copy(self) -> IncrementalDecoder:
         """An independent copy (beam search extends one hypothesis into several)."""
@@ -71,34 +83,63 @@ class IncrementalDecoder:
         self._window.extend(ids)
         if ids[-1] in self._run_ids:  # a byte run may still turn to U+FFFD as a whole: no decode until it ends
             return ""
-        text = self._decode(self._window)
-        end = len(text) - text.endswith(REPLACEMENT)
+        text, settled = self._decode(self._window)
+        if self._loose and not self._place_loose(text, settled):
+            return ""
+        end = min(settled, len(text) - text.endswith(REPLACEMENT))
         piece = text[self._given : end] if end > self._given else ""
         self._text, self._given = text, max(self._given, end)
         if len(self._window) > WINDOW_TOKENS and self._given <= len(text):
             self._cut_window()
         return piece
 
+    def _place_loose(self, text: str, settled: int) -> bool:
+        """Find where the context's loose end (given out, but then still open to the space clean-up) ends in
+        `text`, once settled there: its spaces the clean-up took out are not in `text`. False while it is open."""
+        end = _end_of(self._loose, text, self._given - len(self._loose))
+        if end is None or end > settled:
+            return False
+        self._given, self._loose = end, ""
+        return True
+
     @property
     def pending(self) -> bool:
         """Whether the ids so far hold text not given out yet (part of a character, an unfinished byte run)."""
-        return bool(self._window) and (self._window[-1] in self._run_ids or self._given < len(self._text))
+        return bool(self._window) and (self._window[-1] in self._run_ids or REPLACEMENT in self._text[self._given :])
 
     def finish(self) -> str:
         """The text still held back: an unfinished character or byte run, as the decoder writes it."""
-        text = self._decode(self._window)
+        text, _ = self._decode(self._window)
+        if self._loose:
+            self._place_loose(text, len(text))
+            self._loose = ""
         piece = text[self._given :]
         self._text, self._given = text, max(self._given, len(text))
         return piece
 
     def _cut_window(self) -> None:
-        """Keep the last CONTEXT_TOKENS ids, where the text still held back (at most a character) is at the end
-        of their text too; else wait for a later step."""
+        """Keep the last CONTEXT_TOKENS ids, where the text still held back (a character, a tail the space
+        clean-up may change) is at the end of their text too, and no more of it open; else wait for a later step."""
         held = self._text[self._given :]
         tail = self._window[-CONTEXT_TOKENS:]
-        tail_text = self._decode(tail)
-        if len(tail_text) >= len(held) and tail_text.endswith(held):
+        tail_text, settled = self._decode(tail)
+        if len(tail_text) >= len(held) and tail_text.endswith(held) and settled >= len(tail_text) - len(held):
             self._window, self._text, self._given = tail, tail_text, len(tail_text) - len(held)
+
+
+def _end_of(given: str, text: str, start: int) -> int | None:
+    """Where `given`, found in `text` at `start` with none, some or all of its spaces taken out, ends; None
+    where it is not there.
+
+    Example: _end_of(" n'", "don't", 2) -> 4 (the context's "do n'" is "don'" now)
+    """
+    at = start
+    for char in given:
+        if at < len(text) and text[at] == char:
+            at += 1
+        elif char != " ":
+            return None
+    return at
 
 
 def decode_pieces(tokenizer: TextTokenizer, context: Sequence[int], ids: Sequence[int]) -> list[str]:
@@ -127,8 +168,8 @@ def alone_texts(tokenizer: TextTokenizer, ids: Sequence[int]) -> list[str]:
 
     Example (GPT-2): [id("Ġcat"), id("Ċ"), id("<|endoftext|>")] -> [" cat", "\\n", "<|endoftext|>"]"""
     anchor = _ordinary_word(tokenizer)
-    prefix = tokenizer.hf.decode(anchor, skip_special_tokens=False)
-    decoded = tokenizer.hf.decode_batch([anchor + [i] for i in ids], skip_special_tokens=False)
+    prefix = tokenizer.decode(anchor)
+    decoded = tokenizer.decode_batch([anchor + [i] for i in ids])
     return [text[len(prefix) :] if text.startswith(prefix) else text for text in decoded]
 
 
@@ -153,9 +194,9 @@ def text_byte_lengths(tokenizer: TextTokenizer) -> list[int]:
     byte per symbol of its vocabulary entry where the decoder maps symbols to bytes (GPT-2's ByteLevel), and
     for one byte as a byte-fallback piece `<0xE6>`."""
     anchor = _ordinary_word(tokenizer)
-    base = len(tokenizer.hf.decode(anchor + anchor, skip_special_tokens=False).encode("utf-8"))
+    base = len(tokenizer.decode(anchor + anchor).encode("utf-8"))
     ids = range(tokenizer.vocab_size)
-    texts = tokenizer.hf.decode_batch([anchor + [i] + anchor for i in ids], skip_special_tokens=False)
+    texts = tokenizer.decode_batch([anchor + [i] + anchor for i in ids])
     byte_symbols = tokenizer.decodes_byte_symbols
     lengths = []
     for token_id, text in zip(ids, texts):

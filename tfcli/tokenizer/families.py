@@ -182,5 +182,8 @@ def tokenizer_config(config: TokenizerTrainingConfig) -> dict:
         data["additional_special_tokens"] = list(specials.extra)
     data["model_max_length"] = config.model_max_length
     data["split_special_tokens"] = True
-    data["clean_up_tokenization_spaces"] = wordpiece  # BERT's decoder joins "word ." back into "word."
+    # BERT's WordPiece decoder already joins "word ." back into "word." token by token; transformers' clean-up on
+    # top (tfcli's too, where the file asks: TextTokenizer.decode) would also take spaces out across tokens
+    # ("let ' s" -> "let's", "a ' b" -> "a'b"), so the text would no longer be the decoder's
+    data["clean_up_tokenization_spaces"] = False
     return data

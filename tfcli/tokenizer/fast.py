@@ -5,7 +5,7 @@ for any other tokenizer, `fast_encoder` says why not and the caller stays with `
 Why the ids are the same (`fast_encoder` checks each condition on the tokenizer.json):
 
 - Text is split alike: no normalizer; a ByteLevel pre-tokenizer without a prefix space whose regex is GPT-2's,
-  which tiktoken runs as its `pat_str`; no truncation or padding; no post-processor but ByteLevel (which only
+  which tiktoken runs as its `pat_str`; no post-processor but ByteLevel (which only
   moves offsets); every added token special, so with special tokens split (as tfcli always encodes user text)
   none is matched in text, and a literal `<|endoftext|>` is ordinary text on both sides.
 - Each piece is merged alike. tokenizers repeatedly applies the adjacent merge of lowest rank (leftmost on
@@ -113,8 +113,7 @@ def tiktoken_ranks(spec: dict, model: Any) -> tuple[dict[bytes, int] | None, str
     """The mergeable ranks (token bytes -> id) of a tokenizer.json (`spec`, parsed) whose ids tiktoken
     reproduces, or None and the first condition it fails. `model` is its tokenizers model (to check that
     every token encodes to itself)."""
-    if spec.get("truncation") or spec.get("padding"):
-        return None, "it truncates or pads"
+    # a file's padding and truncation are switched off when tfcli loads it (as transformers encodes), so they do not count
     if spec.get("normalizer"):
         return None, f"it has a normalizer ({spec['normalizer'].get('type')})"
     pre = spec.get("pre_tokenizer") or {}

@@ -140,14 +140,14 @@ def _split_byte_runs(tokenizer: TextTokenizer, ids: list[int], pieces: list[str]
         end = start
         while end < len(ids) and ids[end] in runs:
             end += 1
-        whole = tokenizer.hf.decode(ids[start:end], skip_special_tokens=False)
+        whole = tokenizer.decode(ids[start:end])
         owner = end if end < len(ids) else end - 1  # the token whose piece holds the run's text
         if pieces[owner].startswith(whole):
             rest = pieces[owner][len(whole) :]
             invalid = whole == REPLACEMENT * (end - start)
             done = ""
             for k in range(start, end):
-                text = whole[: k - start + 1] if invalid else tokenizer.hf.decode(ids[start : k + 1], skip_special_tokens=False)
+                text = whole[: k - start + 1] if invalid else tokenizer.decode(ids[start : k + 1])
                 pieces[k] = ""
                 if REPLACEMENT not in text or invalid or k == end - 1:
                     pieces[k], done = text[len(done) :], text
