@@ -284,3 +284,31 @@ def test_the_eval_command_without_lm_eval_is_unchanged(runs, cli):
     assert cli("eval", runs["gpt2"]).code == 2
     assert cli("eval", runs["gpt2"], "--tasks", "tfcli", "--data", "x").code == 2
     assert cli("eval", runs["gpt2"], runs["llama"], "--tasks", "tfcli").code == 2  # two runs need --compare
+
+
+@pytest.mark.parametrize(
+    "task, expected",
+    [
+        (
+            "hellaswag",
+            r"task hellaswag: its dataset Rowan/hellaswag is on the Hugging Face Hub and not in this machine's cache .*"
+            r"python -c \"import datasets; datasets.load_dataset\('Rowan/hellaswag'\)\"",
+        ),
+        ("hellaswg", r"unknown task 'hellaswg'; did you mean hellaswag\b"),
+    ],
+)
+def test_registry_tasks_offline_and_misspelt(runs, cli, tmp_path, monkeypatch, task, expected):
+    """A harness task whose data is on the Hub, offline and not cached (empty caches here, whatever this
+    machine holds), says where the data is and how to get it; a misspelt registry name gets the real one."""
+    import re
+
+    import datasets
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    result = cli("eval", runs["gpt2"], "--tasks", task, "--limit", "2")
+    assert result.code == 2, result.stdout + result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and re.search(expected, error_lines[0]), result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""

@@ -49,12 +49,14 @@ def check_decoder(run: Path) -> None:
 
 def prepare(options: TaskOptions):
     """(the task manager, the loaded and checked tasks) for these options: an --include-path folder's code
-    refused and its data kept inside it unless trust_remote_code; templates rendered in the sandbox throughout."""
+    refused and its data kept inside it unless trust_remote_code; templates rendered in the sandbox throughout;
+    with --limit, a local JSON-lines task's first rows read, not its whole files."""
     go_offline()
     logging.getLogger("lm_eval").setLevel(logging.ERROR)  # the harness's info lines would bury the table
     confined = bool(options.include_paths) and not options.trust_remote_code
     manager = task_manager(options.tasks, options.include_paths, trust_remote_code=options.trust_remote_code)
-    tasks = load_tasks(manager, options.tasks, [SHIPPED_TASKS, *options.include_paths] if confined else None)
+    folders = [SHIPPED_TASKS, *options.include_paths] if confined else None
+    tasks = load_tasks(manager, options.tasks, folders, limit=options.limit, num_fewshot=options.num_fewshot)  # --limit: first rows only
     check_tasks(tasks, options.num_fewshot, options.limit)
     return manager, tasks
 

@@ -4,12 +4,14 @@ harness's own registry; loading them offline, checked, so a broken task is one c
 A relative `data_files` path in a task file is read beside the task file when it is there (the harness itself
 reads it from the current folder, which still works with --trust-remote-code): a task folder can be moved or
 shipped whole. An --include-path folder is checked first (`trust.py`): without --trust-remote-code it holds no
-code and reads no data outside itself."""
+code and reads no data outside itself. With --limit, a task whose data is local JSON lines reads only the rows
+it scores (`data.py`)."""
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import os
 import re
 from collections.abc import Sequence
@@ -20,6 +22,7 @@ import jinja2
 import jinja2.meta
 
 from tfcli.errors import TfcliError
+from tfcli.harness.data import first_rows_only, first_rows_plan
 from tfcli.harness.sandbox import sandboxed_templates, template_refused
 from tfcli.harness.trust import check_task_folder, data_inside
 
@@ -28,7 +31,12 @@ SHIPPED_NAMES = ("tfcli_story_choice", "tfcli_last_word", "tfcli_dates")
 REQUIRED_FIELDS = ("task", "dataset_path", "doc_to_text", "doc_to_target")
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
 QUIET = {"TQDM_DISABLE": "1"}  # the harness's progress bars; tfcli says what it scores in one line
+# datasets' words, offline, for a dataset on the Hub it has not cached
+_HUB_MISS = re.compile(r"Couldn't reach '([^']+)' on the Hub|Couldn't reach the Hugging Face Hub for dataset '([^']+)'")
 _NAME_LIKE = re.compile(r"[A-Za-z0-9_][\w\-.]*")
+# a top-level `tag: x`, `"task": "y"` or `tag:` and the block list below it
+_TOP_KEY = re.compile(r"""^["']?(task|group|tag)["']?[ \t]*:[ \t]*([^#\n]*?)[ \t]*(?:#[^\n]*)?$((?:\n[ \t]*-[ \t]+[^\n]*)*)""", re.MULTILINE)
+_LIST_ITEM = re.compile(r"^[ \t]*-[ \t]+([^#\n]*?)[ \t]*(?:#[^\n]*)?$", re.MULTILINE)
 
 
 def go_offline() -> None:
@@ -51,18 +59,42 @@ def split_names(tasks: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _registry_words() -> set[str]:
-    """Every name-like word in the harness's own task files: a superset of its task, group and tag names,
-    read in a second or two, where indexing the registry properly takes half a minute."""
+@functools.lru_cache(maxsize=1)
+def _registry_words() -> tuple[frozenset[str], frozenset[str]]:
+    """(every name-like word, the task, group and tag names) of the harness's own task files, read in half a
+    second where indexing the registry properly takes many. The words are a superset of the registry's names
+    (a name not among them is not there); the names, read from each file's top-level `task:`, `group:` and
+    `tag:` lines (tags from the templates a file includes too), are what a "did you mean" offers."""
     import lm_eval.tasks
 
     words: set[str] = set()
+    names: set[str] = set()
     for folder, _, files in os.walk(Path(lm_eval.tasks.__file__).parent):
         for name in files:
-            if name.endswith((".yaml", ".yml")):
+            if "yaml" in name:  # task files (*.yaml) and the templates they include (_default_template_yaml)
                 with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as handle:
-                    words.update(_NAME_LIKE.findall(handle.read()))
-    return words
+                    text = handle.read()
+                if name.endswith((".yaml", ".yml")):
+                    words.update(_NAME_LIKE.findall(text))
+                names.update(_top_level_names(text, tags_only=not name.endswith(".yaml")))
+    return frozenset(words), frozenset(n for n in names if _NAME_LIKE.fullmatch(n))
+
+
+def _top_level_names(text: str, *, tags_only: bool = False) -> set[str]:
+    """The names a task file gives the registry: its `group:` (or else its `task:`, when one name) and its
+    `tag:` values, a scalar, a [flow] list or a block list. Example: "tag:\\n  - a\\ntask: b\\n" -> {"a", "b"}"""
+    found: dict[str, list[str]] = {}
+    for match in _TOP_KEY.finditer(text):
+        key, value, block = match.group(1), match.group(2).strip(), match.group(3)
+        items = value.strip("[]").split(",") if value.startswith("[") else [value] if value else _LIST_ITEM.findall(block)
+        found.setdefault(key, []).extend(item.strip().strip("'\"") for item in items)
+    names = set(found.get("tag", []))
+    if not tags_only:
+        if "group" in found:
+            names.update(found["group"][:1])
+        elif len(found.get("task", [])) == 1:  # a group's `task:` lists its members, named where they are defined
+            names.update(found["task"])
+    return names
 
 
 def task_manager(names: Sequence[str], include_paths: Sequence[Path], *, trust_remote_code: bool = False):
@@ -83,12 +115,12 @@ def task_manager(names: Sequence[str], include_paths: Sequence[Path], *, trust_r
     missing = [n for n in names if n not in manager.task_index]
     if not missing:
         return manager
-    words = _registry_words()
+    words, registry_names = _registry_words()
     if all(n in words for n in missing):
         manager = TaskManager(include_path=paths, include_defaults=True)
         missing = [n for n in missing if n not in manager.task_index]
     if missing:
-        known = sorted(manager.task_index)
+        known = sorted(set(manager.task_index) | registry_names)  # the registry's names too, indexed or not
         close = difflib.get_close_matches(missing[0], known, n=3)
         hint = f"did you mean {', '.join(close)}?" if close else f"tfcli's own tasks: {', '.join(SHIPPED_NAMES)}; a folder of your own: --include-path DIR"
         raise TfcliError(f"unknown task {missing[0]!r}", hint=hint)
@@ -143,10 +175,12 @@ def _checked_config(name: str, path: Path, *, confined: bool = False) -> dict[st
     return config
 
 
-def load_tasks(manager, names: Sequence[str], data_folders: Sequence[Path] | None = None) -> list:
+def load_tasks(manager, names: Sequence[str], data_folders: Sequence[Path] | None = None, *, limit: int | None = None, num_fewshot: int | None = None) -> list:
     """The harness's Task objects (and Group names) for `names`, tasks built from their checked files; a data
-    file that is missing or broken is a TfcliError naming the task. With `data_folders` (an --include-path
-    not trusted, and tfcli's tasks), every local file a task reads lies in one of them."""
+    file that is missing or broken is a TfcliError naming the task, and so is a dataset on the Hub that is not
+    in the local cache. With `data_folders` (an --include-path not trusted, and tfcli's tasks), every local
+    file a task reads lies in one of them. With `limit` (--limit), a task whose data is local JSON lines reads
+    only the rows that many documents and `num_fewshot` examples need (`data.py`)."""
     from lm_eval.tasks._index import Kind
 
     specs: list[Any] = []
@@ -160,18 +194,20 @@ def load_tasks(manager, names: Sequence[str], data_folders: Sequence[Path] | Non
             else:
                 specs.append(member)  # a group or a Python task: the harness builds it as it is
     built = []
-    guard = data_inside(data_folders) if data_folders is not None else contextlib.nullcontext()
-    with sandboxed_templates(), guard:  # the harness reads a task's data and renders its first document as it builds it
+    with sandboxed_templates():  # the harness reads a task's data and renders its first document as it builds it
         for spec in specs:
             name = spec["task"] if isinstance(spec, dict) else spec
+            plan = first_rows_plan(spec, limit, num_fewshot) if isinstance(spec, dict) else None
+            guard = data_inside(data_folders) if data_folders is not None else contextlib.nullcontext()
             try:
-                loaded = manager.load([spec])
-            except TfcliError as exc:  # a data path outside the task folders
+                with first_rows_only(plan), guard:  # in this order: the guard checks a read before it is made
+                    loaded = manager.load([spec])
+            except TfcliError as exc:  # a data path outside the task folders, a record past its limit
                 raise TfcliError(f"task {name}: {exc.message}", hint=exc.hint) from None
             except jinja2.exceptions.SecurityError as exc:  # a template the sandbox stopped
                 raise template_refused(name, exc) from None
             except Exception as exc:  # datasets' errors for a missing or malformed file, offline misses, bad fields
-                raise TfcliError(f"task {name} cannot load its data: {_first_line(exc)}", hint=_data_hint(exc)) from None
+                raise _data_error(name, spec, exc) from None
             built.extend(loaded["tasks"].values() if isinstance(spec, dict) else [spec])
     return built
 
@@ -248,6 +284,22 @@ def _template_fields(config) -> set[str]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _data_error(name: str, spec: Any, exc: BaseException) -> TfcliError:
+    """The one line for a task whose data did not load: for a dataset on the Hub that this machine has not
+    cached (offline, datasets says "Couldn't reach 'org/name' on the Hub"), where it is and how to get it."""
+    text = str(exc)
+    hub = _HUB_MISS.search(text)
+    if hub is None:
+        return TfcliError(f"task {name} cannot load its data: {_first_line(exc)}", hint=_data_hint(exc))
+    path = hub.group(1) or hub.group(2)
+    config = spec.get("dataset_name") if isinstance(spec, dict) and spec.get("dataset_path") == path else None
+    arguments = ", ".join(repr(a) for a in (path, config) if a is not None)
+    return TfcliError(
+        f"task {name}: its dataset {path} is on the Hugging Face Hub and not in this machine's cache (tfcli eval runs offline)",
+        hint=f'download it once with network: python -c "import datasets; datasets.load_dataset({arguments})", then run tfcli eval again',
+    )
 
 
 def _data_hint(exc: BaseException) -> str:
