@@ -405,6 +405,48 @@ def test_export_and_import_leave_the_folder_as_it_was_on_a_fault(conversions, tm
         assert sorted(snapshot(out)) == sorted([*clean.state, "notes.txt"])
 
 
+@pytest.fixture(scope="module")
+def gguf_conversions(tmp_path_factory, gpt2_run) -> dict[str, Clean]:
+    """The run exported to GGUF (a temp file beside the target), and that file imported (a staging folder
+    beside the run), each counted in a clean run."""
+    pytest.importorskip("gguf")
+    folder = tmp_path_factory.mktemp("gguf")
+    exported = folder / "clean" / "model.gguf"
+    with fault_at(None, lambda: None) as calls:
+        assert run("export", gpt2_run, "--to", "gguf", "-o", exported).code == 0
+    found = {"export": Clean(["export", gpt2_run, "--to", "gguf"], snapshot(exported.parent), calls, exported.parent, None)}
+    with fault_at(None, lambda: None) as calls:
+        assert run("import", exported, "-o", folder / "imported").code == 0
+    found["import"] = Clean(["import", exported], sorted(snapshot(folder / "imported")), calls, folder / "imported", None)
+    return found
+
+
+@pytest.mark.parametrize("kind", ["SIGINT", "SIGTERM", "ENOSPC"])
+@pytest.mark.parametrize("direction", ["export", "import"])
+def test_a_gguf_export_or_import_leaves_the_folder_as_it_was_on_a_fault(gguf_conversions, tmp_path, rng, kind, direction):
+    """As above, for GGUF: no temp file or staging folder is left beside the target either, and an export
+    that went through is the clean run's file, byte for byte."""
+    clean = gguf_conversions[direction]
+    for point in points(clean.calls, kind, 2, rng):
+        out = tmp_path / f"at-{point}"
+        out.mkdir()
+        (out / "notes.txt").write_text("mine\n")
+        target = out / "model.gguf" if direction == "export" else out
+        with faulted(point, kind) as calls:
+            result = run(*clean.args, "-o", target)
+        check_end(result, kind, calls)
+        where = f"{kind} before call {point} ({calls.faulted})"
+        if result.code != 0:
+            assert snapshot(out) == {"notes.txt": b"mine\n"}, where
+            no_temp_files(tmp_path)
+            assert run(*clean.args, "-o", target).code == 0
+        no_temp_files(tmp_path)
+        if direction == "export":
+            assert snapshot(out) == {**clean.state, "notes.txt": b"mine\n"}, where
+        else:
+            assert sorted(snapshot(out)) == sorted([*clean.state, "notes.txt"]), where
+
+
 # ---- a real signal at a random moment -------------------------------------------------------------------
 
 

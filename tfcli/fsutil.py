@@ -7,11 +7,13 @@ over the final name; a crash leaves either the old file or the new one, never a 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 import time
@@ -37,6 +39,7 @@ def _current_umask() -> int:
 
 
 _FILE_MODE = 0o666 & ~_current_umask()
+_DIR_MODE = 0o777 & ~_current_umask()
 
 
 def temp_path_beside(path: Path) -> Path:
@@ -383,3 +386,111 @@ def refuse_non_utf8_path(path: Path, option: str = "-o") -> None:
         raise TfcliError(
             f"the path {shown} is not UTF-8, and the safetensors library cannot open files under it", hint=f"choose a UTF-8 name with {option}"
         ) from None
+
+
+# ---- writes that a kill -9 may cut short: held temp files and staging folders, and their leftovers ------------
+
+
+def _hold(fd: int) -> None:
+    """Lock an open temp file or staging folder for as long as this process keeps `fd` open (or lives). A file
+    system without locks (some network ones) refuses: the write goes on unheld, and no cleaner there can take
+    a lock to remove it either."""
+    if fcntl is not None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+@contextlib.contextmanager
+def held_temp_file(path: Path) -> Iterator[Path]:
+    """A temp file beside `path` (.NAME.XXXXXXXX.tmp, as `temp_path_beside` names it), locked while the block
+    runs, so `remove_abandoned_temps` leaves it alone however long the write takes and takes it once a kill -9
+    has ended its writer. The block fills it and renames it into place; otherwise it is removed at the end."""
+    path = Path(path)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
+    try:
+        os.fchmod(fd, _FILE_MODE)
+        _hold(fd)
+        yield tmp
+    finally:
+        tmp.unlink(missing_ok=True)  # before the lock goes: never a moment unheld
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def held_temp_folder(path: Path) -> Iterator[Path]:
+    """A staging folder beside `path` (.NAME.XXXXXXXX.tmp), locked as `held_temp_file` locks its file, for an
+    artifact of several files that `place_folder` then puts at `path` whole. Unless it was placed, it is
+    removed with what it holds at the end of the block."""
+    path = Path(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    fd = None
+    try:
+        if fcntl is not None:  # elsewhere a folder cannot be opened, nor locked
+            fd = os.open(tmp, os.O_RDONLY)
+            _hold(fd)
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already where it was placed
+        if fd is not None:
+            os.close(fd)
+
+
+def place_folder(staged: Path, folder: Path, last: tuple[str, ...] = ()) -> None:
+    """Put a staging folder's files at `folder`, with SIGINT and SIGTERM held until done: where `folder` is
+    absent, the staging folder is renamed to it (one atomic rename); into a folder that is there (kept as it
+    is: its mode, its other files, a shell's current folder) the entries are renamed one by one, those named
+    in `last` last, in that order (a run's config.json: a folder without it holds no run)."""
+    staged, folder = Path(staged), Path(folder)
+    os.chmod(staged, _DIR_MODE)  # mkdtemp makes folders private to the owner
+    with signals_deferred():
+        whole = not folder.is_dir()
+        if whole:
+            try:
+                os.replace(staged, folder)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not folder.is_dir():
+                    raise
+                whole = False  # made meanwhile: its entries, one by one
+        if not whole:
+            for entry in sorted(staged.iterdir(), key=lambda p: last.index(p.name) + 1 if p.name in last else 0):
+                os.replace(entry, folder / entry.name)
+    fsync_dir(folder)
+    fsync_dir(folder.parent)
+
+
+def remove_abandoned_temps(path: Path, older_than: float = 5.0) -> list[Path]:
+    """Remove what killed writers of `path` left beside it: temp files and staging folders of its own naming
+    (.NAME.XXXXXXXX.tmp) that no live process holds (`held_temp_file`, `held_temp_folder`) and that are more
+    than `older_than` seconds old (a writer takes its lock a moment after making its file). Returns what was
+    removed; without flock (not a POSIX system) nothing can be told apart, and nothing is."""
+    path = Path(path)
+    removed: list[Path] = []
+    if fcntl is None or not path.parent.is_dir():
+        return removed
+    now = time.time()
+    for entry in path.parent.iterdir():
+        match = _MKSTEMP_TAIL.match(entry.name)
+        if match is None or match.group("name") != path.name:
+            continue
+        try:
+            info = entry.lstat()
+            if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)) or now - info.st_mtime < older_than:
+                continue
+            fd = os.open(entry, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # refused while its writer lives
+            if os.fstat(fd).st_ino != info.st_ino:
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        removed.append(entry)
+    return removed

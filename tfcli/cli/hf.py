@@ -30,7 +30,8 @@ def export(
     """Export a run to a Hugging Face folder that transformers' from_pretrained loads.
 
     The class follows the run's options: GPT2LMHeadModel (learned positions, pre-norm LayerNorm, biases),
-    LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM (rotary, RMSNorm, SwiGLU), or for an encoder
+    LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM / Qwen3ForCausalLM (QK-norm) / Phi3ForCausalLM
+    (rotary, RMSNorm, SwiGLU), or for an encoder
     BertForMaskedLM / BertModel / BertForSequenceClassification (post-norm, embedding LayerNorm, token
     types). An option the class cannot express is named, and nothing is written.
 
@@ -80,7 +81,18 @@ def export(
 
 
 def _export_gguf(run: Path, output: Path, type_: str) -> None:
-    exported = _gguf().export_gguf(run, output, type_)
+    from tfcli.fsutil import no_empty_folder_left, removed_note
+
+    existed = output.exists()  # export refuses a file that is there; one there after a failure is its own
+    with no_empty_folder_left(output.parent):  # a folder -o made for a file that was not written
+        try:
+            exported = _gguf().export_gguf(run, output, type_)
+        except BaseException:
+            if not existed and output.is_file() and not output.is_symlink():
+                output.unlink()  # a signal that came after the rename: an interrupted export leaves nothing
+            raise
+    if exported.removed:
+        stderr_console().print(f"note: {removed_note(exported.removed)}", markup=False, highlight=False, soft_wrap=True)
     for note in exported.notes:
         stderr_console().print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     stdout_console().print(
@@ -130,7 +142,8 @@ def import_(
 ) -> None:
     """Import a Hugging Face model folder or a GGUF file into a tfcli run directory.
 
-    Classes: GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, BertForMaskedLM,
+    Classes: GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM,
+    Phi3ForCausalLM, BertForMaskedLM,
     BertModel, BertForSequenceClassification. Reads config.json, model.safetensors or its shards with
     model.safetensors.index.json (pickle files are refused, never opened), and the tokenizer: tokenizer.json,
     vocab.json + merges.txt, or vocab.txt, with the special tokens tokenizer_config.json and
@@ -144,12 +157,14 @@ def import_(
     Example: tfcli import ~/models/SmolLM2-135M -o runs/smollm2
     Or: tfcli import ~/models/smollm2-135m-instruct-q8_0.gguf -o runs/smollm2
     """
-    from tfcli.fsutil import nothing_left_on_failure
+    from tfcli.fsutil import nothing_left_on_failure, removed_note
 
     if source.is_file() and (source.suffix.lower() == ".gguf" or _starts_with_gguf_magic(source)):
         gguf = _gguf()
         with nothing_left_on_failure(output, "importing into"):
             done = gguf.import_gguf(source, output)
+        if done.removed:
+            stderr_console().print(f"note: {removed_note(done.removed)}", markup=False, highlight=False, soft_wrap=True)
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(done.types.items()))
         stdout_console().print(
             f"imported {source} into {output} (GGUF {done.arch}, {done.parameters:,} parameters; tensors: {kinds})",

@@ -1,15 +1,20 @@
 """Export a run to one GGUF file llama.cpp loads (f32, f16 or q8_0), and import a GGUF file into a run.
 
 Export writes with `gguf`'s own writer, under the names and conventions of llama.cpp's converter, into a
-temp file renamed into place at the end. Import parses the file with `tfcli.gguf.reader` (bounded, every
-tensor checked to lie inside the file), builds the config, reads each tensor it expects and checks its
-shape, then saves a run directory as `tfcli import` does for a Hugging Face folder.
+temp file beside the target (.NAME.XXXXXXXX.tmp, locked while it is written) renamed into place at the end.
+Import parses the file with `tfcli.gguf.reader` (bounded, every tensor checked to lie inside the file),
+builds the config, reads each tensor it expects and checks its shape, then saves a run directory as
+`tfcli import` does for a Hugging Face folder, in a staging folder beside it (.RUN.XXXXXXXX.tmp) that
+becomes the run at the end. Either way a kill -9 leaves the temp file or the staging folder, which the
+next export or import to the same place removes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +22,19 @@ import torch
 
 from tfcli.checkpoint import model_from_tensors, save_checkpoint
 from tfcli.errors import TfcliError
-from tfcli.fsutil import atomic_write_json, atomic_write_text, prepare_output_dir, set_default_mode, temp_path_beside
+from tfcli.fsutil import (
+    atomic_write_json,
+    atomic_write_text,
+    describe_write_error,
+    fsync_dir,
+    fsync_file,
+    held_temp_file,
+    held_temp_folder,
+    place_folder,
+    prepare_output_dir,
+    remove_abandoned_temps,
+    set_default_mode,
+)
 from tfcli.gguf.layout import (
     IMPORT_ARCHS,
     ROPE_FREQS,
@@ -36,7 +53,7 @@ from tfcli.loader import load_run
 from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig, RopeScaling
 from tfcli.model.transformer import Transformer
-from tfcli.rundir import read_run_config
+from tfcli.rundir import CONFIG_FILE, WEIGHTS_FILE, read_run_config
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
 
 if TYPE_CHECKING:
@@ -56,6 +73,7 @@ class Exported:
     bytes: int
     tokenizer_model: str
     notes: list[str] = dataclasses.field(default_factory=list)  # what llama.cpp computes otherwise than tfcli, for the CLI to print
+    removed: list[Path] = dataclasses.field(default_factory=list)  # temp files a killed export of the same file left
 
 
 @dataclasses.dataclass
@@ -64,6 +82,7 @@ class Imported:
     arch: str
     parameters: int
     types: dict[str, int]  # tensors read, by GGUF type
+    removed: list[Path] = dataclasses.field(default_factory=list)  # staging folders a killed import to the same place left
 
 
 def _stored(tensor: torch.Tensor, kind: str) -> tuple[np.ndarray, Any]:
@@ -98,41 +117,65 @@ def export_gguf(run_dir: Path, out_path: Path, kind: str = "f32") -> Exported:
     tokenizer_config = _tokenizer_config(checkpoint.tokenizer)
     vocab = tokenizer_metadata(checkpoint.tokenizer, config.vocab_size, tokenizer_config)
     state = checkpoint.model.state_dict()
-    prepare_output_dir(out_path.parent if str(out_path.parent) else Path("."), "export")
-    tmp = temp_path_beside(out_path)
+    folder = prepare_output_dir(out_path.parent if str(out_path.parent) else Path("."), "export")
+    removed = remove_abandoned_temps(out_path)
     try:
-        writer = gguf.GGUFWriter(str(tmp), arch)
-        writer.add_name(Path(run_dir).resolve().name)
-        writer.add_type("model")
-        writer.add_file_type(FILE_TYPES[kind])
-        if kind == "q8_0":
-            writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        for key, value in hyperparameters(config, arch).items():
-            _add(writer, f"{arch}.{key}", value)
-        for key, value in vocab.items():
-            _add(writer, key, value)
-        count = 0
-        if config.rope_scaling is not None and config.rope_scaling.kind == "llama3":
-            writer.add_tensor(ROPE_FREQS, llama3_rope_factors(config).numpy())
-            count += 1
-        for entry in tensor_layout(config, arch):
-            tensor = state[entry.ours]
-            if entry.stop:
-                tensor = tensor[entry.start : entry.stop]
-            if entry.heads:
-                tensor = permute_heads(tensor, entry.heads)
-            values, raw_type = _stored(tensor, kind)
-            writer.add_tensor(entry.name, values, raw_dtype=raw_type)
-            count += 1
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        set_default_mode(tmp)
-        tmp.replace(out_path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return Exported(arch, count, out_path.stat().st_size, vocab["tokenizer.ggml.model"], export_notes(config, arch))
+        with held_temp_file(out_path) as tmp:
+            writer = gguf.GGUFWriter(str(tmp), arch)
+            try:
+                writer.add_name(Path(run_dir).resolve().name)
+                writer.add_type("model")
+                writer.add_file_type(FILE_TYPES[kind])
+                if kind == "q8_0":
+                    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+                for key, value in hyperparameters(config, arch).items():
+                    _add(writer, f"{arch}.{key}", value)
+                for key, value in vocab.items():
+                    _add(writer, key, value)
+                count = 0
+                if config.rope_scaling is not None and config.rope_scaling.kind == "llama3":
+                    writer.add_tensor(ROPE_FREQS, llama3_rope_factors(config).numpy())
+                    count += 1
+                for entry in tensor_layout(config, arch):
+                    tensor = state[entry.ours]
+                    if entry.stop:
+                        tensor = tensor[entry.start : entry.stop]
+                    if entry.heads:
+                        tensor = permute_heads(tensor, entry.heads)
+                    values, raw_type = _stored(tensor, kind)
+                    writer.add_tensor(entry.name, values, raw_dtype=raw_type)
+                    count += 1
+                writer.write_header_to_file()
+                writer.write_kv_data_to_file()
+                writer.write_tensors_to_file()
+            except OSError as exc:
+                raise _with_cause(exc, tmp) from exc
+            finally:
+                with contextlib.suppress(OSError):  # a full disk fails the last flush too
+                    writer.close()
+            set_default_mode(tmp)
+            fsync_file(tmp)
+            os.replace(tmp, out_path)
+    except OSError as exc:
+        raise TfcliError(
+            f"could not write {out_path}: {describe_write_error(exc)}", hint="check the free space and the folder's permissions, or choose another -o"
+        ) from exc
+    fsync_dir(folder)
+    return Exported(arch, count, out_path.stat().st_size, vocab["tokenizer.ggml.model"], export_notes(config, arch), removed)
+
+
+def _with_cause(exc: OSError, tmp: Path) -> OSError:
+    """The error itself, or for numpy's report of a short write ("16384 requested and 8696 written", which
+    drops the system's reason: a full disk, a quota) the reason, found by writing on at the file's end."""
+    if exc.errno is not None:
+        return exc
+    try:
+        with open(tmp, "ab", buffering=0) as handle:
+            for _ in range(2):  # the first write may take what room is left
+                handle.write(bytes(1 << 16))
+    except OSError as cause:
+        return cause
+    return exc
 
 
 def _add(writer, key: str, value: Any) -> None:
@@ -198,8 +241,8 @@ def _llama3_scaling(file: GgufFile, config: ModelConfig, where: str) -> dict[str
     original = file.metadata.get(f"{file.metadata['general.architecture']}.rope.scaling.original_context_length", 8192)
     for context in dict.fromkeys((original, 8192)):
         scaling = RopeScaling("llama3", float(factors.max()), 1.0, 4.0, int(context))
-        if torch.allclose(llama3_rope_factors(config.with_overrides(rope_scaling=dataclasses.asdict(scaling))), factors, rtol=1e-4, atol=1e-5):
-            return dataclasses.asdict(scaling)
+        if torch.allclose(llama3_rope_factors(config.with_overrides(rope_scaling=scaling.to_json())), factors, rtol=1e-4, atol=1e-5):
+            return scaling.to_json()
     raise TfcliError(
         f"{where}: tensor {ROPE_FREQS} scales the rotary frequencies in a way tfcli cannot name", hint="tfcli knows Llama 3.1's scaling (factors 1 and 4)"
     )
@@ -208,7 +251,7 @@ def _llama3_scaling(file: GgufFile, config: ModelConfig, where: str) -> dict[str
 def import_gguf(src: Path, run_dir: Path) -> Imported:
     """Read a GGUF file (nothing in it is executed) and save it as a tfcli run directory."""
     src, run_dir = Path(src), Path(run_dir)
-    if (run_dir / "config.json").exists() or (run_dir / "model.safetensors").exists():
+    if (run_dir / CONFIG_FILE).exists() or (run_dir / WEIGHTS_FILE).exists():
         raise TfcliError(f"{run_dir} already holds a run", hint="import into another folder with -o, or delete that one first")
     file = read_gguf(src)
     where = str(src)
@@ -247,9 +290,15 @@ def import_gguf(src: Path, run_dir: Path) -> Imported:
     state = {name: torch.cat(chunks) if len(chunks) > 1 else chunks[0] for name, chunks in parts.items()}
     model = model_from_tensors(config, state)
     tokenizer_text = vocab.tokenizer_json()
-    run_dir = prepare_output_dir(run_dir, "run")
-    atomic_write_text(run_dir / TOKENIZER_FILE, tokenizer_text)
-    atomic_write_json(run_dir / TOKENIZER_CONFIG_FILE, vocab.tokenizer_config(config.block_size))
-    tokenizer = TextTokenizer.load(run_dir / TOKENIZER_FILE)
-    save_checkpoint(run_dir, model, tokenizer, source=str(src))
-    return Imported(config, arch, model.parameter_count(), types)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise TfcliError(f"run path {run_dir} is a file, not a folder", hint="pass a folder path with -o")
+    target = run_dir.absolute()
+    prepare_output_dir(target.parent, "run")
+    removed = remove_abandoned_temps(target)
+    with held_temp_folder(target) as staged:  # the run is made whole here, then put in place
+        atomic_write_text(staged / TOKENIZER_FILE, tokenizer_text)
+        atomic_write_json(staged / TOKENIZER_CONFIG_FILE, vocab.tokenizer_config(config.block_size))
+        tokenizer = TextTokenizer.load(staged / TOKENIZER_FILE)
+        save_checkpoint(staged, model, tokenizer, source=str(src))
+        place_folder(staged, target, last=(WEIGHTS_FILE, CONFIG_FILE))  # a folder holds a run once they are there
+    return Imported(config, arch, model.parameter_count(), types, removed)

@@ -5,6 +5,11 @@ nothing in the file is ever executed. Tensor data is then read one tensor at a t
 The layout is llama.cpp's (gguf/constants.py names the types): magic "GGUF", version 2 or 3, the tensor
 and key counts, the keys (name, type, value), the tensor table (name, dimensions, type, offset), padding to
 `general.alignment`, then the tensors' bytes.
+
+A file's size bounds nothing where the file is sparse (2**26 empty strings take no disk), so the metadata is
+also bounded by what a vocabulary can be, each cap checked on a length or a count before what it counts is
+read: an array holds at most MAX_VOCAB_SIZE items, a token at most `limits.GGUF_TOKEN` bytes, any other
+string `limits.GGUF_STRING`, and the strings of one array together what a tokenizer.json may hold.
 """
 
 from __future__ import annotations
@@ -20,11 +25,14 @@ from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantiz
 from gguf.quants import dequantize
 
 from tfcli.errors import TfcliError
+from tfcli.limits import GGUF_STRING, GGUF_TOKEN, TOKENIZER_FILE, shown
+from tfcli.tokenizer.core import MAX_VOCAB_SIZE
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 MAX_NAME_BYTES = 1 << 16  # a key or tensor name (llama.cpp's tensor names are at most 64 bytes)
 MAX_DIMENSIONS = 4  # GGML_MAX_DIMS
+TOKENS_KEY, MERGES_KEY = "tokenizer.ggml.tokens", "tokenizer.ggml.merges"
 READABLE_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16, GGMLQuantizationType.Q8_0)
 _SCALARS = {
     GGUFValueType.UINT8: "<B",
@@ -117,10 +125,43 @@ class _Cursor:
         n = self.scalar("<Q", what)
         if n > limit:
             raise TfcliError(f"{self.path}: {what} is {n:,} bytes long (the limit is {limit:,})")
+        return self.text(n, what)
+
+    def text(self, n: int, what: str) -> str:
         try:
             return self.take(n, what).decode("utf-8")
         except UnicodeDecodeError:
             raise TfcliError(f"{self.path}: {what} is not UTF-8 text") from None
+
+    def metadata_string_length(self, key: str, cap: int, item: int | None = None) -> int:
+        """The length of a string of metadata `key` (item `item` of its array), checked against `cap`
+        (`_string_cap`) before a byte of the string is read."""
+        n = self.scalar("<Q", f"the length of metadata {key}")
+        if n > cap:
+            what = f"metadata {key}" if item is None else f"metadata {key} item {item:,}"
+            if key == MERGES_KEY and item is not None:
+                raise TfcliError(
+                    f"{self.path}: {what} is {n:,} bytes long, longer than two tokens of {shown(GGUF_TOKEN.value)} (the limit on {GGUF_TOKEN.what}) and a space",
+                    hint=GGUF_TOKEN.how_to_raise(),
+                )
+            raise (GGUF_TOKEN if key == TOKENS_KEY and item is not None else GGUF_STRING).exceeded(f"{self.path}: {what} ({n:,} bytes)")
+        return n
+
+    def strings(self, key: str, count: int) -> list[str]:
+        """An array of `count` strings, each length checked before its string is read, and all of them
+        together at most what a tokenizer.json may hold (a vocabulary's tokens and merges go into one)."""
+        values: list[str] = []
+        total, cap, item_cap = 0, TOKENIZER_FILE.value, _string_cap(key, in_array=True)
+        for i in range(count):
+            n = self.metadata_string_length(key, item_cap, i)
+            total += n
+            if total > cap:
+                raise TfcliError(
+                    f"{self.path}: the strings of metadata {key} come to more than {shown(cap)} by item {i:,}, the limit on {TOKENIZER_FILE.what} (which they would go into)",
+                    hint=TOKENIZER_FILE.how_to_raise(),
+                )
+            values.append(self.text(n, f"metadata {key}"))
+        return values
 
     def value_type(self, what: str) -> GGUFValueType:
         raw = self.scalar("<I", what)
@@ -135,11 +176,15 @@ class _Cursor:
         if kind in _SCALARS:
             return self.scalar(_SCALARS[kind], f"the value of {key}")
         if kind == GGUFValueType.STRING:
-            return self.string(f"the value of {key}", self.size)
+            return self.text(self.metadata_string_length(key, _string_cap(key, in_array=False)), f"the value of {key}")
         if depth:
             raise TfcliError(f"{self.path}: metadata {key} is an array of arrays, which no key tfcli reads is")
         item = self.value_type(f"the item type of {key}")
         count = self.scalar("<Q", f"the length of {key}")
+        if count > MAX_VOCAB_SIZE:
+            raise TfcliError(
+                f"{self.path}: metadata {key} claims {count:,} items, more than the {MAX_VOCAB_SIZE:,} tokens a vocabulary may have (tfcli's limit on any metadata array)"
+            )
         if item in _NUMPY:
             width = np.dtype(_NUMPY[item]).itemsize
             if count > (self.size - self.pos) // width:
@@ -147,7 +192,19 @@ class _Cursor:
             return np.frombuffer(self.take(count * width, key), dtype=_NUMPY[item])
         if count > (self.size - self.pos) // 8:  # every string or array holds at least its 8-byte length
             raise TfcliError(f"{self.path} is truncated or corrupt: {key} claims {count:,} items, more than the file holds")
+        if item == GGUFValueType.STRING:
+            return self.strings(key, count)
         return [self.value(item, key, depth + 1) for _ in range(count)]
+
+
+def _string_cap(key: str, in_array: bool) -> int:
+    """The most bytes one string of metadata `key` may hold: a token GGUF_TOKEN, a merge two tokens and a space,
+    any other string GGUF_STRING."""
+    if in_array and key == TOKENS_KEY:
+        return GGUF_TOKEN.value
+    if in_array and key == MERGES_KEY:
+        return 2 * GGUF_TOKEN.value + 1
+    return GGUF_STRING.value
 
 
 def read_gguf(path: Path) -> GgufFile:

@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
+from tfcli import limits
 from tfcli.errors import TfcliError
+from tfcli.gguf.splits import token_splits
 from tfcli.tokenizer.specials import CONFIG_KEYS
 
 if TYPE_CHECKING:
@@ -310,14 +312,29 @@ class Vocab:
 
     def _sentencepiece_merges(self, vocab: dict[str, int]) -> list[tuple[str, str]]:
         """A merge (a, b) for every piece a + b, both pieces too, ranked by the joined piece's score (highest
-        first; ties by id), so a BPE joins pairs in the order llama.cpp's SentencePiece tokenizer does."""
-        pieces = [(i, t) for i, (t, kind) in enumerate(zip(self.tokens, self.types)) if kind == NORMAL and len(t) > 1]
+        first; ties by id), so a BPE joins pairs in the order llama.cpp's SentencePiece tokenizer does.
+
+        The splits are found in time linear in the vocabulary's characters (`token_splits`), each checked on
+        the strings; their characters together are capped by what a tokenizer.json may hold, as they go into one."""
+        tokens = self.tokens
+        pieces = [i for i, (t, kind) in enumerate(zip(tokens, self.types)) if kind == NORMAL and len(t) > 1]
+        budget, spent = limits.TOKENIZER_FILE.value, 0
         merges = []
-        for i, piece in pieces:
-            for cut in range(1, len(piece)):
-                left, right = piece[:cut], piece[cut:]
-                if left in vocab and right in vocab:
-                    merges.append((-self.scores[i], i, cut, left, right))
+        for piece_ids, cuts, lefts, rights in token_splits(tokens, pieces):
+            spent += sum(len(tokens[i]) for i in piece_ids.tolist())
+            if spent > budget:
+                raise TfcliError(
+                    f"{self.where}: the merges its SentencePiece-style pieces imply (one for every split of a piece in two tokens) "
+                    f"come to more than {limits.shown(budget)} of text, the limit on {limits.TOKENIZER_FILE.what}",
+                    hint=limits.TOKENIZER_FILE.how_to_raise(),
+                )
+            for i, cut, left_id, right_id in zip(piece_ids.tolist(), cuts.tolist(), lefts.tolist(), rights.tolist()):
+                piece, left, right = tokens[i], tokens[left_id], tokens[right_id]
+                if not (len(left) == cut and len(right) == len(piece) - cut and piece.startswith(left) and piece.endswith(right)):
+                    left, right = piece[:cut], piece[cut:]  # two hashes alike: the strings decide
+                    if left not in vocab or right not in vocab:
+                        continue
+                merges.append((-self.scores[i], i, cut, left, right))
         merges.sort()
         return [(left, right) for *_, left, right in merges]
 
