@@ -383,8 +383,14 @@ def test_a_plain_model_has_no_fast_step(library, tokenizer):
         dict(rope_scaling={"kind": "longrope", "factor": 2.0, "original_context": 24, "short_factor": [1.0, 1.5, 2.0, 3.0]}, positions="rotary"),
         dict(qk_norm=True, positions="rotary", norm="rmsnorm"),
         dict(d_head=16),
+        dict(attn_scale=0.5),
+        dict(sliding_window=4, local_layers=[0], rope_local_base=500.0, positions="rotary"),
+        dict(post_norms=True),
+        dict(activation="geglu"),
+        dict(scale_embeddings=True),
     ],
-    ids=["qkv_bias", "mlp_bias", "embedding_norm", "type_vocab_size", "rope_scaling", "longrope", "qk_norm", "d_head"],
+    ids=["qkv_bias", "mlp_bias", "embedding_norm", "type_vocab_size", "rope_scaling", "longrope", "qk_norm", "d_head"]
+    + ["attn_scale", "local_layers", "post_norms", "geglu", "scale_embeddings"],
 )
 def test_the_options_pretrained_models_bring_keep_pytorch(library, overrides):
     config = ModelConfig.from_json({**model_of().config.to_json(), **overrides})

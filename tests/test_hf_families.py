@@ -1,4 +1,4 @@
-"""Llama-family and BERT interop: random models built locally with transformers (tiny configs, no network)
+"""Llama-family, Gemma 3 and BERT interop: random models built locally with transformers (tiny configs, no network)
 import with transformers' logits, export back to the same class with equal logits, and generate, fill
 masks and classify as transformers does."""
 
@@ -35,6 +35,17 @@ def _save(model, folder, tokenizer_dir) -> None:
 
 
 PHI3_IDS = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)  # Phi3Config's defaults are past a tiny vocabulary
+GEMMA3 = dict(  # local layers 0, 1 and 3 (a window of 8, rotary base 10,000), a global one (base 1e6, scaled); heads 16 wide
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    query_pre_attn_scalar=24,
+    sliding_window=8,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+    rope_scaling={"rope_type": "linear", "factor": 2.0},
+)
 LLAMAS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(num_key_value_heads=2, tie_word_embeddings=False)),
     "llama-tied-biased-llama3-rope": (
@@ -64,6 +75,13 @@ LLAMAS = {
             rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.3, 2.5, 4.0], "long_factor": [2.0, 3.0, 5.0, 9.0]},
             **PHI3_IDS,
         ),
+    ),
+    # Gemma 3 (text): Llama's test with Gemma's options; a window of 8 in 12 tokens, so it matters
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3),
+    "gemma3-biased-untied": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(GEMMA3, num_key_value_heads=1, head_dim=8, hidden_size=32, query_pre_attn_scalar=8, attention_bias=True, tie_word_embeddings=False),
     ),
 }
 
@@ -529,6 +547,64 @@ def test_longrope_is_transformers_up_to_its_original_context_as_the_hub_writes_i
     _decoder_logits_equal(hf, ours.model, vocab)
 
 
+def test_gemma3_is_transformers_past_its_window_and_reads_the_hubs_older_keys(cli, tmp_path, trained_tokenizer):
+    """Gemma 3's config.json as the hub first wrote it: rope_theta, rope_scaling and rope_local_base_freq
+    instead of rope_parameters, and sliding_window_pattern (every 2nd layer global) instead of layer_types.
+    Its RMSNorm weights are offsets from 1 (tfcli holds 1 + theirs), its embeddings are scaled by sqrt(64),
+    and 40 tokens are five windows: logits equal transformers' on a padded batch."""
+    vocab = TextTokenizer.load(trained_tokenizer).vocab_size
+    hf = _llama("gemma3", vocab, tmp_path / "hf", trained_tokenizer, layer_types=None, sliding_window_pattern=2, rope_local_base_freq=500.0)
+    assert hf.config.layer_types == ["sliding_attention", "full_attention"] * 2
+    _edit_config(
+        tmp_path / "hf",
+        rope_parameters=None,
+        layer_types=None,
+        sliding_window_pattern=2,
+        rope_theta=1e6,
+        rope_local_base_freq=500.0,
+        rope_scaling={"rope_type": "linear", "factor": 2.0},
+    )
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
+    assert result.code == 0, result.stderr
+    ours = load_checkpoint(tmp_path / "run")
+    model = ours.config.model
+    assert (model.local_layers, model.sliding_window, model.rope_local_base, model.rope_base) == ((0, 2), 8, 500.0, 1e6)
+    assert model.attn_scale == 24**-0.5 and model.post_norms and model.scale_embeddings and model.activation == "geglu"
+    norm = hf.model.layers[0].post_feedforward_layernorm.weight
+    torch.testing.assert_close(ours.model.decoder.blocks[0].mlp_out_norm.weight, 1 + norm, rtol=0, atol=0)
+    ids = torch.randint(0, vocab, (2, 40))
+    real = torch.ones(2, 40, dtype=torch.bool)
+    real[1, 29:] = False
+    with torch.no_grad():
+        theirs, mine = hf(ids, attention_mask=real.long()).logits, ours.model(ids, real).logits
+    assert (theirs[real] - mine[real]).abs().max().item() < 1e-4
+    info = cli("info", tmp_path / "run")
+    assert "geglu" in info.stdout and "window 8 on 2 of 4 layers (rope base 500)" in info.stdout and "sublayer output norms" in info.stdout
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(final_logit_softcapping=30.0), "has final_logit_softcapping 30.0; tfcli does not soft-cap"),
+        (dict(attn_logit_softcapping=50.0), "has attn_logit_softcapping 50.0"),
+        (dict(use_bidirectional_attention=True), "use_bidirectional_attention true"),
+        (dict(hidden_activation="gelu"), "hidden_activation 'gelu'"),
+        (dict(layer_types=["sliding_attention"] * 3), "layer_types that are not 4 of"),
+        (
+            dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6}, "sliding_attention": {"rope_type": "linear", "factor": 2.0}}),
+            "scales the local layers' rotary frequencies",
+        ),
+    ],
+)
+def test_bad_gemma3_folders_are_one_line(cli, tmp_path, trained_tokenizer, changes, message):
+    vocab = TextTokenizer.load(trained_tokenizer).vocab_size
+    _llama("gemma3", vocab, tmp_path / "hf", trained_tokenizer)
+    _edit_config(tmp_path / "hf", **changes)
+    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
+    assert result.code == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
 ROTARY = dict(positions="rotary", norm="rmsnorm", activation="swiglu", bias=False)
 LONGROPE = {"kind": "longrope", "factor": 2.0, "original_context": 32, "short_factor": [1.0, 1.5, 2.0, 3.0]}
 
@@ -540,6 +616,10 @@ LONGROPE = {"kind": "longrope", "factor": 2.0, "original_context": 32, "short_fa
         (dict(d_head=16), "GPT2LMHeadModel cannot express this model: d_head 16"),
         (dict(ROTARY, qk_norm=True, qkv_bias=True), "Qwen3ForCausalLM cannot express this model: biases on q, k and v but not on the attention output"),
         (dict(ROTARY, bias=True, rope_scaling=LONGROPE), r"Phi3ForCausalLM cannot express this model: biases \(Phi3ForCausalLM has none\)"),
+        (dict(ROTARY, post_norms=True), "Gemma3ForCausalLM cannot express this model: activation 'swiglu'"),
+        (dict(ROTARY, activation="geglu", post_norms=True, scale_embeddings=True), "Gemma3ForCausalLM cannot express this model: no qk_norm"),
+        (dict(ROTARY, activation="geglu", post_norms=True, qk_norm=True, scale_embeddings=True, attn_scale=0.3), r"attn_scale 0.3 \(Gemma3ForCausalLM's"),
+        (dict(arch="encoder", norm_placement="post", scale_embeddings=True), r"scale_embeddings \(only Gemma3ForCausalLM has it\)"),
     ],
 )
 def test_export_names_what_the_new_options_rule_out(options, message):

@@ -223,6 +223,23 @@ def test_too_long_sequences_are_refused():
         model(torch.zeros(1, 9, dtype=torch.long))
 
 
+# Gemma 3's options: local layers (a window and rotary tables of their own), norms on each sublayer's output,
+# GeGLU, scaled embeddings, its own score scale, QK-norm.
+GEMMA3 = dict(
+    positions="rotary",
+    norm="rmsnorm",
+    activation="geglu",
+    bias=False,
+    qk_norm=True,
+    post_norms=True,
+    scale_embeddings=True,
+    attn_scale=24**-0.5,
+    sliding_window=4,
+    local_layers=[0],
+    rope_base=1e6,
+    rope_local_base=1e4,
+)
+
 PRETRAINED_OPTIONS = {
     "qwen2 biases": dict(activation="swiglu", norm="rmsnorm", positions="rotary", bias=False, qkv_bias=True, n_kv_heads=2),
     "llama mlp bias apart": dict(activation="swiglu", norm="rmsnorm", bias=True, mlp_bias=False),
@@ -234,6 +251,8 @@ PRETRAINED_OPTIONS = {
         positions="rotary",
         rope_scaling={"kind": "longrope", "factor": 4.0, "original_context": 32, "short_factor": [1.0, 1.5, 3.0, 7.0], "attention_factor": 1.2},
     ),
+    "gemma3": dict(GEMMA3, d_head=16, n_kv_heads=2, rope_scaling={"kind": "linear", "factor": 2.0}),
+    "sandwich norms, layernorm, geglu with biases": dict(post_norms=True, activation="geglu", scale_embeddings=True, attn_scale=0.3),
 }
 
 
@@ -273,6 +292,54 @@ def test_qk_norm_normalises_each_heads_query_before_rotary_and_wide_heads_decode
     assert cache.keys.shape == (2, 2, 2, 12, 16)  # (L, B, n_kv, S, hs)
     cross = tiny(arch="encoder-decoder", qk_norm=True, d_head=4)  # every attention has the norms, cross-attention too
     assert Transformer(cross).parameter_count() == cross.parameter_estimate()
+
+
+def test_a_local_layer_attends_within_its_window_and_decodes_as_the_full_pass():
+    torch.manual_seed(0)
+    config = tiny(**GEMMA3, n_kv_heads=2)
+    model = Transformer(config).eval()
+    assert model.decoder.blocks[0].attn.rotary is model.local_rotary and model.decoder.blocks[1].attn.rotary is model.rotary
+    assert model.decoder.blocks[0].attn.window == 4 and model.decoder.blocks[1].attn.window is None
+    ids = torch.randint(0, 97, (2, 12))
+    with Hooks() as hooks:
+        patterns = hooks.attention_patterns(model)["decoder"]  # (B, nh, T, S) per layer
+        explicit = model(ids).logits
+    local, full = patterns
+    query, key = torch.arange(12)[:, None], torch.arange(12)[None, :]
+    assert (local[..., key <= query - 4] == 0).all() and (local[..., (key > query - 4) & (key <= query)] > 0).all()  # the last 4 positions
+    assert (full[..., key <= query] > 0).all()  # the global layer sees the whole context
+    assert (model(ids).logits - explicit).abs().max().item() < 1e-5  # the fused path and the explicit one
+    cache = KVCache(config, batch=2, capacity=12, dtype=torch.float32)
+    steps = [model(ids[:, :5], cache=cache).logits] + [model(ids[:, t : t + 1], cache=cache).logits for t in range(5, 12)]
+    assert (torch.cat(steps, dim=1) - explicit).abs().max().item() < 1e-5
+    left = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids[:1]], dim=1)  # (1, 15): the first row, left-padded
+    real = torch.arange(15)[None] >= 3
+    padded = model.unembed(model.decode(left, real, positions=(real.long().cumsum(1) - 1).clamp(min=0)))
+    assert (padded[:, 3:] - explicit[:1]).abs().max().item() < 1e-5  # a row decodes as it would alone
+    from tfcli.checkpoint import model_from_tensors
+
+    rebuilt = model_from_tensors(config, model.state_dict()).eval()  # the local tables are computed again
+    torch.testing.assert_close(rebuilt(ids).logits, model(ids).logits, rtol=0, atol=0)
+    torch.testing.assert_close(rebuilt.local_rotary.cos, model.local_rotary.cos)
+
+
+def test_sandwich_norms_geglu_and_scaled_embeddings_compute_gemmas_block():
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = Transformer(tiny(**GEMMA3, norm_eps=1e-12)).eval()  # the sublayers' outputs are small at initialisation: no eps to speak of
+    block = model.decoder.blocks[1]
+    ids = torch.randint(0, 97, (2, 12))
+    with Hooks() as hooks:
+        embed, attn_out, mlp_out = hooks.read(model.hook_embed), hooks.read(block.hook_attn_out), hooks.read(block.hook_mlp_out)
+        pre, pre_linear, post = hooks.read(block.mlp.hook_pre), hooks.read(block.mlp.hook_pre_linear), hooks.read(block.mlp.hook_post)
+        resid_pre, resid_mid = hooks.read(block.hook_resid_pre), hooks.read(block.hook_resid_mid)
+        model(ids)
+    torch.testing.assert_close(embed[0], model.tok_emb(ids) * math.sqrt(32))
+    for out in (attn_out[0], mlp_out[0]):  # each sublayer's output normed before it is added (the norms' weights are 1)
+        torch.testing.assert_close(out.pow(2).mean(-1).sqrt(), torch.ones(2, 12), rtol=0, atol=1e-3)
+    torch.testing.assert_close(resid_mid[0], resid_pre[0] + attn_out[0])
+    torch.testing.assert_close(post[0], F.gelu(pre[0], approximate="tanh") * pre_linear[0])  # GeGLU: tanh GELU on the gate
 
 
 def test_longrope_divides_each_frequency_by_its_short_factor_and_scales_cos_and_sin():
@@ -315,6 +382,15 @@ def test_llama3_rope_scaling_keeps_high_frequencies_and_divides_low_ones():
             "up to original_context",
         ),
         (dict(positions="rotary", rope_scaling={"kind": "linear", "factor": 2.0, "attention_factor": 2.0}), "are longrope's"),
+        (dict(sliding_window=4), "sliding_window and local_layers go together"),
+        (dict(local_layers=[0]), "sliding_window and local_layers go together"),
+        (dict(sliding_window=4, local_layers=[2]), "local_layers must be distinct layer numbers from 0 to 1"),
+        (dict(sliding_window=4, local_layers=[1, 0]), "in order"),
+        (dict(sliding_window=0, local_layers=[0]), "sliding_window must be at least 1"),
+        (dict(arch="encoder", sliding_window=4, local_layers=[0]), "sliding_window is for a decoder"),
+        (dict(positions="rotary", rope_local_base=1e4), "rope_local_base is the local layers' rotary base"),
+        (dict(post_norms=True, norm_placement="post"), "post_norms adds a norm"),
+        (dict(attn_scale=0.0), "attn_scale must be positive"),
     ],
 )
 def test_bad_pretrained_options(overrides, message):

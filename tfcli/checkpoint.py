@@ -200,3 +200,6 @@ def _rebuild_position_tables(model: Transformer) -> None:
     elif config.positions == "rotary":
         tables = RotaryEmbedding(config.head_dim, config.block_size, config.rope_base, config.rope_scaling)
         model.rotary.cos, model.rotary.sin = tables.cos, tables.sin  # in place: every self-attention holds this module
+        if model.local_rotary is not None:  # the local layers' own (Gemma 3's rope_local_base)
+            tables = RotaryEmbedding(config.head_dim, config.block_size, config.rope_local_base)
+            model.local_rotary.cos, model.local_rotary.sin = tables.cos, tables.sin

@@ -44,12 +44,17 @@ KNOWN_SETTINGS: dict[str, set | None] = {
     "d_model": ANY,
     "d_head": {None},  # heads of their own width (Qwen3): PyTorch's step
     "d_ff": ANY,
+    "attn_scale": {None},  # Gemma 3's options: PyTorch's step
+    "sliding_window": {None},
+    "local_layers": {()},
     "positions": {"learned", "sinusoidal", "rotary"},
     "rope_base": ANY,
     "rope_scaling": {None},
+    "rope_local_base": {None},
     "norm": set(NORMS),
     "norm_placement": {"pre", "post"},
     "norm_eps": ANY,
+    "post_norms": {False},
     "activation": set(ACTIVATIONS),
     "dropout": ANY,  # the step runs in eval mode only: no dropout
     "bias": ANY,
@@ -57,6 +62,7 @@ KNOWN_SETTINGS: dict[str, set | None] = {
     "qkv_bias": {None},
     "mlp_bias": {None},
     "tie_embeddings": ANY,
+    "scale_embeddings": {False},
     "n_classes": ANY,  # a classification head plays no part in decoding
     "init_std": ANY,
     "type_vocab_size": {0},

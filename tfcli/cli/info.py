@@ -185,7 +185,8 @@ def _vectors_rows(table, data: dict) -> None:
 
 
 def _more_options(model: dict) -> list[str]:
-    """The options pretrained models bring (Llama's rotary base and scaling, Qwen2's q/k/v biases, BERT's parts)."""
+    """The options pretrained models bring (Llama's rotary base and scaling, Qwen2's q/k/v biases, Gemma 3's
+    local layers and norms, BERT's parts)."""
     options = []
     if model["positions"] == "rotary":
         options.append(f"rope base {model['rope_base']:g}")
@@ -195,6 +196,16 @@ def _more_options(model: dict) -> list[str]:
         options.append("QK-norm")
     if model.get("d_head"):
         options.append(f"heads {model['d_head']} wide")
+    if model.get("attn_scale"):
+        options.append(f"attention scale {model['attn_scale']:g}")
+    if model.get("sliding_window"):
+        local = model.get("local_layers") or []
+        window = f"window {model['sliding_window']:,} on {len(local)} of {model['n_layers']} layers"
+        options.append(window + (f" (rope base {model['rope_local_base']:g})" if model.get("rope_local_base") else ""))
+    if model.get("post_norms"):
+        options.append("sublayer output norms")
+    if model.get("scale_embeddings"):
+        options.append("embeddings x sqrt(d)")
     for key, name in (("qkv_bias", "q/k/v bias"), ("mlp_bias", "mlp bias")):
         if model.get(key) is not None:
             options.append(f"{name} {'on' if model[key] else 'off'}")

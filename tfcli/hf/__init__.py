@@ -1,4 +1,4 @@
-"""Hugging Face interop: import a transformers model folder (GPT-2, Llama, Qwen2, Qwen3, Mistral, Phi-3, BERT) into a run
+"""Hugging Face interop: import a transformers model folder (GPT-2, Llama, Qwen2, Qwen3, Mistral, Phi-3, Gemma 3, BERT) into a run
 directory, and export a run to a folder `from_pretrained` loads. Needs no transformers; reads safetensors only."""
 
 from __future__ import annotations

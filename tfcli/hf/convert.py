@@ -1,6 +1,6 @@
 """Import a Hugging Face folder into a run directory, and export a run to a folder transformers loads.
 
-Each family module (gpt2, llama, bert) says how config.json maps to a ModelConfig and how each tfcli tensor
+Each family module (gpt2, llama, gemma3, bert) says how config.json maps to a ModelConfig and how each tfcli tensor
 is made of the class's tensors; this module does the rest for all of them: it picks the family, reads the
 weights one tensor at a time (checking each shape and value before it is kept), and writes atomically.
 """
@@ -19,10 +19,10 @@ import torch
 from tfcli.checkpoint import model_from_tensors, save_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json, atomic_write_text, prepare_output_dir, refuse_non_utf8_path, set_default_mode, temp_path_beside
-from tfcli.hf import bert, gpt2, llama
+from tfcli.hf import bert, gemma3, gpt2, llama
 from tfcli.hf.folder import HfConfig, WeightFiles, read_hf_config
 from tfcli.hf.mapping import TensorMap
-from tfcli.hf.tokenizer import import_tokenizer
+from tfcli.hf.tokenizer import import_tokenizer, without_padding
 from tfcli.loader import load_run
 from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
@@ -31,10 +31,14 @@ from tfcli.rundir import WEIGHTS_FILE, read_run_config
 from tfcli.tokenizer.chat_template import ChatTemplate
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
-FAMILIES: dict[str, ModuleType] = {name: family for family in (gpt2, llama, bert) for name in family.CLASSES}
-MODEL_TYPES = {"GPT2LMHeadModel": "gpt2", **llama.MODEL_TYPES, **{name: "bert" for name in bert.CLASSES}}
+FAMILIES: dict[str, ModuleType] = {name: family for family in (gpt2, llama, gemma3, bert) for name in family.CLASSES}
+MODEL_TYPES = {"GPT2LMHeadModel": "gpt2", **llama.MODEL_TYPES, **gemma3.MODEL_TYPES, **{name: "bert" for name in bert.CLASSES}}
 # The class a config.json without `architectures` is read as, by its model_type.
-DEFAULT_CLASSES = {"gpt2": "GPT2LMHeadModel", **{model_type: name for name, model_type in llama.MODEL_TYPES.items()}, "bert": "BertModel"}
+DEFAULT_CLASSES = {
+    "gpt2": "GPT2LMHeadModel",
+    **{model_type: name for name, model_type in (llama.MODEL_TYPES | gemma3.MODEL_TYPES).items()},
+    "bert": "BertModel",
+}
 
 
 @dataclasses.dataclass
@@ -98,7 +102,8 @@ def _read_tensor(weights: WeightFiles, mapping: TensorMap, expected: tuple[int, 
         if not torch.isfinite(tensor).all():
             raise TfcliError(f"tensor {stored} holds non-finite values")
         parts.append(tensor.t() if mapping.transposed else tensor)
-    return (torch.cat(parts) if len(parts) > 1 else parts[0]).contiguous()
+    tensor = torch.cat(parts) if len(parts) > 1 else parts[0]
+    return (tensor + mapping.offset if mapping.offset else tensor).contiguous()
 
 
 def import_hf(src: Path, run_dir: Path) -> Imported:
@@ -148,24 +153,30 @@ def export_class(config: ModelConfig, recorded: str | None) -> str:
     when none can express it, the error names what each candidate cannot."""
     if config.arch == "encoder":
         candidates = [bert.choose_class(config, recorded)]
+    elif gemma3.options(config):
+        candidates = [gemma3.CLASS]
     else:
         candidates = [llama.choose_class(config, recorded), "GPT2LMHeadModel"]
         if config.positions != "rotary":
             candidates.reverse()
-    problems = [(name, _llama_only_option(config, name) or FAMILIES[name].incompatible(config, name)) for name in candidates]
+    problems = [(name, _option_beyond(config, name) or FAMILIES[name].incompatible(config, name)) for name in candidates]
     for name, problem in problems:
         if problem is None:
             return name
     raise TfcliError(
         "; ".join(f"{name} cannot express this model: {problem}" for name, problem in problems),
-        hint="tfcli exports decoders as GPT-2, Llama, Qwen2, Qwen3, Mistral or Phi-3 and encoders as BERT, with their options",
+        hint="tfcli exports decoders as GPT-2, Llama, Qwen2, Qwen3, Mistral, Phi-3 or Gemma 3 and encoders as BERT, with their options",
     )
 
 
-def _llama_only_option(config: ModelConfig, hf_class: str) -> str | None:
-    """An option only the Llama-shaped classes express (a norm on q and k, heads of their own width), for
-    GPT-2 and BERT, whose modules predate both."""
-    if FAMILIES[hf_class] is llama:
+def _option_beyond(config: ModelConfig, hf_class: str) -> str | None:
+    """An option the class's module leaves to others: Gemma 3's own (post_norms, scaled embeddings, local
+    layers, ...) for every other class; a norm on q and k and heads of their own width, which only the
+    Llama-shaped classes and Gemma 3 express, for GPT-2 and BERT, whose modules predate both."""
+    family = FAMILIES[hf_class]
+    if family is not gemma3 and gemma3.options(config):
+        return f"{gemma3.options(config)[0]} (only {gemma3.CLASS} has it)"
+    if family in (llama, gemma3):
         return None
     if config.qk_norm:
         return f"qk_norm ({hf_class} has no norm on q and k)"
@@ -192,6 +203,7 @@ def write_hf_folder(checkpoint, state: dict[str, torch.Tensor], out_dir: Path) -
     tensors = {}
     for mapping in family.tensor_maps(config, hf_class):
         tensor = state[mapping.ours].detach()
+        tensor = tensor - mapping.offset if mapping.offset else tensor
         parts = tensor.split(list(mapping.split)) if mapping.split else (tensor,)
         for name, part in zip(mapping.theirs, parts):
             tensors[name] = (part.t() if mapping.transposed else part).contiguous()
@@ -208,7 +220,7 @@ def write_hf_folder(checkpoint, state: dict[str, torch.Tensor], out_dir: Path) -
         names = labels if isinstance(labels, list) else [f"LABEL_{i}" for i in range(config.n_classes)]
         hf_config.update(id2label={str(i): name for i, name in enumerate(names)}, label2id={name: i for i, name in enumerate(names)})
     atomic_write_json(out_dir / "config.json", hf_config)
-    atomic_write_text(out_dir / TOKENIZER_FILE, checkpoint.tokenizer.path.read_text(encoding="utf-8"))
+    atomic_write_text(out_dir / TOKENIZER_FILE, without_padding(checkpoint.tokenizer.path.read_text(encoding="utf-8")))  # as the run encodes
     tokenizer_config_path = checkpoint.tokenizer.path.parent / TOKENIZER_CONFIG_FILE
     tokenizer_config = json.loads(tokenizer_config_path.read_text(encoding="utf-8")) if tokenizer_config_path.is_file() else {}
     if tokenizer_config or hf_class != "GPT2LMHeadModel":

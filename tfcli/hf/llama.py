@@ -28,7 +28,7 @@ MODEL_TYPES = {
 FUSED = "Phi3ForCausalLM"  # stores q/k/v as one qkv_proj and gate/up as one gate_up_proj, as tfcli does
 
 
-def _rope_scaling(hf: HfConfig, hf_class: str) -> tuple[float, RopeScaling | None]:
+def rope_settings(hf: HfConfig, hf_class: str) -> tuple[float, RopeScaling | None]:
     """rope_theta and the scaling, from transformers 5's rope_parameters or the older rope_theta + rope_scaling."""
     parameters = hf.get("rope_parameters", dict, None)
     if parameters is None:
@@ -87,7 +87,7 @@ def model_config(hf: HfConfig, hf_class: str) -> tuple[ModelConfig, list[str]]:
         # Within its window, sliding-window attention is full attention: the context stops there.
         notes.append(f"context {window:,} (the sliding window; tfcli attends to the whole context, which is the same within it)")
         block_size = window
-    rope_base, rope_scaling = _rope_scaling(hf, hf_class)
+    rope_base, rope_scaling = rope_settings(hf, hf_class)
     if rope_scaling is not None and rope_scaling.kind == "longrope" and rope_scaling.original_context < block_size:
         notes.append(
             f"context {rope_scaling.original_context:,} (longrope's original context; past it transformers switches to long_factor, "
@@ -219,7 +219,7 @@ def hf_config(config: ModelConfig, hf_class: str, special_ids: dict[str, int]) -
         "max_position_embeddings": config.block_size,
         "rms_norm_eps": config.norm_eps,
         "rope_theta": config.rope_base,
-        "rope_scaling": _rope_scaling_json(config),
+        "rope_scaling": rope_scaling_json(config),
         "attention_dropout": config.dropout,
         "initializer_range": config.init_std,
         "tie_word_embeddings": config.tie_embeddings,
@@ -241,7 +241,7 @@ def hf_config(config: ModelConfig, hf_class: str, special_ids: dict[str, int]) -
     return hf
 
 
-def _rope_scaling_json(config: ModelConfig) -> dict[str, Any] | None:
+def rope_scaling_json(config: ModelConfig) -> dict[str, Any] | None:
     scaling = config.rope_scaling
     if scaling is None:
         return None

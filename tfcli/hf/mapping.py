@@ -17,6 +17,7 @@ class TensorMap:
     theirs: tuple[str, ...]  # their tensors, stacked along the first dimension into ours
     split: tuple[int, ...] = ()  # with several: each one's size along that dimension
     transposed: bool = False  # stored (in, out), as GPT-2's Conv1D: the transpose of ours
+    offset: float = 0.0  # ours is theirs + offset: Gemma's RMSNorms scale by 1 + weight, tfcli's by weight (offset 1)
 
 
 def incompatibility(checks: list[tuple[bool, str]]) -> str | None:

@@ -4,7 +4,8 @@ Scaled dot-product attention with multi-head, grouped-query and multi-query layo
 causal and padding masks, cross-attention, and a KV cache. Two paths compute the same function: the fast
 one (`F.scaled_dot_product_attention`) and an explicit one, softmax(q k^T / sqrt(hs)) v, taken only when a hook
 reads or edits the scores or the weights `[batch, head, query_pos, key_pos]` (`hook_attn_scores`,
-`hook_pattern`); a test holds them equal.
+`hook_pattern`); a test holds them equal. A local layer (Gemma 3's) also limits each query to a sliding
+window of the keys before it.
 """
 
 from __future__ import annotations
@@ -51,6 +52,18 @@ class AttentionMask:
         # A query that may see nothing (a padding position) attends everywhere instead of producing NaN;
         # its output is padding and is never used.
         return AttentionMask(allowed | ~allowed.any(dim=-1, keepdim=True), False, positions)
+
+    def within(self, window: int, T: int, S: int, offset: int, device: torch.device) -> AttentionMask:
+        """This causal mask with each query also limited to the last `window` keys up to its own (sliding-window
+        attention): the query in cache slot i sees slot j only when i - window < j <= i. Slots are positions
+        for rows whose real tokens are contiguous (the left padding tfcli decodes with), as transformers counts them."""
+        if S <= window:
+            return self  # every key is in every query's window
+        query_slot = torch.arange(offset, offset + T, device=device).unsqueeze(1)  # (T, 1)
+        near = torch.arange(S, device=device).unsqueeze(0) > query_slot - window  # (T, S)
+        allowed = self.dense(T, S, device)
+        allowed = near[None, None] if allowed is None else allowed & near  # (B or 1, 1, T, S)
+        return AttentionMask(allowed | ~allowed.any(dim=-1, keepdim=True), False, self.positions)  # as `build`: no query sees nothing
 
     def dense(self, T: int, S: int, device: torch.device) -> torch.Tensor | None:
         if self.allowed is not None:
@@ -118,12 +131,15 @@ class Attention(nn.Module):
     attention itself is computed heads first, (B, nh, T, hs), as the fused kernel and the cache take it.
     With `qk_norm` (Qwen3), q_norm and k_norm normalise each head's query and key (hs wide) after hook_q
     and hook_k, before rotary. Heads are d_model / nh wide unless `d_head` sets hs apart: then q and hook_z
-    are nh * hs wide, and `out` maps that back to d_model."""
+    are nh * hs wide, and `out` maps that back to d_model. Scores are q k^T / sqrt(hs) unless `attn_scale`
+    says otherwise (Gemma 3); a local layer's `window` limits each query to that many keys, its own and the
+    ones before it."""
 
-    def __init__(self, config: ModelConfig, *, causal: bool, cross: bool = False, rotary: RotaryEmbedding | None = None) -> None:
+    def __init__(self, config: ModelConfig, *, causal: bool, cross: bool = False, rotary: RotaryEmbedding | None = None, window: int | None = None) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.kv_heads, config.head_dim
-        self.causal, self.cross = causal, cross
+        self.causal, self.cross, self.window = causal, cross, window
+        self.scale = config.attn_scale  # None: 1 / sqrt(hs)
         self.dropout = config.dropout
         q_width, kv_width = config.q_width, 2 * self.n_kv_heads * self.head_dim
         if cross:
@@ -166,13 +182,15 @@ class Attention(nn.Module):
             k, v = self.hook_k(self._heads(k, self.n_kv_heads)), self.hook_v(self._heads(v, self.n_kv_heads))  # (B, T, nkv, hs)
             if self.qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)  # each head's query and key normalised over its hs features
+            offset = cache.offset if cache is not None else 0
             if self.rotary is not None:
-                offset = cache.offset if cache is not None else 0
                 q = self.hook_rot_q(self.rotary(q, offset, mask.positions))  # (B, T, nh, hs)
                 k = self.hook_rot_k(self.rotary(k, offset, mask.positions))  # (B, T, nkv, hs)
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, T, hs), (B, nkv, T, hs) twice
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, nkv, S, hs), S = cached + T
+            if self.window is not None:
+                mask = mask.within(self.window, q.shape[2], k.shape[2], offset, q.device)
         dropout = self.dropout if self.training else 0.0
         if self.hook_pattern.hooked or self.hook_attn_scores.hooked:
             y = self._explicit(q, k, v, mask, dropout)
@@ -184,18 +202,20 @@ class Attention(nn.Module):
                 attn_mask=mask.allowed,
                 dropout_p=dropout,
                 is_causal=mask.causal and mask.allowed is None,
+                scale=self.scale,
                 enable_gqa=self.n_kv_heads != self.n_heads,
             )
         z = self.hook_z(y.transpose(1, 2))  # (B, T, nh, hs)
         return self.out(z.flatten(2))  # (B, T, nh * hs) -> (B, T, d)
 
     def _explicit(self, q, k, v, mask: AttentionMask, dropout: float) -> torch.Tensor:
-        """softmax(q k^T / sqrt(hs) + mask) v, the scores passed through hook_attn_scores and the weights
-        through hook_pattern."""
+        """softmax(q k^T / sqrt(hs) + mask) v (or q k^T * attn_scale), the scores passed through hook_attn_scores
+        and the weights through hook_pattern."""
         group = self.n_heads // self.n_kv_heads
         if group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, nh, S, hs)
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)  # (B, nh, T, S)
+        scores = q @ k.transpose(-2, -1)  # (B, nh, T, S)
+        scores = scores / math.sqrt(self.head_dim) if self.scale is None else scores * self.scale
         allowed = mask.dense(q.shape[2], k.shape[2], q.device)
         if allowed is not None:
             scores = scores.masked_fill(~allowed, float("-inf"))

@@ -17,7 +17,8 @@ ARCHS: tuple[str, ...] = ("decoder", "encoder", "encoder-decoder")
 POSITIONS: tuple[str, ...] = ("learned", "sinusoidal", "rotary")
 NORMS: tuple[str, ...] = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS: tuple[str, ...] = ("pre", "post")
-ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh", "relu", "swiglu")
+ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh", "relu", "swiglu", "geglu")
+GATED: tuple[str, ...] = ("swiglu", "geglu")  # a gate through the activation times an up path: SiLU (Llama), tanh GELU (Gemma)
 
 ROPE_SCALINGS: tuple[str, ...] = ("linear", "llama3", "longrope")
 
@@ -55,19 +56,25 @@ class ModelConfig(JsonRecord):
     d_model: int = 256  # width of the residual stream
     d_head: int | None = None  # width of each attention head (default: d_model / n_heads; Qwen3 sets it apart)
     d_ff: int | None = None  # hidden width of the MLP (default: 4 * d_model)
+    attn_scale: float | None = None  # scores are q . k times this (default: 1 / sqrt(head_dim); Gemma 3: query_pre_attn_scalar ** -0.5)
+    sliding_window: int | None = None  # decoder: the local layers attend to this many positions, their own and the ones before
+    local_layers: tuple[int, ...] = ()  # the layers that attend within sliding_window (Gemma 3: five of every six); the rest see the whole context
     positions: str = "learned"  # learned | sinusoidal | rotary
     rope_base: float = 10000.0  # rotary: the base of the frequencies
     rope_scaling: RopeScaling | None = None  # rotary: frequencies stretched for a longer context (Llama 3.x, Phi-3's 128k)
+    rope_local_base: float | None = None  # rotary: the local layers' own base, unscaled (Gemma 3's rope_local_base_freq; default: as the others)
     norm: str = "layernorm"  # layernorm | rmsnorm
     norm_placement: str = "pre"  # pre: x + f(norm(x)); post: norm(x + f(x)) (the original transformer)
     norm_eps: float = 1e-5
-    activation: str = "gelu"  # gelu | gelu_tanh (GPT-2's) | relu | swiglu
+    post_norms: bool = False  # pre-norm: each sublayer's output normed too, before the residual add (Gemma's "sandwich")
+    activation: str = "gelu"  # gelu | gelu_tanh (GPT-2's) | relu | swiglu | geglu (gated as swiglu, with gelu_tanh: Gemma)
     dropout: float = 0.0  # on embeddings, attention weights, and each sublayer's output
     bias: bool = True  # biases in linear layers and layer norms
     qk_norm: bool = False  # a norm over each head's queries and keys (head_dim wide), before rotary (Qwen3)
     qkv_bias: bool | None = None  # biases on the query/key/value projections (None: as `bias`; Qwen2 has only these)
     mlp_bias: bool | None = None  # biases in the MLP (None: as `bias`; Llama sets attention and MLP biases apart)
     tie_embeddings: bool = True  # the output projection shares the token embedding matrix
+    scale_embeddings: bool = False  # token embeddings times sqrt(d_model), as the original transformer and Gemma scale them
     n_classes: int = 0  # encoder / decoder: size of the classification head (0: none)
     type_vocab_size: int = 0  # BERT's token-type (segment) embeddings; tfcli reads one segment, so type 0 is added to every token
     embedding_norm: bool = False  # a norm over the summed embeddings, before the first block (BERT)
@@ -75,6 +82,7 @@ class ModelConfig(JsonRecord):
     init_std: float = 0.02  # std of the normal initialisation; residual projections get init_std / sqrt(2 * layers)
 
     def __post_init__(self) -> None:
+        self.local_layers = tuple(self.local_layers)  # as JSON reads it, from a list given in Python too
         for name in ("vocab_size", "block_size", "n_layers", "n_heads", "d_model"):
             value = getattr(self, name)
             if value < 1:
@@ -135,6 +143,7 @@ class ModelConfig(JsonRecord):
                     )
             elif scaling.short_factor or scaling.attention_factor != 1.0:
                 raise TfcliError("model rope_scaling short_factor and attention_factor are longrope's")
+        self._check_gemma_options()
         if not 0 <= self.type_vocab_size <= 1 << 16:
             raise TfcliError(f"model type_vocab_size must be between 0 and {1 << 16:,}, not {self.type_vocab_size}")
         if self.pooler and self.arch != "encoder":
@@ -143,6 +152,24 @@ class ModelConfig(JsonRecord):
             raise TfcliError("model norm_eps and init_std must be positive and rope_base above 1")
         if self.parameter_estimate() > MAX_PARAMETERS:
             raise TfcliError(f"this config asks for {self.parameter_estimate():,} parameters (the limit is {MAX_PARAMETERS:,})")
+
+    def _check_gemma_options(self) -> None:
+        """attn_scale, the local layers' window and rotary base, post_norms (Gemma 3's options)."""
+        if self.attn_scale is not None and not self.attn_scale > 0:
+            raise TfcliError(f"model attn_scale must be positive, not {self.attn_scale}")
+        if (self.sliding_window is None) != (not self.local_layers):
+            raise TfcliError("model sliding_window and local_layers go together", hint="set both (the window, and the layers that use it) or neither")
+        if self.sliding_window is not None:
+            if self.arch != "decoder":
+                raise TfcliError(f"model sliding_window is for a decoder, not {a_or_an(self.arch)}")
+            if self.sliding_window < 1:
+                raise TfcliError(f"model sliding_window must be at least 1, not {self.sliding_window}")
+            if list(self.local_layers) != sorted(set(self.local_layers)) or not 0 <= self.local_layers[0] <= self.local_layers[-1] < self.n_layers:
+                raise TfcliError(f"model local_layers must be distinct layer numbers from 0 to {self.n_layers - 1}, in order, not {list(self.local_layers)}")
+        if self.rope_local_base is not None and (self.positions != "rotary" or not self.local_layers or not self.rope_local_base > 1):
+            raise TfcliError("model rope_local_base is the local layers' rotary base: it needs positions=rotary, local_layers and a base above 1")
+        if self.post_norms and (self.norm_placement != "pre" or self.arch == "encoder-decoder"):
+            raise TfcliError("model post_norms adds a norm on each sublayer's output in pre-norm blocks without cross-attention")
 
     @property
     def head_dim(self) -> int:
@@ -160,6 +187,11 @@ class ModelConfig(JsonRecord):
     @property
     def hidden_dim(self) -> int:
         return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+    @property
+    def gated_mlp(self) -> bool:
+        """The MLP's fc holds a gate and an up path (SwiGLU, GeGLU), each d_ff wide."""
+        return self.activation in GATED
 
     @property
     def has_qkv_bias(self) -> bool:
@@ -192,7 +224,7 @@ class ModelConfig(JsonRecord):
         qk_norms = 2 * self.head_dim * (2 if self.norm == "layernorm" and self.bias else 1) if self.qk_norm else 0
         attn = d * (q + 2 * kv) + qb * (q + 2 * kv) + q * d + b * d + qk_norms
         cross = d * q + qb * q + d * 2 * kv + qb * 2 * kv + q * d + b * d + qk_norms
-        up = 2 * self.hidden_dim if self.activation == "swiglu" else self.hidden_dim
+        up = 2 * self.hidden_dim if self.gated_mlp else self.hidden_dim
         mlp = d * up + mb * up + self.hidden_dim * d + mb * d
         norm = d * (2 if self.norm == "layernorm" and self.bias else 1)
         enc = self.n_layers if self.has_encoder else 0
@@ -203,7 +235,8 @@ class ModelConfig(JsonRecord):
             "mlp": (enc + dec) * mlp,
             "norms": (enc * 2 + dec * (3 if self.arch == "encoder-decoder" else 2)) * norm
             + norm * ((1 if self.has_encoder else 0) + (1 if self.has_decoder else 0)) * (self.norm_placement == "pre")
-            + norm * self.embedding_norm,
+            + norm * self.embedding_norm
+            + (enc + dec) * 2 * norm * self.post_norms,
             "heads": 0,
         }
         if self.arch == "encoder":

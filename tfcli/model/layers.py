@@ -89,27 +89,27 @@ class RotaryEmbedding(nn.Module):
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward: up-projection, activation, down-projection (SwiGLU gates the up path).
-    Hook points, as TransformerLens's: hook_pre (B, T, d_ff), what the activation reads (SwiGLU: the gate;
-    its up path is hook_pre_linear (B, T, d_ff)), and hook_post (B, T, d_ff), the neurons' activations that
-    the down-projection reads."""
+    """Position-wise feed-forward: up-projection, activation, down-projection (SwiGLU and GeGLU gate the up
+    path: silu or tanh GELU of a gate, times up). Hook points, as TransformerLens's: hook_pre (B, T, d_ff),
+    what the activation reads (gated: the gate; its up path is hook_pre_linear (B, T, d_ff)), and hook_post
+    (B, T, d_ff), the neurons' activations that the down-projection reads."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         hidden = config.hidden_dim
-        self.activation = config.activation
-        up = 2 * hidden if config.activation == "swiglu" else hidden
-        self.fc = nn.Linear(config.d_model, up, bias=config.has_mlp_bias)
+        self.activation, self.gated = config.activation, config.gated_mlp
+        self.fc = nn.Linear(config.d_model, 2 * hidden if self.gated else hidden, bias=config.has_mlp_bias)
         self.proj = nn.Linear(hidden, config.d_model, bias=config.has_mlp_bias)
         add_hook_points(self, "hook_pre", "hook_post")
-        if self.activation == "swiglu":
+        if self.gated:
             add_hook_points(self, "hook_pre_linear")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fc(x)  # (B, T, d_ff), or (B, T, 2 * d_ff) for SwiGLU: gate then up
-        if self.activation == "swiglu":
+        h = self.fc(x)  # (B, T, d_ff), or (B, T, 2 * d_ff) gated: gate then up
+        if self.gated:
             gate, up = h.chunk(2, dim=-1)  # (B, T, d_ff) each
-            h = F.silu(self.hook_pre(gate)) * self.hook_pre_linear(up)
+            gate = self.hook_pre(gate)
+            h = (F.silu(gate) if self.activation == "swiglu" else F.gelu(gate, approximate="tanh")) * self.hook_pre_linear(up)
         elif self.activation == "relu":
             h = F.relu(self.hook_pre(h))
         else:

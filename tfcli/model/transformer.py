@@ -20,22 +20,26 @@ from tfcli.model.loss import IGNORE_INDEX, vocabulary_cross_entropy
 
 class Block(nn.Module):
     """Self-attention, cross-attention (encoder-decoder's decoder only) and an MLP, each a sublayer on the
-    residual stream: pre-norm x + f(norm(x)), or post-norm norm(x + f(x)) as in the original transformer.
+    residual stream: pre-norm x + f(norm(x)), or post-norm norm(x + f(x)) as in the original transformer;
+    with `post_norms` (Gemma's "sandwich"), x + out_norm(f(norm(x))).
     Hook points, each (B, T, d), as TransformerLens's: hook_resid_pre (the block's input), hook_attn_out
-    (self-attention's output), hook_resid_mid (the stream before the MLP), hook_mlp_in (a copy of it, before
-    the MLP's norm: an edit changes what the MLP reads, not the stream), hook_mlp_out, hook_resid_post (the
-    block's output)."""
+    (self-attention's output, after its out_norm: what is added to the stream), hook_resid_mid (the stream
+    before the MLP), hook_mlp_in (a copy of it, before the MLP's norm: an edit changes what the MLP reads, not
+    the stream), hook_mlp_out (likewise after its out_norm), hook_resid_post (the block's output)."""
 
-    def __init__(self, config: ModelConfig, *, causal: bool, cross: bool, rotary: RotaryEmbedding | None = None) -> None:
+    def __init__(self, config: ModelConfig, *, causal: bool, cross: bool, rotary: RotaryEmbedding | None = None, window: int | None = None) -> None:
         super().__init__()
         self.pre_norm = config.norm_placement == "pre"
         self.attn_norm = make_norm(config)
-        self.attn = Attention(config, causal=causal, rotary=rotary)
+        self.attn = Attention(config, causal=causal, rotary=rotary, window=window)
         if cross:
             self.cross_norm = make_norm(config)
             self.cross_attn = Attention(config, causal=False, cross=True)
         self.mlp_norm = make_norm(config)
         self.mlp = MLP(config)
+        self.post_norms = config.post_norms
+        if self.post_norms:
+            self.attn_out_norm, self.mlp_out_norm = make_norm(config), make_norm(config)
         self.drop = nn.Dropout(config.dropout)
         add_hook_points(self, "hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_in", "hook_mlp_out", "hook_resid_post")
 
@@ -48,14 +52,18 @@ class Block(nn.Module):
     def forward(self, x, mask: AttentionMask, *, memory: Memory | None = None, cache: LayerKVCache | None = None):
         x = self.hook_resid_pre(x)
         h = self.attn_norm(x) if self.pre_norm else x
-        x = self._residual(x, self.hook_attn_out(self.attn(h, mask, cache=cache)), self.attn_norm)
+        y = self.attn(h, mask, cache=cache)
+        y = self.attn_out_norm(y) if self.post_norms else y
+        x = self._residual(x, self.hook_attn_out(y), self.attn_norm)
         if memory is not None:
             h = self.cross_norm(x) if self.pre_norm else x
             x = self._residual(x, self.cross_attn(h, memory.mask, memory=memory.states, cache=cache), self.cross_norm)
         x = self.hook_resid_mid(x)
         h = self.hook_mlp_in(x.clone()) if self.hook_mlp_in.hooked else x
         h = self.mlp_norm(h) if self.pre_norm else h
-        x = self._residual(x, self.hook_mlp_out(self.mlp(h)), self.mlp_norm)
+        y = self.mlp(h)
+        y = self.mlp_out_norm(y) if self.post_norms else y
+        x = self._residual(x, self.hook_mlp_out(y), self.mlp_norm)
         return self.hook_resid_post(x)
 
 
@@ -70,12 +78,29 @@ class Memory:
 
 class Stack(nn.Module):
     """The encoder's or the decoder's blocks, one after another on the residual stream, then the final norm
-    (pre-norm only: a post-norm block already ends in one). Hook point: hook_normalized (B, T, d), the
-    stack's output after its final norm."""
+    (pre-norm only: a post-norm block already ends in one). The `local_layers` attend within the sliding
+    window, turned by their own rotary tables where they have them (Gemma 3). Hook point: hook_normalized
+    (B, T, d), the stack's output after its final norm."""
 
-    def __init__(self, config: ModelConfig, n_layers: int, *, causal: bool, cross: bool, rotary: RotaryEmbedding | None = None) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        n_layers: int,
+        *,
+        causal: bool,
+        cross: bool,
+        rotary: RotaryEmbedding | None = None,
+        local_rotary: RotaryEmbedding | None = None,
+    ) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(Block(config, causal=causal, cross=cross, rotary=rotary) for _ in range(n_layers))
+        local_rotary = local_rotary if local_rotary is not None else rotary
+        blocks = []
+        for i in range(n_layers):
+            if i in config.local_layers:
+                blocks.append(Block(config, causal=causal, cross=cross, rotary=local_rotary, window=config.sliding_window))
+            else:
+                blocks.append(Block(config, causal=causal, cross=cross, rotary=rotary))
+        self.blocks = nn.ModuleList(blocks)
         self.norm = make_norm(config) if config.norm_placement == "pre" else nn.Identity()
         add_hook_points(self, "hook_normalized")
 
@@ -141,13 +166,15 @@ class Transformer(nn.Module):
         self.config = config
         d = config.d_model
         self.tok_emb = nn.Embedding(config.vocab_size, d)
-        self.rotary = None
+        self.rotary = self.local_rotary = None
         if config.positions == "learned":
             self.pos_emb = nn.Embedding(config.block_size, d)
         elif config.positions == "sinusoidal":
             self.register_buffer("sinusoid", sinusoidal_table(config.block_size, d), persistent=False)
         else:
             self.rotary = RotaryEmbedding(config.head_dim, config.block_size, config.rope_base, config.rope_scaling)
+            if config.rope_local_base is not None:  # Gemma 3: the local layers' tables, of another base and unscaled
+                self.local_rotary = RotaryEmbedding(config.head_dim, config.block_size, config.rope_local_base)
         if config.type_vocab_size:
             self.type_emb = nn.Embedding(config.type_vocab_size, d)  # BERT's segments: tfcli reads one, type 0
         if config.embedding_norm:
@@ -156,7 +183,9 @@ class Transformer(nn.Module):
         if config.has_encoder:
             self.encoder = Stack(config, config.n_layers, causal=False, cross=False, rotary=self.rotary)
         if config.has_decoder:
-            self.decoder = Stack(config, config.decoder_layers, causal=True, cross=config.arch == "encoder-decoder", rotary=self.rotary)
+            self.decoder = Stack(
+                config, config.decoder_layers, causal=True, cross=config.arch == "encoder-decoder", rotary=self.rotary, local_rotary=self.local_rotary
+            )
         if config.arch == "encoder":
             # BERT's masked-LM head: a transform, then scores over the vocabulary.
             self.mlm_transform = nn.Linear(d, d, bias=config.bias)
@@ -201,7 +230,10 @@ class Transformer(nn.Module):
             raise TfcliError(f"a sequence of {offset + T} tokens is longer than the model's block size ({self.config.block_size})")
         if positions is not None and positions.numel() and int(positions.max()) >= self.config.block_size:
             raise TfcliError(f"position {int(positions.max())} is past the model's block size ({self.config.block_size})")
-        x = self.hook_embed(self.tok_emb(ids))  # (B, T, d)
+        x = self.tok_emb(ids)  # (B, T, d)
+        if self.config.scale_embeddings:  # Gemma: times sqrt(d), a scalar in the embeddings' dtype as transformers rounds it
+            x = x * torch.tensor(math.sqrt(self.config.d_model), dtype=x.dtype)
+        x = self.hook_embed(x)
         if self.config.positions == "learned":
             pos = self.pos_emb(positions) if positions is not None else self.pos_emb.weight[offset : offset + T]  # (B, T, d) or (T, d)
             x = x + self.hook_pos_embed(pos.expand_as(x))  # (B, T, d)
