@@ -53,6 +53,8 @@ def runs(tmp_path_factory, trained_tokenizer) -> dict[str, Path]:
         "rotary": save("rotary", positions="rotary", n_kv_heads=2),
         "big": save("big", n_layers=12, n_heads=12, d_model=48, block_size=256),
         "long": save("long", block_size=256),
+        # Gemma 3's and Qwen3's options: QK-norm without rotary (hook_q is before the norm), its own score scale, a local layer
+        "gemma": save("gemma", qk_norm=True, attn_scale=0.3, sliding_window=3, local_layers=[0]),
     }
 
 
@@ -123,6 +125,21 @@ def test_neuron_view_of_rotary_grouped_query_heads_is_the_models_own_softmax(run
             for query in range(len(capture.queries)):
                 view = neuron_view(capture, qk, layer, head, query)
                 np.testing.assert_allclose(view.weights, capture.weights[layer, head, query], atol=1e-5)
+
+
+def test_neuron_view_follows_qk_norm_the_score_scale_and_a_local_window(runs):
+    checkpoint = load_checkpoint(runs["gemma"])
+    capture = capture_attention(checkpoint, TEXT)
+    qk = capture_query_keys(checkpoint.model, capture)
+    assert qk.scales == [0.3, 0.3] and qk.windows == [3, None]
+    for layer in range(capture.n_layers):
+        for query in range(len(capture.queries)):
+            view = neuron_view(capture, qk, layer, 1, query)
+            np.testing.assert_allclose(view.weights, capture.weights[layer, 1, query], atol=1e-5)
+            assert view.to_json()["scale"] == 0.3
+    last = len(capture.queries) - 1
+    local = neuron_view(capture, qk, 0, 1, last)
+    assert local.masked.tolist() == [i <= last - 3 for i in range(last + 1)]  # the local layer sees the last 3 keys
 
 
 def test_neuron_view_in_the_terminal_and_its_mistakes(cli, runs, tmp_path):

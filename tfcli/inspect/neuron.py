@@ -29,6 +29,8 @@ class QueryKeys:
 
     q: np.ndarray
     k: np.ndarray
+    scales: list[float]  # each layer's score scale (1/sqrt(hs), or the model's own: Gemma's query_pre_attn_scalar)
+    windows: list[int | None]  # each layer's sliding window (local layers), or None
 
     @property
     def head_dim(self) -> int:
@@ -48,9 +50,13 @@ def capture_query_keys(model, capture: AttentionCapture) -> QueryKeys:
         queries = [hooks.read(attn.hook_q if attn.rotary is None else attn.hook_rot_q) for attn in attentions]
         keys = [hooks.read(attn.hook_k if attn.rotary is None else attn.hook_rot_k) for attn in attentions]
         _forward(model, capture)
-    q = np.stack([seen[-1][0].transpose(0, 1).float().cpu().numpy() for seen in queries])  # (T, nh, hs) -> (L, nh, T, hs)
-    k = np.stack([seen[-1][0].transpose(0, 1).float().cpu().numpy() for seen in keys])  # (S, nkv, hs) -> (L, nkv, S, hs)
-    return QueryKeys(q, k)
+    with torch.inference_mode():  # without rotary, hook_q and hook_k come before QK-norm: normalise them as the scores do
+        seen_q = [attn.q_norm(seen[-1]) if attn.qk_norm and attn.rotary is None else seen[-1] for attn, seen in zip(attentions, queries)]
+        seen_k = [attn.k_norm(seen[-1]) if attn.qk_norm and attn.rotary is None else seen[-1] for attn, seen in zip(attentions, keys)]
+    q = np.stack([seen[0].transpose(0, 1).float().cpu().numpy() for seen in seen_q])  # (T, nh, hs) -> (L, nh, T, hs)
+    k = np.stack([seen[0].transpose(0, 1).float().cpu().numpy() for seen in seen_k])  # (S, nkv, hs) -> (L, nkv, S, hs)
+    scales = [attn.scale if attn.scale is not None else 1.0 / math.sqrt(attn.head_dim) for attn in attentions]
+    return QueryKeys(q, k, scales, [attn.window for attn in attentions])
 
 
 def _forward(model, capture: AttentionCapture) -> None:
@@ -81,6 +87,7 @@ class NeuronView:
     scores: np.ndarray
     weights: np.ndarray
     masked: np.ndarray  # (S,) bool
+    scale: float  # what q·k is multiplied by: 1/sqrt(d_k), or the model's own
 
     def to_json(self) -> dict[str, Any]:
         def numbers(a: np.ndarray) -> list:
@@ -92,7 +99,7 @@ class NeuronView:
             "layer": self.layer,
             "head": self.head,
             "head_dim": int(self.q.shape[0]),
-            "scale": 1.0 / math.sqrt(self.q.shape[0]),
+            "scale": self.scale,
             "query": {"position": self.query, "text": self.query_token.text, "label": self.query_token.label, "q": numbers(self.q)},
             "keys": [
                 {
@@ -118,10 +125,12 @@ def neuron_view(capture: AttentionCapture, qk: QueryKeys, layer: int, head: int,
     q = qk.q[layer, head, query].astype(np.float64)  # (hs,)
     k = qk.k[layer, qk.key_head(head)].astype(np.float64)  # (S, hs)
     products = k * q  # (S, hs)
-    scores = products.sum(axis=1) / math.sqrt(qk.head_dim)  # (S,)
+    scores = products.sum(axis=1) * qk.scales[layer]  # (S,)
     masked = np.zeros(len(k), dtype=bool)
     if capture.causal:
         masked[query + 1 :] = True
+    if qk.windows[layer] is not None:  # a local layer sees only the last `window` keys
+        masked[: max(query - qk.windows[layer] + 1, 0)] = True
     shown = np.where(masked, -np.inf, scores)
     weights = np.exp(shown - shown.max())
     weights /= weights.sum()
@@ -137,4 +146,5 @@ def neuron_view(capture: AttentionCapture, qk: QueryKeys, layer: int, head: int,
         scores=np.where(masked, -np.inf, scores),
         weights=weights,
         masked=masked,
+        scale=qk.scales[layer],
     )
