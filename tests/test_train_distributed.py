@@ -95,3 +95,23 @@ def test_a_rank_that_dies_ends_the_whole_run_with_an_error(shards, tmp_path):
     os.kill(victims[0], signal.SIGKILL)
     process.communicate(timeout=120)
     assert process.returncode != 0
+
+
+def test_two_gloo_ranks_with_muon_match_one_process(cli, shards, tmp_path):
+    """DDP averages the gradients before the step, so every rank's Muon orthogonalizes the same matrices: two
+    ranks train as one process with the whole batch, as AdamW does (the test above). With --early-stop on, every
+    rank joins the agreement on whether to stop after each evaluation (only rank 0 evaluates)."""
+    common = ["--max-steps", "6", "--eval-every", "3", "--set", "bias=false", "--grad-accum", "2", "--optimizer", "muon", "--early-stop", "1"]
+    single, double = tmp_path / "single", tmp_path / "double"
+    process = torchrun(pretrain_args(shards, double, *common, "--batch-size", "4"))
+    reference = cli(*pretrain_args(shards, single, *common, "--batch-size", "8"))
+    assert reference.code == 0, reference.stderr
+    out, err = process.communicate(timeout=240)
+    assert process.returncode == 0, err
+    one, two = records(single), records(double)
+    assert [r["step"] for r in one] == [r["step"] for r in two] == list(range(1, 7))
+    for a, b in zip(one, two):
+        assert abs(a["loss"] - b["loss"]) < 1e-5
+    assert abs(one[-1]["val_loss"] - two[-1]["val_loss"]) < 1e-5
+    wa, wb = weights(single), weights(double)
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) < 1e-6

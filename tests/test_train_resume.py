@@ -15,8 +15,10 @@ from tests.conftest import TINY_TEXT, snapshot
 from tests.training import pretrain_args, records, spawn, wait_for_step, weights
 
 
-def test_a_run_killed_between_checkpoints_resumes_bit_for_bit(cli, shards, tmp_path):
-    args = ["--max-steps", "60", "--save-every", "10", "--eval-every", "10", "--batch-size", "16"]
+@pytest.mark.parametrize("recipe", [[], ["--optimizer", "muon", "--schedule", "wsd"]], ids=["adamw", "muon-wsd"])
+def test_a_run_killed_between_checkpoints_resumes_bit_for_bit(cli, shards, tmp_path, recipe):
+    """Muon's momentum is saved beside AdamW's moments (muon/NAME/KEY), so it resumes as exactly."""
+    args = ["--max-steps", "60", "--save-every", "10", "--eval-every", "10", "--batch-size", "16", *recipe]
     whole = tmp_path / "whole"
     assert cli(*pretrain_args(shards, whole, *args)).code == 0
     broken = tmp_path / "broken"
@@ -209,3 +211,30 @@ def test_a_longer_max_steps_on_resume_continues_the_schedule(cli, shards, tmp_pa
     assert 8 < json.loads((extended / "trainer" / "state.json").read_text())["step"] < 16
     assert cli(*pretrain_args(shards, extended, *common, "--max-steps", "16", "--resume")).code == 0
     assert [r["lr"] for r in records(extended) if "lr" in r] == pytest.approx(rates)
+
+
+def test_early_stopping_counts_on_across_a_resume(cli, shards, tmp_path):
+    """The evaluations without a lower validation loss are in the trainer state: a run stopped with the count
+    running and resumed stops where the uninterrupted run stopped, with the same records."""
+    common = ["--eval-every", "5", "--set", "eval_batches=2", "--early-stop", "3", "--schedule", "constant", "--set", "warmup_steps=0", "--save-every", "5"]
+    whole = tmp_path / "whole"
+    result = cli(*pretrain_args(shards, whole, *common, "--max-steps", "400", "--json"))
+    assert result.code == 0, result.stderr
+    assert json.loads(result.stdout)["stopped_by"] == "early_stop"
+    stop = records(whole)[-1]["step"]
+    best, pause = float("inf"), None
+    for record in records(whole):
+        if "val_loss" in record and record["val_loss"] < best:
+            best = record["val_loss"]
+        elif "val_loss" in record:  # the count is running here
+            pause = record["step"]
+            break
+    assert pause is not None and pause < stop < 400
+    broken = tmp_path / "broken"
+    assert cli(*pretrain_args(shards, broken, *common, "--max-steps", str(pause))).code == 0
+    assert json.loads((broken / "trainer" / "state.json").read_text())["evals_since_best"] >= 1
+    result = cli(*pretrain_args(shards, broken, *common, "--max-steps", "400", "--resume"))
+    assert result.code == 0, result.stderr
+    assert "stopped early: the validation loss did not improve for 3 evaluations" in result.stdout
+    drop = ("tokens_per_sec", "mfu", "elapsed")
+    assert [{k: v for k, v in r.items() if k not in drop} for r in records(broken)] == [{k: v for k, v in r.items() if k not in drop} for r in records(whole)]

@@ -76,6 +76,53 @@ def test_schedule_warms_up_then_decays():
     assert lr_factor(budget, 0, 0.025) == pytest.approx(0.5) and lr_factor(budget, 9, 1.0) == pytest.approx(0.0)
 
 
+def test_wsd_warms_up_holds_the_peak_then_decays_over_the_last_fraction():
+    cfg = TrainConfig(max_steps=100, warmup_steps=10, schedule="wsd", decay_fraction=0.2, min_lr_ratio=0.1)
+    factors = [lr_factor(cfg, s) for s in range(100)]
+    assert factors[0] == pytest.approx(1 / 11) and factors[9] == pytest.approx(10 / 11)
+    assert factors[10:80] == [1.0] * 70  # stable: the peak until the decay's 20% of the run
+    assert factors[80] == pytest.approx(1 - 0.9 * (80 / 99 - 0.8) / 0.2) and factors[99] == pytest.approx(0.1)
+    assert all(a > b for a, b in zip(factors[79:], factors[80:]))  # then a straight line down, 20 steps
+    assert factors[89] - factors[90] == pytest.approx(factors[95] - factors[96])
+    assert lr_factor(TrainConfig(max_steps=100, warmup_steps=0, schedule="wsd", decay_fraction=0.0), 99) == 1.0  # no decay asked: none
+
+
+def test_wsd_over_a_time_budget_ends_its_decay_at_the_budget():
+    cfg = TrainConfig(time_budget=60, schedule="wsd", decay_fraction=0.2, min_lr_ratio=0.0)
+    assert lr_factor(cfg, 0, 0.025) == pytest.approx(0.5)  # the warm-up: the first 5% of the budget
+    assert lr_factor(cfg, 500, 0.5) == 1.0 and lr_factor(cfg, 800, 0.8) == 1.0
+    assert lr_factor(cfg, 900, 0.9) == pytest.approx(0.5) and lr_factor(cfg, 999, 1.0) == pytest.approx(0.0)
+    assert lr_factor(cfg, 999, 1.3) == pytest.approx(0.0)  # past the budget (the last step's clock): the floor
+    steps = TrainConfig(time_budget=60, schedule="wsd", warmup_steps=3, decay_fraction=0.5, min_lr_ratio=0.0)
+    assert lr_factor(steps, 2, 0.9) == pytest.approx(3 / 4) and lr_factor(steps, 3, 0.75) == pytest.approx(0.5)
+
+
+def test_wsd_resumed_with_more_steps_holds_its_rate_until_the_new_decay_window():
+    """decay_restart [step, factor]: a run still at its peak when extended goes on as a wsd run of the new length
+    would; one that was already decaying holds its rate until the new window (or decays from where it is, if
+    it is inside it)."""
+    fresh = TrainConfig(max_steps=200, warmup_steps=10, schedule="wsd", decay_fraction=0.2, min_lr_ratio=0.1)
+    extended = TrainConfig(max_steps=200, warmup_steps=10, schedule="wsd", decay_fraction=0.2, min_lr_ratio=0.1, decay_restart=[100, 1.0])
+    assert [lr_factor(extended, s) for s in range(100, 200)] == pytest.approx([lr_factor(fresh, s) for s in range(100, 200)])
+    decaying = TrainConfig(max_steps=200, schedule="wsd", decay_fraction=0.2, min_lr_ratio=0.1, decay_restart=[100, 0.6])
+    rates = [lr_factor(decaying, s) for s in range(100, 200)]
+    assert rates[:60] == [0.6] * 60 and rates[-1] == pytest.approx(0.1) and all(a >= b for a, b in zip(rates, rates[1:]))
+    late = TrainConfig(max_steps=200, schedule="wsd", decay_fraction=0.2, min_lr_ratio=0.1, decay_restart=[180, 0.6])
+    assert lr_factor(late, 180) == pytest.approx(0.6) and lr_factor(late, 199) == pytest.approx(0.1)
+    assert lr_factor(late, 190) == pytest.approx(0.6 - 0.5 * (190 - 180) / 19)
+
+
+def test_early_stopping_is_on_by_default_only_with_a_time_budget():
+    from tfcli.training_config import EARLY_STOP_DEFAULT
+
+    assert TrainConfig().patience == 0 and TrainConfig(time_budget=60).patience == EARLY_STOP_DEFAULT > 0
+    assert TrainConfig(time_budget=60, early_stop=0).patience == 0 and TrainConfig(early_stop=5).patience == 5
+    with pytest.raises(TfcliError, match="early_stop"):
+        TrainConfig(early_stop=-1)
+    with pytest.raises(TfcliError, match="decay_fraction"):
+        TrainConfig(decay_fraction=1.5)
+
+
 def test_rank_slices_tile_the_single_process_batch():
     from tfcli.train.data import LMSource, Slot
 

@@ -43,6 +43,30 @@ TimeBudget = Annotated[
 BatchSize = Annotated[Optional[int], typer.Option("--batch-size", help="Sequences per micro-batch, per process [default: 16].", show_default=False)]
 GradAccum = Annotated[Optional[int], typer.Option("--grad-accum", help="Micro-batches per update [default: 1].", show_default=False)]
 Lr = Annotated[Optional[float], typer.Option("--lr", help="Peak learning rate [default: 1e-3].", show_default=False)]
+OptimizerChoice = Annotated[
+    Optional[str],
+    typer.Option(
+        "--optimizer",
+        help="adamw, or muon: Muon on the blocks' weight matrices (its own rate, --set muon_lr=0.02), AdamW (--lr) on embeddings, output layer, heads, norms and biases [default: adamw].",
+        show_default=False,
+    ),
+]
+Schedule = Annotated[
+    Optional[str],
+    typer.Option(
+        "--schedule",
+        help="The learning rate after the warm-up: cosine, linear or constant, or wsd (stable at the peak, then a linear decay over the last --set decay_fraction=0.2 of the run or the budget) [default: cosine].",
+        show_default=False,
+    ),
+]
+EarlyStop = Annotated[
+    Optional[int],
+    typer.Option(
+        "--early-stop",
+        help="Stop after N evaluations in a row without a lower validation loss (best/ keeps the lowest); 0: never [default: 5 with --time-budget or text as --data, else 0].",
+        show_default=False,
+    ),
+]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Seed for initialisation, data order, masks and dropout [default: 1337].", show_default=False)]
 SaveEvery = Annotated[Optional[int], typer.Option("--save-every", help="Steps between checkpoints; 0 = only at the end [default: 500].", show_default=False)]
 KeepEvery = Annotated[
@@ -87,10 +111,13 @@ RUN_OPTIONS = (
     _shared("batch_size", BatchSize),
     _shared("grad_accum", GradAccum),
     _shared("lr", Lr),
+    _shared("optimizer", OptimizerChoice),
+    _shared("schedule", Schedule),
     _shared("seed", Seed),
     _shared("save_every", SaveEvery),
     _shared("keep_every", KeepEvery),
     _shared("eval_every", EvalEvery),
+    _shared("early_stop", EarlyStop),
     _shared("log_every", LogEvery),
     _shared("device", DeviceOrNone),
     _shared("precision", PrecisionOrNone),
@@ -259,7 +286,11 @@ def _run_options(parameters: dict[str, Any]) -> RunOptions:
     import dataclasses
 
     from tfcli.train.command_line import RunOptions
+    from tfcli.training_config import OPTIMIZERS, SCHEDULES
 
+    for option, choices in (("optimizer", OPTIMIZERS), ("schedule", SCHEDULES)):
+        if parameters[option] is not None:
+            _check_choice(f"--{option}", parameters[option], choices)
     return RunOptions(**{f.name: parameters["compile_model" if f.name == "compile" else f.name] for f in dataclasses.fields(RunOptions)})
 
 

@@ -113,6 +113,7 @@ def _print_summary(finished, json_output: bool) -> None:
         "run": str(finished.run_dir),
         "step": finished.step,
         "stopped_by": finished.reason,
+        "why": finished.why,
         "best_val_loss": finished.best_val_loss,
         "elapsed_seconds": round(finished.elapsed, 3),
         "last": finished.last,
@@ -122,6 +123,8 @@ def _print_summary(finished, json_output: bool) -> None:
         print_json(summary)
         return
     out = stdout_console()
+    if finished.reason == "early_stop":
+        out.print(Text(f"stopped early: {finished.why}"), soft_wrap=True)
     out.print(Text(f"done: {describe_record(finished.last)}", style="bold"), soft_wrap=True)
     out.print(
         Text(

@@ -65,6 +65,10 @@ def check_lora_settings(config: TrainConfig, *, finetune: bool) -> None:
         raise TfcliError(
             "--fsdp does not go with LoRA", hint="drop --fsdp: under torchrun each process holds the frozen base and only the adapters' gradients are synced"
         )
+    if config.optimizer == "muon":
+        raise TfcliError(
+            "--optimizer muon does not go with LoRA: Muon is for the blocks' full weight matrices, not low-rank adapters", hint="drop --optimizer muon"
+        )
 
 
 def parse_duration(text: str) -> float:
@@ -199,10 +203,13 @@ class RunOptions:
     batch_size: int | None = None
     grad_accum: int | None = None
     lr: float | None = None
+    optimizer: str | None = None  # adamw, muon
+    schedule: str | None = None  # cosine, linear, constant, wsd
     seed: int | None = None
     save_every: int | None = None
     keep_every: int | None = None
     eval_every: int | None = None
+    early_stop: int | None = None  # 0: never
     log_every: int | None = None
     device: str | None = None
     precision: str | None = None

@@ -54,9 +54,11 @@ class Note:
 @dataclasses.dataclass
 class Finished:
     step: int
-    reason: str  # steps | budget
+    reason: str  # steps | budget | early_stop
     run_dir: Path
-    best_val_loss: float | None
+    best_val_loss: float | None  # what best/ holds
     last: dict[str, Any]
     elapsed: float
     plot: Path | None
+    # the reason in words. Example: "the validation loss did not improve for 3 evaluations (best 1.234 at step 300)"
+    why: str = ""

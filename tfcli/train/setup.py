@@ -31,7 +31,7 @@ from tfcli.train.data import derived_seed
 from tfcli.train.distributed import World
 from tfcli.train.flops import peak_matmul_flops, training_flops_per_token
 from tfcli.train.job import ChatJob, LabeledJob, TrainingJob
-from tfcli.train.optim import load_optimizer_tensors, make_optimizer
+from tfcli.train.optim import Optimizer, load_optimizer_tensors, make_optimizer
 from tfcli.train.saving import best_saved_val_loss, lowest
 from tfcli.train.state import OPTIMIZER_FILE, find_trainer_state, read_optimizer_tensors
 from tfcli.training_config import TrainConfig
@@ -217,7 +217,10 @@ class ResumePoint:
     step: int = 0
     tokens_seen: int = 0
     elapsed: float = 0.0  # seconds trained before this process
-    best_val: float | None = None
+    best_val: float | None = None  # the lowest validation loss up to the checkpoint, at best_step
+    best_step: int | None = None
+    evals_since_best: int = 0  # evaluations since then (--early-stop)
+    best_saved: float | None = None  # what best/ holds: best_val, or lower if best/ was saved after the checkpoint
     window_loss: float = 0.0
     window_count: int = 0
     folder: Path | None = None
@@ -236,8 +239,19 @@ def resume_point(job: TrainingJob, world: World) -> ResumePoint:
     ):
         if before != now:
             raise TfcliError(f"cannot resume: {problem}", hint="resume with the data, tokenizer and process count the run was started with")
-    best_val = lowest(saved.best_val_loss, best_saved_val_loss(job.run_dir))  # best/ may be newer than the checkpoint
-    return ResumePoint(saved.step, saved.tokens_seen, saved.elapsed_seconds, best_val, saved.window_loss, saved.window_count, folder)
+    best_saved = lowest(saved.best_val_loss, best_saved_val_loss(job.run_dir))  # best/ may be newer than the checkpoint
+    return ResumePoint(
+        saved.step,
+        saved.tokens_seen,
+        saved.elapsed_seconds,
+        saved.best_val_loss,
+        saved.best_step,
+        saved.evals_since_best,
+        best_saved,
+        saved.window_loss,
+        saved.window_count,
+        folder,
+    )
 
 
 def check_world(config: TrainConfig, world: World) -> None:
@@ -248,8 +262,9 @@ def check_world(config: TrainConfig, world: World) -> None:
         )
 
 
-def optimizer_for(model, config: TrainConfig, device: torch.device, names: dict[int, str], start: ResumePoint, fsdp: bool) -> torch.optim.AdamW:
-    """AdamW over the model's trainable parameters, with the saved state loaded on --resume."""
+def optimizer_for(model, config: TrainConfig, device: torch.device, names: dict[int, str], start: ResumePoint, fsdp: bool) -> Optimizer:
+    """AdamW over the model's trainable parameters (or Muon and AdamW: --optimizer muon), with the saved state
+    loaded on --resume."""
     optimizer = make_optimizer(model, config, device)
     if start.folder is not None:
         saved_tensors = read_optimizer_tensors(start.folder / OPTIMIZER_FILE)

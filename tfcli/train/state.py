@@ -1,8 +1,9 @@
 """What a run directory holds beyond the model: the trainer state that makes `--resume` exact, and
 metrics.jsonl.
 
-RUN/trainer/ holds optimizer.safetensors and state.json (step, tokens seen, elapsed time, world size, the
-data's fingerprint, the checksum of the model.safetensors it belongs to). A save stages the new trainer
+RUN/trainer/ holds optimizer.safetensors (AdamW's state as `NAME/KEY`, Muon's as `muon/NAME/KEY`) and
+state.json (step, tokens seen, elapsed time, world size, the data's fingerprint, the checksum of the
+model.safetensors it belongs to, the best validation loss and the evaluations since it). A save stages the new trainer
 folder as RUN/trainer.next, writes the model, then swaps the folders; the old trainer state is deleted only
 once the new checkpoint is complete. Resume takes whichever trainer folder matches the weights on disk, so
 a crash at any point of a save leaves a consistent checkpoint.
@@ -53,6 +54,8 @@ class TrainerState(JsonRecord):
     tokenizer_sha256: str
     model_sha256: str = ""
     best_val_loss: float | None = None
+    best_step: int | None = None  # the step of best_val_loss
+    evals_since_best: int = 0  # evaluations in a row without a lower validation loss (--early-stop counts them)
     # the loss summed since the last metrics record, and the targets it covers (all ranks), so a resumed
     # run writes the records an uninterrupted one would
     window_loss: float = 0.0
@@ -99,7 +102,17 @@ def commit_trainer_state(run_dir: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-STATE_MINIMUMS = {"step": 0, "tokens_seen": 0, "elapsed_seconds": 0, "world_size": 1, "best_val_loss": 0, "window_loss": 0, "window_count": 0}
+STATE_MINIMUMS = {
+    "step": 0,
+    "tokens_seen": 0,
+    "elapsed_seconds": 0,
+    "world_size": 1,
+    "best_val_loss": 0,
+    "best_step": 0,
+    "evals_since_best": 0,
+    "window_loss": 0,
+    "window_count": 0,
+}
 
 
 def check_state_ranges(path: Path, state: TrainerState) -> None:

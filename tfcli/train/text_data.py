@@ -18,6 +18,7 @@ from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
 from tfcli.tokenizer.train import train_tokenizer
 from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 from tfcli.train.command_line import parse_sets, read_toml
+from tfcli.training_config import EARLY_STOP_DEFAULT
 
 MIN_TEXT_BYTES = 4096  # below this no tokenizer, validation split and batch are worth making
 DATA_DIR = "data"  # inside the run directory: tokenizer/ and shards/
@@ -29,7 +30,9 @@ BYTES_PER_TOKEN = 4
 OCCURRENCES = 64
 MIN_VOCAB, MAX_VOCAB = 4096, 8192
 # What the quickstart trains (the `tiny` preset): measured on 100 KB to 100 MB of text (the tutorial's table).
-TEXT_DEFAULTS: dict[str, Any] = {"batch_size": 32, "lr": 3e-3, "max_steps": 400, "eval_every": 100, "save_every": 200}
+# A small text overfits a fast machine's long run: it stops once EARLY_STOP_DEFAULT (5) evaluations in a row find
+# no lower validation loss, as any --time-budget run does.
+TEXT_DEFAULTS: dict[str, Any] = {"batch_size": 32, "lr": 3e-3, "max_steps": 400, "eval_every": 100, "save_every": 200, "early_stop": EARLY_STOP_DEFAULT}
 
 
 @dataclasses.dataclass(frozen=True)

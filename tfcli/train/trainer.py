@@ -4,7 +4,9 @@ log and save at their intervals), `finish` (what the last step has not had yet).
 Each step: the learning rate from the schedule, dropout seeded from (seed, step, rank), the global batch's
 micro-batches (rank r takes its slice), the summed loss divided by the global target count (so any number
 of processes and micro-steps computes the same mean), gradient clipping whose returned norm is checked for
-NaN and infinity before the update.
+NaN and infinity before the update. After each evaluation: best/ where the validation loss is the lowest yet,
+and --early-stop's count of evaluations without one (kept in the trainer state, so a resumed run stops where an
+uninterrupted one would).
 
 One class on purpose (some 350 lines): the step, the evaluation, the records and the saving read
 and change the same state (step, the metrics window, the best loss), which is what the issue asked to gather
@@ -30,7 +32,7 @@ from tfcli.train.distributed import World, agree, all_sum
 from tfcli.train.events import Finished, Logged, Note, Saved, Started, StepDone
 from tfcli.train.job import TrainingJob
 from tfcli.train.objectives import evaluate as evaluate_model
-from tfcli.train.optim import lr_factor, optimizer_tensors
+from tfcli.train.optim import lr_factor, optimizer_tensors, set_lr_factor
 from tfcli.train.saving import save_best, save_kept, save_run
 from tfcli.train.setup import (
     MetricsWindow,
@@ -96,7 +98,11 @@ class Trainer:
         self.byte_lengths = token_byte_lengths(job.tokenizer, job.model_config.vocab_size) if cfg.task == "lm" and self.evaluates else None
 
         # the counters, from where the run starts; the metrics window the checkpoint was in the middle of
-        self.step, self.tokens_seen, self.elapsed, self.best_val = self.start.step, self.start.tokens_seen, self.start.elapsed, self.start.best_val
+        self.step, self.tokens_seen, self.elapsed = self.start.step, self.start.tokens_seen, self.start.elapsed
+        # the lowest validation loss so far, its step, the evaluations since (early stopping); what best/ holds
+        self.best_val, self.best_step, self.evals_since_best = self.start.best_val, self.start.best_step, self.start.evals_since_best
+        self.best_saved = self.start.best_saved
+        self.stopping_early = self._patience_ran_out()
         self.lr, self.grad_norm = cfg.lr, float("nan")
         self.window = MetricsWindow.opened(self.device, self.start if job.resume and world.is_main else None)
         self.run_start = self.window.start
@@ -141,18 +147,22 @@ class Trainer:
         cfg = self.cfg
         if cfg.time_budget is None and self.start.step >= cfg.max_steps:
             yield Note(f"the run is already at step {self.start.step} of {cfg.max_steps}; raise --max-steps to train further")
+        elif self.stopping_early:
+            yield Note(f"the run stopped early at step {self.start.step}: {self.early_stop_reason()}; pass a larger --early-stop, or 0, to train further")
         if self.world.is_main:
             yield from (Note(note) for note in self.job.notes)
         if self.world.is_main and not self.val_batches:
             yield Note("the validation split is empty: nothing is validated and no best/ checkpoint is kept")
+        elif self.world.is_main and cfg.early_stop and not cfg.eval_every:
+            yield Note("--early-stop counts evaluations, and --eval-every 0 evaluates only at the end: the run will not stop early")
 
     def begin(self) -> None:
         """Start the clocks: the first step begins now."""
         self.window.start = self.run_start = time.perf_counter()
 
     def stop_reason(self, signal_received: bool) -> str | None:
-        """ "interrupted", "steps" or "budget" when the run should stop before another step, else None.
-        Every rank agrees (a collective)."""
+        """ "interrupted", "early_stop", "steps" or "budget" when the run should stop before another step, else
+        None. Every rank agrees (a collective)."""
         cfg = self.cfg
         interrupted, self.elapsed = agree(self.world, signal_received, self.start.elapsed + time.perf_counter() - self.run_start, self.device)
         if interrupted:
@@ -161,6 +171,8 @@ class Trainer:
             return "steps"
         if cfg.time_budget is not None and self.elapsed >= cfg.time_budget:
             return "budget"
+        if self.stopping_early:
+            return "early_stop"
         return None
 
     # ---- one step -----------------------------------------------------------------------------------
@@ -169,9 +181,9 @@ class Trainer:
         """One optimizer update over the global batch; yields a Note if torch.compile has to be dropped."""
         cfg, world, job = self.cfg, self.world, self.job
         fraction = self.elapsed / cfg.time_budget if cfg.time_budget else None
-        self.lr = cfg.lr * lr_factor(cfg, self.step, fraction)
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr
+        factor = lr_factor(cfg, self.step, fraction)
+        self.lr = cfg.lr * factor  # AdamW's rate, as the records show it; Muon's is muon_lr * factor
+        set_lr_factor(self.optimizer, factor)
         torch.manual_seed(derived_seed(cfg.seed, "dropout", self.step, world.rank))
         batches = [self.source.batch(Slot(self.step, m, world.rank, world.size)) for m in range(cfg.grad_accum)]
         for batch in batches:
@@ -231,6 +243,8 @@ class Trainer:
         at_eval = bool(cfg.eval_every) and step % cfg.eval_every == 0
         # the same steps on every rank: logging sums over them
         yield from self._record(evaluate=at_eval, log=at_eval or step % cfg.log_every == 0, amend=False)
+        if at_eval and cfg.patience:
+            self.stopping_early = self._patience_ran_out(agreed=True)
         if cfg.save_every and step % cfg.save_every == 0:
             yield from self._save(sync_metrics=True)
         if cfg.keep_every and step % cfg.keep_every == 0:
@@ -250,7 +264,28 @@ class Trainer:
             self.writer.close()
 
     def finished(self, reason: str, plot) -> Finished:
-        return Finished(self.step, reason, self.job.run_dir, self.best_val, self.last_record or {"step": self.step}, self.elapsed, plot)
+        why = {"steps": f"reached step {self.cfg.max_steps}", "budget": f"the time budget of {self.cfg.time_budget or 0:g} s is spent"}.get(reason, "")
+        if reason == "early_stop":
+            why = self.early_stop_reason()
+        return Finished(self.step, reason, self.job.run_dir, self.best_saved, self.last_record or {"step": self.step}, self.elapsed, plot, why)
+
+    # ---- early stopping -----------------------------------------------------------------------------
+
+    def _patience_ran_out(self, agreed: bool = False) -> bool:
+        """--early-stop: the last `patience` evaluations found no lower validation loss. Only the ranks that
+        evaluate know; with `agreed` every rank learns it (a collective, so every rank calls it on the same steps)."""
+        patience = self.cfg.patience
+        ran_out = bool(patience) and self.evals_since_best >= patience
+        if agreed and self.world.enabled:
+            ran_out = bool(all_sum(self.world, torch.tensor(float(ran_out), device=self.device)).item())
+        return ran_out
+
+    def early_stop_reason(self) -> str:
+        """Example: "the validation loss did not improve for 3 evaluations (best 1.234 at step 300)"."""
+        best = f"best {self.best_val:.4g}" if self.best_val is not None else "no best"
+        at = f" at step {self.best_step}" if self.best_step is not None else ""
+        count = self.evals_since_best
+        return f"the validation loss did not improve for {count} evaluation{'s' if count != 1 else ''} ({best}{at})"
 
     # ---- evaluating, logging, saving ----------------------------------------------------------------
 
@@ -268,11 +303,19 @@ class Trainer:
         elif amend and extra and self.writer is not None:  # this step was logged before it was evaluated
             self.last_record = self.writer.amend(extra)
             yield Logged(self.last_record)
-        if extra.get("val_loss") is not None and (self.best_val is None or extra["val_loss"] < self.best_val):
-            self.best_val = extra["val_loss"]
+        val_loss = extra.get("val_loss")
+        if val_loss is None:
+            return
+        if self.best_val is not None and val_loss >= self.best_val:
+            self.evals_since_best += 1
+            return
+        self.best_val, self.best_step, self.evals_since_best = val_loss, self.step, 0
+        # best/ may already hold a lower loss: saved after the checkpoint this run resumed from
+        if self.best_saved is None or val_loss < self.best_saved:
+            self.best_saved = val_loss
             to_save, _ = self._snapshot(with_optimizer=False)
             if self.world.is_main:
-                yield Saved(self.step, save_best(self.job, to_save, self.step, self.best_val), True)
+                yield Saved(self.step, save_best(self.job, to_save, self.step, val_loss), True)
 
     def _save(self, *, sync_metrics: bool) -> Iterator[Saved]:
         totals = self._window_totals()
@@ -315,6 +358,8 @@ class Trainer:
             job.data_fingerprint,
             job.tokenizer.sha256,
             best_val_loss=self.best_val,
+            best_step=self.best_step,
+            evals_since_best=self.evals_since_best,
             window_loss=float(totals[0].item()),
             window_count=int(totals[1].item()),
         )
