@@ -51,6 +51,7 @@ VARIANTS = [
     dict(d_model=24, n_heads=4, d_ff=40, norm="layernorm", bias=False),  # head size 6, widths no vector divides
     dict(d_model=130, n_heads=2, d_ff=70, positions="sinusoidal", activation="gelu"),  # rows longer than 4 vectors, with a tail
     dict(n_layers=1, norm_eps=1e-2),
+    dict(zero_init_proj=True, tie_embeddings=False),  # the speedrun's initialisation and untied head: the C step's as any other
 ]
 
 
@@ -352,13 +353,13 @@ def test_a_setting_the_c_step_does_not_know_keeps_pytorch(library, tokenizer):
     import dataclasses
 
     @dataclasses.dataclass
-    class SoftcapConfig(ModelConfig):
-        logit_softcap: float = 30.0  # a new model option: the C code knows nothing of it
+    class AttnSoftcapConfig(ModelConfig):
+        attn_softcap: float = 50.0  # a new model option (Gemma 2's cap on attention scores): the C code knows nothing of it
 
-    config = SoftcapConfig(**ModelConfig(vocab_size=tokenizer.vocab_size, block_size=24, n_layers=2, n_heads=4, d_model=32, d_ff=48).to_json())
+    config = AttnSoftcapConfig(**ModelConfig(vocab_size=tokenizer.vocab_size, block_size=24, n_layers=2, n_heads=4, d_model=32, d_ff=48).to_json())
     model = accelerate(Transformer(config).eval())
     with torch.inference_mode():
-        assert "does not know the setting 'logit_softcap'" in decode_step.unsupported(model, KVCache(config, 1, 24, torch.float32))
+        assert "does not know the setting 'attn_softcap'" in decode_step.unsupported(model, KVCache(config, 1, 24, torch.float32))
         assert DecoderWindow(model, 1, Vocabulary.of(tokenizer, config.vocab_size)).fast_step is None
         known = model_of(vocab_size=tokenizer.vocab_size)
         assert DecoderWindow(known, 1, Vocabulary.of(tokenizer, config.vocab_size)).fast_step is not None
@@ -388,9 +389,11 @@ def test_a_plain_model_has_no_fast_step(library, tokenizer):
         dict(post_norms=True),
         dict(activation="geglu"),
         dict(scale_embeddings=True),
+        dict(logit_softcap=30.0),
+        dict(activation="relu2"),
     ],
     ids=["qkv_bias", "mlp_bias", "embedding_norm", "type_vocab_size", "rope_scaling", "longrope", "qk_norm", "d_head"]
-    + ["attn_scale", "local_layers", "post_norms", "geglu", "scale_embeddings"],
+    + ["attn_scale", "local_layers", "post_norms", "geglu", "scale_embeddings", "logit_softcap", "relu2"],
 )
 def test_the_options_pretrained_models_bring_keep_pytorch(library, overrides):
     config = ModelConfig.from_json({**model_of().config.to_json(), **overrides})

@@ -22,7 +22,11 @@ def _gpt2_shaped(vocab: int, **overrides) -> ModelConfig:
     return ModelConfig(**{**base, **overrides})
 
 
-@pytest.mark.parametrize("overrides", [{}, dict(tie_embeddings=False, activation="relu", d_ff=48)])
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, dict(tie_embeddings=False, activation="relu", d_ff=48), dict(tie_embeddings=False, zero_init_proj=True)],  # the speedrun's init: a GPT-2 as any other
+    ids=["tied", "untied-relu", "untied-zero-init"],
+)
 def test_export_loads_in_transformers_with_equal_logits(cli, tmp_path, trained_tokenizer, overrides):
     tokenizer = TextTokenizer.load(trained_tokenizer)
     torch.manual_seed(0)
@@ -52,6 +56,8 @@ def test_export_loads_in_transformers_with_equal_logits(cli, tmp_path, trained_t
         (dict(arch="encoder"), "BertForMaskedLM cannot express this model: norm_placement 'pre'"),
         (dict(bias=False), "bias false"),
         (dict(norm="rmsnorm"), "norm 'rmsnorm'"),
+        (dict(activation="relu2"), "activation 'relu2' (GPT-2 has gelu, gelu_tanh or relu)"),
+        (dict(logit_softcap=30.0), "logit_softcap 30 (GPT2LMHeadModel does not soft-cap its logits"),
     ],
 )
 def test_export_refuses_options_gpt2_cannot_express(cli, tmp_path, trained_tokenizer, overrides, option):

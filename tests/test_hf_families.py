@@ -83,6 +83,9 @@ LLAMAS = {
         "Gemma3ForCausalLM",
         dict(GEMMA3, num_key_value_heads=1, head_dim=8, hidden_size=32, query_pre_attn_scalar=8, attention_bias=True, tie_word_embeddings=False),
     ),
+    # Gemma 2's final soft cap, which transformers' Gemma 3 still applies: tfcli's logit_softcap, both ways (a cap
+    # of 0.5 bends these logits; the test's greedy text and logits are transformers')
+    "gemma3-softcapped": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(GEMMA3, final_logit_softcapping=0.5)),
 }
 
 
@@ -585,8 +588,8 @@ def test_gemma3_is_transformers_past_its_window_and_reads_the_hubs_older_keys(cl
 @pytest.mark.parametrize(
     "changes, message",
     [
-        (dict(final_logit_softcapping=30.0), "has final_logit_softcapping 30.0; tfcli does not soft-cap"),
-        (dict(attn_logit_softcapping=50.0), "has attn_logit_softcapping 50.0"),
+        (dict(final_logit_softcapping=0.0), "has final_logit_softcapping 0, which is not positive"),
+        (dict(attn_logit_softcapping=50.0), "has attn_logit_softcapping 50.0; tfcli does not soft-cap attention scores"),
         (dict(use_bidirectional_attention=True), "use_bidirectional_attention true"),
         (dict(hidden_activation="gelu"), "hidden_activation 'gelu'"),
         (dict(layer_types=["sliding_attention"] * 3), "layer_types that are not 4 of"),
@@ -606,6 +609,8 @@ def test_bad_gemma3_folders_are_one_line(cli, tmp_path, trained_tokenizer, chang
 
 
 ROTARY = dict(positions="rotary", norm="rmsnorm", activation="swiglu", bias=False)
+GEMMA3_SHAPED = dict(ROTARY, activation="geglu", post_norms=True, qk_norm=True, scale_embeddings=True)
+BERT_SHAPED = dict(arch="encoder", norm_placement="post", embedding_norm=True, type_vocab_size=2)
 LONGROPE = {"kind": "longrope", "factor": 2.0, "original_context": 32, "short_factor": [1.0, 1.5, 2.0, 3.0]}
 
 
@@ -620,6 +625,19 @@ LONGROPE = {"kind": "longrope", "factor": 2.0, "original_context": 32, "short_fa
         (dict(ROTARY, activation="geglu", post_norms=True, scale_embeddings=True), "Gemma3ForCausalLM cannot express this model: no qk_norm"),
         (dict(ROTARY, activation="geglu", post_norms=True, qk_norm=True, scale_embeddings=True, attn_scale=0.3), r"attn_scale 0.3 \(Gemma3ForCausalLM's"),
         (dict(arch="encoder", norm_placement="post", scale_embeddings=True), r"scale_embeddings \(only Gemma3ForCausalLM has it\)"),
+        # the speedrun's: ReLU² and the logits' soft cap, named for every class that cannot express them
+        (dict(activation="relu2"), r"GPT2LMHeadModel cannot express this model: activation 'relu2' \(GPT-2 has gelu"),
+        (dict(ROTARY, activation="relu2"), "LlamaForCausalLM cannot express this model: activation 'relu2'"),
+        (dict(GEMMA3_SHAPED, activation="relu2"), "Gemma3ForCausalLM cannot express this model: activation 'relu2'"),
+        (dict(BERT_SHAPED, activation="relu2"), "BertForMaskedLM cannot express this model: activation 'relu2'"),
+        (dict(logit_softcap=30.0), r"GPT2LMHeadModel cannot express this model: logit_softcap 30 \(GPT2LMHeadModel does not soft-cap"),
+        (
+            dict(ROTARY, logit_softcap=30.0),
+            "LlamaForCausalLM cannot express this model: logit_softcap 30.*GPT2LMHeadModel cannot express this model: logit_softcap",
+        ),
+        (dict(ROTARY, qk_norm=True, logit_softcap=30.0), "Qwen3ForCausalLM cannot express this model: logit_softcap 30"),
+        (dict(BERT_SHAPED, logit_softcap=30.0), "BertForMaskedLM cannot express this model: logit_softcap 30"),
+        (dict(arch="encoder-decoder", logit_softcap=30.0), "logit_softcap 30"),
     ],
 )
 def test_export_names_what_the_new_options_rule_out(options, message):
@@ -630,3 +648,20 @@ def test_export_names_what_the_new_options_rule_out(options, message):
     config = ModelConfig.from_json(dict(vocab_size=50, block_size=32, n_layers=1, n_heads=4, d_model=32, **options))
     with pytest.raises(TfcliError, match=message):
         export_class(config, None)
+
+
+def test_the_speedrun_init_and_head_export_and_a_gemma3_shaped_soft_cap_is_final_logit_softcapping():
+    """zero_init_proj is an initialisation and an untied head a tensor of its own: every class takes them. A
+    Gemma 3-shaped run's soft cap is its final_logit_softcapping."""
+    from tfcli.hf import gemma3
+    from tfcli.hf.convert import export_class
+    from tfcli.model.config import ModelConfig
+
+    shape = dict(vocab_size=50, block_size=32, n_layers=1, n_heads=4, d_model=32, zero_init_proj=True, tie_embeddings=False)
+    assert export_class(ModelConfig.from_json(shape), None) == "GPT2LMHeadModel"
+    assert export_class(ModelConfig.from_json(dict(shape, **ROTARY)), None) == "LlamaForCausalLM"
+    config = ModelConfig.from_json(dict(shape, **GEMMA3_SHAPED, logit_softcap=30.0))
+    assert export_class(config, None) == gemma3.CLASS
+    hf = gemma3.hf_config(config, gemma3.CLASS, {})
+    assert hf["final_logit_softcapping"] == 30.0 and hf["attn_logit_softcapping"] is None and hf["tie_word_embeddings"] is False
+    assert gemma3.hf_config(config.with_overrides(logit_softcap=None), gemma3.CLASS, {})["final_logit_softcapping"] is None

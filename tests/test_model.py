@@ -139,6 +139,8 @@ def test_post_norm_blocks_end_normalised():
     [
         dict(activation="swiglu", norm="rmsnorm", bias=False),
         dict(activation="relu", tie_embeddings=False),
+        dict(activation="relu2", zero_init_proj=True),
+        dict(positions="rotary", norm="rmsnorm", bias=False, qk_norm=True, activation="relu2", zero_init_proj=True, logit_softcap=5.0, tie_embeddings=False),
         dict(activation="gelu_tanh", dropout=0.1),
         dict(arch="encoder", n_classes=3),
         dict(n_classes=2),
@@ -394,5 +396,147 @@ def test_llama3_rope_scaling_keeps_high_frequencies_and_divides_low_ones():
     ],
 )
 def test_bad_pretrained_options(overrides, message):
+    with pytest.raises(TfcliError, match=message):
+        ModelConfig.from_json({**tiny().to_json(), **overrides})
+
+
+# The modded-nanogpt speedrun's architecture: QK-norm (above), ReLU², output projections that start at zero,
+# the logits soft-capped, and a head of its own (untied).
+SPEEDRUN = dict(positions="rotary", norm="rmsnorm", bias=False, qk_norm=True, activation="relu2", zero_init_proj=True, logit_softcap=30.0, tie_embeddings=False)
+
+
+def test_the_speedrun_options_round_trip_are_counted_and_shaped():
+    config = tiny(**SPEEDRUN)
+    assert ModelConfig.from_json(config.to_json()) == config
+    assert preset("tiny", logit_softcap=30).logit_softcap == 30.0  # as --set reads it: a whole number is a float
+    model = Transformer(config)
+    assert model.parameter_count() == config.parameter_estimate()
+    assert model.lm_head.weight is not model.tok_emb.weight  # untied: a head of its own
+    assert model.decoder.blocks[0].mlp.fc.weight.shape == (64, 32)  # ReLU² is not gated: d_ff rows, not 2 * d_ff
+    out = model(torch.randint(0, 97, (2, 12)))
+    assert out.logits.shape == (2, 12, 97)
+
+
+@pytest.mark.parametrize("arch", ["decoder", "encoder-decoder"])
+def test_zero_init_proj_starts_every_output_projection_at_zero_and_the_blocks_as_the_identity(arch):
+    torch.manual_seed(0)
+    model = Transformer(tiny(arch=arch, zero_init_proj=True))
+    projections = {name: p for name, p in model.named_parameters() if name.endswith(("attn.out.weight", "mlp.proj.weight"))}
+    assert len(projections) == {"decoder": 4, "encoder-decoder": 10}[arch]  # cross-attention's output too
+    assert all(bool((p == 0).all()) for p in projections.values())
+    assert model.decoder.blocks[0].attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.1)  # the rest as before
+    ids = torch.randint(0, 97, (2, 10))
+    with Hooks() as hooks:
+        first, last = hooks.read(model.decoder.blocks[0].hook_resid_pre), hooks.read(model.decoder.blocks[-1].hook_resid_post)
+        out = model(ids, decoder=DecoderInput(ids)) if arch == "encoder-decoder" else model(ids)
+    torch.testing.assert_close(last[0], first[0], rtol=0, atol=0)  # each sublayer adds zero
+    out.logits.logsumexp(-1).mean().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for name, p in projections.items() if name.startswith("decoder"))
+    scaled = Transformer(tiny(arch=arch)).decoder.blocks[0].mlp.proj.weight.std().item()
+    assert scaled == pytest.approx(0.02 / math.sqrt(2 * {"decoder": 2, "encoder-decoder": 4}[arch]), rel=0.15)  # GPT-2's without it
+
+
+def test_relu2_squares_relus_output():
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = Transformer(tiny(activation="relu2")).eval()
+    mlp = model.decoder.blocks[1].mlp
+    with Hooks() as hooks:
+        pre, post = hooks.read(mlp.hook_pre), hooks.read(mlp.hook_post)
+        model(torch.randint(0, 97, (2, 12)))
+    assert pre[0].shape == post[0].shape == (2, 12, 64)
+    torch.testing.assert_close(post[0], F.relu(pre[0]) ** 2, rtol=0, atol=0)
+    assert bool((pre[0] < 0).any()) and not torch.equal(post[0], F.relu(pre[0]))  # negatives read, and squared
+    x = torch.tensor([[-2.0, -0.5, 0.0, 0.5, 3.0]])
+    mlp.fc.weight.data, mlp.proj.weight.data = torch.eye(64, 32), torch.eye(32, 64)
+    mlp.fc.bias.data.zero_(), mlp.proj.bias.data.zero_()
+    h = torch.zeros(1, 1, 32)
+    h[0, 0, :5] = x
+    assert mlp(h)[0, 0, :5].tolist() == [0.0, 0.0, 0.0, 0.25, 9.0]
+
+
+def _capped_and_plain(cap: float, **options) -> tuple[Transformer, Transformer]:
+    """One model with its logits soft-capped at `cap`, the same weights without the cap; logits large enough
+    (several times the cap) that tanh bends them."""
+    torch.manual_seed(0)
+    capped = Transformer(tiny(logit_softcap=cap, **options)).eval()
+    with torch.no_grad():
+        capped.lm_head.weight.mul_(30.0)
+    plain = Transformer(tiny(**options)).eval()
+    plain.load_state_dict(capped.state_dict())
+    return capped, plain
+
+
+@pytest.mark.parametrize("options", [dict(), dict(positions="rotary", tie_embeddings=False, activation="relu2")], ids=["tied", "speedrun"])
+def test_the_soft_cap_applies_on_every_path_from_hidden_states_to_logits(options):
+    """forward, cached decoding (generate's window), serve's slots, the loss and the logit difference of
+    patching all give cap * tanh(plain / cap) of the uncapped model's logits."""
+    import torch.nn.functional as F
+
+    from tfcli.generate.window import DecoderWindow, Vocabulary
+    from tfcli.inspect.recording import logit_difference
+    from tfcli.model.transformer import Loss
+    from tfcli.serve.slots import SlotBatch
+
+    cap = 2.0
+    model, plain = _capped_and_plain(cap, **options)
+    ids = torch.randint(0, 97, (2, 12))
+
+    def capped(logits: torch.Tensor) -> torch.Tensor:
+        return cap * torch.tanh(logits / cap)
+
+    with torch.no_grad():
+        expected = capped(plain(ids).logits)  # (2, 12, vocab)
+        assert plain(ids).logits.abs().max() > 3 * cap and (expected - plain(ids).logits).abs().max() > cap  # the cap bites
+        torch.testing.assert_close(model(ids).logits, expected)  # forward
+        assert model(ids).logits.abs().max() <= cap
+        vocab = Vocabulary(limit=97, eos_id=None, pad_id=0, suppressed=[])
+        window = DecoderWindow(model, 2, vocab)  # generate: the prompt, then a token at a time through the KV cache
+        steps = [window.start(ids[:, :5], torch.ones(2, 5, dtype=torch.bool))]
+        steps += [window.push(ids[:, t]) for t in range(5, 12)]
+        torch.testing.assert_close(torch.stack(steps, dim=1), expected[:, 4:])
+        slots = SlotBatch(model, 2, vocab)  # serve: a prefill, then a step for every row
+        cache, first = slots.prefill([ids[0, :5].tolist(), ids[1, :5].tolist()])
+        slots.join(ids[0, :5].tolist(), cache, 0), slots.join(ids[1, :5].tolist(), cache, 1)
+        served = [first] + [slots.step(ids[:, t]) for t in range(5, 12)]
+        torch.testing.assert_close(torch.stack(served, dim=1), expected[:, 4:])
+        hidden = model(ids, head=HIDDEN).hidden[:, -1]  # patching's logit difference
+        torch.testing.assert_close(logit_difference(model, hidden, 3, 5), expected[:, -1, 3] - expected[:, -1, 5])
+    targets = torch.randint(0, 97, (2, 12))
+    targets[0, :3] = -100  # ignored
+    want = F.cross_entropy(expected.flatten(0, 1), targets.flatten(), reduction="sum", label_smoothing=0.1)
+    model.vocabulary_loss = lambda *args: pytest.fail("the fused or plain vocabulary_loss knows no cap")
+    torch.testing.assert_close(model(ids, head=Loss(targets, 0.1)).loss, want)  # the loss
+    model.train()
+    model(ids, head=Loss(targets)).loss.backward()
+    assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
+
+
+def test_the_accelerated_model_keeps_the_plain_loss_where_the_logits_are_capped():
+    import torch.nn.functional as F
+
+    from tfcli.accel import accelerate, fused_loss
+    from tfcli.model.transformer import Loss
+
+    model, plain = _capped_and_plain(2.0)
+    accelerate(model), accelerate(plain)
+    assert not isinstance(model.vocabulary_loss, fused_loss.VocabularyLoss)
+    ids, targets = torch.randint(0, 97, (2, 12)), torch.randint(0, 97, (2, 12))
+    with torch.no_grad():
+        want = F.cross_entropy((2.0 * torch.tanh(plain(ids).logits / 2.0)).flatten(0, 1), targets.flatten(), reduction="sum")
+        torch.testing.assert_close(model(ids, head=Loss(targets)).loss, want)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(logit_softcap=0.0), "logit_softcap must be a positive number, not 0.0"),
+        (dict(logit_softcap=-30.0), "logit_softcap must be a positive number"),
+        (dict(activation="relu3"), "activation must be one of gelu, gelu_tanh, relu, relu2, swiglu, geglu"),
+        (dict(zero_init_proj="yes"), "zero_init_proj"),
+    ],
+)
+def test_bad_speedrun_options(overrides, message):
     with pytest.raises(TfcliError, match=message):
         ModelConfig.from_json({**tiny().to_json(), **overrides})

@@ -320,3 +320,29 @@ def test_compile_falls_back_with_a_note_where_it_fails(cli, shards, tmp_path, mo
     assert "torch.compile does not work here" in result.stderr
     assert json.loads((run / "config.json").read_text())["training"]["config"]["compile"] is True
     assert records(run)[-1]["step"] == 3
+
+
+def test_the_speedrun_architecture_trains_generates_and_its_hf_export_names_what_it_cannot_express(cli, shards, tmp_path):
+    import torch
+
+    from tfcli.checkpoint import load_checkpoint
+
+    run = tmp_path / "run"
+    speedrun = ["--set", "activation=relu2", "--set", "logit_softcap=30", "--set", "zero_init_proj=true", "--set", "tie_embeddings=false"]
+    result = cli(*pretrain_args(shards, run, *speedrun, "--set", "qk_norm=true", "--max-steps", "3", "--json"))
+    assert result.code == 0, result.stderr
+    rows = records(run)
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(0 < r["loss"] < 20 for r in rows)
+    checkpoint = load_checkpoint(run)
+    model = checkpoint.config.model
+    assert (model.activation, model.logit_softcap, model.zero_init_proj, model.tie_embeddings, model.qk_norm) == ("relu2", 30.0, True, False, True)
+    weights = checkpoint.model
+    assert weights.lm_head.weight is not weights.tok_emb.weight
+    assert weights.decoder.blocks[0].attn.out.weight.abs().sum() > 0  # started at zero, trained away from it
+    with torch.no_grad():
+        assert weights(torch.tensor([[1, 2, 3]])).logits.abs().max() <= 30.0
+    result = cli("generate", run, "-p", "Once upon", "--max-new-tokens", "4", "--temperature", "0")
+    assert result.code == 0, result.stderr
+    result = cli("export", run, "--to", "hf", "-o", tmp_path / "hf")
+    assert result.code == 2 and "GPT2LMHeadModel cannot express this model: logit_softcap 30" in result.stderr, result.stderr
+    assert not (tmp_path / "hf").exists()

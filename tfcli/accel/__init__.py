@@ -6,7 +6,8 @@ built model in place, keeping its parameters and state dict:
   measured fastest on this machine for its class of shapes (PyTorch's own, oneDNN, or for one row tfcli's
   C matrix-vector loop);
 - its loss over the vocabulary becomes `fused_loss.VocabularyLoss`: the fused loss unless the plain one
-  measured clearly faster;
+  measured clearly faster (not where the config soft-caps the logits: the fused loss has no cap, and the
+  model scores capped logits with the plain loss);
 - its batch-1 decoding step on the CPU may be tfcli's C decoder step (`decode_step.py`), for the settings
   that step is known to implement, where it measured faster than PyTorch's step.
 Every choice is measured on the machine at hand (`choices.py`) and checked against plain PyTorch before
@@ -40,7 +41,8 @@ def accelerate(model):
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = products.Linear  # the same object, parameters and hooks; another forward
-    model.vocabulary_loss = fused_loss.VocabularyLoss()
+    if model.config.logit_softcap is None:
+        model.vocabulary_loss = fused_loss.VocabularyLoss()
     model.fast_decode_step = decode_step.NativeDecoderStep.bind  # (model, cache) -> a step, or None
     return model
 

@@ -62,9 +62,11 @@ KNOWN_SETTINGS: dict[str, set | None] = {
     "qkv_bias": {None},
     "mlp_bias": {None},
     "tie_embeddings": ANY,
+    "logit_softcap": {None},  # logits soft-capped (Gemma 2, the speedrun): PyTorch's step
     "scale_embeddings": {False},
     "n_classes": ANY,  # a classification head plays no part in decoding
     "init_std": ANY,
+    "zero_init_proj": ANY,  # the initialisation only
     "type_vocab_size": {0},
     "embedding_norm": {False},
     "pooler": {False},

@@ -194,6 +194,10 @@ def _more_options(model: dict) -> list[str]:
         options.append(f"rope scaling {model['rope_scaling']['kind']} x{model['rope_scaling']['factor']:g}")
     if model.get("qk_norm"):
         options.append("QK-norm")
+    if model.get("logit_softcap"):
+        options.append(f"logits soft-capped at {model['logit_softcap']:g}")
+    if model.get("zero_init_proj"):
+        options.append("output projections started at zero")
     if model.get("d_head"):
         options.append(f"heads {model['d_head']} wide")
     if model.get("attn_scale"):

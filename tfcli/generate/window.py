@@ -183,8 +183,8 @@ class DecoderWindow:
         return self._logits(hidden[:, -1])
 
     def _logits(self, last_hidden: torch.Tensor) -> torch.Tensor:
-        """Next-token scores (B, vocab limit) from the last hidden state."""
-        return self._scores(self.model.lm_head(last_hidden))
+        """Next-token scores (B, vocab limit) from the last hidden state, through the model's head (its soft cap too)."""
+        return self._scores(self.model.unembed(last_hidden))
 
     def _scores(self, logits: torch.Tensor) -> torch.Tensor:
         """The model's logits (B, vocab) cut to the tokenizer's vocabulary, specials other than eos at -inf."""

@@ -171,11 +171,15 @@ def export_class(config: ModelConfig, recorded: str | None) -> str:
 
 def _option_beyond(config: ModelConfig, hf_class: str) -> str | None:
     """An option the class's module leaves to others: Gemma 3's own (post_norms, scaled embeddings, local
-    layers, ...) for every other class; a norm on q and k and heads of their own width, which only the
-    Llama-shaped classes and Gemma 3 express, for GPT-2 and BERT, whose modules predate both."""
+    layers, ...) and the logits' soft cap (its final_logit_softcapping) for every other class; a norm on q
+    and k and heads of their own width, which only the Llama-shaped classes and Gemma 3 express, for GPT-2
+    and BERT, whose modules predate both. (ReLU², the speedrun's MLP, is refused by each class's own
+    activation check; zero-initialised projections are an initialisation, which every class takes.)"""
     family = FAMILIES[hf_class]
     if family is not gemma3 and gemma3.options(config):
         return f"{gemma3.options(config)[0]} (only {gemma3.CLASS} has it)"
+    if family is not gemma3 and config.logit_softcap is not None:
+        return f"logit_softcap {config.logit_softcap:g} ({hf_class} does not soft-cap its logits; only {gemma3.CLASS}'s final_logit_softcapping does)"
     if family in (llama, gemma3):
         return None
     if config.qk_norm:

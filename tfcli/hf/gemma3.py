@@ -10,8 +10,8 @@
 - local layers (layer_types' sliding_attention) that attend to the last `sliding_window` positions and turn
   q and k by rotary tables of their own base, unscaled (`local_layers`, `sliding_window`, `rope_local_base`);
   the global layers see the whole context with rope_theta and its scaling.
-The soft-capping of attention scores and of the final logits that Gemma 2 had (None in Gemma 3's configs)
-is refused.
+The final logits' soft cap that Gemma 2 had (None in Gemma 3's own configs; transformers' Gemma 3 still
+applies it) is `logit_softcap`, both ways; the soft-capping of attention scores is refused.
 """
 
 from __future__ import annotations
@@ -81,9 +81,11 @@ def _ropes(hf: HfConfig) -> tuple[float, RopeScaling | None, float]:
 
 def model_config(hf: HfConfig, hf_class: str) -> tuple[ModelConfig, list[str]]:
     """The tfcli config of this Hugging Face config, and notes on what was adapted (none: it is exact)."""
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if hf.get(key, float, None) is not None:
-            raise TfcliError(f"{hf.path} has {key} {hf.data[key]}; tfcli does not soft-cap scores or logits (Gemma 3's own configs have none)")
+    if hf.get("attn_logit_softcapping", float, None) is not None:
+        raise TfcliError(f"{hf.path} has attn_logit_softcapping {hf.data['attn_logit_softcapping']}; tfcli does not soft-cap attention scores")
+    softcap = hf.get("final_logit_softcapping", float, None)
+    if softcap is not None and not softcap > 0:
+        raise TfcliError(f"{hf.path} has final_logit_softcapping {softcap:g}, which is not positive")
     if hf.get("use_bidirectional_attention", bool, False):
         raise TfcliError(f"{hf.path} has use_bidirectional_attention true; tfcli's Gemma 3 is the causal decoder")
     if hf.get("hidden_activation", str, ACTIVATION) != ACTIVATION:
@@ -128,6 +130,7 @@ def model_config(hf: HfConfig, hf_class: str) -> tuple[ModelConfig, list[str]]:
         qk_norm=True,
         mlp_bias=False if bias else None,
         tie_embeddings=hf.get("tie_word_embeddings", bool, True),
+        logit_softcap=softcap,
         scale_embeddings=True,
         init_std=hf.get("initializer_range", float, 0.02),
     )
@@ -219,7 +222,7 @@ def hf_config(config: ModelConfig, hf_class: str, special_ids: dict[str, int]) -
         "attention_bias": config.bias,
         "attention_dropout": config.dropout,
         "attn_logit_softcapping": None,
-        "final_logit_softcapping": None,
+        "final_logit_softcapping": config.logit_softcap,
         "use_bidirectional_attention": False,
         "initializer_range": config.init_std,
         "tie_word_embeddings": config.tie_embeddings,

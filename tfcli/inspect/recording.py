@@ -12,10 +12,11 @@ from tfcli.model.transformer import HIDDEN
 
 def logit_difference(model, hidden: torch.Tensor, answer: int, wrong: int) -> torch.Tensor:
     """answer - wrong from the last stack's output `hidden` (rows, d) at the last position: the vocabulary
-    head restricted to those two tokens (the rest of the vocabulary is never read). Returns (rows,)."""
+    head restricted to those two tokens (the rest of the vocabulary is never read), soft-capped as the model
+    caps every logit. Returns (rows,)."""
     head = model.lm_head
     bias = None if head.bias is None else head.bias[[answer, wrong]]
-    two = F.linear(model.head_input(hidden), head.weight[[answer, wrong]], bias).float()  # (rows, 2)
+    two = model.soft_cap(F.linear(model.head_input(hidden), head.weight[[answer, wrong]], bias)).float()  # (rows, 2)
     return two[:, 0] - two[:, 1]
 
 

@@ -7,6 +7,7 @@ clear error, not an out-of-memory crash.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Literal
 
 from tfcli.errors import TfcliError, a_or_an
@@ -17,7 +18,7 @@ ARCHS: tuple[str, ...] = ("decoder", "encoder", "encoder-decoder")
 POSITIONS: tuple[str, ...] = ("learned", "sinusoidal", "rotary")
 NORMS: tuple[str, ...] = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS: tuple[str, ...] = ("pre", "post")
-ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh", "relu", "swiglu", "geglu")
+ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh", "relu", "relu2", "swiglu", "geglu")
 GATED: tuple[str, ...] = ("swiglu", "geglu")  # a gate through the activation times an up path: SiLU (Llama), tanh GELU (Gemma)
 
 ROPE_SCALINGS: tuple[str, ...] = ("linear", "llama3", "longrope")
@@ -67,19 +68,21 @@ class ModelConfig(JsonRecord):
     norm_placement: str = "pre"  # pre: x + f(norm(x)); post: norm(x + f(x)) (the original transformer)
     norm_eps: float = 1e-5
     post_norms: bool = False  # pre-norm: each sublayer's output normed too, before the residual add (Gemma's "sandwich")
-    activation: str = "gelu"  # gelu | gelu_tanh (GPT-2's) | relu | swiglu | geglu (gated as swiglu, with gelu_tanh: Gemma)
+    activation: str = "gelu"  # gelu | gelu_tanh (GPT-2's) | relu | relu2 (relu(x)^2: the speedrun's) | swiglu | geglu (gated as swiglu, with gelu_tanh: Gemma)
     dropout: float = 0.0  # on embeddings, attention weights, and each sublayer's output
     bias: bool = True  # biases in linear layers and layer norms
     qk_norm: bool = False  # a norm over each head's queries and keys (head_dim wide), before rotary (Qwen3)
     qkv_bias: bool | None = None  # biases on the query/key/value projections (None: as `bias`; Qwen2 has only these)
     mlp_bias: bool | None = None  # biases in the MLP (None: as `bias`; Llama sets attention and MLP biases apart)
     tie_embeddings: bool = True  # the output projection shares the token embedding matrix
+    logit_softcap: float | None = None  # the logits become cap * tanh(logits / cap), each within (-cap, cap) (Gemma 2; the speedrun: 30)
     scale_embeddings: bool = False  # token embeddings times sqrt(d_model), as the original transformer and Gemma scale them
     n_classes: int = 0  # encoder / decoder: size of the classification head (0: none)
     type_vocab_size: int = 0  # BERT's token-type (segment) embeddings; tfcli reads one segment, so type 0 is added to every token
     embedding_norm: bool = False  # a norm over the summed embeddings, before the first block (BERT)
     pooler: bool = False  # encoder: BERT's pooler, tanh(dense(the [CLS] state)), is what the classifier reads
     init_std: float = 0.02  # std of the normal initialisation; residual projections get init_std / sqrt(2 * layers)
+    zero_init_proj: bool = False  # attention's output and the MLP's down projection start at zero (the speedrun), not at the scaled init
 
     def __post_init__(self) -> None:
         self.local_layers = tuple(self.local_layers)  # as JSON reads it, from a list given in Python too
@@ -148,6 +151,8 @@ class ModelConfig(JsonRecord):
             raise TfcliError(f"model type_vocab_size must be between 0 and {1 << 16:,}, not {self.type_vocab_size}")
         if self.pooler and self.arch != "encoder":
             raise TfcliError("model pooler is BERT's, for an encoder's [CLS] state", hint="remove it, or set arch=encoder")
+        if self.logit_softcap is not None and not 0 < self.logit_softcap < math.inf:
+            raise TfcliError(f"model logit_softcap must be a positive number, not {self.logit_softcap}", hint="the speedrun caps at 30; remove it for no cap")
         if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_base <= 1:
             raise TfcliError("model norm_eps and init_std must be positive and rope_base above 1")
         if self.parameter_estimate() > MAX_PARAMETERS:

@@ -90,9 +90,10 @@ class RotaryEmbedding(nn.Module):
 
 class MLP(nn.Module):
     """Position-wise feed-forward: up-projection, activation, down-projection (SwiGLU and GeGLU gate the up
-    path: silu or tanh GELU of a gate, times up). Hook points, as TransformerLens's: hook_pre (B, T, d_ff),
-    what the activation reads (gated: the gate; its up path is hook_pre_linear (B, T, d_ff)), and hook_post
-    (B, T, d_ff), the neurons' activations that the down-projection reads."""
+    path: silu or tanh GELU of a gate, times up; ReLU², the speedrun's, squares relu's output). Hook points,
+    as TransformerLens's: hook_pre (B, T, d_ff), what the activation reads (gated: the gate; its up path is
+    hook_pre_linear (B, T, d_ff)), and hook_post (B, T, d_ff), the neurons' activations that the
+    down-projection reads."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -112,6 +113,8 @@ class MLP(nn.Module):
             h = (F.silu(gate) if self.activation == "swiglu" else F.gelu(gate, approximate="tanh")) * self.hook_pre_linear(up)
         elif self.activation == "relu":
             h = F.relu(self.hook_pre(h))
+        elif self.activation == "relu2":
+            h = F.relu(self.hook_pre(h)).square()
         else:
             h = F.gelu(self.hook_pre(h), approximate="tanh" if self.activation == "gelu_tanh" else "none")
         return self.proj(self.hook_post(h))

@@ -159,7 +159,8 @@ class Transformer(nn.Module):
     """Hook points: hook_embed (B, T, d) the token embeddings, hook_pos_embed (B, T, d) the learned or
     sinusoidal positions added to them (each once per stack that embeds ids: an encoder-decoder's source, then
     its target), every block's and attention's (see `Block`, `Attention`, `MLP`), each stack's
-    hook_normalized, hook_head_input (..., d) what the vocabulary head reads and hook_logits (..., vocab)."""
+    hook_normalized, hook_head_input (..., d) what the vocabulary head reads and hook_logits (..., vocab),
+    soft-capped where the config caps them."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -201,12 +202,17 @@ class Transformer(nn.Module):
         self.apply(self.init_weights)
         residual_std = config.init_std / math.sqrt(2 * (config.n_layers * config.has_encoder + config.decoder_layers * config.has_decoder))
         for name, parameter in self.named_parameters():
-            if name.endswith(("attn.out.weight", "mlp.proj.weight")):
+            if not name.endswith(("attn.out.weight", "mlp.proj.weight")):
+                continue
+            if config.zero_init_proj:
+                nn.init.zeros_(parameter)  # the speedrun: each sublayer starts adding nothing to the residual stream
+            else:
                 nn.init.normal_(parameter, mean=0.0, std=residual_std)  # GPT-2: scaled residual projections
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         # The loss over the vocabulary, (hidden, weight, bias, targets, label_smoothing) -> summed loss.
-        # The plain one holds every logit; tfcli.accel may put a fused one here that never does.
+        # The plain one holds every logit; tfcli.accel may put a fused one here that never does. Soft-capped
+        # logits are scored without it (`_vocabulary_loss`).
         self.vocabulary_loss = vocabulary_cross_entropy
         # A faster one-row decoding step, (model, cache) -> step or None: the plain model has none, decoding
         # takes it where tfcli.accel put one here (the C step) and falls back to `decode` where it binds none.
@@ -301,6 +307,9 @@ class Transformer(nn.Module):
             rows, targets = rows[scored], targets[scored]
         if targets.numel() == 0:
             return (rows.sum() + self.lm_head.weight.sum()) * 0.0  # nothing scored: zero, still in the graph
+        if self.config.logit_softcap is not None:  # the plain loss over the capped logits: vocabulary_loss knows no cap
+            logits = self.soft_cap(self.lm_head(self.head_input(rows)).float())  # (N, vocab)
+            return F.cross_entropy(logits, targets, reduction="sum", label_smoothing=label_smoothing)
         return self.vocabulary_loss(self.head_input(rows), self.lm_head.weight, self.lm_head.bias, targets, label_smoothing)
 
     def head_input(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -312,8 +321,15 @@ class Transformer(nn.Module):
 
     def unembed(self, hidden: torch.Tensor) -> torch.Tensor:
         """The vocabulary's scores from the last stack's output `hidden` (..., d) (`ModelOutput.hidden`,
-        already normed). Returns (..., vocab)."""
-        return self.hook_logits(self.lm_head(self.head_input(hidden)))
+        already normed), soft-capped where the config caps them. Returns (..., vocab). Every path from hidden
+        states to logits (forward, decoding, serving) goes through here, so they all score alike."""
+        return self.hook_logits(self.soft_cap(self.lm_head(self.head_input(hidden))))
+
+    def soft_cap(self, logits: torch.Tensor) -> torch.Tensor:
+        """Gemma 2's and the speedrun's soft cap, cap * tanh(logits / cap): about the logits themselves while
+        they are small, never past +-cap. The logits unchanged where `logit_softcap` is None."""
+        cap = self.config.logit_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
 
     def _pooled(self, hidden: torch.Tensor, padding: torch.Tensor | None) -> torch.Tensor:
         """The state a classifier reads: the first (classification) token for an encoder (through BERT's

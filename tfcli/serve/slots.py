@@ -61,7 +61,7 @@ class SlotBatch:
         else:
             positions = (real.long().cumsum(dim=1) - 1).clamp(min=0)  # (k, width)
             hidden = self.model.decode(ids, real, cache=cache, positions=positions)
-        return cache, self.scores(self.model.lm_head(hidden[:, -1]))
+        return cache, self.scores(self.model.unembed(hidden[:, -1]))
 
     def join(self, prompt: list[int], prefilled: KVCache, index: int = 0) -> int:
         """Put prompt `index` of a prefill in the next free row; returns the row."""
@@ -116,7 +116,7 @@ class SlotBatch:
         view.keys, view.values = self.cache.keys[:, :B], self.cache.values[:, :B]
         view.cross, view.capacity, view.length = self.cache.cross, self.capacity, L
         hidden = self.model.decode(self.ids[:B, L : L + 1], self.real[:B, : L + 1], cache=view, positions=positions)  # (B, 1, d)
-        return self.scores(self.model.lm_head(hidden[:, -1]))
+        return self.scores(self.model.unembed(hidden[:, -1]))
 
     def tokens(self, row: int) -> list[int]:
         """A row's real tokens, oldest first."""
