@@ -4,6 +4,7 @@ run directories with equal logits (random models built locally; no network)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -209,3 +210,25 @@ def test_import_and_export_never_overwrite(cli, tmp_path, trained_tokenizer):
     assert cli("import", tmp_path / "hf", "-o", tmp_path / "again").code == 0
     result = cli("import", tmp_path / "run", "-o", tmp_path / "third")  # a tfcli run is not a GPT-2 folder
     assert result.code == 2 and "is a tfcli run already" in result.stderr
+
+
+def test_a_killed_import_leaves_no_half_run_and_the_next_import_clears_what_it_left(cli, tmp_path, trained_tokenizer):
+    """The run is made in a locked staging folder beside -o and moved into place whole: a kill -9 during the
+    import leaves no folder holding only the tokenizer, and the next import to that place removes the staging folder."""
+    import subprocess
+    import sys
+
+    vocab = TextTokenizer.load(trained_tokenizer).vocab_size
+    _hub_style_gpt2(tmp_path / "gpt2", trained_tokenizer, vocab, True)
+    stop = "import os, signal\nimport tfcli.checkpoint as c\nimport tfcli.hf.convert as h\n"
+    stop += "h.save_checkpoint = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # killed once the tokenizer is written\n"
+    stop += f"h.import_hf({str(tmp_path / 'gpt2')!r}, {str(tmp_path / 'run')!r})\n"
+    killed = subprocess.run([sys.executable, "-c", stop], capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9, killed.stderr
+    left = [p for p in tmp_path.iterdir() if p.name.startswith(".run.")]
+    assert not (tmp_path / "run").exists() and len(left) == 1 and (left[0] / "tokenizer.json").is_file()
+    os.utime(left[0], (0, 0))  # older than a writer's first moments
+    result = cli("import", tmp_path / "gpt2", "-o", tmp_path / "run")
+    assert result.code == 0, result.stderr
+    assert "removed 1 temporary file" in result.stderr + result.stdout and not left[0].exists()
+    assert load_checkpoint(tmp_path / "run").config.model.n_layers == 3

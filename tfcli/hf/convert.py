@@ -18,7 +18,18 @@ import torch
 
 from tfcli.checkpoint import model_from_tensors, save_checkpoint
 from tfcli.errors import TfcliError
-from tfcli.fsutil import atomic_write_json, atomic_write_text, prepare_output_dir, refuse_non_utf8_path, set_default_mode, temp_path_beside
+from tfcli.fsutil import (
+    atomic_write_json,
+    atomic_write_text,
+    held_temp_folder,
+    place_folder,
+    prepare_output_dir,
+    refuse_non_utf8_path,
+    remove_abandoned_temps,
+    removed_note,
+    set_default_mode,
+    temp_path_beside,
+)
 from tfcli.hf import bert, gemma3, gpt2, llama
 from tfcli.hf.folder import HfConfig, WeightFiles, read_hf_config
 from tfcli.hf.mapping import TensorMap
@@ -27,7 +38,7 @@ from tfcli.loader import load_run
 from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
 from tfcli.model.transformer import Transformer
-from tfcli.rundir import WEIGHTS_FILE, read_run_config
+from tfcli.rundir import CONFIG_FILE, WEIGHTS_FILE, read_run_config
 from tfcli.tokenizer.chat_template import ChatTemplate
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
@@ -135,17 +146,23 @@ def import_hf(src: Path, run_dir: Path) -> Imported:
     assert set(expected) - set(state) <= ({"lm_head.weight"} if config.tie_embeddings else set()), set(expected) - set(state)
     labels = family.labels(HfConfig(data, src / "config.json"), hf_class)
     refuse_non_utf8_path(run_dir)
-    run_dir = prepare_output_dir(run_dir, "run")
-    tokenizer, tokenizer_notes = import_tokenizer(src, run_dir)
-    if tokenizer.vocab_size > config.vocab_size:  # fewer is fine: the model's vocabulary was padded (nanoGPT: 50,304)
-        raise TfcliError(
-            f"the tokenizer in {src} has {tokenizer.vocab_size:,} tokens but the model only {config.vocab_size:,}",
-            hint="the tokenizer files do not belong to these weights",
-        )
-    model = model_from_tensors(config, state)
-    save_checkpoint(run_dir, model, tokenizer, source=str(src), source_class=hf_class, training={"labels": labels} if labels is not None else None)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise TfcliError(f"run path {run_dir} is a file, not a folder", hint="pass a folder path with -o")
+    target = run_dir.absolute()
+    prepare_output_dir(target.parent, "run")
+    removed = remove_abandoned_temps(target)
+    with held_temp_folder(target) as staged:  # the run is made whole here, then put in place: a kill -9 leaves no half run
+        tokenizer, tokenizer_notes = import_tokenizer(src, staged)
+        if tokenizer.vocab_size > config.vocab_size:  # fewer is fine: the model's vocabulary was padded (nanoGPT: 50,304)
+            raise TfcliError(
+                f"the tokenizer in {src} has {tokenizer.vocab_size:,} tokens but the model only {config.vocab_size:,}",
+                hint="the tokenizer files do not belong to these weights",
+            )
+        model = model_from_tensors(config, state)
+        save_checkpoint(staged, model, tokenizer, source=str(src), source_class=hf_class, training={"labels": labels} if labels is not None else None)
+        place_folder(staged, target, last=(WEIGHTS_FILE, CONFIG_FILE))  # a folder holds a run once they are there
     parameters = model.parameter_count() - sum(t.numel() for t in fresh.values())
-    return Imported(config, hf_class, parameters, notes + tokenizer_notes)
+    return Imported(config, hf_class, parameters, ([removed_note(removed)] if removed else []) + notes + tokenizer_notes)
 
 
 def export_class(config: ModelConfig, recorded: str | None) -> str:
