@@ -105,7 +105,7 @@ def test_a_class_entry_and_an_outside_metric_are_refused(run, cli, tmp_path):
     assert_refused(evaluate(cli, run, folder), r"task.yaml names a Python task class \(`class: lm_eval.api.task.ConfigurableTask`\).*--trust-remote-code")
     evil_module(folder, marker)
     task_folder(folder, metric_list=json.dumps([{"metric": str(folder / "evil.py"), "aggregation": "mean", "higher_is_better": True}]))
-    assert_refused(evaluate(cli, run, folder), r"asks for the metric '.*evil.py', which is not one of the harness's own.*--trust-remote-code")
+    assert_refused(evaluate(cli, run, folder), r"asks for the metric '.*', which is not one of the harness's own.*--trust-remote-code")
     assert not marker.exists()
 
 

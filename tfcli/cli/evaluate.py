@@ -10,49 +10,55 @@ import typer
 from tfcli.cli.common import at_least, print_json, print_table, stderr_console, stdout_console
 from tfcli.cli.options import Device, JsonFlag
 
+EvalData = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--data",
+        help="A shard folder, a text file (or folder of them), or a labeled set (JSON lines, CSV or Parquet; read with the field names the run was fine-tuned with), or conversations for a chat run.",
+        show_default=False,
+    ),
+]
+
+Tasks = Annotated[
+    Optional[str],
+    typer.Option(
+        "--tasks",
+        help="lm-eval tasks, comma-separated: tfcli's own (tfcli_story_choice, tfcli_last_word, tfcli_dates, or tfcli for all three), those in --include-path, or the harness's registry (offline: local data only).",
+        show_default=False,
+    ),
+]
+
+IncludePath = Annotated[Optional[list[Path]], typer.Option("--include-path", help="A folder of lm-eval task .yaml files (repeatable).", show_default=False)]
+
+TrustRemoteCode = Annotated[
+    bool,
+    typer.Option(
+        "--trust-remote-code",
+        help="Run the code an --include-path folder's task files name (!function, class:, metrics from HF evaluate) and let them read data outside the folder. Without it such a folder is refused.",
+    ),
+]
+
+NumFewshot = Annotated[Optional[int], typer.Option("--num-fewshot", help="Examples before each question [default: each task's own].", show_default=False)]
+
+ChatTemplatePrompts = Annotated[bool, typer.Option("--chat-template", help="Write each prompt with the run's chat template (few-shot examples as turns).")]
+
+MaxBatches = Annotated[Optional[int], typer.Option("--max-batches", help="Stop after this many batches [default: all the data].", show_default=False)]
+
 
 def evaluate(
     runs: Annotated[list[Path], typer.Argument(help="The run directory to score (several with --compare).", show_default=False)],
-    data: Annotated[
-        Optional[Path],
-        typer.Option(
-            "--data",
-            help="A shard folder, a text file (or folder of them), or a labeled set (JSON lines, CSV or Parquet; read with the field names the run was fine-tuned with), or conversations for a chat run.",
-            show_default=False,
-        ),
-    ] = None,
-    tasks: Annotated[
-        Optional[str],
-        typer.Option(
-            "--tasks",
-            help="lm-eval tasks, comma-separated: tfcli's own (tfcli_story_choice, tfcli_last_word, tfcli_dates, or tfcli for all three), those in --include-path, or the harness's registry (offline: local data only).",
-            show_default=False,
-        ),
-    ] = None,
-    include_path: Annotated[
-        Optional[list[Path]], typer.Option("--include-path", help="A folder of lm-eval task .yaml files (repeatable).", show_default=False)
-    ] = None,
-    trust_remote_code: Annotated[
-        bool,
-        typer.Option(
-            "--trust-remote-code",
-            help="Run the code an --include-path folder's task files name (!function, class:, metrics from HF evaluate) and let them read data outside the folder. Without it such a folder is refused.",
-        ),
-    ] = False,
-    num_fewshot: Annotated[
-        Optional[int], typer.Option("--num-fewshot", help="Examples before each question [default: each task's own].", show_default=False)
-    ] = None,
+    data: EvalData = None,
+    tasks: Tasks = None,
+    include_path: IncludePath = None,
+    trust_remote_code: TrustRemoteCode = False,
+    num_fewshot: NumFewshot = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="Score only the first N documents of each task.", show_default=False)] = None,
-    chat_template: Annotated[
-        bool, typer.Option("--chat-template", help="Write each prompt with the run's chat template (few-shot examples as turns).")
-    ] = False,
+    chat_template: ChatTemplatePrompts = False,
     compare: Annotated[bool, typer.Option("--compare", help="Score several runs on the same --tasks and show one table.")] = False,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the harness's results JSON here (with --tasks).", show_default=False)] = None,
     split: Annotated[str, typer.Option("--split", help="Which shard split to score: val or train.")] = "val",
     batch_size: Annotated[int, typer.Option("--batch-size", help="Windows, examples or requests per forward pass.")] = 16,
-    max_batches: Annotated[
-        Optional[int], typer.Option("--max-batches", help="Stop after this many batches [default: all the data].", show_default=False)
-    ] = None,
+    max_batches: MaxBatches = None,
     device: Device = "auto",
     json_output: JsonFlag = False,
 ) -> None:

@@ -9,40 +9,46 @@ import typer
 from tfcli.cli.common import stderr_console
 from tfcli.cli.options import DecoderRun, Device, Threads
 
+ApiKey = Annotated[
+    Optional[str],
+    typer.Option(
+        "--api-key",
+        help="Require 'Authorization: Bearer KEY' on every route but the chat page (also TFCLI_API_KEY).",
+        envvar="TFCLI_API_KEY",
+        show_default=False,
+    ),
+]
+
+AllowedHosts = Annotated[
+    Optional[str],
+    typer.Option(
+        "--allowed-hosts",
+        help="Host names the server answers (the Host header; any port), comma-separated, or * for any "
+        "[default: the loopback names for a loopback --host, any for 0.0.0.0 or ::, else the --host itself].",
+        show_default=False,
+    ),
+]
+
+ServedModelName = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--served-model-name",
+        help="The model's name in the API (repeat it or separate names by commas; /v1/models lists them, the first names the "
+        "model in responses) [default: the run's name]. A request may name the model anything: one model is served.",
+        show_default=False,
+    ),
+]
+
 
 def serve(
     run: DecoderRun,
     host: Annotated[str, typer.Option(help="The address to listen on (loopback by default: only this machine can connect).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="The port to listen on.")] = 8000,
-    api_key: Annotated[
-        Optional[str],
-        typer.Option(
-            "--api-key",
-            help="Require 'Authorization: Bearer KEY' on every route but the chat page (also TFCLI_API_KEY).",
-            envvar="TFCLI_API_KEY",
-            show_default=False,
-        ),
-    ] = None,
-    allowed_hosts: Annotated[
-        Optional[str],
-        typer.Option(
-            "--allowed-hosts",
-            help="Host names the server answers (the Host header; any port), comma-separated, or * for any "
-            "[default: the loopback names for a loopback --host, any for 0.0.0.0 or ::, else the --host itself].",
-            show_default=False,
-        ),
-    ] = None,
+    api_key: ApiKey = None,
+    allowed_hosts: AllowedHosts = None,
     max_batch: Annotated[int, typer.Option(help="Completions decoded together, at most (rows of the KV cache).")] = 16,
     max_queue: Annotated[int, typer.Option(help="Requests waiting for room, at most; past it the server answers 503.")] = 64,
-    served_model_name: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--served-model-name",
-            help="The model's name in the API (repeat it or separate names by commas; /v1/models lists them, the first names the "
-            "model in responses) [default: the run's name]. A request may name the model anything: one model is served.",
-            show_default=False,
-        ),
-    ] = None,
+    served_model_name: ServedModelName = None,
     device: Device = "auto",
     threads: Threads = 0,
 ) -> None:
