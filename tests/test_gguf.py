@@ -519,12 +519,225 @@ def test_export_refuses_a_tokenizer_llama_cpp_cannot_run(cli, tmp_path):
     assert cli("export", run, "--to", "hf", "--type", "f16", "-o", tmp_path / "hf").code == 2  # --type is GGUF's
 
 
+# --- what llama.cpp's loader tolerates, and only that ------------------------------------------------------
+
+
+def _with_keys(src: Path, dst: Path, arch: str | None = None, **keys) -> Path:
+    """A copy of a GGUF file with metadata keys set (as u32 when an int, as text when a str), others kept."""
+    reader = gguf.GGUFReader(src)
+    old_arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(dst), arch or old_arch)
+    names = {key.replace("__", "."): value for key, value in keys.items()}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in names:
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key.replace(f"{old_arch}.", f"{arch}.", 1) if arch else key, field.contents(), field.types[0], sub_type=sub)
+    for key, value in names.items():
+        writer.add_string(key, value) if isinstance(value, str) else writer.add_uint32(key, value)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+NONE_ID = 4294967295  # what llama.cpp's converter writes for "no such token"
+
+
+def test_none_and_out_of_range_special_ids_are_dropped_with_a_note_as_llama_cpp_does(cli, tmp_path, exported_llama):
+    """A file converted from a model without a separator or padding token: llama.cpp's loader warns ("bad special
+    token") and goes on; so does import, saying so, and the run decodes as llama.cpp decodes the file."""
+    llama_cpp = _llama_cpp()
+    path = _with_keys(
+        exported_llama,
+        tmp_path / "none.gguf",
+        tokenizer__ggml__seperator_token_id=NONE_ID,
+        tokenizer__ggml__padding_token_id=NONE_ID,
+        tokenizer__ggml__mask_token_id=100_000,
+    )
+    result = cli("import", path, "-o", tmp_path / "run")
+    assert result.code == 0, result.stderr
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 3, result.stderr
+    assert 'seperator_token_id is 4,294,967,295 (the converter\'s "no such token"' in notes[0] and "as llama.cpp does" in notes[0]
+    assert "padding_token_id is 4,294,967,295" in notes[1] and "mask_token_id is 100,000 (past the vocabulary" in notes[2]
+    run = load_checkpoint(tmp_path / "run")
+    roles = json.loads((tmp_path / "run" / "tokenizer_config.json").read_text())
+    assert "pad_token" not in roles and "sep_token" not in roles and "mask_token" not in roles and roles["eos_token"] == "<|endoftext|>"
+    llm = _llama(llama_cpp, path)
+    prompt = run.tokenizer.encode(PROMPT)
+    ours, _ = _tfcli_greedy(cli, tmp_path / "run", 32)
+    assert ours == _llama_greedy(llm, prompt, 32, _suppressed(run.tokenizer))
+    ids = run.tokenizer.encode(TINY_TEXT)[:100]
+    assert np.abs(_llama_logits(llm, ids) - _tfcli_logits(tmp_path / "run", ids)).max() < 1e-4
+
+
+def test_an_out_of_range_end_of_text_says_what_llama_cpp_falls_back_to(cli, tmp_path, exported_llama):
+    result = cli("import", _with_keys(exported_llama, tmp_path / "eos.gguf", tokenizer__ggml__eos_token_id=NONE_ID), "-o", tmp_path / "run")
+    assert result.code == 0, result.stderr
+    assert "eos_token_id is 4,294,967,295" in result.stderr and "uses its default id 11" in result.stderr  # gpt2's BPE default
+    assert "eos_token" not in json.loads((tmp_path / "run" / "tokenizer_config.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("keys", "named"),
+    [
+        # everything else stays strict: a negative id is no u32, a name is no id
+        (dict(tokenizer__ggml__eos_token_id="two"), "eos_token_id is 'two', not a token id"),
+        (dict(tokenizer__ggml__cls_token_id=1), "tokenizer.ggml.cls_token_id is not something"),
+        # a BERT tokenizer in a llama file: the WordPiece model is the reason, not its cls_token_id
+        (dict(tokenizer__ggml__model="bert", tokenizer__ggml__cls_token_id=1), "tokenizer.ggml.model is 'bert' (WordPiece)"),
+    ],
+)
+def test_other_special_token_problems_stay_refused(cli, tmp_path, exported_llama, keys, named):
+    result = cli("import", _with_keys(exported_llama, tmp_path / "bad.gguf", **keys), "-o", tmp_path / "run")
+    assert result.code == 2 and named in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "cls_token_id" not in result.stderr or "model is" not in named
+
+
+def test_a_bert_gguf_is_refused_as_bert(cli, tmp_path):
+    """What llama.cpp's converter writes for a BERT: architecture bert, a WordPiece (bert) tokenizer with its
+    [CLS] and [SEP]. tfcli does not import an encoder from GGUF, and says that, not that a key is unknown."""
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", "##s"]
+    writer = gguf.GGUFWriter(str(tmp_path / "bert.gguf"), "bert")
+    writer.add_context_length(16)
+    writer.add_embedding_length(8)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(16)
+    writer.add_head_count(2)
+    writer.add_layer_norm_eps(1e-12)
+    writer.add_causal_attention(False)
+    writer.add_pooling_type(gguf.PoolingType.CLS)
+    writer.add_tokenizer_model("bert")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 2, 3, 3, 3, 1, 1, 1])
+    writer.add_uint32("tokenizer.ggml.cls_token_id", 2)
+    writer.add_sep_token_id(3)
+    writer.add_pad_token_id(0)
+    writer.add_mask_token_id(4)
+    writer.add_unk_token_id(1)
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    result = cli("import", tmp_path / "bert.gguf", "-o", tmp_path / "run")
+    assert result.code == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "is a BERT encoder" in result.stderr and "WordPiece" in result.stderr and "cls_token_id" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+# --- every pre-tokenizer llama.cpp splits by regexes ---------------------------------------------------------
+
+VARIED = [
+    "Hello world! I'LL say it: don't, won't, they've.  Tabs\tand\r\nCRLF\n\n\nend   ",
+    "Zoë smiled at the café 🦊🦊, naïve façade; ΑΒΓ δεζ Привет Мир Ankara'da İstanbul'u",
+    "中文测试，你好。日本語のテキスト、カタカナ。한국어 텍스트",
+    "def f(x):\n    return x**2 + 3.14159 # 1234567 12 123456\n\tif a<=b and c!=d: print(f'{x}')",
+    "नमस्ते दुनिया ... full－width ＡＢＣ１２３ — “quotes” ‘single’ $100 + 5% = ~^|`",
+    "numbers 1 12 123 1234 12345 1,234,567.89 and   spaces      here\n \n  \n",
+    "camelCaseWord HTTPServer XMLHttpRequest getHTTPResponseCode ÀÉÎõü end.\n\nNext!\n?!\n",
+]
+
+
+@pytest.fixture(scope="module")
+def boundary_bpe() -> tuple[list[str], list[str]]:
+    """A byte-level BPE trained on VARIED without any pre-tokenizer split, so that its merges cross every boundary a
+    pre-tokenizer could draw: where two pre-tokenizers split differently, the ids differ."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    trainer = trainers.BpeTrainer(vocab_size=1500, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=["<|endoftext|>"], min_frequency=1)
+    tokenizer.train_from_iterator(VARIED * 3, trainer)
+    spec = json.loads(tokenizer.to_str())
+    vocab = spec["model"]["vocab"]
+    return sorted(vocab, key=vocab.get), [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+
+
+def _vocab_gguf(path: Path, tokens: list[str], merges: list[str], pre: str) -> Path:
+    """A llama GGUF holding only what llama.cpp's vocabulary loader reads (llama_cpp.Llama(vocab_only=True))."""
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in dict(context_length=64, embedding_length=16, block_count=1, feed_forward_length=32, head_count=2).items():
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types([3] + [1] * (len(tokens) - 1))
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _pre_names() -> list[str]:
+    from tfcli.gguf.vocab import PRES
+
+    return sorted(PRES)
+
+
+@pytest.mark.parametrize("pre", _pre_names())
+def test_every_pre_tokenizer_name_tokenizes_as_llama_cpp(tmp_path, boundary_bpe, pre):
+    """Each `tokenizer.ggml.pre` name tfcli rebuilds (deepseek-coder, falcon, starcoder, gpt-4o, tekken, ... and their
+    aliases) gives the ids llama.cpp gives, on text where the pre-tokenizers differ (CJK, cased words, digits,
+    contractions, punctuation before newlines, whitespace runs); bos as llama.cpp adds it when the file does not say."""
+    from tokenizers import Tokenizer
+
+    from tfcli.gguf.reader import read_gguf
+    from tfcli.gguf.vocab import PRES, Vocab, _byte_level_pre_name
+
+    llama_cpp = _llama_cpp()
+    path = _vocab_gguf(tmp_path / "vocab.gguf", *boundary_bpe, pre)
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    vocab = Vocab(read_gguf(path).metadata, str(path))
+    ours = Tokenizer.from_str(vocab.tokenizer_json())
+    matched = [text for text in VARIED if ours.encode(text, add_special_tokens=False).ids == llm.tokenize(text.encode(), add_bos=False, special=False)]
+    assert len(matched) == len(VARIED), f"{pre}: {len(matched)}/{len(VARIED)} strings as llama.cpp tokenizes them"
+    written = _byte_level_pre_name(json.loads(vocab.tokenizer_json()))  # exported again: a name llama.cpp splits the same way
+    assert (PRES[written].splits, PRES[written].ignore_merges) == (PRES[pre].splits, PRES[pre].ignore_merges), written
+    adds = len(llm.tokenize(b"a", add_bos=True, special=False)) - len(llm.tokenize(b"a", add_bos=False, special=False))
+    assert vocab.add_bos == PRES[pre].add_bos == bool(adds)  # a bos in front when the file does not say: llama.cpp's default
+
+
+def test_the_pre_tokenizers_are_told_apart(tmp_path, boundary_bpe):
+    """The test above would catch a wrong regex: llama.cpp itself gives different ids for these names on VARIED."""
+    llama_cpp = _llama_cpp()
+    groups = [
+        "gpt-2",
+        "llama-bpe",
+        "qwen2",
+        "qwen35",
+        "smollm",
+        "deepseek-llm",
+        "deepseek-coder",
+        "deepseek-v3",
+        "falcon",
+        "bloom",
+        "viking",
+        "tekken",
+        "gpt-4o",
+    ]
+    seen = {}
+    for pre in groups:
+        llm = llama_cpp.Llama(model_path=str(_vocab_gguf(tmp_path / f"{pre}.gguf", *boundary_bpe, pre)), vocab_only=True, verbose=False)
+        ids = tuple(tuple(llm.tokenize(text.encode(), add_bos=False, special=False)) for text in VARIED)
+        assert ids not in seen, f"{pre} tokenizes VARIED as {seen.get(ids)} does"
+        seen[ids] = pre
+
+
 # --- bad files ---------------------------------------------------------------------------------------------
 
 
-def _rewrite(src: Path, dst: Path, *, drop=(), arch: str | None = None, quantized: str | None = None) -> Path:
+def _rewrite(src: Path, dst: Path, *, drop=(), arch: str | None = None, quantized: str | None = None, kind: str = "Q8_K") -> Path:
     """A copy of a GGUF file through gguf's reader and writer, with keys dropped, another architecture, or
-    one tensor declared as a K-quant."""
+    one tensor declared as another type (Q8_K: llama.cpp's activations' type, which no file's weights have)."""
     reader = gguf.GGUFReader(src)
     old_arch = reader.fields["general.architecture"].contents()
     writer = gguf.GGUFWriter(str(dst), arch or old_arch)
@@ -536,8 +749,8 @@ def _rewrite(src: Path, dst: Path, *, drop=(), arch: str | None = None, quantize
         writer.add_key_value(new_key, field.contents(), field.types[0], sub_type=sub)
     for tensor in reader.tensors:
         if tensor.name == quantized:
-            blocks = np.zeros((tensor.shape[1], gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_K][1]), dtype=np.uint8)
-            writer.add_tensor(tensor.name, blocks, raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+            blocks = np.zeros((tensor.shape[1], gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]][1]), dtype=np.uint8)
+            writer.add_tensor(tensor.name, blocks, raw_dtype=gguf.GGMLQuantizationType[kind])
         else:
             writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
     writer.write_header_to_file()
@@ -562,7 +775,9 @@ BAD_FILES = {
     "wrong magic": (lambda src, dst: dst.write_bytes(b"GGUX" + src.read_bytes()[4:]) and dst, "not a GGUF file"),
     "offset past the end": (_offset_past_the_end, "runs past the end of the file"),
     "unknown architecture": (lambda src, dst: _rewrite(src, dst, arch="mamba"), "general.architecture is 'mamba'"),
-    "a K-quant tensor": (lambda src, dst: _rewrite(src, dst, quantized="blk.0.ffn_down.weight"), "blk.0.ffn_down.weight is Q4_K"),
+    "a type gguf cannot dequantize": (lambda src, dst: _rewrite(src, dst, quantized="blk.0.ffn_down.weight"), "blk.0.ffn_down.weight is Q8_K, which"),
+    # every type llama.cpp writes is read (tests/test_gguf_types.py): a K-quant whose blocks do not fit the shape is refused for that
+    "a K-quant of the wrong size": (lambda src, dst: _rewrite(src, dst, quantized="blk.0.ffn_down.weight", kind="Q4_K"), "has shape [64, 256], but"),
     "no tokenizer": (lambda src, dst: _rewrite(src, dst, drop=("tokenizer.",)), "has no tokenizer"),
     "metadata tfcli cannot express": (lambda src, dst: _rewrite(src, dst, arch="qwen2") and _with_key(dst), "qwen2.expert_count"),
 }

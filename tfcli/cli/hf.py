@@ -36,8 +36,9 @@ def export(
     types). An option the class cannot express is named, and nothing is written.
 
     --to gguf writes one GGUF file that llama.cpp, Ollama and LM Studio load: architecture llama for
-    rotary runs (RMSNorm, SwiGLU, grouped-query attention), gpt2 for learned positions (LayerNorm,
-    GELU: llama.cpp computes its tanh form), with the tokenizer (byte-level BPE as gpt2, SentencePiece-style as llama), its special
+    rotary runs (RMSNorm, SwiGLU, grouped-query attention), qwen3 with q/k norms, phi3 with longrope,
+    gpt2 for learned positions (LayerNorm, GELU: llama.cpp computes its tanh form); an option the file
+    cannot carry is named and nothing is written. With the tokenizer (byte-level BPE as gpt2, SentencePiece-style as llama), its special
     tokens, the chat template and the context length in the file's metadata. A LoRA run is merged first.
 
     A LoRA run (train finetune --lora-rank) exports as OUT/base, its parent as that class, and OUT/adapter,
@@ -149,9 +150,10 @@ def import_(
     vocab.json + merges.txt, or vocab.txt, with the special tokens tokenizer_config.json and
     special_tokens_map.json name. tfcli never downloads: fetch the folder first (huggingface-cli download).
 
-    A GGUF file (llama.cpp's format) of architecture llama, qwen2 or gpt2, with F32, F16, BF16 or Q8_0
-    tensors (dequantized; K-quants and IQ types are refused): its tokenizer is rebuilt as a tokenizer.json
-    that encodes as llama.cpp does. Nothing in the file is executed; every tensor is checked to lie inside it.
+    A GGUF file (llama.cpp's format) of architecture llama, qwen2, qwen3, phi3 or gpt2, with tensors of
+    any type llama.cpp writes (K-quants, IQ and the others dequantized to f32, with a note): its tokenizer
+    is rebuilt as a tokenizer.json that encodes as llama.cpp does. Nothing in the file is executed; every
+    tensor is checked to lie inside it.
 
     \b
     Example: tfcli import ~/models/SmolLM2-135M -o runs/smollm2
@@ -165,6 +167,8 @@ def import_(
             done = gguf.import_gguf(source, output)
         if done.removed:
             stderr_console().print(f"note: {removed_note(done.removed)}", markup=False, highlight=False, soft_wrap=True)
+        for note in done.notes:
+            stderr_console().print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
         kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(done.types.items()))
         stdout_console().print(
             f"imported {source} into {output} (GGUF {done.arch}, {done.parameters:,} parameters; tensors: {kinds})",

@@ -14,7 +14,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,22 +39,22 @@ from tfcli.fsutil import (
     set_default_mode,
 )
 from tfcli.gguf.layout import (
+    EXTRA_TENSORS,
     IMPORT_ARCHS,
-    ROPE_FREQS,
+    config_from_gguf,
     export_arch,
     export_notes,
+    extra_tensors,
     hyperparameters,
-    llama3_rope_factors,
-    model_config,
     permute_heads,
     tensor_layout,
     unpermute_heads,
 )
-from tfcli.gguf.reader import READABLE_TYPES, GgufFile, read_gguf, refused_type
+from tfcli.gguf.reader import READABLE_TYPES, TensorInfo, read_gguf, refused_type
 from tfcli.gguf.vocab import Vocab, tokenizer_metadata
 from tfcli.loader import load_run
 from tfcli.meta_device import on_meta_device
-from tfcli.model.config import ModelConfig, RopeScaling
+from tfcli.model.config import ModelConfig
 from tfcli.model.transformer import Transformer
 from tfcli.rundir import CONFIG_FILE, WEIGHTS_FILE, read_run_config
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
@@ -83,6 +86,7 @@ class Imported:
     parameters: int
     types: dict[str, int]  # tensors read, by GGUF type
     removed: list[Path] = dataclasses.field(default_factory=list)  # staging folders a killed import to the same place left
+    notes: list[str] = dataclasses.field(default_factory=list)  # what llama.cpp's loader tolerates and tfcli did with it, for the CLI to print
 
 
 def _stored(tensor: torch.Tensor, kind: str) -> tuple[np.ndarray, Any]:
@@ -117,13 +121,15 @@ def export_gguf(run_dir: Path, out_path: Path, kind: str = "f32") -> Exported:
     tokenizer_config = _tokenizer_config(checkpoint.tokenizer)
     vocab = tokenizer_metadata(checkpoint.tokenizer, config.vocab_size, tokenizer_config)
     state = checkpoint.model.state_dict()
+    name, renamed = _general_name(Path(run_dir).resolve().name, vocab["tokenizer.ggml.tokens"])
+    notes = export_notes(config, arch) + ([renamed] if renamed else [])
     folder = prepare_output_dir(out_path.parent if str(out_path.parent) else Path("."), "export")
     removed = remove_abandoned_temps(out_path)
     try:
         with held_temp_file(out_path) as tmp:
             writer = gguf.GGUFWriter(str(tmp), arch)
             try:
-                writer.add_name(Path(run_dir).resolve().name)
+                writer.add_name(name)
                 writer.add_type("model")
                 writer.add_file_type(FILE_TYPES[kind])
                 if kind == "q8_0":
@@ -133,8 +139,8 @@ def export_gguf(run_dir: Path, out_path: Path, kind: str = "f32") -> Exported:
                 for key, value in vocab.items():
                     _add(writer, key, value)
                 count = 0
-                if config.rope_scaling is not None and config.rope_scaling.kind == "llama3":
-                    writer.add_tensor(ROPE_FREQS, llama3_rope_factors(config).numpy())
+                for name, values in extra_tensors(config, arch).items():  # rope_freqs, rope_factors_*: f32, as the converter writes them
+                    writer.add_tensor(name, values.numpy())
                     count += 1
                 for entry in tensor_layout(config, arch):
                     tensor = state[entry.ours]
@@ -161,7 +167,25 @@ def export_gguf(run_dir: Path, out_path: Path, kind: str = "f32") -> Exported:
             f"could not write {out_path}: {describe_write_error(exc)}", hint="check the free space and the folder's permissions, or choose another -o"
         ) from exc
     fsync_dir(folder)
-    return Exported(arch, count, out_path.stat().st_size, vocab["tokenizer.ggml.model"], export_notes(config, arch), removed)
+    return Exported(arch, count, out_path.stat().st_size, vocab["tokenizer.ggml.model"], notes, removed)
+
+
+# llama.cpp's vocabulary loader gives a model whose general.name holds "phi3" or "phi-3" Phi-3's own token
+# attributes, looking these tokens up without checking they exist (llama_vocab::impl::load: an exception, and
+# the file does not load, when one is missing)
+PHI3_NAMES, PHI3_TOKENS = ("phi-3", "phi3"), ("</s>", "<unk>", "<s>", "<|endoftext|>")
+
+
+def _general_name(name: str, tokens: list[str]) -> tuple[str, str | None]:
+    """general.name: the run folder's name, unless llama.cpp would take it for Phi-3's vocabulary, which this
+    tokenizer is not; then with a space before the '3', and a note saying why."""
+    if not any(part in name.lower() for part in PHI3_NAMES) or set(PHI3_TOKENS) <= set(tokens):
+        return name, None
+    written = re.sub(r"(?i)(phi)-?(3)", r"\1 \2", name)
+    return written, (
+        f"general.name is {written!r}, not {name!r}: llama.cpp gives a model named phi3 Phi-3's token attributes "
+        f"and does not load one whose vocabulary lacks {', '.join(PHI3_TOKENS)}"
+    )
 
 
 def _with_cause(exc: OSError, tmp: Path) -> OSError:
@@ -213,38 +237,27 @@ def _check_keys(metadata: dict[str, Any], arch: str, where: str) -> None:
         raise TfcliError(f"{where}: metadata {key} is not something tfcli can express", hint=f"tfcli reads {arch}'s, the tokenizer's and general keys")
 
 
-def _layout_config(file: GgufFile, arch: str, where: str) -> ModelConfig:
-    """The config, with the biases and the tied head the file's tensors show."""
-    vocab_size = len(file.metadata.get("tokenizer.ggml.tokens") or [])
-    config = model_config(file.metadata, arch, vocab_size, where)
-    if arch == "gpt2":
-        return config.with_overrides(tie_embeddings="output.weight" not in file.tensors)
-    names = file.tensors
-    bias, qkv_bias, mlp_bias = ("blk.0.attn_output.bias" in names, "blk.0.attn_q.bias" in names, "blk.0.ffn_up.bias" in names)
-    config = config.with_overrides(
-        tie_embeddings="output.weight" not in names,
-        bias=bias,
-        qkv_bias=None if qkv_bias == bias else qkv_bias,
-        mlp_bias=None if mlp_bias == bias else mlp_bias,
-    )
-    if ROPE_FREQS in names:
-        config = config.with_overrides(rope_scaling=_llama3_scaling(file, config, where))
-    return config
+def _unknown_architecture(arch: Any, metadata: dict[str, Any], where: str) -> TfcliError:
+    if arch == "bert" or metadata.get("tokenizer.ggml.model") == "bert":
+        return TfcliError(
+            f"{where} is a BERT encoder (general.architecture {arch!r}, tokenizer.ggml.model 'bert': WordPiece), which tfcli does not import from GGUF; "
+            f"it imports the decoders {', '.join(IMPORT_ARCHS)}",
+            hint="import BERT from its Hugging Face folder: tfcli import FOLDER -o RUN",
+        )
+    return TfcliError(f"{where}: metadata general.architecture is {arch!r}; tfcli imports {', '.join(IMPORT_ARCHS)}")
 
 
-def _llama3_scaling(file: GgufFile, config: ModelConfig, where: str) -> dict[str, Any]:
-    """Llama 3.1's rope scaling, recognised from rope_freqs.weight: the factors it implies for the usual
-    low/high frequency factors (1, 4) and original context (8,192), with the largest divisor as the factor."""
-    factors = file.read(ROPE_FREQS)
-    if factors.shape != (config.head_dim // 2,):
-        raise TfcliError(f"{where}: tensor {ROPE_FREQS} has shape {list(factors.shape)}, not [{config.head_dim // 2}]")
-    original = file.metadata.get(f"{file.metadata['general.architecture']}.rope.scaling.original_context_length", 8192)
-    for context in dict.fromkeys((original, 8192)):
-        scaling = RopeScaling("llama3", float(factors.max()), 1.0, 4.0, int(context))
-        if torch.allclose(llama3_rope_factors(config.with_overrides(rope_scaling=scaling.to_json())), factors, rtol=1e-4, atol=1e-5):
-            return scaling.to_json()
-    raise TfcliError(
-        f"{where}: tensor {ROPE_FREQS} scales the rotary frequencies in a way tfcli cannot name", hint="tfcli knows Llama 3.1's scaling (factors 1 and 4)"
+def _dequantized_note(infos: Iterable[TensorInfo]) -> str | None:
+    """One line naming the types widened to f32 (every type but F32), and what that costs."""
+    infos = list(infos)
+    kinds = sorted({info.kind.name for info in infos if info.kind.name != "F32"})
+    if not kinds:
+        return None
+    stored = sum(info.nbytes for info in infos)
+    wide = sum(4 * math.prod(info.shape) for info in infos)
+    return (
+        f"dequantized the {', '.join(kinds)} tensors to f32: the run holds f32 weights, {wide / stored:.1f}x the file's "
+        f"{stored:,} bytes of tensors ({wide:,} bytes) in memory and on disk"
     )
 
 
@@ -257,20 +270,20 @@ def import_gguf(src: Path, run_dir: Path) -> Imported:
     where = str(src)
     arch = file.metadata.get("general.architecture")
     if arch not in IMPORT_ARCHS:
-        raise TfcliError(f"{where}: metadata general.architecture is {arch!r}; tfcli imports {', '.join(IMPORT_ARCHS)}")
+        raise _unknown_architecture(arch, file.metadata, where)
     _check_keys(file.metadata, arch, where)
     vocab = Vocab(file.metadata, where)
     for info in file.tensors.values():
         if info.kind not in READABLE_TYPES:
             raise refused_type(src, info)
-    config = _layout_config(file, arch, where)
+    config, notes = config_from_gguf(file.metadata, arch, len(vocab.tokens), file.tensors, file.read, where)
     with on_meta_device():
         expected = {name: tuple(t.shape) for name, t in Transformer(config).state_dict().items()}
     layout = tensor_layout(config, arch)
-    known = {entry.name for entry in layout} | {ROPE_FREQS}
+    known = {entry.name for entry in layout} | set(EXTRA_TENSORS.get(arch, ()))
     unknown = sorted(set(file.tensors) - known)
     if unknown:
-        raise TfcliError(f"{where}: tensor {unknown[0]} is not part of tfcli's {arch} model", hint="tfcli imports plain llama, qwen2 and gpt2 models")
+        raise TfcliError(f"{where}: tensor {unknown[0]} is not part of tfcli's {arch} model", hint=f"tfcli imports plain {', '.join(IMPORT_ARCHS)} models")
     parts: dict[str, list[torch.Tensor]] = {}
     types: dict[str, int] = {}
     for entry in layout:
@@ -278,7 +291,7 @@ def import_gguf(src: Path, run_dir: Path) -> Imported:
         want = (entry.stop - entry.start, *want[1:]) if entry.stop else want
         info = file.tensors.get(entry.name)
         if info is None:
-            raise TfcliError(f"{where} lacks the tensor {entry.name}", hint="the file is incomplete, or not a plain llama, qwen2 or gpt2 model")
+            raise TfcliError(f"{where} lacks the tensor {entry.name}", hint=f"the file is incomplete, or not a plain {arch} model")
         if info.shape != want:
             raise TfcliError(f"{where}: tensor {entry.name} has shape {list(info.shape)}, but the metadata implies {list(want)}")
         tensor = file.read(entry.name)
@@ -286,6 +299,8 @@ def import_gguf(src: Path, run_dir: Path) -> Imported:
             raise TfcliError(f"{where}: tensor {entry.name} holds non-finite values")
         parts.setdefault(entry.ours, []).append(unpermute_heads(tensor, entry.heads) if entry.heads else tensor)
         types[info.kind.name] = types.get(info.kind.name, 0) + 1
+    widened = _dequantized_note(file.tensors.values())
+    notes = vocab.notes + notes + ([widened] if widened else [])
 
     state = {name: torch.cat(chunks) if len(chunks) > 1 else chunks[0] for name, chunks in parts.items()}
     model = model_from_tensors(config, state)
@@ -301,4 +316,4 @@ def import_gguf(src: Path, run_dir: Path) -> Imported:
         tokenizer = TextTokenizer.load(staged / TOKENIZER_FILE)
         save_checkpoint(staged, model, tokenizer, source=str(src))
         place_folder(staged, target, last=(WEIGHTS_FILE, CONFIG_FILE))  # a folder holds a run once they are there
-    return Imported(config, arch, model.parameter_count(), types, removed)
+    return Imported(config, arch, model.parameter_count(), types, removed, notes)

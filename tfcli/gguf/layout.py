@@ -1,16 +1,24 @@
-"""How a tfcli model is laid out in GGUF: the architectures llama.cpp knows it as (llama, qwen2, gpt2), their
-metadata keys, and which GGUF tensor holds which rows of which tfcli tensor. Names and conventions are
-llama.cpp's (convert_hf_to_gguf.py, src/models/llama.cpp, src/models/gpt2.cpp).
+"""How a tfcli model is laid out in GGUF: the architectures llama.cpp knows it as (llama, qwen2, qwen3, phi3,
+gpt2), their metadata keys, and which GGUF tensor holds which rows of which tfcli tensor. Names and conventions
+are llama.cpp's (convert_hf_to_gguf.py and conversion/*.py, src/models/*.cpp, src/llama-model.cpp).
 
 llama.cpp rotates each consecutive pair (x0, x1) of a head for `llama` (its "normal" RoPE); tfcli, like
 transformers, rotates the halves (x_i, x_{i + hs/2}). The converter therefore reorders the rows of q and k
 inside each head (its `permute`), so that the pairs llama.cpp rotates are the ones tfcli rotates; export
-does the same and import undoes it. `qwen2` rotates halves ("neox" RoPE): its rows stay as they are.
+does the same and import undoes it. `qwen2`, `qwen3` and `phi3` rotate halves ("neox" RoPE): their rows stay
+as they are.
+
+Export writes a run only as an architecture that computes what the run computes: `export_incompatibility`
+names the first option the architecture cannot express, checked first by hand (with the reason), then by
+reading the config back from the metadata and tensor names export would write (`config_from_gguf`, import's
+own reader): any field that would not come back, an option added to the model later included, is named.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable, Collection
 from typing import Any
 
 import torch
@@ -19,9 +27,14 @@ from tfcli.errors import TfcliError
 from tfcli.model.config import ModelConfig, RopeScaling
 from tfcli.model.layers import scaled_frequencies
 
-EXPORT_ARCHS = ("llama", "gpt2")
-IMPORT_ARCHS = ("llama", "qwen2", "gpt2")
+EXPORT_ARCHS = ("llama", "qwen3", "phi3", "gpt2")
+IMPORT_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gpt2")
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency divisors: Llama 3.1's rope scaling
+ROPE_SHORT, ROPE_LONG = "rope_factors_short.weight", "rope_factors_long.weight"  # Phi-3's longrope divisors, up to and past its original context
+PERMUTED = ("llama",)  # q and k rows in llama.cpp's pair order; the others rotate halves as tfcli does
+# Fields that change how a model trains, not what it computes: no GGUF architecture has a place for them, and
+# import sets their defaults (no dropout: inference). Every other field the file would not give back is refused.
+TRAINING_ONLY = ("dropout", "init_std", "zero_init_proj")
 # The activations export writes as gpt2. llama.cpp's gpt2 graph has one GELU, ggml_gelu: the tanh approximation
 # (GPT-2's gelu_new), and no text architecture of llama.cpp computes the exact-erf form (ggml_gelu_erf is used by
 # its multimodal encoders only). An exact-GELU run ("gelu", the presets' default) goes out as gpt2 with a note,
@@ -63,31 +76,106 @@ def incompatibility(checks: list[tuple[bool, str]]) -> str | None:
 
 
 def export_incompatibility(config: ModelConfig, arch: str) -> str | None:
-    """The first option `arch` cannot express, as a phrase, or None."""
+    """The first option `arch` cannot express, as a phrase, or None: the known ones with their reason, then
+    any field the file would not give back (read back by import's own reader), by name."""
+    problem = incompatibility(_checks(config, arch))
+    return problem if problem is not None else _not_read_back(config, arch)
+
+
+def _checks(config: ModelConfig, arch: str) -> list[tuple[bool, str]]:
+    """The options `arch` cannot express, each phrase starting with the field's name."""
+    scaling = config.rope_scaling.kind if config.rope_scaling is not None else None
     common = [
         (config.arch == "decoder", f"arch {config.arch!r} (llama.cpp's {arch} is a decoder)"),
         (config.norm_placement == "pre", f"norm_placement {config.norm_placement!r} ({arch} is pre-norm)"),
-        (config.n_classes == 0, f"a classification head ({arch} has none)"),
+        (config.n_classes == 0, f"n_classes {config.n_classes} (a classification head; {arch} has none)"),
     ]
     if arch == "gpt2":
-        return incompatibility(
-            common
-            + [
-                (config.positions == "learned", f"positions {config.positions!r} (gpt2 learns its positions)"),
-                (config.norm == "layernorm", f"norm {config.norm!r} (gpt2 uses LayerNorm)"),
-                (config.activation in GPT2_ACTIVATIONS, f"activation {config.activation!r} (llama.cpp's gpt2 has GELU, as its tanh approximation)"),
-                (config.kv_heads == config.n_heads, f"n_kv_heads {config.kv_heads} (gpt2 has multi-head attention only)"),
-                (config.bias and config.has_qkv_bias and config.has_mlp_bias, "bias false (gpt2's layers and norms have biases)"),
-            ]
-        )
-    return incompatibility(
-        common
-        + [
-            (config.positions == "rotary", f"positions {config.positions!r} (llama rotates q and k)"),
-            (config.norm == "rmsnorm", f"norm {config.norm!r} (llama uses RMSNorm)"),
-            (config.activation == "swiglu", f"activation {config.activation!r} (llama's MLP is SwiGLU)"),
+        return common + [
+            (config.positions == "learned", f"positions {config.positions!r} (gpt2 learns its positions)"),
+            (config.norm == "layernorm", f"norm {config.norm!r} (gpt2 uses LayerNorm)"),
+            (config.activation in GPT2_ACTIVATIONS, f"activation {config.activation!r} (llama.cpp's gpt2 has GELU, as its tanh approximation)"),
+            (config.kv_heads == config.n_heads, f"n_kv_heads {config.kv_heads} (gpt2 has multi-head attention only)"),
+            (config.bias, "bias false (gpt2's layers and norms have biases)"),
+            (config.has_qkv_bias, "qkv_bias false (gpt2's q, k and v have biases)"),
+            (config.has_mlp_bias, "mlp_bias false (gpt2's MLP has biases)"),
         ]
-    )
+    rotary = common + [
+        (config.positions == "rotary", f"positions {config.positions!r} ({arch} rotates q and k)"),
+        (config.norm == "rmsnorm", f"norm {config.norm!r} ({arch} uses RMSNorm)"),
+        (config.activation == "swiglu", f"activation {config.activation!r} ({arch}'s MLP is SwiGLU)"),
+    ]
+    if arch == "qwen3":
+        return rotary + [
+            (not config.bias, "bias true (llama.cpp's qwen3 has no bias on the attention output)"),
+            (not config.has_mlp_bias, "mlp_bias true (llama.cpp's qwen3 has no biases in the MLP)"),
+            (scaling in (None, "linear"), f"rope_scaling {scaling} with qk_norm (llama.cpp's qwen3 reads no rope_freqs or rope factors)"),
+        ]
+    if arch == "phi3":
+        return rotary + [
+            (
+                config.q_width == config.d_model,
+                f"d_head {config.head_dim} with rope_scaling longrope (llama.cpp's phi3 heads are embedding_length / head_count = {config.d_model / config.n_heads:g} wide)",
+            ),
+            (not config.bias, "bias true with rope_scaling longrope (llama.cpp's phi3 has no biases)"),
+            (not config.has_qkv_bias, "qkv_bias true with rope_scaling longrope (llama.cpp's phi3 has no biases)"),
+            (not config.has_mlp_bias, "mlp_bias true with rope_scaling longrope (llama.cpp's phi3 has no biases)"),
+        ]
+    return rotary + [
+        (not config.qk_norm, "qk_norm true (llama.cpp's llama has no norm on q and k; tfcli writes such runs as qwen3)"),
+        (scaling != "longrope", "rope_scaling longrope (tfcli writes such runs as phi3)"),
+    ]
+
+
+# Fields compared by what they mean (n_kv_heads None is n_heads, d_ff None is 4 * d_model, ...)
+_EFFECTIVE = {"n_kv_heads": "kv_heads", "d_head": "head_dim", "d_ff": "hidden_dim", "qkv_bias": "has_qkv_bias", "mlp_bias": "has_mlp_bias"}
+
+
+def _not_read_back(config: ModelConfig, arch: str) -> str | None:
+    """The first field of `config` that the file export writes would not give back, as a phrase, or None."""
+    extras = extra_tensors(config, arch)
+    names = {t.name for t in tensor_layout(config, arch)} | set(extras)
+    metadata = {f"{arch}.{key}": value for key, value in hyperparameters(config, arch).items()}
+    try:
+        back, _ = config_from_gguf(metadata, arch, config.vocab_size, names, extras.__getitem__, "the file")
+    except TfcliError as error:
+        return f"a setting the file would not give back ({error.message})"
+    for field in dataclasses.fields(ModelConfig):
+        name = field.name
+        if name in TRAINING_ONLY or (name == "activation" and export_notes(config, arch)):
+            continue
+        if not _same(_effective(config, name), _effective(back, name)):
+            return f"{name} {_shown(getattr(config, name))} (GGUF's {arch} has no key or tensor that holds it)"
+    return None
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, RopeScaling):
+        return value.kind
+    return repr(list(value)) if isinstance(value, tuple) else repr(value)
+
+
+def _effective(config: ModelConfig, name: str) -> Any:
+    value = getattr(config, _EFFECTIVE.get(name, name))
+    if isinstance(value, RopeScaling) and value.kind == "longrope":
+        value = dataclasses.replace(value, factor=1.0)  # bookkeeping: longrope computes from short_factor and attention_factor alone
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, floats within float32's rounding (GGUF stores them as float32)."""
+    if dataclasses.is_dataclass(a) and dataclasses.is_dataclass(b):
+        return _same(dataclasses.asdict(a), dataclasses.asdict(b))  # type: ignore[arg-type]
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (a, b))
+    if numbers and (isinstance(a, float) or isinstance(b, float)):
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-30)
+    return a == b
 
 
 def export_notes(config: ModelConfig, arch: str) -> list[str]:
@@ -102,17 +190,30 @@ def export_notes(config: ModelConfig, arch: str) -> list[str]:
 
 
 def export_arch(config: ModelConfig) -> str:
-    """llama for rotary runs, gpt2 for learned positions; an option neither can express is named."""
-    arch = "llama" if config.positions == "rotary" else "gpt2"
+    """gpt2 for learned positions; for rotary runs qwen3 with a norm on q and k (Qwen3), phi3 with longrope
+    (Phi-3), else llama. An option the architecture cannot express is named."""
+    scaling = config.rope_scaling.kind if config.rope_scaling is not None else None
+    if config.positions != "rotary":
+        arch = "gpt2"
+    elif config.qk_norm:
+        arch = "qwen3"
+    elif scaling == "longrope":
+        arch = "phi3"
+    else:
+        arch = "llama"
     problem = export_incompatibility(config, arch)
     if problem is not None:
-        raise TfcliError(f"GGUF's {arch} architecture cannot express this model: {problem}", hint="llama.cpp runs Llama-style and GPT-2-style decoders")
+        raise TfcliError(
+            f"GGUF's {arch} architecture cannot express this model: {problem}",
+            hint="llama.cpp runs Llama-, Qwen3-, Phi-3- and GPT-2-style decoders; export to Hugging Face with --to hf",
+        )
     return arch
 
 
 def tensor_layout(config: ModelConfig, arch: str) -> list[GgufTensor]:
-    """Every GGUF tensor of `arch` for this config, and where its rows are in tfcli's state."""
-    d, kv, hidden = config.d_model, config.kv_heads * config.head_dim, config.hidden_dim
+    """Every GGUF tensor of `arch` for this config taken from the weights, and where its rows are in tfcli's
+    state (the ones computed from the config are `extra_tensors`)."""
+    q, kv, hidden = config.q_width, config.kv_heads * config.head_dim, config.hidden_dim
     tensors = [GgufTensor("token_embd.weight", "tok_emb.weight")]
     if arch == "gpt2":
         tensors.append(GgufTensor("position_embd.weight", "pos_emb.weight"))
@@ -125,10 +226,16 @@ def tensor_layout(config: ModelConfig, arch: str) -> list[GgufTensor]:
             for theirs, mine in (("attn_qkv", "attn.qkv"), ("attn_output", "attn.out"), ("ffn_up", "mlp.fc"), ("ffn_down", "mlp.proj")):
                 tensors += [GgufTensor(f"{blk}.{theirs}.{k}", f"{ours}.{mine}.{k}") for k in kinds]
             continue
-        heads = {"q": config.n_heads, "k": config.kv_heads, "v": 0} if arch == "llama" else {"q": 0, "k": 0, "v": 0}
-        spans = {"q": (0, d), "k": (d, d + kv), "v": (d + kv, d + 2 * kv)}
+        if arch == "phi3":  # q, k, v in one tensor and gate, up in another, as tfcli holds them (gate first: ggml_swiglu's order)
+            for theirs, mine in (("attn_qkv", "attn.qkv"), ("attn_output", "attn.out"), ("ffn_up", "mlp.fc"), ("ffn_down", "mlp.proj")):
+                tensors.append(GgufTensor(f"{blk}.{theirs}.weight", f"{ours}.{mine}.weight"))
+            continue
+        heads = {"q": config.n_heads, "k": config.kv_heads, "v": 0} if arch in PERMUTED else {"q": 0, "k": 0, "v": 0}
+        spans = {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)}
         for kind in ("weight", "bias") if config.has_qkv_bias else ("weight",):
             tensors += [GgufTensor(f"{blk}.attn_{p}.{kind}", f"{ours}.attn.qkv.{kind}", *spans[p], heads=heads[p]) for p in "qkv"]
+        if config.qk_norm:  # qwen3: an RMSNorm over each head's query and key (head_dim wide)
+            tensors += [GgufTensor(f"{blk}.attn_{p}_norm.weight", f"{ours}.attn.{p}_norm.weight") for p in "qk"]
         tensors.append(GgufTensor(f"{blk}.attn_output.weight", f"{ours}.attn.out.weight"))
         if config.bias:
             tensors.append(GgufTensor(f"{blk}.attn_output.bias", f"{ours}.attn.out.bias"))
@@ -142,6 +249,22 @@ def tensor_layout(config: ModelConfig, arch: str) -> list[GgufTensor]:
     if not config.tie_embeddings:
         tensors.append(GgufTensor("output.weight", "lm_head.weight"))
     return tensors
+
+
+# The tensors computed from the config rather than taken from the weights, by architecture
+EXTRA_TENSORS = {"llama": (ROPE_FREQS,), "phi3": (ROPE_SHORT, ROPE_LONG)}
+
+
+def extra_tensors(config: ModelConfig, arch: str) -> dict[str, torch.Tensor]:
+    """Llama 3.1's rope_freqs.weight (llama), Phi-3's rope_factors_short and _long (phi3: both the short
+    factors, which tfcli computes at every position: its context ends where the long ones would start)."""
+    scaling = config.rope_scaling
+    if scaling is not None and scaling.kind == "llama3" and arch == "llama":
+        return {ROPE_FREQS: llama3_rope_factors(config)}
+    if scaling is not None and scaling.kind == "longrope" and arch == "phi3":
+        short = torch.tensor(scaling.short_factor, dtype=torch.float32)  # (hs/2,)
+        return {ROPE_SHORT: short, ROPE_LONG: short.clone()}
+    return {}
 
 
 def hyperparameters(config: ModelConfig, arch: str) -> dict[str, Any]:
@@ -165,11 +288,16 @@ def hyperparameters(config: ModelConfig, arch: str) -> dict[str, Any]:
             "vocab_size": config.vocab_size,
         }
     )
+    if arch == "qwen3" or config.q_width != config.d_model:  # heads of their own width (Qwen3's converter always writes them)
+        keys["attention.key_length"] = keys["attention.value_length"] = config.head_dim
     scaling = config.rope_scaling
     if scaling is not None and scaling.kind == "linear":
         keys.update({"rope.scaling.type": "linear", "rope.scaling.factor": scaling.factor})
-    elif scaling is not None:  # llama3: the divisors go in rope_freqs.weight; the context they were made for here
+    elif scaling is not None and scaling.kind == "llama3":  # the divisors go in rope_freqs.weight; the context they were made for here
         keys["rope.scaling.original_context_length"] = scaling.original_context
+    elif scaling is not None:  # longrope: the factors go in rope_factors_*; llama.cpp scales cos and sin by attn_factor, as tfcli does
+        keys["rope.scaling.original_context_length"] = scaling.original_context
+        keys["rope.scaling.attn_factor"] = scaling.attention_factor
     return keys
 
 
@@ -202,7 +330,9 @@ ARCH_KEYS = {
         "vocab_size",
     },
 }
-ARCH_KEYS["qwen2"] = ARCH_KEYS["llama"]
+ARCH_KEYS["qwen2"] = ARCH_KEYS["qwen3"] = ARCH_KEYS["llama"]
+# phi3: the attention factor of its longrope; its sliding window, which llama.cpp's loader reads and switches off
+ARCH_KEYS["phi3"] = ARCH_KEYS["llama"] | {"rope.scaling.attn_factor", "attention.sliding_window"}
 
 
 class Hparams:
@@ -214,7 +344,8 @@ class Hparams:
         for key in metadata:
             if key.startswith(prefix) and key[len(prefix) :] not in ARCH_KEYS[arch]:
                 raise TfcliError(
-                    f"{where}: metadata {key} is not something tfcli's {arch} model can express", hint="tfcli imports plain llama, qwen2 and gpt2 models"
+                    f"{where}: metadata {key} is not something tfcli's {arch} model can express",
+                    hint=f"tfcli imports plain {', '.join(IMPORT_ARCHS)} models",
                 )
 
     def get(self, name: str, kind: type, default: Any = ...) -> Any:
@@ -232,14 +363,19 @@ class Hparams:
         return kind(value)
 
 
-def model_config(metadata: dict[str, Any], arch: str, vocab_size: int, where: str) -> ModelConfig:
-    """tfcli's config for a file of `arch` (its vocabulary size from the token list)."""
+def config_from_gguf(
+    metadata: dict[str, Any], arch: str, vocab_size: int, names: Collection[str], read: Callable[[str], torch.Tensor], where: str
+) -> tuple[ModelConfig, list[str]]:
+    """tfcli's config for a file of `arch` (its vocabulary size from the token list): the metadata, with the
+    biases, the tied head and the rope scaling its tensor `names` show (`read` gives a rope tensor's values),
+    and notes on what llama.cpp's loader reads and leaves unused, which tfcli leaves too."""
     hp = Hparams(metadata, arch, where)
     d, heads = hp.get("embedding_length", int), hp.get("attention.head_count", int)
+    block_size = hp.get("context_length", int)
     shape = dict(
         arch="decoder",
         vocab_size=vocab_size,
-        block_size=hp.get("context_length", int),
+        block_size=block_size,
         n_layers=hp.get("block_count", int),
         n_heads=heads,
         d_model=d,
@@ -247,35 +383,122 @@ def model_config(metadata: dict[str, Any], arch: str, vocab_size: int, where: st
         dropout=0.0,
     )
     if arch == "gpt2":
-        return _build(
-            where, **shape, positions="learned", norm="layernorm", activation="gelu_tanh", bias=True, norm_eps=hp.get("attention.layer_norm_epsilon", float)
+        config = _build(
+            where,
+            **shape,
+            positions="learned",
+            norm="layernorm",
+            activation="gelu_tanh",
+            bias=True,
+            norm_eps=hp.get("attention.layer_norm_epsilon", float),
+            tie_embeddings="output.weight" not in names,
         )
-    head_dim = d // heads if heads and d % heads == 0 else 0
-    for key in ("attention.key_length", "attention.value_length", "rope.dimension_count"):
+        return config, []
+    notes: list[str] = []
+    head_dim = hp.get("attention.key_length", int, d // heads if heads > 0 and d % heads == 0 else 0)
+    if head_dim < 1:
+        raise TfcliError(
+            f"{where}: metadata {arch}.embedding_length {d} is not a multiple of head_count {heads}, and no {arch}.attention.key_length says how wide the heads are"
+        )
+    for key in ("attention.value_length", "rope.dimension_count"):
         if hp.get(key, int, head_dim) != head_dim:
-            raise TfcliError(
-                f"{where}: metadata {arch}.{key} is {hp.get(key, int)}; tfcli's heads are embedding_length / head_count = {head_dim} wide, all rotated"
+            raise TfcliError(f"{where}: metadata {arch}.{key} is {hp.get(key, int)}; tfcli's values are as wide as its keys ({head_dim}), all rotated")
+    scaling, block_size = _rope_scaling(hp, names, read, head_dim, block_size, notes)
+    if arch == "phi3":
+        window = hp.get("attention.sliding_window", int, 0)
+        if 0 < window < block_size:
+            notes.append(
+                f"metadata phi3.attention.sliding_window is {window:,}: llama.cpp switches Phi-3's sliding window off and attends to the whole context, as tfcli does"
             )
-    scaling = None
-    kind = hp.get("rope.scaling.type", str, "none")
-    if kind == "linear":
-        scaling = RopeScaling("linear", hp.get("rope.scaling.factor", float))
-    elif kind != "none":
-        raise TfcliError(f"{where}: metadata {arch}.rope.scaling.type is {kind!r}; tfcli implements none and linear (and Llama 3.1's rope_freqs)")
-    qwen2 = arch == "qwen2"
-    return _build(
+    names = set(names)
+    phi3 = arch == "phi3"
+    bias = not phi3 and arch != "qwen3" and "blk.0.attn_output.bias" in names
+    qkv_bias = not phi3 and "blk.0.attn_q.bias" in names
+    mlp_bias = not phi3 and arch != "qwen3" and "blk.0.ffn_up.bias" in names
+    config = _build(
         where,
-        **shape,
+        **{**shape, "block_size": block_size},
         n_kv_heads=hp.get("attention.head_count_kv", int, heads),
+        d_head=head_dim if head_dim * heads != d else None,
         positions="rotary",
         rope_base=hp.get("rope.freq_base", float, 10000.0),
         rope_scaling=scaling,
         norm="rmsnorm",
         norm_eps=hp.get("attention.layer_norm_rms_epsilon", float),
         activation="swiglu",
-        bias=False,
-        qkv_bias=True if qwen2 else None,
-        tie_embeddings=False,
+        bias=bias,
+        qkv_bias=None if qkv_bias == bias else qkv_bias,
+        mlp_bias=None if mlp_bias == bias else mlp_bias,
+        qk_norm=arch == "qwen3",
+        tie_embeddings="output.weight" not in names,
+    )
+    return config, notes
+
+
+def _rope_scaling(
+    hp: Hparams, names: Collection[str], read: Callable[[str], torch.Tensor], head_dim: int, block_size: int, notes: list[str]
+) -> tuple[RopeScaling | None, int]:
+    """The rope scaling (and the context) llama.cpp computes for this file: the scaling type (linear when a
+    factor is given without one, as llama.cpp reads it), Llama 3.1's rope_freqs (llama), Phi-3's rope factors
+    with their attention factor (phi3, up to the original context: past it llama.cpp takes the long factors)."""
+    arch, where = hp.arch, hp.where
+    kind = hp.get("rope.scaling.type", str, "linear")
+    factor = hp.get("rope.scaling.factor", float, 0.0)
+    if kind not in ("none", "linear"):
+        raise TfcliError(
+            f"{where}: metadata {arch}.rope.scaling.type is {kind!r}; tfcli implements none and linear (and Llama 3.1's rope_freqs, Phi-3's rope factors)"
+        )
+    scaling = RopeScaling("linear", factor) if kind == "linear" and factor not in (0.0, 1.0) else None
+    extra = [name for name in EXTRA_TENSORS.get(arch, ()) if name in names]
+    if extra and scaling is not None:
+        raise TfcliError(f"{where}: tensor {extra[0]} and linear rope scaling together are something tfcli cannot express")
+    attention = hp.get("rope.scaling.attn_factor", float, 1.0)
+    if ROPE_FREQS in extra:
+        factors = _rope_tensor(read, ROPE_FREQS, head_dim, where)
+        return _llama3_scaling(factors, hp, head_dim, where), block_size
+    if arch == "phi3" and extra:
+        if ROPE_SHORT not in extra:
+            raise TfcliError(f"{where} has {ROPE_LONG} without {ROPE_SHORT}, which llama.cpp uses up to the original context")
+        short = _rope_tensor(read, ROPE_SHORT, head_dim, where)
+        if ROPE_LONG in extra:
+            _rope_tensor(read, ROPE_LONG, head_dim, where)
+        original = hp.get("rope.scaling.original_context_length", int, block_size)
+        if original < block_size:
+            notes.append(f"context {original:,} (longrope's original context; past it llama.cpp switches to {ROPE_LONG}, which tfcli does not implement)")
+        if not (attention > 0 and all(f > 0 for f in short.tolist())):
+            raise TfcliError(f"{where}: tensor {ROPE_SHORT} and metadata {arch}.rope.scaling.attn_factor must be positive")
+        factor = max(1.0, block_size / original)  # bookkeeping: longrope computes from the short factors and the attention factor
+        longrope = RopeScaling("longrope", factor, original_context=original, short_factor=tuple(short.tolist()), attention_factor=attention)
+        return longrope, min(block_size, original)
+    if attention != 1.0:
+        raise TfcliError(f"{where}: metadata {arch}.rope.scaling.attn_factor is {attention} without rope factors; tfcli scales cos and sin only with longrope")
+    return scaling, block_size
+
+
+def _rope_tensor(read: Callable[[str], torch.Tensor], name: str, head_dim: int, where: str) -> torch.Tensor:
+    values = read(name)
+    if tuple(values.shape) != (head_dim // 2,):
+        raise TfcliError(f"{where}: tensor {name} has shape {list(values.shape)}, not [{head_dim // 2}]")
+    if not bool(values.isfinite().all()):
+        raise TfcliError(f"{where}: tensor {name} holds non-finite values")
+    return values.float()
+
+
+def _llama3_scaling(factors: torch.Tensor, hp: Hparams, head_dim: int, where: str) -> RopeScaling:
+    """Llama 3.1's rope scaling, recognised from rope_freqs.weight: the factors it implies for the usual
+    low/high frequency factors (1, 4) and original context (8,192), with the largest divisor as the factor."""
+    original = hp.get("rope.scaling.original_context_length", int, 8192)
+    base = hp.get("rope.freq_base", float, 10000.0)
+    for context in dict.fromkeys((original, 8192)):
+        scaling = RopeScaling("llama3", float(factors.max()), 1.0, 4.0, int(context))
+        try:  # a config of one head, for its frequencies
+            probe = ModelConfig(n_layers=1, n_heads=1, d_model=head_dim, positions="rotary", rope_base=base, rope_scaling=scaling, block_size=2)
+        except TfcliError:
+            continue  # no Llama 3.1 scaling (a largest divisor below 1, say)
+        if torch.allclose(llama3_rope_factors(probe), factors, rtol=1e-4, atol=1e-5):
+            return scaling
+    raise TfcliError(
+        f"{where}: tensor {ROPE_FREQS} scales the rotary frequencies in a way tfcli cannot name", hint="tfcli knows Llama 3.1's scaling (factors 1 and 4)"
     )
 
 

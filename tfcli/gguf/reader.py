@@ -33,7 +33,26 @@ VERSIONS = (2, 3)
 MAX_NAME_BYTES = 1 << 16  # a key or tensor name (llama.cpp's tensor names are at most 64 bytes)
 MAX_DIMENSIONS = 4  # GGML_MAX_DIMS
 TOKENS_KEY, MERGES_KEY = "tokenizer.ggml.tokens", "tokenizer.ggml.merges"
-READABLE_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16, GGMLQuantizationType.Q8_0)
+
+
+def _dequantizable() -> tuple[GGMLQuantizationType, ...]:
+    """The float types `gguf.quants.dequantize` handles in the installed gguf package, found by dequantizing one
+    zero block of each (a type it does not know raises NotImplementedError; integer types are no weights)."""
+    kinds = []
+    for kind in GGMLQuantizationType:
+        if kind.name.startswith("I") and not kind.name.startswith("IQ"):
+            continue  # I8 .. I64: integer tensors, never a model's weights
+        try:
+            dequantize(np.zeros((1, GGML_QUANT_SIZES[kind][1]), dtype=np.uint8), kind)
+        except NotImplementedError:
+            continue
+        kinds.append(kind)
+    return tuple(kinds)
+
+
+# F32 and F16 read as they are; every other type llama.cpp writes (BF16, Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ*, TQ*,
+# MXFP4) dequantized by llama.cpp's own gguf package, which knows them all (a type it cannot dequantize is refused)
+READABLE_TYPES = _dequantizable()
 _SCALARS = {
     GGUFValueType.UINT8: "<B",
     GGUFValueType.INT8: "<b",
@@ -79,7 +98,7 @@ class GgufFile:
     tensors: dict[str, TensorInfo]
 
     def read(self, name: str) -> torch.Tensor:
-        """One tensor as float32 (F16, BF16 and Q8_0 dequantized), shaped as torch writes it."""
+        """One tensor as float32 (every other type dequantized), shaped as torch writes it."""
         info = self.tensors[name]
         if info.kind not in READABLE_TYPES:
             raise refused_type(self.path, info)
@@ -98,8 +117,9 @@ class GgufFile:
 
 def refused_type(path: Path, info: TensorInfo) -> TfcliError:
     return TfcliError(
-        f"{path}: tensor {info.name} is {info.kind.name}; tfcli reads F32, F16, BF16 and Q8_0 tensors (K-quants and IQ types are refused)",
-        hint="convert the model to Q8_0 or F16 first, e.g. llama-quantize --allow-requantize IN.gguf OUT.gguf Q8_0",
+        f"{path}: tensor {info.name} is {info.kind.name}, which llama.cpp's gguf package cannot dequantize; tfcli reads "
+        f"{', '.join(kind.name for kind in READABLE_TYPES)}",
+        hint="convert the model to one of those first, e.g. llama-quantize --allow-requantize IN.gguf OUT.gguf Q8_0",
     )
 
 

@@ -1,8 +1,9 @@
 """A tokenizer in GGUF's `tokenizer.ggml.*` metadata, and back to a tokenizer.json.
 
 Two of llama.cpp's tokenizer models are spoken:
-- `gpt2`: byte-level BPE with its merges, after a pre-tokenizer regex llama.cpp knows by name
-  (`tokenizer.ggml.pre`: gpt-2, llama-bpe, qwen2, smollm);
+- `gpt2`: byte-level BPE with its merges, after the pre-tokenizer llama.cpp knows by name
+  (`tokenizer.ggml.pre`: gpt-2, llama-bpe, qwen2, smollm, and every name llama.cpp splits by regexes alone,
+  deepseek-coder, falcon, starcoder, gpt-4o, tekken, ..., with llama.cpp's own regexes: `PRES`);
 - `llama`: SentencePiece-style pieces with scores (spaces written as U+2581, byte fallback `<0xXX>`);
   llama.cpp merges the adjacent pair whose joined piece scores highest, which a BPE reproduces with a
   merge for every split of every piece, ranked by the piece's score (as transformers reads a GGUF).
@@ -11,6 +12,7 @@ Exported, a BPE's merge rank becomes its piece's score (the earlier the merge, t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -38,20 +40,106 @@ ROLE_KEYS = {
 }
 LLAMA3_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 QWEN2_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-# llama.cpp's pre-tokenizer names -> the one tfcli writes for that regex
-PRE_NAMES = {
-    "gpt-2": "gpt-2",
-    "phi-2": "gpt-2",
-    "roberta-bpe": "gpt-2",
-    "olmo": "gpt-2",
-    "mpt": "gpt-2",
-    "llama-bpe": "llama-bpe",
-    "llama3": "llama-bpe",
-    "llama-v3": "llama-bpe",
-    "qwen2": "qwen2",
-    "deepseek-r1-qwen": "qwen2",
-    "smollm": "smollm",
+NO_TOKEN = 0xFFFFFFFF  # what llama.cpp's converter writes for "no such token" (LLAMA_TOKEN_NULL as a u32)
+# The id llama.cpp's loader falls back to when a special-token key is out of range (llama_vocab::impl::load)
+DEFAULT_IDS = {"llama": {"bos": 1, "eos": 2, "unk": 0}, "gpt2": {"bos": 11, "eos": 11}}
+# llama.cpp's other tokenizer models, by what they are
+OTHER_MODELS = {
+    "bert": " (WordPiece)",
+    "t5": " (Unigram)",
+    "rwkv": " (RWKV's trie)",
+    "plamo2": " (PLaMo 2's)",
+    "gemma4": " (Gemma 4's)",
+    "no_vocab": " (no vocabulary)",
+    "none": " (no vocabulary)",
 }
+
+
+def _dropped(key: str, value: int, n: int, default: int | None) -> str:
+    """The note for a special-token id past the vocabulary, which tfcli drops as llama.cpp's loader does."""
+    said = 'the converter\'s "no such token"' if value == NO_TOKEN else "past the vocabulary"
+    if default is not None and default < n:
+        return f"metadata {key} is {value:,} ({said}, not a token id below {n:,}): tfcli goes on without it; llama.cpp warns and uses its default id {default}"
+    return f"metadata {key} is {value:,} ({said}, not a token id below {n:,}): tfcli goes on without it, as llama.cpp does"
+
+
+# llama.cpp's pre-tokenizers past the four above, as its BPE tokenizer splits text (llm_tokenizer_bpe in
+# src/llama-vocab.cpp): each regex splits the pieces the one before it left, matches and the text between them
+# alike, then byte-level BPE runs on each piece. The regexes are llama.cpp's own strings, its adaptations
+# included (a case-insensitive group spelled out, \p{Lu} as a lookahead), so that the pieces are its pieces.
+GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_CASED = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+{c}|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*{c}"
+_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+SPLITS: dict[str, tuple[str, ...]] = {
+    "qwen35": (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
+    "gpt2-regex": (GPT2_REGEX,),
+    "starcoder": (r"\p{N}", GPT2_REGEX),
+    "deepseek-llm": (
+        "[\r\n]",
+        "\\s?[A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+",
+        "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
+        r"\s+$",
+        _CJK,
+        r"\p{N}+",
+    ),
+    "deepseek-coder": ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"),
+    "deepseek-v3": (
+        r"\p{N}{1,3}",
+        "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+        r"[!" + '"' + r"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+    "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", GPT2_REGEX, "[0-9][0-9][0-9]"),
+    "bloom": (" ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+",),
+    "viking": (" ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+", r"\p{N}"),
+    "tekken": (_CASED.replace("{c}", "") + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
+    "gpt-4o": (_CASED.replace("{c}", _CONTRACTIONS + "?") + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
+    "seed-coder": (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+",),
+    "bailingmoe": (r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",),
+    "ufakzeka": (r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Pre:
+    """How llama.cpp tokenizes after a `tokenizer.ggml.pre` name: the pre-tokenizer tfcli builds (one of the
+    four it writes, or SPLITS' regexes), whether a piece in the vocabulary is taken whole before any merge
+    (llama.cpp's ignore_merges), and whether prompts start with bos when the file does not say."""
+
+    splits: str
+    ignore_merges: bool = False
+    add_bos: bool = False
+
+
+_LLAMA3 = Pre("llama-bpe", ignore_merges=True, add_bos=True)
+# llama.cpp's pre-tokenizer names (llama_vocab::impl::load) -> how tfcli rebuilds them
+PRES: dict[str, Pre] = {
+    **dict.fromkeys(("gpt-2", "phi-2", "roberta-bpe", "olmo", "mpt", "jais", "trillion", "granite-docling", "exaone4"), Pre("gpt-2")),
+    **dict.fromkeys(
+        ("jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "jina-v1-en", "jina-v2-code", "gigachat", "a.x-4.0", "mellum", "modern-bert"), Pre("gpt-2")
+    ),
+    **dict.fromkeys(("llama-bpe", "llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"), _LLAMA3),
+    **dict.fromkeys(("dbrx", "smaug-bpe", "chatglm-bpe"), Pre("llama-bpe")),  # Llama 3's regex, merges as usual
+    **dict.fromkeys(("glm4", "glm5"), Pre("llama-bpe", ignore_merges=True)),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open"), Pre("qwen2")),
+    "qwen35": Pre("qwen35"),
+    "smollm": Pre("smollm"),
+    **dict.fromkeys(("starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b", "mellum2"), Pre("starcoder")),
+    "deepseek-llm": Pre("deepseek-llm"),
+    "deepseek-coder": Pre("deepseek-coder"),
+    **dict.fromkeys(("deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"), Pre("deepseek-v3")),
+    "falcon": Pre("falcon"),
+    **dict.fromkeys(("poro-chat", "bloom", "gpt3-finnish"), Pre("bloom")),
+    "viking": Pre("viking"),
+    "tekken": Pre("tekken", ignore_merges=True, add_bos=True),
+    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), Pre("gpt-4o")),
+    "seed-coder": Pre("seed-coder"),
+    **dict.fromkeys(("bailingmoe", "bailingmoe2", "llada-moe"), Pre("bailingmoe")),
+    "grok-2": Pre("qwen2"),
+    "ufakzeka": Pre("ufakzeka"),
+}
+# The name export writes for each pre-tokenizer and ignore_merges (the first name llama.cpp knows it by)
+EXPORT_PRES = {(pre.splits, pre.ignore_merges): name for name, pre in reversed(PRES.items())}
 # Keys of the tokenizer namespace read here or harmless to leave out (stop tokens of chat and infill turns)
 TOKENIZER_KEYS = {
     "tokenizer.ggml.model",
@@ -90,6 +178,8 @@ def _pre_tokenizer(name: str):
         return byte_level
     if name == "smollm":
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    if name in SPLITS:
+        return pre_tokenizers.Sequence([*(pre_tokenizers.Split(Regex(pattern), behavior="isolated") for pattern in SPLITS[name]), byte_level])
     pattern = LLAMA3_PATTERN if name == "llama-bpe" else QWEN2_PATTERN
     return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), behavior="isolated"), byte_level])
 
@@ -104,11 +194,14 @@ def _without_offsets(part: Any) -> Any:
 
 
 def _byte_level_pre_name(spec: dict[str, Any]) -> str | None:
-    for name in ("gpt-2", "llama-bpe", "qwen2", "smollm"):
+    """The `tokenizer.ggml.pre` name llama.cpp tokenizes this byte-level BPE by: its pre-tokenizer, and for the
+    Llama 3 regex whether it takes a piece in the vocabulary whole (ignore_merges: llama-bpe, else dbrx)."""
+    ignore_merges = bool((spec.get("model") or {}).get("ignore_merges", False))
+    for splits in dict.fromkeys(pre.splits for pre in PRES.values()):
         probe = Tokenizer(models.BPE())
-        probe.pre_tokenizer = _pre_tokenizer(name)
+        probe.pre_tokenizer = _pre_tokenizer(splits)
         if _without_offsets(spec.get("pre_tokenizer")) == _without_offsets(json.loads(probe.to_str())["pre_tokenizer"]):
-            return name
+            return EXPORT_PRES.get((splits, ignore_merges), EXPORT_PRES.get((splits, not ignore_merges)))
     return None
 
 
@@ -214,17 +307,21 @@ class Vocab:
     """The tokenizer metadata of a file, checked."""
 
     def __init__(self, metadata: dict[str, Any], where: str) -> None:
-        for key in metadata:
-            if key.startswith("tokenizer.") and key not in TOKENIZER_KEYS and not key.startswith("tokenizer.chat_template."):
-                raise TfcliError(f"{where}: metadata {key} is not something tfcli's tokenizer can express")
         self.where = where
+        self.notes: list[str] = []  # what llama.cpp's loader tolerates (it logs and goes on), and what tfcli did with it
         self.kind = metadata.get("tokenizer.ggml.model")
         tokens = metadata.get("tokenizer.ggml.tokens")
         if self.kind is None or tokens is None:
             missing = "tokenizer.ggml.model" if self.kind is None else "tokenizer.ggml.tokens"
             raise TfcliError(f"{where} has no tokenizer (metadata {missing} is missing)", hint="tfcli needs the tokenizer inside the GGUF file")
-        if self.kind not in ("gpt2", "llama"):
-            raise TfcliError(f"{where}: metadata tokenizer.ggml.model is {self.kind!r}; tfcli reads gpt2 (byte-level BPE) and llama (SentencePiece-style)")
+        if self.kind not in ("gpt2", "llama"):  # the model first: its own keys (a BERT's cls_token_id) would hide the real reason
+            what = OTHER_MODELS.get(self.kind, "")
+            raise TfcliError(
+                f"{where}: metadata tokenizer.ggml.model is {self.kind!r}{what}; tfcli rebuilds gpt2 (byte-level BPE) and llama (SentencePiece-style) tokenizers from GGUF"
+            )
+        for key in metadata:
+            if key.startswith("tokenizer.") and key not in TOKENIZER_KEYS and not key.startswith("tokenizer.chat_template."):
+                raise TfcliError(f"{where}: metadata {key} is not something tfcli's tokenizer can express")
         if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
             raise TfcliError(f"{where}: metadata tokenizer.ggml.tokens is not a list of strings")
         self.tokens: list[str] = tokens
@@ -236,26 +333,32 @@ class Vocab:
             value = metadata.get(key)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise TfcliError(f"{where}: metadata {key} is {value!r}, not a token id below {n:,}")
+            if value >= n:  # llama.cpp's loader warns "bad special token" and goes on without it
+                self.notes.append(_dropped(key, value, n, DEFAULT_IDS[self.kind].get(role)))
+                continue
             self.ids[role] = value
-        self.add_bos = self._flag(metadata, "tokenizer.ggml.add_bos_token", self.kind == "llama")
         self.add_space_prefix = self._flag(metadata, "tokenizer.ggml.add_space_prefix", True)
         for key in ("tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_sep_token", "tokenizer.ggml.remove_extra_whitespaces"):
             if self._flag(metadata, key, False):
                 raise TfcliError(f"{where}: metadata {key} is true; tfcli's tokenizers do not add that")
+        bos_default = self.kind == "llama"
         if self.kind == "gpt2":
             pre = metadata.get("tokenizer.ggml.pre")
-            if pre not in PRE_NAMES:
+            if pre not in PRES:
                 raise TfcliError(
-                    f"{where}: metadata tokenizer.ggml.pre is {pre!r}; tfcli rebuilds the pre-tokenizers {', '.join(sorted(PRE_NAMES))}",
+                    f"{where}: metadata tokenizer.ggml.pre is {pre!r}; tfcli rebuilds the {len(PRES)} pre-tokenizers llama.cpp splits by regexes "
+                    "alone (gpt-2, llama-bpe, qwen2, smollm, deepseek-coder, falcon, starcoder, gpt-4o, tekken, ...), not those it splits by hand",
                     hint="a file without it uses llama.cpp's 'default' regex, which no Hugging Face tokenizer has",
                 )
-            self.pre = PRE_NAMES[pre]
+            self.pre, self.ignore_merges, bos_default = PRES[pre].splits, PRES[pre].ignore_merges, PRES[pre].add_bos
             merges = metadata.get("tokenizer.ggml.merges")
             if not isinstance(merges, list) or not all(isinstance(m, str) and " " in m[1:] for m in merges):
                 raise TfcliError(f"{where}: metadata tokenizer.ggml.merges is missing or not a list of 'a b' pairs")
             self.merges = merges
+        # whether prompts start with bos when the file does not say: llama.cpp's default for the tokenizer
+        self.add_bos = self._flag(metadata, "tokenizer.ggml.add_bos_token", bos_default)
         template = metadata.get("tokenizer.chat_template")
         self.chat_template = template if isinstance(template, str) and template else None
 
@@ -283,7 +386,7 @@ class Vocab:
         if self.kind == "gpt2":
             pairs = [tuple(m.split(" ", 1)) for m in self.merges]
             try:
-                hf = Tokenizer(models.BPE(vocab, pairs, ignore_merges=self.pre == "llama-bpe"))
+                hf = Tokenizer(models.BPE(vocab, pairs, ignore_merges=self.ignore_merges))
             except Exception as exc:  # tokenizers raises a plain Exception for merges of unknown tokens
                 raise TfcliError(f"{self.where}: metadata tokenizer.ggml.merges do not fit its tokens ({str(exc).splitlines()[0]})") from None
             hf.pre_tokenizer = _pre_tokenizer(self.pre)
