@@ -346,3 +346,12 @@ def test_the_speedrun_architecture_trains_generates_and_its_hf_export_names_what
     result = cli("export", run, "--to", "hf", "-o", tmp_path / "hf")
     assert result.code == 2 and "GPT2LMHeadModel cannot express this model: logit_softcap 30" in result.stderr, result.stderr
     assert not (tmp_path / "hf").exists()
+
+
+def test_the_first_line_says_what_mfu_is_measured_against(cli, shards, tmp_path):
+    """MFU is a share of the fastest matmul timed on this machine (remembered beside tfcli.accel's choices):
+    the run says so where it starts, so a low figure on a busy machine reads as what it is."""
+    result = cli("train", "pretrain", "--data", shards, "-o", tmp_path / "run", "--max-steps", "2", "--batch-size", "2", "--block-size", "16")
+    assert result.code == 0, result.stderr
+    first = next(line for line in result.stderr.splitlines() if line.startswith("training "))
+    assert first.endswith("; MFU against the fastest fp32 matmul timed on this machine") and "MFU" in result.stdout

@@ -73,7 +73,8 @@ class _TrainingView:
             Text(
                 f"training {event.parameters:,} parameters ({event.trainable:,} trainable, {event.trainable / max(event.parameters, 1):.2%}) on {event.device} "
                 f"{event.precision}, {counted(event.world_size, 'process', 'processes')}, {event.tokens_per_step:,} tokens per step, {what}"
-                + (f", from step {event.step}" if event.step else ""),
+                + (f", from step {event.step}" if event.step else "")
+                + (f"; MFU against the fastest {event.precision} matmul timed on this machine" if event.peak_flops else ""),
                 style="dim",
             ),
             soft_wrap=True,
