@@ -233,3 +233,11 @@ def test_data_outside_a_task_folder_is_refused_before_a_byte_is_read(run, cli, t
     result = cli("eval", run, "--tasks", "mine", "--include-path", folder, "--limit", "2")
     assert result.code == 2 and "is outside the task folder" in result.stderr, result.stderr
     assert taken[outside] == 0 and outside not in loaded
+
+
+def test_bench_eval_reads_the_documents_it_times_as_eval_does():
+    """`tfcli bench eval --limit N` builds its requests from the first N documents, read as eval --limit reads them."""
+    from tfcli.bench.eval import task_requests
+
+    requests = task_requests("tfcli_story_choice", 3)
+    assert {request.doc_id for request in requests} == {0, 1, 2} and len(requests) >= 6  # each document's choices

@@ -64,7 +64,7 @@ def task_requests(task_name: str, limit: int) -> list:
 
     go_offline()
     manager = task_manager([task_name], ())
-    (task,) = load_tasks(manager, [task_name])
+    (task,) = load_tasks(manager, [task_name], limit=limit, num_fewshot=0)  # the first rows only, as eval --limit reads them
     if isinstance(task, str):
         raise TfcliError(f"{task_name} is a group of tasks", hint="bench one task, e.g. tfcli_story_choice")
     if task.OUTPUT_TYPE not in ("loglikelihood", "multiple_choice"):
