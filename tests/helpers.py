@@ -184,3 +184,19 @@ def run(*args) -> Ran:
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return Ran(code, out.buffer.getvalue(), err.buffer.getvalue().decode("utf-8"))
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(folder: Path, size: str):
+    """A tmpfs of `size` (`2m`, `256k`) mounted at `folder`, where this process may mount one (root on Linux);
+    the test is skipped elsewhere. A disk that fills for real."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a small tmpfs needs root on Linux")
+    folder.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)

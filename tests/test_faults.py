@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO, TINY_TEXT, snapshot
-from tests.helpers import run
+from tests.helpers import mounted_tmpfs, run
 
 pytestmark = pytest.mark.sweep
 
@@ -499,17 +499,8 @@ def test_a_real_signal_at_a_random_moment_of_an_encode(trained_tokenizer, tmp_pa
 @pytest.fixture
 def small_disk(tmp_path) -> Iterator[Path]:
     """A 2 MB tmpfs, where this process may mount one (root); skipped elsewhere."""
-    if not sys.platform.startswith("linux") or os.geteuid() != 0 or not shutil.which("mount"):
-        pytest.skip("mounting a small tmpfs needs root on Linux")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "disk", "2m") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 def fill(disk: Path, leave: int) -> None:

@@ -14,7 +14,6 @@ import errno
 import json
 import os
 import random
-import shutil
 import signal
 import struct
 import subprocess
@@ -26,6 +25,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, snapshot
+from tests.helpers import mounted_tmpfs
 
 gguf = pytest.importorskip("gguf")
 
@@ -315,17 +315,8 @@ def test_a_write_error_during_an_export_is_one_line_and_leaves_no_file(cli, tmp_
 @pytest.fixture
 def small_disk(tmp_path):
     """A 256 KB tmpfs, where this process may mount one (root on Linux); skipped elsewhere."""
-    if not sys.platform.startswith("linux") or os.geteuid() != 0 or not shutil.which("mount"):
-        pytest.skip("mounting a small tmpfs needs root on Linux")
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "disk", "256k") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 def test_an_export_to_a_full_disk_for_real(cli, tmp_path, small_disk):

@@ -16,7 +16,7 @@ from tests.conftest import SAMPLE_DATA
 if os.environ.get("CI"):
     import lm_eval  # noqa: F401  CI installs the test extra, which holds the harness: missing, these tests fail
 else:
-    pytest.importorskip("lm_eval", reason="the eval extra: pip install 'tfcli[eval]'")
+    pytest.importorskip("lm_eval", reason="could not import lm_eval: the eval extra, pip install 'tfcli[eval]'")
 
 SHAPES = {
     "gpt2": dict(positions="learned", norm="layernorm", activation="gelu_tanh"),

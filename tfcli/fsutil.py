@@ -402,7 +402,7 @@ def _hold(fd: int) -> None:
 
 @contextlib.contextmanager
 def held_temp_file(path: Path) -> Iterator[Path]:
-    """A temp file beside `path` (.NAME.XXXXXXXX.tmp, as `temp_path_beside` names it), locked while the block
+    """A temp file beside `path` (.NAME.<random>.tmp, as `temp_path_beside` names it), locked while the block
     runs, so `remove_abandoned_temps` leaves it alone however long the write takes and takes it once a kill -9
     has ended its writer. The block fills it and renames it into place; otherwise it is removed at the end."""
     path = Path(path)
@@ -419,7 +419,7 @@ def held_temp_file(path: Path) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def held_temp_folder(path: Path) -> Iterator[Path]:
-    """A staging folder beside `path` (.NAME.XXXXXXXX.tmp), locked as `held_temp_file` locks its file, for an
+    """A staging folder beside `path` (.NAME.<random>.tmp), locked as `held_temp_file` locks its file, for an
     artifact of several files that `place_folder` then puts at `path` whole. Unless it was placed, it is
     removed with what it holds at the end of the block."""
     path = Path(path)
@@ -461,7 +461,7 @@ def place_folder(staged: Path, folder: Path, last: tuple[str, ...] = ()) -> None
 
 def remove_abandoned_temps(path: Path, older_than: float = 5.0) -> list[Path]:
     """Remove what killed writers of `path` left beside it: temp files and staging folders of its own naming
-    (.NAME.XXXXXXXX.tmp) that no live process holds (`held_temp_file`, `held_temp_folder`) and that are more
+    (.NAME.<random>.tmp) that no live process holds (`held_temp_file`, `held_temp_folder`) and that are more
     than `older_than` seconds old (a writer takes its lock a moment after making its file). Returns what was
     removed; without flock (not a POSIX system) nothing can be told apart, and nothing is."""
     path = Path(path)

@@ -1,10 +1,10 @@
 """Export a run to one GGUF file llama.cpp loads (f32, f16 or q8_0), and import a GGUF file into a run.
 
 Export writes with `gguf`'s own writer, under the names and conventions of llama.cpp's converter, into a
-temp file beside the target (.NAME.XXXXXXXX.tmp, locked while it is written) renamed into place at the end.
+temp file beside the target (.NAME.<random>.tmp, locked while it is written) renamed into place at the end.
 Import parses the file with `tfcli.gguf.reader` (bounded, every tensor checked to lie inside the file),
 builds the config, reads each tensor it expects and checks its shape, then saves a run directory as
-`tfcli import` does for a Hugging Face folder, in a staging folder beside it (.RUN.XXXXXXXX.tmp) that
+`tfcli import` does for a Hugging Face folder, in a staging folder beside it (.RUN.<random>.tmp) that
 becomes the run at the end. Either way a kill -9 leaves the temp file or the staging folder, which the
 next export or import to the same place removes.
 """
