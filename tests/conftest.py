@@ -35,6 +35,7 @@ RUN_FIRST = (
     "test_train_resume.py",
     "test_lora.py",
     "test_chat.py",
+    "test_compiled_step.py",
 )
 
 
@@ -65,6 +66,21 @@ def kernel_cache(tmp_path_factory):
         os.environ.pop("TFCLI_CACHE_DIR", None)
     else:
         os.environ["TFCLI_CACHE_DIR"] = before
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_models(kernel_cache) -> Path:
+    """llama.cpp's vocabulary files (models/ggml-vocab-*.gguf with their test vectors) and its LICENSE,
+    taken from the llama-cpp-python sdist the lock pins, checked against the lock's sha256, once per run's cache
+    (tests/llama_cpp_sdist.py). Where pip or the registry cannot be had the tests skip, and fail under CI."""
+    from tests.llama_cpp_sdist import Unavailable, models_folder
+
+    try:
+        return models_folder(Path(os.environ["TFCLI_CACHE_DIR"]))
+    except Unavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set and llama.cpp's test data cannot be had: {exc}")
+        pytest.skip(f"llama.cpp's test data cannot be had: {exc}")
 
 
 @pytest.fixture(autouse=True, scope="session")

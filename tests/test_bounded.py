@@ -475,3 +475,11 @@ def test_browser_tests_fail_in_ci_without_a_browser(monkeypatch):
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception):
         helpers.require_chromium()
+
+
+def test_a_text_past_the_token_cap_is_one_line_before_it_is_held(world, tmp_path, monkeypatch):
+    text = tmp_path / "long.txt"
+    text.write_text("the fox ran over the hill.\n\n" * 2000, encoding="utf-8")
+    assert run("eval", world["decoder"], "--data", text, "--device", "cpu").code == 0
+    monkeypatch.setenv("TFCLI_MAX_TEXT_TOKENS", "1000")
+    one_line(run("eval", world["decoder"], "--data", text, "--device", "cpu"), "holds more than 1,000 tokens", "tokenize encode", "TFCLI_MAX_TEXT_TOKENS")

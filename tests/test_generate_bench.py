@@ -28,6 +28,7 @@ def test_bench_generate_compares_with_transformers_on_the_same_weights(cli, tmp_
         "--workdir",
         tmp_path,
         "--no-first-run",  # the plumbing, not the timing, is tested here (the model bench runs the untimed first run)
+        "--skip-compiled",  # compiling takes tens of seconds: tests/test_compiled_step.py holds the compiled step
         "--json",
     )
     assert result.code == 0, result.stderr

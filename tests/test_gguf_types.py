@@ -1,13 +1,14 @@
 """Every tensor type llama.cpp writes comes in: files made at test time by llama.cpp's own quantizer
 (`llama_cpp.llama_model_quantize`, what `llama-quantize` runs) from a tiny Llama-shaped run's f32 export import
-with their tensors dequantized to f32 (one note naming the types and what they cost), and decode as llama.cpp
-decodes the same file.
+with the types tfcli decodes natively (Q8_0, Q4_0, Q4_K, Q6_K, BF16) kept in their blocks and the others dequantized
+to f32 (one note naming both and what the run costs), and decode as llama.cpp decodes the same file.
 
 The run is d_model 256, d_ff 256 (K-quants and IQ types pack 256 values a block) and trained for a few seconds on
 the tiny text, so that its greedy choices are clear: random weights give near-ties that any rounding flips.
 
-How close is close: tfcli computes with the dequantized weights in f32, exactly as `gguf.quants.dequantize` (the
-reference port of ggml's dequantize_row_*) gives them. llama.cpp computes with the same weights but rounds the
+How close is close: tfcli computes with the file's blocks through its own products (kept types) or with the
+weights dequantized to f32, exactly as `gguf.quants.dequantize` (the reference port of ggml's dequantize_row_*)
+gives them. llama.cpp computes with the same weights but rounds the
 activations to 8 bits before each product (Q8_K blocks of 256 for K-quants and IQ types, Q8_0 blocks of 32 for
 the others): each value moves by up to 1/254 of its block's largest, 0.2-0.4% of a typical one. Through two
 layers that is 0.1-0.2% of the largest logit on average, measured (1.5% at the worst single logit, up to 3.5% on
@@ -18,6 +19,7 @@ order) moves the logits by the quantization error itself or more: several times 
 from __future__ import annotations
 
 import ctypes
+import json
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +27,10 @@ import pytest
 import torch
 
 from tests.conftest import TINY_TEXT
-from tests.test_gguf import PROMPT, _llama, _llama_cpp, _llama_greedy, _llama_logits, _suppressed, _tfcli_greedy, _tfcli_logits
+from tests.test_gguf import PROMPT, _llama, _llama_cpp, _llama_greedy, _llama_logits, _suppressed, _tfcli_greedy
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
+from tfcli.gguf.convert import NATIVE
+from tfcli.loader import load_run
 from tfcli.model.config import ModelConfig
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
@@ -108,7 +112,14 @@ def test_a_file_llama_cpp_quantized_imports_and_decodes_as_llama_cpp(cli, tmp_pa
     result = cli("import", path, "-o", tmp_path / "run")
     assert result.code == 0, result.stderr
     (note,) = [line for line in result.stderr.splitlines() if line.startswith("note: ")]
-    assert f"dequantized the {', '.join(sorted(kinds))} tensors to f32" in note and "x the file's" in note, note
+    native, widened = sorted(kinds & set(NATIVE)), sorted(kinds - set(NATIVE))
+    formats = set(json.loads((tmp_path / "run" / "config.json").read_text())["quantized"].values()) if native else set()
+    assert formats == {NATIVE[kind] for kind in native}, (formats, native)  # the native types stay in their blocks
+    if native:
+        assert note.startswith(f"note: kept the {', '.join(native)} tensors in their blocks"), note
+    if widened:  # the others dequantized (with them a native part of a matrix fused with one of them: llama's gate/up)
+        assert set(widened) <= set(note.split("dequantized the ")[1].split(" tensors")[0].split(", ")), note
+    assert "x the file's" in note, note
 
     reader = gguf.GGUFReader(path)  # the weights are the file's, dequantized by llama.cpp's gguf package
     (down,) = [t for t in reader.tensors if t.name == "blk.1.ffn_down.weight"]
@@ -120,7 +131,9 @@ def test_a_file_llama_cpp_quantized_imports_and_decodes_as_llama_cpp(cli, tmp_pa
     tokenizer = TextTokenizer.load(tmp_path / "run")
     llm = _llama(llama_cpp, path)
     ids = tokenizer.encode(TINY_TEXT)[:100]
-    theirs, ours = _llama_logits(llm, ids), _tfcli_logits(tmp_path / "run", ids)
+    decoder = load_run(tmp_path / "run", "decode", "cpu").model  # the kept block bytes through tfcli's products, as generate runs them
+    with torch.no_grad():
+        theirs, ours = _llama_logits(llm, ids), decoder(torch.tensor([ids])).logits[0].numpy()
     largest, worst, mean = float(np.abs(theirs).max()), float(np.abs(theirs - ours).max()), float(np.abs(theirs - ours).mean())
     prompt = tokenizer.encode(PROMPT)
     mine, completion = _tfcli_greedy(cli, tmp_path / "run", GREEDY)

@@ -76,6 +76,20 @@ LLAMAS = {
             **PHI3_IDS,
         ),
     ),
+    # Phi-4-mini: partial rotary (the first 6 of each head's 8 features turn), its longrope's factors one per turned
+    # pair, a tied head
+    "phi4-mini": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(
+            partial_rotary_factor=0.75,
+            original_max_position_embeddings=32,
+            rope_scaling={"rope_type": "longrope", "short_factor": [1.0, 1.3, 2.5], "long_factor": [2.0, 3.0, 5.0]},
+            tie_word_embeddings=True,
+            **PHI3_IDS,
+        ),
+    ),
+    "phi3-partial-rotary": ("Phi3Config", "Phi3ForCausalLM", dict(partial_rotary_factor=0.5, num_key_value_heads=2, **PHI3_IDS)),
     # Gemma 3 (text): Llama's test with Gemma's options; a window of 8 in 12 tokens, so it matters
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3),
     "gemma3-biased-untied": (
@@ -197,7 +211,7 @@ def test_bert_imports_and_exports_with_transformers_outputs(cli, tmp_path, model
     vocab = hf.config.vocab_size
     result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
     assert result.code == 0, result.stderr
-    assert f"{model_class}, {sum(p.numel() for p in hf.parameters()):,} parameters" in result.stdout
+    assert f"{model_class}, {sum(p.numel() for p in hf.parameters()):,} parameters" in " ".join(result.stdout.split())  # as wrapped at any width
     ours = load_checkpoint(tmp_path / "run")
     ids, real = _padded_batch(vocab)
 
@@ -666,3 +680,32 @@ def test_the_speedrun_init_and_head_export_and_a_gemma3_shaped_soft_cap_is_final
     hf = gemma3.hf_config(config, gemma3.CLASS, {})
     assert hf["final_logit_softcapping"] == 30.0 and hf["attn_logit_softcapping"] is None and hf["tie_word_embeddings"] is False
     assert gemma3.hf_config(config.with_overrides(logit_softcap=None), gemma3.CLASS, {})["final_logit_softcapping"] is None
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(rope_fraction=0.0), r"rope_fraction must be in \(0, 1\]"),
+        (dict(rope_fraction=0.5), "below 1 only with positions=rotary"),  # learned positions
+        (dict(positions="rotary", rope_fraction=0.7), r"an even rotary width \(head size 8 times rope_fraction 0.7\), not 5"),
+        (dict(positions="rotary", rope_fraction=0.2), "an even rotary width .* not 1"),
+    ],
+)
+def test_a_partial_rotary_tfcli_cannot_build_is_one_clear_error(options, message):
+    from tfcli.errors import TfcliError
+    from tfcli.model.config import ModelConfig
+
+    with pytest.raises(TfcliError, match=message):
+        ModelConfig.from_json(dict(vocab_size=50, block_size=32, n_layers=1, n_heads=4, d_model=32, **options))
+
+
+def test_partial_rotary_turns_the_first_features_and_passes_the_rest():
+    """Phi-4-mini's rotary on 6 of 8 features: the last 2 of each head leave unturned, the first 6 as a 6-wide rotary turns them."""
+    from tfcli.model.layers import RotaryEmbedding
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 5, 2, 8)  # (B, T, heads, hs)
+    turned = RotaryEmbedding(6, 16, 10000.0)(x, offset=3)
+    torch.testing.assert_close(turned[..., 6:], x[..., 6:], rtol=0, atol=0)
+    torch.testing.assert_close(turned[..., :6], RotaryEmbedding(6, 16, 10000.0)(x[..., :6].contiguous(), offset=3))
+    assert not torch.allclose(turned[..., :6], x[..., :6])

@@ -131,7 +131,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformer_lens import TransformerBridge
+from transformer_lens.model_bridge import TransformerBridge  # 3.x (the version SAELens allows) exports it here only
 
 folder, ids, out = Path(sys.argv[1]), torch.tensor(json.loads(sys.argv[2])), Path(sys.argv[3])
 bridge = TransformerBridge.boot_transformers(str(folder), device="cpu")

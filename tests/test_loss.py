@@ -145,3 +145,42 @@ def test_no_scored_target_is_a_zero_loss_still_in_the_graph():
     assert loss.item() == 0.0
     loss.backward()
     assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() == 0
+
+
+@pytest.mark.parametrize("smoothing, ignored, block", [(0.0, False, None), (0.1, True, 70)])
+def test_a_soft_capped_fused_loss_equals_cross_entropy_of_the_capped_logits(smoothing, ignored, block, monkeypatch):
+    if block:
+        monkeypatch.setattr("tfcli.accel.fused_loss._block_rows", lambda n, v, weight_grad=True: block)
+    torch.manual_seed(0)
+    hidden = torch.randn(200, 16, requires_grad=True)
+    weight = (torch.randn(3000, 16) * 2.0).requires_grad_()  # logits of +-30 and more: the cap bends them
+    bias = torch.randn(3000, requires_grad=True)
+    targets = torch.randint(0, 3000, (200,))
+    if ignored:
+        targets[::3] = IGNORE_INDEX
+    exact = [t.detach().double().requires_grad_() for t in (hidden, weight, bias)]
+    capped = 30.0 * torch.tanh(F.linear(*exact) / 30.0)
+    expected = F.cross_entropy(capped, targets, reduction="sum", label_smoothing=smoothing, ignore_index=IGNORE_INDEX)
+    expected_grads = [g.float() for g in torch.autograd.grad(expected, exact)]
+    assert vocabulary_cross_entropy(hidden, weight, bias, targets, smoothing, 30.0).item() == pytest.approx(expected.item(), rel=1e-5)
+    fused = linear_cross_entropy(hidden, weight, bias, targets, smoothing, 30.0)
+    assert fused.item() == pytest.approx(expected.item(), rel=1e-5)
+    for got, want in zip(torch.autograd.grad(fused, (hidden, weight, bias)), expected_grads):
+        assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+    with torch.no_grad():
+        assert linear_cross_entropy(hidden, weight, bias, targets, smoothing, 30.0).item() == pytest.approx(expected.item(), rel=1e-5)
+    uncapped = linear_cross_entropy(hidden.detach(), weight.detach(), bias.detach(), targets, smoothing)
+    assert abs(uncapped.item() - expected.item()) > 1.0  # the cap changed the loss: the test would see it ignored
+
+
+def test_an_accelerated_soft_capped_model_gives_the_plain_models_loss_and_gradients():
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=97, block_size=32, n_layers=2, n_heads=4, d_model=32, d_ff=64, logit_softcap=5.0)
+    plain, fast = Transformer(config), accelerate(Transformer(config))
+    fast.load_state_dict(plain.state_dict())
+    ids, targets = torch.randint(0, 97, (3, 12)), torch.randint(0, 97, (3, 12))
+    for model in (plain, fast):
+        model(ids, head=Loss(targets)).loss.backward()
+    assert plain(ids, head=Loss(targets)).loss.item() == pytest.approx(fast(ids, head=Loss(targets)).loss.item(), rel=1e-5)
+    for (name, p), q in zip(plain.named_parameters(), fast.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-5), name

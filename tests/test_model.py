@@ -506,14 +506,13 @@ def test_the_soft_cap_applies_on_every_path_from_hidden_states_to_logits(options
     targets = torch.randint(0, 97, (2, 12))
     targets[0, :3] = -100  # ignored
     want = F.cross_entropy(expected.flatten(0, 1), targets.flatten(), reduction="sum", label_smoothing=0.1)
-    model.vocabulary_loss = lambda *args: pytest.fail("the fused or plain vocabulary_loss knows no cap")
-    torch.testing.assert_close(model(ids, head=Loss(targets, 0.1)).loss, want)  # the loss
+    torch.testing.assert_close(model(ids, head=Loss(targets, 0.1)).loss, want)  # the loss, through vocabulary_loss's softcap
     model.train()
     model(ids, head=Loss(targets)).loss.backward()
     assert model.lm_head.weight.grad is not None and model.lm_head.weight.grad.abs().sum() > 0
 
 
-def test_the_accelerated_model_keeps_the_plain_loss_where_the_logits_are_capped():
+def test_the_accelerated_model_scores_the_capped_logits_with_the_fused_loss():
     import torch.nn.functional as F
 
     from tfcli.accel import accelerate, fused_loss
@@ -521,7 +520,7 @@ def test_the_accelerated_model_keeps_the_plain_loss_where_the_logits_are_capped(
 
     model, plain = _capped_and_plain(2.0)
     accelerate(model), accelerate(plain)
-    assert not isinstance(model.vocabulary_loss, fused_loss.VocabularyLoss)
+    assert isinstance(model.vocabulary_loss, fused_loss.VocabularyLoss)  # it takes the cap (tests/test_loss.py)
     ids, targets = torch.randint(0, 97, (2, 12)), torch.randint(0, 97, (2, 12))
     with torch.no_grad():
         want = F.cross_entropy((2.0 * torch.tanh(plain(ids).logits / 2.0)).flatten(0, 1), targets.flatten(), reduction="sum")

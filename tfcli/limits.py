@@ -116,6 +116,7 @@ def nesting_depth(text: str | bytes, stop: int) -> int:
 
 
 PROMPTS = Limit("TFCLI_MAX_PROMPTS", 100_000, "the prompts of one generate call", "prompts")
+TEXT_TOKENS = Limit("TFCLI_MAX_TEXT_TOKENS", 32 << 20, "the tokens eval and train sae hold of a text file (shards are read from disk as they go)", "tokens")
 BYTES_PER_TOKEN = 128  # a prompt line past context x this many bytes cannot all be used: no token is longer
 READ_BLOCK = 1 << 20
 

@@ -4,16 +4,20 @@ threads and this machine's faster paths (`tfcli.accel`) are decided here, by pur
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from tfcli.accel import accelerate, decode_step, fused_loss, products
+from tfcli.accel import accelerate, decode_step, enabled, fused_loss, products
 from tfcli.checkpoint import Checkpoint, load_checkpoint
+from tfcli.errors import TfcliError
+from tfcli.rundir import read_run_config
 from tfcli.runtime import resolve_device
 
+_log = logging.getLogger("tfcli.loader")  # what the loader did that the user should know (the CLI prints it dim on stderr)
 SMALL_MODEL = 5_000_000  # parameters under which a CPU decodes on one thread
 
 
@@ -26,15 +30,16 @@ class Purpose:
     merge_adapter: bool = True  # an adapter run's adapter merged into its weights; False: wrapped, as it trains
     training: bool = False  # train mode (dropout on) rather than eval mode
     default_device: str = "auto"  # where the model goes when the caller names no device
+    quantized: str = "dequantize"  # a quantized run's weights: "keep" (decoding on the CPU), "dequantize" (to f32), "refuse" (training from them)
 
 
 PURPOSES: dict[str, Purpose] = {
-    "decode": Purpose(accelerated=True, decodes=True),  # generate, serve, the lm-eval harness, bench generate
-    "evaluate": Purpose(accelerated=True),  # eval: the loss and metrics on a data set, fp32
+    "decode": Purpose(accelerated=True, decodes=True, quantized="keep"),  # generate, serve, the lm-eval harness, bench generate
+    "evaluate": Purpose(accelerated=True, quantized="keep"),  # eval: the loss and metrics on a data set, fp32
     "inspect": Purpose(accelerated=True),  # every inspect-* command, inspect-embeddings, the notebook helpers: fp32
     "export": Purpose(accelerated=False, default_device="cpu"),  # export to hf or gguf: the saved weights, fp32
     "export-adapter": Purpose(accelerated=False, merge_adapter=False, default_device="cpu"),  # a LoRA run for PEFT, kept apart
-    "parent": Purpose(accelerated=False, default_device="cpu"),  # a finetune's starting weights (the trainer prepares its model)
+    "parent": Purpose(accelerated=False, default_device="cpu", quantized="refuse"),  # a finetune's starting weights (the trainer prepares its model)
     "resume": Purpose(accelerated=False, merge_adapter=False, default_device="cpu"),  # train --resume's weights, as they train
     "train": Purpose(accelerated=True, training=True),  # prepare() only: the model a trainer steps
 }
@@ -45,7 +50,19 @@ def load_run(run: Path | str, purpose: str, device: str | None = None, threads: 
     cuda:N or mps; None: the purpose's default), with `threads` threads (0: the purpose's choice)."""
     use = PURPOSES[purpose]
     device = resolve_device(device or use.default_device)
-    checkpoint = load_checkpoint(Path(run), device, merge_adapter=use.merge_adapter)
+    formats = sorted(set((read_run_config(Path(run)).quantized or {}).values()))
+    if formats and use.quantized == "refuse":
+        raise TfcliError(
+            f"{run} holds quantized weights ({', '.join(formats)}); training starts from f32 weights",
+            hint=f"dequantize it first: tfcli quantize {run} -o RUN-f32 --type f32, and train from RUN-f32",
+        )
+    keep = bool(formats) and use.quantized == "keep" and enabled() and torch.device(device).type == "cpu"
+    checkpoint = load_checkpoint(Path(run), device, merge_adapter=use.merge_adapter, keep_quantized=keep)
+    if formats and not keep:
+        reason = "TFCLI_ACCEL=0" if use.quantized == "keep" and not enabled() else f"for {purpose}" if torch.device(device).type == "cpu" else f"on {device}"
+        checkpoint.notes.append(f"{run}'s {', '.join(formats)} weights were dequantized to f32 ({reason})")
+    for note in checkpoint.notes:  # said once, here, for every command: the command line shows the `tfcli.loader` logger's lines
+        _log.warning("%s", note)
     prepare(checkpoint.model, purpose, device, threads)
     return checkpoint
 

@@ -15,6 +15,7 @@ from tfcli.fsutil import artifact_kind
 from tfcli.jsontext import loads_json
 from tfcli.limits import read_text_capped
 from tfcli.model.config import ModelConfig
+from tfcli.quant.formats import block_format
 from tfcli.schema import JsonRecord
 from tfcli.tensorfile import weights_header_problem
 from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
@@ -39,6 +40,7 @@ class RunConfig(JsonRecord):
     source: str | None = None  # where the weights came from (e.g. an imported GPT-2 folder)
     source_class: str | None = None  # the Hugging Face class they were imported from (e.g. LlamaForCausalLM)
     adapter: AdapterRecord | None = None  # an adapter run (LoRA): the weights are its parent's plus adapter_model.safetensors
+    quantized: dict[str, str] | None = None  # a quantized run (`tfcli quantize`): tensor name -> block format (q8_0, q4_K, ...); others f32
 
 
 @dataclasses.dataclass
@@ -98,6 +100,10 @@ def read_run_config(run_dir: Path) -> RunConfig:
             else f"{run_dir / CONFIG_FILE} has training.labels but no classifier",
             hint="fix it, or remove it to call the classes class 0, class 1, ...",
         )
+    for name, kind in (config.quantized or {}).items():
+        block_format(kind, where=f"{run_dir / CONFIG_FILE}: the type of {name}")
+    if config.quantized and config.adapter is not None:
+        raise TfcliError(f"{run_dir / CONFIG_FILE} names both quantized tensors and an adapter's parent", hint="restore the run's own config.json")
     if config.training is not None:
         try:
             TrainingRecord.from_json(config.training, where="training")

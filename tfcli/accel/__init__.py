@@ -9,7 +9,11 @@ built model in place, keeping its parameters and state dict:
   measured clearly faster (not where the config soft-caps the logits: the fused loss has no cap, and the
   model scores capped logits with the plain loss);
 - its batch-1 decoding step on the CPU may be tfcli's C decoder step (`decode_step.py`), for the settings
-  that step is known to implement, where it measured faster than PyTorch's step.
+  that step is known to implement, where it measured faster than PyTorch's step; or the step compiled by
+  torch.compile (`compiled_step.py`), where an explicit tuning (`tfcli bench generate`) measured it the
+  fastest of the three;
+- a quantized run's linear layers (`tfcli.quant.linear.QuantLinear`) multiply through tfcli's C code for their
+  block format (`quant.py`, a build per SIMD path), where it measured faster than the dequantized product.
 Every choice is measured on the machine at hand (`choices.py`) and checked against plain PyTorch before
 use. `TFCLI_ACCEL=0` turns all of it off; `report()` says what was chosen here and why.
 """
@@ -22,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tfcli.accel import choices, decode_step, fused_loss, native, products
+from tfcli.accel import choices, compiled_step, decode_step, fused_loss, native, products, quant
 from tfcli.accel.machine import processor_name, vector_extensions
 
 OFF_VALUES = ("0", "false", "no", "off")
@@ -41,9 +45,9 @@ def accelerate(model):
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = products.Linear  # the same object, parameters and hooks; another forward
-    if model.config.logit_softcap is None:
-        model.vocabulary_loss = fused_loss.VocabularyLoss()
-    model.fast_decode_step = decode_step.NativeDecoderStep.bind  # (model, cache) -> a step, or None
+    model.vocabulary_loss = fused_loss.VocabularyLoss()
+    model.fast_decode_step = compiled_step.bind  # (model, cache) -> the compiled step or the C step as measured, or None
+    quant.attach(model)  # a quantized run's linear layers: tfcli's C products for their block formats (quant.py)
     return model
 
 

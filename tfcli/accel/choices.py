@@ -44,6 +44,7 @@ class Decision(JsonRecord):
     choice: str  # the candidate that does this work
     seconds: dict[str, float]  # each candidate's best time on the measured shape
     note: str = ""  # candidates left out, and why
+    compile_seconds: float = 0.0  # a compiled candidate: how long compiling it took when it was measured
 
 
 @dataclasses.dataclass
@@ -150,6 +151,12 @@ class Choices:
                 self.decisions[key] = decision
                 self._write(key, decision)
                 return decision.choice
+
+    def record(self, key: str, decision: Decision) -> None:
+        """Keep a decision measured outside `decide` (an explicit tuning, `compiled_step.tune`), in the file too."""
+        with self._lock, self._measuring():
+            self.decisions[key] = decision
+            self._write(key, decision)
 
     @contextlib.contextmanager
     def _measuring(self):

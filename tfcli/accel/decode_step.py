@@ -51,6 +51,7 @@ KNOWN_SETTINGS: dict[str, set | None] = {
     "rope_base": ANY,
     "rope_scaling": {None},
     "rope_local_base": {None},
+    "rope_fraction": {1.0},  # partial rotary (Phi-4-mini): PyTorch's step
     "norm": set(NORMS),
     "norm_placement": {"pre", "post"},
     "norm_eps": ANY,

@@ -35,8 +35,10 @@ def _block_rows(n_rows: int, vocab: int, weight_grad: bool = True) -> int:
     return math.ceil(n_rows / max(blocks, 1))
 
 
-def _block_loss(z: torch.Tensor, targets: torch.Tensor, label_smoothing: float) -> torch.Tensor:
-    """Summed loss of a block of fp32 logits z (n, vocab), leaving z untouched."""
+def _block_loss(z: torch.Tensor, targets: torch.Tensor, label_smoothing: float, softcap: float | None) -> torch.Tensor:
+    """Summed loss of a block of fp32 logits z (n, vocab), soft-capped first where `softcap` is given."""
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
     lse = torch.logsumexp(z, dim=-1)  # (n,)
     picked = z.gather(1, targets[:, None]).squeeze(1)
     if not label_smoothing:
@@ -44,9 +46,15 @@ def _block_loss(z: torch.Tensor, targets: torch.Tensor, label_smoothing: float) 
     return (lse - (1 - label_smoothing) * picked - label_smoothing * z.mean(dim=-1)).sum()
 
 
-def _block_loss_and_grad(z: torch.Tensor, targets: torch.Tensor, label_smoothing: float) -> torch.Tensor:
+def _block_loss_and_grad(z: torch.Tensor, targets: torch.Tensor, label_smoothing: float, softcap: float | None) -> torch.Tensor:
     """Summed loss of a block of fp32 logits z (n, vocab); z becomes d(loss)/dz in place:
-    softmax(z) - ((1 - e) one_hot(target) + e / vocab)."""
+    softmax(z) - ((1 - e) one_hot(target) + e / vocab). Soft-capped, c = cap * tanh(z / cap) is scored and
+    d(loss)/dz = d(loss)/dc * (1 - tanh(z / cap)^2)."""
+    slope = None
+    if softcap is not None:
+        z.div_(softcap).tanh_()  # (n, vocab)
+        slope = 1 - z.square()  # dc/dz
+        z.mul_(softcap)
     row_max = z.amax(dim=-1)  # (n,)
     picked = z.gather(1, targets[:, None]).squeeze(1)
     mean = z.mean(dim=-1) if label_smoothing else None
@@ -55,15 +63,18 @@ def _block_loss_and_grad(z: torch.Tensor, targets: torch.Tensor, label_smoothing
     # logsumexp = max + log(sum) = max - log(largest probability).
     lse = row_max - z.amax(dim=-1).log()
     z.scatter_add_(1, targets[:, None], torch.full((len(targets), 1), label_smoothing - 1.0, device=z.device))
+    if label_smoothing:
+        z.sub_(label_smoothing / z.shape[1])
+    if slope is not None:
+        z.mul_(slope)
     if not label_smoothing:
         return (lse - picked).sum()
-    z.sub_(label_smoothing / z.shape[1])
     return (lse - (1 - label_smoothing) * picked - label_smoothing * mean).sum()
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, label_smoothing):
+    def forward(ctx, hidden, weight, bias, targets, label_smoothing, softcap):
         device_type = hidden.device.type
         autocast = torch.is_autocast_enabled(device_type)
         dtype = torch.get_autocast_dtype(device_type) if autocast else hidden.dtype
@@ -79,7 +90,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             for start in range(0, n, rows):
                 h_block, t_block = h[start : start + rows], targets[start : start + rows]
                 z = forward_product(h_block, w, b).float()  # (rows, vocab)
-                total += _block_loss_and_grad(z, t_block, label_smoothing)
+                total += _block_loss_and_grad(z, t_block, label_smoothing, softcap)
                 g = z.to(dtype)
                 if need_hidden:
                     grad_hidden[start : start + rows] = input_gradient(g, w)
@@ -100,15 +111,21 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for grad, dtype in zip(ctx.grads, ctx.dtypes):
             grads.append(None if grad is None else grad.mul_(grad_total).to(dtype))
         ctx.grads = None
-        return (*grads, None, None)
+        return (*grads, None, None, None)
 
 
 def linear_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, label_smoothing: float = 0.0
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    label_smoothing: float = 0.0,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """sum_i cross_entropy(hidden[i] @ weight.T + bias, targets[i]) over the rows whose target is not
     IGNORE_INDEX, without holding all the logits; the same value and gradients as
-    `F.cross_entropy(F.linear(hidden, weight, bias), targets, reduction="sum", label_smoothing=...)`.
+    `F.cross_entropy(F.linear(hidden, weight, bias), targets, reduction="sum", label_smoothing=...)`
+    (of the soft-capped logits where `softcap` is given: tfcli.model.loss.vocabulary_cross_entropy).
     hidden (N, d), weight (vocab, d), bias (vocab,) or None, targets (N,) long."""
     scored = targets != IGNORE_INDEX
     if not bool(scored.all()):
@@ -116,16 +133,16 @@ def linear_cross_entropy(
     if targets.numel() == 0:
         return (hidden.sum() + weight.sum()) * 0.0  # no targets: zero, still connected to the graph
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
-        return _LinearCrossEntropy.apply(hidden, weight, bias, targets, label_smoothing)
-    return _loss_only(hidden, weight, bias, targets, label_smoothing)
+        return _LinearCrossEntropy.apply(hidden, weight, bias, targets, label_smoothing, softcap)
+    return _loss_only(hidden, weight, bias, targets, label_smoothing, softcap)
 
 
-def _loss_only(hidden, weight, bias, targets, label_smoothing) -> torch.Tensor:
+def _loss_only(hidden, weight, bias, targets, label_smoothing, softcap) -> torch.Tensor:
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     rows = _block_rows(hidden.shape[0], weight.shape[0], weight_grad=False)
     for start in range(0, hidden.shape[0], rows):
         z = forward_product(hidden[start : start + rows], weight, bias).float()
-        total += _block_loss(z, targets[start : start + rows], label_smoothing)
+        total += _block_loss(z, targets[start : start + rows], label_smoothing, softcap)
     return total
 
 
@@ -138,12 +155,12 @@ class VocabularyLoss:
     asked for), and the fused one, which holds a fraction of the memory, is kept unless the plain one takes
     at most choices.MARGIN of its time."""
 
-    def __call__(self, hidden, weight, bias, targets, label_smoothing: float = 0.0) -> torch.Tensor:
-        if torch.compiler.is_compiling() or self.choice(hidden, weight, bias, label_smoothing) == PLAIN:  # compiled: fused by inductor
-            return vocabulary_cross_entropy(hidden, weight, bias, targets, label_smoothing)
-        return linear_cross_entropy(hidden, weight, bias, targets, label_smoothing)
+    def __call__(self, hidden, weight, bias, targets, label_smoothing: float = 0.0, softcap: float | None = None) -> torch.Tensor:
+        if torch.compiler.is_compiling() or self.choice(hidden, weight, bias, label_smoothing, softcap) == PLAIN:  # compiled: fused by inductor
+            return vocabulary_cross_entropy(hidden, weight, bias, targets, label_smoothing, softcap)
+        return linear_cross_entropy(hidden, weight, bias, targets, label_smoothing, softcap)
 
-    def choice(self, hidden, weight, bias, label_smoothing: float) -> str:
+    def choice(self, hidden, weight, bias, label_smoothing: float, softcap: float | None = None) -> str:
         device = hidden.device
         autocast = torch.is_autocast_enabled(device.type)
         dtype = torch.get_autocast_dtype(device.type) if autocast else hidden.dtype
@@ -153,7 +170,7 @@ class VocabularyLoss:
         wanted = ("gradients" if weight_trains else "gradients, frozen weight") if grad else "value"
         key = (
             f"loss t{torch.get_num_threads()} {device.type} {str(dtype).removeprefix('torch.')} {rows}x{vocab}x{width}"
-            f"{' bias' if bias is not None else ''}{' smoothing' if label_smoothing else ''} {wanted}"
+            f"{' bias' if bias is not None else ''}{' smoothing' if label_smoothing else ''}{' softcap' if softcap is not None else ''} {wanted}"
         )
         known = choices.choices().get(key, (FUSED, PLAIN))
         if known is not None:
@@ -170,7 +187,7 @@ class VocabularyLoss:
                     if tensor is not None:
                         tensor.grad = None
                 with torch.autocast(device.type, dtype=dtype, enabled=autocast):
-                    loss = loss_function(h, w, b, t, label_smoothing)
+                    loss = loss_function(h, w, b, t, label_smoothing, softcap)
                 if grad:
                     loss.backward()
                     return (loss.detach(), h.grad, w.grad) if weight_trains else (loss.detach(), h.grad)

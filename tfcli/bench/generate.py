@@ -15,11 +15,15 @@ token is set against the floor of its own seconds: the machine's bandwidth moves
 
 Before the timed rounds an untimed tfcli run lets tfcli.accel measure its choices for these shapes on this
 machine (kept in its decisions file), as the first run of any command here does: the rounds then time what
-every later run does, and the first run's extra time and memory stay out of the table."""
+every later run does, and the first run's extra time and memory stay out of the table. The compiled step
+(torch.compile over the decoding step, `tfcli.accel.compiled_step`) is tuned there too, its compile time
+reported, and timed as a job of its own ("tfcli-compiled") beside the step tfcli chose; the "tfcli" job
+decodes with whichever step won the tuning."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -28,7 +32,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from tfcli.accel import decode_step
+from tfcli.accel import compiled_step
 from tfcli.bench.common import keep_fastest, peak_rss_mb, run_worker
 from tfcli.checkpoint import save_checkpoint
 from tfcli.errors import TfcliError
@@ -41,7 +45,7 @@ from tfcli.model.config import preset
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
 
-JOBS = ("tfcli", "transformers", "tfcli-no-cache", "llama.cpp")
+JOBS = ("tfcli", "tfcli-compiled", "transformers", "tfcli-no-cache", "llama.cpp")
 GGUF_FILE = "model.gguf"
 PROBE_BYTES = 256 * 1024 * 1024  # the bandwidth probe reads a tensor this large (far beyond any cache) ...
 PROBE_SECONDS = 0.5  # ... again and again for this long, before and after each timed call
@@ -59,6 +63,7 @@ class DecodeMeasurement:
     bandwidth_gb_s: float = 0.0  # the cached tfcli job: read bandwidth probed beside its median call
     floor_ratio: float = 0.0  # ... and the median over its calls of time per token / that call's own floor
     threads: int = 0  # the threads it decoded on
+    compile_seconds: float = 0.0  # a job that decoded with the compiled step: compiling it (or loading it from disk), before its clock
 
     @property
     def tokens_per_second(self) -> float:
@@ -77,6 +82,7 @@ class GenerateBench:
     weight_bytes: int  # bytes read per token: every weight once (the tied embedding once, position table not)
     repeat: int
     results: dict[str, DecodeMeasurement]
+    tuning: dict | None = None  # the compiled step's tuning in the first run: choice, seconds per candidate, compile_seconds
 
     @property
     def bandwidth_gb_s(self) -> float:
@@ -108,6 +114,12 @@ class GenerateBench:
             return None
         return self.results["tfcli"].first_tokens == self.results["llama.cpp"].first_tokens
 
+    @property
+    def same_tokens_compiled(self) -> bool | None:
+        if "tfcli-compiled" not in self.results:
+            return None
+        return self.results["tfcli"].first_tokens == self.results["tfcli-compiled"].first_tokens
+
     def time_per_token_vs(self, job: str) -> float | None:
         """tfcli's time per token / `job`'s (below 1: tfcli is faster)."""
         return self.ratio(job, "tfcli")
@@ -132,6 +144,8 @@ class GenerateBench:
             "same_tokens": self.same_tokens,
             "time_per_token_vs_llama_cpp": _round(self.time_per_token_vs("llama.cpp")),
             "same_tokens_as_llama_cpp": self.same_tokens_as_llama_cpp,
+            "same_tokens_compiled": self.same_tokens_compiled,
+            "tuning": self.tuning,
         }
 
 
@@ -221,13 +235,18 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
     """One measurement, inside the worker subprocess: a short warm-up call, then the best of three timed
     calls (two for models over 20M parameters); the cached tfcli job probes the bandwidth around each."""
     machine_threads = torch.get_num_threads()
-    if job in ("tfcli", "tfcli-no-cache"):
+    compiled_in = 0.0
+    if job in ("tfcli", "tfcli-no-cache", "tfcli-compiled"):
         checkpoint = load_run(run_dir, "decode", device, threads)  # as `tfcli generate` loads it
         model = checkpoint.model
         prompt = _prompt(checkpoint.config.model.vocab_size, prompt_tokens)
+        if job == "tfcli-compiled":
+            model.fast_decode_step = functools.partial(compiled_step.bind, force=True)
+        if job == "tfcli-compiled" or (job == "tfcli" and model.fast_decode_step is not None and compiled_step.chosen(model)):
+            compiled_in = compiled_step.warm(model, prompt_tokens + new_tokens)  # before the clock, as `tune` measured it
 
         def decode(n: int) -> list[int]:
-            settings = GenerationSettings(max_new_tokens=n, stop_at_eos=False, use_cache=job == "tfcli")
+            settings = GenerationSettings(max_new_tokens=n, stop_at_eos=False, use_cache=job != "tfcli-no-cache")
             generator = Generator(checkpoint.model, checkpoint.tokenizer, settings, batch_size=1)
             for event in generator.run_ids([prompt]):
                 if isinstance(event, Done):
@@ -289,9 +308,18 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
     if probing:  # the median call: its time per token over the floor of its own seconds, and that bandwidth
         ratios = sorted(((s / len(tokens)) / (weight_bytes / (gb_s * 1e9)), gb_s) for s, gb_s in calls)
         ratio, bandwidth = ratios[(len(ratios) - 1) // 2]
-    kernel = decode_step.describe(model) if job in ("tfcli", "tfcli-no-cache") and device == "cpu" else ""
+    kernel = compiled_step.describe(model) if job in ("tfcli", "tfcli-no-cache") and device == "cpu" else ""
+    if job == "tfcli-compiled":
+        kernel = f"the step compiled by torch.compile ({compiled_step.mode_for(torch.device(device))} mode)"
     used = n_threads if job == "llama.cpp" else torch.get_num_threads()
-    return DecodeMeasurement(job, seconds, len(tokens), peak_rss_mb(), tokens[:32], kernel, bandwidth, ratio, used)
+    return DecodeMeasurement(job, seconds, len(tokens), peak_rss_mb(), tokens[:32], kernel, bandwidth, ratio, used, compiled_in)
+
+
+def _tune_job(run_dir: Path, prompt_tokens: int, new_tokens: int, threads: int, device: str) -> dict:
+    """The compiled step's tuning, inside a worker: compile it for this shape, time it beside PyTorch's step and
+    the C step, record the winner in tfcli.accel's decisions (a decision already there is kept)."""
+    model = load_run(run_dir, "decode", device, threads).model
+    return compiled_step.tune(model, prompt_tokens + new_tokens).to_json()
 
 
 def _probe_with_threads(device: str, buffer, threads: int) -> float:
@@ -318,12 +346,13 @@ def run_generate_bench(
     peer: bool = True,
     first_run: bool = True,
     against: str | None = None,
+    compiled: bool = True,
     progress=None,
 ) -> GenerateBench:
     """Measure every job `repeat` rounds, interleaved, best time kept (after the untimed first run unless
     `first_run` is False). The uncached job re-runs the whole text for every token; it runs every round for
     small models and once for large ones (no_cache=None; not at all for large ones where `quick`), always
-    (True) or never (False)."""
+    (True) or never (False). `compiled`: tune the compiled step in the first run and time it as a job of its own."""
     if repeat < 1:
         raise TfcliError(f"--repeat must be at least 1, not {repeat}")
     if prompt_tokens < 1 or new_tokens < 1:
@@ -345,9 +374,14 @@ def run_generate_bench(
         if progress:
             progress("tfcli measuring its choices here (once)")
         run_worker("tfcli.bench.generate", ["tfcli", *args[:3], "2", *args[4:]])
+    tuning = None
+    if first_run and compiled:
+        if progress:
+            progress("tuning the compiled step (compiling it once)")
+        tuning = run_worker("tfcli.bench.generate", ["tune", *args])
     for round_number in range(1, repeat + 1):
         for job in JOBS:
-            if (job == "transformers" and not peer) or (job == "llama.cpp" and against != "llama.cpp"):
+            if (job == "transformers" and not peer) or (job == "llama.cpp" and against != "llama.cpp") or (job == "tfcli-compiled" and not compiled):
                 continue
             if job == "tfcli-no-cache" and not _uncached_in_round(round_number, parameters, no_cache, quick):
                 continue
@@ -368,6 +402,7 @@ def run_generate_bench(
         weight_bytes=weight_bytes,
         repeat=repeat,
         results=results,
+        tuning=tuning,
     )
 
 
@@ -386,5 +421,8 @@ if __name__ == "__main__":
         print(json.dumps({"run": str(run_path), "hf": str(hf_path), "parameters": n_parameters, "weight_bytes": n_bytes}))
         sys.exit(0)
     job_name, run_arg, hf_arg, prompt_arg, new_arg, threads_arg, device_arg, bytes_arg = sys.argv[1:]
+    if job_name == "tune":
+        print(json.dumps(_tune_job(Path(run_arg), int(prompt_arg), int(new_arg), int(threads_arg), device_arg)))
+        sys.exit(0)
     measured = _decode_job(job_name, Path(run_arg), Path(hf_arg), int(prompt_arg), int(new_arg), int(threads_arg), device_arg, int(bytes_arg))
     print(json.dumps(dataclasses.asdict(measured)))

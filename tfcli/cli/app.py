@@ -10,9 +10,10 @@ from typing import Annotated
 import typer
 
 from tfcli import __version__
-from tfcli.cli import bench, circuits, embeddings, evaluate, generate, hf, info, quickstart, serve, tokenize, train
+from tfcli.cli import bench, circuits, embeddings, evaluate, generate, hf, info, quantize, quickstart, serve, tokenize, train
 from tfcli.cli import inspect as inspect_command
-from tfcli.cli.common import Typer, print_error, state
+from tfcli.cli.common import Typer, print_error, show_loader_notes, state
+from tfcli.cli.features import inspect_features
 
 app = Typer(
     name="tfcli",
@@ -31,6 +32,7 @@ app.command("eval")(evaluate.evaluate)
 app.command("info")(info.info)
 app.command("export")(hf.export)
 app.command("import")(hf.import_)
+app.command("quantize")(quantize.quantize)
 app.command("quickstart")(quickstart.quickstart)
 app.command("serve")(serve.serve)
 app.command("inspect-attention")(inspect_command.inspect_attention)
@@ -38,6 +40,7 @@ app.command("inspect-logits")(circuits.inspect_logits)
 app.command("inspect-ablate")(circuits.inspect_ablate)
 app.command("inspect-patch")(circuits.inspect_patch)
 app.command("inspect-embeddings")(embeddings.inspect_embeddings)
+app.command("inspect-features")(inspect_features)
 
 
 def _version(value: bool) -> None:
@@ -53,6 +56,7 @@ def _root(
 ) -> None:
     if debug:
         state.debug = True
+    show_loader_notes()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,6 +3,7 @@ takes are in options.py)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import TYPE_CHECKING, Any
@@ -182,6 +183,25 @@ def print_error(message: str) -> None:
     from rich.text import Text
 
     stderr_console().print(Text(f"error: {message}", style="bold red"), soft_wrap=True)
+
+
+def show_loader_notes() -> None:
+    """Print the loader's notes (the `tfcli.loader` logger: a quantized run dequantized on load, ...) as one dim
+    line each on stderr, for every command that loads a run; installed once by the app's callback."""
+    logger = logging.getLogger("tfcli.loader")
+    if any(isinstance(handler, _NoteLine) for handler in logger.handlers):
+        return
+    logger.addHandler(_NoteLine())
+    logger.propagate = False
+
+
+class _NoteLine(logging.Handler):
+    """A logging handler that writes a record as `note: ...`, dim, on stderr (the console of the moment)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from rich.text import Text
+
+        stderr_console().print(Text(f"note: {record.getMessage()}", style="dim"), soft_wrap=True)
 
 
 def print_table(console: Console, table: Any) -> None:

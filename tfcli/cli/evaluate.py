@@ -9,6 +9,7 @@ import typer
 
 from tfcli.cli.common import at_least, print_json, print_table, stderr_console, stdout_console
 from tfcli.cli.options import Device, JsonFlag
+from tfcli.cli.sae import SaeOption, evaluate_sae_command
 
 EvalData = Annotated[
     Optional[Path],
@@ -48,6 +49,7 @@ MaxBatches = Annotated[Optional[int], typer.Option("--max-batches", help="Stop a
 def evaluate(
     runs: Annotated[list[Path], typer.Argument(help="The run directory to score (several with --compare).", show_default=False)],
     data: EvalData = None,
+    sae: SaeOption = None,
     tasks: Tasks = None,
     include_path: IncludePath = None,
     trust_remote_code: TrustRemoteCode = False,
@@ -78,6 +80,8 @@ def evaluate(
         raise TfcliError(f"--num-fewshot must be 0 or more, not {num_fewshot}")
     if (data is None) == (tasks is None):
         raise TfcliError("pass --data (loss, perplexity, accuracy) or --tasks (lm-eval tasks), one of the two")
+    if sae is not None:  # an SAE's metrics on the run (cli/sae.py)
+        return evaluate_sae_command(runs, sae, data, tasks, device, json_output)
     if len(runs) > 1 and not compare:
         raise TfcliError(f"{len(runs)} runs given", hint="pass one run, or --compare RUN_A RUN_B ... with --tasks")
     if tasks is not None:

@@ -134,6 +134,12 @@ Chat = Annotated[
     ),
 ]
 System = Annotated[Optional[str], typer.Option("--system", help="--chat: the system message the conversation starts with.", show_default=False)]
+Steer = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--steer", help="SAE:F:COEF: add COEF x feature F's decoder direction at the SAE's hook point while decoding (repeatable).", show_default=False
+    ),
+]
 
 
 def generate(
@@ -162,6 +168,7 @@ def generate(
     interactive: Interactive = False,
     chat: Chat = False,
     system: System = None,
+    steer: Steer = None,
     device: Device = "auto",
     threads: Threads = 0,
     json_output: JsonFlag = False,
@@ -265,7 +272,15 @@ def _decode(
     if chat and prompt is not None:
         _read_prompts(prompt, None)  # the same checks: UTF-8, not empty
     checkpoint = _load(run, device, threads)
+    from tfcli.sae.steer import steering
 
+    with steering(checkpoint.model, decoding.steer or [], run):  # --steer: a hook on the model while it decodes
+        _decode_loaded(checkpoint, run, decoding, settings, prompts, prompt, chat=chat, interactive=interactive, system=system, json_output=json_output)
+
+
+def _decode_loaded(
+    checkpoint, run: Path, decoding: DecodingOptions, settings, prompts, prompt, *, chat: bool, interactive: bool, system, json_output: bool
+) -> None:
     from tfcli.generate.decoding import Generator
 
     generator = Generator(checkpoint.model, checkpoint.tokenizer, settings, batch_size=decoding.batch_size)

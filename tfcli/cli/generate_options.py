@@ -28,11 +28,12 @@ class DecodingOptions:
     no_stream: bool
     no_cache: bool
     batch_size: int
+    steer: list[str] | None = None  # SAE:F:COEF, each a feature's direction added while decoding (tfcli.sae.steer)
 
     @classmethod
     def of(cls, parameters: dict[str, Any]) -> DecodingOptions:
         """The decoding options among `tfcli generate`'s parameters (its `locals()`)."""
-        return cls(**{f.name: parameters[f.name] for f in fields(cls)})
+        return cls(**{f.name: parameters[f.name] for f in fields(cls) if f.name in parameters})
 
     def refuse_given(self, mode: str, *, fill_mask: bool) -> None:
         """Refuse a decoding option given to a mode that generates no text (--top-k counts only for --classify)."""
@@ -56,6 +57,7 @@ class DecodingOptions:
             "--no-stream": self.no_stream,
             "--no-cache": self.no_cache,
             "--batch-size": self.batch_size != 16,
+            "--steer": bool(self.steer),
         }
         names = [name for name, on in given.items() if on]
         if names:

@@ -24,7 +24,11 @@ def export(
     merge: Annotated[bool, typer.Option("--merge", help="A LoRA run: merge its adapter into the weights and write a full model.")] = False,
     type_: Annotated[
         Optional[str],
-        typer.Option("--type", help="--to gguf: the weights' type, f32, f16 or q8_0 (norms and biases stay f32) [default: f32].", show_default=False),
+        typer.Option(
+            "--type",
+            help="--to gguf: the weights' type, f32, f16, q8_0, bf16, q4_0 or q4_k_m (mixed as llama-quantize mixes them; norms and biases stay f32; a quantized run's own blocks go out as they are) [default: f32].",
+            show_default=False,
+        ),
     ] = None,
 ) -> None:
     """Export a run to a Hugging Face folder that transformers' from_pretrained loads.
@@ -151,7 +155,8 @@ def import_(
     special_tokens_map.json name. tfcli never downloads: fetch the folder first (huggingface-cli download).
 
     A GGUF file (llama.cpp's format) of architecture llama, qwen2, qwen3, phi3 or gpt2, with tensors of
-    any type llama.cpp writes (K-quants, IQ and the others dequantized to f32, with a note): its tokenizer
+    any type llama.cpp writes (Q8_0, Q4_0, Q4_K, Q6_K and BF16 kept in their blocks, the others dequantized to
+    f32, with a note): its tokenizer
     is rebuilt as a tokenizer.json that encodes as llama.cpp does. Nothing in the file is executed; every
     tensor is checked to lie inside it.
 

@@ -12,6 +12,7 @@ import typer
 
 from tfcli.cli.common import Typer
 from tfcli.cli.options import DeviceOrNone, JsonFlag, PrecisionOrNone
+from tfcli.cli.sae import train_sae
 from tfcli.cli.train_progress import render_training
 
 if TYPE_CHECKING:
@@ -165,6 +166,14 @@ Preset = Annotated[
         show_default=False,
     ),
 ]
+Recipe = Annotated[
+    Optional[str],
+    typer.Option(
+        "--recipe",
+        help="classic (AdamW, cosine, GELU, LayerNorm, tied head) or modern (the speedrun's: Muon, warmup-stable-decay, rotary, RMSNorm, QK-norm, ReLU², zero-init projections, untied soft-capped head); under --config and --set [default: classic].",
+        show_default=False,
+    ),
+]
 ShardTokenizer = Annotated[
     Optional[Path],
     typer.Option("--tokenizer", "-t", help="The tokenizer the shards were encoded with [default: found beside the shards].", show_default=False),
@@ -231,6 +240,7 @@ def pretrain(
     output: Output,
     arch: Arch = None,
     preset: Preset = None,
+    recipe: Recipe = None,
     tokenizer: ShardTokenizer = None,
     block_size: ContextSize = None,
     objective: Objective = None,
@@ -272,11 +282,15 @@ def pretrain(
     _refuse_given(ctx, WORD2VEC_ONLY, "a transformer's pretraining", "they are --objective word2vec's")
     if arch is not None:
         _check_choice("--arch", arch, ARCHS)
+    if recipe is not None:
+        from tfcli.train.recipes import RECIPES
+
+        _check_choice("--recipe", recipe, tuple(RECIPES))
     options = _run_options(ctx.params).settings({"model.block_size": block_size, "task": objective})
     trackers = _trackers(log_to)
     with _no_empty_run_left(output):
         config, sets, resume = shared["config"], shared["sets"] or [], shared["resume"]
-        job = _pretrain_job(data, output, options, arch, preset, config, sets, tokenizer, resume, trackers=trackers, quiet=json_output)
+        job = _pretrain_job(data, output, options, arch, preset, recipe, config, sets, tokenizer, resume, trackers=trackers, quiet=json_output)
         render_training(job, json_output)
 
 
@@ -308,13 +322,16 @@ def _no_empty_run_left(output: Path):
     return no_empty_folder_left(output, RUN_LEFTOVERS)
 
 
-def _pretrain_job(data: Path, output: Path, options: dict[str, Any], arch, preset, config, sets: list[str], tokenizer, resume: bool, *, trackers, quiet: bool):
+def _pretrain_job(
+    data: Path, output: Path, options: dict[str, Any], arch, preset, recipe, config, sets: list[str], tokenizer, resume: bool, *, trackers, quiet: bool
+):
     """The pretraining job; text as --data is made into a tokenizer and shards in RUN/data/ first."""
     from tfcli.train.job import pretrain_job
-    from tfcli.train.text_data import is_shard_folder
+    from tfcli.train.text_data import TEXT_RECIPE, is_shard_folder
 
     if not is_shard_folder(data):
-        data = _text_to_shards(data, output, options, config, sets, resume, quiet)
+        data = _text_to_shards(data, output, options, config, sets, resume, quiet, recipe_given=recipe is not None)
+        recipe = recipe or TEXT_RECIPE
     return pretrain_job(
         data=data,
         output=output,
@@ -326,17 +343,21 @@ def _pretrain_job(data: Path, output: Path, options: dict[str, Any], arch, prese
         tokenizer_path=tokenizer,
         resume=resume,
         log_to=trackers,
+        recipe=recipe,
     )
 
 
-def _text_to_shards(data: Path, output: Path, options: dict[str, Any], config: Path | None, sets: list[str], resume: bool, quiet: bool) -> Path:
+def _text_to_shards(
+    data: Path, output: Path, options: dict[str, Any], config: Path | None, sets: list[str], resume: bool, quiet: bool, *, recipe_given: bool
+) -> Path:
     """Text as --data: a tokenizer and shards made in RUN/data/, said line by line; the quickstart's settings
-    added to `options` where nothing else sets them. Returns the shard folder."""
+    added to `options` where nothing else sets them (and the modern recipe where --recipe is not given). Returns
+    the shard folder."""
     from rich.text import Text
 
     from tfcli.cli.common import stderr_console
     from tfcli.train.run_checks import check_output
-    from tfcli.train.text_data import prepare_text_data, text_defaults
+    from tfcli.train.text_data import TEXT_RECIPE, prepare_text_data, text_defaults
 
     check_output(output, resume)
     defaults = text_defaults(options, config, sets)
@@ -352,9 +373,10 @@ def _text_to_shards(data: Path, output: Path, options: dict[str, Any], config: P
                 break
             if not quiet:
                 console.print(Text(f"{step.name:<10} ", style="bold") + Text(step.detail), soft_wrap=True)
-    if defaults and not quiet:
-        said = ", ".join(f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}" for key, value in defaults.items())
-        console.print(Text("settings   ", style="bold") + Text(f"the quickstart's for text: {said} (the options and --set change them)"), soft_wrap=True)
+    said = [] if recipe_given else [f"recipe {TEXT_RECIPE}"]
+    said += [f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}" for key, value in defaults.items()]
+    if said and not quiet:
+        console.print(Text("settings   ", style="bold") + Text(f"for text: {', '.join(said)} (--recipe, the options and --set change them)"), soft_wrap=True)
     return shard_dir
 
 
@@ -567,6 +589,9 @@ def _train_word2vec(
     with _no_empty_run_left(output):
         job = word2vec_job(data=data, output=output, vectors=vectors, settings=settings, tokenizer_path=tokenizer, resume=resume)
         render_training(job, json_output)
+
+
+app.command("sae")(train_sae)
 
 
 def _transformer_only(ctx: typer.Context) -> set[str]:

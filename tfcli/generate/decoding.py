@@ -55,7 +55,7 @@ class Generator:
             tokenizer.require("eos")  # the decoder starts from it
         # ids that end a text (a chat adds its end-of-turn token)
         self.end_ids: set[int] = {self.vocab.eos_id} if self.vocab.eos_id is not None else set()
-        self.device = model.lm_head.weight.device
+        self.device = next(model.parameters()).device  # not lm_head.weight: a quantized head dequantizes on each read
         self.seed = settings.seed
         if settings.strategy == "sample" and not settings.greedy and self.seed is None:
             self.seed = secrets.randbits(31)

@@ -61,8 +61,7 @@ class DecoderWindow:
         # its cache are only that long (a pretrained model's context may be 32k or 128k tokens); it never fills.
         self.block = config.block_size if longest is None else max(1, min(config.block_size, longest))
         self.keep = min(self.block, keep if keep is not None else max(1, self.block - self.block // 4))
-        device = model.lm_head.weight.device
-        dtype = model.lm_head.weight.dtype
+        device, dtype = next(model.parameters()).device, next(model.parameters()).dtype  # not lm_head.weight: a quantized head dequantizes on each read
         self.ids = torch.zeros(batch, self.block, dtype=torch.long, device=device)
         self.real = torch.zeros(batch, self.block, dtype=torch.bool, device=device)
         self.n_real = torch.zeros(batch, dtype=torch.long, device=device)  # real tokens per row in the window

@@ -1,4 +1,5 @@
-"""Export a run to one GGUF file llama.cpp loads (f32, f16 or q8_0), and import a GGUF file into a run.
+"""Export a run to one GGUF file llama.cpp loads (f32, f16, q8_0; bf16, q4_0, q4_k_m in tfcli.quant's formats, and a
+quantized run's own blocks as they are), and import a GGUF file into a run.
 
 Export writes with `gguf`'s own writer, under the names and conventions of llama.cpp's converter, into a
 temp file beside the target (.NAME.<random>.tmp, locked while it is written) renamed into place at the end.
@@ -17,13 +18,12 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tfcli.checkpoint import model_from_tensors, save_checkpoint
+from tfcli.checkpoint import TIED_KEY, model_from_tensors, save_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.fsutil import (
     atomic_write_json,
@@ -50,21 +50,25 @@ from tfcli.gguf.layout import (
     tensor_layout,
     unpermute_heads,
 )
-from tfcli.gguf.reader import READABLE_TYPES, TensorInfo, read_gguf, refused_type
+from tfcli.gguf.reader import READABLE_TYPES, GgufFile, read_gguf, refused_type
 from tfcli.gguf.vocab import Vocab, tokenizer_metadata
 from tfcli.loader import load_run
 from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
 from tfcli.model.transformer import Transformer
+from tfcli.quant.formats import quantize, scales_finite
+from tfcli.quant.mix import gguf_format, plan
+from tfcli.quant.tensors import read_quantized
 from tfcli.rundir import CONFIG_FILE, WEIGHTS_FILE, read_run_config
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
 
 if TYPE_CHECKING:
     import numpy as np
 
-TYPES = ("f32", "f16", "q8_0")
-# general.file_type (llama.cpp's LLAMA_FTYPE_ALL_F32, MOSTLY_F16, MOSTLY_Q8_0)
-FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7}
+TYPES = ("f32", "f16", "q8_0", "bf16", "q4_0", "q4_k_m")
+# general.file_type (llama.cpp's LLAMA_FTYPE_ALL_F32, MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_BF16, MOSTLY_Q4_0, MOSTLY_Q4_K_M)
+FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32, "q4_0": 2, "q4_k_m": 15}
+BLOCK_TYPES = ("bf16", "q4_0", "q4_k_m")  # written with tfcli.quant's formats, as llama-quantize mixes them; and any block type from a quantized run
 # Keys outside the architecture's and the tokenizer's namespaces that import reads or that only describe
 GENERAL_PREFIXES = ("general.", "quantize.imatrix.")
 
@@ -121,8 +125,9 @@ def export_gguf(run_dir: Path, out_path: Path, kind: str = "f32") -> Exported:
     tokenizer_config = _tokenizer_config(checkpoint.tokenizer)
     vocab = tokenizer_metadata(checkpoint.tokenizer, config.vocab_size, tokenizer_config)
     state = checkpoint.model.state_dict()
+    formats, held, quantized_note = _export_formats(Path(run_dir), checkpoint, state, kind)
     name, renamed = _general_name(Path(run_dir).resolve().name, vocab["tokenizer.ggml.tokens"])
-    notes = export_notes(config, arch) + ([renamed] if renamed else [])
+    notes = export_notes(config, arch) + ([renamed] if renamed else []) + ([quantized_note] if quantized_note else [])
     folder = prepare_output_dir(out_path.parent if str(out_path.parent) else Path("."), "export")
     removed = remove_abandoned_temps(out_path)
     try:
@@ -132,7 +137,7 @@ def export_gguf(run_dir: Path, out_path: Path, kind: str = "f32") -> Exported:
                 writer.add_name(name)
                 writer.add_type("model")
                 writer.add_file_type(FILE_TYPES[kind])
-                if kind == "q8_0":
+                if kind in ("q8_0", "q4_0", "q4_k_m"):
                     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
                 for key, value in hyperparameters(config, arch).items():
                     _add(writer, f"{arch}.{key}", value)
@@ -143,6 +148,11 @@ def export_gguf(run_dir: Path, out_path: Path, kind: str = "f32") -> Exported:
                     writer.add_tensor(name, values.numpy())
                     count += 1
                 for entry in tensor_layout(config, arch):
+                    if entry.ours in formats:  # block formats (tfcli.quant): a quantized run's own bytes, or quantized now
+                        values, raw_type = _block_tensor(entry, state, formats, held, kind)
+                        writer.add_tensor(entry.name, values, raw_dtype=raw_type)
+                        count += 1
+                        continue
                     tensor = state[entry.ours]
                     if entry.stop:
                         tensor = tensor[entry.start : entry.stop]
@@ -168,6 +178,41 @@ def export_gguf(run_dir: Path, out_path: Path, kind: str = "f32") -> Exported:
         ) from exc
     fsync_dir(folder)
     return Exported(arch, count, out_path.stat().st_size, vocab["tokenizer.ggml.model"], notes, removed)
+
+
+def _export_formats(run_dir: Path, checkpoint, state: dict[str, torch.Tensor], kind: str) -> tuple[dict[str, str], dict[str, Any], str | None]:
+    """Which of the run's tensors go out in a block format (name -> format), the block bytes a quantized run holds
+    (written as they are), and a note where --type does not decide the formats. f32, f16 and q8_0 from an f32 run
+    keep their own writing (`_stored`)."""
+    held_formats = checkpoint.config.quantized or {}
+    if held_formats and kind not in ("f32", "f16"):
+        tied = checkpoint.config.model.tie_embeddings
+        expected = {n: tuple(t.shape) for n, t in state.items() if not (tied and n == "lm_head.weight")}
+        held = {n: t for n, t in read_quantized(run_dir / WEIGHTS_FILE, expected, held_formats, run_dir / CONFIG_FILE).items() if n in held_formats}
+        mine = ", ".join(sorted(set(held_formats.values())))
+        return dict(held_formats), held, f"wrote the run's own {mine} blocks as they are (--type {kind} decides the formats of an f32 run's export)"
+    if kind not in BLOCK_TYPES:
+        return {}, {}, None
+    config = checkpoint.config.model
+    shapes = {n: tuple(t.shape) for n, t in state.items() if not (config.tie_embeddings and n == "lm_head.weight")}
+    return plan(shapes, kind, config.decoder_layers, config.tie_embeddings), {}, None
+
+
+def _block_tensor(entry, state: dict[str, torch.Tensor], formats: dict[str, str], held: dict[str, Any], kind: str) -> tuple[np.ndarray, Any]:
+    """One GGUF tensor in its block format: rows start:stop of the run's tensor (llama.cpp's row order inside
+    each head where it has one): cut from the held bytes (rows are whole blocks), or quantized now."""
+    from gguf.constants import GGMLQuantizationType
+
+    blocks = held.get(entry.ours)
+    source = blocks.data if blocks is not None else state[entry.ours]
+    if entry.stop:
+        source = source[entry.start : entry.stop]
+    if entry.heads:
+        source = permute_heads(source, entry.heads)
+    columns = state[entry.ours].shape[1]
+    fmt = formats[entry.ours] if blocks is not None else gguf_format(kind, formats[entry.ours], entry.name, bool(entry.stop), columns)
+    data = source.contiguous().numpy() if blocks is not None else quantize(source.detach().float().contiguous().numpy(), fmt)
+    return data, GGMLQuantizationType[fmt.upper()]
 
 
 # llama.cpp's vocabulary loader gives a model whose general.name holds "phi3" or "phi-3" Phi-3's own token
@@ -238,27 +283,69 @@ def _check_keys(metadata: dict[str, Any], arch: str, where: str) -> None:
 
 
 def _unknown_architecture(arch: Any, metadata: dict[str, Any], where: str) -> TfcliError:
-    if arch == "bert" or metadata.get("tokenizer.ggml.model") == "bert":
+    if arch == "bert":
         return TfcliError(
-            f"{where} is a BERT encoder (general.architecture {arch!r}, tokenizer.ggml.model 'bert': WordPiece), which tfcli does not import from GGUF; "
-            f"it imports the decoders {', '.join(IMPORT_ARCHS)}",
+            f"{where} is a BERT encoder (general.architecture 'bert'), which tfcli does not import from GGUF; it imports the decoders {', '.join(IMPORT_ARCHS)}",
             hint="import BERT from its Hugging Face folder: tfcli import FOLDER -o RUN",
         )
     return TfcliError(f"{where}: metadata general.architecture is {arch!r}; tfcli imports {', '.join(IMPORT_ARCHS)}")
 
 
-def _dequantized_note(infos: Iterable[TensorInfo]) -> str | None:
-    """One line naming the types widened to f32 (every type but F32), and what that costs."""
-    infos = list(infos)
-    kinds = sorted({info.kind.name for info in infos if info.kind.name != "F32"})
-    if not kinds:
+# the GGUF tensor types tfcli decodes natively (tfcli.quant's block formats): kept in their blocks on import
+NATIVE = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K": "q4_K", "Q6_K": "q6_K", "BF16": "bf16"}
+FUSED = {"qkv": "q/k/v", "fc": "gate/up"}  # tfcli's matrices that llama.cpp's files may hold in parts
+
+
+def _kept_types(file: GgufFile, layout: list, config: ModelConfig) -> tuple[dict[str, str], list[str]]:
+    """tfcli tensor -> block format, for the matrices whose GGUF tensors are all of one type tfcli decodes natively
+    (NATIVE) and that tfcli holds quantized (the token embedding and the linear layers' weights); and the fused
+    matrices left out because their parts differ in type (Q4_K_M's attn_q and attn_k in Q4_K, attn_v in Q6_K, which
+    tfcli holds as one q/k/v matrix: blocks concatenate only within one type, so that one is dequantized)."""
+    with on_meta_device():
+        model = Transformer(config)
+    sources: dict[str, set[str]] = {}
+    for entry in layout:
+        sources.setdefault(entry.ours, set()).add(file.tensors[entry.name].kind.name if entry.name in file.tensors else "")
+    kept, mixed = {}, []
+    for ours, kinds in sources.items():
+        module, _, leaf = ours.rpartition(".")
+        if leaf != "weight" or not (ours == "tok_emb.weight" or isinstance(model.get_submodule(module), torch.nn.Linear)):
+            continue
+        if not kinds <= set(NATIVE):
+            continue
+        if len(kinds) > 1:
+            mixed.append(ours)
+            continue
+        kept[ours] = NATIVE[kinds.pop()]
+    return kept, mixed
+
+
+def _stored_note(file: GgufFile, layout: list, kept: dict[str, str], mixed: list[str], state: dict[str, torch.Tensor]) -> str | None:
+    """One line naming the types kept in their blocks and those widened to f32 (every other type but F32, and the
+    fused matrices whose parts differ in type), and what the run holds against the file's tensors."""
+    kinds = {entry.name: file.tensors[entry.name].kind.name for entry in layout}
+    kept_kinds = sorted({kinds[e.name] for e in layout if e.ours in kept})
+    wide_kinds = sorted({kinds[e.name] for e in layout if e.ours not in kept and e.ours not in mixed and kinds[e.name] != "F32"})
+    if not kept_kinds and not wide_kinds and not mixed:
         return None
-    stored = sum(info.nbytes for info in infos)
-    wide = sum(4 * math.prod(info.shape) for info in infos)
-    return (
-        f"dequantized the {', '.join(kinds)} tensors to f32: the run holds f32 weights, {wide / stored:.1f}x the file's "
-        f"{stored:,} bytes of tensors ({wide:,} bytes) in memory and on disk"
-    )
+    stored = sum(info.nbytes for info in file.tensors.values())
+    held = sum(t.numel() * t.element_size() for t in state.values())
+    cost = f"{held / stored:.1f}x the file's {stored:,} bytes of tensors ({held:,} bytes) in memory and on disk"
+    if not kept_kinds and not mixed:
+        return f"dequantized the {', '.join(wide_kinds)} tensors to f32: the run holds f32 weights, {cost}"
+    widened = []
+    if wide_kinds:
+        widened.append(f"the {', '.join(wide_kinds)} tensors")
+    if mixed:
+        fused = sorted({FUSED.get(name.rsplit(".", 2)[-2], name.rsplit(".", 2)[-2]) for name in mixed})
+        parts = sorted({f"{e.name.split('.')[-2]} {kinds[e.name]}" for e in layout if e.ours in mixed})
+        widened.append(
+            f"{len(mixed)} fused {' and '.join(fused)} {'matrix' if len(mixed) == 1 else 'matrices'} whose parts differ in type "
+            f"({', '.join(parts)}: tfcli holds each as one matrix, and blocks join only within one type)"
+        )
+    kept_text = f"kept the {', '.join(kept_kinds)} tensors in their blocks" if kept_kinds else "kept no tensor in its blocks"
+    widened_text = f"; dequantized {' and '.join(widened)} to f32" if widened else ""
+    return f"{kept_text}{widened_text}: the run holds {cost}"
 
 
 def import_gguf(src: Path, run_dir: Path) -> Imported:
@@ -284,6 +371,7 @@ def import_gguf(src: Path, run_dir: Path) -> Imported:
     unknown = sorted(set(file.tensors) - known)
     if unknown:
         raise TfcliError(f"{where}: tensor {unknown[0]} is not part of tfcli's {arch} model", hint=f"tfcli imports plain {', '.join(IMPORT_ARCHS)} models")
+    kept, mixed = _kept_types(file, layout, config)
     parts: dict[str, list[torch.Tensor]] = {}
     types: dict[str, int] = {}
     for entry in layout:
@@ -294,16 +382,27 @@ def import_gguf(src: Path, run_dir: Path) -> Imported:
             raise TfcliError(f"{where} lacks the tensor {entry.name}", hint=f"the file is incomplete, or not a plain {arch} model")
         if info.shape != want:
             raise TfcliError(f"{where}: tensor {entry.name} has shape {list(info.shape)}, but the metadata implies {list(want)}")
-        tensor = file.read(entry.name)
-        if not bool(tensor.isfinite().all()):
+        if entry.ours in kept:  # the block bytes as they are: rows are whole blocks, so llama.cpp's row order undoes row by row
+            tensor = file.read_blocks(entry.name)
+            finite = scales_finite(tensor.numpy(), kept[entry.ours])
+        else:
+            tensor = file.read(entry.name)
+            finite = bool(tensor.isfinite().all())
+        if not finite:
             raise TfcliError(f"{where}: tensor {entry.name} holds non-finite values")
         parts.setdefault(entry.ours, []).append(unpermute_heads(tensor, entry.heads) if entry.heads else tensor)
         types[info.kind.name] = types.get(info.kind.name, 0) + 1
-    widened = _dequantized_note(file.tensors.values())
-    notes = vocab.notes + notes + ([widened] if widened else [])
-
     state = {name: torch.cat(chunks) if len(chunks) > 1 else chunks[0] for name, chunks in parts.items()}
-    model = model_from_tensors(config, state)
+    del parts
+    stored = _stored_note(file, layout, kept, mixed, state)
+    notes = vocab.notes + notes + ([stored] if stored else [])
+    if kept:
+        with on_meta_device():
+            model = Transformer(config)  # its config only: the tensors saved are `state`'s
+        parameters = sum(math.prod(shape) for shape in expected.values()) - (math.prod(expected[TIED_KEY]) if config.tie_embeddings else 0)
+    else:
+        model = model_from_tensors(config, state)
+        parameters = model.parameter_count()
     tokenizer_text = vocab.tokenizer_json()
     if run_dir.exists() and not run_dir.is_dir():
         raise TfcliError(f"run path {run_dir} is a file, not a folder", hint="pass a folder path with -o")
@@ -314,6 +413,6 @@ def import_gguf(src: Path, run_dir: Path) -> Imported:
         atomic_write_text(staged / TOKENIZER_FILE, tokenizer_text)
         atomic_write_json(staged / TOKENIZER_CONFIG_FILE, vocab.tokenizer_config(config.block_size))
         tokenizer = TextTokenizer.load(staged / TOKENIZER_FILE)
-        save_checkpoint(staged, model, tokenizer, source=str(src))
+        save_checkpoint(staged, model, tokenizer, source=str(src), quantized=(kept, state) if kept else None)
         place_folder(staged, target, last=(WEIGHTS_FILE, CONFIG_FILE))  # a folder holds a run once they are there
-    return Imported(config, arch, model.parameter_count(), types, removed, notes)
+    return Imported(config, arch, parameters, types, removed, notes)

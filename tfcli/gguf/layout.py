@@ -1,5 +1,5 @@
 """How a tfcli model is laid out in GGUF: the architectures llama.cpp knows it as (llama, qwen2, qwen3, phi3,
-gpt2), their metadata keys, and which GGUF tensor holds which rows of which tfcli tensor. Names and conventions
+gemma3, gpt2), their metadata keys, and which GGUF tensor holds which rows of which tfcli tensor. Names and conventions
 are llama.cpp's (convert_hf_to_gguf.py and conversion/*.py, src/models/*.cpp, src/llama-model.cpp).
 
 llama.cpp rotates each consecutive pair (x0, x1) of a head for `llama` (its "normal" RoPE); tfcli, like
@@ -7,6 +7,13 @@ transformers, rotates the halves (x_i, x_{i + hs/2}). The converter therefore re
 inside each head (its `permute`), so that the pairs llama.cpp rotates are the ones tfcli rotates; export
 does the same and import undoes it. `qwen2`, `qwen3` and `phi3` rotate halves ("neox" RoPE): their rows stay
 as they are.
+
+llama.cpp's `gemma3` fixes some of Gemma 3's settings instead of reading them (src/llama-model.cpp): every
+sixth layer is global and the others local (`GEMMA3_PATTERN`) when the file has a sliding window, the local
+layers turn q and k by an unscaled base of 10,000, the scores are scaled by 1 / sqrt(head_dim) (the 27B's
+62 layers: by 1 / sqrt(embedding_length / head_count)), and no final soft cap is applied with a sliding
+window. Its RMSNorms scale by their weight, as tfcli's (the converter adds Gemma's 1, as tfcli's import from
+Hugging Face does), and it multiplies the embeddings by sqrt(embedding_length) itself.
 
 Export writes a run only as an architecture that computes what the run computes: `export_incompatibility`
 names the first option the architecture cannot express, checked first by hand (with the reason), then by
@@ -27,8 +34,11 @@ from tfcli.errors import TfcliError
 from tfcli.model.config import ModelConfig, RopeScaling
 from tfcli.model.layers import scaled_frequencies
 
-EXPORT_ARCHS = ("llama", "qwen3", "phi3", "gpt2")
-IMPORT_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gpt2")
+EXPORT_ARCHS = ("llama", "qwen3", "phi3", "gemma3", "gpt2")
+IMPORT_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma3", "gpt2")
+GEMMA3_PATTERN = 6  # llama.cpp's gemma3: layer i is local when i % 6 < 5 (hparams.set_swa_pattern(6)), global else
+GEMMA3_LOCAL_BASE = 10_000.0  # llama.cpp's gemma3: the local layers' rotary base (rope_freq_base_train_swa), unscaled
+GEMMA3_27B_LAYERS = 62  # llama.cpp's gemma3 scales the scores of a 62-layer model (27B) by 1 / sqrt(embedding_length / head_count)
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency divisors: Llama 3.1's rope scaling
 ROPE_SHORT, ROPE_LONG = "rope_factors_short.weight", "rope_factors_long.weight"  # Phi-3's longrope divisors, up to and past its original context
 PERMUTED = ("llama",)  # q and k rows in llama.cpp's pair order; the others rotate halves as tfcli does
@@ -100,30 +110,87 @@ def _checks(config: ModelConfig, arch: str) -> list[tuple[bool, str]]:
             (config.has_qkv_bias, "qkv_bias false (gpt2's q, k and v have biases)"),
             (config.has_mlp_bias, "mlp_bias false (gpt2's MLP has biases)"),
         ]
+    if arch == "gemma3":
+        return common + _gemma3_checks(config)
     rotary = common + [
         (config.positions == "rotary", f"positions {config.positions!r} ({arch} rotates q and k)"),
         (config.norm == "rmsnorm", f"norm {config.norm!r} ({arch} uses RMSNorm)"),
         (config.activation == "swiglu", f"activation {config.activation!r} ({arch}'s MLP is SwiGLU)"),
     ]
+    if arch != "phi3":
+        rotary.append((config.rope_fraction == 1, f"rope_fraction {config.rope_fraction:g} with {arch}'s options (tfcli writes partial rotary as phi3 only)"))
     if arch == "qwen3":
         return rotary + [
             (not config.bias, "bias true (llama.cpp's qwen3 has no bias on the attention output)"),
             (not config.has_mlp_bias, "mlp_bias true (llama.cpp's qwen3 has no biases in the MLP)"),
             (scaling in (None, "linear"), f"rope_scaling {scaling} with qk_norm (llama.cpp's qwen3 reads no rope_freqs or rope factors)"),
         ]
-    if arch == "phi3":
+    if arch == "phi3":  # written for longrope or partial rotary, which only llama.cpp's phi3 of these reads
+        why = "rope_scaling longrope" if scaling == "longrope" else f"rope_fraction {config.rope_fraction:g}"
         return rotary + [
             (
                 config.q_width == config.d_model,
-                f"d_head {config.head_dim} with rope_scaling longrope (llama.cpp's phi3 heads are embedding_length / head_count = {config.d_model / config.n_heads:g} wide)",
+                f"d_head {config.head_dim} with {why} (llama.cpp's phi3 heads are embedding_length / head_count = {config.d_model / config.n_heads:g} wide)",
             ),
-            (not config.bias, "bias true with rope_scaling longrope (llama.cpp's phi3 has no biases)"),
-            (not config.has_qkv_bias, "qkv_bias true with rope_scaling longrope (llama.cpp's phi3 has no biases)"),
-            (not config.has_mlp_bias, "mlp_bias true with rope_scaling longrope (llama.cpp's phi3 has no biases)"),
+            (not config.bias, f"bias true with {why} (llama.cpp's phi3 has no biases)"),
+            (not config.has_qkv_bias, f"qkv_bias true with {why} (llama.cpp's phi3 has no biases)"),
+            (not config.has_mlp_bias, f"mlp_bias true with {why} (llama.cpp's phi3 has no biases)"),
+            (not config.qk_norm, f"qk_norm true with {why} (llama.cpp's phi3 has no norm on q and k)"),
         ]
     return rotary + [
         (not config.qk_norm, "qk_norm true (llama.cpp's llama has no norm on q and k; tfcli writes such runs as qwen3)"),
         (scaling != "longrope", "rope_scaling longrope (tfcli writes such runs as phi3)"),
+    ]
+
+
+def gemma3_local_layers(n_layers: int) -> tuple[int, ...]:
+    """The layers llama.cpp's gemma3 makes local: all but every sixth. Example: 7 -> (0, 1, 2, 3, 4, 6)."""
+    return tuple(i for i in range(n_layers) if i % GEMMA3_PATTERN < GEMMA3_PATTERN - 1)
+
+
+def gemma3_attn_scale(n_layers: int, d_model: int, n_heads: int, head_dim: int) -> float | None:
+    """The attn_scale of llama.cpp's gemma3 (None: 1 / sqrt(head_dim), tfcli's default)."""
+    if n_layers == GEMMA3_27B_LAYERS and d_model % n_heads == 0 and d_model // n_heads != head_dim:
+        return (d_model // n_heads) ** -0.5
+    return None
+
+
+def _gemma3_checks(config: ModelConfig) -> list[tuple[bool, str]]:
+    """What llama.cpp's gemma3 computes, option by option (its fixed settings: see the module's docstring)."""
+    scaling = config.rope_scaling.kind if config.rope_scaling is not None else None
+    # the local layers' tables: rope_local_base's, or (None) the global ones, which must then be 10,000 unscaled too
+    local_base = config.rope_local_base if config.rope_local_base is not None else (config.rope_base if scaling is None else None)
+    scale = gemma3_attn_scale(config.n_layers, config.d_model, config.n_heads, config.head_dim)
+    return [
+        (config.positions == "rotary", f"positions {config.positions!r} (gemma3 rotates q and k)"),
+        (config.norm == "rmsnorm", f"norm {config.norm!r} (gemma3 uses RMSNorm)"),
+        (config.activation == "geglu", f"activation {config.activation!r} (gemma3's MLP is GeGLU)"),
+        (config.post_norms, "post_norms false (gemma3 norms each sublayer's output)"),
+        (config.qk_norm, "qk_norm false (gemma3 normalises each head's q and k)"),
+        (config.scale_embeddings, "scale_embeddings false (llama.cpp's gemma3 scales the embeddings by sqrt(embedding_length))"),
+        (not config.bias, "bias true (llama.cpp's gemma3 has no biases)"),
+        (not config.has_qkv_bias, "qkv_bias true (llama.cpp's gemma3 has no biases)"),
+        (not config.has_mlp_bias, "mlp_bias true (llama.cpp's gemma3 has no biases)"),
+        (
+            config.sliding_window is not None,
+            "sliding_window None (tfcli writes gemma3 with its sliding window; llama.cpp's gemma3 without one soft-caps the logits by a default of its version)",
+        ),
+        (
+            config.local_layers == gemma3_local_layers(config.n_layers),
+            f"local_layers {list(config.local_layers)} (llama.cpp's gemma3 makes every layer local but each sixth: "
+            f"{list(gemma3_local_layers(config.n_layers))})",
+        ),
+        (
+            local_base == GEMMA3_LOCAL_BASE,
+            f"rope_local_base {config.rope_local_base} (llama.cpp's gemma3 turns the local layers by an unscaled base of {GEMMA3_LOCAL_BASE:,.0f})",
+        ),
+        (scaling in (None, "linear"), f"rope_scaling {scaling} (llama.cpp's gemma3 reads linear scaling only)"),
+        (config.rope_fraction == 1, f"rope_fraction {config.rope_fraction:g} (tfcli writes partial rotary as phi3 only)"),
+        (
+            _same(config.attn_scale, scale),
+            f"attn_scale {config.attn_scale} (llama.cpp's gemma3 scales the scores by 1 / sqrt(head_dim) and reads no query_pre_attn_scalar)",
+        ),
+        (config.logit_softcap is None, f"logit_softcap {config.logit_softcap} (llama.cpp's gemma3 with a sliding window applies no final soft cap)"),
     ]
 
 
@@ -190,14 +257,17 @@ def export_notes(config: ModelConfig, arch: str) -> list[str]:
 
 
 def export_arch(config: ModelConfig) -> str:
-    """gpt2 for learned positions; for rotary runs qwen3 with a norm on q and k (Qwen3), phi3 with longrope
-    (Phi-3), else llama. An option the architecture cannot express is named."""
+    """gpt2 for learned positions; for rotary runs gemma3 with a GeGLU MLP and norms on each sublayer's output
+    (Gemma 3), qwen3 with a norm on q and k (Qwen3), phi3 with longrope or partial rotary (Phi-3, Phi-4-mini),
+    else llama. An option the architecture cannot express is named."""
     scaling = config.rope_scaling.kind if config.rope_scaling is not None else None
     if config.positions != "rotary":
         arch = "gpt2"
+    elif config.activation == "geglu" and config.post_norms:
+        arch = "gemma3"
     elif config.qk_norm:
         arch = "qwen3"
-    elif scaling == "longrope":
+    elif scaling == "longrope" or config.rope_fraction < 1:
         arch = "phi3"
     else:
         arch = "llama"
@@ -205,7 +275,7 @@ def export_arch(config: ModelConfig) -> str:
     if problem is not None:
         raise TfcliError(
             f"GGUF's {arch} architecture cannot express this model: {problem}",
-            hint="llama.cpp runs Llama-, Qwen3-, Phi-3- and GPT-2-style decoders; export to Hugging Face with --to hf",
+            hint="llama.cpp runs Llama-, Qwen3-, Phi-3-, Gemma 3- and GPT-2-style decoders; export to Hugging Face with --to hf",
         )
     return arch
 
@@ -225,6 +295,9 @@ def tensor_layout(config: ModelConfig, arch: str) -> list[GgufTensor]:
         if arch == "gpt2":
             for theirs, mine in (("attn_qkv", "attn.qkv"), ("attn_output", "attn.out"), ("ffn_up", "mlp.fc"), ("ffn_down", "mlp.proj")):
                 tensors += [GgufTensor(f"{blk}.{theirs}.{k}", f"{ours}.{mine}.{k}") for k in kinds]
+            continue
+        if arch == "gemma3":
+            tensors += _gemma3_block(config, blk, ours)
             continue
         if arch == "phi3":  # q, k, v in one tensor and gate, up in another, as tfcli holds them (gate first: ggml_swiglu's order)
             for theirs, mine in (("attn_qkv", "attn.qkv"), ("attn_output", "attn.out"), ("ffn_up", "mlp.fc"), ("ffn_down", "mlp.proj")):
@@ -249,6 +322,23 @@ def tensor_layout(config: ModelConfig, arch: str) -> list[GgufTensor]:
     if not config.tie_embeddings:
         tensors.append(GgufTensor("output.weight", "lm_head.weight"))
     return tensors
+
+
+def _gemma3_block(config: ModelConfig, blk: str, ours: str) -> list[GgufTensor]:
+    """One gemma3 block past its attn_norm and ffn_norm: q, k, v apart (halves rotated, as tfcli's), the norms on
+    each head's q and k and on each sublayer's output (post_attention_norm, post_ffw_norm), gate and up apart; no biases."""
+    q, kv, hidden = config.q_width, config.kv_heads * config.head_dim, config.hidden_dim
+    spans = {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)}
+    return [
+        *(GgufTensor(f"{blk}.attn_{p}.weight", f"{ours}.attn.qkv.weight", *spans[p]) for p in "qkv"),
+        *(GgufTensor(f"{blk}.attn_{p}_norm.weight", f"{ours}.attn.{p}_norm.weight") for p in "qk"),
+        GgufTensor(f"{blk}.attn_output.weight", f"{ours}.attn.out.weight"),
+        GgufTensor(f"{blk}.post_attention_norm.weight", f"{ours}.attn_out_norm.weight"),
+        GgufTensor(f"{blk}.ffn_gate.weight", f"{ours}.mlp.fc.weight", 0, hidden),
+        GgufTensor(f"{blk}.ffn_up.weight", f"{ours}.mlp.fc.weight", hidden, 2 * hidden),
+        GgufTensor(f"{blk}.ffn_down.weight", f"{ours}.mlp.proj.weight"),
+        GgufTensor(f"{blk}.post_ffw_norm.weight", f"{ours}.mlp_out_norm.weight"),
+    ]
 
 
 # The tensors computed from the config rather than taken from the weights, by architecture
@@ -284,12 +374,14 @@ def hyperparameters(config: ModelConfig, arch: str) -> dict[str, Any]:
             "attention.head_count_kv": config.kv_heads,
             "attention.layer_norm_rms_epsilon": config.norm_eps,
             "rope.freq_base": config.rope_base,
-            "rope.dimension_count": config.head_dim,
+            "rope.dimension_count": config.rotary_dim,
             "vocab_size": config.vocab_size,
         }
     )
-    if arch == "qwen3" or config.q_width != config.d_model:  # heads of their own width (Qwen3's converter always writes them)
+    if arch in ("qwen3", "gemma3") or config.q_width != config.d_model:  # heads of their own width (the Qwen3 and Gemma 3 converters always write them)
         keys["attention.key_length"] = keys["attention.value_length"] = config.head_dim
+    if arch == "gemma3" and config.sliding_window is not None:  # the local layers are every sixth's five before it: llama.cpp's fixed pattern
+        keys["attention.sliding_window"] = config.sliding_window
     scaling = config.rope_scaling
     if scaling is not None and scaling.kind == "linear":
         keys.update({"rope.scaling.type": "linear", "rope.scaling.factor": scaling.factor})
@@ -333,6 +425,8 @@ ARCH_KEYS = {
 ARCH_KEYS["qwen2"] = ARCH_KEYS["qwen3"] = ARCH_KEYS["llama"]
 # phi3: the attention factor of its longrope; its sliding window, which llama.cpp's loader reads and switches off
 ARCH_KEYS["phi3"] = ARCH_KEYS["llama"] | {"rope.scaling.attn_factor", "attention.sliding_window"}
+# gemma3: the local layers' window; the final soft cap, which llama.cpp applies only to a gemma3 without a window
+ARCH_KEYS["gemma3"] = ARCH_KEYS["llama"] | {"attention.sliding_window", "final_logit_softcapping"}
 
 
 class Hparams:
@@ -400,10 +494,20 @@ def config_from_gguf(
         raise TfcliError(
             f"{where}: metadata {arch}.embedding_length {d} is not a multiple of head_count {heads}, and no {arch}.attention.key_length says how wide the heads are"
         )
-    for key in ("attention.value_length", "rope.dimension_count"):
-        if hp.get(key, int, head_dim) != head_dim:
-            raise TfcliError(f"{where}: metadata {arch}.{key} is {hp.get(key, int)}; tfcli's values are as wide as its keys ({head_dim}), all rotated")
-    scaling, block_size = _rope_scaling(hp, names, read, head_dim, block_size, notes)
+    if hp.get("attention.value_length", int, head_dim) != head_dim:
+        raise TfcliError(
+            f"{where}: metadata {arch}.attention.value_length is {hp.get('attention.value_length', int)}; tfcli's values are as wide as its keys ({head_dim})"
+        )
+    rotary = hp.get("rope.dimension_count", int, head_dim)
+    fraction = rotary / head_dim
+    if rotary != head_dim and (arch != "phi3" or not 2 <= rotary < head_dim or rotary % 2 or int(head_dim * fraction) != rotary):
+        raise TfcliError(
+            f"{where}: metadata {arch}.rope.dimension_count is {rotary}; tfcli turns all {head_dim} features of each head"
+            + (", or an even number of the first ones below that in a phi3 model" if arch == "phi3" else f" in a {arch} model (part of them: phi3 only)")
+        )
+    scaling, block_size = _rope_scaling(hp, names, read, rotary, block_size, notes)
+    if arch == "gemma3":
+        return _gemma3_config(hp, shape, head_dim, scaling, block_size, names, notes), notes
     if arch == "phi3":
         window = hp.get("attention.sliding_window", int, 0)
         if 0 < window < block_size:
@@ -431,8 +535,56 @@ def config_from_gguf(
         mlp_bias=None if mlp_bias == bias else mlp_bias,
         qk_norm=arch == "qwen3",
         tie_embeddings="output.weight" not in names,
+        rope_fraction=fraction,
     )
     return config, notes
+
+
+def _gemma3_config(
+    hp: Hparams, shape: dict[str, Any], head_dim: int, scaling: RopeScaling | None, block_size: int, names: Collection[str], notes: list[str]
+) -> ModelConfig:
+    """A gemma3 file as llama.cpp's gemma3 computes it: with a sliding window, every sixth layer global and the
+    others local (base 10,000, unscaled) and no final soft cap; without one, every layer global and the logits
+    soft-capped by final_logit_softcapping (refused when the file gives none: llama.cpp's versions differ on it)."""
+    where, arch = hp.where, hp.arch
+    window = hp.get("attention.sliding_window", int, 0)
+    softcap = hp.get("final_logit_softcapping", float, 0.0)
+    heads, d = shape["n_heads"], shape["d_model"]
+    local: dict[str, Any] = dict(sliding_window=None, local_layers=(), rope_local_base=None, logit_softcap=None)
+    if window > 0:
+        local_layers = gemma3_local_layers(shape["n_layers"])
+        same_tables = hp.get("rope.freq_base", float, 10000.0) == GEMMA3_LOCAL_BASE and scaling is None
+        local.update(sliding_window=window, local_layers=local_layers, rope_local_base=None if same_tables else GEMMA3_LOCAL_BASE)
+        if softcap:
+            notes.append(
+                f"metadata {arch}.final_logit_softcapping is {softcap:g}: llama.cpp's gemma3 with a sliding window applies no final soft cap, nor does tfcli"
+            )
+    elif softcap > 0:
+        local["logit_softcap"] = softcap
+    else:
+        raise TfcliError(
+            f"{where}: a gemma3 model without metadata {arch}.attention.sliding_window needs {arch}.final_logit_softcapping",
+            hint="llama.cpp's versions soft-cap such a model's logits by different defaults; add the key with the cap the model was trained with",
+        )
+    return _build(
+        where,
+        **{**shape, "block_size": block_size},
+        n_kv_heads=hp.get("attention.head_count_kv", int, heads),
+        d_head=head_dim if head_dim * heads != d else None,
+        attn_scale=gemma3_attn_scale(shape["n_layers"], d, heads, head_dim) if heads > 0 else None,
+        positions="rotary",
+        rope_base=hp.get("rope.freq_base", float, 10000.0),
+        rope_scaling=scaling,
+        norm="rmsnorm",
+        norm_eps=hp.get("attention.layer_norm_rms_epsilon", float),
+        post_norms=True,
+        activation="geglu",
+        bias=False,
+        qk_norm=True,
+        scale_embeddings=True,
+        tie_embeddings="output.weight" not in names,
+        **local,
+    )
 
 
 def _rope_scaling(
@@ -440,7 +592,8 @@ def _rope_scaling(
 ) -> tuple[RopeScaling | None, int]:
     """The rope scaling (and the context) llama.cpp computes for this file: the scaling type (linear when a
     factor is given without one, as llama.cpp reads it), Llama 3.1's rope_freqs (llama), Phi-3's rope factors
-    with their attention factor (phi3, up to the original context: past it llama.cpp takes the long factors)."""
+    with their attention factor (phi3, up to the original context: past it llama.cpp takes the long factors).
+    head_dim: the width rotary turns (rope.dimension_count), whose half each rope tensor holds."""
     arch, where = hp.arch, hp.where
     kind = hp.get("rope.scaling.type", str, "linear")
     factor = hp.get("rope.scaling.factor", float, 0.0)

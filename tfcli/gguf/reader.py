@@ -114,6 +114,15 @@ class GgufFile:
         del raw
         return torch.from_numpy(values.reshape(info.shape))
 
+    def read_blocks(self, name: str) -> torch.Tensor:
+        """A matrix's bytes as they are in the file, uint8 (rows, bytes per row): its blocks, row by row."""
+        info = self.tensors[name]
+        raw = np.memmap(self.path, dtype=np.uint8, mode="r", offset=info.start, shape=(info.nbytes,))
+        rows = int(np.prod(info.shape[:-1]))
+        data = np.array(raw).reshape(rows, info.nbytes // rows)
+        del raw
+        return torch.from_numpy(data)
+
 
 def refused_type(path: Path, info: TensorInfo) -> TfcliError:
     return TfcliError(

@@ -1,12 +1,22 @@
 """A tokenizer in GGUF's `tokenizer.ggml.*` metadata, and back to a tokenizer.json.
 
-Two of llama.cpp's tokenizer models are spoken:
+Five of llama.cpp's tokenizer models are spoken:
 - `gpt2`: byte-level BPE with its merges, after the pre-tokenizer llama.cpp knows by name
   (`tokenizer.ggml.pre`: gpt-2, llama-bpe, qwen2, smollm, and every name llama.cpp splits by regexes alone,
   deepseek-coder, falcon, starcoder, gpt-4o, tekken, ..., with llama.cpp's own regexes: `PRES`);
 - `llama`: SentencePiece-style pieces with scores (spaces written as U+2581, byte fallback `<0xXX>`);
   llama.cpp merges the adjacent pair whose joined piece scores highest, which a BPE reproduces with a
   merge for every split of every piece, ranked by the piece's score (as transformers reads a GGUF).
+- `bert`: WordPiece as llama.cpp's WPM tokenizer reads it: text NFD-normalized, its marks dropped (accents and
+  vowel signs), lowercased, control characters dropped, split at whitespace, punctuation, ASCII symbols and CJK characters, each word
+  matched longest piece first, a word with a part no piece matches one unknown token. Its converter writes a
+  word-initial piece with U+2581 before it and a continuation without BERT's ##; tfcli's tokenizer.json spells
+  them back as BERT does (import only: tfcli writes no WordPiece GGUF);
+- `t5`: Unigram as llama.cpp's UGM tokenizer reads it: the text through SentencePiece's precompiled character
+  map, runs of spaces merged where remove_extra_whitespaces says, spaces written as U+2581 and one put first,
+  then the pieces of highest total score over the whole text (import only);
+- `gemma4`: Gemma 4's BPE over UTF-8 text (no byte-level alphabet), spaces written as U+2581, split only into lines
+  and runs of newlines, byte fallback `<0xXX>`, prompts started with bos whatever the file says (import only).
 Exported, a BPE's merge rank becomes its piece's score (the earlier the merge, the higher).
 """
 
@@ -37,19 +47,25 @@ ROLE_KEYS = {
     "sep": "tokenizer.ggml.seperator_token_id",  # sic: llama.cpp's spelling
     "pad": "tokenizer.ggml.padding_token_id",
     "mask": "tokenizer.ggml.mask_token_id",
+    "cls": "tokenizer.ggml.cls_token_id",
 }
 LLAMA3_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 QWEN2_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+HANGUL_TAIL = "(?<=[\u1100-\u1112])[\u1161-\u11c2]+"  # a decomposed syllable's vowel and final, after its leading consonant
 NO_TOKEN = 0xFFFFFFFF  # what llama.cpp's converter writes for "no such token" (LLAMA_TOKEN_NULL as a u32)
 # The id llama.cpp's loader falls back to when a special-token key is out of range (llama_vocab::impl::load)
-DEFAULT_IDS = {"llama": {"bos": 1, "eos": 2, "unk": 0}, "gpt2": {"bos": 11, "eos": 11}}
+DEFAULT_IDS = {
+    "llama": {"bos": 1, "eos": 2, "unk": 0},
+    "gpt2": {"bos": 11, "eos": 11},
+    "bert": {"bos": 101, "unk": 100, "sep": 102, "pad": 0, "mask": 103},
+    "t5": {"eos": 1, "unk": 2, "pad": 0},
+    "gemma4": {},
+}
+MODELS = ("gpt2", "llama", "bert", "t5", "gemma4")  # the tokenizer models tfcli rebuilds
 # llama.cpp's other tokenizer models, by what they are
 OTHER_MODELS = {
-    "bert": " (WordPiece)",
-    "t5": " (Unigram)",
     "rwkv": " (RWKV's trie)",
     "plamo2": " (PLaMo 2's)",
-    "gemma4": " (Gemma 4's)",
     "no_vocab": " (no vocabulary)",
     "none": " (no vocabulary)",
 }
@@ -90,6 +106,7 @@ SPLITS: dict[str, tuple[str, ...]] = {
         r"[!" + '"' + r"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
     ),
     "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", GPT2_REGEX, "[0-9][0-9][0-9]"),
+    "default": (r"[\p{P}\$\+<=>\^~\|]+", GPT2_REGEX, r"\p{N}+", "[0-9][0-9][0-9]"),  # a file without tokenizer.ggml.pre
     "bloom": (" ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+",),
     "viking": (" ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+", r"\p{N}"),
     "tekken": (_CASED.replace("{c}", "") + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
@@ -129,6 +146,7 @@ PRES: dict[str, Pre] = {
     "deepseek-coder": Pre("deepseek-coder"),
     **dict.fromkeys(("deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"), Pre("deepseek-v3")),
     "falcon": Pre("falcon"),
+    "default": Pre("default"),
     **dict.fromkeys(("poro-chat", "bloom", "gpt3-finnish"), Pre("bloom")),
     "viking": Pre("viking"),
     "tekken": Pre("tekken", ignore_merges=True, add_bos=True),
@@ -154,6 +172,7 @@ TOKENIZER_KEYS = {
     "tokenizer.ggml.add_sep_token",
     "tokenizer.ggml.add_space_prefix",
     "tokenizer.ggml.remove_extra_whitespaces",
+    "tokenizer.ggml.precompiled_charsmap",
     "tokenizer.ggml.eot_token_id",
     "tokenizer.ggml.eom_token_id",
     "tokenizer.ggml.fim_pre_token_id",
@@ -215,7 +234,10 @@ def _is_sentencepiece_style(spec: dict[str, Any]) -> bool:
     if pre.get("type") == "Metaspace" and pre.get("replacement") == SPACE and not normalizer:
         return True
     steps = normalizer.get("normalizers", [normalizer]) if normalizer else []
-    return not pre and any(s.get("type") == "Replace" and s.get("content") == SPACE for s in steps)
+    spaces_replaced = any(s.get("type") == "Replace" and s.get("pattern") == {"String": " "} and s.get("content") == SPACE for s in steps)
+    # Gemma's tokenizer.json splits at " " after its normalizer has replaced every " ": a split that never splits
+    splits_nothing = spaces_replaced and pre.get("type") == "Split" and pre.get("pattern") == {"String": " "}
+    return (not pre or splits_nothing) and any(s.get("type") == "Replace" and s.get("content") == SPACE for s in steps)
 
 
 def _adds_space_prefix(spec: dict[str, Any]) -> bool:
@@ -314,10 +336,11 @@ class Vocab:
         if self.kind is None or tokens is None:
             missing = "tokenizer.ggml.model" if self.kind is None else "tokenizer.ggml.tokens"
             raise TfcliError(f"{where} has no tokenizer (metadata {missing} is missing)", hint="tfcli needs the tokenizer inside the GGUF file")
-        if self.kind not in ("gpt2", "llama"):  # the model first: its own keys (a BERT's cls_token_id) would hide the real reason
+        if self.kind not in MODELS:  # the model first: its own keys would hide the real reason
             what = OTHER_MODELS.get(self.kind, "")
             raise TfcliError(
-                f"{where}: metadata tokenizer.ggml.model is {self.kind!r}{what}; tfcli rebuilds gpt2 (byte-level BPE) and llama (SentencePiece-style) tokenizers from GGUF"
+                f"{where}: metadata tokenizer.ggml.model is {self.kind!r}{what}; tfcli rebuilds gpt2 (byte-level BPE), llama (SentencePiece-style), "
+                "bert (WordPiece), t5 (Unigram) and gemma4 (BPE over UTF-8) tokenizers from GGUF"
             )
         for key in metadata:
             if key.startswith("tokenizer.") and key not in TOKENIZER_KEYS and not key.startswith("tokenizer.chat_template."):
@@ -340,25 +363,41 @@ class Vocab:
                 continue
             self.ids[role] = value
         self.add_space_prefix = self._flag(metadata, "tokenizer.ggml.add_space_prefix", True)
-        for key in ("tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_sep_token", "tokenizer.ggml.remove_extra_whitespaces"):
+        for key in ("tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_sep_token"):
             if self._flag(metadata, key, False):
                 raise TfcliError(f"{where}: metadata {key} is true; tfcli's tokenizers do not add that")
-        bos_default = self.kind == "llama"
+        # read by llama.cpp's Unigram (t5) tokenizer only; the others go on without it, as tfcli does
+        self.remove_extra_whitespaces = self._flag(metadata, "tokenizer.ggml.remove_extra_whitespaces", False)
+        if self.remove_extra_whitespaces and self.kind != "t5":
+            self.notes.append(f"metadata tokenizer.ggml.remove_extra_whitespaces is true: llama.cpp's {self.kind} tokenizer does not read it, nor does tfcli")
+        self.charsmap = self._charsmap(metadata)
+        bos_default = self.kind in ("llama", "bert")  # llama.cpp's WPM starts with [CLS] (its bos) and ends with [SEP]
+        if self.kind in ("bert", "t5") and "unk" not in self.ids:  # llama.cpp falls back to BERT's [UNK] (id 100), T5's <unk> (2)
+            unk = DEFAULT_IDS[self.kind]["unk"]
+            if unk >= n:
+                raise TfcliError(f"{where}: a {self.kind} vocabulary needs metadata tokenizer.ggml.unknown_token_id, the token of text no piece spells")
+            self.ids["unk"] = unk
+            self.notes.append(f"no metadata tokenizer.ggml.unknown_token_id: text no piece spells is {self.tokens[unk]!r} (id {unk}), as llama.cpp takes it")
         if self.kind == "gpt2":
             pre = metadata.get("tokenizer.ggml.pre")
+            if pre is None:  # llama.cpp: "missing pre-tokenizer type, using: 'default'" (older files: Aquila, GPT-NeoX)
+                self.notes.append("no metadata tokenizer.ggml.pre: tfcli splits text with llama.cpp's 'default' regexes, as llama.cpp does")
+                pre = "default"
             if pre not in PRES:
                 raise TfcliError(
                     f"{where}: metadata tokenizer.ggml.pre is {pre!r}; tfcli rebuilds the {len(PRES)} pre-tokenizers llama.cpp splits by regexes "
                     "alone (gpt-2, llama-bpe, qwen2, smollm, deepseek-coder, falcon, starcoder, gpt-4o, tekken, ...), not those it splits by hand",
-                    hint="a file without it uses llama.cpp's 'default' regex, which no Hugging Face tokenizer has",
+                    hint="llama.cpp splits the text of that name by code of its own, which a Hugging Face pre-tokenizer cannot express",
                 )
             self.pre, self.ignore_merges, bos_default = PRES[pre].splits, PRES[pre].ignore_merges, PRES[pre].add_bos
+        if self.kind in ("gpt2", "gemma4"):
             merges = metadata.get("tokenizer.ggml.merges")
             if not isinstance(merges, list) or not all(isinstance(m, str) and " " in m[1:] for m in merges):
                 raise TfcliError(f"{where}: metadata tokenizer.ggml.merges is missing or not a list of 'a b' pairs")
             self.merges = merges
-        # whether prompts start with bos when the file does not say: llama.cpp's default for the tokenizer
-        self.add_bos = self._flag(metadata, "tokenizer.ggml.add_bos_token", bos_default)
+        # whether prompts start with bos when the file does not say: llama.cpp's default for the tokenizer (Gemma 4's
+        # bos always: llama.cpp overrides a file that says false)
+        self.add_bos = self._flag(metadata, "tokenizer.ggml.add_bos_token", bos_default) or self.kind == "gemma4"
         template = metadata.get("tokenizer.chat_template")
         self.chat_template = template if isinstance(template, str) and template else None
 
@@ -369,6 +408,19 @@ class Vocab:
         if isinstance(value, list) or getattr(value, "ndim", 0) != 1 or len(value) != n:
             raise TfcliError(f"{self.where}: metadata {key} is not {n:,} numbers, one a token")
         return [number(v) for v in value.tolist()]
+
+    def _charsmap(self, metadata: dict[str, Any]) -> bytes | None:
+        """SentencePiece's precompiled character map (t5 only: llama.cpp's other tokenizers do not read it)."""
+        value = metadata.get("tokenizer.ggml.precompiled_charsmap")
+        if value is None or self.kind != "t5":
+            return None
+        if isinstance(value, list) or getattr(value, "dtype", None) is None or value.dtype.itemsize != 1 or value.ndim != 1:
+            raise TfcliError(f"{self.where}: metadata tokenizer.ggml.precompiled_charsmap is not an array of bytes")
+        data = value.astype("uint8").tobytes()
+        blob = int.from_bytes(data[:4], "little") if len(data) >= 4 else len(data)
+        if blob + 4 >= len(data):  # llama.cpp: "Index out of array bounds in precompiled charsmap!"
+            raise TfcliError(f"{self.where}: metadata tokenizer.ggml.precompiled_charsmap is cut short (its table claims {blob:,} of {len(data):,} bytes)")
+        return data
 
     def _flag(self, metadata: dict[str, Any], key: str, default: bool) -> bool:
         value = metadata.get(key, default)
@@ -383,7 +435,11 @@ class Vocab:
             if token in vocab:
                 raise TfcliError(f"{self.where}: metadata tokenizer.ggml.tokens lists {token!r} twice (ids {vocab[token]} and {i})")
             vocab[token] = i
-        if self.kind == "gpt2":
+        if self.kind == "bert":
+            hf = self._wordpiece()
+        elif self.kind == "t5":
+            hf = self._unigram()
+        elif self.kind == "gpt2":
             pairs = [tuple(m.split(" ", 1)) for m in self.merges]
             try:
                 hf = Tokenizer(models.BPE(vocab, pairs, ignore_merges=self.ignore_merges))
@@ -391,6 +447,8 @@ class Vocab:
                 raise TfcliError(f"{self.where}: metadata tokenizer.ggml.merges do not fit its tokens ({str(exc).splitlines()[0]})") from None
             hf.pre_tokenizer = _pre_tokenizer(self.pre)
             hf.decoder = decoders.ByteLevel()
+        elif self.kind == "gemma4":
+            hf = self._gemma4(vocab)
         else:
             unk = self.ids.get("unk")
             byte_fallback = any(t == BYTE for t in self.types)
@@ -412,6 +470,70 @@ class Vocab:
         hf.add_tokens(user)
         hf.add_special_tokens(special)
         return hf.to_str(pretty=True)
+
+    def _wordpiece(self) -> Tokenizer:
+        """llama.cpp's WPM tokenizer as a WordPiece: each piece spelled as BERT spells it (U+2581 + piece: a word's
+        start, written without it; any other piece: a continuation, written after ##; [bracketed] pieces as they are,
+        the converter's own rule backwards), the text decomposed, its marks dropped and lowercased, split as BERT
+        splits it, words of any length matched."""
+        vocab: dict[str, int] = {}
+        for i, (token, kind) in enumerate(zip(self.tokens, self.types)):
+            if kind in (CONTROL, UNKNOWN, USER_DEFINED) or (token.startswith("[") and token.endswith("]")):
+                spelled = token
+            else:
+                spelled = token[1:] if token.startswith(SPACE) else f"##{token}"
+            if spelled in vocab:
+                raise TfcliError(f"{self.where}: metadata tokenizer.ggml.tokens spells the WordPiece piece {spelled!r} twice (ids {vocab[spelled]} and {i})")
+            vocab[spelled] = i
+        hf = Tokenizer(models.WordPiece(vocab, unk_token=self.tokens[self.ids["unk"]], max_input_chars_per_word=1 << 30))
+        hf.normalizer = normalizers.Sequence(
+            [
+                normalizers.NFD(),
+                # llama.cpp's NFD keeps the first code point of a character's decomposition: a Hangul syllable
+                # is its leading consonant alone (conjoining vowels and finals typed as such stay, which tfcli drops too)
+                normalizers.Replace(Regex(HANGUL_TAIL), ""),
+                normalizers.Replace(Regex(r"\p{M}+"), ""),  # and it drops every mark, accents and vowel signs alike
+                normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=False, lowercase=True),
+            ]
+        )
+        hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        hf.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+        return hf
+
+    def _unigram(self) -> Tokenizer:
+        """llama.cpp's UGM tokenizer as a Unigram over the whole normalized text (no pre-tokenizer: llama.cpp's
+        Viterbi runs over all of it), with its unknown token's score (the lowest piece's less 10, as both compute it)."""
+        if len(set(self.tokens)) != len(self.tokens):
+            twice = next(t for i, t in enumerate(self.tokens) if t in self.tokens[:i])
+            raise TfcliError(f"{self.where}: metadata tokenizer.ggml.tokens lists {twice!r} twice")
+        # llama.cpp's UGM spells a piece-less character with the unknown token, byte pieces or not (no byte fallback)
+        hf = Tokenizer(models.Unigram(list(zip(self.tokens, self.scores)), unk_id=self.ids["unk"], byte_fallback=False))
+        steps = []
+        if self.charsmap:
+            # tokenizers maps a grapheme at a time, and "\r\n" is one; llama.cpp maps "\r", then "\n"
+            charsmap = normalizers.Precompiled(self.charsmap)
+            steps = [normalizers.Replace("\r\n", charsmap.normalize_str("\r") + charsmap.normalize_str("\n")), charsmap]
+        if self.remove_extra_whitespaces:  # llama.cpp: no space before or after the text, one between its words
+            steps += [normalizers.Strip(), normalizers.Replace(Regex(" {2,}"), " ")]
+        if self.add_space_prefix:  # one space before the first character that is not one (none in text of spaces alone)
+            steps += [normalizers.Prepend(SPACE), normalizers.Replace(Regex(f"^{SPACE}(?= *$)"), "")]
+        hf.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", SPACE)])
+        tail = [decoders.Strip(" ", 1, 0)] if self.add_space_prefix else []
+        hf.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse(), *tail])
+        return hf
+
+    def _gemma4(self, vocab: dict[str, int]) -> Tokenizer:
+        """llama.cpp's Gemma 4 tokenizer (LLAMA_VOCAB_PRE_TYPE_GEMMA4): spaces written as U+2581, the text split into
+        its lines and its runs of newlines alone, the merges run on the UTF-8 characters (no byte-level alphabet), a
+        character no piece spells written with the byte pieces <0xXX>."""
+        try:
+            hf = Tokenizer(models.BPE(vocab, [tuple(m.split(" ", 1)) for m in self.merges], byte_fallback=True))
+        except Exception as exc:  # tokenizers raises a plain Exception for merges of unknown tokens
+            raise TfcliError(f"{self.where}: metadata tokenizer.ggml.merges do not fit its tokens ({str(exc).splitlines()[0]})") from None
+        hf.normalizer = normalizers.Replace(" ", SPACE)
+        hf.pre_tokenizer = pre_tokenizers.Split(Regex("[^\n]+|\n+"), behavior="isolated")
+        hf.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+        return hf
 
     def _sentencepiece_merges(self, vocab: dict[str, int]) -> list[tuple[str, str]]:
         """A merge (a, b) for every piece a + b, both pieces too, ranked by the joined piece's score (highest

@@ -61,7 +61,7 @@ class TfcliLM(TemplateLM):
             raise TfcliError(f"{self.run} is an {arch}; lm-eval tasks score a decoder (a language model)", hint="evaluate a decoder run")
         self.batch_size = int(batch_size) if isinstance(batch_size, int) or str(batch_size).isdigit() else DEFAULT_BATCH_SIZE
         self.max_gen_toks = int(max_gen_toks)
-        self._device = self.model.lm_head.weight.device
+        self._device = next(self.model.parameters()).device  # not lm_head.weight: a quantized head dequantizes on each read
         self._template = None
         self._specials_read_as_specials = False  # a chat-templated prompt holds the template's special tokens
         self._encoded: dict[tuple, tuple[int, ...]] = {}  # recent encodings, at most ENCODED_KEPT

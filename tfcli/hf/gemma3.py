@@ -195,6 +195,7 @@ def incompatible(config: ModelConfig, hf_class: str) -> str | None:
         (not config.has_mlp_bias, f"biases in the MLP ({CLASS} has none)"),
         (scaling in (None, "linear", "llama3"), f"rope_scaling {scaling!r} ({CLASS} is written with none, linear or llama3)"),
         (abs(scalar - round(scalar)) < 1e-6 * scalar, f"attn_scale {config.attn_scale} ({CLASS}'s query_pre_attn_scalar, its inverse square, is whole)"),
+        (config.rope_fraction == 1, f"rope_fraction {config.rope_fraction:g} ({CLASS} turns every feature of each head)"),
     ]
     return incompatibility(checks)
 

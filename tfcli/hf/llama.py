@@ -1,5 +1,5 @@
 """The Llama family: LlamaForCausalLM, Qwen2ForCausalLM (biases on q, k and v), Qwen3ForCausalLM (an RMSNorm
-on each head's q and k, heads of their own width), MistralForCausalLM and Phi3ForCausalLM (longrope).
+on each head's q and k, heads of their own width), MistralForCausalLM and Phi3ForCausalLM (longrope; partial rotary, Phi-4-mini's partial_rotary_factor).
 
 Each is a pre-norm RMSNorm decoder with rotary positions, grouped-query attention and a SwiGLU MLP, which
 tfcli's model has: the mapping only stacks q/k/v into one projection and gate/up into one (gate first), as
@@ -28,16 +28,25 @@ MODEL_TYPES = {
 FUSED = "Phi3ForCausalLM"  # stores q/k/v as one qkv_proj and gate/up as one gate_up_proj, as tfcli does
 
 
+def rope_fraction(hf: HfConfig, hf_class: str) -> float:
+    """partial_rotary_factor (in rope_parameters or beside it): the share of each head rotary turns, which of these
+    classes Phi3ForCausalLM (Phi-4-mini) alone applies; 1 for the others, which refuse another."""
+    parameters = hf.get("rope_parameters", dict, None) or {}
+    fraction = HfConfig(parameters, hf.path).get("partial_rotary_factor", float, hf.get("partial_rotary_factor", float, 1.0))
+    if fraction != 1.0 and hf_class != FUSED:
+        raise TfcliError(f"{hf.path} rotates only part of each head (partial_rotary_factor {fraction:g}); tfcli reads that for {FUSED} only")
+    return fraction
+
+
 def rope_settings(hf: HfConfig, hf_class: str) -> tuple[float, RopeScaling | None]:
     """rope_theta and the scaling, from transformers 5's rope_parameters or the older rope_theta + rope_scaling."""
+    rope_fraction(hf, hf_class)
     parameters = hf.get("rope_parameters", dict, None)
     if parameters is None:
         parameters = dict(hf.get("rope_scaling", dict, None) or {})
         parameters.setdefault("rope_theta", hf.get("rope_theta", float, 10000.0))
     values = HfConfig(parameters, hf.path)
     theta = values.get("rope_theta", float, 10000.0)
-    if values.get("partial_rotary_factor", float, hf.get("partial_rotary_factor", float, 1.0)) != 1.0:
-        raise TfcliError(f"{hf.path} rotates only part of each head (partial_rotary_factor); tfcli rotates all of it")
     kind = parameters.get("rope_type", parameters.get("type", "default"))
     if hf_class == FUSED and kind in ("su", "yarn"):
         kind = "longrope"  # Phi-3's older names for it, as transformers' Phi3Config reads them
@@ -125,6 +134,7 @@ def model_config(hf: HfConfig, hf_class: str) -> tuple[ModelConfig, list[str]]:
         mlp_bias=mlp_bias,
         tie_embeddings=hf.get("tie_word_embeddings", bool, False),
         init_std=hf.get("initializer_range", float, 0.02),
+        rope_fraction=rope_fraction(hf, hf_class),
     )
     return config, notes
 
@@ -162,7 +172,7 @@ def tensor_maps(config: ModelConfig, hf_class: str) -> list[TensorMap]:
 
 def choose_class(config: ModelConfig, recorded: str | None) -> str:
     """Qwen3 for a norm on q and k; Qwen2 for biases on q, k and v alone; the class a run was imported from
-    when it still fits; Phi-3 for longrope; else Llama."""
+    when it still fits; Phi-3 for longrope or partial rotary; else Llama."""
     if config.qk_norm:
         return "Qwen3ForCausalLM"
     qwen2_biases = config.has_qkv_bias and not config.bias and not config.has_mlp_bias
@@ -170,7 +180,7 @@ def choose_class(config: ModelConfig, recorded: str | None) -> str:
         return "Qwen2ForCausalLM"
     if recorded in ("MistralForCausalLM", FUSED) and not (config.has_qkv_bias or config.bias or config.has_mlp_bias):
         return recorded
-    if config.rope_scaling is not None and config.rope_scaling.kind == "longrope":
+    if (config.rope_scaling is not None and config.rope_scaling.kind == "longrope") or config.rope_fraction != 1:
         return FUSED
     return "LlamaForCausalLM"
 
@@ -200,6 +210,7 @@ def incompatible(config: ModelConfig, hf_class: str) -> str | None:
         (config.qk_norm or hf_class != "Qwen3ForCausalLM", "no qk_norm (Qwen3ForCausalLM normalises each head's q and k)"),
         (not config.qk_norm or hf_class == "Qwen3ForCausalLM", f"qk_norm ({hf_class} has no norm on q and k)"),
         (config.rope_scaling is None or config.rope_scaling.kind != "longrope" or hf_class == FUSED, f"rope_scaling longrope (tfcli writes it as {FUSED})"),
+        (config.rope_fraction == 1 or hf_class == FUSED, f"rope_fraction {config.rope_fraction:g} (partial rotary: tfcli writes it as {FUSED})"),
     ]
     return incompatibility(checks)
 
@@ -234,6 +245,7 @@ def hf_config(config: ModelConfig, hf_class: str, special_ids: dict[str, int]) -
         scaling = config.rope_scaling
         original = scaling.original_context if scaling is not None and scaling.kind == "longrope" else config.block_size
         hf.update(sliding_window=None, original_max_position_embeddings=original, resid_pdrop=config.dropout, embd_pdrop=config.dropout)
+        hf.update(partial_rotary_factor=config.rope_fraction)
     else:
         hf.update(sliding_window=None, use_sliding_window=False)
         if hf_class == "Qwen3ForCausalLM":

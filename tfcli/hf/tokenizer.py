@@ -2,7 +2,8 @@
 
 Whatever the folder holds: tokenizer.json (BPE, WordPiece, Unigram...), GPT-2's vocab.json + merges.txt,
 or BERT's vocab.txt alone; padding and truncation saved in a tokenizer.json are off in the run's copy (as
-transformers encodes with it: `without_padding`). The roles of its special tokens (bos, eos, pad, unk, mask,
+transformers encodes with it: `without_padding`), and a CLIP-style "</w>" BPE gets the decoder transformers decodes
+it with (`decoder_for_word_suffix`). The roles of its special tokens (bos, eos, pad, unk, mask,
 cls, sep) come from tokenizer_config.json and special_tokens_map.json, merged into the run's tokenizer_config.json.
 """
 
@@ -20,7 +21,7 @@ from tfcli.fsutil import atomic_write_json, atomic_write_text
 from tfcli.hf.folder import read_json_object
 from tfcli.jsontext import dumps_json, loads_json
 from tfcli.limits import read_text_capped
-from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
+from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer, decoder_for_word_suffix
 from tfcli.tokenizer.specials import CONFIG_KEYS, LOADED_ROLES
 
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
@@ -132,7 +133,14 @@ def import_tokenizer(src: Path, run_dir: Path) -> tuple[TextTokenizer, list[str]
         vocabulary = Tokenizer.from_str(text)
     except Exception as exc:  # tokenizers raises a plain Exception for bad JSON
         raise TfcliError(f"{src / TOKENIZER_FILE} is not a tokenizer.json ({str(exc).splitlines()[0] if str(exc) else exc})") from exc
-    atomic_write_text(run_dir / TOKENIZER_FILE, without_padding(text))
+    written = without_padding(text)
+    suffix_decoder = decoder_for_word_suffix(vocabulary)
+    if suffix_decoder is not None:  # CLIP's "</w>": the run's file gets the decoder transformers decodes with
+        vocabulary.decoder = suffix_decoder
+        spec = loads_json(written, finite=False)
+        spec["decoder"] = loads_json(vocabulary.to_str(), finite=False)["decoder"]
+        written = dumps_json(spec, indent=2) + "\n"
+    atomic_write_text(run_dir / TOKENIZER_FILE, written)
     notes = []
     for role in LOADED_ROLES:  # a role naming a token the vocabulary lacks is dropped, and said
         key = CONFIG_KEYS[role]

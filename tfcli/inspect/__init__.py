@@ -37,3 +37,10 @@ def patch(run, clean: str, corrupt: str, answer: str, wrong: str | None = None, 
     from tfcli.inspect.notebook import patch as view
 
     return view(run, clean, corrupt, answer, wrong, **options)
+
+
+def features(run, sae, **options: Any):
+    """What an SAE's features respond to: one feature, the most active ones, or those on a text (`feature_views.features`)."""
+    from tfcli.inspect.feature_views import features as view
+
+    return view(run, sae, **options)

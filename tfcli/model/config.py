@@ -64,6 +64,7 @@ class ModelConfig(JsonRecord):
     rope_base: float = 10000.0  # rotary: the base of the frequencies
     rope_scaling: RopeScaling | None = None  # rotary: frequencies stretched for a longer context (Llama 3.x, Phi-3's 128k)
     rope_local_base: float | None = None  # rotary: the local layers' own base, unscaled (Gemma 3's rope_local_base_freq; default: as the others)
+    rope_fraction: float = 1.0  # rotary: the share of each head's features that rotary turns, the first ones (Phi-4-mini: 0.75); the rest pass as they are
     norm: str = "layernorm"  # layernorm | rmsnorm
     norm_placement: str = "pre"  # pre: x + f(norm(x)); post: norm(x + f(x)) (the original transformer)
     norm_eps: float = 1e-5
@@ -109,8 +110,11 @@ class ModelConfig(JsonRecord):
                 f"n_kv_heads ({self.kv_heads}) must divide n_heads ({self.n_heads})",
                 hint="use n_heads (multi-head), a divisor (grouped-query) or 1 (multi-query)",
             )
-        if self.positions == "rotary" and self.head_dim % 2:
-            raise TfcliError(f"rotary positions need an even head size, not {self.head_dim}")
+        if not 0 < self.rope_fraction <= 1 or (self.rope_fraction != 1 and self.positions != "rotary"):
+            raise TfcliError(f"model rope_fraction must be in (0, 1], and below 1 only with positions=rotary, not {self.rope_fraction}")
+        if self.positions == "rotary" and (self.rotary_dim % 2 or self.rotary_dim < 2):
+            what = "head size" if self.rope_fraction == 1 else f"rotary width (head size {self.head_dim} times rope_fraction {self.rope_fraction:g})"
+            raise TfcliError(f"rotary positions need an even {what}, not {self.rotary_dim}")
         if self.positions == "sinusoidal" and self.d_model % 2:
             raise TfcliError(f"sinusoidal positions need an even d_model, not {self.d_model}")
         if self.n_decoder_layers is not None and self.arch != "encoder-decoder":
@@ -137,8 +141,8 @@ class ModelConfig(JsonRecord):
             if not scaling.factor >= 1 or not 0 < scaling.low_freq_factor < scaling.high_freq_factor or scaling.original_context < 1:
                 raise TfcliError("model rope_scaling needs factor >= 1, 0 < low_freq_factor < high_freq_factor and original_context >= 1")
             if scaling.kind == "longrope":
-                if len(scaling.short_factor) != self.head_dim // 2 or not all(f > 0 for f in scaling.short_factor) or not scaling.attention_factor > 0:
-                    raise TfcliError(f"model rope_scaling longrope needs {self.head_dim // 2} positive short_factor values and attention_factor > 0")
+                if len(scaling.short_factor) != self.rotary_dim // 2 or not all(f > 0 for f in scaling.short_factor) or not scaling.attention_factor > 0:
+                    raise TfcliError(f"model rope_scaling longrope needs {self.rotary_dim // 2} positive short_factor values and attention_factor > 0")
                 if self.block_size > scaling.original_context:
                     raise TfcliError(
                         f"model rope_scaling longrope holds up to original_context ({scaling.original_context}), not block_size {self.block_size}",
@@ -179,6 +183,11 @@ class ModelConfig(JsonRecord):
     @property
     def head_dim(self) -> int:
         return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many of each head's features rotary turns: head_dim, or its first rope_fraction (as transformers rounds it down)."""
+        return int(self.head_dim * self.rope_fraction)
 
     @property
     def q_width(self) -> int:

@@ -59,16 +59,18 @@ def scaled_frequencies(inverse_frequency: torch.Tensor, scaling: RopeScaling) ->
 
 
 class RotaryEmbedding(nn.Module):
-    """RoPE: rotate each (i, i + hs/2) pair of q and k by an angle proportional to the position (longrope
-    also scales q and k by its attention factor)."""
+    """RoPE: rotate each (i, i + r/2) pair of q and k by an angle proportional to the position (longrope
+    also scales q and k by its attention factor). r, the tables' width, is the head size, or less for partial
+    rotary (Phi-4-mini's `partial_rotary_factor`): then the first r features of each head turn and the rest pass."""
 
     def __init__(self, head_dim: int, length: int, base: float, scaling: RopeScaling | None = None) -> None:
+        """head_dim: the rotated width r (config.rotary_dim)."""
         super().__init__()
-        inverse_frequency = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # (hs/2,)
+        inverse_frequency = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # (r/2,)
         if scaling is not None:
             inverse_frequency = scaled_frequencies(inverse_frequency, scaling)
-        angles = torch.outer(torch.arange(length, dtype=torch.float32), inverse_frequency)  # (L, hs/2)
-        angles = torch.cat([angles, angles], dim=-1)  # (L, hs)
+        angles = torch.outer(torch.arange(length, dtype=torch.float32), inverse_frequency)  # (L, r/2)
+        angles = torch.cat([angles, angles], dim=-1)  # (L, r)
         magnitude = scaling.attention_factor if scaling is not None else 1.0
         self.register_buffer("cos", angles.cos() * magnitude, persistent=False)
         self.register_buffer("sin", angles.sin() * magnitude, persistent=False)
@@ -78,11 +80,19 @@ class RotaryEmbedding(nn.Module):
         `positions` (B, T) when given (left-padded batches)."""
         T = x.shape[1]
         if positions is not None:
-            cos = self.cos[positions].unsqueeze(2).to(x.dtype)  # (B, T, 1, hs)
+            cos = self.cos[positions].unsqueeze(2).to(x.dtype)  # (B, T, 1, r)
             sin = self.sin[positions].unsqueeze(2).to(x.dtype)
         else:
-            cos = self.cos[offset : offset + T].unsqueeze(1).to(x.dtype)  # (T, 1, hs)
+            cos = self.cos[offset : offset + T].unsqueeze(1).to(x.dtype)  # (T, 1, r)
             sin = self.sin[offset : offset + T].unsqueeze(1).to(x.dtype)
+        width = cos.shape[-1]
+        if width < x.shape[-1]:  # partial rotary: the first r features turn, the others pass
+            return torch.cat([self._turn(x[..., :width], cos, sin), x[..., width:]], dim=-1)
+        return self._turn(x, cos, sin)
+
+    @staticmethod
+    def _turn(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x (..., r) turned: each (x_i, x_{i + r/2}) pair by its angle."""
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin

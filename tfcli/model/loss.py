@@ -13,9 +13,17 @@ IGNORE_INDEX = -100  # a target that carries no loss
 
 
 def vocabulary_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, label_smoothing: float = 0.0
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    label_smoothing: float = 0.0,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """sum_i cross_entropy(hidden[i] @ weight.T + bias, targets[i]) over the rows whose target is not
-    IGNORE_INDEX. hidden (N, d), weight (vocab, d), bias (vocab,) or None, targets (N,) long."""
+    IGNORE_INDEX, the logits soft-capped (softcap * tanh(logits / softcap)) where `softcap` is given.
+    hidden (N, d), weight (vocab, d), bias (vocab,) or None, targets (N,) long."""
     logits = F.linear(hidden, weight, bias).float()  # (N, vocab)
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
     return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum", label_smoothing=label_smoothing)

@@ -173,9 +173,9 @@ class Transformer(nn.Module):
         elif config.positions == "sinusoidal":
             self.register_buffer("sinusoid", sinusoidal_table(config.block_size, d), persistent=False)
         else:
-            self.rotary = RotaryEmbedding(config.head_dim, config.block_size, config.rope_base, config.rope_scaling)
+            self.rotary = RotaryEmbedding(config.rotary_dim, config.block_size, config.rope_base, config.rope_scaling)
             if config.rope_local_base is not None:  # Gemma 3: the local layers' tables, of another base and unscaled
-                self.local_rotary = RotaryEmbedding(config.head_dim, config.block_size, config.rope_local_base)
+                self.local_rotary = RotaryEmbedding(config.rotary_dim, config.block_size, config.rope_local_base)
         if config.type_vocab_size:
             self.type_emb = nn.Embedding(config.type_vocab_size, d)  # BERT's segments: tfcli reads one, type 0
         if config.embedding_norm:
@@ -210,12 +210,11 @@ class Transformer(nn.Module):
                 nn.init.normal_(parameter, mean=0.0, std=residual_std)  # GPT-2: scaled residual projections
         if config.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
-        # The loss over the vocabulary, (hidden, weight, bias, targets, label_smoothing) -> summed loss.
-        # The plain one holds every logit; tfcli.accel may put a fused one here that never does. Soft-capped
-        # logits are scored without it (`_vocabulary_loss`).
+        # The loss over the vocabulary, (hidden, weight, bias, targets, label_smoothing, softcap) -> summed loss.
+        # The plain one holds every logit; tfcli.accel may put a fused one here that never does.
         self.vocabulary_loss = vocabulary_cross_entropy
         # A faster one-row decoding step, (model, cache) -> step or None: the plain model has none, decoding
-        # takes it where tfcli.accel put one here (the C step) and falls back to `decode` where it binds none.
+        # takes it where tfcli.accel put one here (the C step, the compiled one) and falls back to `decode` where it binds none.
         self.fast_decode_step = None
 
     def init_weights(self, module: nn.Module) -> None:
@@ -229,13 +228,18 @@ class Transformer(nn.Module):
         """Parameters, each shared tensor counted once."""
         return sum(p.numel() for p in self.parameters())
 
-    def _embed(self, ids: torch.Tensor, offset: int, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Token embeddings plus positions offset..offset+T-1, or each row's own `positions` (B, T)."""
-        T = ids.shape[1]
+    def _check_length(self, offset: int, T: int, positions: torch.Tensor | None) -> None:
+        """Positions offset..offset+T-1, or each row's own `positions` (B, T), must be inside the context."""
         if positions is None and offset + T > self.config.block_size:
             raise TfcliError(f"a sequence of {offset + T} tokens is longer than the model's block size ({self.config.block_size})")
         if positions is not None and positions.numel() and int(positions.max()) >= self.config.block_size:
             raise TfcliError(f"position {int(positions.max())} is past the model's block size ({self.config.block_size})")
+
+    def _embed(self, ids: torch.Tensor, offset: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Token embeddings plus positions offset..offset+T-1, or each row's own `positions` (B, T or 1, T)."""
+        T = ids.shape[1]
+        if positions is None:
+            self._check_length(offset, T, None)
         x = self.tok_emb(ids)  # (B, T, d)
         if self.config.scale_embeddings:  # Gemma: times sqrt(d), a scalar in the embeddings' dtype as transformers rounds it
             x = x * torch.tensor(math.sqrt(self.config.d_model), dtype=x.dtype)
@@ -260,19 +264,30 @@ class Transformer(nn.Module):
     def decode(self, ids, padding=None, *, memory=None, memory_padding=None, cache: KVCache | None = None, positions=None) -> torch.Tensor:
         """The decoder stack over ids (B, T), after the cached positions. Returns (B, T, d).
         positions (B, T), optional: each token's position when rows do not start together (left padding;
-        default: cached length + 0..T-1 for every row)."""
+        default: cached length + 0..T-1 for every row). With a cache, padding (B, cached + T) covers the
+        cached positions and the new ones, and the new keys and values are written into it."""
         offset = cache.length if cache is not None else 0
         T = ids.shape[1]
         if cache is not None and padding is not None and padding.shape[1] != offset + T:
             raise ValueError("with a cache, padding covers the cached positions and the new ones")
-        mask = AttentionMask.build(T, offset + T, causal=True, key_padding=padding, offset=offset, positions=positions)
+        self._check_length(offset, T, positions)
+        if cache is None:
+            mask = AttentionMask.build(T, T, causal=True, key_padding=padding, positions=positions)
+        else:
+            mask = cache.mask(T, padding, positions)  # (B or 1, 1, T, width): the cache's columns read through it
         cross = None
         if memory is not None:
             cross = Memory(memory, AttentionMask.build(T, memory.shape[1], causal=False, key_padding=memory_padding))
-        x = self.decoder(self._embed(ids, offset, positions), mask, memory=cross, cache=cache)
+        x = self.decode_masked(ids, mask, memory=cross, cache=cache)
         if cache is not None:
             cache.advance(T)
         return x
+
+    def decode_masked(self, ids: torch.Tensor, mask: AttentionMask, *, memory: Memory | None = None, cache: KVCache | None = None) -> torch.Tensor:
+        """`decode`'s tensors only: the decoder stack over ids (B, T) with its mask already made (over a static
+        cache, `KVCache.mask`: positions and columns as tensors). Nothing here reads a number from the cache,
+        so a step has one graph per shape (what tfcli.accel compiles). Returns (B, T, d)."""
+        return self.decoder(self._embed(ids, 0, mask.positions), mask, memory=memory, cache=cache)
 
     def forward(
         self, ids: torch.Tensor, padding: torch.Tensor | None = None, *, head: Head = LOGITS, cache: KVCache | None = None, decoder: DecoderInput | None = None
@@ -307,10 +322,7 @@ class Transformer(nn.Module):
             rows, targets = rows[scored], targets[scored]
         if targets.numel() == 0:
             return (rows.sum() + self.lm_head.weight.sum()) * 0.0  # nothing scored: zero, still in the graph
-        if self.config.logit_softcap is not None:  # the plain loss over the capped logits: vocabulary_loss knows no cap
-            logits = self.soft_cap(self.lm_head(self.head_input(rows)).float())  # (N, vocab)
-            return F.cross_entropy(logits, targets, reduction="sum", label_smoothing=label_smoothing)
-        return self.vocabulary_loss(self.head_input(rows), self.lm_head.weight, self.lm_head.bias, targets, label_smoothing)
+        return self.vocabulary_loss(self.head_input(rows), self.lm_head.weight, self.lm_head.bias, targets, label_smoothing, self.config.logit_softcap)
 
     def head_input(self, hidden: torch.Tensor) -> torch.Tensor:
         """What the vocabulary head reads from the last stack's output `hidden` (..., d): the same, or an

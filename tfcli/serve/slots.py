@@ -26,7 +26,7 @@ class SlotBatch:
         config = model.config
         self.model, self.vocab = model, vocab
         self.capacity = config.block_size if capacity is None else capacity
-        weight = model.lm_head.weight
+        weight = next(model.parameters())  # not lm_head.weight: a quantized head dequantizes on each read
         self.device, self.dtype = weight.device, weight.dtype
         self.cache = KVCache(config, rows, self.capacity, self.dtype, self.device)
         self.ids = torch.zeros(rows, self.capacity, dtype=torch.long, device=self.device)
@@ -112,9 +112,7 @@ class SlotBatch:
         positions = self.n_real[:B].unsqueeze(1).clone()  # (B, 1): each row's own next position
         self.n_real[:B] += 1
         self.length = L + 1
-        view = KVCache.__new__(KVCache)  # the first B rows of the cache, sharing its memory
-        view.keys, view.values = self.cache.keys[:, :B], self.cache.values[:, :B]
-        view.cross, view.capacity, view.length = self.cache.cross, self.capacity, L
+        view = KVCache.over(self.cache.keys[:, :B], self.cache.values[:, :B], self.cache.cross, L)  # the first B rows, sharing its memory
         hidden = self.model.decode(self.ids[:B, L : L + 1], self.real[:B, : L + 1], cache=view, positions=positions)  # (B, 1, d)
         return self.scores(self.model.unembed(hidden[:, -1]))
 

@@ -6,7 +6,8 @@ corpus or prompt never becomes the end-of-text id); special ids are inserted by 
 A tokenizer.json is read as transformers reads it: padding and truncation saved in it are off (transformers'
 encode turns them off unless a call asks for them), tokenizer_config.json's word on added tokens
 (`added_tokens_decoder`, the named special tokens) is applied over the file's, and `decode` cleans up
-spaces where tokenizer_config.json asks for it (`clean_up_tokenization_spaces`).
+spaces where tokenizer_config.json asks for it (`clean_up_tokenization_spaces`), leaves special tokens out by id
+(`kept_ids`) and reads CLIP's end-of-word "</w>" as a space (`decoder_for_word_suffix`), as transformers' decode does.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Tokenizer
+from tokenizers import AddedToken, Tokenizer, decoders
 
 from tfcli import limits
 from tfcli.corpus.reader import replace_lone_surrogates
@@ -84,6 +85,9 @@ class TextTokenizer:
         hf.no_padding()
         hf.no_truncation()
         hf.encode_special_tokens = True
+        suffix_decoder = decoder_for_word_suffix(hf)
+        if suffix_decoder is not None:
+            hf.decoder = suffix_decoder
         config = _read_tokenizer_config(path.parent / TOKENIZER_CONFIG_FILE)
         _apply_added_tokens(hf, config)
         special_ids = _find_special_ids(hf, config)
@@ -187,13 +191,33 @@ class TextTokenizer:
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
         """The text of `ids`, as transformers' decode gives it: the library's decoder, then the space clean-up
         where tokenizer_config.json asks for it. The one way from ids to text (streaming: `detokenize.py`)."""
-        text = self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        text = self.library_decode(ids, skip_special_tokens)
         return clean_up_spaces(text) if self.cleans_up_spaces else text
 
     def decode_batch(self, batch: Sequence[Sequence[int]], *, skip_special_tokens: bool = False) -> list[str]:
         """`decode` of each row, the rows decoded in parallel."""
-        texts = self.hf.decode_batch([list(ids) for ids in batch], skip_special_tokens=skip_special_tokens)
+        rows = [self.kept_ids(ids, skip_special_tokens) for ids in batch]
+        decoded = iter(self.hf.decode_batch([row for row in rows if row], skip_special_tokens=skip_special_tokens))
+        texts = [next(decoded) if row else "" for row in rows]
         return [clean_up_spaces(text) for text in texts] if self.cleans_up_spaces else texts
+
+    def library_decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
+        """The library's decoder on `ids` (the special tokens' left out first where skipped), before any space
+        clean-up. No ids are "" (a decoder sequence with a Strip step panics on none)."""
+        kept = self.kept_ids(ids, skip_special_tokens)
+        return self.hf.decode(kept, skip_special_tokens=skip_special_tokens) if kept else ""
+
+    def kept_ids(self, ids: Sequence[int], skip_special_tokens: bool) -> list[int]:
+        """`ids` less the special tokens' where a decode skips them. The library's own skip misses a special token
+        marked `normalized` when the tokenizer has a normalizer (it looks the token up by its normalized text:
+        Llama 2's legacy files, whose "<s>" and "</s>" are normalized, decode "<s> Hello"); transformers' Llama
+        tokenizer, rebuilt without that normalizer, leaves them out, and so does tfcli, by id.
+
+        Example: [1, 15043] with <s> = 1 special, skipping -> [15043]"""
+        if not skip_special_tokens:
+            return list(ids)
+        skipped = self.skipped_ids
+        return [i for i in ids if i not in skipped]
 
     @cached_property
     def byte_fallback_ids(self) -> frozenset[int]:
@@ -212,6 +236,21 @@ class TextTokenizer:
     def skipped_ids(self) -> frozenset[int]:
         """Ids of the added tokens marked special: what the library's decode(skip_special_tokens=True) leaves out."""
         return frozenset(i for i, token in self.hf.get_added_tokens_decoder().items() if token.special)
+
+
+def decoder_for_word_suffix(hf: Tokenizer) -> decoders.Decoder | None:
+    """The decoder transformers gives a byte-level BPE whose tokens end words with a suffix (CLIP's "</w>"), where
+    the file's decoder, ByteLevel alone, leaves the suffix in the text ("a</w>photo</w>"); None for any other
+    tokenizer. transformers' CLIPTokenizer wraps decode: the suffix becomes a space and the text is stripped. Here
+    the suffix becomes the byte-level space ("Ġ") before the bytes are read, and the last space goes, so the
+    library itself (and any tool reading the run's tokenizer.json) decodes the text transformers gives.
+
+    Example: ["a</w>", "photo</w>", "<|endoftext|>"] -> "a photo <|endoftext|>"
+    """
+    suffix = getattr(hf.model, "end_of_word_suffix", None)
+    if type(hf.model).__name__ != "BPE" or not suffix or type(hf.decoder).__name__ != "ByteLevel":
+        return None
+    return decoders.Sequence([decoders.Replace(suffix, "\u0120"), decoders.ByteLevel(), decoders.Strip(" ", 0, 1)])
 
 
 def _has_decoder_step(decoder: dict[str, Any] | None, kind: str) -> bool:

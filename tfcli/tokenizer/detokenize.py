@@ -64,7 +64,7 @@ class IncrementalDecoder:
         """The text of `ids`, and how much of its start no later id changes by a space clean-up."""
         if not ids:
             return "", 0
-        raw = self._tokenizer.hf.decode(ids, skip_special_tokens=self._skip)  # TextTokenizer.decode, in its two steps
+        raw = self._tokenizer.library_decode(ids, self._skip)  # TextTokenizer.decode, in its two steps
         if not self._tokenizer.cleans_up_spaces:
             return raw, len(raw)
         return clean_up_spaces(raw), settled_length(raw)

@@ -162,8 +162,9 @@ def resolve_configs(
     train_fixed: dict[str, Any] | None = None,
     fixed_by: dict[str, str] | None = None,
     preset_option: str | None = None,
+    recipe: dict[str, Any] | None = None,
 ) -> tuple[ModelConfig, TrainConfig]:
-    """preset (or base_model) < config file < --set < plain options < model_fixed / train_fixed (what the
+    """preset (or base_model) < recipe (train/recipes.py) < config file < --set < plain options < model_fixed / train_fixed (what the
     command line and the data decide: a config file or --set that says otherwise is an error, never
     silently overridden; `fixed_by` names, per key, what decides it)."""
     file_settings = read_toml(config_file) if config_file is not None else {}
@@ -171,6 +172,7 @@ def resolve_configs(
     if file_preset is not None and preset_option is not None and file_preset != preset_option:
         raise TfcliError(f"{config_file} asks for preset {file_preset!r} and --preset for {preset_option!r}", hint="keep one of them")
     preset_name = preset_option or file_preset or preset_name
+    recipe_model, recipe_train = _split_settings(recipe or {}, "--recipe")
     file_model, file_train = _split_settings(file_settings, str(config_file))
     set_model, set_train = _split_settings(parse_sets(sets), "--set")
     for fixed, layers in (
@@ -184,12 +186,12 @@ def resolve_configs(
                     raise TfcliError(f"{where} sets {key} = {settings[key]!r}, but {decider} decides it here ({value!r})", hint=f"drop {key} from {where}")
     option_model = {k[len("model.") :]: v for k, v in options.items() if k.startswith("model.") and v is not None}
     option_train = {k: v for k, v in options.items() if not k.startswith("model.") and v is not None}
-    model_settings = {**file_model, **set_model, **option_model, **(model_fixed or {})}
+    model_settings = {**recipe_model, **file_model, **set_model, **option_model, **(model_fixed or {})}
     if base_model is not None:
         model = base_model.with_overrides(**model_settings)
     else:
         model = preset(preset_name, **model_settings)
-    train = TrainConfig.from_json({**file_train, **set_train, **option_train, **(train_fixed or {})}, where="training config")
+    train = TrainConfig.from_json({**recipe_train, **file_train, **set_train, **option_train, **(train_fixed or {})}, where="training config")
     return model, train
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import math
 from pathlib import Path
@@ -22,6 +23,7 @@ from tfcli.data.labeled import load_labeled
 from tfcli.data.shards import load_shard_meta, open_shard
 from tfcli.errors import TfcliError
 from tfcli.fsutil import artifact_kind
+from tfcli.limits import TEXT_TOKENS
 from tfcli.loader import load_run
 from tfcli.tokenizer.chat_template import ChatTemplate
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE
@@ -33,16 +35,26 @@ from tfcli.training_config import TrainConfig
 
 
 def _text_tokens(path: Path, tokenizer) -> np.ndarray:
-    """A text file (or a folder of them) as one token stream, documents (paragraphs) ended by [eos]."""
-    eos = tokenizer.require("eos")
-    ids: list[int] = []
-    pieces = list(iter_document_pieces(resolve_corpus([path]), "paragraph", ReadStats()))
-    encoded = tokenizer.encode_batch([p.text for p in pieces])
-    for piece, piece_ids in zip(pieces, encoded):
-        ids.extend(piece_ids)
-        if piece.ends_document:
-            ids.append(eos)
-    return np.asarray(ids, dtype=np.int64)
+    """A text file (or a folder of them) as one token stream, documents (paragraphs) ended by [eos]; held in
+    memory, so at most TEXT_TOKENS tokens (a larger text is encoded into shards, which are read from disk)."""
+    eos, cap = tokenizer.require("eos"), TEXT_TOKENS.value
+    chunks: list[np.ndarray] = []
+    held = 0
+    pieces = iter_document_pieces(resolve_corpus([path]), "paragraph", ReadStats())
+    while batch := list(itertools.islice(pieces, 1024)):
+        ids: list[int] = []
+        for piece, piece_ids in zip(batch, tokenizer.encode_batch([p.text for p in batch])):
+            ids.extend(piece_ids)
+            if piece.ends_document:
+                ids.append(eos)
+        held += len(ids)
+        if held > cap:
+            raise TfcliError(
+                f"{path} holds more than {cap:,} tokens, the limit on {TEXT_TOKENS.what}",
+                hint=f"encode it into shards (tfcli tokenize encode), which are read from disk; or {TEXT_TOKENS.how_to_raise()}",
+            )
+        chunks.append(np.asarray(ids, dtype=np.int64))
+    return np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
 
 
 def evaluate_run(

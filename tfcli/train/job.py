@@ -18,6 +18,7 @@ from tfcli.train.chat import ChatFiles, chat_sets, chat_tokenizer, grown_vocabul
 from tfcli.train.command_line import check_settings_apply, resolve_configs
 from tfcli.train.fingerprint import digest, file_fingerprint, shard_fingerprint
 from tfcli.train.optim import lr_factor
+from tfcli.train.recipes import recipe_settings
 from tfcli.train.run_checks import check_output, check_resumed, check_resumed_finetune
 from tfcli.train.state import find_trainer_state
 from tfcli.training_config import PRETRAIN_TASK, TrainConfig
@@ -133,8 +134,11 @@ def pretrain_job(
     tokenizer_path: Path | None,
     resume: bool,
     log_to: tuple[str, ...] = (),
+    recipe: str | None = None,
 ) -> ShardJob:
+    """`recipe` (classic, modern: train/recipes.py) lays its settings under the config file's."""
     meta = load_shard_meta(data)
+    recipe_layer = recipe_settings(recipe) if recipe is not None else {}
     tokenizer = find_tokenizer(data, tokenizer_path)
     if arch is None:  # no --arch: the architecture the settings describe (--set, the file, the preset), else a decoder
         arch = resolve_configs(
@@ -143,6 +147,7 @@ def pretrain_job(
             config_file=config_file,
             sets=sets,
             options={},
+            recipe=recipe_layer,
             model_fixed={"vocab_size": tokenizer.vocab_size},
             fixed_by={"vocab_size": "the tokenizer"},
         )[0].arch
@@ -157,6 +162,7 @@ def pretrain_job(
         config_file=config_file,
         sets=sets,
         options=options,
+        recipe=recipe_layer,
         model_fixed={"vocab_size": tokenizer.vocab_size, "arch": arch},
         train_fixed={"task": task},
         fixed_by={"vocab_size": "the tokenizer", "arch": "--arch", "task": f"{a_or_an(arch)}'s pretraining objective"},

@@ -1,7 +1,7 @@
 """`tfcli bench`: speed on this machine, side by side with peers, as ratios measured in one run.
 
 One module a command in this folder (tokenize.py, model.py, generate.py, train.py, lora.py, eval.py, serve.py,
-word2vec.py), each checking its options and rendering what its `tfcli.bench` module measured; what they share is
+word2vec.py, recipe.py, sae.py), each checking its options and rendering what its `tfcli.bench` module measured; what they share is
 in common.py."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from tfcli.cli.bench.eval import eval_
 from tfcli.cli.bench.generate import generate
 from tfcli.cli.bench.lora import lora
 from tfcli.cli.bench.model import model
+from tfcli.cli.bench.recipe import recipe
+from tfcli.cli.bench.sae import sae
 from tfcli.cli.bench.serve import serve
 from tfcli.cli.bench.tokenize import tokenize
 from tfcli.cli.bench.train import train
@@ -30,3 +32,5 @@ app.command("lora")(lora)
 app.command("word2vec")(word2vec)
 app.command("eval")(eval_)
 app.command("serve")(serve)
+app.command("recipe")(recipe)
+app.command("sae")(sae)

@@ -14,6 +14,7 @@ from tfcli.cli.options import REPEAT_HELP, FirstRun, JobThreads, JsonFlag, Workd
 
 MAX_BENCH_TOKENS = 8192  # prompt + new tokens in `bench generate` (the uncached job re-runs all of them per token)
 FULL_ROUNDS, QUICK_ROUNDS = 3, 1  # --repeat's default with --full, and without
+TIMED_STEPS_NOTE = "best time of 8 decoding steps each"  # as tfcli.accel.compiled_step.tune times them
 
 
 Presets = Annotated[list[str], typer.Option("--preset", help="Model shapes to measure (repeatable; decoder presets GPT-2 can express).")]
@@ -37,11 +38,29 @@ Full = Annotated[
         "(about 9 minutes on 2 cores at the default presets, where the default run takes a few).",
     ),
 ]
+Compiled = Annotated[
+    bool,
+    typer.Option(
+        "--compiled/--skip-compiled",
+        help="Tune the step compiled by torch.compile in the first run (compiling it once: tens of seconds on a CPU) and time it "
+        "as a job of its own, tfcli-compiled, beside the step tfcli chose.",
+    ),
+]
 Against = Annotated[
     Optional[str],
     typer.Option(
         "--against",
         help="Also time llama.cpp (llama-cpp-python) on the same weights exported to GGUF f32, on the threads tfcli decodes on.",
+        show_default=False,
+    ),
+]
+
+WeightTypes = Annotated[
+    Optional[str],
+    typer.Option(
+        "--type",
+        help="With --against llama.cpp: weight types to time, comma-separated (f32,bf16,q8_0,q4_0,q4_k_m), each on the same bytes on both "
+        "sides, at one thread and at every core (or --threads); --preset also takes smollm2-135m (SmolLM2-135M's Llama shape).",
         show_default=False,
     ),
 ]
@@ -60,9 +79,11 @@ def generate(
     device: Device = "cpu",
     no_cache: NoCache = None,
     against: Against = None,
+    compiled: Compiled = True,
     workdir: Workdir = None,
     first_run: FirstRun = True,
     json_output: JsonFlag = False,
+    weight_types: WeightTypes = None,
 ) -> None:
     """Time batch-1 greedy decoding: tfcli's generator (with and without its KV cache) beside
     transformers' GPT2LMHeadModel.generate on the same random weights, and the memory-bandwidth floor.
@@ -82,10 +103,17 @@ def generate(
     tfcli picks); the goal is tfcli's time per token within 1.2x llama.cpp's. The models then use GPT-2's
     own GELU (tanh), the one llama.cpp runs.
 
+    --type (with --against llama.cpp) times each weight type instead: tfcli's quantized run (`tfcli quantize`)
+    beside llama.cpp on that run's own GGUF export, with the floor of reading its bytes once per token.
+
     \b
     Example: tfcli bench generate --full
     Or: tfcli bench generate --preset gpt2-small --against llama.cpp --threads 2
+    Or: tfcli bench generate --preset gpt2-small --preset smollm2-135m --against llama.cpp --type f32,bf16,q8_0,q4_0,q4_k_m
     """
+    if weight_types is not None:
+        _by_type(preset, weight_types, against, threads, prompt_tokens, new_tokens, repeat or 2, workdir, json_output)
+        return
     if repeat is None:
         repeat = FULL_ROUNDS if full else QUICK_ROUNDS
     device = _checked_device(device, prompt_tokens=prompt_tokens, new_tokens=new_tokens, repeat=repeat, threads=threads, against=against, workdir=workdir)
@@ -103,6 +131,7 @@ def generate(
             quick=not full,
             first_run=first_run,
             against=against,
+            compiled=compiled,
         )
         for name in preset
     ]
@@ -113,6 +142,53 @@ def generate(
     for b in benches:
         _print_generate_bench(out, b, machine)
     out.print(f"tfcli's choices on this machine: {accel_summary()}")
+
+
+def _by_type(
+    presets: list[str], weight_types: str, against: str | None, threads: int, prompt_tokens: int, new_tokens: int, repeat: int, workdir, json_output: bool
+) -> None:
+    """`--type`: each weight type, tfcli beside llama.cpp and the floor, per preset and thread count (tfcli.bench.quant)."""
+    import os
+
+    from tfcli.errors import TfcliError
+
+    if against != "llama.cpp":
+        raise TfcliError("--type times tfcli beside llama.cpp", hint="add --against llama.cpp")
+    _checked_device("cpu", prompt_tokens=prompt_tokens, new_tokens=new_tokens, repeat=repeat, threads=threads, against=against, workdir=workdir)
+    from tfcli.bench.quant import run_quant_bench
+
+    counts = [threads] if threads else sorted({1, os.cpu_count() or 1})
+    machine, out = machine_line(), stdout_console()
+    results = {}
+    for name in presets:
+        with scratch(workdir, name) as folder, stderr_console().status(f"benchmarking {name}") as status:
+            results[name] = run_quant_bench(
+                folder, name, weight_types.split(","), counts, prompt_tokens=prompt_tokens, new_tokens=new_tokens, repeat=repeat, progress=status.update
+            )
+    if json_output:
+        print_json({"machine": machine, "benches": {name: [dict(vars(r), floor_ms=r.floor_ms) for r in rows] for name, rows in results.items()}})
+        return
+    from rich.table import Table
+
+    for name, rows in results.items():
+        table = Table(
+            title=f"{name}, batch 1, {prompt_tokens}-token prompt, {new_tokens} new tokens, greedy, best of {repeat}; "
+            f"ms / token: CPU time on 1 thread, wall time on more; {machine}"
+        )
+        for column in ("type", "threads", "tfcli ms / token", "llama.cpp ms / token", "tfcli / llama.cpp", "floor ms / token", "weights", "same tokens"):
+            table.add_column(column, justify="left" if column == "type" else "right")
+        for r in rows:
+            table.add_row(
+                r.type,
+                str(r.threads),
+                f"{r.tfcli_ms:.2f}",
+                f"{r.llama_cpp_ms:.2f}",
+                f"{r.tfcli_ms / r.llama_cpp_ms:.2f}" if r.llama_cpp_ms else "",
+                f"{r.floor_ms:.2f}",
+                human_bytes(r.weight_bytes),
+                "yes" if r.same_tokens else "no",
+            )
+        print_table(out, table)
 
 
 def _checked_device(device: str, *, prompt_tokens: int, new_tokens: int, repeat: int, threads: int, against: str | None, workdir: Path | None) -> str:
@@ -172,6 +248,19 @@ def _print_generate_bench(out, b, machine: str) -> None:
     print_table(out, table)
     if b.results.get("tfcli") and b.results["tfcli"].kernel:
         out.print(f"tfcli's batch-1 decoding on the CPU: {b.results['tfcli'].kernel}")
+    if b.tuning is not None:
+        seconds = b.tuning["seconds"]
+        timed = ", ".join(f"{name} {value * 1e3:.2f} ms" for name, value in seconds.items())
+        out.print(
+            f"compiled step: tuned in the first run ({TIMED_STEPS_NOTE}: {timed}); compiled in {b.tuning['compile_seconds']:.1f} s "
+            f"(0.0: compiled by an earlier run); chosen: {b.tuning['choice']}"
+        )
+    if b.same_tokens_compiled is not None:
+        compiled = b.results["tfcli-compiled"]
+        out.print(
+            f"tfcli-compiled: {compiled.compile_seconds:.1f} s to compile or load before its clock; "
+            f"same greedy tokens as tfcli: {'yes' if b.same_tokens_compiled else 'no'}"
+        )
     versus_peer = b.ratio("tfcli", "transformers")
     target = 2.0 if b.parameters < 20_000_000 else 1.5
     if versus_peer is not None:
