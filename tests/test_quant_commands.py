@@ -4,6 +4,7 @@ dequantized weights: its peak memory stays within 1.3x the weights file plus the
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -90,3 +91,12 @@ def test_generate_on_a_q4_k_m_run_holds_the_blocks_not_the_dequantized_weights(r
     kv_cache = 2 * config.n_layers * BLOCK * config.d_model * 4  # keys and values, f32
     weights = (runs["wide"] / "model.safetensors").stat().st_size
     assert added <= 1.3 * weights + kv_cache, (added, weights, kv_cache)
+
+
+def test_info_says_which_block_types_a_run_holds(cli, runs):
+    result = cli("info", runs["tiny"], "--json")
+    assert result.code == 0, result.stderr
+    held = json.loads(result.stdout)["quantized"]
+    assert set(held) == {"q4_K", "q6_K"} and sum(held.values()) >= 5  # qkv, out, fc, proj and the embedding, at least
+    shown = " ".join(cli("info", runs["tiny"]).stdout.split())
+    assert f"quantized: q4_K {held['q4_K']} tensor" in shown and "q6_K" in shown

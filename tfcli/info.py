@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,7 @@ def run_info(run_dir: Path) -> dict[str, Any]:
         "history": training_history(run_dir / METRICS_FILE),
         "problems": [problem.message for problem in run_file_problems(run_dir, config, tokenizer)],
         "adapter": adapter_info(model, config.adapter),
+        "quantized": dict(sorted(Counter((config.quantized or {}).values()).items())),  # block type -> tensors held in it
     }
     return info
 

@@ -145,7 +145,11 @@ def _size_rows(table, data: dict) -> None:
         fresh = f"; tfcli added a fresh masked-LM head of {extra:,}" if extra else ""
         table.add_row("imported", f"{data['source_class']}, {data['source_parameters']:,} parameters as transformers counts them{fresh}")
     weights = data["weights_bytes"]
-    table.add_row("weights", f"{human_bytes(weights['fp32'])} fp32, {human_bytes(weights['bf16'])} bf16")
+    if data.get("quantized"):
+        held = ", ".join(f"{kind} {counted(count, 'tensor')}" for kind, count in data["quantized"].items())
+        table.add_row("weights", f"quantized: {held}; the file {human_bytes(weights['file'])} ({human_bytes(weights['fp32'])} as fp32)")
+    else:
+        table.add_row("weights", f"{human_bytes(weights['fp32'])} fp32, {human_bytes(weights['bf16'])} bf16")
     kv = data["kv_cache_bytes_per_token"]
     if kv["bf16"]:
         saving = f", {kv['multi_head_equivalent_bf16'] // kv['bf16']}x less than multi-head" if kv["kv_heads"] < kv["query_heads"] else ""
@@ -190,6 +194,8 @@ def _more_options(model: dict) -> list[str]:
     options = []
     if model["positions"] == "rotary":
         options.append(f"rope base {model['rope_base']:g}")
+    if model.get("rope_fraction", 1.0) != 1.0:
+        options.append(f"rotary on {model['rope_fraction']:g} of each head")
     if model.get("rope_scaling"):
         options.append(f"rope scaling {model['rope_scaling']['kind']} x{model['rope_scaling']['factor']:g}")
     if model.get("qk_norm"):
