@@ -86,6 +86,10 @@ def in_ci() -> bool:
 needs_chromium = pytest.mark.skipif(chromium() is None and not in_ci(), reason="Chromium is not installed")
 
 
+# node runs the pages' scripts outside a browser: skipped where it is missing, except in CI (.ci/run installs nodejs).
+needs_node = pytest.mark.skipif(shutil.which("node") is None and not in_ci(), reason="node is not installed")
+
+
 def require_chromium() -> str:
     """The browser, or a skip (a failure in CI: .ci/run installs Debian's chromium)."""
     browser = chromium()

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import REPO
-from tests.helpers import browse, needs_chromium, unpack_weights
+from tests.helpers import browse, needs_chromium, needs_node, unpack_weights
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
 from tfcli.inspect import palette
 from tfcli.inspect.capture import capture_attention
@@ -281,7 +281,7 @@ def _run_page_script(parsed: PageParser, tmp_path: Path, hover: int) -> dict:
     return json.loads(done.stdout)
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+@needs_node
 def test_the_page_script_runs_and_hover_shows_the_weights(cli, runs, tmp_path):
     out = tmp_path / "a.html"
     assert cli("inspect-attention", runs["decoder"], "--text", TEXT, "--summary", "-o", out).code == 0
@@ -374,7 +374,7 @@ def test_token_pieces_show_characters_and_badge_what_would_act():
     assert token_pieces([TokenView(id=0, token="<|endoftext|>", text="<|endoftext|>")]) == [["<|endoftext|>"]]  # a start token
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+@needs_node
 def test_the_page_shows_characters_not_byte_escapes(cli, runs, tmp_path):
     text = "a fox 😀 saw \u202eevil\u202c and caf\u00e9"
     out = tmp_path / "a.html"
@@ -625,7 +625,7 @@ def test_encoder_decoder_outputs(cli, runs, tmp_path):
     assert cli(*base, "--attention", "encoder", "-o", tmp_path / "enc.png").code == 0
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+@needs_node
 def test_the_page_script_for_cross_attention(cli, runs, tmp_path):
     out = tmp_path / "cross.html"
     source, target = "the fox found a red ball in the park", "a red ball"
