@@ -27,7 +27,7 @@ from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
 from tfcli.model.layers import RotaryEmbedding, sinusoidal_table
 from tfcli.model.transformer import Transformer
-from tfcli.quant.linear import QuantEmbedding, QuantLinear
+from tfcli.quant.linear import QuantEmbedding, QuantLinear, held_tensors
 from tfcli.quant.mix import plan
 from tfcli.quant.tensors import Blocks, quantized_bytes, read_quantized
 from tfcli.rundir import CHECKPOINT_FORMAT, CONFIG_FILE, WEIGHTS_FILE, RunConfig, read_run_config, run_file_problems, weights_path
@@ -126,7 +126,7 @@ def load_checkpoint(run_dir: Path, device: str = "cpu", *, merge_adapter: bool =
     if problems:
         raise problems[0]
     if config.adapter is not None:
-        model = _load_adapter_run(run_dir, config, merge_adapter, _depth)
+        model = _load_adapter_run(run_dir, config, merge_adapter, _depth, keep_quantized and torch.device(device).type == "cpu")
         return Checkpoint(model=model.to(device).eval(), config=config, tokenizer=tokenizer, path=run_dir)
 
     with on_meta_device():
@@ -202,8 +202,9 @@ def quantize_run(run_dir: Path, out_dir: Path, file_type: str) -> RunConfig:
     )
 
 
-def _load_adapter_run(run_dir: Path, config: RunConfig, merge: bool, depth: int) -> Transformer:
-    """The parent's weights (loaded as any run is, an adapter run's merged) with this run's adapter."""
+def _load_adapter_run(run_dir: Path, config: RunConfig, merge: bool, depth: int, keep_quantized: bool = False) -> Transformer:
+    """The parent's weights (loaded as any run is, an adapter run's merged) with this run's adapter. Over a
+    quantized parent kept quantized (QLoRA), the adapter stays wrapped beside the blocks, merged or not."""
 
     record = config.adapter
     assert record is not None
@@ -211,13 +212,14 @@ def _load_adapter_run(run_dir: Path, config: RunConfig, merge: bool, depth: int)
         raise TfcliError(f"{run_dir} is an adapter on an adapter on ... more than {MAX_CHAIN} deep", hint="its config.json's adapter.parent loops back")
     parent_dir = find_parent(run_dir, record)
     check_parent_weights(parent_dir, weights_path(parent_dir), record)
-    parent = load_checkpoint(parent_dir, _depth=depth + 1).model
+    keep = keep_quantized and bool(read_run_config(parent_dir).quantized)
+    parent = load_checkpoint(parent_dir, keep_quantized=keep, _depth=depth + 1).model
     adapter = read_tensors(run_dir / ADAPTER_WEIGHTS_FILE, expected_adapter_shapes(config.model, record))
     with on_meta_device():
         expected = {name: tuple(t.shape) for name, t in Transformer(config.model).state_dict().items()}
     if config.model.tie_embeddings:
         expected.pop(TIED_KEY, None)  # the embedding's matrix, which may be the adapter's own (a grown vocabulary)
-    state = parent.state_dict()
+    state = held_tensors(parent) if keep else parent.state_dict()  # kept quantized: the blocks as they are
     own = saved_module_keys(record, expected)  # the adapter's whole modules (a new head): the parent need not have them
     for name, shape in expected.items():
         if name in own:
@@ -227,7 +229,7 @@ def _load_adapter_run(run_dir: Path, config: RunConfig, merge: bool, depth: int)
                 f"the parent run {parent_dir} does not fit the adapter in {run_dir} (tensor {name})", hint="an adapter fits only the model it was trained on"
             )
     state = {name: state[name] for name in expected if name not in own}
-    if merge:
+    if merge and not keep:
         return model_from_tensors(config.model, merged_state(state, record, adapter))
     state.update({key: adapter[PEFT_PREFIX + key] for key in own})
     model = apply_lora(model_from_tensors(config.model, state), record)
@@ -249,10 +251,12 @@ def save_merged(run_dir: Path, out_dir: Path) -> RunConfig:
     )
 
 
-def model_from_tensors(model_config: ModelConfig, tensors: dict[str, torch.Tensor]) -> Transformer:
+def model_from_tensors(model_config: ModelConfig, tensors: dict[str, torch.Tensor | Blocks]) -> Transformer:
     """A model over these tensors, used as they are (no copy, no random initialisation first); the tied
-    output weight may be absent."""
+    output weight may be absent. Blocks among them (a quantized base, `held_tensors`) stay quantized."""
 
+    if any(isinstance(t, Blocks) for t in tensors.values()):
+        return _quantized_model(model_config, tensors, keep=True)
     tensors = dict(tensors)
     if model_config.tie_embeddings:
         tensors[TIED_KEY] = tensors["tok_emb.weight"]

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from tfcli.accel import accelerate, decode_step, enabled, fused_loss, products
+from tfcli.adapters import AdapterRecord, find_parent
 from tfcli.checkpoint import Checkpoint, load_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.rundir import read_run_config
@@ -30,7 +31,7 @@ class Purpose:
     merge_adapter: bool = True  # an adapter run's adapter merged into its weights; False: wrapped, as it trains
     training: bool = False  # train mode (dropout on) rather than eval mode
     default_device: str = "auto"  # where the model goes when the caller names no device
-    quantized: str = "dequantize"  # a quantized run's weights: "keep" (decoding on the CPU), "dequantize" (to f32), "refuse" (training from them)
+    quantized: str = "dequantize"  # a quantized run's weights: "keep" (decoding on the CPU), "hold" (kept on the CPU whatever TFCLI_ACCEL says: a frozen QLoRA base), "dequantize" (to f32), "refuse" (training from them)
 
 
 PURPOSES: dict[str, Purpose] = {
@@ -40,7 +41,8 @@ PURPOSES: dict[str, Purpose] = {
     "export": Purpose(accelerated=False, default_device="cpu"),  # export to hf or gguf: the saved weights, fp32
     "export-adapter": Purpose(accelerated=False, merge_adapter=False, default_device="cpu"),  # a LoRA run for PEFT, kept apart
     "parent": Purpose(accelerated=False, default_device="cpu", quantized="refuse"),  # a finetune's starting weights (the trainer prepares its model)
-    "resume": Purpose(accelerated=False, merge_adapter=False, default_device="cpu"),  # train --resume's weights, as they train
+    "lora-parent": Purpose(accelerated=False, default_device="cpu", quantized="hold"),  # a LoRA finetune's base: kept in its blocks (QLoRA)
+    "resume": Purpose(accelerated=False, merge_adapter=False, default_device="cpu", quantized="hold"),  # train --resume's weights, as they train
     "train": Purpose(accelerated=True, training=True),  # prepare() only: the model a trainer steps
 }
 
@@ -50,21 +52,34 @@ def load_run(run: Path | str, purpose: str, device: str | None = None, threads: 
     cuda:N or mps; None: the purpose's default), with `threads` threads (0: the purpose's choice)."""
     use = PURPOSES[purpose]
     device = resolve_device(device or use.default_device)
-    formats = sorted(set((read_run_config(Path(run)).quantized or {}).values()))
+    config = read_run_config(Path(run))
+    formats = sorted(set((config.quantized or {}).values()))
     if formats and use.quantized == "refuse":
         raise TfcliError(
-            f"{run} holds quantized weights ({', '.join(formats)}); training starts from f32 weights",
-            hint=f"dequantize it first: tfcli quantize {run} -o RUN-f32 --type f32, and train from RUN-f32",
+            f"{run} holds quantized weights ({', '.join(formats)}); training starts from f32 weights (only LoRA adapters train over blocks)",
+            hint=f"train LoRA adapters over it with --lora-rank R, or dequantize it first: tfcli quantize {run} -o RUN-f32 --type f32, and train from RUN-f32",
         )
-    keep = bool(formats) and use.quantized == "keep" and enabled() and torch.device(device).type == "cpu"
+    below = _parent_formats(Path(run), config.adapter) if not formats else []  # an adapter run over a quantized run (QLoRA)
+    on_cpu = torch.device(device).type == "cpu"
+    keep = bool(formats or below) and on_cpu and (use.quantized == "hold" or (use.quantized == "keep" and enabled()))
+    if below and use.quantized == "hold" and use.merge_adapter:
+        keep = False  # a LoRA finetune from an adapter run starts from its merged weights, which no block format holds
     checkpoint = load_checkpoint(Path(run), device, merge_adapter=use.merge_adapter, keep_quantized=keep)
-    if formats and not keep:
-        reason = "TFCLI_ACCEL=0" if use.quantized == "keep" and not enabled() else f"for {purpose}" if torch.device(device).type == "cpu" else f"on {device}"
-        checkpoint.notes.append(f"{run}'s {', '.join(formats)} weights were dequantized to f32 ({reason})")
+    if (formats or below) and not keep:
+        whose = f"{run}'s" if formats else f"{run}'s parent's"
+        reason = "TFCLI_ACCEL=0" if use.quantized == "keep" and not enabled() else f"for {purpose}" if on_cpu else f"on {device}"
+        checkpoint.notes.append(f"{whose} {', '.join(formats or below)} weights were dequantized to f32 ({reason})")
     for note in checkpoint.notes:  # said once, here, for every command: the command line shows the `tfcli.loader` logger's lines
         _log.warning("%s", note)
     prepare(checkpoint.model, purpose, device, threads)
     return checkpoint
+
+
+def _parent_formats(run: Path, adapter: AdapterRecord | None) -> list[str]:
+    """The block formats of an adapter run's parent (a QLoRA run's quantized base); none for another run."""
+    if adapter is None:
+        return []
+    return sorted(set((read_run_config(find_parent(run, adapter)).quantized or {}).values()))
 
 
 def prepare(model: nn.Module, purpose: str, device: str | torch.device | None = None, threads: int = 0) -> nn.Module:

@@ -7,6 +7,10 @@ classification head) take gradients and optimizer state.
 `base_layer` (PEFT's name), whatever its class: tfcli.accel's `products.Linear` (the same parameters, a
 faster product) works under it as nn.Linear does, before or after the wrapping. For inference an adapter
 is merged into the weights (W + (alpha / r) B A), which leaves a plain model.
+
+Over a quantized base (QLoRA: `tfcli.quant.linear.QuantLinear`, its blocks frozen as they are) the adapter wraps
+the quantized layer the same way; it cannot be merged into the blocks without quantizing again, so it stays a
+low-rank product beside them, in training and in decoding alike.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from tfcli.errors import TfcliError
 from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
 from tfcli.model.transformer import Transformer
+from tfcli.quant.linear import QuantLinear
+
+BASE_LINEARS = (nn.Linear, QuantLinear)  # the layers an adapter wraps: plain (or accel's) and quantized (QLoRA)
 
 # Each group's linear layers, by the end of their module name (tfcli/model/attention.py, layers.py).
 TARGET_GROUPS: dict[str, tuple[str, ...]] = {
@@ -33,15 +40,18 @@ TARGET_GROUPS: dict[str, tuple[str, ...]] = {
 class LoraLinear(nn.Module):
     """A linear layer with a low-rank update: base_layer(x) + scaling * lora_B(lora_A(dropout(x)))."""
 
-    def __init__(self, base_layer: nn.Linear, rank: int, alpha: float, dropout: float = 0.0) -> None:
+    def __init__(self, base_layer: nn.Linear | QuantLinear, rank: int, alpha: float, dropout: float = 0.0) -> None:
         super().__init__()
         self.base_layer = base_layer
-        weight = base_layer.weight
-        self.lora_A = nn.Linear(base_layer.in_features, rank, bias=False, device=weight.device, dtype=weight.dtype)
-        self.lora_B = nn.Linear(rank, base_layer.out_features, bias=False, device=weight.device, dtype=weight.dtype)
+        if isinstance(base_layer, QuantLinear):  # its weight is made on each read: float32 adapters beside the blocks
+            device, dtype = base_layer.blocks.device, torch.float32
+        else:
+            device, dtype = base_layer.weight.device, base_layer.weight.dtype
+        self.lora_A = nn.Linear(base_layer.in_features, rank, bias=False, device=device, dtype=dtype)
+        self.lora_B = nn.Linear(rank, base_layer.out_features, bias=False, device=device, dtype=dtype)
         self.lora_dropout = nn.Dropout(dropout) if dropout else nn.Identity()
         self.scaling = alpha / rank
-        if weight.device.type != "meta":
+        if device.type != "meta":
             nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))  # PEFT's init_lora_weights=True
             nn.init.zeros_(self.lora_B.weight)
 
@@ -83,7 +93,7 @@ def target_modules(model: nn.Module, groups: tuple[str, ...] | list[str]) -> lis
     suffixes = tuple(s for g in groups for s in TARGET_GROUPS[g])
     found = []
     for name, module in model.named_modules():
-        if isinstance(module, (nn.Linear, LoraLinear)) and any(name == s or name.endswith("." + s) for s in suffixes):
+        if isinstance(module, (*BASE_LINEARS, LoraLinear)) and any(name == s or name.endswith("." + s) for s in suffixes):
             found.append((name, module))
     return found
 
@@ -114,7 +124,7 @@ def apply_lora(model: nn.Module, record: AdapterRecord) -> nn.Module:
         parent_name, _, leaf = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         layer = getattr(parent, leaf)
-        if isinstance(layer, LoraLinear) or not isinstance(layer, nn.Linear):
+        if isinstance(layer, LoraLinear) or not isinstance(layer, BASE_LINEARS):
             raise ValueError(f"{name} is not a plain linear layer to wrap")
         setattr(parent, leaf, LoraLinear(layer, record.rank, record.alpha, record.dropout))
     for name in record.modules_to_save:

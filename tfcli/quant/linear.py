@@ -1,10 +1,14 @@
 """The linear layer over block-quantized weights that the loader puts in an nn.Linear's place for decoding: the
 same `y = x W^T + b`, W held as its block bytes. Its product is `kernel` where tfcli.accel attached one (C code
-for the format, chosen by measurement), else W dequantized for the call and F.linear (the reference)."""
+for the format, chosen by measurement), else W dequantized for the call and F.linear (the reference).
+
+Trained over (QLoRA: LoRA adapters on a frozen quantized base), W stays frozen and its blocks stay as they are:
+the gradient reaches the layer's input through `_FrozenProduct`, which dequantizes a slab of W's rows at a time
+in the forward and again in the backward, so no float copy of W outlives one slab of one product."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +18,36 @@ from tfcli.quant.tensors import Blocks
 
 Kernel = Callable[[torch.Tensor, "QuantLinear"], torch.Tensor]  # (x (..., in), layer) -> (..., out), no bias
 Expand = Callable[[Blocks], torch.Tensor]  # blocks -> their float32 matrix
+SLAB_VALUES = 1 << 22  # a slab of W dequantized at once under autograd: 16 MB of float32
+
+
+class _FrozenProduct(torch.autograd.Function):
+    """y = x W^T for a frozen quantized W, differentiable in x only: grad_x = grad_y W, W dequantized again slab
+    by slab in the backward (nothing of W is saved for it). Under autocast the product is in autocast's dtype, as
+    F.linear's would be."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, layer: QuantLinear) -> torch.Tensor:
+        kind = x.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+        ctx.layer, ctx.input_dtype = layer, x.dtype
+        rows = x.reshape(-1, layer.in_features).to(dtype)  # (N, in)
+        if layer.out_features * layer.in_features <= SLAB_VALUES:  # one slab: the product as it comes
+            _, weight = next(layer.slabs(dtype))
+            return (rows @ weight.t()).view(*x.shape[:-1], layer.out_features)
+        y = torch.empty(rows.shape[0], layer.out_features, dtype=dtype, device=x.device)  # (N, out)
+        for start, weight in layer.slabs(dtype):
+            y[:, start : start + weight.shape[0]] = rows @ weight.t()
+        return y.view(*x.shape[:-1], layer.out_features)
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor, None]:
+        layer: QuantLinear = ctx.layer
+        grad = grad_y.reshape(-1, layer.out_features)  # (N, out)
+        grad_x = torch.zeros(grad.shape[0], layer.in_features, dtype=grad.dtype, device=grad.device)  # (N, in)
+        for start, weight in layer.slabs(grad.dtype):
+            grad_x.addmm_(grad[:, start : start + weight.shape[0]], weight)
+        return grad_x.view(*grad_y.shape[:-1], layer.in_features).to(ctx.input_dtype), None
 
 
 class QuantLinear(nn.Module):
@@ -35,12 +69,24 @@ class QuantLinear(nn.Module):
         blocks = Blocks(self.blocks.cpu(), self.format, (self.out_features, self.in_features))
         return (self.expand(blocks) if self.expand is not None else blocks.dequantized()).to(self.blocks.device)
 
+    def slabs(self, dtype: torch.dtype = torch.float32) -> Iterator[tuple[int, torch.Tensor]]:
+        """The weight a slab of rows at a time, about SLAB_VALUES values each: (first row, the rows as `dtype`)."""
+        step = max(1, SLAB_VALUES // self.in_features)
+        for start in range(0, self.out_features, step):
+            stop = min(start + step, self.out_features)
+            blocks = Blocks(self.blocks[start:stop].cpu(), self.format, (stop - start, self.in_features))
+            values = self.expand(blocks) if self.expand is not None else blocks.dequantized()
+            yield start, values.to(self.blocks.device, dtype)
+
     @property
     def weight(self) -> torch.Tensor:
         return self.dequantized()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel is not None and x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_grad_enabled():
+        if torch.is_grad_enabled():  # training over the frozen blocks: the gradient reaches x, W is never held whole
+            y = _FrozenProduct.apply(x, self)
+            return y if self.bias is None else y + self.bias.to(y.dtype)
+        if self.kernel is not None and x.dtype == torch.float32 and x.device.type == "cpu":
             y = self.kernel(x, self)  # a new tensor: the bias is added in place
             return y if self.bias is None else y.add_(self.bias)
         return F.linear(x, self.dequantized().to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
@@ -75,3 +121,33 @@ class QuantEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, format={self.format}"
+
+
+def held_tensors(model: nn.Module) -> dict[str, torch.Tensor | Blocks]:
+    """A model's state under the plain model's names, each quantized layer's bytes as its weight's Blocks (the
+    same storage, not copied), so that a model over the same blocks can be built again. Example:
+    {"decoder.blocks.0.attn.qkv.weight": Blocks(uint8 (96, 34), "q8_0", (96, 32)), "decoder.blocks.0.attn.qkv.bias": ...}"""
+    quantized = {name: m for name, m in model.named_modules() if isinstance(m, (QuantLinear, QuantEmbedding))}
+    held: dict[str, torch.Tensor | Blocks] = {}
+    for key, tensor in model.state_dict().items():
+        owner, _, leaf = key.rpartition(".")
+        layer = quantized.get(owner)
+        if layer is None or leaf != "blocks":
+            held[key] = tensor
+        elif isinstance(layer, QuantLinear):
+            held[f"{owner}.weight"] = Blocks(tensor, layer.format, (layer.out_features, layer.in_features))
+        else:
+            held[f"{owner}.weight"] = Blocks(tensor, layer.format, (layer.num_embeddings, layer.embedding_dim))
+    return held
+
+
+def held_values(model: nn.Module) -> int:
+    """How many weights a model holds in blocks, each buffer once (a tied head shares the embedding's bytes): what
+    `parameters()` leaves out of a quantized model's size. Example: 2 QuantLinear (96, 32) and (32, 32) -> 4,096."""
+    counted: dict[int, int] = {}
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            counted[module.blocks.data_ptr()] = module.out_features * module.in_features
+        elif isinstance(module, QuantEmbedding):
+            counted[module.blocks.data_ptr()] = module.num_embeddings * module.embedding_dim
+    return sum(counted.values())

@@ -13,13 +13,15 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tfcli.adapters import AdapterRecord, describe_parent
 from tfcli.adapters.lora import apply_lora, check_rank
-from tfcli.adapters.vocabulary import grow_vocabulary, vocabulary_modules
+from tfcli.adapters.vocabulary import VOCABULARY_TENSORS, grow_vocabulary, vocabulary_modules
 from tfcli.checkpoint import TIED_KEY, model_from_tensors
 from tfcli.data.shards import open_shard
 from tfcli.errors import TfcliError
 from tfcli.loader import load_run
 from tfcli.meta_device import on_meta_device
 from tfcli.model.transformer import Transformer
+from tfcli.quant.linear import held_tensors
+from tfcli.quant.tensors import Blocks
 from tfcli.rundir import weights_path
 from tfcli.runtime import physical_memory, resolve_device
 from tfcli.tokenizer.core import TextTokenizer
@@ -119,7 +121,9 @@ def _lora_model(job: TrainingJob):
     adds one, frozen, with LoRA adapters on the target layers; the fresh modules and a grown vocabulary's
     train whole."""
     cfg = job.config
-    weights = load_run(job.init_from, "parent").model.state_dict()
+    weights = held_tensors(load_run(job.init_from, "lora-parent").model)  # a quantized parent's layers stay in their blocks (QLoRA)
+    if job.model_config.tie_embeddings:
+        weights.pop(TIED_KEY, None)  # the embedding's matrix (or bytes), tied again as the model is built
     weights, grown = _grown_for_lora(weights, job.model_config)
     if cfg.task == "classify":
         weights = {k: v for k, v in weights.items() if not k.startswith("classifier.")}
@@ -153,6 +157,7 @@ def _grown_for_lora(weights: dict, config) -> tuple[dict, list[str]]:
         return weights, []
     if config.tie_embeddings:
         weights = {k: v for k, v in weights.items() if k != TIED_KEY}  # the embedding's own matrix, grown once
+    weights = {k: v.dequantized() if isinstance(v, Blocks) and k in VOCABULARY_TENSORS else v for k, v in weights.items()}  # they train whole, in f32
     return grow_vocabulary(weights, config.vocab_size), vocabulary_modules(config)
 
 

@@ -26,6 +26,7 @@ import torch
 from tfcli.checkpoint import model_from_tensors
 from tfcli.errors import TfcliError
 from tfcli.loader import prepare
+from tfcli.quant.linear import held_values
 from tfcli.train import objectives, sharding
 from tfcli.train.data import Slot, derived_seed
 from tfcli.train.distributed import World, agree, all_sum
@@ -133,7 +134,7 @@ class Trainer:
             self.start.step,
             None if budget else cfg.max_steps,
             budget,
-            sum(p.numel() for p in self.model.parameters()),
+            sum(p.numel() for p in self.model.parameters()) + held_values(self.model),  # a QLoRA base's weights are blocks, not parameters
             sum(p.numel() for p in self.trainable),
             str(self.device),
             "bf16" if self.bf16 else "fp32",
