@@ -9,6 +9,7 @@ local with a rotary base of 10,000, scores scaled by 1 / sqrt(head_dim). A model
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -118,7 +119,8 @@ def test_gemma3_runs_in_llama_cpp_as_in_transformers_and_tfcli(cli, gemma3):
     assert llm.metadata["general.architecture"] == "gemma3"
     cpp = _llama_logits(llm, prompt)
     # llama.cpp's CPU GeGLU takes GELU from a table of fp16 values: with that GELU tfcli's logits are llama.cpp's
-    # within 1e-3 (7e-4 measured, logits up to 4.8: 1.5e-4 of the largest); with the exact one within 2e-3 (1.7e-3)
+    # within 1e-3 (7e-4 measured, logits up to 4.8: 1.5e-4 of the largest); with the exact one within 2e-3 (1.7e-3).
+    # Not 1e-4: the table turns float32's rounding into steps of 2**-11 (test_the_gap_to_llama_cpp_is_its_fp16_gelu_table)
     with ggml_gelu():
         emulated = _tfcli_logits(run, prompt)
     assert np.abs(cpp - emulated).max() < 1e-3, np.abs(cpp - emulated).max()
@@ -126,6 +128,51 @@ def test_gemma3_runs_in_llama_cpp_as_in_transformers_and_tfcli(cli, gemma3):
     greedy, _ = _tfcli_greedy(cli, run, 24)
     assert greedy == _llama_greedy(llm, tokenizer.encode(PROMPT), 24, _suppressed(tokenizer))
     assert len(set(greedy)) > 6
+
+
+@contextlib.contextmanager
+def _nudged_gelu(table: bool):
+    """GELU (llama.cpp's fp16 table, or exact) read at inputs moved by float32's rounding (a relative 2**-23, at random):
+    what another order of the same float32 sums gives it."""
+    generator = torch.Generator().manual_seed(0)
+    inner = torch.nn.functional.gelu
+
+    def nudged(x, approximate="none"):
+        moved = x * (1 + torch.randn(x.shape, generator=generator) * 2.0**-23)
+        return inner(moved, approximate=approximate)
+
+    with ggml_gelu() if table else contextlib.nullcontext():
+        inner = torch.nn.functional.gelu
+        torch.nn.functional.gelu = nudged
+        try:
+            yield
+        finally:
+            torch.nn.functional.gelu = inner
+
+
+def test_the_gap_to_llama_cpp_is_its_fp16_gelu_table(gemma3):
+    """Why tfcli's logits are llama.cpp's within 1e-3 for Gemma 3 and not 1e-4 (the issue's bound, which Llama-shaped
+    files meet): llama.cpp's CPU GeGLU rounds GELU's input to fp16 and reads an fp16 result from a table (ggml-cpu/vec.h,
+    GGML_GELU_FP16, defined in every build: no build option turns it off), a step of 2**-11 of the value. Two float32
+    computations of the same input differ in their last bits (llama.cpp sums its products in another order than
+    PyTorch), and where a value lies near a step the two land on different steps. Measured here: tfcli with the table
+    and inputs nudged by float32's rounding moves its logits as far as llama.cpp's are from tfcli's with the table
+    (within a factor of 4), while the exact GELU nudged alike moves them by under 1e-5: the table, not the model, holds
+    the gap above 1e-4."""
+    hf, run, path = gemma3
+    prompt = TextTokenizer.load(run).encode(TINY_TEXT)[:60]
+    cpp = _llama_logits(_llama(_llama_cpp(), path), prompt)
+    exact = _tfcli_logits(run, prompt)
+    with ggml_gelu():
+        emulated = _tfcli_logits(run, prompt)
+    with _nudged_gelu(table=True):
+        nudged_table = _tfcli_logits(run, prompt)
+    with _nudged_gelu(table=False):
+        nudged_exact = _tfcli_logits(run, prompt)
+    gap, table_noise, exact_noise = (np.abs(cpp - emulated).max(), np.abs(nudged_table - emulated).max(), np.abs(nudged_exact - exact).max())
+    print(f"\nllama.cpp - tfcli (table) {gap:.2e}; tfcli (table), inputs nudged {table_noise:.2e}; tfcli (exact), nudged {exact_noise:.2e}")
+    assert exact_noise < 1e-5
+    assert gap / 4 < table_noise < gap * 4
 
 
 def test_gemma3_comes_back_from_gguf_as_the_same_model(cli, tmp_path, gemma3):

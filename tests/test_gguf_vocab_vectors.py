@@ -41,6 +41,7 @@ MATCHED = {
     "llama-bpe": 46,  # gpt2, pre llama-bpe (Llama 3: ignore_merges)
     "llama-spm": 46,  # llama (SentencePiece-style, byte fallback)
     "mpt": 46,  # gpt2, pre mpt
+    "nomic-bert-moe": 53,  # t5 (Unigram), <s> first and </s> last with special tokens (no vectors: the installed llama.cpp)
     "phi-3": 46,  # llama (SentencePiece-style)
     "qwen2": 46,  # gpt2, pre qwen2
     "qwen35": 50,  # gpt2, pre qwen35
@@ -48,10 +49,8 @@ MATCHED = {
     "starcoder": 46,  # gpt2, pre starcoder
 }
 
-# Vocabularies tfcli refuses: the words its one-line refusal must hold.
-REFUSED: dict[str, str] = {
-    "nomic-bert-moe": "tokenizer.ggml.add_eos_token is true",  # t5 (Unigram), eos added after every text, which tfcli does not do
-}
+# Vocabularies tfcli refuses: the words its one-line refusal must hold (none since add_eos_token is read: nomic-bert-moe).
+REFUSED: dict[str, str] = {}
 
 
 def _names(models: Path) -> list[str]:
@@ -91,11 +90,19 @@ def test_llama_cpp_vectors(tmp_path, llama_cpp_models, name):
         llm = _llama_cpp().Llama(model_path=str(path), vocab_only=True, verbose=False)
         inputs = vectors(llama_cpp_models, "gpt-2")[0] + VARIED
         expected = [llm.tokenize(text.encode(), add_bos=False, special=False) for text in inputs]
+        # with special tokens (llama_tokenize(add_special=true), what llama-cpp-python's completions feed the model): bos
+        # and eos where the file asks, as tfcli puts them around a decoder's prompt and transformers around any text
+        specials = [llm.tokenize(text.encode(), add_bos=True, special=False) for text in inputs]
+        assert [tokenizer.prompt_ids(tokenizer.encode(text)) for text in inputs] == specials, name
+        if vocab.add_eos:  # nomic-bert-moe: <s> first and </s> last (transformers' reading: the tiny files below)
+            assert specials[0][0] == vocab.ids["bos"] and specials[0][-1] == vocab.ids["eos"]
         for text, ids in zip(inputs, expected):  # and decoded as llama.cpp's llama_detokenize decodes them, which for a
-            # SentencePiece-style vocabulary drops the space its tokenize put first (llama-cpp-python's detokenize keeps it)
+            # SentencePiece-style or Unigram vocabulary drops the space its tokenize put first (llama-cpp-python's detokenize
+            # keeps it; SentencePiece's decode drops it, as tfcli does)
             theirs = llm.detokenize(ids).decode("utf-8", "replace")
-            spaced = vocab.kind == "llama" and vocab.add_space_prefix
-            assert tokenizer.decode(ids) == (theirs.removeprefix(" ") if spaced else theirs), (name, text)
+            spaced = vocab.kind in ("llama", "t5") and vocab.add_space_prefix
+            # (llama-cpp-python's detokenize writes no special token's text, unknown tokens' included: special=false)
+            assert tokenizer.decode(ids, skip_special_tokens=True) == (theirs.removeprefix(" ") if spaced else theirs), (name, text)
     else:
         inputs, expected = given
     wrong = [(text, ids) for text, ids in zip(inputs, expected) if tokenizer.encode(text) != ids]
@@ -122,6 +129,13 @@ def test_the_wordpiece_vocabulary_tokenizes_as_the_installed_llama_cpp(tmp_path,
     for text in texts[:-1]:  # the last: conjoining jamo typed as such, which llama.cpp keeps and tfcli drops (see HANGUL_TAIL)
         assert tokenizer.encode(text) == llm.tokenize(text.encode(), add_bos=False, special=False), text
     assert tokenizer.decode(tokenizer.encode("Hello, world!")) == "hello , world !"
+    # with special tokens llama.cpp's WPM puts [CLS] first and [SEP] last whatever the file says; the post-processor
+    # tfcli writes says so to transformers
+    transformers = pytest.importorskip("transformers")
+    theirs_hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in texts[:3]:
+        ids = llm.tokenize(text.encode(), add_bos=True, special=False)
+        assert ids[0] == 101 and ids[-1] == 102 and theirs_hf(text).input_ids == ids, text
 
 
 # --- Unigram (t5): no test vectors under 4 MiB in llama.cpp's repository, so a vocabulary is made at test time by the
@@ -216,3 +230,77 @@ def test_a_unigram_vocabulary_tokenizes_as_llama_cpp(tmp_path, remove_extra_whit
     for text in (VARIED[0], VARIED[1], "x  y   z"):  # decoded as SentencePiece decodes the same ids
         ids = tokenizer.encode(text)
         assert tokenizer.decode(ids) == sentencepiece_model.decode(ids), text
+    # with special tokens: the file does not say add_eos_token, and llama.cpp's default for a t5 tokenizer ends every text
+    # with </s> (a T5's source, as transformers' T5 tokenizer ends it); tfcli's post-processor says so to transformers
+    eos = vocab.ids["eos"]
+    assert vocab.add_eos and not vocab.add_bos and vocab.tokens[eos] == "</s>"
+    transformers = pytest.importorskip("transformers")
+    theirs_hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in texts[:-1]:
+        ids = llm.tokenize(text.encode(), add_bos=True, special=False)
+        assert ids[-1:] == [eos] and theirs_hf(text).input_ids == ids == tokenizer.prompt_ids(tokenizer.encode(text)), text
+
+
+# --- a decoder whose file says add_eos_token: llama.cpp's llama_tokenize(add_special=true) ends its prompt with eos, and
+# so do llama-cpp-python's completions (create_completion tokenizes the prompt with add_bos=True, which is add_special);
+# llama.cpp's own CLI refuses such a decoder (completion.cpp asserts !add_eos), its server and llama-cpp-python do not.
+
+
+def _with_add_eos(src: Path, dst: Path) -> Path:
+    """A copy of a GGUF file whose tokenizer.ggml.add_eos_token is true (a bool, as the converter writes it)."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "tokenizer.ggml.add_eos_token"):
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    writer.add_add_eos_token(True)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def test_a_decoder_whose_file_adds_eos_reads_prompts_as_llama_cpp(cli, tmp_path, monkeypatch):
+    """Import keeps add_eos_token (tokenizer_config.json and the post-processor transformers reads); generate ends the
+    prompt with </s> as llama-cpp-python's completions do, then continues it greedily as llama.cpp does (no stop at the
+    prompt's own </s>: only a generated one ends a text); export writes add_eos_token back."""
+    from tests.test_gguf import PROMPT, _export, _llama, _llama_cpp, _llama_greedy, _sentencepiece_vocab, _suppressed, _tfcli_greedy, _write_converter_llama
+    from tfcli.checkpoint import load_checkpoint
+
+    llama_cpp = _llama_cpp()
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    tokens, scores, types = _sentencepiece_vocab(tmp_path)
+    torch.manual_seed(3)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokens), hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=64
+    )
+    hf = transformers.LlamaForCausalLM(config).eval()
+    _write_converter_llama(hf, tmp_path / "plain.gguf", tokens, scores, types)
+    path = _with_add_eos(tmp_path / "plain.gguf", tmp_path / "adds-eos.gguf")
+    result = cli("import", path, "-o", tmp_path / "run")
+    assert result.code == 0, result.stderr
+    tokenizer = load_checkpoint(tmp_path / "run").tokenizer
+    assert tokenizer.adds_bos and tokenizer.adds_eos
+    llm = _llama(llama_cpp, path)
+    prompt = llm.tokenize(PROMPT.encode(), add_bos=True, special=False)
+    assert prompt[0] == 1 and prompt[-1] == 2 and prompt == tokenizer.prompt_ids(tokenizer.encode(PROMPT))
+    assert tokenizer.prompt_ids(list(range(3, 103)), 64) == [1, *range(41, 103), 2]  # cropped to a context: the text's end kept
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "run")(PROMPT).input_ids == prompt
+    assert llm.create_completion(PROMPT, max_tokens=1, temperature=0.0)["usage"]["prompt_tokens"] == len(prompt)  # eos included
+    monkeypatch.setenv("TFCLI_ACCEL", "0")  # the prompt is the decoding loop's, whatever does the products (none built here)
+    ours, completion = _tfcli_greedy(cli, tmp_path / "run", 16)
+    assert completion["prompt_tokens"] == len(prompt)
+    assert ours == _llama_greedy(llm, prompt, 16, _suppressed(tokenizer))
+    again = _llama(llama_cpp, _export(cli, tmp_path / "run", tmp_path / "again.gguf"))
+    assert again.metadata["tokenizer.ggml.add_eos_token"] == "true"
+    assert again.tokenize(PROMPT.encode(), add_bos=True, special=False) == prompt

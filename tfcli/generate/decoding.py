@@ -91,8 +91,8 @@ class Generator:
                 else:
                     notices.append(Notice(f"{where} has {len(ids):,} tokens, more than the context ({block:,}); keeping the first {block:,}"))
                     encoded[i] = ids[:block]
-            if self.model.config.arch == "decoder" and self.tokenizer.adds_bos:  # a pretrained Llama reads <s> first
-                encoded[i] = [self.tokenizer.special_ids["bos"]] + encoded[i][-(block - 1) :]
+            if self.model.config.arch == "decoder":  # a pretrained Llama reads <s> first (and </s> last where its file says so)
+                encoded[i] = self.tokenizer.prompt_ids(encoded[i], block)
         return encoded, notices
 
     # -- the loops ---------------------------------------------------------------------------------------

@@ -18,6 +18,9 @@ Five of llama.cpp's tokenizer models are spoken:
 - `gemma4`: Gemma 4's BPE over UTF-8 text (no byte-level alphabet), spaces written as U+2581, split only into lines
   and runs of newlines, byte fallback `<0xXX>`, prompts started with bos whatever the file says (import only).
 Exported, a BPE's merge rank becomes its piece's score (the earlier the merge, the higher).
+Whether a prompt starts with bos and ends with eos (`add_bos_token`, `add_eos_token`: llama.cpp's defaults where the
+file is silent) goes to tokenizer_config.json, which tfcli reads, and to tokenizer.json's post-processor, which
+transformers 5 reads (it ignores the two keys beside a tokenizer.json).
 """
 
 from __future__ import annotations
@@ -318,7 +321,7 @@ def tokenizer_metadata(tokenizer: TextTokenizer, vocab_size: int, tokenizer_conf
         if value is not None:
             meta[key] = value
     meta["tokenizer.ggml.add_bos_token"] = bool(tokenizer.adds_bos)
-    meta["tokenizer.ggml.add_eos_token"] = False
+    meta["tokenizer.ggml.add_eos_token"] = bool(tokenizer.adds_eos)
     template = tokenizer_config.get("chat_template")
     if isinstance(template, str) and template:
         meta["tokenizer.chat_template"] = template
@@ -363,9 +366,11 @@ class Vocab:
                 continue
             self.ids[role] = value
         self.add_space_prefix = self._flag(metadata, "tokenizer.ggml.add_space_prefix", True)
-        for key in ("tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_sep_token"):
-            if self._flag(metadata, key, False):
-                raise TfcliError(f"{where}: metadata {key} is true; tfcli's tokenizers do not add that")
+        # llama.cpp's llama_tokenize(add_special=true) ends a text with eos where add_eos_token says (its default: true
+        # for t5, false for the others); bert's WPM always ends it with [SEP], and add_sep_token counts only in llama.cpp's
+        # reranking prompts (query and document joined), which tfcli does not make: read for its type, then left be
+        self.add_eos = self._flag(metadata, "tokenizer.ggml.add_eos_token", self.kind == "t5")
+        self._flag(metadata, "tokenizer.ggml.add_sep_token", False)
         # read by llama.cpp's Unigram (t5) tokenizer only; the others go on without it, as tfcli does
         self.remove_extra_whitespaces = self._flag(metadata, "tokenizer.ggml.remove_extra_whitespaces", False)
         if self.remove_extra_whitespaces and self.kind != "t5":
@@ -398,6 +403,14 @@ class Vocab:
         # whether prompts start with bos when the file does not say: llama.cpp's default for the tokenizer (Gemma 4's
         # bos always: llama.cpp overrides a file that says false)
         self.add_bos = self._flag(metadata, "tokenizer.ggml.add_bos_token", bos_default) or self.kind == "gemma4"
+        if self.add_eos and "eos" not in self.ids:
+            eos = DEFAULT_IDS[self.kind].get("eos")
+            if self.kind == "t5" and ROLE_KEYS["eos"] not in metadata and eos < n:  # llama.cpp's UGM takes T5's </s> (id 1)
+                self.ids["eos"] = eos
+                self.notes.append(f"no metadata tokenizer.ggml.eos_token_id: texts end with {self.tokens[eos]!r} (id {eos}), as llama.cpp ends them")
+            else:  # llama.cpp loads the file, then stops at the first text it tokenizes with its special tokens
+                self.notes.append("metadata tokenizer.ggml.add_eos_token is true, but the file names no eos token: tfcli's prompts end without one")
+                self.add_eos = False
         template = metadata.get("tokenizer.chat_template")
         self.chat_template = template if isinstance(template, str) and template else None
 
@@ -469,7 +482,50 @@ class Vocab:
         user = [AddedToken(t, special=False, normalized=False) for t, kind in zip(self.tokens, self.types) if kind == USER_DEFINED]
         hf.add_tokens(user)
         hf.add_special_tokens(special)
+        template = self._template()
+        if template is not None:  # read from its JSON (a token's text may hold any character), by an empty tokenizer
+            shell = json.loads(Tokenizer(models.BPE()).to_str())
+            hf.post_processor = Tokenizer.from_str(json.dumps({**shell, "post_processor": template})).post_processor
         return hf.to_str(pretty=True)
+
+    def _template(self) -> dict[str, Any] | None:
+        """What llama.cpp's llama_tokenize(add_special=true) puts around a text, as tokenizer.json's post-processor
+        (transformers encodes with it; tfcli inserts the ids itself): bos first and eos last where the file asks
+        (add_bos_token, add_eos_token, else llama.cpp's defaults), a WordPiece's [CLS] first and [SEP] last always
+        (llama.cpp's WPM adds both, whatever the file says: its bos, else id 101; tfcli takes the file's
+        cls_token_id before that default, which llama.cpp does not read). None where nothing is added. A pair: each
+        text so, one after the other (BERT's: [CLS] A [SEP] B [SEP]).
+
+        Example: add_bos and add_eos, <s> and </s> -> single <s> $A </s>, pair <s> $A </s> <s> $B </s>
+        """
+        if self.kind == "bert":
+            first = self.ids.get("bos", self.ids.get("cls", DEFAULT_IDS["bert"]["bos"]))
+            last: int | None = self.ids.get("sep", DEFAULT_IDS["bert"]["sep"])
+            if max(first, last) >= len(self.tokens):
+                return None
+        else:
+            first = self.ids.get("bos") if self.add_bos else None
+            last = self.ids.get("eos") if self.add_eos else None
+        if first is None and last is None:
+            return None
+
+        def text(sequence: str, type_id: int, with_first: bool = True) -> list[dict[str, Any]]:
+            around = [("first", first if with_first else None), ("text", None), ("last", last)]
+            pieces = []
+            for place, token_id in around:
+                if place == "text":
+                    pieces.append({"Sequence": {"id": sequence, "type_id": type_id}})
+                elif token_id is not None:
+                    pieces.append({"SpecialToken": {"id": self.tokens[token_id], "type_id": type_id}})
+            return pieces
+
+        ends = [i for i in (first, last) if i is not None]
+        return {
+            "type": "TemplateProcessing",
+            "single": text("A", 0),
+            "pair": text("A", 0) + text("B", 1, with_first=self.kind != "bert"),
+            "special_tokens": {self.tokens[i]: {"id": self.tokens[i], "ids": [i], "tokens": [self.tokens[i]]} for i in ends},
+        }
 
     def _wordpiece(self) -> Tokenizer:
         """llama.cpp's WPM tokenizer as a WordPiece: each piece spelled as BERT spells it (U+2581 + piece: a word's
@@ -571,6 +627,7 @@ class Vocab:
                 continue  # end of text standing in for a bos the model never uses
             config[CONFIG_KEYS[role]] = self.tokens[token_id]
         config["add_bos_token"] = self.add_bos and "bos" in self.ids
+        config["add_eos_token"] = self.add_eos  # for tfcli; transformers 5 reads tokenizer.json's post-processor instead
         config["split_special_tokens"] = True
         if self.chat_template is not None:
             config["chat_template"] = self.chat_template

@@ -252,8 +252,8 @@ def _prompt_ids(served: Served, body: CompletionRequest) -> list[list[int]]:
         where = "the prompt" if len(prompts) == 1 else f"prompt {i}"
         if isinstance(p, str):
             ids = tokenizer.encode(p)
-            if ids and tokenizer.adds_bos:  # as `tfcli generate` reads a prompt: a pretrained Llama's starts with <s>
-                ids = [tokenizer.special_ids["bos"], *ids]
+            if ids:  # as `tfcli generate` reads a prompt: a pretrained Llama's starts with <s> (and ends with </s> where its file says so)
+                ids = tokenizer.prompt_ids(ids)
         else:
             ids = list(p)
             bad = [t for t in ids if t >= limit]

@@ -53,6 +53,7 @@ class TextTokenizer:
     special_ids: dict[str, int]
     model_max_length: int | None = None
     adds_bos: bool = False  # a pretrained decoder's prompts start with its bos token (Llama's <s>: add_bos_token)
+    adds_eos: bool = False  # and end with its eos token (add_eos_token: a T5's </s>, a GGUF that asks for it)
     cleans_up_spaces: bool = False  # decode takes out spaces before punctuation (tokenizer_config.json's clean_up_tokenization_spaces)
 
     @classmethod
@@ -95,6 +96,9 @@ class TextTokenizer:
         bos = special_ids.get("bos")
         # add_bos_token as transformers' Llama tokenizers write it, or a post-processor that puts bos first
         adds_bos = bos is not None and config.get("add_bos_token", hf.encode("", add_special_tokens=True).ids[:1] == [bos]) is True
+        # add_eos_token only where tokenizer_config.json says it (transformers 4's Llama tokenizers, tfcli's GGUF import): a
+        # post-processor's [SEP] or </s> last (BERT's, T5's, tfcli's WordPiece) is for a pair or a source, not a decoder's prompt
+        adds_eos = "eos" in special_ids and config.get("add_eos_token") is True
         return cls(
             hf=hf,
             path=path,
@@ -102,6 +106,7 @@ class TextTokenizer:
             special_ids=special_ids,
             model_max_length=max_length if isinstance(max_length, int) and max_length < 1 << 40 else None,
             adds_bos=adds_bos,
+            adds_eos=adds_eos,
             cleans_up_spaces=_cleans_up_spaces(hf, config),
         )
 
@@ -172,6 +177,18 @@ class TextTokenizer:
         self.check_ids(max(ids, default=0))
         return ids
 
+    def prompt_ids(self, ids: Sequence[int], room: int | None = None) -> list[int]:
+        """A decoder's prompt from its text's ids, as llama.cpp's llama_tokenize(add_special=true) and transformers'
+        tokenizer(text) give it: bos first where the tokenizer adds one, eos last where it adds one (a file's
+        add_eos_token; llama-cpp-python's and llama.cpp's server's completions end the prompt with it too), the text's
+        last ids kept where `room` caps the whole.
+
+        Example: [15043] with <s> = 1 and </s> = 2 both added -> [1, 15043, 2]"""
+        head = [self.special_ids["bos"]] if self.adds_bos else []
+        tail = [self.special_ids["eos"]] if self.adds_eos else []
+        kept = list(ids) if room is None else list(ids)[max(len(ids) - room + len(head) + len(tail), 0) :]
+        return [*head, *kept, *tail]
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of many texts, encoded in parallel on all cores."""
         encodings = self.hf.encode_batch_fast([replace_lone_surrogates(t) for t in texts], add_special_tokens=False)
@@ -185,7 +202,8 @@ class TextTokenizer:
         if largest >= self.vocab_size:
             raise TfcliError(
                 f"{self.path} gives the token id {largest:,}, past its vocabulary of {self.vocab_size:,} tokens",
-                hint="its ids must run from 0 to the vocabulary size - 1; use a tokenizer.json written by tfcli or transformers",
+                hint="its ids must run from 0 to the vocabulary size - 1, without gaps; use a tokenizer.json written by tfcli or transformers "
+                "(for one transformers converted from a GGUF file, `tfcli import FILE.gguf` reads the file's own tokenizer)",
             )
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
