@@ -334,10 +334,10 @@ def test_the_measured_choice_times_both_steps_on_the_model_and_is_remembered(bui
     model = model_of()
     library = native.library()
     choice = decode_step.choose(library, model)
-    decision = decode_step.choices.choices().decisions[decode_step._shape_key(model.config)]
+    decision = decode_step.choices.choices().decisions[decode_step._shape_key(model)]
     assert choice == decision.choice and set(decision.seconds) == {"torch", "native"} and decision.note == ""
     record = decode_step.choices.ChoicesFile.load(decode_step.choices.choices().path)
-    assert record.decisions[decode_step._shape_key(model.config)].choice == choice  # in the machine's file
+    assert record.decisions[decode_step._shape_key(model)].choice == choice  # in the machine's file
     described = decode_step.describe(model)
     assert ("tfcli's C decoder step" in described) == (choice == "native") and "speed" in described
 

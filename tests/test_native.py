@@ -250,7 +250,8 @@ def test_a_build_that_disagrees_with_torch_is_refused(buildable, fresh, monkeypa
         "    for (long i = 0; i < n; i++) y[i] = 0.0f;\n"
         "}\n"
         "long decoder_workspace(const void *m) { return 1; }\n"
-        "void decoder_step(const void *m, long token, long position, float *logits, float *workspace, int threads, long from) {}\n"
+        "int decoder_step(const void *m, long token, long position, float *logits, float *workspace, int threads, long from) { return 0; }\n"
+        "int quant_parallel(const void *f, int fmt, const void *w, long rb, const float *x, float *y, long m, long n, long k, int t, long from) { return 0; }\n"
     )
     monkeypatch.setattr(native, "SOURCE", wrong)
     assert native.vector_linear() is None

@@ -6,8 +6,12 @@
  * - vector_linear: y = W x + b for one row. Each weight row is streamed front to back against x, which
  *   stays in the L1 cache, into four independent vector accumulators; the rows are split between OpenMP
  *   threads. The `lanes` type becomes whatever vectors the processor has (AVX-512, AVX2, NEON).
+ * - quant_parallel: y = x W^T for W's rows of llama.cpp blocks, by the product of blocks.c that tfcli.accel.quant
+ *   chose for W (a function pointer): the rows split between OpenMP threads as vector_linear splits them.
  * - decoder_step: one token through a whole decoder (transformer.py's Transformer.decode and lm_head, for
- *   one unpadded row with a KV cache) in one call, the same arithmetic in the same order of operations.
+ *   one unpadded row with a KV cache) in one call, the same arithmetic in the same order of operations. Each
+ *   weight matrix is fp32 or block-quantized (a `matrix`); the token embedding's row of a quantized embedding
+ *   is dequantized by blocks.c's quant_dequantize, the same values QuantEmbedding looks up.
  * When tfcli is loaded the OpenMP runtime is PyTorch's own, so these threads are its threads.
  * The structs decoder_layer and decoder come from layout.h, which native.py writes from layout.py, the one
  * description of their fields that the Python side uses too.
@@ -18,6 +22,8 @@
 #endif
 #include "layout.h"
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* One vector register's worth of floats: whatever the compiler targets with -march=native. A vector
  * wider than the machine's registers is split into scalar code by the compiler, several times slower. */
@@ -71,7 +77,54 @@ void vector_linear(const float *w, const float *x, const float *bias, float *y, 
     }
 }
 
+/* y (m, n) = x (m, k) W^T for W's n rows of blocks (`format`, `row_bytes` each) by blocks.c's `product`, the rows
+ * split between `threads` threads once W has at least `parallel_from` elements. Each thread multiplies its share
+ * of W's rows with every input row (a product that rounds the activations rounds them in each thread, the same
+ * way: a few microseconds against the rows' milliseconds). Returns 0, or the product's nonzero status (-2: no
+ * memory). */
+int quant_parallel(quant_product product, int format, const void *w, long row_bytes, const float *x, float *y, long m, long n, long k, int threads, long parallel_from) {
+    int status = 0;
+    #pragma omp parallel num_threads(threads) if (n * k >= parallel_from) reduction(| : status)
+    {
+#ifdef _OPENMP
+        long count = omp_get_num_threads(), index = omp_get_thread_num();
+#else
+        long count = 1, index = 0;
+        (void)threads, (void)parallel_from;
+#endif
+        long share = (n + count - 1) / count;
+        share = (share + 15) / 16 * 16; /* whole cache lines of y to each thread */
+        long first = index * share, last = first + share < n ? first + share : n;
+        const unsigned char *rows = (const unsigned char *)w + first * row_bytes;
+        if (first < last && (count == 1 || m == 1)) { /* one input row: this thread's outputs are contiguous in y */
+            status |= product(format, rows, x, y + first, m, last - first, k);
+        } else if (first < last) { /* several: the product writes (m, last - first), which goes into y's columns first..last */
+            float *part = malloc(sizeof(float) * (size_t)m * (size_t)(last - first));
+            if (!part) {
+                status |= -2;
+            } else {
+                status |= product(format, rows, x, part, m, last - first, k);
+                for (long i = 0; i < m; i++) memcpy(y + i * n + first, part + i * (last - first), sizeof(float) * (size_t)(last - first));
+                free(part);
+            }
+        }
+    }
+    return status;
+}
+
 /* ---- one decoding step ------------------------------------------------------------------------------ */
+
+/* y = W x + bias for one row, W fp32 or blocks. Returns 0, or a product's nonzero status (no memory). */
+static int linear(const matrix *w, const float *x, const float *bias, float *y, long n, long k, int threads, long parallel_from) {
+    if (w->format == FORMAT_FP32) {
+        vector_linear((const float *)w->data, x, bias, y, n, k, threads, parallel_from);
+        return 0;
+    }
+    int status = quant_parallel(w->product, w->format, w->data, w->row_bytes, x, y, 1, n, k, threads, parallel_from);
+    if (bias)
+        for (long i = 0; i < n; i++) y[i] += bias[i];
+    return status;
+}
 
 /* Floats of scratch memory decoder_step needs. */
 long decoder_workspace(const decoder *m) {
@@ -164,18 +217,26 @@ static void residual(const decoder *m, float *x, const float *y, const float *we
 
 /* Token `token` at `position`, after `position` cached tokens: writes its keys and values into the cache
  * at that position and the next-token scores into logits (vocab,). The caller checks every shape and
- * that position < capacity; workspace holds decoder_workspace(m) floats. */
-void decoder_step(const decoder *m, long token, long position, float *logits, float *workspace, int threads, long parallel_from) {
+ * that position < capacity; workspace holds decoder_workspace(m) floats. Returns 0, or the nonzero status of
+ * a block product or dequantizer that failed (no memory): then the logits are not to be used. */
+int decoder_step(const decoder *m, long token, long position, float *logits, float *workspace, int threads, long parallel_from) {
     long d = m->d_model, hs = m->head_dim, kv_width = m->n_kv_heads * hs;
     float *x = workspace, *h = x + d, *y = h + d, *qkv = y + d, *up = qkv + d + 2 * kv_width;
     float *scores = up + (m->activation == ACTIVATION_SWIGLU ? 2 * m->hidden : m->hidden);
-    const float *embedding = m->token_embedding + token * d;
-    for (long i = 0; i < d; i++) x[i] = embedding[i] + (m->position_table ? m->position_table[position * d + i] : 0.0f);
+    int status = 0;
+    const matrix *embedding = &m->token_embedding;
+    if (embedding->format == FORMAT_FP32) {
+        for (long i = 0; i < d; i++) x[i] = ((const float *)embedding->data)[token * d + i];
+    } else {
+        status |= embedding->expand(embedding->format, (const unsigned char *)embedding->data + token * embedding->row_bytes, x, 1, d);
+    }
+    if (m->position_table)
+        for (long i = 0; i < d; i++) x[i] += m->position_table[position * d + i];
     for (long l = 0; l < m->n_layers; l++) {
         const decoder_layer *layer = m->layers + l;
         /* attention */
         if (m->pre_norm) norm(m, layer->attn_norm_weight, layer->attn_norm_bias, x, h);
-        vector_linear(layer->qkv_weight, m->pre_norm ? h : x, layer->qkv_bias, qkv, d + 2 * kv_width, d, threads, parallel_from);
+        status |= linear(&layer->qkv_weight, m->pre_norm ? h : x, layer->qkv_bias, qkv, d + 2 * kv_width, d, threads, parallel_from);
         float *q = qkv, *k = qkv + d, *v = qkv + d + kv_width;
         if (m->rotary_cos) {
             for (long head = 0; head < m->n_heads; head++) rotate(m, q + head * hs, position);
@@ -190,19 +251,20 @@ void decoder_step(const decoder *m, long token, long position, float *logits, fl
             }
         }
         attend(m, layer, q, position, scores, h);
-        vector_linear(layer->out_weight, h, layer->out_bias, y, d, d, threads, parallel_from);
+        status |= linear(&layer->out_weight, h, layer->out_bias, y, d, d, threads, parallel_from);
         residual(m, x, y, layer->attn_norm_weight, layer->attn_norm_bias, h);
         /* MLP */
         if (m->pre_norm) norm(m, layer->mlp_norm_weight, layer->mlp_norm_bias, x, h);
         long width = m->activation == ACTIVATION_SWIGLU ? 2 * m->hidden : m->hidden;
-        vector_linear(layer->fc_weight, m->pre_norm ? h : x, layer->fc_bias, up, width, d, threads, parallel_from);
+        status |= linear(&layer->fc_weight, m->pre_norm ? h : x, layer->fc_bias, up, width, d, threads, parallel_from);
         activate(m, up);
-        vector_linear(layer->proj_weight, up, layer->proj_bias, y, d, m->hidden, threads, parallel_from);
+        status |= linear(&layer->proj_weight, up, layer->proj_bias, y, d, m->hidden, threads, parallel_from);
         residual(m, x, y, layer->mlp_norm_weight, layer->mlp_norm_bias, h);
     }
     if (m->final_norm_weight) {
         norm(m, m->final_norm_weight, m->final_norm_bias, x, h);
         x = h;
     }
-    vector_linear(m->head_weight, x, NULL, logits, m->vocab, d, threads, parallel_from);
+    status |= linear(&m->head_weight, x, NULL, logits, m->vocab, d, threads, parallel_from);
+    return status;
 }

@@ -1,6 +1,7 @@
-"""tfcli's C code for decoding on the CPU (`native.c`), compiled on first use: a matrix-vector product and a
-whole decoder step (`decode_step.py` binds a model to it). An optional accelerator: wherever it cannot be
-had, everything runs in PyTorch.
+"""tfcli's C code for decoding on the CPU (`native.c`), compiled on first use: a matrix-vector product, a
+whole decoder step over fp32 or block-quantized weights (`decode_step.py` binds a model to it), and the split of a
+quantized product's rows between threads (`quant_parallel`, for `quant.py`). An optional accelerator: wherever it
+cannot be had, everything runs in PyTorch.
 
 At batch 1 a linear layer reads its whole weight to make one output row, so a decoding step costs the time
 to stream every weight from memory, and a small model's step is the fixed cost of its hundred-odd PyTorch
@@ -49,8 +50,9 @@ class VectorLinear:
 
 
 class NativeLibrary:
-    """The built library: `vector_linear` (a VectorLinear) and the C functions `decoder_step` and
-    `decoder_workspace`, which `decode_step.py` calls."""
+    """The built library: `vector_linear` (a VectorLinear), the C functions `decoder_step` and
+    `decoder_workspace`, which `decode_step.py` calls, and `quant_parallel` (blocks.c's product for a matrix of
+    blocks, its rows split between threads), which `quant.py` calls on several threads."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
         function = library.vector_linear
@@ -59,11 +61,18 @@ class NativeLibrary:
         self.vector_linear = VectorLinear(function)
         self.decoder_step = library.decoder_step
         self.decoder_step.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_long]
-        self.decoder_step.restype = None
+        self.decoder_step.restype = ctypes.c_int
         self.decoder_workspace = library.decoder_workspace
         self.decoder_workspace.argtypes = [ctypes.c_void_p]
         self.decoder_workspace.restype = ctypes.c_long
+        # (product, format, w, row_bytes, x, y, m, n, k, threads, parallel_from) -> status
+        self.quant_parallel = library.quant_parallel
+        self.quant_parallel.argtypes = (
+            [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 2 + [ctypes.c_long] * 3 + [ctypes.c_int, ctypes.c_long]
+        )
+        self.quant_parallel.restype = ctypes.c_int
         self.step_verified: bool | None = None  # decode_step.py's check against PyTorch, once a process
+        self.quantized_step_verified: bool | None = None  # and its check of the step over quantized weights
 
 
 _lock = threading.Lock()

@@ -12,6 +12,11 @@ dequantized product (1e-4); the rounding ones to the same product over the round
 the fp32 winner only within 2% of the product's largest value. `TFCLI_QUANT_PATH` forces one (portable, avx2,
 avx2_int8, avx512, avx512_vnni, avx512_bf16, or torch for the dequantized product), for tests and for comparing
 them; `TFCLI_ACCEL=0` loads a quantized run dequantized, so none of this runs.
+
+On several threads a product's weight rows are split between them (native.c's `quant_parallel`, PyTorch's OpenMP
+threads, as its fp32 products split them); blocks.c itself has no threads. The C decoder step (`decode_step.py`)
+calls the same chosen function for each quantized matrix (`step_product`) and the same dequantizer for the token
+embedding's row (`step_dequantizer`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tfcli.accel import build, choices
+from tfcli.accel import build, choices, native
 from tfcli.accel.machine import vector_extensions
 from tfcli.errors import TfcliError
 from tfcli.quant.formats import FORMATS, quantize
@@ -217,13 +222,32 @@ def close(expected: torch.Tensor, got: torch.Tensor) -> bool:
 
 def run(function, layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
     """x (m, k) fp32 contiguous times the layer's weight, by one built kernel: (m, n)."""
-    m, code = x.shape[0], FORMAT_CODE[layer.format]
-    y = torch.empty(m, layer.out_features, dtype=torch.float32)
-    if isinstance(function, _Rounded):
-        function = function.formats[code]
-    status = function(code, layer.blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, layer.out_features, layer.in_features)
-    assert status == 0, status
+    code = FORMAT_CODE[layer.format]
+    return _call(function.formats[code] if isinstance(function, _Rounded) else function, code, layer, x)
+
+
+def _call(function, code: int, layer: QuantLinear, x: torch.Tensor) -> torch.Tensor:
+    """x (m, k) fp32 contiguous times the layer's weight by `function` (a C product for the format `code`), on
+    PyTorch's threads: one calls it directly, several split the weight's rows (native.c's quant_parallel)."""
+    m, n, k = x.shape[0], layer.out_features, layer.in_features
+    y = torch.empty(m, n, dtype=torch.float32)
+    threads = torch.get_num_threads()
+    built = native.library() if threads > 1 else None
+    if built is None:
+        status = function(code, layer.blocks.data_ptr(), x.data_ptr(), y.data_ptr(), m, n, k)
+    else:
+        row_bytes = FORMATS[layer.format].row_bytes(k)
+        status = built.quant_parallel(
+            address(function), code, layer.blocks.data_ptr(), row_bytes, x.data_ptr(), y.data_ptr(), m, n, k, threads, native.PARALLEL_FROM
+        )
+    if status != 0:
+        raise MemoryError(f"the {layer.format} product could not allocate its rounded activations (status {status})")
     return y
+
+
+def address(function) -> int:
+    """The address of a ctypes C function, for C code to call."""
+    return ctypes.cast(function, ctypes.c_void_p).value
 
 
 def forced() -> str | None:
@@ -313,14 +337,35 @@ def product(x: torch.Tensor, layer: QuantLinear) -> torch.Tensor:
     rows = x.reshape(-1, layer.in_features)
     m = rows.shape[0]
     function, code = _plan(layer, m)
-    if function is None:
-        y = F.linear(rows, layer.dequantized())
-    else:
-        rows = rows.contiguous()
-        y = torch.empty(m, layer.out_features, dtype=torch.float32)
-        status = function(code, layer.blocks.data_ptr(), rows.data_ptr(), y.data_ptr(), m, layer.out_features, layer.in_features)
-        assert status == 0, status
+    y = F.linear(rows, layer.dequantized()) if function is None else _call(function, code, layer, rows.contiguous())
     return y.view(*x.shape[:-1], layer.out_features)
+
+
+def step_product(layer: QuantLinear) -> int | None:
+    """The address of the C function that multiplies one row by this layer's weight for the C decoder step: the
+    path chosen for one row, as `product` multiplies it; where PyTorch's product over the dequantized weight was
+    measured faster (alone, outside the step), the widest fp32 C path, which computes that product up to the
+    order of its sums. None where TFCLI_QUANT_PATH forces PyTorch's product, no C path fits the layer, or the
+    layer has no kernel attached."""
+    if layer.kernel is not product or not layer.blocks.is_contiguous() or layer.blocks.device.type != "cpu":
+        return None
+    function, _ = _plan(layer, 1)
+    if function is None and forced() is None and layer.in_features % max(FORMATS[layer.format].block_size, 32) == 0:
+        exact = [path for path in ("avx512", "avx2", "portable") if kernel(path) is not None]
+        function = kernel(exact[0]) if exact else None
+    return None if function is None else address(function)
+
+
+def step_dequantizer() -> int | None:
+    """The address of the C dequantizer (blocks.c's quant_dequantize, checked to give NumPy's values), or None."""
+    global _expand_checked
+    if dequantizer() is None:
+        return None
+    if _expand_checked is None:
+        _expand_checked = _expands_as_numpy()
+    if not _expand_checked:
+        return None
+    return address(_expand_functions[max(_expand_functions)])
 
 
 _expand_checked: bool | None = None
