@@ -26,16 +26,24 @@ TINY_TEXT = (
 
 # The longest files (subprocesses, torchrun ranks, the benches' workers) go first, so that the workers of
 # `-n auto --dist loadfile` end together instead of one of them finishing a long file alone.
-RUN_FIRST = (
+RUN_FIRST = (  # by their CPU time in one run (2026-11-28), longest first
     "test_docs_examples.py",
     "test_train_distributed.py",
-    "test_quickstart.py",
-    "test_bench.py",
-    "test_generate_bench.py",
     "test_train_resume.py",
-    "test_lora.py",
-    "test_chat.py",
+    "test_bench.py",
+    "test_tokenizer_corpus.py",
+    "test_gguf.py",
     "test_compiled_step.py",
+    "test_gguf_vocab_vectors.py",
+    "test_word2vec.py",
+    "test_lora.py",
+    "test_sae.py",
+    "test_quickstart.py",
+    "test_attention_views.py",
+    "test_gguf_families.py",
+    "test_chat.py",
+    "test_generate_bench.py",
+    "test_native.py",
 )
 
 

@@ -1,18 +1,28 @@
-"""Compiled decoding (tfcli.accel.compiled_step): torch.compile over the one-row step on the static KV cache
-gives the plain model's logits and greedy ids; `tune` times it beside PyTorch's step and the C step and
-records the choice with its compile time; `bind` hands out the compiled step only where that stored decision
-chose it; and a window never waits for the compiler (PyTorch's step decodes until the compiled one is ready).
-Compiling is slow (about 14 s of CPU, 20-30 s of wall time on 2 busy cores, cold for this one-layer model;
-a few seconds from inductor's on-disk cache), so one small model compiles once, for the whole module."""
+"""Compiled decoding (tfcli.accel.compiled_step): torch.compile over the decoding step on the static KV cache,
+for one row (generate's window) and for serve's continuous batch (rows of different lengths joining and
+leaving), gives the plain step's logits and greedy ids; `tune` and `tune_rows` time it beside the other steps
+and record the choice with its compile time; `bind` and `bind_rows` hand out the compiled step only where that
+stored decision chose it; nothing waits for the compiler; on a GPU it compiles for CUDA graphs.
+
+One real torch.compile (inductor) runs here, of the batch step of a one-layer model, shared by the module's
+tests (its graph is cached for the process): cold it costs about 5 s of CPU, once inductor is spared its
+check of the CPU's vector extensions (six small C++ programs built and run, about 9 s of CPU; the step
+compiled without vectorization computes the same values). The one-row step is traced by TorchDynamo whole
+(`fullgraph`, the same capture inductor compiles) and run eagerly. The tests marked `cuda` run the compiled
+steps on a GPU with mode="reduce-overhead" (CUDA graphs), and skip without one (scripts/gpu_check.sh runs them)."""
 
 from __future__ import annotations
 
 import functools
+import json
 import threading
+import types
 
 import pytest
 import torch
+import torch._inductor.config as inductor_config
 
+from tests.test_serve_slots import VOCAB, decode_joining_and_leaving
 from tfcli.accel import choices, compiled_step, decode_step
 from tfcli.generate.decoding import Generator
 from tfcli.generate.events import Done
@@ -20,21 +30,51 @@ from tfcli.generate.settings import GenerationSettings
 from tfcli.model.attention import KVCache
 from tfcli.model.config import ModelConfig
 from tfcli.model.transformer import Transformer
+from tfcli.serve.slots import SlotBatch
 from tfcli.tokenizer.core import TextTokenizer
 
 CONFIG = ModelConfig(
     vocab_size=320, block_size=48, n_layers=1, n_heads=4, n_kv_heads=2, d_model=32, d_ff=64, positions="rotary", norm="rmsnorm", activation="swiglu", bias=False
 )
+# serve's batch: the smallest model that still has grouped-query heads and rotary positions (each row its own)
+BATCH_CONFIG = ModelConfig(
+    vocab_size=50, block_size=24, n_layers=1, n_heads=2, n_kv_heads=1, d_model=16, d_ff=32, positions="rotary", norm="rmsnorm", activation="swiglu", bias=False
+)
+ROWS = 3
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu_check.sh runs these where one is lent)")
 
 
-@pytest.fixture(scope="module")
-def model() -> Transformer:
+def random_model(config: ModelConfig) -> Transformer:
     torch.manual_seed(0)
-    built = Transformer(CONFIG).eval()
+    built = Transformer(config).eval()
     with torch.no_grad():
         for parameter in built.parameters():
             parameter.normal_(0.0, 0.2)
     return built
+
+
+@pytest.fixture(scope="module")
+def model() -> Transformer:
+    return random_model(CONFIG)
+
+
+@pytest.fixture(scope="module")
+def batch_model() -> Transformer:
+    return random_model(BATCH_CONFIG)
+
+
+@pytest.fixture(scope="module")
+def inductor_without_isa_probes():
+    """Inductor as it compiles for real, without its probe of the CPU's vector extensions (see above)."""
+    with inductor_config.patch({"cpp.vec_isa_ok": False}):
+        yield
+
+
+@pytest.fixture(scope="module")
+def traced():
+    """The step traced whole by TorchDynamo (fullgraph: a graph break fails) and run eagerly: what inductor
+    compiles, without compiling it."""
+    return torch.compile(compiled_step._step, backend="eager", fullgraph=True)
 
 
 @pytest.fixture
@@ -57,7 +97,51 @@ def greedy_ids(model, tokenizer, fast_step) -> list[int]:
 
 
 @torch.inference_mode()
-def test_the_compiled_step_gives_the_plain_steps_logits_and_greedy_ids(model, trained_tokenizer, private_choices, monkeypatch):
+def test_the_compiled_batch_step_decodes_rows_joining_and_leaving_as_the_plain_step(batch_model, inductor_without_isa_probes, monkeypatch):
+    """The one real compile: serve's batch with the compiled step (bound as serve binds it, compiled in its
+    thread) against the plain batch, step by step: logits within 1e-5 and the same greedy tokens, while
+    rows of different lengths join, shift right, leave and the window drops its empty columns."""
+    monkeypatch.setattr(compiled_step, "compile_seconds", {})
+    plain, fast = SlotBatch(batch_model, ROWS, VOCAB), SlotBatch(batch_model, ROWS, VOCAB)
+    assert plain.fast_step is None and fast.compiled_state() == "off"  # no tfcli.accel attached: nothing bound
+    fast.fast_step = compiled_step.bind_rows(batch_model, fast.cache, fast.real, force=True)
+    assert fast.compiled_state() in ("compiling", "ready")
+    assert fast.fast_step.ready.wait(timeout=600) and fast.fast_step.problem is None, fast.fast_step.problem
+    assert fast.compiled_state() == "ready"
+    calls = []
+    original = compiled_step.CompiledBatchStep.__call__
+    monkeypatch.setattr(compiled_step.CompiledBatchStep, "__call__", lambda self, *a: (calls.append(a[0].shape[0]), original(self, *a))[1])
+    decode_joining_and_leaving([plain, fast], tolerance=1e-5)
+    assert len(calls) > 20 and min(calls) == 1 and max(calls) == ROWS  # every step went through it, with 1 to 3 rows in use
+    assert compiled_step.compile_seconds[compiled_step.rows_key(batch_model, ROWS)] > 0
+
+
+def test_tune_rows_times_the_batch_step_and_serve_binds_it_only_where_it_was_chosen(batch_model, inductor_without_isa_probes, private_choices):
+    with torch.inference_mode():
+        decision = compiled_step.tune_rows(batch_model, ROWS)
+    assert set(decision.seconds) == {decode_step.TORCH, compiled_step.COMPILED} and decision.compile_seconds > 0 and decision.note == ""
+    key = compiled_step.rows_key(batch_model, ROWS)
+    assert key.startswith("compiled-rows3 cpu float32 ") and choices.ChoicesFile.load(private_choices.path).decisions[key] == decision
+    batch_model.fast_decode_step = compiled_step.bind  # as tfcli.accel attaches it; serve makes its batch outside inference mode
+    try:
+        private_choices.decisions[key] = choices.Decision(compiled_step.COMPILED, decision.seconds, compile_seconds=1.0)
+        assert isinstance(SlotBatch(batch_model, ROWS, VOCAB).fast_step, compiled_step.CompiledBatchStep)
+        assert SlotBatch(batch_model, ROWS + 1, VOCAB).fast_step is None  # another row count: another shape, not measured
+        private_choices.decisions[key] = choices.Decision(decode_step.TORCH, decision.seconds)
+        assert SlotBatch(batch_model, ROWS, VOCAB).fast_step is None
+    finally:
+        batch_model.fast_decode_step = None
+    batch_model.train()
+    try:
+        assert "training" in compiled_step.unsupported_rows(batch_model, KVCache(BATCH_CONFIG, ROWS, 8, torch.float32))
+    finally:
+        batch_model.eval()
+
+
+@torch.inference_mode()
+def test_the_compiled_step_gives_the_plain_steps_logits_and_greedy_ids(model, traced, trained_tokenizer, private_choices, monkeypatch):
+    monkeypatch.setattr(compiled_step, "compiled_function", lambda device: traced)
+    monkeypatch.setattr(compiled_step, "compile_seconds", {})
     plain, cache = KVCache(CONFIG, 1, 24, torch.float32), KVCache(CONFIG, 1, 24, torch.float32)
     prompt = torch.tensor([[5, 17, 42]])
     model.decode(prompt, cache=plain)
@@ -83,7 +167,8 @@ def test_the_compiled_step_gives_the_plain_steps_logits_and_greedy_ids(model, tr
     assert compiled_step.compile_seconds[compiled_step.shape_key(model)] > 0
 
 
-def test_tune_measures_the_three_steps_and_bind_follows_the_stored_decision(model, private_choices):
+def test_tune_measures_the_three_steps_and_bind_follows_the_stored_decision(model, traced, private_choices, monkeypatch):
+    monkeypatch.setattr(compiled_step, "compiled_function", lambda device: traced)
     with torch.inference_mode():
         decision = compiled_step.tune(model, 16)
     assert {decode_step.TORCH, compiled_step.COMPILED} <= set(decision.seconds) and decision.compile_seconds > 0
@@ -91,6 +176,7 @@ def test_tune_measures_the_three_steps_and_bind_follows_the_stored_decision(mode
     key = compiled_step.shape_key(model)
     on_disk = choices.ChoicesFile.load(private_choices.path).decisions[key]
     assert on_disk == decision  # recorded, compile time included
+    assert compiled_step.stored() == {key: decision}  # what `tfcli info --device` lists
     with torch.inference_mode():
         cache = KVCache(CONFIG, 1, 24, torch.float32)
         private_choices.decisions[key] = choices.Decision(compiled_step.COMPILED, decision.seconds)
@@ -125,6 +211,100 @@ def test_a_window_decodes_with_pytorchs_step_while_the_compiler_works(model, tra
     assert made == greedy_ids(model, tokenizer, None)
     assert len(steps) == 1 and not steps[0].usable() and not ran  # the compiled step was bound, never ready, never called
     release.set()
+
+
+def test_on_a_gpu_the_step_compiles_for_cuda_graphs_over_fixed_buffers(monkeypatch):
+    """What can be checked of the GPU path without a GPU: the mode, the buffers marked static (CUDA graphs
+    replay on the addresses they captured) and the output copied before the next replay reuses it."""
+    assert compiled_step.mode_for(torch.device("cuda", 0)) == "reduce-overhead" and compiled_step.mode_for(torch.device("cpu")) == "default"
+    made = []
+    monkeypatch.setattr(torch, "compile", lambda function, **options: made.append(options) or function)
+    monkeypatch.setattr(compiled_step, "_functions", {})
+    assert compiled_step.compiled_function(torch.device("cuda", 0)) is compiled_step._step
+    assert made == [{"mode": "reduce-overhead", "fullgraph": True}]
+    static, dynamic = [], []
+    monkeypatch.setattr(torch._dynamo, "mark_static_address", static.append)
+    monkeypatch.setattr(torch._dynamo, "mark_dynamic", lambda tensor, dim: dynamic.append((tensor, dim)))
+    buffers = tuple(torch.zeros(2, 3) for _ in range(4))
+    compiled_step._CompiledStep._mark(types.SimpleNamespace(cuda=True), buffers, {2: 1, 3: 1})
+    assert [id(b) for b in static] == [id(b) for b in buffers] and [(id(t), d) for t, d in dynamic] == [(id(buffers[2]), 1), (id(buffers[3]), 1)]
+    output = torch.ones(2)
+    step = types.SimpleNamespace(cuda=True, function=lambda model, *args: output, model=None, args=(), key="k")
+    monkeypatch.setattr(compiled_step, "compile_seconds", {})
+    copied = compiled_step._CompiledStep._run(step)
+    assert copied is not output and torch.equal(copied, output)
+
+
+@cuda
+@pytest.mark.cuda
+@torch.inference_mode()
+def test_on_a_gpu_the_compiled_steps_decode_as_the_plain_ones(model, batch_model, monkeypatch):
+    """CUDA graphs (mode="reduce-overhead") over the static cache: one row and serve's batch, as on the CPU."""
+    monkeypatch.setattr(compiled_step, "compile_seconds", {})
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # fp32 products, as on the CPU
+    on_gpu = random_model(BATCH_CONFIG).cuda()
+    plain, fast = SlotBatch(on_gpu, ROWS, VOCAB), SlotBatch(on_gpu, ROWS, VOCAB)
+    fast.fast_step = compiled_step.bind_rows(on_gpu, fast.cache, fast.real, force=True)
+    assert fast.fast_step.ready.wait(timeout=600) and fast.fast_step.problem is None, fast.fast_step.problem
+    decode_joining_and_leaving([plain, fast], tolerance=1e-4)
+    one = random_model(CONFIG).cuda()
+    reference, cache = KVCache(CONFIG, 1, 24, torch.float32, "cuda"), KVCache(CONFIG, 1, 24, torch.float32, "cuda")
+    step = compiled_step.CompiledDecoderStep(one, cache, background=False)
+    token = 9
+    for _ in range(12):
+        expected = one.unembed(one.decode(torch.tensor([[token]], device="cuda"), cache=reference)[:, -1])
+        got = step(token)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
+        token = int(expected.argmax())
+        assert int(got.argmax()) == token
+
+
+def test_info_device_lists_the_compiled_steps_decisions_with_their_compile_time(cli, monkeypatch):
+    import tfcli.accel
+
+    one_row = "compiled-step cpu float32 decoder-step t1 L1 d16"
+    rows = "compiled-rows16 cpu float32 decoder-step t1 L1 d16"
+    decisions = {
+        "decoder-step t1 L1 d16": choices.Decision(decode_step.NATIVE, {"torch": 0.002, "native": 0.001}),
+        one_row: choices.Decision(decode_step.NATIVE, {"torch": 0.002, "native": 0.001, "compiled": 0.0015}, compile_seconds=12.5),
+        rows: choices.Decision(compiled_step.COMPILED, {"torch": 0.02, "compiled": 0.01}, compile_seconds=21.0),
+    }
+    report = {
+        "processor": "a CPU",
+        "vector_extensions": ["avx2"],
+        "torch": torch.__version__,
+        "threads": 1,
+        "accel": "on",
+        "c_decoder_step": "tfcli's C decoder step (native.c), where a model's shape measures faster with it",
+        "decisions_file": "/nowhere/choices.json",
+        "notes": [],
+        "decisions": {key: decision.to_json() for key, decision in decisions.items()},
+    }
+    monkeypatch.setattr(tfcli.accel, "report", lambda: report)
+    shown = cli("info", "--device")
+    assert shown.code == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    assert "one row: native chosen, compiled in 12.5 s" in text and "16 rows: compiled chosen, compiled in 21.0 s" in text
+    assert "decoding tfcli's C decoder step" in text and "21.0 s" in text
+    data = json.loads(cli("info", "--device", "--json").stdout)
+    assert data["decisions"][rows]["compile_seconds"] == 21.0
+
+
+def test_a_decisions_file_from_another_version_keeps_what_this_one_reads_and_what_it_does_not(tmp_path):
+    """A decision with a key this version does not know (a newer tfcli's) is left out here, and measured
+    again if needed, while the file's other decisions are used; writing keeps it as it was, so versions
+    sharing the file never erase each other's measurements."""
+    path = tmp_path / "choices.json"
+    known = choices.Decision(decode_step.NATIVE, {"torch": 0.002, "native": 0.001})
+    newer = {"choice": "compiled", "seconds": {"torch": 0.02, "compiled": 0.01}, "note": "", "compile_seconds": 3.0, "graphs": 2}
+    path.write_text(json.dumps({"version": choices.VERSION, "processor": "x", "torch": torch.__version__, "decisions": {"a": known.to_json(), "b": newer}}))
+    store = choices.Choices(path, torch.__version__)
+    assert store.decisions == {"a": known}
+    assert any("'b'" in note and "graphs" in note for note in store.notes), store.notes
+    store.record("c", choices.Decision(decode_step.TORCH, {"torch": 0.5}))
+    on_disk = json.loads(path.read_text())["decisions"]
+    assert on_disk["b"] == newer and on_disk["a"] == known.to_json() and on_disk["c"]["choice"] == decode_step.TORCH
+    assert choices.Choices(path, torch.__version__).decisions == {"a": known, "c": store.decisions["c"]}
 
 
 def test_bench_generates_compiled_job_decodes_with_the_compiled_step_over_the_cache(tmp_path, monkeypatch):

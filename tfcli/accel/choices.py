@@ -55,6 +55,16 @@ class ChoicesFile(JsonRecord):
     decisions: dict[str, Decision]
 
 
+@dataclasses.dataclass
+class _FileOnDisk(JsonRecord):
+    """The file as `ChoicesFile`, each decision read on its own (`Choices._on_disk`)."""
+
+    version: int
+    processor: str
+    torch: str
+    decisions: dict[str, dict[str, Any]]
+
+
 def measure(
     candidates: dict[str, Callable[[], Any]], same: Callable[[Any, Any], bool], *, sync: Callable[[], None] = lambda: None, budget_s: float = BUDGET_S
 ) -> Decision:
@@ -121,13 +131,24 @@ class Choices:
             return {}
 
     def _on_disk(self) -> dict[str, Decision]:
-        """The decisions in the file now; TfcliError where it cannot be used."""
+        """The decisions in the file now; TfcliError where it cannot be used. A decision this version cannot
+        read (one another version of tfcli wrote, with a key this one does not know) is left out with a note,
+        to be measured again if this version needs it; the file's other decisions are used, and `_write`
+        keeps that one as it was: versions sharing the file never erase each other's measurements."""
         if self.path is None or not self.path.exists():
             return {}
-        record = ChoicesFile.load(self.path)
+        record = _FileOnDisk.load(self.path)
         if record.version != VERSION or record.torch != self.torch_version:
             raise TfcliError(f"it was written for torch {record.torch}, format {record.version}")
-        return record.decisions
+        readable = {}
+        for key, data in record.decisions.items():
+            try:
+                readable[key] = Decision.from_json(data, where=f"decision {key!r}")
+            except TfcliError as problem:
+                note = f"{problem} (written by another version of tfcli?): measured again here if needed"
+                if note not in self.notes:
+                    self.notes.append(note)
+        return readable
 
     def get(self, key: str, allowed: tuple[str, ...]) -> Decision | None:
         decision = self.decisions.get(key)
@@ -175,10 +196,9 @@ class Choices:
             return
         on_disk = {}
         if self.path.exists():
-            try:
+            try:  # every decision kept as it is, those this version cannot read too (see `_on_disk`)
                 on_disk = {k: v for k, v in loads_json(self.path.read_text()).get("decisions", {}).items() if isinstance(v, dict)}
-                on_disk = {k: Decision.from_json(v).to_json() for k, v in on_disk.items()}
-            except (OSError, ValueError, AttributeError, TfcliError):
+            except (OSError, ValueError, AttributeError):
                 on_disk = {}
         on_disk[key] = decision.to_json()
         record = {"version": VERSION, "processor": processor_name(), "torch": self.torch_version, "decisions": on_disk}

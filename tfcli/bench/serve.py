@@ -5,6 +5,11 @@ streaming completions at once, each `requests` of them in turn, every one the sa
 exactly `max_tokens` tokens (`ignore_eos`). Measured per request on the client's clock: the time to its
 first token and the time per token after it; per round: the tokens of every request over the round's wall
 time, and the server's CPU time (from /proc), since on a shared machine wall time says less than CPU time.
+
+With `compiled`, the batch step compiled by torch.compile (`tfcli.accel.compiled_step.tune_rows`) is tuned
+first, in a worker, for the server's --max-batch rows: compiled once (its compile time reported), timed beside
+PyTorch's batch step, the faster recorded in tfcli.accel's decisions; the server then decodes with whichever
+won, and where that is the compiled step the rounds wait until the server has compiled (or loaded) it.
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ import sys
 import time
 from pathlib import Path
 
+from tfcli.accel import compiled_step
+from tfcli.bench.common import run_worker
 from tfcli.errors import TfcliError
+from tfcli.loader import load_run
 
 PROMPTS = (
     "Once upon a time",
@@ -81,6 +89,8 @@ class ServeBench:
     max_batch: int
     rounds: list[Round]
     device: str = "cpu"
+    tuning: dict | None = None  # with `compiled`: the batch step's decision (choice, seconds per candidate, compile_seconds)
+    compiled_step: str = "off"  # what the server's /health said of its compiled batch step before the rounds
 
     def speedup(self, clients: int) -> float | None:
         """Aggregate tokens/s at `clients` over one client's (None without a one-client round)."""
@@ -100,6 +110,8 @@ class ServeBench:
             "threads": self.threads,
             "max_batch": self.max_batch,
             "device": self.device,
+            "tuning": self.tuning,
+            "compiled_step": self.compiled_step,
             "rounds": [r.to_json() | {"speedup_over_one_client": _rounded(self.speedup(r.clients))} for r in self.rounds],
         }
 
@@ -137,10 +149,23 @@ def own_cpu_seconds() -> float:
 
 
 def run_serve_bench(
-    run: Path, *, clients: list[int], requests: int, max_tokens: int, threads: int, max_batch: int, device: str = "cpu", progress=lambda message: None
+    run: Path,
+    *,
+    clients: list[int],
+    requests: int,
+    max_tokens: int,
+    threads: int,
+    max_batch: int,
+    device: str = "cpu",
+    compiled: bool = False,
+    progress=lambda message: None,
 ) -> ServeBench:
     import httpx
 
+    tuning = None
+    if compiled:
+        progress(f"tuning the compiled batch step for {max_batch} rows (compiling it once)")
+        tuning = run_worker("tfcli.bench.serve", ["tune", str(run), str(threads), device, str(max_batch)])
     port = free_port()
     command = [
         sys.executable,
@@ -163,6 +188,7 @@ def run_serve_bench(
     base = f"http://127.0.0.1:{port}"
     try:
         model, context = _wait_for(server, base)
+        state = _wait_for_compiled(server, base)
         if max_tokens >= context:
             raise TfcliError(f"--max-tokens {max_tokens} does not fit in the run's context ({context} tokens) with a prompt", hint="ask for fewer")
         rounds = []
@@ -171,7 +197,7 @@ def run_serve_bench(
         for count in clients:
             progress(f"{count} client{'s' if count > 1 else ''}")
             rounds.append(_round(base, model, server.pid, count, requests, max_tokens))
-        return ServeBench(str(run), model, context, max_tokens, requests, threads, max_batch, rounds, device)
+        return ServeBench(str(run), model, context, max_tokens, requests, threads, max_batch, rounds, device, tuning, state)
     finally:
         server.terminate()
         try:
@@ -195,6 +221,25 @@ def _wait_for(server: subprocess.Popen, base: str) -> tuple[str, int]:
         except (httpx.HTTPError, KeyError, ValueError):
             time.sleep(0.2)
     raise TfcliError(f"the server did not answer within {START_SECONDS} s")
+
+
+def _wait_for_compiled(server: subprocess.Popen, base: str) -> str:
+    """The server's compiled batch step once it is no longer compiling ("off", "ready" or "failed: ...")."""
+    import httpx
+
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline:
+        state = str(httpx.get(base + "/health", timeout=10).json().get("compiled_step", "off"))
+        if state != "compiling" or server.poll() is not None:
+            return state
+        time.sleep(0.2)
+    raise TfcliError(f"the server did not compile its batch step within {START_SECONDS} s")
+
+
+def _tune_job(run: Path, threads: int, device: str, rows: int) -> dict:
+    """Inside a worker: load the run as `tfcli serve` does and tune its compiled batch step for `rows` rows."""
+    model = load_run(run, "decode", device, threads).model
+    return compiled_step.tune_rows(model, rows).to_json()
 
 
 def _body(model: str, prompt: str, max_tokens: int, *, stream: bool) -> dict:
@@ -249,3 +294,10 @@ def _round(base: str, model: str, pid: int, clients: int, requests: int, max_tok
     ttft = [(first - sent) * 1e3 for sent, first, _, _ in results if first is not None]
     per_token = [(last - first) * 1e3 / (n - 1) for _, first, last, n in results if n > 1]
     return Round(clients, len(results), tokens, seconds, cpu_after - cpu_before, own_after - own_before, ttft, per_token, int(health.get("busiest_batch", 0)))
+
+
+if __name__ == "__main__":
+    job, run_arg, threads_arg, device_arg, rows_arg = sys.argv[1:]
+    if job != "tune":
+        raise SystemExit(f"unknown job {job!r}")
+    print(json.dumps(_tune_job(Path(run_arg), int(threads_arg), device_arg, int(rows_arg))))

@@ -252,6 +252,8 @@ def _device(json_output: bool) -> None:
     for key, label in (("onednn", "oneDNN"), ("c_code", "C code"), ("c_decoder_step", "decoding")):
         if key in data:
             table.add_row(label, Text(data[key]))
+    if data["accel"] == "on":
+        table.add_row("compiled step", Text(_compiled_steps(data.get("decisions", {}))))
     if "decisions_file" in data:
         table.add_row("decisions", Text(data["decisions_file"] or "kept for this process only"))
     for note in data.get("notes", []):
@@ -263,9 +265,24 @@ def _device(json_output: bool) -> None:
             console.print("nothing measured yet: choices are made on first use (training, generating, evaluating, benchmarks)")
         return
     choices = Table(title="choices measured on this machine (fastest of each candidate's runs)", title_justify="left")
-    for column in ("work", "chosen", "candidates", "note"):
+    for column in ("work", "chosen", "candidates", "compiling", "note"):
         choices.add_column(column)
     for key, decision in decisions.items():
         times = ", ".join(f"{name} {seconds * 1e3:.3g} ms" for name, seconds in decision["seconds"].items())
-        choices.add_row(Text(key), decision["choice"], times, Text(decision.get("note", "")))
+        compiling = f"{decision['compile_seconds']:.1f} s" if decision.get("compile_seconds") else ""
+        choices.add_row(Text(key), decision["choice"], times, compiling, Text(decision.get("note", "")))
     print_table(console, choices)
+
+
+def _compiled_steps(decisions: dict) -> str:
+    """One line per decision of the step compiled by torch.compile (tfcli.accel.compiled_step): which rows,
+    what was chosen, how long compiling took. Example: "one row: native chosen, compiled in 12.5 s (...)" """
+    from tfcli.accel.compiled_step import KEY_PREFIXES
+
+    lines = []
+    for key, decision in decisions.items():
+        if key.startswith(KEY_PREFIXES):
+            rows = key.split(" ", 1)[0].removeprefix("compiled-rows")
+            what = "one row" if key.startswith(KEY_PREFIXES[0]) else f"{rows} rows"
+            lines.append(f"{what}: {decision['choice']} chosen, compiled in {decision.get('compile_seconds', 0.0):.1f} s ({key.split(' ', 1)[1]})")
+    return "\n".join(lines) or "not tuned here (tfcli bench generate tunes one row; tfcli bench serve --compiled, a batch)"

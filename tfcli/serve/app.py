@@ -133,6 +133,7 @@ def create_app(served: Served, *, api_key: str | None = None) -> FastAPI:
             "max_batch": engine.max_batch,
             "steps": engine.steps,
             "busiest_batch": engine.busiest,
+            "compiled_step": engine.batch.compiled_state(),
         }
 
     @app.get("/v1/models")

@@ -7,12 +7,18 @@ last columns it has reached, its positions count its own real tokens, so a row d
 A prompt longer than L shifts every row right; when L reaches the cache's capacity the columns every row
 leaves empty are dropped. A sequence never grows past the context: prompt + new tokens fit (the API
 refuses the rest), so no row ever slides.
+
+A step runs through the model's plain `decode` over the rows in use, or, where tfcli.accel is attached and a
+stored measurement (`tfcli bench serve`) chose it for this many rows, through the step compiled by
+torch.compile over every row (`tfcli.accel.compiled_step.CompiledBatchStep`), once it has compiled in its
+thread; both give the same tokens.
 """
 
 from __future__ import annotations
 
 import torch
 
+from tfcli.accel import compiled_step
 from tfcli.generate.window import Vocabulary, pad_rows
 from tfcli.model.attention import KVCache
 from tfcli.model.transformer import Transformer
@@ -37,6 +43,18 @@ class SlotBatch:
         self.length = 0  # the shared window length L
         suppressed = vocab.suppressed
         self._suppressed = torch.tensor(suppressed, dtype=torch.long, device=self.device) if suppressed else None
+        # the compiled step, where tfcli.accel is attached (not with TFCLI_ACCEL=0) and a measurement chose it
+        accelerated = getattr(model, "fast_decode_step", None) is not None
+        self.fast_step = compiled_step.bind_rows(model, self.cache, self.real) if accelerated else None
+
+    def compiled_state(self) -> str:
+        """The compiled batch step here: "off" (not chosen), "compiling", "ready", or "failed: why"."""
+        step = self.fast_step
+        if step is None:
+            return "off"
+        if step.problem is not None:
+            return f"failed: {step.problem}"
+        return "ready" if step.ready.is_set() else "compiling"
 
     @property
     def free(self) -> int:
@@ -112,6 +130,8 @@ class SlotBatch:
         positions = self.n_real[:B].unsqueeze(1).clone()  # (B, 1): each row's own next position
         self.n_real[:B] += 1
         self.length = L + 1
+        if self.fast_step is not None and self.fast_step.usable():
+            return self.scores(self.fast_step(tokens, positions[:, 0], L))  # every row, the cache read whole
         view = KVCache.over(self.cache.keys[:, :B], self.cache.values[:, :B], self.cache.cross, L)  # the first B rows, sharing its memory
         hidden = self.model.decode(self.ids[:B, L : L + 1], self.real[:B, : L + 1], cache=view, positions=positions)  # (B, 1, d)
         return self.scores(self.model.unembed(hidden[:, -1]))

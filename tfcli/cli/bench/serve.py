@@ -20,6 +20,9 @@ def serve(
     threads: Threads = 0,
     max_batch: Annotated[int, typer.Option(help="The server's --max-batch (default: the largest client count).", show_default=False)] = 0,
     device: Device = "cpu",
+    compiled: Annotated[
+        bool, typer.Option("--compiled", help="First tune the batch step compiled by torch.compile for --max-batch rows; the server uses it if it won.")
+    ] = False,
     json_output: JsonFlag = False,
 ) -> None:
     """Serve a run in its own process and measure it with 1, 4 and 16 clients at once: aggregate tokens/s,
@@ -57,11 +60,17 @@ def serve(
             threads=threads,
             max_batch=max_batch or max(counts),
             device=device,
+            compiled=compiled,
             progress=lambda message: status.update(f"benchmarking serve: {message}"),
         )
     if json_output:
         print_json({"machine": machine, "bench": bench.to_json()})
         return
+    _print_bench(bench, counts, machine)
+
+
+def _print_bench(bench, counts: list[int], machine: str) -> None:
+    """The rounds as a table, the compiled step's tuning, and the many-clients speed-up against its target."""
     from rich.table import Table
 
     out = stdout_console()
@@ -87,6 +96,12 @@ def serve(
             str(r.busiest_batch),
         )
     print_table(out, table)
+    if bench.tuning is not None:
+        seconds = ", ".join(f"{name} {value * 1e3:.3g} ms" for name, value in bench.tuning["seconds"].items())
+        out.print(
+            f"compiled batch step for {bench.max_batch} rows: {bench.tuning['choice']} chosen ({seconds}; compiled in "
+            f"{bench.tuning['compile_seconds']:.1f} s); the server's: {bench.compiled_step}"
+        )
     top = max(counts)
     speedup = bench.speedup(top)
     if speedup is not None and top > 1:
