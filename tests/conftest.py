@@ -53,6 +53,8 @@ def pytest_collection_modifyitems(items):
         return RUN_FIRST.index(name) if name in RUN_FIRST else len(RUN_FIRST)
 
     items.sort(key=rank)  # stable: each file's tests keep their order
+    if os.environ.get("PYTEST_XDIST_WORKER") and any("llama_cpp_models" in getattr(item, "fixturenames", ()) for item in items):
+        _fetch_llama_cpp_models_meanwhile(items[0].config)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -268,6 +270,28 @@ def pytest_sessionstart(session):
     import time
 
     _SESSION_START[0] = time.monotonic()
+
+
+def _fetch_llama_cpp_models_meanwhile(config) -> None:
+    """Under pytest-xdist, where a worker's tests include one that needs llama.cpp's test data, start downloading
+    it into the workers' shared cache folder (the `kernel_cache` fixture's) in a thread, while the tests run, so
+    that the first test to need it does not wait on the registry. The thread holds the file lock the fixture takes,
+    so a test that needs the files sooner waits for this download rather than starting another (and the other
+    worker's thread finds them there); a failure here is left to the fixture, which tries again and says why."""
+    import threading
+
+    from tests.llama_cpp_sdist import models_folder
+
+    shared = config._tmp_path_factory.getbasetemp().parent / "tfcli-cache"  # as `kernel_cache` names it
+
+    def fetch() -> None:
+        try:
+            shared.mkdir(exist_ok=True)
+            models_folder(shared)
+        except Exception:  # the fixture reports it: the tests that need the files skip, or fail under CI
+            pass
+
+    threading.Thread(target=fetch, name="llama.cpp test data", daemon=True).start()
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -170,3 +170,39 @@ def test_only_the_loader_attaches_the_accelerated_paths():
 def test_only_the_loader_reads_a_checkpoint():
     # checkpoint.py itself: an adapter run's parent, and `export --merge` (save_merged), which writes the weights back
     assert _modules_calling(r"\bload_checkpoint\(") == ["checkpoint.py", "loader.py"]
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping of this process that holds `address` (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
+        if head:
+            inside = int(head.group(1), 16) <= address < int(head.group(2), 16)
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    return []
+
+
+def test_a_decoding_models_weights_move_to_huge_pages_tied_and_unchanged(monkeypatch):
+    from tfcli.accel import memory
+    from tfcli.model.config import ModelConfig
+
+    if not memory.huge_pages_lent():
+        pytest.skip("this kernel lends no transparent huge pages (not Linux, or transparent_hugepage is never)")
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=16384, block_size=32, n_layers=1, n_heads=2, d_model=128)  # the tied embedding: 8 MB
+    models = {name: Transformer(config).eval() for name in ("decode", "inspect", "off")}
+    for model in models.values():
+        model.load_state_dict(models["decode"].state_dict())
+    values = {k: v.clone() for k, v in models["decode"].state_dict().items()}
+    before = {name: m.tok_emb.weight.data_ptr() for name, m in models.items()}
+    loader.prepare(models["decode"], "decode", "cpu", 1)
+    loader.prepare(models["inspect"], "inspect", "cpu", 1)
+    monkeypatch.setenv("TFCLI_ACCEL", "0")
+    loader.prepare(models["off"], "decode", "cpu", 1)
+    moved = models["decode"]
+    assert moved.lm_head.weight is moved.tok_emb.weight and moved.tok_emb.weight.data_ptr() != before["decode"]
+    assert "hg" in _vm_flags(moved.tok_emb.weight.data_ptr() + memory.HUGE_PAGE)  # advised (MADV_HUGEPAGE)
+    assert all(torch.equal(values[k], v) for k, v in moved.state_dict().items())
+    assert models["inspect"].tok_emb.weight.data_ptr() == before["inspect"] and models["off"].tok_emb.weight.data_ptr() == before["off"]

@@ -14,6 +14,7 @@ built model in place, keeping its parameters and state dict:
   fastest of the three;
 - a quantized run's linear layers (`tfcli.quant.linear.QuantLinear`) multiply through tfcli's C code for their
   block format (`quant.py`, a build per SIMD path), where it measured faster than the dequantized product.
+The loader also moves a decoding fp32 model's weights into transparent huge pages on Linux (`memory.py`).
 Every choice is measured on the machine at hand (`choices.py`) and checked against plain PyTorch before
 use. `TFCLI_ACCEL=0` turns all of it off; `report()` says what was chosen here and why.
 """
