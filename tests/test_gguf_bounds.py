@@ -452,3 +452,16 @@ def test_a_killed_import_leaves_only_a_staging_folder_that_the_next_import_remov
     assert [name for name in _staging_left(tmp_path) if name.startswith(".run.")] == []
     assert len([name for name in _staging_left(tmp_path) if name.startswith(".other.")]) == 1
     assert (run / "config.json").is_file()
+
+
+@pytest.mark.parametrize("counts, words", [((0, 1 << 30), "1,073,741,824 metadata keys"), ((1 << 30, 0), "1,073,741,824 tensors")])
+def test_key_and_tensor_counts_past_their_caps_are_refused_before_anything_is_read(cli, tmp_path, counts, words):
+    """A sparse file of 64 GiB holds room for a billion keys or tensors by its size: the counts' own caps refuse them."""
+    path = tmp_path / "counts.gguf"
+    with open(path, "wb") as handle:
+        handle.write(b"GGUF" + struct.pack("<IQQ", 3, *counts))
+        handle.truncate(1 << 36)  # no disk: the rest reads as zeros
+    result = cli("import", path, "-o", tmp_path / "run")
+    variable = "TFCLI_MAX_GGUF_KEYS" if "keys" in words else "TFCLI_MAX_GGUF_TENSORS"
+    _one_line_refusal(result, words, variable)
+    assert not (tmp_path / "run").exists()

@@ -74,6 +74,10 @@ CHAT_TEMPLATE_OUTPUT = Limit("TFCLI_MAX_CHAT_TEMPLATE_CHARS", 16 << 20, "what a 
 # real metadata strings (a chat template, an embedded tokenizer.json) a few megabytes
 GGUF_TOKEN = Limit("TFCLI_MAX_GGUF_TOKEN_BYTES", 64 << 10, "one token of a GGUF file's vocabulary")
 GGUF_STRING = Limit("TFCLI_MAX_GGUF_STRING_BYTES", 64 << 20, "one string of a GGUF file's metadata")
+# and its counts: real files have at most tens of thousands of tensors (an old-style MoE file, each expert its own: 46,080
+# for DeepSeek-V3) and a few hundred keys
+GGUF_TENSORS = Limit("TFCLI_MAX_GGUF_TENSORS", 1 << 18, "the tensors of a GGUF file", "tensors")
+GGUF_KEYS = Limit("TFCLI_MAX_GGUF_KEYS", 1 << 16, "the metadata keys of a GGUF file", "keys")
 
 
 def read_capped(handle: BinaryIO, limit: Limit, subject: str) -> bytes:
@@ -206,4 +210,6 @@ ALL = (
     CHAT_TEMPLATE_OUTPUT,
     GGUF_TOKEN,
     GGUF_STRING,
+    GGUF_TENSORS,
+    GGUF_KEYS,
 )  # docs/limits.md lists them

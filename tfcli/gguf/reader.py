@@ -8,7 +8,7 @@ and key counts, the keys (name, type, value), the tensor table (name, dimensions
 
 A file's size bounds nothing where the file is sparse (2**26 empty strings take no disk), so the metadata is
 also bounded by what a vocabulary can be, each cap checked on a length or a count before what it counts is
-read: an array holds at most MAX_VOCAB_SIZE items, a token at most `limits.GGUF_TOKEN` bytes, any other
+read: the file holds at most `limits.GGUF_KEYS` keys and `limits.GGUF_TENSORS` tensors, an array at most MAX_VOCAB_SIZE items, a token at most `limits.GGUF_TOKEN` bytes, any other
 string `limits.GGUF_STRING`, and the strings of one array together what a tokenizer.json may hold.
 """
 
@@ -25,7 +25,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantiz
 from gguf.quants import dequantize
 
 from tfcli.errors import TfcliError
-from tfcli.limits import GGUF_STRING, GGUF_TOKEN, TOKENIZER_FILE, shown
+from tfcli.limits import GGUF_KEYS, GGUF_STRING, GGUF_TENSORS, GGUF_TOKEN, TOKENIZER_FILE, shown
 from tfcli.tokenizer.core import MAX_VOCAB_SIZE
 
 MAGIC = b"GGUF"
@@ -257,6 +257,10 @@ def read_gguf(path: Path) -> GgufFile:
         n_keys = cursor.scalar("<Q", "the metadata count")
         if n_keys > (size - cursor.pos) // 12 or n_tensors > (size - cursor.pos) // 24:  # the smallest key and tensor entries
             raise TfcliError(f"{path} is truncated or corrupt: it claims {n_keys:,} metadata keys and {n_tensors:,} tensors, more than its {size:,} bytes hold")
+        if n_keys > GGUF_KEYS.value:  # a sparse or crafted file's size bounds nothing: the counts have caps of their own
+            raise GGUF_KEYS.exceeded(f"{path}: its {n_keys:,} metadata keys")
+        if n_tensors > GGUF_TENSORS.value:
+            raise GGUF_TENSORS.exceeded(f"{path}: its {n_tensors:,} tensors")
         metadata: dict[str, Any] = {}
         for i in range(n_keys):
             key = cursor.string(f"metadata key {i}", MAX_NAME_BYTES)
