@@ -295,7 +295,7 @@ def _fetch_llama_cpp_models_meanwhile(config) -> None:
 
 
 def pytest_terminal_summary(terminalreporter):
-    """One line for .ci/run's log: how many tests ran and the suite's wall time (the budget is 4 minutes of
+    """One line for .ci/run's log: how many tests ran and the suite's wall time (the budget is 6 minutes of
     pytest on 2 idle cores)."""
     import time
 
