@@ -58,3 +58,55 @@ def test_a_workers_user_error_comes_back_as_one(tmp_path):
 
     with pytest.raises(TfcliError, match="unknown preset 'nope'"):
         run_worker("tfcli.bench.generate", ["prepare", str(tmp_path), "nope", "16", "256"])
+
+
+def test_bench_generate_batch_decodes_the_same_rows_as_transformers(cli, tmp_path, monkeypatch):
+    """--batch 3: three prompts decoded together on both sides, every row's greedy ids equal to transformers';
+    the one-row jobs (the compiled step, llama.cpp) left out with their reasons, in the JSON and in the table.
+    The workers run in this process (their own argument parsing, a JSON round trip; the test above runs them
+    as subprocesses): a worker's start-up is seconds of imports."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("llama_cpp")  # --against llama.cpp is checked, then left out at batch 3
+    import torch
+    from rich.console import Console
+
+    from tfcli.bench import generate as bench
+    from tfcli.cli.bench.generate import _print_generate_bench
+
+    monkeypatch.setattr(bench, "run_worker", lambda module, args: json.loads(json.dumps(bench.worker([str(a) for a in args]))))
+    monkeypatch.setattr(bench, "PROBE_SECONDS", 0.01)  # the probe's figure is not what this test checks
+    monkeypatch.setattr(bench, "PROBE_BYTES", 4 * 1024 * 1024)
+    threads, verbosity = torch.get_num_threads(), transformers.logging.get_verbosity()  # the jobs set both in this process
+
+    assert "--batch must be between 1 and 256, not 0" in (bad := cli("bench", "generate", "--batch", "0")).stderr and bad.code == 2
+    assert (bad := cli("bench", "generate", "--batch", "257")).code == 2 and len(bad.stderr.strip().splitlines()) <= 2  # the error and its hint
+    assert "at most 65,536 tokens of KV cache" in cli("bench", "generate", "--batch", "256", "--new-tokens", "512").stderr
+    assert "--type times one row" in cli("bench", "generate", "--against", "llama.cpp", "--type", "f32", "--batch", "2").stderr
+    args = ["--preset", "tiny", "--repeat", "1", "--prompt-tokens", "4", "--new-tokens", "6", "--threads", "1", "--workdir", tmp_path]
+    try:
+        result = cli("bench", "generate", *args, "--batch", "3", "--against", "llama.cpp", "--no-first-run", "--json")
+    finally:
+        torch.set_num_threads(threads)
+        transformers.logging.set_verbosity(verbosity)
+    assert result.code == 0, result.stderr
+    (report,) = json.loads(result.stdout)["benches"]
+    jobs = {r["job"]: r for r in report["results"]}
+    assert report["batch"] == 3 and set(jobs) == {"tfcli", "transformers", "tfcli-no-cache"}
+    assert set(report["left_out"]) == {"tfcli-compiled", "llama.cpp"} and "one sequence" in report["left_out"]["llama.cpp"]
+    assert report["tuning"] is None  # nothing compiled for a job that is left out
+    for r in jobs.values():
+        assert r["rows"] == 3 and r["new_tokens"] == 6 and len(r["row_tokens"]) == 3 and all(len(row) == 6 for row in r["row_tokens"])
+        assert r["tokens_per_second"] == pytest.approx(3 * 6 / r["seconds"], rel=1e-3)
+        assert report["ms_per_step"][r["job"]] == pytest.approx(r["seconds"] / 6 * 1e3, rel=1e-3)
+    assert jobs["tfcli"]["row_tokens"] == jobs["transformers"]["row_tokens"] == jobs["tfcli-no-cache"]["row_tokens"]
+    assert report["same_tokens"] is True and len({tuple(row) for row in jobs["tfcli"]["row_tokens"]}) > 1  # three different prompts
+    assert jobs["tfcli"]["kernel"].startswith("PyTorch's batch step, 3 rows")
+    # the table says the same: per step, every row's tokens, and what was left out and why
+    measured = {name: bench.DecodeMeasurement(**{k: v for k, v in r.items() if k != "tokens_per_second"}) for name, r in jobs.items()}
+    fields = ("preset", "device", "threads", "prompt_tokens", "new_tokens", "block_size", "parameters", "weight_bytes", "repeat", "tuning", "batch", "left_out")
+    console = Console(record=True, width=400)
+    _print_generate_bench(console, bench.GenerateBench(**{f: report[f] for f in fields}, results=measured), "a machine")
+    text = console.export_text()
+    assert "batch 3, 3 4-token prompts decoded together" in text and "ms / step" in text and "tokens/s, all rows" in text
+    assert "left out at batch 3: llama.cpp (llama-cpp-python decodes one sequence)" in text and "left out at batch 3: tfcli-compiled" in text
+    assert "same greedy tokens in every row: yes" in text

@@ -18,7 +18,15 @@ machine (kept in its decisions file), as the first run of any command here does:
 every later run does, and the first run's extra time and memory stay out of the table. The compiled step
 (torch.compile over the decoding step, `tfcli.accel.compiled_step`) is tuned there too, its compile time
 reported, and timed as a job of its own ("tfcli-compiled") beside the step tfcli chose; the "tfcli" job
-decodes with whichever step won the tuning."""
+decodes with whichever step won the tuning.
+
+With `batch` N > 1, N prompts of the same length (seeded; the first is batch 1's prompt) are decoded together,
+greedy, on every side: tfcli's generator with N rows, transformers' `generate` with the same N rows and an
+attention mask (no row needs padding: the prompts are the same length). Times are per decoding step (every
+row gains a token) and tokens/s counts every row's tokens; the floor is still the weights read once per step.
+The jobs that decode one row only (the compiled step, llama.cpp through llama-cpp-python) are left out then,
+each with its reason in `GenerateBench.left_out`; the "tfcli" job decodes with PyTorch's batch step (the C
+step decodes one row)."""
 
 from __future__ import annotations
 
@@ -50,6 +58,10 @@ GGUF_FILE = "model.gguf"
 PROBE_BYTES = 256 * 1024 * 1024  # the bandwidth probe reads a tensor this large (far beyond any cache) ...
 PROBE_SECONDS = 0.5  # ... again and again for this long, before and after each timed call
 LARGE = 20_000_000  # parameters past which the uncached job runs once, not every round (minutes a call on a few cores)
+ONE_ROW_JOBS = {  # the jobs that decode one row only, and why: left out (with this reason) at batch > 1
+    "tfcli-compiled": "the compiled step decodes one row; serve's compiled batch step is timed by `tfcli bench serve --compiled`",
+    "llama.cpp": "llama-cpp-python decodes one sequence",
+}
 
 
 @dataclasses.dataclass
@@ -58,16 +70,24 @@ class DecodeMeasurement:
     seconds: float  # wall time of one generate call: the prompt, then every new token
     new_tokens: int
     peak_rss_mb: float
-    first_tokens: list[int]  # the first generated ids, to check both sides decode the same model
+    first_tokens: list[int]  # the first generated ids (of the first row), to check both sides decode the same model
     kernel: str = ""  # tfcli on the CPU: what decoded the one row (`decode_step.describe`)
     bandwidth_gb_s: float = 0.0  # the cached tfcli job: read bandwidth probed beside its median call
     floor_ratio: float = 0.0  # ... and the median over its calls of time per token / that call's own floor
     threads: int = 0  # the threads it decoded on
     compile_seconds: float = 0.0  # a job that decoded with the compiled step: compiling it (or loading it from disk), before its clock
+    rows: int = 1  # rows decoded together (new_tokens is per row: the decoding steps)
+    row_tokens: list[list[int]] = dataclasses.field(default_factory=list)  # every row's first generated ids
 
     @property
     def tokens_per_second(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds else 0.0
+        """Every row's tokens per second (at batch N, N tokens a step)."""
+        return self.rows * self.new_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def ms_per_step(self) -> float:
+        """Milliseconds per decoding step, the prompt's pass included (at batch 1, per token)."""
+        return self.seconds / self.new_tokens * 1e3 if self.new_tokens else 0.0
 
 
 @dataclasses.dataclass
@@ -83,6 +103,8 @@ class GenerateBench:
     repeat: int
     results: dict[str, DecodeMeasurement]
     tuning: dict | None = None  # the compiled step's tuning in the first run: choice, seconds per candidate, compile_seconds
+    batch: int = 1  # prompts decoded together (every side the same N prompts)
+    left_out: dict[str, str] = dataclasses.field(default_factory=dict)  # jobs asked for but not run at this batch, and why
 
     @property
     def bandwidth_gb_s(self) -> float:
@@ -104,9 +126,11 @@ class GenerateBench:
 
     @property
     def same_tokens(self) -> bool | None:
+        """Whether tfcli and transformers decoded the same greedy ids, row by row."""
         if "transformers" not in self.results:
             return None
-        return self.results["tfcli"].first_tokens == self.results["transformers"].first_tokens
+        ours, theirs = self.results["tfcli"], self.results["transformers"]
+        return ours.first_tokens == theirs.first_tokens and ours.row_tokens == theirs.row_tokens
 
     @property
     def same_tokens_as_llama_cpp(self) -> bool | None:
@@ -146,6 +170,9 @@ class GenerateBench:
             "same_tokens_as_llama_cpp": self.same_tokens_as_llama_cpp,
             "same_tokens_compiled": self.same_tokens_compiled,
             "tuning": self.tuning,
+            "batch": self.batch,
+            "ms_per_step": {name: round(m.ms_per_step, 4) for name, m in self.results.items()},
+            "left_out": self.left_out,
         }
 
 
@@ -205,8 +232,13 @@ def prepare(work: Path, preset_name: str, prompt_tokens: int, new_tokens: int, a
 
 
 def _prompt(vocab_size: int, length: int) -> list[int]:
+    return _prompts(vocab_size, length, 1)[0]
+
+
+def _prompts(vocab_size: int, length: int, rows: int) -> list[list[int]]:
+    """`rows` seeded prompts of `length` ids (never the eos id, the last); the first is the same at every batch."""
     generator = torch.Generator().manual_seed(1234)
-    return torch.randint(0, vocab_size - 1, (length,), generator=generator).tolist()  # never the eos id (the last)
+    return torch.randint(0, vocab_size - 1, (rows, length), generator=generator).tolist()
 
 
 def _sync(device: str) -> None:
@@ -231,26 +263,31 @@ def _probe_bandwidth(device: str, buffer) -> float:
                 return buffer.numel() * buffer.element_size() * passes / elapsed / 1e9
 
 
-def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_tokens: int, threads: int, device: str, weight_bytes: int) -> DecodeMeasurement:
+def _decode_job(
+    job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_tokens: int, threads: int, device: str, weight_bytes: int, batch: int = 1
+) -> DecodeMeasurement:
     """One measurement, inside the worker subprocess: a short warm-up call, then the best of three timed
-    calls (two for models over 20M parameters); the cached tfcli job probes the bandwidth around each."""
+    calls (two for models over 20M parameters); the cached tfcli job probes the bandwidth around each.
+    `batch` rows are decoded together (the one-row jobs take batch 1 only)."""
+    if batch > 1 and job in ONE_ROW_JOBS:
+        raise TfcliError(f"{job} decodes one row: {ONE_ROW_JOBS[job]}")
     machine_threads = torch.get_num_threads()
     compiled_in = 0.0
     if job in ("tfcli", "tfcli-no-cache", "tfcli-compiled"):
         checkpoint = load_run(run_dir, "decode", device, threads)  # as `tfcli generate` loads it
         model = checkpoint.model
-        prompt = _prompt(checkpoint.config.model.vocab_size, prompt_tokens)
+        prompts = _prompts(checkpoint.config.model.vocab_size, prompt_tokens, batch)
         if job == "tfcli-compiled":
             model.fast_decode_step = functools.partial(compiled_step.bind, force=True)
-        if job == "tfcli-compiled" or (job == "tfcli" and model.fast_decode_step is not None and compiled_step.chosen(model)):
+        if job == "tfcli-compiled" or (job == "tfcli" and batch == 1 and model.fast_decode_step is not None and compiled_step.chosen(model)):
             compiled_in = compiled_step.warm(model, prompt_tokens + new_tokens)  # before the clock, as `tune` measured it
 
-        def decode(n: int) -> list[int]:
+        def decode(n: int) -> list[list[int]]:
             settings = GenerationSettings(max_new_tokens=n, stop_at_eos=False, use_cache=job != "tfcli-no-cache")
-            generator = Generator(checkpoint.model, checkpoint.tokenizer, settings, batch_size=1)
-            for event in generator.run_ids([prompt]):
+            generator = Generator(checkpoint.model, checkpoint.tokenizer, settings, batch_size=batch)  # every row in one batch
+            for event in generator.run_ids(prompts):
                 if isinstance(event, Done):
-                    return event.completions[0].tokens
+                    return [list(c.tokens) for c in event.completions]
             raise AssertionError("the generator ended without Done")
     elif job == "llama.cpp":
         import llama_cpp
@@ -261,14 +298,14 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
         )
         prompt = _prompt(model.n_vocab(), prompt_tokens)
 
-        def decode(n: int) -> list[int]:
+        def decode(n: int) -> list[list[int]]:
             model.reset()  # no prompt kept from the call before: each call decodes the whole text, as the others do
             tokens = []
             for token in model.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
                 tokens.append(token)
                 if len(tokens) == n:
-                    return tokens
-            return tokens
+                    break
+            return [tokens]
     else:
         import transformers
 
@@ -278,41 +315,46 @@ def _decode_job(job: str, run_dir: Path, hf_dir: Path, prompt_tokens: int, new_t
         model = transformers.GPT2LMHeadModel.from_pretrained(str(hf_dir)).to(device).eval()
         model.generation_config.eos_token_id = None  # decode every token, as tfcli does here
         model.generation_config.pad_token_id = 0
-        prompt = _prompt(model.config.vocab_size, prompt_tokens)
-        input_ids = torch.tensor([prompt], device=device)
+        # N rows of the same length: nothing to pad (left padding is what a batch of unequal prompts would need)
+        input_ids = torch.tensor(_prompts(model.config.vocab_size, prompt_tokens, batch), device=device)
         attention_mask = torch.ones_like(input_ids)
 
-        def decode(n: int) -> list[int]:
+        def decode(n: int) -> list[list[int]]:
             with torch.inference_mode():
                 out = model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=n, do_sample=False, use_cache=True)
-            return out[0, prompt_tokens:].tolist()
+            return out[:, prompt_tokens:].tolist()
 
     decode(min(new_tokens, 32))  # warm-up: allocators, kernels, caches
     small = weight_bytes < 80_000_000
     probing = job == "tfcli"
     buffer = torch.rand(PROBE_BYTES // 4, device=device) if probing else None
     calls: list[tuple[float, float]] = []  # (seconds, GB/s around the call)
-    tokens: list[int] = []
+    rows: list[list[int]] = [[]]
     before = _probe_with_threads(device, buffer, machine_threads) if probing else 0.0
     for _ in range(3 if small else 2):  # the best of three calls (two for large models) in this process too
         _sync(device)
         started = time.perf_counter()
-        tokens = decode(new_tokens)
+        rows = decode(new_tokens)
         _sync(device)
         seconds = time.perf_counter() - started
         after = _probe_with_threads(device, buffer, machine_threads) if probing else 0.0
         calls.append((seconds, (before + after) / 2))
         before = after  # the probe after one call is the probe before the next
     seconds = min(call[0] for call in calls)
+    tokens = rows[0]
     bandwidth = ratio = 0.0
-    if probing:  # the median call: its time per token over the floor of its own seconds, and that bandwidth
+    if probing:  # the median call: its time per step over the floor of its own seconds (weights read once a step), and that bandwidth
         ratios = sorted(((s / len(tokens)) / (weight_bytes / (gb_s * 1e9)), gb_s) for s, gb_s in calls)
         ratio, bandwidth = ratios[(len(ratios) - 1) // 2]
     kernel = compiled_step.describe(model) if job in ("tfcli", "tfcli-no-cache") and device == "cpu" else ""
+    if batch > 1 and job in ("tfcli", "tfcli-no-cache"):
+        kernel = f"PyTorch's batch step, {batch} rows (the C step and the compiled step decode one row)"
     if job == "tfcli-compiled":
         kernel = f"the step compiled by torch.compile ({compiled_step.mode_for(torch.device(device))} mode)"
     used = n_threads if job == "llama.cpp" else torch.get_num_threads()
-    return DecodeMeasurement(job, seconds, len(tokens), peak_rss_mb(), tokens[:32], kernel, bandwidth, ratio, used, compiled_in)
+    return DecodeMeasurement(
+        job, seconds, len(tokens), peak_rss_mb(), tokens[:32], kernel, bandwidth, ratio, used, compiled_in, len(rows), [row[:32] for row in rows]
+    )
 
 
 def _tune_job(run_dir: Path, prompt_tokens: int, new_tokens: int, threads: int, device: str) -> dict:
@@ -347,16 +389,23 @@ def run_generate_bench(
     first_run: bool = True,
     against: str | None = None,
     compiled: bool = True,
+    batch: int = 1,
     progress=None,
 ) -> GenerateBench:
     """Measure every job `repeat` rounds, interleaved, best time kept (after the untimed first run unless
     `first_run` is False). The uncached job re-runs the whole text for every token; it runs every round for
     small models and once for large ones (no_cache=None; not at all for large ones where `quick`), always
-    (True) or never (False). `compiled`: tune the compiled step in the first run and time it as a job of its own."""
+    (True) or never (False). `compiled`: tune the compiled step in the first run and time it as a job of its own.
+    `batch`: prompts decoded together; past 1 the one-row jobs (ONE_ROW_JOBS) are left out, with their reasons."""
     if repeat < 1:
         raise TfcliError(f"--repeat must be at least 1, not {repeat}")
     if prompt_tokens < 1 or new_tokens < 1:
         raise TfcliError("--prompt-tokens and --new-tokens must be at least 1")
+    if batch < 1:
+        raise TfcliError(f"--batch must be at least 1, not {batch}")
+    asked = {"tfcli-compiled": compiled, "llama.cpp": against == "llama.cpp"}
+    left_out = {job: reason for job, reason in ONE_ROW_JOBS.items() if batch > 1 and asked[job]}
+    compiled = compiled and "tfcli-compiled" not in left_out
 
     config = bench_config(preset_name, prompt_tokens, new_tokens, against)
     problem = gpt2_incompatibility(config)
@@ -369,7 +418,7 @@ def run_generate_bench(
     run_dir, hf_dir, parameters, weight_bytes = Path(made["run"]), Path(made["hf"]), made["parameters"], made["weight_bytes"]
     block = config.block_size
     results: dict[str, DecodeMeasurement] = {}
-    args = [str(run_dir), str(hf_dir), str(prompt_tokens), str(new_tokens), str(threads), device, str(weight_bytes)]
+    args = [str(run_dir), str(hf_dir), str(prompt_tokens), str(new_tokens), str(threads), device, str(weight_bytes), str(batch)]
     if first_run:  # untimed: tfcli measures its choices for this shape here once, as any first run on a machine does
         if progress:
             progress("tfcli measuring its choices here (once)")
@@ -378,10 +427,12 @@ def run_generate_bench(
     if first_run and compiled:
         if progress:
             progress("tuning the compiled step (compiling it once)")
-        tuning = run_worker("tfcli.bench.generate", ["tune", *args])
+        tuning = run_worker("tfcli.bench.generate", ["tune", *args[:-1]])
     for round_number in range(1, repeat + 1):
         for job in JOBS:
             if (job == "transformers" and not peer) or (job == "llama.cpp" and against != "llama.cpp") or (job == "tfcli-compiled" and not compiled):
+                continue
+            if job in left_out:
                 continue
             if job == "tfcli-no-cache" and not _uncached_in_round(round_number, parameters, no_cache, quick):
                 continue
@@ -403,6 +454,8 @@ def run_generate_bench(
         repeat=repeat,
         results=results,
         tuning=tuning,
+        batch=batch,
+        left_out=left_out,
     )
 
 
@@ -414,15 +467,21 @@ def _uncached_in_round(round_number: int, parameters: int, no_cache: bool | None
     return parameters <= LARGE or (round_number == 1 and not quick)
 
 
-if __name__ == "__main__":
-    if sys.argv[1] == "prepare":
-        work_arg, preset_arg, prompt_arg, new_arg, *against_arg = sys.argv[2:]
+def worker(argv: list[str]) -> dict:
+    """One worker's job from its arguments (`run_worker` passes them): `prepare WORK PRESET PROMPT NEW [AGAINST]`,
+    `tune RUN HF PROMPT NEW THREADS DEVICE BYTES`, or a job's name with those and the batch; returns its JSON object."""
+    if argv[0] == "prepare":
+        work_arg, preset_arg, prompt_arg, new_arg, *against_arg = argv[1:]
         run_path, hf_path, n_parameters, n_bytes = prepare(Path(work_arg), preset_arg, int(prompt_arg), int(new_arg), (against_arg or [""])[0] or None)
-        print(json.dumps({"run": str(run_path), "hf": str(hf_path), "parameters": n_parameters, "weight_bytes": n_bytes}))
-        sys.exit(0)
-    job_name, run_arg, hf_arg, prompt_arg, new_arg, threads_arg, device_arg, bytes_arg = sys.argv[1:]
+        return {"run": str(run_path), "hf": str(hf_path), "parameters": n_parameters, "weight_bytes": n_bytes}
+    job_name, run_arg, hf_arg, prompt_arg, new_arg, threads_arg, device_arg, bytes_arg, *batch_arg = argv
     if job_name == "tune":
-        print(json.dumps(_tune_job(Path(run_arg), int(prompt_arg), int(new_arg), int(threads_arg), device_arg)))
-        sys.exit(0)
-    measured = _decode_job(job_name, Path(run_arg), Path(hf_arg), int(prompt_arg), int(new_arg), int(threads_arg), device_arg, int(bytes_arg))
-    print(json.dumps(dataclasses.asdict(measured)))
+        return _tune_job(Path(run_arg), int(prompt_arg), int(new_arg), int(threads_arg), device_arg)
+    measured = _decode_job(
+        job_name, Path(run_arg), Path(hf_arg), int(prompt_arg), int(new_arg), int(threads_arg), device_arg, int(bytes_arg), int((batch_arg or ["1"])[0])
+    )
+    return dataclasses.asdict(measured)
+
+
+if __name__ == "__main__":
+    print(json.dumps(worker(sys.argv[1:])))

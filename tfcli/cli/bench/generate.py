@@ -1,5 +1,5 @@
-"""`tfcli bench generate`: batch-1 greedy decoding beside transformers' generate and the memory-bandwidth floor
-(tfcli.bench.generate)."""
+"""`tfcli bench generate`: greedy decoding (batch 1, or N rows with --batch) beside transformers' generate and the
+memory-bandwidth floor (tfcli.bench.generate)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from tfcli.cli.common import human_bytes, print_json, print_table, stderr_consol
 from tfcli.cli.options import REPEAT_HELP, FirstRun, JobThreads, JsonFlag, Workdir
 
 MAX_BENCH_TOKENS = 8192  # prompt + new tokens in `bench generate` (the uncached job re-runs all of them per token)
+MAX_BENCH_BATCH = 256  # rows in `bench generate --batch` (vLLM's default max_num_seqs) ...
+MAX_BATCH_TOKENS = 65_536  # ... and rows x (prompt + new tokens): the KV caches of every row, held at once
 FULL_ROUNDS, QUICK_ROUNDS = 3, 1  # --repeat's default with --full, and without
 TIMED_STEPS_NOTE = "best time of 8 decoding steps each"  # as tfcli.accel.compiled_step.tune times them
 
@@ -22,6 +24,14 @@ PromptTokens = Annotated[int, typer.Option(help="Prompt length in tokens (random
 NewTokens = Annotated[int, typer.Option(help="Tokens generated per call, greedy, end-of-text ignored.")]
 Rounds = Annotated[Optional[int], typer.Option("--repeat", help=f"{REPEAT_HELP} [default: {QUICK_ROUNDS}; {FULL_ROUNDS} with --full].", show_default=False)]
 Device = Annotated[str, typer.Option(help="cpu, cuda or cuda:N (fp32 either way).")]
+Batch = Annotated[
+    int,
+    typer.Option(
+        "--batch",
+        help=f"Prompts of the same length decoded together, greedy, the same ones on every side (1 to {MAX_BENCH_BATCH}); past 1, times "
+        "are per decoding step, tokens/s counts every row, and the one-row jobs (tfcli-compiled, llama.cpp) are left out with a note.",
+    ),
+]
 NoCache = Annotated[
     Optional[bool],
     typer.Option(
@@ -84,8 +94,9 @@ def generate(
     first_run: FirstRun = True,
     json_output: JsonFlag = False,
     weight_types: WeightTypes = None,
+    batch: Batch = 1,
 ) -> None:
-    """Time batch-1 greedy decoding: tfcli's generator (with and without its KV cache) beside
+    """Time greedy decoding: tfcli's generator (with and without its KV cache) beside
     transformers' GPT2LMHeadModel.generate on the same random weights, and the memory-bandwidth floor.
 
     Targets: tiny >= 2x transformers' tokens/s; gpt2-small >= 1.5x and time per token within 1.3x the
@@ -106,35 +117,26 @@ def generate(
     --type (with --against llama.cpp) times each weight type instead: tfcli's quantized run (`tfcli quantize`)
     beside llama.cpp on that run's own GGUF export, with the floor of reading its bytes once per token.
 
+    --batch N decodes N prompts together on both sides (transformers with an attention mask) and checks every
+    row's greedy ids; it reports ms per decoding step and tokens/s over all rows; the floor is still the
+    weights read once per step. The targets above are batch 1's.
+
     \b
     Example: tfcli bench generate --full
+    Or: tfcli bench generate --preset gpt2-small --batch 16
     Or: tfcli bench generate --preset gpt2-small --against llama.cpp --threads 2
     Or: tfcli bench generate --preset gpt2-small --preset smollm2-135m --against llama.cpp --type f32,bf16,q8_0,q4_0,q4_k_m
     """
     if weight_types is not None:
-        _by_type(preset, weight_types, against, threads, prompt_tokens, new_tokens, repeat or 2, workdir, json_output)
+        _by_type(preset, weight_types, against, threads, prompt_tokens, new_tokens, repeat or 2, workdir, json_output, batch)
         return
     if repeat is None:
         repeat = FULL_ROUNDS if full else QUICK_ROUNDS
-    device = _checked_device(device, prompt_tokens=prompt_tokens, new_tokens=new_tokens, repeat=repeat, threads=threads, against=against, workdir=workdir)
+    sizes = {"prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "repeat": repeat, "threads": threads, "batch": batch}
+    device = _checked_device(device, **sizes, against=against, workdir=workdir)
     machine = machine_line()
-    benches = [
-        _bench(
-            name,
-            workdir,
-            prompt_tokens=prompt_tokens,
-            new_tokens=new_tokens,
-            repeat=repeat,
-            threads=threads,
-            device=device,
-            no_cache=no_cache,
-            quick=not full,
-            first_run=first_run,
-            against=against,
-            compiled=compiled,
-        )
-        for name in preset
-    ]
+    settings = {"device": device, "no_cache": no_cache, "quick": not full, "first_run": first_run, "against": against, "compiled": compiled}
+    benches = [_bench(name, workdir, **sizes, **settings) for name in preset]
     if json_output:
         print_json({"machine": machine, "benches": [b.to_json() for b in benches]})
         return
@@ -145,7 +147,16 @@ def generate(
 
 
 def _by_type(
-    presets: list[str], weight_types: str, against: str | None, threads: int, prompt_tokens: int, new_tokens: int, repeat: int, workdir, json_output: bool
+    presets: list[str],
+    weight_types: str,
+    against: str | None,
+    threads: int,
+    prompt_tokens: int,
+    new_tokens: int,
+    repeat: int,
+    workdir,
+    json_output: bool,
+    batch: int = 1,
 ) -> None:
     """`--type`: each weight type, tfcli beside llama.cpp and the floor, per preset and thread count (tfcli.bench.quant)."""
     import os
@@ -154,6 +165,8 @@ def _by_type(
 
     if against != "llama.cpp":
         raise TfcliError("--type times tfcli beside llama.cpp", hint="add --against llama.cpp")
+    if batch != 1:
+        raise TfcliError("--type times one row (llama-cpp-python decodes one sequence)", hint="drop --batch, or --type")
     _checked_device("cpu", prompt_tokens=prompt_tokens, new_tokens=new_tokens, repeat=repeat, threads=threads, against=against, workdir=workdir)
     from tfcli.bench.quant import run_quant_bench
 
@@ -191,7 +204,9 @@ def _by_type(
         print_table(out, table)
 
 
-def _checked_device(device: str, *, prompt_tokens: int, new_tokens: int, repeat: int, threads: int, against: str | None, workdir: Path | None) -> str:
+def _checked_device(
+    device: str, *, prompt_tokens: int, new_tokens: int, repeat: int, threads: int, against: str | None, workdir: Path | None, batch: int = 1
+) -> str:
     """The device to measure on, once every option is known to be usable (and the peers to be installed)."""
     from tfcli.errors import TfcliError
     from tfcli.runtime import check_threads, resolve_device
@@ -206,6 +221,14 @@ def _checked_device(device: str, *, prompt_tokens: int, new_tokens: int, repeat:
         raise TfcliError(
             f"--prompt-tokens + --new-tokens is {prompt_tokens + new_tokens:,}; the bench decodes at most {MAX_BENCH_TOKENS:,}",
             hint="the issue's setting is 16 + 256",
+        )
+    if not 1 <= batch <= MAX_BENCH_BATCH:
+        raise TfcliError(f"--batch must be between 1 and {MAX_BENCH_BATCH}, not {batch}", hint="the issue's settings are 1 and 16")
+    if batch * (prompt_tokens + new_tokens) > MAX_BATCH_TOKENS:
+        raise TfcliError(
+            f"--batch {batch} rows of {prompt_tokens + new_tokens:,} tokens is {batch * (prompt_tokens + new_tokens):,}; the bench holds at most "
+            f"{MAX_BATCH_TOKENS:,} tokens of KV cache at once",
+            hint="fewer rows or fewer --new-tokens",
         )
     if against is not None and against != "llama.cpp":
         raise TfcliError(f"--against knows llama.cpp, not {against!r}")
@@ -236,18 +259,22 @@ def _bench(name: str, workdir: Path | None, **settings):
 def _print_generate_bench(out, b, machine: str) -> None:
     from rich.table import Table
 
+    prompts = f"{b.batch} {b.prompt_tokens}-token prompts decoded together" if b.batch > 1 else f"{b.prompt_tokens}-token prompt"
     table = Table(
-        title=f"{b.preset} ({b.parameters:,} parameters, context {b.block_size}), batch 1, {b.prompt_tokens}-token prompt, "
+        title=f"{b.preset} ({b.parameters:,} parameters, context {b.block_size}), batch {b.batch}, {prompts}, "
         f"{b.new_tokens} new tokens, greedy, fp32, {b.device}, best of {b.repeat}; {machine}"
     )
-    for column in ("implementation", "seconds", "tokens/s", "ms / token", "peak RSS"):
+    per = ("tokens/s, all rows", "ms / step") if b.batch > 1 else ("tokens/s", "ms / token")
+    for column in ("implementation", "seconds", *per, "peak RSS"):
         table.add_column(column, justify="left" if column == "implementation" else "right")
     for m in b.results.values():
-        table.add_row(m.job, f"{m.seconds:.3f}", f"{m.tokens_per_second:,.1f}", f"{m.seconds / m.new_tokens * 1e3:.2f}", f"{m.peak_rss_mb:,.0f} MB")
-    table.add_row("floor (weights / bandwidth)", "", "", f"{b.floor_seconds_per_token * 1e3:.2f}", "")
+        table.add_row(m.job, f"{m.seconds:.3f}", f"{m.tokens_per_second:,.1f}", f"{m.ms_per_step:.2f}", f"{m.peak_rss_mb:,.0f} MB")
+    table.add_row(f"floor (weights / bandwidth{', once a step' if b.batch > 1 else ''})", "", "", f"{b.floor_seconds_per_token * 1e3:.2f}", "")
     print_table(out, table)
+    for job, reason in b.left_out.items():
+        out.print(f"left out at batch {b.batch}: {job} ({reason})")
     if b.results.get("tfcli") and b.results["tfcli"].kernel:
-        out.print(f"tfcli's batch-1 decoding on the CPU: {b.results['tfcli'].kernel}")
+        out.print(f"tfcli's batch-{b.batch} decoding{' on the CPU' if b.batch == 1 else ''}: {b.results['tfcli'].kernel}")
     if b.tuning is not None:
         seconds = b.tuning["seconds"]
         timed = ", ".join(f"{name} {value * 1e3:.2f} ms" for name, value in seconds.items())
@@ -264,12 +291,15 @@ def _print_generate_bench(out, b, machine: str) -> None:
     versus_peer = b.ratio("tfcli", "transformers")
     target = 2.0 if b.parameters < 20_000_000 else 1.5
     if versus_peer is not None:
+        verdict = f" (target >= {target}: {'ok' if versus_peer >= target else 'MISSED'})" if b.batch == 1 else f" at {b.batch} rows each"
         out.print(
-            f"tokens/s tfcli / transformers: {versus_peer:.3f} (target >= {target}: {'ok' if versus_peer >= target else 'MISSED'}); "
-            f"same greedy tokens: {'yes' if b.same_tokens else 'no'}"
+            f"tokens/s tfcli / transformers: {versus_peer:.3f}{verdict}; "
+            f"same greedy tokens{' in every row' if b.batch > 1 else ''}: {'yes' if b.same_tokens else 'no'}"
         )
     versus_uncached = b.ratio("tfcli", "tfcli-no-cache")
-    if versus_uncached is not None:
+    if versus_uncached is not None and b.batch > 1:
+        out.print(f"cached / uncached: {versus_uncached:.2f}x at {b.batch} rows each")
+    elif versus_uncached is not None:
         out.print(
             f"cached / uncached: {versus_uncached:.2f}x (target >= 5: {'ok' if versus_uncached >= 5 else 'MISSED'}"
             f"{'; at this size per-step overhead, not compute, sets both' if b.parameters < 20_000_000 else ''})"
@@ -281,8 +311,9 @@ def _print_generate_bench(out, b, machine: str) -> None:
             f"time per token tfcli / llama.cpp: {versus_llama:.3f} on {threads} thread{'s' if threads != 1 else ''} each (goal <= 1.2: {'ok' if versus_llama <= 1.2 else 'MISSED'}); "
             f"same greedy tokens: {'yes' if b.same_tokens_as_llama_cpp else 'no'}"
         )
-    floor_target = "" if b.parameters < 20_000_000 else f"; target <= 1.3: {'ok' if b.floor_ratio <= 1.3 else 'MISSED'}"
+    floor_target = "" if b.parameters < 20_000_000 or b.batch > 1 else f"; target <= 1.3: {'ok' if b.floor_ratio <= 1.3 else 'MISSED'}"
+    unit = "step" if b.batch > 1 else "token"
     out.print(
-        f"time per token / floor: {b.floor_ratio:.3f} (median call; memory bandwidth beside it {b.bandwidth_gb_s:.1f} GB/s, "
-        f"{human_bytes(b.weight_bytes)} of weights per token{floor_target})"
+        f"time per {unit} / floor: {b.floor_ratio:.3f} (median call; memory bandwidth beside it {b.bandwidth_gb_s:.1f} GB/s, "
+        f"{human_bytes(b.weight_bytes)} of weights per {unit}{floor_target})"
     )
