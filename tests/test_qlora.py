@@ -189,3 +189,14 @@ def test_whole_fine_tuning_of_a_quantized_run_is_refused_in_one_line(qlora, cli,
     assert result.code == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "holds quantized weights (q8_0); training starts from f32 weights" in result.stderr and "--lora-rank" in result.stderr
     assert not (tmp_path / "whole" / "config.json").exists()
+
+
+def test_an_adapter_run_over_a_qlora_run_decodes_merged_and_says_so(qlora, cli, tmp_path):
+    """A chain (LoRA over the QLoRA run over the quantized run): only a QLoRA run's own parent stays in blocks, so the
+    chain loads merged into f32, and the note names the quantized ancestor."""
+    chain = tmp_path / "chain"
+    result = cli("train", "finetune", "--init-from", qlora["run"], "--task", "lm", "--data", qlora["shards"], "-o", chain, *STEPS, "--lora-rank", "4")
+    assert result.code == 0, result.stderr
+    loaded = load_run(chain, "decode")
+    assert not any(isinstance(m, (LoraLinear, QuantLinear)) for m in loaded.model.modules())
+    assert loaded.notes == [f"{chain}'s quantized ancestor's q8_0 weights were dequantized to f32 (for decode)"]

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from tfcli.accel import accelerate, decode_step, enabled, fused_loss, memory, products
-from tfcli.adapters import AdapterRecord, find_parent
+from tfcli.adapters import MAX_CHAIN, AdapterRecord, find_parent
 from tfcli.checkpoint import Checkpoint, load_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.rundir import read_run_config
@@ -59,14 +59,16 @@ def load_run(run: Path | str, purpose: str, device: str | None = None, threads: 
             f"{run} holds quantized weights ({', '.join(formats)}); training starts from f32 weights (only LoRA adapters train over blocks)",
             hint=f"train LoRA adapters over it with --lora-rank R, or dequantize it first: tfcli quantize {run} -o RUN-f32 --type f32, and train from RUN-f32",
         )
-    below = _parent_formats(Path(run), config.adapter) if not formats else []  # an adapter run over a quantized run (QLoRA)
+    depth, below = _quantized_ancestor(Path(run), config.adapter) if not formats else (0, [])  # an adapter run over a quantized run (QLoRA)
     on_cpu = torch.device(device).type == "cpu"
     keep = bool(formats or below) and on_cpu and (use.quantized == "hold" or (use.quantized == "keep" and enabled()))
-    if below and use.quantized == "hold" and use.merge_adapter:
-        keep = False  # a LoRA finetune from an adapter run starts from its merged weights, which no block format holds
+    if below and ((use.quantized == "hold" and use.merge_adapter) or depth > 1):
+        # a LoRA finetune from an adapter run starts from its merged weights, which no block format holds; and in a
+        # chain of adapter runs only a QLoRA run's own parent stays in blocks, the rest is merged into f32
+        keep = False
     checkpoint = load_checkpoint(Path(run), device, merge_adapter=use.merge_adapter, keep_quantized=keep)
     if (formats or below) and not keep:
-        whose = f"{run}'s" if formats else f"{run}'s parent's"
+        whose = f"{run}'s" if formats else f"{run}'s parent's" if depth == 1 else f"{run}'s quantized ancestor's"
         reason = "TFCLI_ACCEL=0" if use.quantized == "keep" and not enabled() else f"for {purpose}" if on_cpu else f"on {device}"
         checkpoint.notes.append(f"{whose} {', '.join(formats or below)} weights were dequantized to f32 ({reason})")
     for note in checkpoint.notes:  # said once, here, for every command: the command line shows the `tfcli.loader` logger's lines
@@ -75,11 +77,18 @@ def load_run(run: Path | str, purpose: str, device: str | None = None, threads: 
     return checkpoint
 
 
-def _parent_formats(run: Path, adapter: AdapterRecord | None) -> list[str]:
-    """The block formats of an adapter run's parent (a QLoRA run's quantized base); none for another run."""
-    if adapter is None:
-        return []
-    return sorted(set((read_run_config(find_parent(run, adapter)).quantized or {}).values()))
+def _quantized_ancestor(run: Path, adapter: AdapterRecord | None) -> tuple[int, list[str]]:
+    """How many parents up an adapter run's chain its quantized base is (1: its own parent, a QLoRA run's) and that
+    base's block formats; (0, []) for a run with none."""
+    for depth in range(1, MAX_CHAIN + 1):
+        if adapter is None:
+            break
+        run = find_parent(run, adapter)
+        config = read_run_config(run)
+        if config.quantized:
+            return depth, sorted(set(config.quantized.values()))
+        adapter = config.adapter
+    return 0, []
 
 
 def prepare(model: nn.Module, purpose: str, device: str | torch.device | None = None, threads: int = 0) -> nn.Module:
