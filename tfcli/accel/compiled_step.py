@@ -19,6 +19,7 @@ their addresses: `mark_static_address`); that path has not yet run on a GPU (`sc
 
 from __future__ import annotations
 
+import abc
 import os
 import threading
 import time
@@ -106,7 +107,7 @@ def unsupported_rows(model: Transformer, cache: KVCache) -> str | None:
     return _model_problem(model, cache)
 
 
-class _CompiledStep:
+class _CompiledStep(abc.ABC):
     """What the one-row and the batch step share: the compiled function, the shape's key, and compiling in a
     thread on scratch buffers of the same shape (`background`): `usable` stays False until it is done, and
     the caller decodes with PyTorch's step over the same cache meanwhile, so a first call never waits for the
@@ -126,10 +127,10 @@ class _CompiledStep:
         else:
             threading.Thread(target=self._compile, name="tfcli-compile-step", daemon=True).start()
 
+    @abc.abstractmethod
     def _inputs(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The step's arguments after the model: tensors the call fills in place, so a new value never makes a
         new graph (one row: ids, slot, keys, values)."""
-        raise NotImplementedError
 
     def _mark(self, buffers: tuple[torch.Tensor, ...], capacity_dims: dict[int, int]) -> None:
         """The cache's capacity dynamic (buffer index -> its dimension), every buffer at a fixed address on a GPU."""
