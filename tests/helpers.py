@@ -19,7 +19,7 @@ import sys
 import tempfile
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pytest
@@ -82,6 +82,14 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
 
 
+def missing_tool(reason: str) -> NoReturn:
+    """An outside tool this test needs is missing: the test fails under CI (.ci/run installs every one), and skips
+    elsewhere (a developer's machine without the extra)."""
+    if in_ci():
+        pytest.fail(f"CI is set and a tool this test needs is missing: {reason}")
+    pytest.skip(reason)
+
+
 # Without CI a test that needs the browser is skipped where there is none; in CI it runs, and `browse` fails it.
 needs_chromium = pytest.mark.skipif(chromium() is None and not in_ci(), reason="Chromium is not installed")
 
@@ -96,7 +104,7 @@ def require_chromium() -> str:
     if browser is None:
         if in_ci():
             pytest.fail("Chromium is not installed, and CI needs it for the browser tests: apt-get install -y chromium")
-        pytest.skip("Chromium is not installed")
+        missing_tool("Chromium is not installed")
     return browser
 
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.helpers import missing_tool
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
 from tfcli.inspect import palette
 from tfcli.inspect.capture import capture_attention
@@ -172,7 +173,7 @@ def _browser(playwright):
     if not Path(found).exists():
         if os.environ.get("CI"):
             pytest.fail("Chromium is not installed (CI needs it: apt-get install chromium)")
-        pytest.skip("Chromium is not installed")
+        missing_tool("Chromium is not installed")
     return playwright.chromium.launch(executable_path=found, args=BROWSER_ARGS)
 
 
@@ -183,7 +184,7 @@ def browser():
     except ImportError:
         if os.environ.get("CI"):
             pytest.fail("playwright is not installed (it is in the test extra)")
-        pytest.skip("playwright is not installed")
+        missing_tool("playwright is not installed")
     with sync_playwright() as playwright:
         launched = _browser(playwright)
         yield launched

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import missing_tool
 from tests.serving import running_server
 from tfcli.checkpoint import load_checkpoint
 
@@ -79,7 +80,7 @@ def _transformers():
     except ImportError:
         if os.environ.get("CI"):
             pytest.fail("transformers is not installed; CI installs it with .[test]")
-        pytest.skip("transformers is not installed")
+        missing_tool("transformers is not installed")
     return transformers
 
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY_TEXT
+from tests.helpers import missing_tool
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
 from tfcli.model.config import ModelConfig, RopeScaling
 from tfcli.model.transformer import Transformer
@@ -53,7 +54,7 @@ def _llama_cpp():
     except ImportError:
         if os.environ.get("CI"):
             pytest.fail("llama-cpp-python is not installed; CI installs it with .[test]")
-        pytest.skip("llama-cpp-python is not installed")
+        missing_tool("llama-cpp-python is not installed")
     return llama_cpp
 
 

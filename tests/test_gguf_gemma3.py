@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY_TEXT
+from tests.helpers import missing_tool
 from tests.test_gguf import PROMPT, _llama, _llama_cpp, _llama_greedy, _llama_logits, _suppressed, _tfcli_greedy, _tfcli_logits, ggml_gelu
 from tfcli.checkpoint import load_checkpoint
 from tfcli.model.config import ModelConfig
@@ -58,7 +59,7 @@ def _transformers():
     except ImportError:
         if os.environ.get("CI"):
             pytest.fail("transformers is not installed; CI installs it with .[test]")
-        pytest.skip("transformers is not installed")
+        missing_tool("transformers is not installed")
     return transformers
 
 

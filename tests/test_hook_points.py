@@ -21,6 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.helpers import missing_tool
 from tfcli.checkpoint import load_checkpoint
 from tfcli.hf import import_hf
 from tfcli.inspect.hooks import Hooks, hook_point, run_with_cache
@@ -149,7 +150,7 @@ def _transformer_lens(folder: Path, ids: torch.Tensor, out: Path) -> tuple[torch
     """TransformerLens's bridge over the HF folder, run offline on ids: (logits, the activations it hooked by
     name, every hook name it defines)."""
     if importlib.util.find_spec("transformer_lens") is None:
-        pytest.skip("could not import transformer_lens, the reference for hook names and shapes")
+        missing_tool("could not import transformer_lens, the reference for hook names and shapes")
     out.mkdir()
     offline = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # everything comes from `folder`
     args = [sys.executable, "-c", TRANSFORMER_LENS_RUN, str(folder), json.dumps(ids.tolist()), str(out)]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY_TEXT
-from tests.helpers import in_ci
+from tests.helpers import in_ci, missing_tool
 from tfcli.adapters import AdapterRecord
 from tfcli.adapters.lora import LoraLinear, apply_lora, check_rank
 from tfcli.checkpoint import load_checkpoint, quantize_run, save_checkpoint
@@ -156,7 +156,7 @@ def test_peft_loads_the_exported_qlora_adapter_over_the_dequantized_base(qlora, 
     except ImportError:
         if in_ci():
             raise
-        pytest.skip("peft and transformers are not installed")
+        missing_tool("peft and transformers are not installed")
     result = cli("export", qlora["run"], "--to", "hf", "-o", tmp_path / "hf")
     assert result.code == 0, result.stderr
     base = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf" / "base")).eval()

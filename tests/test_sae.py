@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.conftest import REPO, snapshot
+from tests.helpers import missing_tool
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.model.config import preset
@@ -105,7 +106,7 @@ save_file(out, str(work / "out.safetensors"))
 
 def _sae_lens(work: Path, folders: list[Path], x: torch.Tensor) -> dict[str, torch.Tensor]:
     if importlib.util.find_spec("sae_lens") is None:
-        pytest.skip("could not import sae_lens, the reference SAE library")
+        missing_tool("could not import sae_lens, the reference SAE library")
     save_file({"x": x.contiguous()}, str(work / "x.safetensors"))
     offline = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     done = subprocess.run(
@@ -250,7 +251,7 @@ def test_an_sae_that_does_not_fit_the_run_or_holds_nan_is_refused(runs, trained,
 @pytest.mark.slow
 def test_bench_sae_trains_both_on_the_same_activations(runs, shards, cli):
     if importlib.util.find_spec("sae_lens") is None:
-        pytest.skip("could not import sae_lens, the reference SAE library")
+        missing_tool("could not import sae_lens, the reference SAE library")
     args = ["bench", "sae", runs["run"], "--hook", HOOK, "--data", shards, "--max-tokens", "4096", "--batch-size", "128", "--width", "64", "--k", "4"]
     result = cli(*args, "--json")
     assert result.code == 0, result.stderr

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import missing_tool
 from tests.serving import make_chat_run, running_server
 
 openai = pytest.importorskip("openai")
@@ -69,7 +70,7 @@ def test_the_example_runs_as_written(path, info, body, line, runs):
             assert commands, f"{path.name}:{line}: no curl command"
             for command in commands:
                 if shutil.which("curl") is None:
-                    pytest.skip("curl is not installed")
+                    missing_tool("curl is not installed")
                 done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
                 assert done.returncode == 0, done.stderr
                 if '"stream": true' in command:

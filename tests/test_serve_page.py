@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import missing_tool
 from tests.serving import make_chat_run, running_server
 
 CHROMIUM = "/usr/bin/chromium"
@@ -26,7 +27,7 @@ def browser():
     if not (os.path.exists(CHROMIUM) or shutil.which("chromium")):
         if os.environ.get("CI"):
             pytest.fail("Chromium is missing (apt-get install chromium)")
-        pytest.skip("Chromium is not installed")
+        missing_tool("Chromium is not installed")
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"), args=ARGS)

@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from tests.conftest import SAMPLE_DATA
+from tests.helpers import missing_tool
 
 
 def require_gensim():
@@ -18,7 +18,7 @@ def require_gensim():
     except ImportError:
         if os.environ.get("CI"):
             raise
-        pytest.skip("gensim is not installed (pip install gensim, the word2vec extra)")
+        missing_tool("gensim is not installed (pip install gensim, the word2vec extra)")
     from gensim.models import Word2Vec
 
     return Word2Vec
