@@ -65,11 +65,14 @@ def test_bench_train_runs_both_loops_on_the_same_shape(cli):
     import pytest
 
     pytest.importorskip("transformers")
-    # --no-first-run: the plumbing, not the timing, is tested here (the model bench runs the untimed first run)
-    result = cli("bench", "train", "--presets", "tiny", "--batch", "2", "--steps", "1", "--no-first-run", "--json")
+    # the plumbing, not the timing: --batch max capped at 2 (its search is the untimed first run: batches 1 and 2)
+    result = cli("bench", "train", "--presets", "tiny", "--batch", "max", "--max-batch", "2", "--steps", "1", "--json")
     assert result.code == 0, result.stderr
     data = json.loads(result.stdout)
+    assert data["batch"] == 2 and data["batch_search"] == {"largest": 2, "tried": [[1, True], [2, True]], "stopped_by": "the cap (--max-batch 2)"}
+    assert data["card"]["bf16_peak_flops"] == 0.0 and "no datasheet peak on cpu" in data["card"]["note"]
     ours, theirs = data["results"]
+    assert ours["batch"] == theirs["batch"] == 2 and ours["card_mfu"] is None and not ours["out_of_memory"]
     assert (ours["implementation"], theirs["implementation"]) == ("tfcli", "transformers")
     assert ours["parameters"] == theirs["parameters"]
     assert all(r["tokens_per_sec"] > 0 and 0 < r["mfu"] < 1 and r["peak_flops"] > 0 for r in (ours, theirs))

@@ -191,6 +191,22 @@ def test_tune_measures_the_three_steps_and_bind_follows_the_stored_decision(mode
             model.eval()
 
 
+def test_a_16_bit_model_keeps_a_compiled_step_that_rounds_otherwise(private_choices, monkeypatch):
+    """A GPU decodes in bf16, where PyTorch rounds after every operation and a compiled kernel keeps fp32
+    inside: logits 1% apart are the same step there (not in fp32), while logits half off are refused in both."""
+    off = 1.01
+    monkeypatch.setattr(compiled_step, "compiled_function", lambda device: lambda model, *args: compiled_step._step(model, *args) * off)
+    monkeypatch.setattr(compiled_step, "compile_seconds", {})
+    monkeypatch.setattr(choices, "measure", functools.partial(choices.measure, budget_s=0.01))  # the comparison, not the timing
+    half = random_model(CONFIG).to(torch.bfloat16)
+    with torch.inference_mode():
+        decision = compiled_step.tune(half, 16)
+    assert compiled_step.COMPILED in decision.seconds and "disagreed" not in decision.note, decision.note
+    expected = torch.linspace(-4, 4, 320)[None]
+    assert compiled_step.same_logits(torch.bfloat16)(expected, expected * off) and not compiled_step.same_logits(torch.float32)(expected, expected * off)
+    assert not compiled_step.same_logits(torch.bfloat16)(expected, expected * 1.5)
+
+
 def test_a_window_decodes_with_pytorchs_step_while_the_compiler_works(model, trained_tokenizer, private_choices, monkeypatch):
     """The compiled function is held back (a compile that has not finished): the generator still decodes
     every token, with the plain step over the same cache, and the same ids; nothing compiles here."""
@@ -223,11 +239,12 @@ def test_on_a_gpu_the_step_compiles_for_cuda_graphs_over_fixed_buffers(monkeypat
     assert compiled_step.compiled_function(torch.device("cuda", 0)) is compiled_step._step
     assert made == [{"mode": "reduce-overhead", "fullgraph": True}]
     static, dynamic = [], []
-    monkeypatch.setattr(torch._dynamo, "mark_static_address", static.append)
+    monkeypatch.setattr(torch._dynamo, "mark_static_address", lambda tensor, guard=True: static.append((tensor, guard)))
     monkeypatch.setattr(torch._dynamo, "mark_dynamic", lambda tensor, dim: dynamic.append((tensor, dim)))
     buffers = tuple(torch.zeros(2, 3) for _ in range(4))
     compiled_step._CompiledStep._mark(types.SimpleNamespace(cuda=True), buffers, {2: 1, 3: 1})
-    assert [id(b) for b in static] == [id(b) for b in buffers] and [(id(t), d) for t, d in dynamic] == [(id(buffers[2]), 1), (id(buffers[3]), 1)]
+    assert [id(b) for b, _ in static] == [id(b) for b in buffers] and [(id(t), d) for t, d in dynamic] == [(id(buffers[2]), 1), (id(buffers[3]), 1)]
+    assert not any(guard for _, guard in static)  # unguarded (older torch guards by default): a new window re-records, never recompiles
     output = torch.ones(2)
     step = types.SimpleNamespace(cuda=True, function=lambda model, *args: output, model=None, args=(), key="k")
     monkeypatch.setattr(compiled_step, "compile_seconds", {})
@@ -235,12 +252,63 @@ def test_on_a_gpu_the_step_compiles_for_cuda_graphs_over_fixed_buffers(monkeypat
     assert copied is not output and torch.equal(copied, output)
 
 
+def test_each_thread_that_runs_the_step_on_a_gpu_gets_torchs_cuda_graph_state(monkeypatch):
+    """torch keeps CUDA graph trees per thread, and before 2.12 only the thread that imported them had that
+    state (any other failed with a bare AssertionError): the compile thread and serve's engine thread get it."""
+    from torch._inductor import cudagraph_trees
+
+    monkeypatch.setattr(compiled_step, "compile_seconds", {})
+    step = types.SimpleNamespace(cuda=True, function=lambda model, *args: torch.ones(2), model=None, args=(), key="k")
+    seen = {}
+
+    def engine_thread():
+        seen["before"] = hasattr(cudagraph_trees.local, "tree_manager_containers")
+        compiled_step._CompiledStep._run(step)  # as serve's engine thread runs the batch step
+        seen["after"] = hasattr(cudagraph_trees.local, "tree_manager_containers")
+        seen["container"] = cudagraph_trees.get_container(0)  # what torch looks up when it records a graph
+
+    thread = threading.Thread(target=engine_thread)
+    thread.start()
+    thread.join(timeout=60)
+    assert seen["before"] is False and seen["after"] is True and seen["container"].device_index == 0
+
+
+@pytest.mark.parametrize("inference", [False, True], ids=["serve's batch, made outside inference mode", "a window's, made inside"])
+def test_the_thread_compiles_the_graph_the_caller_then_runs(batch_model, monkeypatch, inference):
+    """The compile thread's scratch buffers are made as the real ones are (inference tensors or not, which
+    TorchDynamo compiles apart) and marked as a GPU marks them (static addresses, unguarded: a guarded one
+    compiles again for every other buffer), so the caller's first step runs what the thread compiled, never a
+    second compile that it would wait for."""
+    from torch._dynamo.testing import CompileCounter
+
+    mark = compiled_step._CompiledStep._mark
+    monkeypatch.setattr(compiled_step._CompiledStep, "_mark", lambda self, buffers, dims: mark(types.SimpleNamespace(cuda=True), buffers, dims))
+    counter = CompileCounter()
+    monkeypatch.setattr(compiled_step, "compiled_function", lambda device: torch.compile(compiled_step._step, backend=counter, fullgraph=True))
+    monkeypatch.setattr(compiled_step, "compile_seconds", {})
+    with torch.inference_mode(inference):
+        cache = KVCache(BATCH_CONFIG, ROWS, 12, torch.float32)
+        real = torch.zeros(ROWS, 12, dtype=torch.bool)
+        step = compiled_step.CompiledBatchStep(batch_model, cache, real)
+    assert step.ready.wait(timeout=600) and step.problem is None, step.problem
+    assert counter.frame_count == 1
+    with torch.inference_mode():  # serve's engine thread decodes in inference mode
+        real[:, 0] = True
+        step(torch.tensor([1, 2]), torch.tensor([0, 0]), 0)
+    assert counter.frame_count == 1
+
+
 @cuda
 @pytest.mark.cuda
 @torch.inference_mode()
 def test_on_a_gpu_the_compiled_steps_decode_as_the_plain_ones(model, batch_model, monkeypatch):
-    """CUDA graphs (mode="reduce-overhead") over the static cache: one row and serve's batch, as on the CPU."""
+    """CUDA graphs (mode="reduce-overhead") over the static cache: one row and serve's batch (compiled in its
+    thread, run on this one), as on the CPU; no step falls back from CUDA graphs, and a second window's new
+    buffers re-record the graph without compiling it again."""
+    from torch._dynamo.utils import counters
+
     monkeypatch.setattr(compiled_step, "compile_seconds", {})
+    skips = counters["inductor"]["cudagraph_skips"]
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # fp32 products, as on the CPU
     on_gpu = random_model(BATCH_CONFIG).cuda()
     plain, fast = SlotBatch(on_gpu, ROWS, VOCAB), SlotBatch(on_gpu, ROWS, VOCAB)
@@ -257,6 +325,16 @@ def test_on_a_gpu_the_compiled_steps_decode_as_the_plain_ones(model, batch_model
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
         token = int(expected.argmax())
         assert int(got.argmax()) == token
+    graphs = counters["stats"]["unique_graphs"]
+    reference, again = (
+        KVCache(CONFIG, 1, 24, torch.float32, "cuda"),
+        compiled_step.CompiledDecoderStep(one, KVCache(CONFIG, 1, 24, torch.float32, "cuda"), background=False),
+    )
+    for token in (9, 4, 7):
+        expected = one.unembed(one.decode(torch.tensor([[token]], device="cuda"), cache=reference)[:, -1])
+        torch.testing.assert_close(again(token), expected, rtol=0, atol=1e-4)
+    assert counters["stats"]["unique_graphs"] == graphs  # the new window's buffers: re-recorded, not compiled again
+    assert counters["inductor"]["cudagraph_skips"] == skips, "a step ran without CUDA graphs (TORCH_LOGS=cudagraphs says why)"
 
 
 def test_info_device_lists_the_compiled_steps_decisions_with_their_compile_time(cli, monkeypatch):

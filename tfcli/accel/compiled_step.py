@@ -14,12 +14,15 @@ or a batch the compiled step only where that decision chose it, and it compiles 
 step decodes. Inductor's own cache is kept under tfcli's cache folder (`TORCHINDUCTOR_CACHE_DIR`, unless
 already set), so a later process loads the compiled code instead of compiling again. On a GPU the step
 compiles with mode="reduce-overhead" (CUDA graphs over the cache and the step's inputs, whose buffers keep
-their addresses: `mark_static_address`); that path has not yet run on a GPU (`scripts/gpu_check.sh` runs it).
+their addresses: `mark_static_address`, unguarded, so a window's new buffers re-record the graph instead of
+compiling it again); torch keeps CUDA graph trees per thread, and each thread that runs the step gets that
+state first (`_cuda_graphs_on_this_thread`). That path has not yet run on a GPU (`scripts/gpu_check.sh` runs it).
 """
 
 from __future__ import annotations
 
 import abc
+import collections
 import os
 import threading
 import time
@@ -77,6 +80,22 @@ def compiled_function(device: torch.device):
         return _functions[mode]
 
 
+def _cuda_graphs_on_this_thread() -> None:
+    """Give this thread the state torch's CUDA graph trees keep per thread. torch before the fix of
+    pytorch#123177 (mid-2026) sets it up only on the thread that imported them and fails with a bare
+    AssertionError on any other: the compile thread, serve's engine thread. Later torch sets it up itself
+    (then this does nothing)."""
+    from torch._inductor import cudagraph_trees  # noqa: PLC0415  inductor's, imported only where a GPU runs the step
+
+    local = cudagraph_trees.local
+    if hasattr(local, "tree_manager_containers") or torch._C._is_key_in_tls("tree_manager_containers"):
+        return
+    local.tree_manager_containers = {}
+    local.tree_manager_locks = collections.defaultdict(threading.Lock)
+    torch._C._stash_obj_in_tls("tree_manager_containers", local.tree_manager_containers)
+    torch._C._stash_obj_in_tls("tree_manager_locks", local.tree_manager_locks)
+
+
 def _model_problem(model: Transformer, cache: KVCache) -> str | None:
     """Why no compiled step can decode `model` over `cache` (one row or many), or None."""
     if model.config.arch != "decoder":
@@ -119,7 +138,8 @@ class _CompiledStep(abc.ABC):
         device = cache.keys.device
         self.function = compiled_function(device)
         self.cuda = device.type == "cuda"
-        self.args = self._inputs(cache.keys, cache.values)
+        with torch.inference_mode(cache.keys.is_inference()):  # as the cache: dynamo compiles inference tensors apart
+            self.args = self._inputs(cache.keys, cache.values)
         self.ready = threading.Event()
         self.problem: str | None = None  # why compiling failed (the step is then never used)
         if not background or self.key in compile_seconds:
@@ -138,13 +158,18 @@ class _CompiledStep(abc.ABC):
             torch._dynamo.mark_dynamic(buffers[index], dim)  # one graph for every capacity S
         if self.cuda:
             for buffer in buffers:
-                torch._dynamo.mark_static_address(buffer)  # captured by CUDA graphs: written in place, never moved
+                # captured by CUDA graphs: written in place, never moved; unguarded, so another buffer of the same
+                # shape (the next window's) re-records the graph rather than compiling it again
+                torch._dynamo.mark_static_address(buffer, guard=False)
 
     def _compile(self) -> None:
         """Compile (or load from inductor's cache) the step for this shape on a scratch cache, then mark ready."""
         try:
             keys = self.cache.keys
-            args = self._inputs(torch.zeros_like(keys), torch.zeros_like(keys))
+            with torch.inference_mode(keys.is_inference()):  # the scratch buffers as the real ones, or the real ones compile again
+                args = self._inputs(torch.zeros_like(keys), torch.zeros_like(keys))
+            if self.cuda:
+                _cuda_graphs_on_this_thread()
             started = time.perf_counter()
             with torch.inference_mode():
                 self.function(self.model, *args)
@@ -159,6 +184,8 @@ class _CompiledStep(abc.ABC):
         return self.ready.is_set() and decode_step.plain_mode() and not any_hooked()
 
     def _run(self) -> torch.Tensor:
+        if self.cuda:
+            _cuda_graphs_on_this_thread()
         started = time.perf_counter()
         logits = self.function(self.model, *self.args)
         compile_seconds.setdefault(self.key, time.perf_counter() - started)  # a first call without `background`
@@ -289,14 +316,14 @@ def tune(model: Transformer, capacity: int) -> choices.Decision:
 
     candidates = {decode_step.TORCH: pytorch_steps}
     library = native.library() if device.type == "cpu" else None
-    if library is not None and decode_step._verified(library) and decode_step.unsupported(model, KVCache(config, 1, capacity, dtype)) is None:
+    if library is not None and decode_step.unsupported(model, KVCache(config, 1, capacity, dtype)) is None and decode_step._verified(library):
 
         def c_steps() -> torch.Tensor:
             step = decode_step.NativeDecoderStep(library, model, KVCache(config, 1, capacity, torch.float32))
             return torch.cat([step(token) for token in tokens])
 
         candidates[decode_step.NATIVE] = c_steps
-    return _tune_and_record(key, candidates, compiled_steps, device)
+    return _tune_and_record(key, candidates, compiled_steps, device, dtype)
 
 
 @torch.inference_mode()
@@ -352,10 +379,28 @@ def tune_rows(model: Transformer, rows: int, capacity: int | None = None) -> cho
             n_real += 1
         return torch.cat(out).float()
 
-    return _tune_and_record(key, {decode_step.TORCH: pytorch_steps}, compiled_steps, device)
+    return _tune_and_record(key, {decode_step.TORCH: pytorch_steps}, compiled_steps, device, dtype)
 
 
-def _tune_and_record(key: str, candidates: dict, compiled_steps, device: torch.device) -> choices.Decision:
+HALF_TOLERANCE = 5e-2  # a 16-bit step's logits against PyTorch's: this share of the largest (see `same_logits`)
+
+
+def same_logits(dtype: torch.dtype):
+    """The test the compiled step's logits must pass against PyTorch's step: decode_step's for fp32 models;
+    for a model in bf16 or fp16 (a GPU decodes in bf16), within HALF_TOLERANCE of the largest logit, since
+    PyTorch rounds to 16 bits after every operation where a compiled kernel keeps fp32 inside what it fuses
+    (bf16 against fp32 differed by 0.4% of the largest logit at tiny, 0.7% at small): decode_step's 0.1%
+    would refuse a correct step, and a wrong one is off by about the logits themselves."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return decode_step._same_logits
+
+    def close(expected: torch.Tensor, got: torch.Tensor) -> bool:
+        return bool(torch.isfinite(got).all() and (expected - got).abs().max() <= HALF_TOLERANCE * expected.abs().max() + 1e-3)
+
+    return close
+
+
+def _tune_and_record(key: str, candidates: dict, compiled_steps, device: torch.device, dtype: torch.dtype) -> choices.Decision:
     """Compile (the first call of `compiled_steps`), then time the compiled candidate beside the others and
     record the decision with the compile time; a step that does not compile is left out, with a note."""
     candidates = {**candidates, COMPILED: compiled_steps}
@@ -369,7 +414,7 @@ def _tune_and_record(key: str, candidates: dict, compiled_steps, device: torch.d
         del candidates[COMPILED]
         problem = f"{COMPILED} did not compile ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
     compiled_in = time.perf_counter() - started
-    decision = choices.measure(candidates, decode_step._same_logits, sync=sync)
+    decision = choices.measure(candidates, same_logits(dtype), sync=sync)
     decision.note = "; ".join(note for note in (decision.note, problem) if note)
     decision.compile_seconds = float(f"{compiled_in:.3g}") if not problem else 0.0
     choices.choices().record(key, decision)

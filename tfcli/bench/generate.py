@@ -313,6 +313,8 @@ def _decode_job(
             torch.set_num_threads(threads)
         transformers.logging.set_verbosity_error()
         model = transformers.GPT2LMHeadModel.from_pretrained(str(hf_dir)).to(device).eval()
+        if device.startswith("cuda") and torch.cuda.is_bf16_supported():
+            model.to(torch.bfloat16)  # the dtype tfcli decodes in on a GPU (tfcli.loader.prepare): like against like
         model.generation_config.eos_token_id = None  # decode every token, as tfcli does here
         model.generation_config.pad_token_id = 0
         # N rows of the same length: nothing to pad (left padding is what a batch of unequal prompts would need)

@@ -1,7 +1,10 @@
 """`tfcli bench train`: training throughput of tfcli's real loop beside a plain loop over transformers'
 GPT2LMHeadModel of the same shape, batch and optimizer (AdamW, decay on matrices, clipping), each in its
 own process, on the same random token shards. Reports tokens/s and MFU against the matmul rate measured
-on the same device.
+on the same device and, on a CUDA card whose datasheet tfcli knows (`tfcli.train.flops.datasheet_peak`), MFU
+against that card's dense bf16 peak too. `batch="max"` first finds the largest batch that fits: one worker
+doubles the batch from 1 through tfcli's real loop until the device reports out-of-memory (or the cap), and
+the rounds are measured at the largest that ran.
 
 Before the timed rounds an untimed tfcli run lets tfcli.accel measure its choices for these shapes on this
 machine (kept in its decisions file), as the first run of any command here does: the rounds then time what
@@ -22,20 +25,21 @@ import torch
 
 from tfcli.bench.common import peak_rss_mb, run_worker
 from tfcli.data.shards import SHARD_FORMAT_VERSION, ShardMeta, open_shard, shard_dtype_name
+from tfcli.errors import TfcliError
 from tfcli.hf import gpt2_config
 from tfcli.model.config import preset
-from tfcli.runtime import keep_freed_memory
+from tfcli.runtime import keep_freed_memory, physical_memory
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.families import build_untrained
 from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 from tfcli.train.data import LMSource, Slot
 from tfcli.train.events import Started, StepDone
 from tfcli.train.fingerprint import shard_fingerprint
-from tfcli.train.flops import measure_matmul_flops, training_flops_per_token
+from tfcli.train.flops import datasheet_peak, measure_matmul_flops, training_flops_per_token
 from tfcli.train.job import ShardJob
 from tfcli.train.loop import train
 from tfcli.train.optim import make_optimizer
-from tfcli.train.setup import pick_device, use_bf16
+from tfcli.train.setup import pick_device, refuse_a_batch_memory_cannot_hold, use_bf16
 from tfcli.training_config import TrainConfig
 
 
@@ -44,11 +48,106 @@ class TrainMeasurement:
     implementation: str
     preset: str
     tokens_per_sec: float
-    mfu: float
+    mfu: float  # against peak_flops, the fastest matmul measured on the device
     peak_flops: float
     seconds_per_step: float
     peak_rss_mb: float
     parameters: int
+    batch: int = 0
+    device_name: str = ""  # torch.cuda.get_device_name() on a GPU, else the device type
+    peak_device_mb: float = 0.0  # the most GPU memory its tensors held (0 on the CPU)
+    card_mfu: float | None = None  # against the card's datasheet dense bf16 peak, where `CardYardstick` has one
+    out_of_memory: str = ""  # the device's out-of-memory message where this implementation did not fit the batch
+    bf16: bool = False  # trained under bf16 autocast
+    device_type: str = "cpu"
+
+
+@dataclasses.dataclass
+class CardYardstick:
+    """The datasheet peak the rows' card_mfu is measured against, or why there is none (`note`)."""
+
+    device_name: str
+    card: str = ""
+    bf16_peak_flops: float = 0.0
+    note: str = ""
+
+
+@dataclasses.dataclass
+class BatchSearch:
+    """`batch="max"`: the batches tried, in order, whether each fit, and the largest that did."""
+
+    largest: int
+    tried: list[tuple[int, bool]]
+    stopped_by: str  # "out of memory", "the cap (--max-batch N)" or "the memory, by an estimate" (`_too_big`)
+
+
+ACTIVATION_BYTES = 64  # a CPU batch is not tried past half the memory at this many bytes per layer, token and model dimension
+
+
+def card_yardstick(device_name: str, device_type: str, bf16: bool) -> CardYardstick:
+    """MFU's second yardstick: the card's dense bf16 peak from its datasheet, for a bf16 run on a CUDA card
+    tfcli knows; otherwise why not."""
+    if device_type != "cuda":
+        return CardYardstick(device_name, note=f"no datasheet peak on {device_type}: MFU is against the fastest matmul measured")
+    peak = datasheet_peak(device_name)
+    if peak is None:
+        return CardYardstick(device_name, note=f"{device_name!r} is not in tfcli's datasheet table: MFU is against the fastest matmul measured")
+    if not bf16:
+        return CardYardstick(
+            device_name,
+            peak.card,
+            peak.bf16_flops,
+            note="the datasheet peak is bf16's and this run trained in fp32: MFU is against the fastest matmul measured",
+        )
+    return CardYardstick(device_name, peak.card, peak.bf16_flops)
+
+
+def find_largest_batch(fits, cap: int, *, too_big=lambda batch: False) -> BatchSearch:
+    """Double the batch from 1 while `fits(batch)` (False: the device ran out of memory) and the batch is at
+    most `cap` and not `too_big` (an estimate, where the device reports no out-of-memory); the largest that fit.
+    Example: fits = lambda b: b <= 8, cap 64 -> largest 8, tried [(1, True), (2, True), (4, True), (8, True), (16, False)]"""
+    tried: list[tuple[int, bool]] = []
+    batch, stopped_by = 1, f"the cap (--max-batch {cap})"
+    while batch <= cap:
+        if too_big(batch):
+            stopped_by = "the memory, by an estimate"
+            break
+        ok = fits(batch)
+        tried.append((batch, ok))
+        if not ok:
+            stopped_by = "out of memory"
+            break
+        batch *= 2
+    fitted = [b for b, ok in tried if ok]
+    if not fitted:
+        raise TfcliError("not even one sequence per step fits on this device", hint="use a smaller preset")
+    return BatchSearch(max(fitted), tried, stopped_by)
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether `error` is the device running out of memory (torch's own error, or one that reports it, such as
+    tfcli.accel's "no candidate ran" when every candidate ran out)."""
+    if isinstance(error, torch.cuda.OutOfMemoryError):
+        return True
+    text = str(error).lower()
+    return "out of memory" in text or "outofmemoryerror" in text or "alloc_failed" in text
+
+
+def _too_big(model_config, device: torch.device):
+    """The batches the search does not try: one tfcli's loop refuses (its activations, counted low, past this
+    machine's memory) and, on the CPU (no out-of-memory error there, only swapping or the kernel's killer),
+    one whose activations, counted generously, pass half the memory."""
+    total = physical_memory()
+    per_row = ACTIVATION_BYTES * model_config.block_size * model_config.d_model * max(1, model_config.n_layers)
+
+    def too_big(batch: int) -> bool:
+        try:
+            refuse_a_batch_memory_cannot_hold(model_config, batch)
+        except TfcliError:
+            return True
+        return device.type == "cpu" and bool(total) and batch * per_row > total // 2
+
+    return too_big
 
 
 def _make_data(folder: Path, vocab_size: int, tokens: int, seed: int = 0):
@@ -75,7 +174,46 @@ def _job(implementation: str, preset_name: str, batch: int, steps: int, threads:
     if threads:
         torch.set_num_threads(threads)
     model_config = preset(preset_name)
-    warmup = 3
+    device = pick_device(device_name)
+    try:
+        return _measure(implementation, preset_name, model_config, batch, steps, device_name, precision)
+    except Exception as error:
+        if not out_of_memory(error):
+            raise
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return TrainMeasurement(
+        implementation, preset_name, 0.0, 0.0, 0.0, 0.0, peak_rss_mb(), 0, batch, _device_name(device), out_of_memory=message, device_type=device.type
+    )
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def _probe(preset_name: str, cap: int, threads: int, device_name: str, precision: str) -> BatchSearch:
+    """Inside a worker: the batch search through tfcli's real loop (two steps at each batch); the search stops
+    at the first out-of-memory, so nothing it leaves behind is reused."""
+    keep_freed_memory()
+    if threads:
+        torch.set_num_threads(threads)
+    model_config = preset(preset_name)
+    device = pick_device(device_name)
+
+    def fits(batch: int) -> bool:
+        try:
+            _measure("tfcli", preset_name, model_config, batch, 1, device_name, precision, warmup=1, with_peak=False)
+        except Exception as error:
+            if not out_of_memory(error):
+                raise
+            return False
+        return True
+
+    return find_largest_batch(fits, cap, too_big=_too_big(model_config, device))
+
+
+def _measure(
+    implementation: str, preset_name: str, model_config, batch: int, steps: int, device_name: str, precision: str, warmup: int = 3, with_peak: bool = True
+) -> TrainMeasurement:
     config = TrainConfig(
         max_steps=warmup + steps + 1,
         batch_size=batch,
@@ -94,17 +232,36 @@ def _job(implementation: str, preset_name: str, batch: int, steps: int, threads:
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer, shard_dir = _make_data(Path(tmp), model_config.vocab_size, max(200_000, 4 * tokens_per_step))
         if implementation == "tfcli":
-            seconds, parameters = _time_tfcli(model_config, config, tokenizer, shard_dir, Path(tmp) / "run", warmup, steps)
+            seconds, parameters = _time_tfcli(model_config, config, tokenizer, shard_dir, Path(tmp) / "run", device, warmup, steps)
         else:
             seconds, parameters = _time_transformers(model_config, config, shard_dir, device, bf16, warmup, steps)
-    peak = measure_matmul_flops(device, torch.bfloat16 if bf16 else torch.float32, seconds=1.0)
+    peak_device_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
     rate = tokens_per_step / seconds
-    mfu = rate * training_flops_per_token(model_config, block) / peak
-    return TrainMeasurement(implementation, preset_name, rate, mfu, peak, seconds, peak_rss_mb(), parameters)
+    peak = measure_matmul_flops(device, torch.bfloat16 if bf16 else torch.float32, seconds=1.0) if with_peak else 0.0
+    mfu = rate * training_flops_per_token(model_config, block) / peak if peak else 0.0
+    yardstick = card_yardstick(_device_name(device), device.type, bf16)
+    card_mfu = rate * training_flops_per_token(model_config, block) / yardstick.bf16_peak_flops if yardstick.bf16_peak_flops and bf16 else None
+    return TrainMeasurement(
+        implementation,
+        preset_name,
+        rate,
+        mfu,
+        peak,
+        seconds,
+        peak_rss_mb(),
+        parameters,
+        batch,
+        _device_name(device),
+        peak_device_mb,
+        card_mfu,
+        bf16=bf16,
+        device_type=device.type,
+    )
 
 
-def _time_tfcli(model_config, config, tokenizer, shard_dir, run_dir, warmup: int, steps: int) -> tuple[float, int]:
-    """Seconds per step of the real training loop (data, schedule, forward, backward, clipping, AdamW)."""
+def _time_tfcli(model_config, config, tokenizer, shard_dir, run_dir, device, warmup: int, steps: int) -> tuple[float, int]:
+    """Seconds per step of the real training loop (data, schedule, forward, backward, clipping, AdamW); the
+    GPU's queue is drained at both ends of the timed steps."""
     job = ShardJob(run_dir, model_config, config, tokenizer, shard_dir, data_fingerprint=shard_fingerprint(shard_dir))
     run_dir.mkdir()
     events = train(job)
@@ -115,8 +272,10 @@ def _time_tfcli(model_config, config, tokenizer, shard_dir, run_dir, warmup: int
                 parameters = event.parameters
             elif isinstance(event, StepDone):
                 if event.step == warmup:
+                    _sync(device)
                     started_at = time.perf_counter()
                 elif event.step == warmup + steps:
+                    _sync(device)
                     return (time.perf_counter() - started_at) / steps, parameters
     finally:
         events.close()
@@ -154,11 +313,34 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclasses.dataclass
+class TrainBench:
+    results: list[TrainMeasurement]  # per preset: tfcli's row, then transformers'
+    batch: int  # the batch every row ran at
+    yardstick: CardYardstick
+    search: BatchSearch | None = None  # with batch="max"
+
+
 def run_train_bench(
-    presets: list[str], batch: int, steps: int, repeat: int = 1, threads: int = 0, device: str = "cpu", precision: str = "auto", first_run: bool = True
-) -> list[TrainMeasurement]:
+    presets: list[str],
+    batch: int | str,
+    steps: int,
+    repeat: int = 1,
+    threads: int = 0,
+    device: str = "cpu",
+    precision: str = "auto",
+    first_run: bool = True,
+    max_batch: int = 1024,
+) -> TrainBench:
     """Best of `repeat` interleaved rounds per preset and implementation (after the untimed first run unless
-    `first_run` is False); MFU against the highest matmul rate any worker measured."""
+    `first_run` is False); MFU against the highest matmul rate any worker measured, and against the card's
+    datasheet peak where there is one. `batch="max"`: the largest batch (a power of two, at most `max_batch`)
+    that the first preset fits, found first (the search is the untimed first run then)."""
+    search = None
+    if batch == "max":
+        found = run_worker("tfcli.bench.train", ["probe", presets[0], str(max_batch), str(threads), device, precision])
+        search = BatchSearch(found["largest"], [(b, ok) for b, ok in found["tried"]], found["stopped_by"])
+        batch, first_run = search.largest, False
     best: dict[tuple[str, str], TrainMeasurement] = {}
     for name in presets if first_run else []:  # untimed: tfcli measures its choices for these shapes here once, as any first run does
         run_worker("tfcli.bench.train", ["tfcli", name, str(batch), "1", str(threads), device, precision])
@@ -171,13 +353,21 @@ def run_train_bench(
                 if key not in best or measured.tokens_per_sec > best[key].tokens_per_sec:
                     best[key] = measured
     measured = [best[(name, implementation)] for name in presets for implementation in ("tfcli", "transformers")]
-    peak = max(m.peak_flops for m in measured)  # one yardstick for every row: the best rate any worker saw
-    for m in measured:
+    ran = [m for m in measured if not m.out_of_memory]
+    if not ran:
+        raise TfcliError(f"batch {batch} does not fit on this device for either loop", hint="use a smaller --batch, or --batch max")
+    peak = max(m.peak_flops for m in ran)  # one yardstick for every row: the best rate any worker saw
+    for m in ran:
         m.mfu, m.peak_flops = m.mfu * m.peak_flops / peak, peak
-    return measured
+    yardstick = card_yardstick(ran[0].device_name, ran[0].device_type, ran[0].bf16)
+    return TrainBench(measured, int(batch), yardstick, search)
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "probe":
+        preset_arg, cap_arg, threads_arg, device_arg, precision_arg = sys.argv[2:]
+        print(json.dumps(dataclasses.asdict(_probe(preset_arg, int(cap_arg), int(threads_arg), device_arg, precision_arg))))
+        sys.exit(0)
     impl, preset_arg, batch_arg, steps_arg, threads_arg, device_arg, precision_arg = sys.argv[1:]
     result = _job(impl, preset_arg, int(batch_arg), int(steps_arg), int(threads_arg), device_arg, precision_arg)
     print(json.dumps(dataclasses.asdict(result)))

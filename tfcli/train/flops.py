@@ -1,7 +1,10 @@
-"""Model FLOPs utilisation: the FLOPs a training step needs, over the matmul rate this device reaches."""
+"""Model FLOPs utilisation: the FLOPs a training step needs, over the matmul rate this device reaches, and
+over the dense bf16 peak of the card's datasheet where the card is one tfcli knows."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import time
 
 import torch
@@ -19,6 +22,44 @@ def training_flops_per_token(config: ModelConfig, tokens_per_row: int) -> float:
     dense = counts["attention"] + counts["mlp"] + heads + lm_head
     layers = (config.n_layers if config.has_encoder else 0) + (config.decoder_layers if config.has_decoder else 0)
     return 6 * dense + 12 * layers * config.d_model * tokens_per_row
+
+
+@dataclasses.dataclass(frozen=True)
+class CardPeak:
+    card: str  # the datasheet's name for the card
+    bf16_flops: float  # dense bf16 tensor-core FLOP/s (the datasheets' "with sparsity" figures are twice these)
+
+
+# (what torch.cuda.get_device_name() says, as a lower-case fragment; the card). The first that matches wins,
+# so a longer name stands before a shorter one it contains ("h100 nvl" before "h100").
+DATASHEET_PEAKS: tuple[tuple[str, CardPeak], ...] = (
+    # NVIDIA H100 datasheet (nvidia.com/en-us/data-center/h100): BF16 tensor core 1,979 / 1,513 / 1,671 TFLOPS
+    # with sparsity for SXM / PCIe / NVL; half of each dense. The SXM card names itself "NVIDIA H100 80GB HBM3".
+    ("h100 nvl", CardPeak("H100 NVL", 835e12)),
+    ("h100 pcie", CardPeak("H100 PCIe", 756e12)),
+    ("h100", CardPeak("H100 SXM", 989.4e12)),
+    # NVIDIA GH200 Grace Hopper datasheet: the H100 SXM's tensor cores, 989 TFLOPS dense bf16
+    ("gh200", CardPeak("GH200", 989.4e12)),
+    # NVIDIA H200 datasheet (nvidia.com/en-us/data-center/h200): BF16 1,979 TFLOPS with sparsity (SXM); NVL 1,671
+    ("h200 nvl", CardPeak("H200 NVL", 835e12)),
+    ("h200", CardPeak("H200 SXM", 989.4e12)),
+    # NVIDIA A100 datasheet (nvidia.com/en-us/data-center/a100): BF16 tensor core 312 TFLOPS dense (SXM and PCIe)
+    ("a100", CardPeak("A100", 312e12)),
+    # NVIDIA L40S datasheet: BF16 tensor core 362.05 TFLOPS dense (733 with sparsity)
+    ("l40s", CardPeak("L40S", 362.05e12)),
+    # NVIDIA L4 datasheet: BF16 tensor core 242 TFLOPS with sparsity, 121 dense
+    ("l4", CardPeak("L4", 121e12)),
+)
+
+
+def datasheet_peak(device_name: str) -> CardPeak | None:
+    """The card's dense bf16 peak from its datasheet, by the name CUDA gives it; None for a card not listed.
+    Example: datasheet_peak("NVIDIA H100 80GB HBM3") -> CardPeak("H100 SXM", 989.4e12); datasheet_peak("NVIDIA L40") -> None"""
+    name = device_name.lower()
+    for fragment, peak in DATASHEET_PEAKS:
+        if re.search(rf"(?<![a-z0-9]){re.escape(fragment)}(?![a-z0-9])", name):
+            return peak
+    return None
 
 
 def measure_matmul_flops(device: torch.device, dtype: torch.dtype, size: int | None = None, seconds: float = 0.3) -> float:

@@ -13,7 +13,10 @@ from tfcli.cli.options import Device, FirstRun, JsonFlag, Precision, Repeat
 
 def train(
     presets: Annotated[str, typer.Option("--presets", help="Comma-separated decoder presets to measure.")] = "tiny,small",
-    batch: Annotated[int, typer.Option(help="Sequences per step (each the preset's block size long).")] = 16,
+    batch: Annotated[
+        str, typer.Option(help="Sequences per step (each the preset's block size long), or max: the largest power of two that fits (see --max-batch).")
+    ] = "16",
+    max_batch: Annotated[int, typer.Option(help="With --batch max: the largest batch tried (on a CPU the memory also caps it, by an estimate).")] = 1024,
     steps: Annotated[int, typer.Option(help="Timed steps per run, after 3 warm-up steps.")] = 10,
     repeat: Repeat = 1,
     device: Device = "cpu",
@@ -25,16 +28,23 @@ def train(
     shape, batch and optimizer (AdamW, clipping), on the same random token shards, each in its own process.
 
     Reports tokens/s and MFU, the model FLOPs per second over the fastest matmul rate measured on the same
-    device. Targets: tfcli >= 1.0x the peer's tokens/s on every machine, 1.3x where a library faster than
-    PyTorch's default was measured; MFU at small >= 80%.
+    device, and on a CUDA card tfcli knows, in bf16, MFU against the card's datasheet dense bf16 peak too.
+    --batch max doubles the batch from 1 through tfcli's loop until the device runs out of memory (or
+    --max-batch), then measures at the largest that ran (on a GPU: `--device cuda --precision bf16 --batch
+    max`). Targets: tfcli >= 1.0x the peer's tokens/s on every machine, 1.3x where a library faster than
+    PyTorch's default was measured; MFU at small >= 80%; on a GPU, gpt2-small in bf16 at the largest batch
+    >= 40% of the card's datasheet peak.
 
     \b
     Example: tfcli bench train --presets tiny,small --batch 16
     """
 
-    at_least(1, batch=batch, steps=steps, repeat=repeat)
-    from tfcli.bench.train import run_train_bench
     from tfcli.errors import TfcliError
+
+    if batch != "max" and not batch.isdigit():
+        raise TfcliError(f"--batch must be a number or max, not {batch!r}", hint="for example --batch 16, or --batch max")
+    at_least(1, batch=None if batch == "max" else int(batch), max_batch=max_batch, steps=steps, repeat=repeat)
+    from tfcli.bench.train import run_train_bench
     from tfcli.hf import gpt2_incompatibility
     from tfcli.model.config import preset as make_preset
 
@@ -54,35 +64,74 @@ def train(
         import transformers  # noqa: F401
     except ImportError as exc:
         raise TfcliError("bench train compares against transformers, which is not installed", hint="pip install transformers") from exc
-    with stderr_console().status(f"benchmarking training of {', '.join(names)} at batch {batch}"):
-        results = run_train_bench(names, batch, steps, repeat=repeat, device=device, precision=precision, first_run=first_run)
-    machine = f"{machine_line()}, device {device}"
-    ratios = {
-        name: next(r for r in results if r.preset == name and r.implementation == "tfcli").tokens_per_sec
-        / next(r for r in results if r.preset == name and r.implementation == "transformers").tokens_per_sec
-        for name in names
-    }
-    if json_output:
-        print_json(
-            {"machine": machine, "batch": batch, "results": [r.__dict__ for r in results], "throughput_ratio": {k: round(v, 4) for k, v in ratios.items()}}
+    searching = " (finding the largest that fits first)" if batch == "max" else ""
+    with stderr_console().status(f"benchmarking training of {', '.join(names)} at batch {batch}{searching}"):
+        bench = run_train_bench(
+            names, batch if batch == "max" else int(batch), steps, repeat=repeat, device=device, precision=precision, first_run=first_run, max_batch=max_batch
         )
+    machine = f"{machine_line()}, device {device}"
+    ratios = {name: _ratio(bench.results, name) for name in names}
+    if json_output:
+        print_json(_as_json(bench, machine, ratios))
         return
+    _print_report(bench, machine, ratios)
+
+
+def _as_json(bench, machine: str, ratios: dict[str, float | None]) -> dict:
+    search = bench.search
+    return {
+        "machine": machine,
+        "batch": bench.batch,
+        "batch_search": None if search is None else {"largest": search.largest, "tried": search.tried, "stopped_by": search.stopped_by},
+        "card": bench.yardstick.__dict__,
+        "results": [r.__dict__ for r in bench.results],
+        "throughput_ratio": {k: None if v is None else round(v, 4) for k, v in ratios.items()},
+    }
+
+
+def _print_report(bench, machine: str, ratios: dict[str, float | None]) -> None:
+    """The table (MFU against the datasheet in a column of its own where the card has one), the batch search,
+    the two yardsticks and the ratio to the peer per preset."""
     from rich.table import Table
 
-    table = Table(title=f"training step, batch {batch} x block size; {machine}")
-    for column in ("preset", "implementation", "tokens/s", "MFU", "s / step", "peak RSS", "parameters"):
+    results, card = bench.results, bench.yardstick
+    table = Table(title=f"training step, batch {bench.batch} x block size; {machine}")
+    columns = ["preset", "implementation", "tokens/s", "MFU", *(["MFU (datasheet)"] if card.bf16_peak_flops else []), "s / step", "peak RSS"]
+    columns += [*(["peak GPU memory"] if any(r.peak_device_mb for r in results) else []), "parameters"]
+    for column in columns:
         table.add_column(column, justify="left" if column in ("preset", "implementation") else "right")
     for r in results:
-        table.add_row(
-            r.preset, r.implementation, f"{r.tokens_per_sec:,.0f}", f"{r.mfu:.1%}", f"{r.seconds_per_step:.3f}", f"{r.peak_rss_mb:,.0f} MB", f"{r.parameters:,}"
-        )
+        if r.out_of_memory:
+            table.add_row(r.preset, r.implementation, "out of memory", *[""] * (len(columns) - 3))
+            continue
+        cells = [r.preset, r.implementation, f"{r.tokens_per_sec:,.0f}", f"{r.mfu:.1%}"]
+        cells += [f"{r.card_mfu:.1%}" if r.card_mfu is not None else ""] if card.bf16_peak_flops else []
+        cells += [f"{r.seconds_per_step:.3f}", f"{r.peak_rss_mb:,.0f} MB"]
+        cells += [f"{r.peak_device_mb:,.0f} MB"] if "peak GPU memory" in columns else []
+        table.add_row(*cells, f"{r.parameters:,}")
     console = stdout_console()
     print_table(console, table)
-    peak = results[0].peak_flops
+    if bench.search is not None:
+        tried = ", ".join(f"{b}{'' if ok else ' (out of memory)'}" for b, ok in bench.search.tried)
+        console.print(f"largest batch that fits: {bench.search.largest} (tried {tried}; stopped by {bench.search.stopped_by})")
+    peak = next(r.peak_flops for r in results if not r.out_of_memory)
     console.print(f"peak matmul rate measured: {peak / 1e9:,.1f} GFLOP/s")
+    if card.bf16_peak_flops:
+        console.print(f"datasheet: {card.device_name} is the {card.card}, dense bf16 peak {card.bf16_peak_flops / 1e12:,.1f} TFLOP/s")
+    else:
+        console.print(f"no datasheet MFU: {card.note}")
     for name, ratio in ratios.items():
+        if ratio is None:
+            console.print(f"{name}: no tokens/s ratio (a loop ran out of memory at batch {bench.batch})")
+            continue
         console.print(
             f"{name}: tokens/s ratio tfcli/transformers {ratio:.3f} (target >= 1.0: {'ok' if ratio >= 1.0 else 'MISSED'}; "
             "1.3 where a library faster than PyTorch's default was chosen)"
         )
     console.print(f"tfcli's choices on this machine: {accel_summary()}")
+
+
+def _ratio(results, name: str) -> float | None:
+    """tfcli's tokens/s over transformers' for a preset; None where either ran out of memory."""
+    ours, theirs = (next(r for r in results if r.preset == name and r.implementation == impl) for impl in ("tfcli", "transformers"))
+    return None if ours.out_of_memory or theirs.out_of_memory else ours.tokens_per_sec / theirs.tokens_per_sec
