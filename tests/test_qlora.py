@@ -1,10 +1,12 @@
 """QLoRA: `train finetune --lora-rank` over a quantized run trains LoRA adapters while the base stays in its block
-bytes (QuantLinear, frozen, never widened to f32 whole); gradients reach every adapter through the blocks; the
-adapter run loads everywhere (decoding keeps the blocks and the adapter beside them); PEFT loads the exported
-adapter over the dequantized base with tfcli's logits; resume is exact; whole fine-tuning is refused in one line."""
+bytes (QuantLinear, frozen, never widened to f32 whole, the output head in the loss neither); gradients reach every
+adapter through the blocks; the adapter run loads everywhere (decoding keeps the blocks and the adapter beside them);
+PEFT loads the exported adapter over the dequantized base with tfcli's logits; resume is exact; two DDP ranks train
+like one process without broadcasting the blocks; whole fine-tuning and --fsdp are refused in one line."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from pathlib import Path
@@ -14,6 +16,7 @@ import torch
 
 from tests.conftest import TINY_TEXT
 from tests.helpers import in_ci, missing_tool
+from tfcli.accel import quantized_head
 from tfcli.adapters import AdapterRecord
 from tfcli.adapters.lora import LoraLinear, apply_lora, check_rank
 from tfcli.checkpoint import load_checkpoint, quantize_run, save_checkpoint
@@ -126,6 +129,96 @@ def test_the_base_stays_in_blocks_and_gradients_reach_every_adapter_as_over_the_
     assert all(torch.equal(b, blocks[name]) for name, b in model.named_buffers() if name in blocks)
 
 
+@pytest.mark.parametrize("loss", ["fused", "plain"])
+def test_the_loss_reads_the_quantized_head_a_slab_at_a_time_with_the_whole_matrixs_loss_and_gradients(qlora, monkeypatch, loss):
+    """The vocabulary loss reads a frozen quantized head a slab of rows at a time (the fused loss walks the slabs with
+    an online log-sum-exp; the plain one goes through the head's own product), never as a whole float matrix: the
+    loss and the adapters' gradients are those over the head's dequantized matrix, as the loss read it before."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tfcli.model.loss import IGNORE_INDEX, vocabulary_cross_entropy
+
+    monkeypatch.setattr(linear, "SLAB_VALUES", 1000)  # the head (320 x 64) in 22 slabs
+    monkeypatch.setattr(quantized_head, "SLAB_VALUES", 1000)
+    model = load_run(qlora["q8"], "lora-parent").model
+    torch.manual_seed(1)
+    apply_lora(model, _record(model.config))
+    prepare(model, "train", "cpu")
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, LoraLinear):
+                module.lora_B.weight.normal_(0, 0.2)
+    head = model.lm_head
+    reference = copy.deepcopy(model)  # the head read whole, as before: a frozen float matrix of the dequantized blocks
+    reference.lm_head = torch.nn.Linear(head.in_features, head.out_features, bias=False).requires_grad_(False)
+    reference.lm_head.weight.copy_(head.dequantized())
+    if loss == "plain":
+        model.vocabulary_loss = reference.vocabulary_loss = vocabulary_cross_entropy
+    ids, targets = torch.randint(0, 300, (2, 16)), torch.randint(0, 300, (2, 16))
+    targets[0, :3] = IGNORE_INDEX
+
+    whole = (head.out_features, head.in_features)
+    made: list[tuple[int, ...]] = []
+
+    class Shapes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            made.extend(tuple(t.shape) for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.is_floating_point())
+            return out
+
+    def refuse(self):
+        raise AssertionError("the whole head was dequantized")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(QuantLinear, "dequantized", refuse)
+        patch.setattr(QuantEmbedding, "weight", property(refuse))
+        with Shapes():
+            value = model(ids, head=Loss(targets, 0.1)).loss
+            value.backward()
+    assert made and whole not in made and whole[::-1] not in made
+    expected = reference(ids, head=Loss(targets, 0.1)).loss
+    expected.backward()
+    torch.testing.assert_close(value, expected, rtol=1e-5, atol=0)
+    theirs = dict(reference.named_parameters())
+    trained = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    assert len(trained) == 16
+    for name, parameter in trained.items():  # float sums in another order: 1e-5 of the gradient's size
+        assert (parameter.grad - theirs[name].grad).norm() <= 1e-5 * theirs[name].grad.norm(), name
+
+
+@pytest.mark.parametrize("grad", [True, False])
+@pytest.mark.parametrize("softcap, smoothing", [(None, 0.0), (20.0, 0.1)])
+def test_the_fused_loss_over_a_quantized_head_with_a_bias_is_the_loss_over_its_matrix(monkeypatch, grad, softcap, smoothing):
+    """A head with a bias (an encoder's), rows without a target, with and without label smoothing and a soft cap:
+    the loss over the blocks, in several blocks of rows and slabs of the head, gives the value and the hidden
+    states' gradient that the fused loss gives over the dequantized matrix."""
+    from tfcli.accel.fused_loss import linear_cross_entropy
+    from tfcli.model.loss import IGNORE_INDEX
+    from tfcli.quant.formats import quantize
+    from tfcli.quant.tensors import Blocks
+
+    monkeypatch.setattr(quantized_head, "SLAB_VALUES", 1000)  # 15 rows of the head a slab
+    monkeypatch.setattr(quantized_head, "SLAB_LOGITS", 1000)  # 66 rows of hidden states a block
+    torch.manual_seed(0)
+    values = torch.randn(300, 64)
+    head = QuantLinear(Blocks(torch.from_numpy(quantize(values.numpy(), "q4_0")), "q4_0", (300, 64)), torch.randn(300))
+    matrix = head.dequantized()
+    targets = torch.randint(0, 300, (200,))
+    targets[::7] = IGNORE_INDEX
+    results = []
+    for weight, bias in ((head, None), (matrix, head.bias.detach())):
+        hidden = torch.randn(200, 64, generator=torch.Generator().manual_seed(1)).requires_grad_(grad)
+        with torch.set_grad_enabled(grad):
+            loss = linear_cross_entropy(hidden, weight, bias, targets, smoothing, softcap)
+        if grad:
+            loss.backward()
+        results.append((loss.detach(), hidden.grad))
+    (ours, our_grad), (theirs, their_grad) = results
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=0)
+    if grad:
+        assert (our_grad - their_grad).norm() <= 1e-5 * their_grad.norm()
+
+
 def test_a_qlora_run_decodes_over_the_blocks_and_every_command_loads_it(qlora, cli, monkeypatch):
     run = qlora["run"]
     monkeypatch.setenv("TFCLI_QUANT_PATH", "torch")  # the dequantized product: the same sums as f32 weights
@@ -200,3 +293,79 @@ def test_an_adapter_run_over_a_qlora_run_decodes_merged_and_says_so(qlora, cli, 
     loaded = load_run(chain, "decode")
     assert not any(isinstance(m, (LoraLinear, QuantLinear)) for m in loaded.model.modules())
     assert loaded.notes == [f"{chain}'s quantized ancestor's q8_0 weights were dequantized to f32 (for decode)"]
+
+
+@pytest.mark.slow  # torchrun
+def test_two_gloo_ranks_train_a_qlora_run_like_one_process(qlora, cli, tmp_path):
+    """DDP over a quantized parent: each rank holds the same blocks (read from the same file), only the adapters'
+    gradients are averaged, and two ranks of 4 rows end with the adapter of one process of 8."""
+    from safetensors.torch import load_file
+
+    from tests.training import torchrun
+
+    def args(out: Path, batch: int) -> list[str]:
+        args = [str(a) for a in finetune(qlora["folder"], out, "--max-steps", "3", "--eval-every", "3")]
+        args[args.index("--batch-size") + 1] = str(batch)
+        return args
+
+    ranks = torchrun(args(tmp_path / "two", 4))  # the ranks run while the reference runs here (one thread, as each rank)
+    reference = cli(*args(tmp_path / "one", 8))
+    assert reference.code == 0, reference.stderr
+    _, err = ranks.communicate(timeout=240)
+    assert ranks.returncode == 0, err
+    one, two = ([json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()] for run in ("one", "two"))
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2, 3]
+    assert all(abs(a["loss"] - b["loss"]) < 1e-5 for a, b in zip(one, two)), (one, two)
+    a, b = (load_file(str(tmp_path / run / "adapter_model.safetensors")) for run in ("one", "two"))
+    assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+    assert _sha256(qlora["q8"] / "model.safetensors") == qlora["sha256"]
+
+
+def test_fsdp_over_a_quantized_parent_is_refused_in_one_line(qlora, cli, tmp_path):
+    result = cli(*finetune(qlora["folder"], tmp_path / "fsdp", "--fsdp"))
+    assert result.code == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "--fsdp does not go with LoRA" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "fsdp" / "config.json").exists()
+
+
+def test_ddp_leaves_the_quantized_parents_blocks_where_they_are(qlora, monkeypatch):
+    """Every rank reads the parent's blocks from the same file: DDP broadcasts the adapters (and the small frozen
+    float tensors) from rank 0 as it starts, never the block bytes. One rank of a gloo group in this process."""
+    import torch.distributed as dist
+
+    from tfcli.train.distributed import World
+    from tfcli.train.setup import wrapped
+    from tfcli.training_config import TrainConfig
+
+    model = load_run(qlora["q8"], "lora-parent").model
+    apply_lora(model, _record(model.config))
+    sent: list[torch.Tensor] = []
+    broadcast = dist._broadcast_coalesced
+    monkeypatch.setattr(dist, "_broadcast_coalesced", lambda group, tensors, *args: (sent.extend(tensors), broadcast(group, tensors, *args)))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ddp, _ = wrapped(model, TrainConfig(task="lm"), World(0, 2, 0), torch.device("cpu"), fsdp=False)
+    finally:
+        dist.destroy_process_group()
+    assert ddp is not None and sent and all(t.is_floating_point() for t in sent)  # something went, no block bytes
+    assert sum(t.numel() for t in sent) < sum(t.numel() for t in model.buffers() if t.dtype == torch.uint8)
+    adapters = [t for t in model.parameters() if t.requires_grad]
+    assert adapters and {t.data_ptr() for t in adapters} <= {t.data_ptr() for t in sent}
+
+
+def test_the_qlora_step_script_runs_on_a_tiny_model(capsys):
+    """scripts/qlora_step.py (the QLoRA figures in docs/guide/lora.md) on a tiny model: a random model's loss is about
+    log(vocab) a token, and the peak RSS it reports only grows."""
+    import importlib.util
+    import math
+    import re
+
+    spec = importlib.util.spec_from_file_location("qlora_step", Path(__file__).resolve().parent.parent / "scripts" / "qlora_step.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--d-model", "64", "--vocab", "300", "--layers", "1", "--rows", "2", "--tokens", "16", "--steps", "2"])
+    line = capsys.readouterr().out.strip()
+    found = re.fullmatch(r"loss ([\d.]+)  step ([\d.]+) s  peak RSS (\d+) MB before the steps, (\d+) MB after", line)
+    assert found, line
+    loss, _, before, after = map(float, found.groups())
+    assert abs(loss / 32 - math.log(300)) < 0.5 and 0 < before <= after

@@ -6,7 +6,8 @@ logits are made a block of rows at a time, the softmax is taken in place and tur
 gradient (softmax - target distribution), and the gradients of the hidden states, the weight and the bias
 are computed from it on the spot. Backward then only scales them. The same function, mathematically; less
 memory traffic, and a fraction of the memory. `VocabularyLoss` times both on this machine for each class
-of shapes and keeps the fused one unless the plain one is clearly faster.
+of shapes and keeps the fused one unless the plain one is clearly faster. A frozen quantized head (QLoRA) has a
+loss of its own (`quantized_head`), which never makes the head's float matrix whole.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import torch
 
 from tfcli.accel import choices
 from tfcli.accel.products import close, forward_product, input_gradient, rows_class, weight_gradient
+from tfcli.accel.quantized_head import quantized_head_cross_entropy
 from tfcli.model.loss import IGNORE_INDEX, vocabulary_cross_entropy
+from tfcli.quant.linear import QuantLinear
 
 BLOCK_LOGITS = 1 << 26  # logits per block where the weight trains: 256 MB in fp32
 FROZEN_BLOCK_LOGITS = 1 << 24  # where it does not: 64 MB
@@ -96,7 +99,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     grad_hidden[start : start + rows] = input_gradient(g, w)
                 if need_weight:
                     part = weight_gradient(g, h_block)  # (vocab, d)
-                    grad_weight = part if grad_weight is None else grad_weight.add_(part)
+                    # summed in fp32: a bf16 sum over hundreds of blocks (a GPU's large batch) would lose the small ones
+                    grad_weight = part.float() if grad_weight is None else grad_weight.add_(part)
                 if need_bias:
                     part = z.sum(dim=0)
                     grad_bias = part if grad_bias is None else grad_bias.add_(part)
@@ -116,7 +120,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
 def linear_cross_entropy(
     hidden: torch.Tensor,
-    weight: torch.Tensor,
+    weight: torch.Tensor | QuantLinear,
     bias: torch.Tensor | None,
     targets: torch.Tensor,
     label_smoothing: float = 0.0,
@@ -126,10 +130,13 @@ def linear_cross_entropy(
     IGNORE_INDEX, without holding all the logits; the same value and gradients as
     `F.cross_entropy(F.linear(hidden, weight, bias), targets, reduction="sum", label_smoothing=...)`
     (of the soft-capped logits where `softcap` is given: tfcli.model.loss.vocabulary_cross_entropy).
-    hidden (N, d), weight (vocab, d), bias (vocab,) or None, targets (N,) long."""
+    hidden (N, d), weight (vocab, d), bias (vocab,) or None, targets (N,) long. `weight` may be a frozen quantized
+    head (QLoRA), which adds its own bias (`bias` None): its rows are read a slab at a time, never whole."""
     scored = targets != IGNORE_INDEX
     if not bool(scored.all()):
         hidden, targets = hidden[scored], targets[scored]
+    if isinstance(weight, QuantLinear):
+        return quantized_head_cross_entropy(hidden, weight, targets, label_smoothing, softcap) if targets.numel() else hidden.sum() * 0.0
     if targets.numel() == 0:
         return (hidden.sum() + weight.sum()) * 0.0  # no targets: zero, still connected to the graph
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
@@ -153,7 +160,8 @@ class VocabularyLoss:
     """The model's loss over the vocabulary (`Transformer.vocabulary_loss`), fused or plain: for each class
     of shapes, both are timed on this machine (value and gradients, or the value alone where no gradient is
     asked for), and the fused one, which holds a fraction of the memory, is kept unless the plain one takes
-    at most choices.MARGIN of its time."""
+    at most choices.MARGIN of its time. A frozen quantized head (QLoRA) takes the fused one: the plain one would hold
+    every logit at once."""
 
     def __call__(self, hidden, weight, bias, targets, label_smoothing: float = 0.0, softcap: float | None = None) -> torch.Tensor:
         if torch.compiler.is_compiling() or self.choice(hidden, weight, bias, label_smoothing, softcap) == PLAIN:  # compiled: fused by inductor
@@ -161,6 +169,8 @@ class VocabularyLoss:
         return linear_cross_entropy(hidden, weight, bias, targets, label_smoothing, softcap)
 
     def choice(self, hidden, weight, bias, label_smoothing: float, softcap: float | None = None) -> str:
+        if isinstance(weight, QuantLinear):
+            return FUSED
         device = hidden.device
         autocast = torch.is_autocast_enabled(device.type)
         dtype = torch.get_autocast_dtype(device.type) if autocast else hidden.dtype

@@ -242,7 +242,7 @@ class Transformer(nn.Module):
             self._check_length(offset, T, None)
         x = self.tok_emb(ids)  # (B, T, d)
         if self.config.scale_embeddings:  # Gemma: times sqrt(d), a scalar in the embeddings' dtype as transformers rounds it
-            x = x * torch.tensor(math.sqrt(self.config.d_model), dtype=x.dtype)
+            x = x * torch.tensor(math.sqrt(self.config.d_model), dtype=x.dtype, device=x.device)
         x = self.hook_embed(x)
         if self.config.positions == "learned":
             pos = self.pos_emb(positions) if positions is not None else self.pos_emb.weight[offset : offset + T]  # (B, T, d) or (T, d)
@@ -320,9 +320,12 @@ class Transformer(nn.Module):
         scored = targets != IGNORE_INDEX
         if not bool(scored.all()):
             rows, targets = rows[scored], targets[scored]
+        # A head that holds no float matrix (QLoRA's frozen quantized one) goes to the loss itself, bias included:
+        # the loss reads its rows a slab at a time, never the whole matrix.
+        weight, bias = (self.lm_head.weight, self.lm_head.bias) if isinstance(self.lm_head, nn.Linear) else (self.lm_head, None)
         if targets.numel() == 0:
-            return (rows.sum() + self.lm_head.weight.sum()) * 0.0  # nothing scored: zero, still in the graph
-        return self.vocabulary_loss(self.head_input(rows), self.lm_head.weight, self.lm_head.bias, targets, label_smoothing, self.config.logit_softcap)
+            return (rows.sum() + (weight.sum() if isinstance(weight, torch.Tensor) else 0.0)) * 0.0  # nothing scored: zero, still in the graph
+        return self.vocabulary_loss(self.head_input(rows), weight, bias, targets, label_smoothing, self.config.logit_softcap)
 
     def head_input(self, hidden: torch.Tensor) -> torch.Tensor:
         """What the vocabulary head reads from the last stack's output `hidden` (..., d): the same, or an

@@ -32,28 +32,20 @@ class _FrozenProduct(torch.autograd.Function):
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
         ctx.layer, ctx.input_dtype = layer, x.dtype
         rows = x.reshape(-1, layer.in_features).to(dtype)  # (N, in)
-        if layer.out_features * layer.in_features <= SLAB_VALUES:  # one slab: the product as it comes
-            _, weight = next(layer.slabs(dtype))
-            return (rows @ weight.t()).view(*x.shape[:-1], layer.out_features)
-        y = torch.empty(rows.shape[0], layer.out_features, dtype=dtype, device=x.device)  # (N, out)
-        for start, weight in layer.slabs(dtype):
-            y[:, start : start + weight.shape[0]] = rows @ weight.t()
-        return y.view(*x.shape[:-1], layer.out_features)
+        return layer.product(rows).view(*x.shape[:-1], layer.out_features)
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor, None]:
         layer: QuantLinear = ctx.layer
-        grad = grad_y.reshape(-1, layer.out_features)  # (N, out)
-        grad_x = torch.zeros(grad.shape[0], layer.in_features, dtype=grad.dtype, device=grad.device)  # (N, in)
-        for start, weight in layer.slabs(grad.dtype):
-            grad_x.addmm_(grad[:, start : start + weight.shape[0]], weight)
+        grad_x = layer.input_gradient(grad_y.reshape(-1, layer.out_features))  # (N, in)
         return grad_x.view(*grad_y.shape[:-1], layer.in_features).to(ctx.input_dtype), None
 
 
 class QuantLinear(nn.Module):
     """nn.Linear's product over quantized weights: `blocks` (uint8 buffer, out_features x bytes per row) in
     `format`; `bias` a float parameter or None. `weight` reads as the dequantized matrix (made on each read:
-    for code that needs the whole matrix, as the loss over the vocabulary does), never stored."""
+    for code that needs the whole matrix, as inspection does), never stored; training goes through `product` and
+    `input_gradient`, and the loss over the vocabulary through `slabs`, a slab of rows at a time."""
 
     def __init__(self, blocks: Blocks, bias: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -69,14 +61,36 @@ class QuantLinear(nn.Module):
         blocks = Blocks(self.blocks.cpu(), self.format, (self.out_features, self.in_features))
         return (self.expand(blocks) if self.expand is not None else blocks.dequantized()).to(self.blocks.device)
 
-    def slabs(self, dtype: torch.dtype = torch.float32) -> Iterator[tuple[int, torch.Tensor]]:
-        """The weight a slab of rows at a time, about SLAB_VALUES values each: (first row, the rows as `dtype`)."""
-        step = max(1, SLAB_VALUES // self.in_features)
+    @property
+    def slab_rows(self) -> int:
+        """Rows of W in one slab: about SLAB_VALUES values."""
+        return min(self.out_features, max(1, SLAB_VALUES // self.in_features))
+
+    def slabs(self, dtype: torch.dtype = torch.float32, rows: int | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+        """The weight a slab of rows at a time: (first row, `rows` rows (default `slab_rows`; fewer at the end) as `dtype`)."""
+        step = rows or self.slab_rows
         for start in range(0, self.out_features, step):
             stop = min(start + step, self.out_features)
             blocks = Blocks(self.blocks[start:stop].cpu(), self.format, (stop - start, self.in_features))
             values = self.expand(blocks) if self.expand is not None else blocks.dequantized()
             yield start, values.to(self.blocks.device, dtype)
+
+    def product(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows (N, in) @ W^T -> (N, out) in rows' dtype, no bias, W dequantized a slab of rows at a time."""
+        if self.slab_rows == self.out_features:  # one slab: the product as it comes
+            _, weight = next(self.slabs(rows.dtype))
+            return rows @ weight.t()
+        y = torch.empty(rows.shape[0], self.out_features, dtype=rows.dtype, device=rows.device)  # (N, out)
+        for start, weight in self.slabs(rows.dtype):
+            y[:, start : start + weight.shape[0]] = rows @ weight.t()
+        return y
+
+    def input_gradient(self, grad: torch.Tensor) -> torch.Tensor:
+        """grad (N, out) @ W -> (N, in) in grad's dtype: the gradient of `product`'s input, W a slab at a time."""
+        grad_x = torch.zeros(grad.shape[0], self.in_features, dtype=grad.dtype, device=grad.device)  # (N, in)
+        for start, weight in self.slabs(grad.dtype):
+            grad_x.addmm_(grad[:, start : start + weight.shape[0]], weight)
+        return grad_x
 
     @property
     def weight(self) -> torch.Tensor:

@@ -20,7 +20,7 @@ from tfcli.errors import TfcliError
 from tfcli.loader import load_run
 from tfcli.meta_device import on_meta_device
 from tfcli.model.transformer import Transformer
-from tfcli.quant.linear import held_tensors
+from tfcli.quant.linear import QuantEmbedding, QuantLinear, held_tensors
 from tfcli.quant.tensors import Blocks
 from tfcli.rundir import weights_path
 from tfcli.runtime import physical_memory, resolve_device
@@ -289,10 +289,19 @@ def wrapped(model, config: TrainConfig, world: World, device: torch.device, fsdp
         no_sync = (
             {"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False}
         )  # the older name
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, block_buffers(model))
         ddp = runner = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=unused, **no_sync)
     if config.compile:
         runner = torch.compile(runner)
     return ddp, runner
+
+
+def block_buffers(model) -> list[str]:
+    """The names of a quantized parent's block bytes (QLoRA), which DDP leaves alone: every rank read them from the
+    same file, they never change, and broadcasting them from rank 0 as DDP starts would send the whole parent.
+    Example: ["tok_emb.blocks", "lm_head.blocks", "decoder.blocks.0.attn.qkv.base_layer.blocks", ...]"""
+    layers = model.named_modules(remove_duplicate=False)
+    return [f"{name}.blocks" for name, module in layers if isinstance(module, (QuantLinear, QuantEmbedding))]
 
 
 @dataclasses.dataclass
