@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY_TEXT
+from tests.gguf_files import copied_gguf, gguf_copy, new_gguf
 from tests.helpers import missing_tool
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
 from tfcli.model.config import ModelConfig, RopeScaling
@@ -311,59 +312,55 @@ def _sentencepiece_vocab(tmp_path: Path) -> tuple[list[str], list[float], list[i
 def _write_converter_llama(hf, path: Path, tokens: list[str], scores: list[float], types: list[int]) -> None:
     """What convert_hf_to_gguf.py writes for a LlamaForCausalLM (f32): its keys, its tensor names, q and k permuted."""
     c = hf.config
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("tiny-llama")
-    writer.add_type("model")
-    writer.add_context_length(c.max_position_embeddings)
-    writer.add_embedding_length(c.hidden_size)
-    writer.add_block_count(c.num_hidden_layers)
-    writer.add_feed_forward_length(c.intermediate_size)
-    writer.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
-    writer.add_head_count(c.num_attention_heads)
-    writer.add_head_count_kv(c.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_vocab_size(c.vocab_size)
-    writer.add_tokenizer_model("llama")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_unk_token_id(0)
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
-    names = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight",
-    }
-    for i in range(c.num_hidden_layers):
-        for theirs, ours in (
-            ("self_attn.q_proj", "attn_q"),
-            ("self_attn.k_proj", "attn_k"),
-            ("self_attn.v_proj", "attn_v"),
-            ("self_attn.o_proj", "attn_output"),
-            ("mlp.gate_proj", "ffn_gate"),
-            ("mlp.up_proj", "ffn_up"),
-            ("mlp.down_proj", "ffn_down"),
-            ("input_layernorm", "attn_norm"),
-            ("post_attention_layernorm", "ffn_norm"),
-        ):
-            names[f"model.layers.{i}.{theirs}.weight"] = f"blk.{i}.{ours}.weight"
-    for name, tensor in hf.state_dict().items():
-        data = tensor.detach().numpy().astype(np.float32)
-        if name.endswith("q_proj.weight"):
-            data = _converter_permute(data, c.num_attention_heads)
-        elif name.endswith("k_proj.weight"):
-            data = _converter_permute(data, c.num_key_value_heads)
-        writer.add_tensor(names[name], data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with new_gguf(path, "llama") as writer:
+        writer.add_name("tiny-llama")
+        writer.add_type("model")
+        writer.add_context_length(c.max_position_embeddings)
+        writer.add_embedding_length(c.hidden_size)
+        writer.add_block_count(c.num_hidden_layers)
+        writer.add_feed_forward_length(c.intermediate_size)
+        writer.add_rope_dimension_count(c.hidden_size // c.num_attention_heads)
+        writer.add_head_count(c.num_attention_heads)
+        writer.add_head_count_kv(c.num_key_value_heads)
+        writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+        writer.add_rope_freq_base(10000.0)
+        writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+        writer.add_vocab_size(c.vocab_size)
+        writer.add_tokenizer_model("llama")
+        writer.add_tokenizer_pre("default")
+        writer.add_token_list(tokens)
+        writer.add_token_scores(scores)
+        writer.add_token_types(types)
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_unk_token_id(0)
+        writer.add_add_bos_token(True)
+        writer.add_add_eos_token(False)
+        names = {
+            "model.embed_tokens.weight": "token_embd.weight",
+            "model.norm.weight": "output_norm.weight",
+            "lm_head.weight": "output.weight",
+        }
+        for i in range(c.num_hidden_layers):
+            for theirs, ours in (
+                ("self_attn.q_proj", "attn_q"),
+                ("self_attn.k_proj", "attn_k"),
+                ("self_attn.v_proj", "attn_v"),
+                ("self_attn.o_proj", "attn_output"),
+                ("mlp.gate_proj", "ffn_gate"),
+                ("mlp.up_proj", "ffn_up"),
+                ("mlp.down_proj", "ffn_down"),
+                ("input_layernorm", "attn_norm"),
+                ("post_attention_layernorm", "ffn_norm"),
+            ):
+                names[f"model.layers.{i}.{theirs}.weight"] = f"blk.{i}.{ours}.weight"
+        for name, tensor in hf.state_dict().items():
+            data = tensor.detach().numpy().astype(np.float32)
+            if name.endswith("q_proj.weight"):
+                data = _converter_permute(data, c.num_attention_heads)
+            elif name.endswith("k_proj.weight"):
+                data = _converter_permute(data, c.num_key_value_heads)
+            writer.add_tensor(names[name], data)
 
 
 def test_a_converter_laid_out_llama_imports_and_generates_as_llama_cpp(cli, tmp_path):
@@ -532,23 +529,10 @@ def test_export_refuses_a_tokenizer_llama_cpp_cannot_run(cli, tmp_path):
 
 def _with_keys(src: Path, dst: Path, arch: str | None = None, **keys) -> Path:
     """A copy of a GGUF file with metadata keys set (as u32 when an int, as text when a str), others kept."""
-    reader = gguf.GGUFReader(src)
-    old_arch = reader.fields["general.architecture"].contents()
-    writer = gguf.GGUFWriter(str(dst), arch or old_arch)
     names = {key.replace("__", "."): value for key, value in keys.items()}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture" or key in names:
-            continue
-        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key.replace(f"{old_arch}.", f"{arch}.", 1) if arch else key, field.contents(), field.types[0], sub_type=sub)
-    for key, value in names.items():
-        writer.add_string(key, value) if isinstance(value, str) else writer.add_uint32(key, value)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with gguf_copy(src, dst, arch=arch, drop=names) as writer:
+        for key, value in names.items():
+            writer.add_string(key, value) if isinstance(value, str) else writer.add_uint32(key, value)
     return dst
 
 
@@ -610,28 +594,24 @@ def test_a_bert_gguf_is_refused_as_bert(cli, tmp_path):
     """What llama.cpp's converter writes for a BERT: architecture bert, a WordPiece (bert) tokenizer with its
     [CLS] and [SEP]. tfcli does not import an encoder from GGUF, and says that, not that a key is unknown."""
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", "##s"]
-    writer = gguf.GGUFWriter(str(tmp_path / "bert.gguf"), "bert")
-    writer.add_context_length(16)
-    writer.add_embedding_length(8)
-    writer.add_block_count(1)
-    writer.add_feed_forward_length(16)
-    writer.add_head_count(2)
-    writer.add_layer_norm_eps(1e-12)
-    writer.add_causal_attention(False)
-    writer.add_pooling_type(gguf.PoolingType.CLS)
-    writer.add_tokenizer_model("bert")
-    writer.add_token_list(tokens)
-    writer.add_token_types([3, 2, 3, 3, 3, 1, 1, 1])
-    writer.add_uint32("tokenizer.ggml.cls_token_id", 2)
-    writer.add_sep_token_id(3)
-    writer.add_pad_token_id(0)
-    writer.add_mask_token_id(4)
-    writer.add_unk_token_id(1)
-    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with new_gguf(tmp_path / "bert.gguf", "bert") as writer:
+        writer.add_context_length(16)
+        writer.add_embedding_length(8)
+        writer.add_block_count(1)
+        writer.add_feed_forward_length(16)
+        writer.add_head_count(2)
+        writer.add_layer_norm_eps(1e-12)
+        writer.add_causal_attention(False)
+        writer.add_pooling_type(gguf.PoolingType.CLS)
+        writer.add_tokenizer_model("bert")
+        writer.add_token_list(tokens)
+        writer.add_token_types([3, 2, 3, 3, 3, 1, 1, 1])
+        writer.add_uint32("tokenizer.ggml.cls_token_id", 2)
+        writer.add_sep_token_id(3)
+        writer.add_pad_token_id(0)
+        writer.add_mask_token_id(4)
+        writer.add_unk_token_id(1)
+        writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
     result = cli("import", tmp_path / "bert.gguf", "-o", tmp_path / "run")
     assert result.code == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "is a BERT encoder" in result.stderr and "cls_token_id" not in result.stderr
@@ -668,20 +648,16 @@ def boundary_bpe() -> tuple[list[str], list[str]]:
 
 def _vocab_gguf(path: Path, tokens: list[str], merges: list[str], pre: str) -> Path:
     """A llama GGUF holding only what llama.cpp's vocabulary loader reads (llama_cpp.Llama(vocab_only=True))."""
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for key, value in dict(context_length=64, embedding_length=16, block_count=1, feed_forward_length=32, head_count=2).items():
-        writer.add_uint32(f"llama.{key}", value)
-    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre)
-    writer.add_token_list(tokens)
-    writer.add_token_types([3] + [1] * (len(tokens) - 1))
-    writer.add_token_merges(merges)
-    writer.add_eos_token_id(0)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with new_gguf(path, "llama") as writer:
+        for key, value in dict(context_length=64, embedding_length=16, block_count=1, feed_forward_length=32, head_count=2).items():
+            writer.add_uint32(f"llama.{key}", value)
+        writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(pre)
+        writer.add_token_list(tokens)
+        writer.add_token_types([3] + [1] * (len(tokens) - 1))
+        writer.add_token_merges(merges)
+        writer.add_eos_token_id(0)
     return path
 
 
@@ -746,26 +722,14 @@ def test_the_pre_tokenizers_are_told_apart(tmp_path, boundary_bpe):
 def _rewrite(src: Path, dst: Path, *, drop=(), arch: str | None = None, quantized: str | None = None, kind: str = "Q8_K") -> Path:
     """A copy of a GGUF file through gguf's reader and writer, with keys dropped, another architecture, or
     one tensor declared as another type (Q8_K: llama.cpp's activations' type, which no file's weights have)."""
-    reader = gguf.GGUFReader(src)
-    old_arch = reader.fields["general.architecture"].contents()
-    writer = gguf.GGUFWriter(str(dst), arch or old_arch)
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture" or key.startswith(drop or ("\0",)):
-            continue
-        new_key = key.replace(f"{old_arch}.", f"{arch}.", 1) if arch else key
-        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(new_key, field.contents(), field.types[0], sub_type=sub)
-    for tensor in reader.tensors:
-        if tensor.name == quantized:
-            blocks = np.zeros((tensor.shape[1], gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]][1]), dtype=np.uint8)
-            writer.add_tensor(tensor.name, blocks, raw_dtype=gguf.GGMLQuantizationType[kind])
-        else:
-            writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
+
+    def declared(tensor):
+        if tensor.name != quantized:
+            return np.asarray(tensor.data), tensor.tensor_type
+        blocks = np.zeros((tensor.shape[1], gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]][1]), dtype=np.uint8)
+        return blocks, gguf.GGMLQuantizationType[kind]
+
+    return copied_gguf(src, dst, arch=arch, drop_prefixes=tuple(drop), tensor=declared)
 
 
 def _offset_past_the_end(src: Path, dst: Path) -> Path:
@@ -792,20 +756,8 @@ BAD_FILES = {
 
 
 def _with_key(path: Path) -> Path:
-    reader = gguf.GGUFReader(path)
-    writer = gguf.GGUFWriter(str(path.with_suffix(".tmp")), "qwen2")
-    for key, field in reader.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
-            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    writer.add_uint32("qwen2.expert_count", 8)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    del reader
+    with gguf_copy(path, path.with_suffix(".tmp"), arch="qwen2") as writer:
+        writer.add_uint32("qwen2.expert_count", 8)
     path.with_suffix(".tmp").replace(path)
     return path
 

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, snapshot
+from tests.gguf_files import gguf_copy, new_gguf
 from tests.helpers import mounted_tmpfs
 
 gguf = pytest.importorskip("gguf")
@@ -38,33 +39,29 @@ OLD = time.time() - 3600  # an hour ago: what a killed writer left is that old
 
 def _write_llama(path: Path, tokens: list[str], types: list[int], d: int = 16) -> Path:
     """A tiny SentencePiece-style llama GGUF (one layer, random weights) with this vocabulary."""
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_context_length(32)
-    writer.add_embedding_length(d)
-    writer.add_block_count(1)
-    writer.add_feed_forward_length(32)
-    writer.add_rope_dimension_count(d // 2)
-    writer.add_head_count(2)
-    writer.add_head_count_kv(2)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores([0.0] * len(tokens))
-    writer.add_token_types(types)
-    writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    rng = np.random.default_rng(0)
-    shapes = {"token_embd": (len(tokens), d), "output_norm": (d,)}
-    shapes |= {f"blk.0.{name}": (d, d) for name in ("attn_q", "attn_k", "attn_v", "attn_output")}
-    shapes |= {"blk.0.ffn_gate": (32, d), "blk.0.ffn_up": (32, d), "blk.0.ffn_down": (d, 32), "blk.0.attn_norm": (d,), "blk.0.ffn_norm": (d,)}
-    for name, shape in shapes.items():
-        writer.add_tensor(f"{name}.weight", rng.standard_normal(shape).astype(np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with new_gguf(path, "llama") as writer:
+        writer.add_context_length(32)
+        writer.add_embedding_length(d)
+        writer.add_block_count(1)
+        writer.add_feed_forward_length(32)
+        writer.add_rope_dimension_count(d // 2)
+        writer.add_head_count(2)
+        writer.add_head_count_kv(2)
+        writer.add_layer_norm_rms_eps(1e-5)
+        writer.add_rope_freq_base(10000.0)
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_scores([0.0] * len(tokens))
+        writer.add_token_types(types)
+        writer.add_unk_token_id(0)
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        rng = np.random.default_rng(0)
+        shapes = {"token_embd": (len(tokens), d), "output_norm": (d,)}
+        shapes |= {f"blk.0.{name}": (d, d) for name in ("attn_q", "attn_k", "attn_v", "attn_output")}
+        shapes |= {"blk.0.ffn_gate": (32, d), "blk.0.ffn_up": (32, d), "blk.0.ffn_down": (d, 32), "blk.0.attn_norm": (d,), "blk.0.ffn_norm": (d,)}
+        for name, shape in shapes.items():
+            writer.add_tensor(f"{name}.weight", rng.standard_normal(shape).astype(np.float32))
     return path
 
 
@@ -262,19 +259,8 @@ def test_an_array_longer_than_a_vocabulary_is_refused_before_it_is_read(cli, tmp
 def test_a_metadata_string_past_its_cap_is_refused_from_its_length(cli, tmp_path, small_gguf, monkeypatch):
     monkeypatch.setenv("TFCLI_MAX_GGUF_STRING_BYTES", "1K")
     path = tmp_path / "template.gguf"
-    reader = gguf.GGUFReader(small_gguf)
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for key, field in reader.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
-            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    writer.add_chat_template("{{ messages }}" * 100)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with gguf_copy(small_gguf, path) as writer:
+        writer.add_chat_template("{{ messages }}" * 100)
     result = cli("import", path, "-o", tmp_path / "run")
     _one_line_refusal(result, "metadata tokenizer.chat_template (1,400 bytes)", "1 KiB", "TFCLI_MAX_GGUF_STRING_BYTES")
 

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY_TEXT
+from tests.gguf_files import gguf_copy
 from tests.test_gguf import (
     PROMPT,
     _export,
@@ -197,23 +198,14 @@ def test_a_phi3_gguf_with_a_longer_context_than_its_original_imports_up_to_it(cl
     factors of their own. llama.cpp turns q and k by the short factors up to the original context; tfcli's
     context stops there, with a note, and its logits are llama.cpp's."""
     path = _export(cli, family_runs["phi3-longrope"], tmp_path / "phi3.gguf")
-    reader = gguf.GGUFReader(path)
-    writer = gguf.GGUFWriter(str(tmp_path / "long.gguf"), "phi3")
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        value = {"phi3.context_length": 4096, "phi3.rope.scaling.original_context_length": 256}.get(key, field.contents())
-        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, value, field.types[0], sub_type=sub)
-    writer.add_uint32("phi3.attention.sliding_window", 32)  # Phi-3-mini's; llama.cpp switches it off
-    for tensor in reader.tensors:
+
+    def long_factors_tripled(tensor):
         data = np.asarray(tensor.data)
-        writer.add_tensor(tensor.name, data * 3 if tensor.name == "rope_factors_long.weight" else data, raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    del reader
+        return data * 3 if tensor.name == "rope_factors_long.weight" else data, tensor.tensor_type
+
+    longer = {"phi3.context_length": 4096, "phi3.rope.scaling.original_context_length": 256}
+    with gguf_copy(path, tmp_path / "long.gguf", values=longer, tensor=long_factors_tripled) as writer:
+        writer.add_uint32("phi3.attention.sliding_window", 32)  # Phi-3-mini's; llama.cpp switches it off
     result = cli("import", tmp_path / "long.gguf", "-o", tmp_path / "run")
     assert result.code == 0, result.stderr
     assert "context 256 (longrope's original context" in result.stderr and "sliding_window is 32" in result.stderr

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY_TEXT
+from tests.gguf_files import gguf_copy
 from tests.helpers import missing_tool
 from tests.test_gguf import PROMPT, _llama, _llama_cpp, _llama_greedy, _llama_logits, _suppressed, _tfcli_greedy, _tfcli_logits, ggml_gelu
 from tfcli.checkpoint import load_checkpoint
@@ -244,21 +245,9 @@ def test_what_llama_cpps_gemma3_fixes_otherwise_is_named(overrides, named):
 
 def _rewritten(src: Path, out: Path, drop: tuple[str, ...] = (), add: dict | None = None) -> Path:
     """A copy of a GGUF file with some keys dropped and others added (as floats)."""
-    reader = gguf.GGUFReader(src)
-    writer = gguf.GGUFWriter(str(out), "gemma3")
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture" or key in drop:
-            continue
-        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    for key, value in (add or {}).items():
-        writer.add_float32(key, value)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with gguf_copy(src, out, drop=drop) as writer:
+        for key, value in (add or {}).items():
+            writer.add_float32(key, value)
     return out
 
 

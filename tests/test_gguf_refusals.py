@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.gguf_files import new_gguf
 from tests.test_gguf import _with_keys, exported_llama, runs  # noqa: F401  (module fixtures, shared with test_gguf)
 from tfcli.errors import TfcliError
 from tfcli.gguf.vocab import Vocab
@@ -17,17 +18,13 @@ gguf = pytest.importorskip("gguf")
 
 def _vocab_only(path: Path, model: str, tokens: list[str], **extra) -> Path:
     """A llama file holding a tokenizer and nothing else: import reads the tokenizer before the model."""
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_tokenizer_model(model)
-    writer.add_token_list(tokens)
-    writer.add_token_types([1] * len(tokens))
-    writer.add_token_scores([-float(i) for i in range(len(tokens))])
-    for key, value in extra.items():
-        writer.add_key_value(key.replace("__", "."), value.tolist(), gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.UINT8)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with new_gguf(path, "llama") as writer:
+        writer.add_tokenizer_model(model)
+        writer.add_token_list(tokens)
+        writer.add_token_types([1] * len(tokens))
+        writer.add_token_scores([-float(i) for i in range(len(tokens))])
+        for key, value in extra.items():
+            writer.add_key_value(key.replace("__", "."), value.tolist(), gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.UINT8)
     return path
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.gguf_files import gguf_copy, new_gguf
 from tests.llama_cpp_sdist import pinned, vectors
 from tfcli.errors import TfcliError
 from tfcli.gguf.reader import read_gguf
@@ -161,7 +162,7 @@ def _unigram_gguf(path: Path, remove_extra_whitespaces: bool, byte_fallback: boo
 
     import numpy as np
 
-    gguf = pytest.importorskip("gguf")
+    pytest.importorskip("gguf")
     from tests.conftest import TINY_TEXT
     from tests.test_gguf import VARIED
 
@@ -185,22 +186,18 @@ def _unigram_gguf(path: Path, remove_extra_whitespaces: bool, byte_fallback: boo
     )
     proto = sentencepiece_model_pb2.ModelProto()
     proto.ParseFromString(model.getvalue())
-    writer = gguf.GGUFWriter(str(path), "t5")
-    writer.add_tokenizer_model("t5")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list([piece.piece for piece in proto.pieces])
-    writer.add_token_scores([piece.score for piece in proto.pieces])
-    writer.add_token_types([piece.type for piece in proto.pieces])  # SentencePiece's types are llama.cpp's numbers
-    writer.add_add_space_prefix(proto.normalizer_spec.add_dummy_prefix)
-    writer.add_remove_extra_whitespaces(proto.normalizer_spec.remove_extra_whitespaces)
-    writer.add_precompiled_charsmap(np.frombuffer(proto.normalizer_spec.precompiled_charsmap, dtype=np.uint8).tobytes())
-    writer.add_unk_token_id(proto.trainer_spec.unk_id)
-    writer.add_eos_token_id(proto.trainer_spec.eos_id)
-    writer.add_add_bos_token(False)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with new_gguf(path, "t5") as writer:
+        writer.add_tokenizer_model("t5")
+        writer.add_tokenizer_pre("default")
+        writer.add_token_list([piece.piece for piece in proto.pieces])
+        writer.add_token_scores([piece.score for piece in proto.pieces])
+        writer.add_token_types([piece.type for piece in proto.pieces])  # SentencePiece's types are llama.cpp's numbers
+        writer.add_add_space_prefix(proto.normalizer_spec.add_dummy_prefix)
+        writer.add_remove_extra_whitespaces(proto.normalizer_spec.remove_extra_whitespaces)
+        writer.add_precompiled_charsmap(np.frombuffer(proto.normalizer_spec.precompiled_charsmap, dtype=np.uint8).tobytes())
+        writer.add_unk_token_id(proto.trainer_spec.unk_id)
+        writer.add_eos_token_id(proto.trainer_spec.eos_id)
+        writer.add_add_bos_token(False)
     return model.getvalue()
 
 
@@ -248,23 +245,9 @@ def test_a_unigram_vocabulary_tokenizes_as_llama_cpp(tmp_path, remove_extra_whit
 
 def _with_add_eos(src: Path, dst: Path) -> Path:
     """A copy of a GGUF file whose tokenizer.ggml.add_eos_token is true (a bool, as the converter writes it)."""
-    gguf = pytest.importorskip("gguf")
-    import numpy as np
-
-    reader = gguf.GGUFReader(src)
-    writer = gguf.GGUFWriter(str(dst), reader.fields["general.architecture"].contents())
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key in ("general.architecture", "tokenizer.ggml.add_eos_token"):
-            continue
-        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    writer.add_add_eos_token(True)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    pytest.importorskip("gguf")
+    with gguf_copy(src, dst, drop={"tokenizer.ggml.add_eos_token"}) as writer:
+        writer.add_add_eos_token(True)
     return dst
 
 

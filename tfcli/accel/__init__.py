@@ -72,6 +72,7 @@ def report() -> dict[str, Any]:
             "decisions_file": str(store.path) if store.path is not None else None,
             "notes": list(store.notes),
             "decisions": {key: decision.to_json() for key, decision in sorted(store.decisions.items())},
+            "measured_busy": [key for key, decision in sorted(store.decisions.items()) if decision.measured_busy()],
         }
     )
     return data

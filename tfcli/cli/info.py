@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -19,6 +19,17 @@ def info(
             "--device", help="Describe this machine instead: its processor, and which products, loss and decoding step tfcli chose here, measured, and why."
         ),
     ] = False,
+    forget: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--forget",
+            metavar="WHAT",
+            help="Forget decisions measured on this machine, so the next runs measure them again: all, busy (those measured while "
+            "other work held the cores), a kind of work (products, loss, decoding, quantized, peak), or the start of a name --device lists. "
+            "Repeatable.",
+            show_default=False,
+        ),
+    ] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Describe a run directory without loading its weights.
@@ -32,13 +43,20 @@ def info(
 
     With --device (and no run): the processor and its vector extensions, torch and its threads, whether
     oneDNN and tfcli's C code are usable here, and every choice tfcli.accel measured on this machine so far
-    (candidate times, what was kept, why a candidate was dropped) with the file that keeps them.
+    (candidate times, what was kept, why a candidate was dropped, how busy the machine was) with the file
+    that keeps them. A choice measured while other work held the cores may have kept a slower path:
+    `tfcli info --device --forget busy`, run on an idle machine, has the next runs measure those again.
 
     \b
     Example: tfcli info runs/gpt2
     """
     from tfcli.errors import TfcliError
 
+    if forget:
+        if run is not None:
+            raise TfcliError("--forget forgets this machine's decisions, not a run's", hint="drop the run directory")
+        _forget(forget, json_output)
+        return
     if device:
         if run is not None:
             raise TfcliError("--device describes this machine, not a run", hint="drop the run directory, or drop --device")
@@ -264,14 +282,64 @@ def _device(json_output: bool) -> None:
         if data["accel"] == "on":
             console.print("nothing measured yet: choices are made on first use (training, generating, evaluating, benchmarks)")
         return
+    busy = data.get("measured_busy", [])
     choices = Table(title="choices measured on this machine (fastest of each candidate's runs)", title_justify="left")
-    for column in ("work", "chosen", "candidates", "compiling", "note"):
+    for column in ("work", "chosen", "candidates", "compiling", "machine", "note"):
         choices.add_column(column)
     for key, decision in decisions.items():
         times = ", ".join(f"{name} {seconds * 1e3:.3g} ms" for name, seconds in decision["seconds"].items())
         compiling = f"{decision['compile_seconds']:.1f} s" if decision.get("compile_seconds") else ""
-        choices.add_row(Text(key), decision["choice"], times, compiling, Text(decision.get("note", "")))
+        choices.add_row(Text(key), decision["choice"], times, compiling, _load_cell(decision.get("load"), key in busy), Text(decision.get("note", "")))
     print_table(console, choices)
+    if busy:
+        console.print(
+            Text(
+                f"{counted(len(busy), 'choice was', 'choices were')} measured on a busy machine (other work held the cores): "
+                "they may have kept a slower path. On an idle machine, `tfcli info --device --forget busy` has the next runs measure them again.",
+                style="yellow",
+            )
+        )
+
+
+def _load_cell(load: dict | None, busy: bool):
+    """How busy the machine was while a decision was timed. Example: "busy: waited 41% for a core" """
+    from rich.text import Text
+
+    if not load:
+        return Text("")  # measured by a tfcli that did not record it
+    if load.get("waited") is not None:
+        said = f"waited {load['waited']:.0%} for a core"
+    elif load.get("per_core") is not None:
+        said = f"load {load['per_core']:.2f} per core"
+    else:
+        return Text("")
+    return Text(f"busy: {said}", style="red") if busy else Text(said)
+
+
+def _forget(what: list[str], json_output: bool) -> None:
+    """`--forget WHAT`: remove those decisions from this machine's file, one line saying what went."""
+    from collections import Counter
+
+    from rich.text import Text
+
+    from tfcli.accel.choices import choices_path, forget, kind_of
+
+    path = choices_path()
+    if path is None:
+        stdout_console().print("nothing to forget: with no private cache folder, decisions are kept for one process only")
+        return
+    gone = forget(path, what)
+    if json_output:
+        print_json({"decisions_file": str(path), "forgotten": gone})
+        return
+    kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(Counter(map(kind_of, gone)).items()))
+    again = "it" if len(gone) == 1 else "them"
+    line = (
+        f"forgot {counted(len(gone), 'decision')} ({kinds}) in {path}: the next runs measure {again} again"
+        if gone
+        else f"nothing to forget ({' '.join(what)}) in {path}"
+    )
+    stdout_console().print(Text(line))
 
 
 def _compiled_steps(decisions: dict) -> str:

@@ -1,12 +1,14 @@
-"""What the bench commands share: the machine line beside every table, tfcli.accel's choices, the scratch folder
-(their options are in cli/options.py)."""
+"""What the bench commands share: the machine line beside every table, the table of trainers side by side and
+its verdict, tfcli.accel's choices, the scratch folder (their options are in cli/options.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import platform
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+
+from tfcli.cli.common import print_table, stdout_console
 
 
 def machine_line() -> str:
@@ -26,6 +28,26 @@ def machine_line() -> str:
         f"{processor_name()} ({' '.join(vector_extensions()) or 'no vector extensions listed'}), {os.cpu_count()} cores, "
         f"Python {platform.python_version()}{torch_version}"
     )
+
+
+def print_comparison(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]], summary: str) -> None:
+    """Print a table of the jobs compared (the first column names each, left; the figures right) and under it
+    the line that compares them, to stdout."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*row)
+    out = stdout_console()
+    print_table(out, table)
+    out.print(summary)
+
+
+def verdict(met: bool) -> str:
+    """How a bench's summary line says whether its target was met."""
+    return "ok" if met else "MISSED"
 
 
 def accel_summary() -> str:

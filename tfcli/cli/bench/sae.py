@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.bench.common import machine_line, scratch
-from tfcli.cli.common import print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.bench.common import machine_line, print_comparison, scratch, verdict
+from tfcli.cli.common import print_json, stderr_console
 from tfcli.cli.options import DecoderRun, JsonFlag, Workdir
 from tfcli.cli.sae import Hook, SaeData
 
@@ -56,26 +56,24 @@ def sae(
 
 
 def _print_result(result, machine: str) -> None:
-    from rich.table import Table
-
     s = result.settings
-    table = Table(
-        title=f"SAE bench: topk, {s['d_sae']} features on {s['hook']} (width {s['d_in']}), k {s['k']}, lr {s['lr']:g}, batch {s['batch_size']}, "
+    title = (
+        f"SAE bench: topk, {s['d_sae']} features on {s['hook']} (width {s['d_in']}), k {s['k']}, lr {s['lr']:g}, batch {s['batch_size']}, "
         f"{s['tokens']:,} tokens, {s['threads']} thread(s); {machine}"
     )
-    for column in ("trainer", "CPU s", "wall s", "tokens / CPU s", "L0", "explained var.", "CE loss recovered", "dead", "peak RSS"):
-        table.add_column(column, justify="left" if column == "trainer" else "right")
-    for r in result.rows:
-        table.add_row(
+    columns = ("trainer", "CPU s", "wall s", "tokens / CPU s", "L0", "explained var.", "CE loss recovered", "dead", "peak RSS")
+    rows = [
+        (
             r.trainer, f"{r.cpu_seconds:.2f}", f"{r.wall_seconds:.2f}", f"{r.tokens_per_cpu_second:,.0f}", f"{r.l0:.1f}", f"{r.explained_variance:.3f}",
             f"{r.ce_loss_recovered:.3f}", f"{r.dead_fraction:.1%}", f"{r.peak_rss_mb:.0f} MB",
-        )  # fmt: skip
-    out = stdout_console()
-    print_table(out, table)
+        )
+        for r in result.rows
+    ]  # fmt: skip
     speed = result.ratio("tokens_per_cpu_second")
     quality = [result.ratio(name) for name in ("l0", "explained_variance", "ce_loss_recovered")]
-    verdict = "ok" if speed >= 1 and all(abs(q - 1) <= 0.05 for q in quality) else "MISSED"
-    out.print(
+    met = speed >= 1 and all(abs(q - 1) <= 0.05 for q in quality)
+    summary = (
         f"tfcli / SAELens: tokens per CPU second {speed:.2f}, L0 {quality[0]:.3f}, explained variance {quality[1]:.3f}, "
-        f"CE loss recovered {quality[2]:.3f} (target: speed >= 1, quality within 5%: {verdict})"
+        f"CE loss recovered {quality[2]:.3f} (target: speed >= 1, quality within 5%: {verdict(met)})"
     )
+    print_comparison(title, columns, rows, summary)

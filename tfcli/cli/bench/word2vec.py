@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.bench.common import machine_line, scratch
-from tfcli.cli.common import print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.bench.common import machine_line, print_comparison, scratch, verdict
+from tfcli.cli.common import print_json, stderr_console
 from tfcli.cli.options import JsonFlag, Repeat, SampleData, Workdir
 
 
@@ -65,19 +65,16 @@ def word2vec(
 
 
 def _print_result(result, machine: str) -> None:
-    from rich.table import Table
-
     from tfcli.bench.word2vec import TARGET_RATIO
 
     s = result.settings
-    table = Table(
-        title=f"word2vec bench: {s['algorithm']}, {result.corpus_words:,} words x {s['epochs']} epochs, dim {s['dim']}, window {s['window']}, "
+    title = (
+        f"word2vec bench: {s['algorithm']}, {result.corpus_words:,} words x {s['epochs']} epochs, dim {s['dim']}, window {s['window']}, "
         f"{s['negatives']} negatives, {s['threads']} thread(s), best of {len(result.rounds)}; {machine}"
     )
-    for column in ("trainer", "CPU s", "wall s", "words / CPU s", "words / s", "analogies", "peak RSS"):
-        table.add_column(column, justify="left" if column == "trainer" else "right")
-    for m in result.best:
-        table.add_row(
+    columns = ("trainer", "CPU s", "wall s", "words / CPU s", "words / s", "analogies", "peak RSS")
+    rows = [
+        (
             m.job,
             f"{m.cpu_seconds:.2f}",
             f"{m.wall_seconds:.2f}",
@@ -86,7 +83,10 @@ def _print_result(result, machine: str) -> None:
             f"{m.analogy_accuracy:.1%}",
             f"{m.peak_rss_mb:.0f} MB",
         )
-    out = stdout_console()
-    print_table(out, table)
-    verdict = "ok" if result.cpu_ratio >= TARGET_RATIO else "MISSED"
-    out.print(f"words per CPU second, tfcli / gensim: {result.cpu_ratio:.2f} (target >= {TARGET_RATIO}: {verdict}); by wall time {result.wall_ratio:.2f}")
+        for m in result.best
+    ]
+    summary = (
+        f"words per CPU second, tfcli / gensim: {result.cpu_ratio:.2f} (target >= {TARGET_RATIO}: {verdict(result.cpu_ratio >= TARGET_RATIO)}); "
+        f"by wall time {result.wall_ratio:.2f}"
+    )
+    print_comparison(title, columns, rows, summary)
