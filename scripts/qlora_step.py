@@ -4,8 +4,8 @@ by the loader as `train finetune` makes it; each step a forward pass with the lo
 
     python3 scripts/qlora_step.py [--d-model 512] [--vocab 32000] [--layers 2] [--rows 8] [--tokens 256] [--steps 6]
 
-One thread. Prints the summed loss of the last step, the median wall time of the steps after the first, and the
-process's peak RSS (`ru_maxrss`) before the first step and at the end: the steps' own peak is the difference.
+One thread. Prints the summed loss of the last step, the median wall time of the steps after the first and their
+median CPU time (the process's, less sensitive to a loaded machine), and the process's peak RSS (`ru_maxrss`) before the first step and at the end: the steps' own peak is the difference.
 """
 
 from __future__ import annotations
@@ -72,14 +72,16 @@ def main(argv: list[str] | None = None) -> None:
     ids = torch.randint(0, args.vocab, (args.rows, args.tokens), generator=generator)
     targets = torch.randint(0, args.vocab, (args.rows, args.tokens), generator=generator)
     before = peak_rss_mb()
-    seconds = []
+    seconds, cpu_seconds = [], []
     for _ in range(args.steps):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         loss = model(ids, head=Loss(targets)).loss
         loss.backward()
         seconds.append(time.perf_counter() - start)
-    later = seconds[1:] or seconds
-    print(f"loss {loss.item():.6f}  step {statistics.median(later):.3f} s  peak RSS {before:.0f} MB before the steps, {peak_rss_mb():.0f} MB after")
+        cpu_seconds.append(time.process_time() - cpu_start)
+    later, cpu_later = seconds[1:] or seconds, cpu_seconds[1:] or cpu_seconds
+    step = f"step {statistics.median(later):.3f} s (CPU {statistics.median(cpu_later):.3f} s)"
+    print(f"loss {loss.item():.6f}  {step}  peak RSS {before:.0f} MB before the steps, {peak_rss_mb():.0f} MB after")
 
 
 if __name__ == "__main__":

@@ -317,7 +317,9 @@ def test_two_gloo_ranks_train_a_qlora_run_like_one_process(qlora, cli, tmp_path)
     assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2, 3]
     assert all(abs(a["loss"] - b["loss"]) < 1e-5 for a, b in zip(one, two)), (one, two)
     a, b = (load_file(str(tmp_path / run / "adapter_model.safetensors")) for run in ("one", "two"))
-    assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+    # a rank multiplies 4 rows a step, the one process 8: accel measures each shape class's products on its own (the
+    # frozen blocks' too), so sums may run in another order; an unaveraged gradient would be off by ~lr (1e-2)
+    assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
     assert _sha256(qlora["q8"] / "model.safetensors") == qlora["sha256"]
 
 
@@ -365,7 +367,7 @@ def test_the_qlora_step_script_runs_on_a_tiny_model(capsys):
     spec.loader.exec_module(script)
     script.main(["--d-model", "64", "--vocab", "300", "--layers", "1", "--rows", "2", "--tokens", "16", "--steps", "2"])
     line = capsys.readouterr().out.strip()
-    found = re.fullmatch(r"loss ([\d.]+)  step ([\d.]+) s  peak RSS (\d+) MB before the steps, (\d+) MB after", line)
+    found = re.fullmatch(r"loss ([\d.]+)  step ([\d.]+) s \(CPU ([\d.]+) s\)  peak RSS (\d+) MB before the steps, (\d+) MB after", line)
     assert found, line
-    loss, _, before, after = map(float, found.groups())
-    assert abs(loss / 32 - math.log(300)) < 0.5 and 0 < before <= after
+    loss, wall, cpu, before, after = map(float, found.groups())
+    assert abs(loss / 32 - math.log(300)) < 0.5 and 0 < before <= after and wall > 0 and cpu > 0

@@ -17,6 +17,13 @@ On several threads a product's weight rows are split between them (native.c's `q
 threads, as its fp32 products split them); blocks.c itself has no threads. The C decoder step (`decode_step.py`)
 calls the same chosen function for each quantized matrix (`step_product`) and the same dequantizer for the token
 embedding's row (`step_dequantizer`).
+
+Trained over (QLoRA), a layer's forward product under autograd is `frozen_product`: the fp32 C paths measured
+against the layer's slabs (W dequantized a slab at a time, each slab multiplied by `products`' measured dense
+product, as the backward's grad_y W always is). The rounding paths are left out of that choice: the backward
+differentiates the fp32 product, not the rounded one (TFCLI_QUANT_PATH still forces any path). blocks.c has no
+transposed product (grad_y W over the blocks) for the backward: one would have to beat oneDNN over the dequantized
+slabs, which beat the forward C product on an AVX-512 EPYC (13.5 against 19.3 ms, 2,048 rows x 512 x 1,536, q8_0).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tfcli.accel import build, choices, native
+from tfcli.accel import build, choices, native, products
 from tfcli.accel.machine import vector_extensions
 from tfcli.errors import TfcliError
 from tfcli.quant.formats import FORMATS, quantize
@@ -61,6 +68,7 @@ ROUNDED = ("avx512_vnni", "avx512_bf16", "avx2_int8")  # they round the activati
 ROUNDING_TOLERANCE = 0.02  # how far from the fp32 product a rounded path's may be, of the product's largest value
 FORMAT_CODE = {"q8_0": 0, "q4_0": 1, "q4_K": 2, "q6_K": 3, "bf16": 4}
 MAX_ROWS = 16  # more input rows at once (a prompt) go through PyTorch over the dequantized weight
+TRAINING_ROWS = 512  # a training product's choice is measured at most this many rows (both sides' times grow with them)
 FORCE_VARIABLE = "TFCLI_QUANT_PATH"
 KERNELS = "k2"  # in each decision's name: a machine's decisions about earlier kernels (k1: no tag) are measured again
 
@@ -299,7 +307,9 @@ def close_rounded(expected: torch.Tensor, got: torch.Tensor) -> bool:
     return bool((expected - got).abs().max() <= ROUNDING_TOLERANCE * expected.abs().max() + 1e-5)
 
 
-def _decide(kind: str, layer: QuantLinear, rows: int, names: list[str], same) -> str:
+def _decide(kind: str, layer: QuantLinear, rows: int, names: list[str], same, slabs: bool = False) -> str:
+    """The fastest of `names` for this shape, remembered under `kind`; TORCH is PyTorch's product over the whole
+    dequantized weight, or with `slabs` the layer's own slab product (`QuantLinear.product`)."""
     if len(names) == 1:
         return names[0]
     key = f"{kind} t{torch.get_num_threads()} {rows}x{layer.out_features}x{layer.in_features} {KERNELS}"
@@ -310,7 +320,7 @@ def _decide(kind: str, layer: QuantLinear, rows: int, names: list[str], same) ->
 
     def candidate(name: str):
         if name == TORCH:
-            return lambda: F.linear(x, layer.dequantized())
+            return (lambda: layer.product(x)) if slabs else (lambda: F.linear(x, layer.dequantized()))
         function = kernel(name)
         return lambda: run(function, layer, x)
 
@@ -339,6 +349,38 @@ def product(x: torch.Tensor, layer: QuantLinear) -> torch.Tensor:
     function, code = _plan(layer, m)
     y = F.linear(rows, layer.dequantized()) if function is None else _call(function, code, layer, rows.contiguous())
     return y.view(*x.shape[:-1], layer.out_features)
+
+
+def choose_frozen(layer: QuantLinear, m: int) -> str:
+    """The path for this layer's product under autograd with m input rows (QLoRA's forward): forced, or measured
+    once per format, shape class (rows up to TRAINING_ROWS) and thread count among the layer's slabs (TORCH) and
+    the fp32 C paths."""
+    path = forced()
+    fits = layer.in_features % max(FORMATS[layer.format].block_size, 32) == 0
+    if not fits:
+        return TORCH
+    if path is not None:
+        return path
+    rows = min(_rows_class(m), TRAINING_ROWS)
+    exact = [TORCH] + [path for path in PATHS if path not in ROUNDED and kernel(path) is not None]
+    return _decide(f"quant {layer.format} frozen", layer, rows, exact, close, slabs=True)
+
+
+def frozen_product(rows: torch.Tensor, layer: QuantLinear) -> torch.Tensor:
+    """rows (N, in) times the layer's frozen weight under autograd (no bias): the C path `choose_frozen` picks for
+    fp32 rows on the CPU, else the layer's slabs (`QuantLinear.product`)."""
+    if not (products.plain_cpu_fp32(rows) and layer.blocks.is_contiguous() and rows.shape[0] > 0):
+        return layer.product(rows)
+    plans = layer.__dict__.setdefault("_frozen_plans", {})
+    memo = (min(_rows_class(rows.shape[0]), TRAINING_ROWS), os.environ.get(FORCE_VARIABLE), torch.get_num_threads())
+    if memo not in plans:
+        path = choose_frozen(layer, rows.shape[0])
+        function = None if path == TORCH else kernel(path)
+        plans[memo] = function.formats[FORMAT_CODE[layer.format]] if isinstance(function, _Rounded) else function
+    function = plans[memo]
+    if function is None:
+        return layer.product(rows)
+    return _call(function, FORMAT_CODE[layer.format], layer, rows.contiguous())
 
 
 def step_product(layer: QuantLinear) -> int | None:
@@ -372,12 +414,14 @@ _expand_checked: bool | None = None
 
 
 def attach(model: torch.nn.Module) -> int:
-    """Give every QuantLinear of `model` this product (`QuantLinear.kernel`), and it and a QuantEmbedding the C
+    """Give every QuantLinear of `model` this product (`QuantLinear.kernel`), its product under autograd
+    (`frozen_kernel`) and `products`' measured dense products for its slabs, and it and a QuantEmbedding the C
     dequantizer where it is built and checked; returns how many layers."""
     global _expand_checked
     layers = [module for module in model.modules() if isinstance(module, QuantLinear)]
     for layer in layers:
-        layer.kernel = product
+        layer.kernel, layer.frozen_kernel = product, frozen_product
+        layer.slab_forward, layer.slab_backward = products.forward_product, products.input_gradient
     expand = dequantizer()
     if expand is not None and _expand_checked is None:
         _expand_checked = _expands_as_numpy()

@@ -3,8 +3,11 @@ same `y = x W^T + b`, W held as its block bytes. Its product is `kernel` where t
 for the format, chosen by measurement), else W dequantized for the call and F.linear (the reference).
 
 Trained over (QLoRA: LoRA adapters on a frozen quantized base), W stays frozen and its blocks stay as they are:
-the gradient reaches the layer's input through `_FrozenProduct`, which dequantizes a slab of W's rows at a time
-in the forward and again in the backward, so no float copy of W outlives one slab of one product."""
+the gradient reaches the layer's input through `_FrozenProduct`, whose forward is `frozen_kernel` where
+tfcli.accel attached one (its C product over the blocks where measured faster, else the slabs) and otherwise
+dequantizes a slab of W's rows at a time, as the backward does, so no float copy of W outlives one slab of one
+product. Each slab is multiplied by `slab_forward` / `slab_backward`: PyTorch's `@`, or the dense products
+tfcli.accel chose by measurement."""
 
 from __future__ import annotations
 
@@ -18,7 +21,18 @@ from tfcli.quant.tensors import Blocks
 
 Kernel = Callable[[torch.Tensor, "QuantLinear"], torch.Tensor]  # (x (..., in), layer) -> (..., out), no bias
 Expand = Callable[[Blocks], torch.Tensor]  # blocks -> their float32 matrix
+Matmul = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (a, slab) -> a product with one slab of W's rows
 SLAB_VALUES = 1 << 22  # a slab of W dequantized at once under autograd: 16 MB of float32
+
+
+def rows_times_slab(rows: torch.Tensor, slab: torch.Tensor) -> torch.Tensor:
+    """rows (N, in) @ slab (S, in)^T -> (N, S): the forward's product with one slab (PyTorch's)."""
+    return rows @ slab.t()
+
+
+def gradient_times_slab(grad: torch.Tensor, slab: torch.Tensor) -> torch.Tensor:
+    """grad (N, S) @ slab (S, in) -> (N, in): the input gradient's share from one slab (PyTorch's)."""
+    return grad @ slab
 
 
 class _FrozenProduct(torch.autograd.Function):
@@ -32,7 +46,8 @@ class _FrozenProduct(torch.autograd.Function):
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
         ctx.layer, ctx.input_dtype = layer, x.dtype
         rows = x.reshape(-1, layer.in_features).to(dtype)  # (N, in)
-        return layer.product(rows).view(*x.shape[:-1], layer.out_features)
+        y = layer.frozen_kernel(rows, layer) if layer.frozen_kernel is not None else layer.product(rows)
+        return y.view(*x.shape[:-1], layer.out_features)
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -44,8 +59,8 @@ class _FrozenProduct(torch.autograd.Function):
 class QuantLinear(nn.Module):
     """nn.Linear's product over quantized weights: `blocks` (uint8 buffer, out_features x bytes per row) in
     `format`; `bias` a float parameter or None. `weight` reads as the dequantized matrix (made on each read:
-    for code that needs the whole matrix, as inspection does), never stored; training goes through `product` and
-    `input_gradient`, and the loss over the vocabulary through `slabs`, a slab of rows at a time."""
+    for code that needs the whole matrix, as inspection does), never stored; training goes through `frozen_kernel` (else
+    `product`) and `input_gradient`, and the loss over the vocabulary through `slabs`, a slab of rows at a time."""
 
     def __init__(self, blocks: Blocks, bias: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -54,7 +69,10 @@ class QuantLinear(nn.Module):
         self.register_buffer("blocks", blocks.data)
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
         self.kernel: Kernel | None = None
+        self.frozen_kernel: Kernel | None = None  # the product under autograd tfcli.accel attached, else `product`
         self.expand: Expand | None = None  # a faster dequantizer tfcli.accel attached (C), else NumPy's
+        self.slab_forward: Matmul = rows_times_slab  # tfcli.accel attaches its measured dense products
+        self.slab_backward: Matmul = gradient_times_slab
 
     def dequantized(self) -> torch.Tensor:
         """The weight as float32 (out_features, in_features)."""
@@ -79,17 +97,19 @@ class QuantLinear(nn.Module):
         """rows (N, in) @ W^T -> (N, out) in rows' dtype, no bias, W dequantized a slab of rows at a time."""
         if self.slab_rows == self.out_features:  # one slab: the product as it comes
             _, weight = next(self.slabs(rows.dtype))
-            return rows @ weight.t()
+            return self.slab_forward(rows, weight)
         y = torch.empty(rows.shape[0], self.out_features, dtype=rows.dtype, device=rows.device)  # (N, out)
         for start, weight in self.slabs(rows.dtype):
-            y[:, start : start + weight.shape[0]] = rows @ weight.t()
+            y[:, start : start + weight.shape[0]] = self.slab_forward(rows, weight)
         return y
 
     def input_gradient(self, grad: torch.Tensor) -> torch.Tensor:
         """grad (N, out) @ W -> (N, in) in grad's dtype: the gradient of `product`'s input, W a slab at a time."""
-        grad_x = torch.zeros(grad.shape[0], self.in_features, dtype=grad.dtype, device=grad.device)  # (N, in)
+        grad_x = None
         for start, weight in self.slabs(grad.dtype):
-            grad_x.addmm_(grad[:, start : start + weight.shape[0]], weight)
+            part = self.slab_backward(grad[:, start : start + weight.shape[0]], weight)  # (N, in)
+            grad_x = part if grad_x is None else grad_x.add_(part)
+        assert grad_x is not None  # a layer has at least one row, so one slab
         return grad_x
 
     @property
