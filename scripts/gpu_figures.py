@@ -14,6 +14,7 @@ from pathlib import Path
 
 STEP_LINE = re.compile(r"^   (?P<name>\S+): exit (?P<code>\d+) in (?P<seconds>\d+) s$")
 COMMAND_LINE = re.compile(r"^== (?P<name>[^:]+): (?P<command>.*)$")
+TRAIN_ROW = ("preset", "implementation", "tokens_per_sec", "mfu", "card_mfu", "peak_device_mb", "out_of_memory", "compiled", "compile_seconds", "note")
 
 
 def steps(summary: str) -> dict[str, dict]:
@@ -37,7 +38,8 @@ def json_output(path: Path) -> dict | None:
 
 def headline(figures: dict) -> dict:
     """The issue's figures, where the steps gave them: decode ms per token at 1 and 16 rows (and the ratio to
-    transformers), training tokens/s and MFU (measured-matmul and datasheet) at the largest batch, serve."""
+    transformers), training tokens/s and MFU (measured-matmul and datasheet) at the largest batch, compiled and
+    uncompiled, serve."""
     out: dict = {}
     for step in ("generate", "generate16"):
         for bench in (figures.get(step) or {}).get("benches", []):
@@ -50,17 +52,17 @@ def headline(figures: dict) -> dict:
                 "same_tokens_compiled": bench.get("same_tokens_compiled"),
                 "compiled_tuning": bench.get("tuning"),
             }
-    train = figures.get("train") or figures.get("train_fixed")  # the fixed batch where the search failed
-    if train:
-        out["train"] = {
-            "batch": train.get("batch"),
-            "batch_search": train.get("batch_search"),
-            "card": train.get("card"),
-            "rows": [
-                {key: row.get(key) for key in ("preset", "implementation", "tokens_per_sec", "mfu", "card_mfu", "peak_device_mb", "out_of_memory")}
-                for row in train.get("results", [])
-            ],
-        }
+    # compiled at the largest batch; the fixed batch, uncompiled, where the search or the compiling failed; the
+    # same batch uncompiled where the budget had time left
+    for name, step in (("train", figures.get("train") or figures.get("train_fixed")), ("train_uncompiled", figures.get("train_eager"))):
+        if step:
+            out[name] = {
+                "batch": step.get("batch"),
+                "compile": step.get("compile", False),
+                "batch_search": step.get("batch_search"),
+                "card": step.get("card"),
+                "rows": [{key: row.get(key) for key in TRAIN_ROW} for row in step.get("results", [])],
+            }
     serve = figures.get("serve")
     if serve:
         out["serve"] = serve.get("bench", serve)

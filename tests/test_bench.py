@@ -73,12 +73,54 @@ def test_bench_train_runs_both_loops_on_the_same_shape(cli):
     assert data["card"]["bf16_peak_flops"] == 0.0 and "no datasheet peak on cpu" in data["card"]["note"]
     ours, theirs = data["results"]
     assert ours["batch"] == theirs["batch"] == 2 and ours["card_mfu"] is None and not ours["out_of_memory"]
+    assert data["compile"] is False and not ours["compiled"] and ours["compile_seconds"] == 0.0 == theirs["compile_seconds"]
     assert (ours["implementation"], theirs["implementation"]) == ("tfcli", "transformers")
     assert ours["parameters"] == theirs["parameters"]
     assert all(r["tokens_per_sec"] > 0 and 0 < r["mfu"] < 1 and r["peak_flops"] > 0 for r in (ours, theirs))
     assert ours["peak_flops"] == theirs["peak_flops"]  # one yardstick, so MFU orders rows as tokens/s does
     assert (ours["mfu"] > theirs["mfu"]) == (ours["tokens_per_sec"] > theirs["tokens_per_sec"])
     assert data["throughput_ratio"]["tiny"] > 0
+
+
+def test_bench_train_compile_runs_both_loops_compiled_and_times_the_compiling_apart(cli, monkeypatch):
+    """--compile at tiny on the CPU: both loops run under torch.compile, each row says so with its compile time
+    apart from its timed steps, and the table says what that time is. Both models are only traced (backend
+    "aot_eager": their forward and backward graphs, no code made): inductor's compile of tfcli's loop is
+    `train --compile`'s test (tests/test_train.py), and here it would cost a minute on a cold cache. The
+    workers run in this process (a JSON round trip each), which saves their start-up."""
+    import pytest
+
+    pytest.importorskip("transformers")
+    import torch
+
+    from tfcli.bench import train as bench
+
+    def in_process(module, args):
+        threads = torch.get_num_threads()
+        try:
+            if args[0] == "probe":
+                return json.loads(json.dumps(bench.dataclasses.asdict(bench._probe(args[1], int(args[2]), int(args[3]), args[4], args[5]))))
+            *job, mode = args
+            return json.loads(json.dumps(bench.dataclasses.asdict(bench._job(job[0], job[1], *map(int, job[2:5]), job[5], job[6], mode == "compile"))))
+        finally:
+            torch.set_num_threads(threads)
+
+    compiled, real_compile = [], torch.compile
+
+    def traced_only(module, **options):
+        compiled.append(type(module).__name__)
+        return real_compile(module, **{**options, "backend": "aot_eager"})
+
+    monkeypatch.setattr(torch, "compile", traced_only)
+    monkeypatch.setattr(bench, "run_worker", in_process)
+    monkeypatch.setattr("tfcli.train.setup.peak_matmul_flops", lambda *args, **kwargs: 1e12)  # the loop's own MFU, not the bench's
+    monkeypatch.setenv("COLUMNS", "240")
+    result = cli("bench", "train", "--presets", "tiny", "--batch", "2", "--steps", "1", "--compile", "--no-first-run")
+    assert result.code == 0, result.stderr
+    assert compiled == ["Transformer", "GPT2LMHeadModel"]  # tfcli's trainer compiled its model, the plain loop its own
+    text = " ".join(result.stdout.split())
+    assert "training step under torch.compile, batch 2" in text and "compiled in" in text and "not compiled" not in text
+    assert "the 3 warm-up steps' time beyond that of as many timed steps" in text
 
 
 def test_bench_train_bad_options(cli):

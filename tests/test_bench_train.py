@@ -134,7 +134,7 @@ def test_bench_train_refuses_a_batch_that_is_neither_a_number_nor_max(cli):
 
 
 def test_the_search_never_tries_a_batch_tfclis_loop_would_refuse_nor_one_a_cpu_cannot_hold(monkeypatch):
-    def refuse(config, batch):
+    def refuse(config, batch, device):
         if batch > 4096:
             raise TfcliError(f"--batch-size {batch} needs more memory")
 
@@ -145,3 +145,27 @@ def test_the_search_never_tries_a_batch_tfclis_loop_would_refuse_nor_one_a_cpu_c
     assert [b for b in (2048, 4096, 8192) if on_gpu(b)] == [8192]  # out of memory is the GPU's to say, below the loop's own refusal
     per_row = bench.ACTIVATION_BYTES * config.block_size * config.d_model * config.n_layers
     assert on_cpu(1024**3 // per_row + 1) and not on_cpu(1024**3 // per_row)
+
+
+def test_compiled_rows_show_their_compile_time_apart_and_a_loop_that_could_not_compile_says_so(cli, monkeypatch):
+    """--compile with --batch max (the workers' answers mocked): the search is asked uncompiled, each row's worker
+    compiled; a row shows its compile time in a column of its own, a loop that fell back says why."""
+    asked = []
+    answers = {
+        "probe": {"largest": 8, "tried": [[1, True], [2, True], [4, True], [8, True], [16, False]], "stopped_by": "out of memory"},
+        "tfcli": _worker_row("tfcli", 400_000.0, compiled=True, compile_seconds=41.25),
+        "transformers": _worker_row("transformers", 300_000.0, note="torch.compile does not work here (BackendCompilerFailed); trained without it"),
+    }
+    monkeypatch.setattr(bench, "run_worker", lambda module, args: asked.append(args) or answers[args[0]])
+    monkeypatch.setattr("tfcli.runtime.resolve_device", lambda name: name)
+    monkeypatch.setenv("COLUMNS", "240")
+    args = ("bench", "train", "--presets", "gpt2-small", "--device", "cuda", "--precision", "bf16", "--batch", "max", "--compile")
+    shown = cli(*args)
+    assert shown.code == 0, shown.stderr
+    assert "compile" not in asked[0] and [a[-1] for a in asked[1:]] == ["compile", "compile"]  # the search is never compiled
+    text = " ".join(shown.stdout.split())
+    assert "training step under torch.compile, batch 8" in text and "compiled in" in text and "41.2 s" in text and "not compiled" in text
+    assert "gpt2-small, transformers: torch.compile does not work here (BackendCompilerFailed); trained without it" in text
+    data = json.loads(cli(*args, "--json").stdout)
+    ours, theirs = data["results"]
+    assert data["compile"] is True and (ours["compiled"], ours["compile_seconds"]) == (True, 41.25) and not theirs["compiled"]

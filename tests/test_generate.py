@@ -694,3 +694,60 @@ def test_generate_help_does_not_import_torch():
     code = "import sys\nfrom tfcli.cli.app import main\ntry:\n    main(['generate', '--help'])\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "False" and "--fill-mask" in out
+
+
+class _ReadsFromTheDevice:
+    """Counts the reads of a tensor's values back to the host (each one a GPU-to-CPU copy and a wait on a GPU)
+    while `counting` is set: .item(), .tolist(), .cpu(), .numpy(), int(), float(), bool()."""
+
+    METHODS = ("item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
+
+    def __init__(self, monkeypatch) -> None:
+        self.counting, self.reads = False, []
+        for name in self.METHODS:
+            monkeypatch.setattr(torch.Tensor, name, self._counted(name, getattr(torch.Tensor, name)))
+
+    def _counted(self, name, method):
+        def counted(tensor, *args, **kwargs):
+            if self.counting:
+                self.reads.append(name)
+            return method(tensor, *args, **kwargs)
+
+        return counted
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_one_rows_faster_step_reads_each_new_token_from_the_device_once(tokenizer, monkeypatch, strategy):
+    """The loop reads each chosen token back once (to emit it, and to stop at end-of-text); the window hands that
+    same number to a faster step (the C step, the compiled one), rather than reading it from the device again."""
+    model = make_model()
+
+    class PlainStep:  # a faster step's interface (a number in, the logits out), computed by the model itself
+        def __init__(self, bound_model, cache) -> None:
+            self.model, self.cache, self.tokens = bound_model, cache, []
+
+        def usable(self) -> bool:
+            return True
+
+        def __call__(self, token: int) -> torch.Tensor:
+            assert type(token) is int
+            self.tokens.append(token)
+            return self.model.unembed(self.model.decode(torch.tensor([[token]]), cache=self.cache)[:, -1])
+
+    steps = []
+    model.fast_decode_step = lambda bound_model, cache: steps.append(PlainStep(bound_model, cache)) or steps[-1]
+    expected = completions(make_model(), tokenizer, PROMPTS[:1], max_new_tokens=12, stop_at_eos=False, strategy=strategy)
+    reads = _ReadsFromTheDevice(monkeypatch)
+    real_push = DecoderWindow.push
+
+    def push_counted(window, *args, **kwargs):
+        reads.counting = True
+        try:
+            return real_push(window, *args, **kwargs)
+        finally:
+            reads.counting = False
+
+    monkeypatch.setattr(DecoderWindow, "push", push_counted)
+    got = completions(model, tokenizer, PROMPTS[:1], max_new_tokens=12, stop_at_eos=False, strategy=strategy)
+    assert got == expected and steps[0].tokens == got[0][:11]  # the faster step ran every token but the last
+    assert reads.reads == []  # before: int(next_ids[0]), a second copy of each token

@@ -110,3 +110,60 @@ def test_bench_generate_batch_decodes_the_same_rows_as_transformers(cli, tmp_pat
     assert "batch 3, 3 4-token prompts decoded together" in text and "ms / step" in text and "tokens/s, all rows" in text
     assert "left out at batch 3: llama.cpp (llama-cpp-python decodes one sequence)" in text and "left out at batch 3: tfcli-compiled" in text
     assert "same greedy tokens in every row: yes" in text
+
+
+def test_the_floor_counts_the_bytes_of_the_dtype_decoded_in():
+    """A GPU decodes in bf16 (tfcli.loader.prepare): half the bytes of fp32 a step, and the floor says so; a
+    quantized layer counts its blocks' bytes; the learned position table (one row a step) is left out."""
+    import torch
+
+    from tfcli.bench.generate import weights_read_per_step
+    from tfcli.checkpoint import model_from_tensors
+    from tfcli.model.config import preset
+    from tfcli.model.transformer import Transformer
+    from tfcli.quant.formats import quantize
+    from tfcli.quant.tensors import Blocks
+
+    torch.manual_seed(0)
+    model = Transformer(preset("tiny")).eval()
+    read = (model.parameter_count() - model.pos_emb.weight.numel()) * 4  # the tied head once
+    assert weights_read_per_step(model) == read
+    assert weights_read_per_step(model.to(torch.bfloat16)) == read // 2
+    weights = {k: v.float() for k, v in model.state_dict().items()}
+    name = "decoder.blocks.0.mlp.fc.weight"
+    matrix = weights[name]
+    weights[name] = Blocks(torch.from_numpy(quantize(matrix.numpy(), "q8_0")), "q8_0", tuple(matrix.shape))
+    quantized = model_from_tensors(model.config, weights)
+    blocks = weights[name].data
+    assert weights_read_per_step(quantized) == read - matrix.numel() * 4 + blocks.numel() * blocks.element_size()
+
+
+def test_the_tfcli_job_sets_its_floor_against_the_weights_as_it_decodes_them(tmp_path, monkeypatch):
+    """The worker's own job, with the GPU's cast to bf16 done on the CPU: its bytes a step and its dtype come
+    from the model it decoded, not from the fp32 file, and the bench's floor follows them."""
+    import torch
+
+    from tfcli.bench import generate as bench
+
+    monkeypatch.setattr(bench, "PROBE_SECONDS", 0.01)
+    monkeypatch.setattr(bench, "PROBE_BYTES", 4 * 1024 * 1024)
+    real_load = bench.load_run
+
+    def load_as_a_gpu_would(*args, **kwargs):
+        checkpoint = real_load(*args, **kwargs)
+        checkpoint.model.to(torch.bfloat16)
+        checkpoint.model.fast_decode_step = None  # PyTorch's step, as on a GPU (the C step is the CPU's, in fp32)
+        return checkpoint
+
+    monkeypatch.setattr(bench, "load_run", load_as_a_gpu_would)
+    run, hf, _, fp32_bytes = bench.prepare(tmp_path, "tiny", 4, 6)
+    threads = torch.get_num_threads()
+    try:
+        measured = bench._decode_job("tfcli", run, hf, 4, 6, 1, "cpu", fp32_bytes)
+    finally:
+        torch.set_num_threads(threads)
+    assert (measured.dtype, measured.weight_bytes) == ("bfloat16", fp32_bytes // 2)
+    report = bench.GenerateBench("tiny", "cpu", 1, 4, 6, 128, 1, measured.weight_bytes, 1, {"tfcli": measured})
+    assert report.dtype == "bfloat16" and report.floor_seconds_per_token == pytest.approx(fp32_bytes / 2 / (measured.bandwidth_gb_s * 1e9))
+    per_token = measured.floor_ratio * report.floor_seconds_per_token  # the median call's time per token, against its own floor
+    assert 0 < per_token < measured.seconds

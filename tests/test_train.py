@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -355,3 +356,78 @@ def test_the_first_line_says_what_mfu_is_measured_against(cli, shards, tmp_path)
     assert result.code == 0, result.stderr
     first = next(line for line in result.stderr.splitlines() if line.startswith("training "))
     assert first.endswith("; MFU against the fastest fp32 matmul timed on this machine") and "MFU" in result.stdout
+
+
+def test_on_a_gpu_a_batch_is_held_to_the_gpus_memory_and_the_weights_to_this_machines(cli, shards, tmp_path, monkeypatch):
+    """Training on a GPU (its properties mocked): the activations' check reads the card's memory, not the host's;
+    the weights' check stays with the host's, where the model is built before it moves. The trainer passes its device."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tfcli.errors import TfcliError
+    from tfcli.model.config import preset
+    from tfcli.train import setup, trainer
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(setup, "physical_memory", lambda: 1 << 40)  # a host of 1 TiB
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=8 << 30))  # a card of 8 GiB
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA L4")
+    config = preset("tiny")
+    fits_the_card = (8 << 30) // (16 * config.block_size * config.d_model * config.n_layers)
+    setup.refuse_a_batch_memory_cannot_hold(config, fits_the_card, gpu)
+    setup.refuse_a_batch_memory_cannot_hold(config, fits_the_card + 1, torch.device("cpu"))  # the host holds it
+    with pytest.raises(TfcliError, match=r"for its activations; NVIDIA L4 has 8\.6 GB"):
+        setup.refuse_a_batch_memory_cannot_hold(config, fits_the_card + 1, gpu)
+    monkeypatch.setattr(setup, "physical_memory", lambda: 64 << 20)  # a small host: the weights' check is the host's, on a GPU too
+    with pytest.raises(TfcliError, match="for their weights alone; this machine has 0.1 GB"):
+        setup.refuse_what_memory_cannot_hold(preset("gpt2-small"))
+
+    monkeypatch.setattr(setup, "physical_memory", lambda: 1 << 40)
+    monkeypatch.setattr(trainer, "pick_device", lambda name, world: gpu)  # the run stops at the check, before anything moves
+    per_row = 16 * 32 * 32 * 1  # the tiny model's block size, width and depth (tests.training.TINY_MODEL)
+    batch = (8 << 30) // per_row + 1
+    result = cli(*pretrain_args(shards, tmp_path / "run", "--max-steps", "1", "--precision", "fp32", "--batch-size", str(batch)))
+    assert result.code == 2 and f"--batch-size {batch:,} of 32 tokens" in result.stderr and "NVIDIA L4 has 8.6 GB" in result.stderr
+
+
+def test_one_process_reads_nothing_back_from_the_device_for_its_token_count(shards, tmp_path, monkeypatch):
+    """A step's synchronizations with the device, counted on the CPU: the reads of a tensor's value the trainer
+    makes in a step that is not logged. One process counts its targets on the host; the one read left is the
+    gradient norm, checked before the update (a non-finite one must not reach the weights)."""
+    import torch
+
+    from tfcli.train.job import pretrain_job
+    from tfcli.train.loop import train
+    from tfcli.train.trainer import Trainer
+
+    reads, counting = [], [False]
+    for name in ("item", "tolist", "__int__", "__float__", "__bool__"):
+        method = getattr(torch.Tensor, name)
+
+        def counted(tensor, *args, _method=method, _name=name, **kwargs):
+            caller = sys._getframe(1).f_code.co_filename
+            if counting[0] and caller.endswith(("tfcli/train/trainer.py", "tfcli/train/distributed.py")):
+                reads.append(_name)
+            return _method(tensor, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    real_step = Trainer.step_once
+
+    def step_counted(self):
+        counting[0] = True
+        try:
+            yield from real_step(self)
+        finally:
+            counting[0] = False
+
+    monkeypatch.setattr(Trainer, "step_once", step_counted)
+    monkeypatch.setattr("tfcli.train.setup.peak_matmul_flops", lambda *args, **kwargs: 1e12)
+    sets = ["d_model=32", "n_heads=2", "n_layers=1", "d_ff=64", "block_size=32"]
+    options = {"max_steps": 4, "batch_size": 4, "log_every": 100, "eval_every": 0, "grad_accum": 2}
+    job = pretrain_job(
+        data=shards, output=tmp_path / "run", arch=None, preset_name=None, config_file=None, sets=sets, options=options, tokenizer_path=None, resume=False
+    )
+    events = list(train(job))
+    assert events[-1].step == 4
+    assert reads == ["__float__"] * 4  # before: an .item() on the token count too, every step

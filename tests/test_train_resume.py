@@ -121,6 +121,59 @@ def test_a_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpo
     assert "NaN" not in text and "Infinity" not in text
 
 
+@pytest.mark.parametrize("where", ["step", "evaluation"])
+def test_the_device_running_out_of_memory_is_one_line_with_the_fix_and_the_checkpoint_kept(cli, shards, tmp_path, monkeypatch, where):
+    """CUDA's out-of-memory error, faked on the CPU (torch.OutOfMemoryError, which torch.cuda.OutOfMemoryError is),
+    raised from the third step's forward pass or from the evaluation after it: one line that says what to change,
+    exit 2, and the checkpoint of step 2 as it was written."""
+    import torch
+
+    from tfcli.train import objectives, trainer
+
+    real_loss, calls = objectives.loss_sum, []
+
+    def loss_out_of_memory_at_step_3(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB\nmore")
+        return real_loss(*args, **kwargs)
+
+    def evaluate_out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+
+    if where == "step":
+        monkeypatch.setattr(objectives, "loss_sum", loss_out_of_memory_at_step_3)
+    else:
+        monkeypatch.setattr(trainer, "evaluate_model", evaluate_out_of_memory)
+    run = tmp_path / "run"
+    result = cli(*pretrain_args(shards, run, "--max-steps", "50", "--save-every", "2", "--eval-every", "3"))
+    assert result.code == 2 and "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "out of memory" in line]  # under the progress lines, the error's one
+    begins = "step 3: the cpu device ran out of memory (CUDA out of memory" if where == "step" else "evaluating at step 3: the cpu device ran out"
+    assert line.startswith(f"error: {begins}") and "GPU 0 has" not in line, line  # CUDA's first two sentences, not its paragraph
+    assert "the last good checkpoint (step 2) is kept" in line and "use a smaller --batch-size (--set grad_accum=N keeps the tokens per step)" in line
+    assert json.loads((run / "trainer" / "state.json").read_text())["step"] == 2
+    assert records(run)[-1]["step"] == 2  # nothing recorded after the failure (step 3's record waits for its evaluation)
+
+
+def test_running_out_of_memory_under_compile_is_not_taken_for_the_compiler_failing(cli, shards, tmp_path, monkeypatch):
+    """--compile's fallback (a first step that fails: train without the compiler) leaves the device's
+    out-of-memory alone: a smaller batch is the fix, not dropping torch.compile."""
+    import torch
+
+    from tfcli.train import objectives
+
+    monkeypatch.setattr(torch, "compile", lambda module, *args, **kwargs: module)  # compiling is not what this test times
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(objectives, "loss_sum", out_of_memory)
+    result = cli(*pretrain_args(shards, tmp_path / "run", "--max-steps", "3", "--compile"))
+    assert result.code == 2 and "torch.compile does not work here" not in result.stderr
+    assert "step 1: the cpu device ran out of memory" in result.stderr and "no checkpoint was written" in result.stderr
+
+
 def test_resume_refuses_a_changed_model_or_setting(cli, shards, tmp_path):
     run = tmp_path / "run"
     assert cli(*pretrain_args(shards, run, "--max-steps", "3")).code == 0
@@ -128,7 +181,7 @@ def test_resume_refuses_a_changed_model_or_setting(cli, shards, tmp_path):
     result = cli(*pretrain_args(shards, run, "--max-steps", "5", "--resume", "--set", "n_layers=2"))
     assert result.code == 2 and "n_layers" in result.stderr
     result = cli(*pretrain_args(shards, run, "--max-steps", "5", "--resume", "--batch-size", "8"))
-    assert result.code == 2 and "batch_size" in result.stderr
+    assert result.code == 2 and "batch_size was 4, now 8; pass the run's own value (--set batch_size=4)" in result.stderr
     result = cli(*pretrain_args(shards, run, "--max-steps", "5"))
     assert result.code == 2 and "already holds a run" in result.stderr
     assert snapshot(run) == before

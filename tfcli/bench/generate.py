@@ -51,6 +51,7 @@ from tfcli.hf import export_gpt2, gpt2_incompatibility
 from tfcli.loader import load_run
 from tfcli.model.config import preset
 from tfcli.model.transformer import Transformer
+from tfcli.quant.linear import QuantEmbedding, QuantLinear
 from tfcli.tokenizer.core import TextTokenizer
 
 JOBS = ("tfcli", "tfcli-compiled", "transformers", "tfcli-no-cache", "llama.cpp")
@@ -78,6 +79,8 @@ class DecodeMeasurement:
     compile_seconds: float = 0.0  # a job that decoded with the compiled step: compiling it (or loading it from disk), before its clock
     rows: int = 1  # rows decoded together (new_tokens is per row: the decoding steps)
     row_tokens: list[list[int]] = dataclasses.field(default_factory=list)  # every row's first generated ids
+    weight_bytes: int = 0  # tfcli's jobs: the bytes a step reads, in the dtype decoded in (`weights_read_per_step`)
+    dtype: str = ""  # tfcli's jobs: the dtype its weights were decoded in ("float32", "bfloat16")
 
     @property
     def tokens_per_second(self) -> float:
@@ -99,7 +102,7 @@ class GenerateBench:
     new_tokens: int
     block_size: int
     parameters: int
-    weight_bytes: int  # bytes read per token: every weight once (the tied embedding once, position table not)
+    weight_bytes: int  # bytes read per token: every weight once (the tied embedding once, position table not), as tfcli decoded them
     repeat: int
     results: dict[str, DecodeMeasurement]
     tuning: dict | None = None  # the compiled step's tuning in the first run: choice, seconds per candidate, compile_seconds
@@ -109,6 +112,11 @@ class GenerateBench:
     @property
     def bandwidth_gb_s(self) -> float:
         return self.results["tfcli"].bandwidth_gb_s if "tfcli" in self.results else 0.0
+
+    @property
+    def dtype(self) -> str:
+        """What tfcli decoded in: the loader's choice (bfloat16 on a GPU that has it, else float32)."""
+        return (self.results["tfcli"].dtype if "tfcli" in self.results else "") or "float32"
 
     @property
     def floor_seconds_per_token(self) -> float:
@@ -158,6 +166,7 @@ class GenerateBench:
             "block_size": self.block_size,
             "parameters": self.parameters,
             "weight_bytes": self.weight_bytes,
+            "dtype": self.dtype,
             "bandwidth_gb_s": round(self.bandwidth_gb_s, 3),
             "repeat": self.repeat,
             "floor_ms_per_token": round(self.floor_seconds_per_token * 1e3, 4),
@@ -211,7 +220,8 @@ def synthetic_tokenizer(vocab_size: int, folder: Path) -> Path:
 
 def prepare(work: Path, preset_name: str, prompt_tokens: int, new_tokens: int, against: str | None = None) -> tuple[Path, Path, int, int]:
     """Seeded random weights saved as a run directory and exported to a GPT-2 folder (and against
-    llama.cpp, to WORK/model.gguf, f32). Returns both paths, the parameter count and the weight bytes read per token."""
+    llama.cpp, to WORK/model.gguf, f32). Returns both paths, the parameter count and the weight bytes read per token
+    in float32 (the dtype saved; the tfcli jobs count what they decode in)."""
     config = bench_config(preset_name, prompt_tokens, new_tokens, against)
     problem = gpt2_incompatibility(config)
     if problem:
@@ -226,9 +236,20 @@ def prepare(work: Path, preset_name: str, prompt_tokens: int, new_tokens: int, a
         from tfcli.gguf import export_gguf  # noqa: PLC0415  the gguf extra
 
         export_gguf(run_dir, work / GGUF_FILE, "f32")
-    parameters = model.parameter_count()
-    read_per_token = parameters - (model.pos_emb.weight.numel() if config.positions == "learned" else 0)
-    return run_dir, hf_dir, parameters, read_per_token * 4
+    return run_dir, hf_dir, model.parameter_count(), weights_read_per_step(model)
+
+
+def weights_read_per_step(model: torch.nn.Module) -> int:
+    """The bytes of weights one decoding step reads, in the dtype each is held in: every parameter once (a tied
+    head shares the embedding's) and a quantized layer's blocks, but not a learned position table (one row a
+    step). Example: gpt2-small, 124.4M parameters less 0.8M of positions: 494.6 MB in float32, 247.3 MB in bfloat16."""
+    read: dict[int, int] = {}
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        owner = model.get_submodule(name.rpartition(".")[0])
+        quantized = isinstance(owner, (QuantLinear, QuantEmbedding)) and name.endswith(".blocks")
+        if (isinstance(tensor, torch.nn.Parameter) or quantized) and name != "pos_emb.weight":
+            read[tensor.data_ptr()] = tensor.numel() * tensor.element_size()
+    return sum(read.values())
 
 
 def _prompt(vocab_size: int, length: int) -> list[int]:
@@ -273,9 +294,11 @@ def _decode_job(
         raise TfcliError(f"{job} decodes one row: {ONE_ROW_JOBS[job]}")
     machine_threads = torch.get_num_threads()
     compiled_in = 0.0
+    read, dtype = 0, ""  # tfcli's jobs: the bytes a step reads and their dtype, as the loader made them (bf16 on a GPU)
     if job in ("tfcli", "tfcli-no-cache", "tfcli-compiled"):
         checkpoint = load_run(run_dir, "decode", device, threads)  # as `tfcli generate` loads it
         model = checkpoint.model
+        read, dtype = weights_read_per_step(model), str(next(model.parameters()).dtype).removeprefix("torch.")
         prompts = _prompts(checkpoint.config.model.vocab_size, prompt_tokens, batch)
         if job == "tfcli-compiled":
             model.fast_decode_step = functools.partial(compiled_step.bind, force=True)
@@ -346,7 +369,7 @@ def _decode_job(
     tokens = rows[0]
     bandwidth = ratio = 0.0
     if probing:  # the median call: its time per step over the floor of its own seconds (weights read once a step), and that bandwidth
-        ratios = sorted(((s / len(tokens)) / (weight_bytes / (gb_s * 1e9)), gb_s) for s, gb_s in calls)
+        ratios = sorted(((s / len(tokens)) / (read / (gb_s * 1e9)), gb_s) for s, gb_s in calls)
         ratio, bandwidth = ratios[(len(ratios) - 1) // 2]
     kernel = compiled_step.describe(model) if job in ("tfcli", "tfcli-no-cache") and device == "cpu" else ""
     if batch > 1 and job in ("tfcli", "tfcli-no-cache"):
@@ -355,7 +378,7 @@ def _decode_job(
         kernel = f"the step compiled by torch.compile ({compiled_step.mode_for(torch.device(device))} mode)"
     used = n_threads if job == "llama.cpp" else torch.get_num_threads()
     return DecodeMeasurement(
-        job, seconds, len(tokens), peak_rss_mb(), tokens[:32], kernel, bandwidth, ratio, used, compiled_in, len(rows), [row[:32] for row in rows]
+        job, seconds, len(tokens), peak_rss_mb(), tokens[:32], kernel, bandwidth, ratio, used, compiled_in, len(rows), [row[:32] for row in rows], read, dtype
     )
 
 
@@ -452,7 +475,7 @@ def run_generate_bench(
         new_tokens=new_tokens,
         block_size=block,
         parameters=parameters,
-        weight_bytes=weight_bytes,
+        weight_bytes=results["tfcli"].weight_bytes if "tfcli" in results else weight_bytes,  # as decoded: bf16 on a GPU
         repeat=repeat,
         results=results,
         tuning=tuning,

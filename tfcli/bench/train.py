@@ -6,6 +6,11 @@ against that card's dense bf16 peak too. `batch="max"` first finds the largest b
 doubles the batch from 1 through tfcli's real loop until the device reports out-of-memory (or the cap), and
 the rounds are measured at the largest that ran.
 
+`compile=True` runs both loops under torch.compile: tfcli's as `tfcli train --compile` does (the trainer compiles
+what its forward pass runs), transformers' model compiled the same way. Compiling happens in the first steps,
+which the warm-up absorbs: tokens/s counts only the timed steps, and the warm-up's time beyond that of as many
+timed steps is reported apart, as the compile time. The batch search never compiles (a compile per batch tried).
+
 Before the timed rounds an untimed tfcli run lets tfcli.accel measure its choices for these shapes on this
 machine (kept in its decisions file), as the first run of any command here does: the rounds then time what
 every later run does, and the first run's extra time and memory stay out of the table."""
@@ -33,7 +38,7 @@ from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.families import build_untrained
 from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
 from tfcli.train.data import LMSource, Slot
-from tfcli.train.events import Started, StepDone
+from tfcli.train.events import Note, Started, StepDone
 from tfcli.train.fingerprint import shard_fingerprint
 from tfcli.train.flops import datasheet_peak, measure_matmul_flops, training_flops_per_token
 from tfcli.train.job import ShardJob
@@ -60,6 +65,9 @@ class TrainMeasurement:
     out_of_memory: str = ""  # the device's out-of-memory message where this implementation did not fit the batch
     bf16: bool = False  # trained under bf16 autocast
     device_type: str = "cpu"
+    compiled: bool = False  # its forward and backward ran compiled by torch.compile
+    compile_seconds: float = 0.0  # compiled: the warm-up steps' time beyond that of as many timed steps (compiling, mostly)
+    note: str = ""  # why a loop asked to compile ran without it (torch.compile failed on its first step)
 
 
 @dataclasses.dataclass
@@ -81,6 +89,7 @@ class BatchSearch:
     stopped_by: str  # "out of memory", "the cap (--max-batch N)" or "the memory, by an estimate" (`_too_big`)
 
 
+WARMUP_STEPS = 3  # untimed steps before the timed ones: allocators, kernels' first runs, torch.compile's compiling
 ACTIVATION_BYTES = 64  # a CPU batch is not tried past half the memory at this many bytes per layer, token and model dimension
 
 
@@ -134,15 +143,15 @@ def out_of_memory(error: BaseException) -> bool:
 
 
 def _too_big(model_config, device: torch.device):
-    """The batches the search does not try: one tfcli's loop refuses (its activations, counted low, past this
-    machine's memory) and, on the CPU (no out-of-memory error there, only swapping or the kernel's killer),
+    """The batches the search does not try: one tfcli's loop refuses (its activations, counted low, past the
+    device's memory) and, on the CPU (no out-of-memory error there, only swapping or the kernel's killer),
     one whose activations, counted generously, pass half the memory."""
     total = physical_memory()
     per_row = ACTIVATION_BYTES * model_config.block_size * model_config.d_model * max(1, model_config.n_layers)
 
     def too_big(batch: int) -> bool:
         try:
-            refuse_a_batch_memory_cannot_hold(model_config, batch)
+            refuse_a_batch_memory_cannot_hold(model_config, batch, device)
         except TfcliError:
             return True
         return device.type == "cpu" and bool(total) and batch * per_row > total // 2
@@ -169,14 +178,16 @@ def _make_data(folder: Path, vocab_size: int, tokens: int, seed: int = 0):
     return tokenizer, shard_dir
 
 
-def _job(implementation: str, preset_name: str, batch: int, steps: int, threads: int, device_name: str, precision: str) -> TrainMeasurement:
+def _job(
+    implementation: str, preset_name: str, batch: int, steps: int, threads: int, device_name: str, precision: str, compile: bool = False
+) -> TrainMeasurement:
     keep_freed_memory()  # as `tfcli train` sets it, for both loops, so they differ only in their own work
     if threads:
         torch.set_num_threads(threads)
     model_config = preset(preset_name)
     device = pick_device(device_name)
     try:
-        return _measure(implementation, preset_name, model_config, batch, steps, device_name, precision)
+        return _measure(implementation, preset_name, model_config, batch, steps, device_name, precision, compile=compile)
     except Exception as error:
         if not out_of_memory(error):
             raise
@@ -212,7 +223,16 @@ def _probe(preset_name: str, cap: int, threads: int, device_name: str, precision
 
 
 def _measure(
-    implementation: str, preset_name: str, model_config, batch: int, steps: int, device_name: str, precision: str, warmup: int = 3, with_peak: bool = True
+    implementation: str,
+    preset_name: str,
+    model_config,
+    batch: int,
+    steps: int,
+    device_name: str,
+    precision: str,
+    warmup: int = WARMUP_STEPS,
+    with_peak: bool = True,
+    compile: bool = False,
 ) -> TrainMeasurement:
     config = TrainConfig(
         max_steps=warmup + steps + 1,
@@ -224,6 +244,7 @@ def _measure(
         log_every=10**9,
         device=device_name,
         precision=precision,
+        compile=compile,
     )
     device = pick_device(device_name)
     bf16 = use_bf16(precision, device)
@@ -232,9 +253,11 @@ def _measure(
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer, shard_dir = _make_data(Path(tmp), model_config.vocab_size, max(200_000, 4 * tokens_per_step))
         if implementation == "tfcli":
-            seconds, parameters = _time_tfcli(model_config, config, tokenizer, shard_dir, Path(tmp) / "run", device, warmup, steps)
+            timed = _time_tfcli(model_config, config, tokenizer, shard_dir, Path(tmp) / "run", device, warmup, steps)
         else:
-            seconds, parameters = _time_transformers(model_config, config, shard_dir, device, bf16, warmup, steps)
+            timed = _time_transformers(model_config, config, shard_dir, device, bf16, warmup, steps)
+    seconds, parameters = timed.seconds_per_step, timed.parameters
+    compiled = compile and not timed.note
     peak_device_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
     rate = tokens_per_step / seconds
     peak = measure_matmul_flops(device, torch.bfloat16 if bf16 else torch.float32, seconds=1.0) if with_peak else 0.0
@@ -256,56 +279,90 @@ def _measure(
         card_mfu,
         bf16=bf16,
         device_type=device.type,
+        compiled=compiled,
+        compile_seconds=max(0.0, timed.warmup_seconds - warmup * seconds) if compiled else 0.0,
+        note=timed.note,
     )
 
 
-def _time_tfcli(model_config, config, tokenizer, shard_dir, run_dir, device, warmup: int, steps: int) -> tuple[float, int]:
+@dataclasses.dataclass
+class Timed:
+    """One loop's clock: seconds per timed step, the warm-up steps' seconds (compiling, where it compiles), the
+    parameter count, and why it ran uncompiled where it was asked to compile."""
+
+    seconds_per_step: float
+    warmup_seconds: float
+    parameters: int
+    note: str = ""
+
+
+def _time_tfcli(model_config, config, tokenizer, shard_dir, run_dir, device, warmup: int, steps: int) -> Timed:
     """Seconds per step of the real training loop (data, schedule, forward, backward, clipping, AdamW); the
-    GPU's queue is drained at both ends of the timed steps."""
+    GPU's queue is drained at both ends of the timed steps. The warm-up's clock starts as the loop does."""
     job = ShardJob(run_dir, model_config, config, tokenizer, shard_dir, data_fingerprint=shard_fingerprint(shard_dir))
     run_dir.mkdir()
     events = train(job)
-    started_at, parameters = 0.0, 0
+    begun = started_at = 0.0
+    parameters, note = 0, ""
     try:
         for event in events:
             if isinstance(event, Started):
-                parameters = event.parameters
+                parameters, begun = event.parameters, time.perf_counter()
+            elif isinstance(event, Note) and "torch.compile" in event.message:
+                note = event.message
             elif isinstance(event, StepDone):
                 if event.step == warmup:
                     _sync(device)
                     started_at = time.perf_counter()
                 elif event.step == warmup + steps:
                     _sync(device)
-                    return (time.perf_counter() - started_at) / steps, parameters
+                    return Timed((time.perf_counter() - started_at) / steps, started_at - begun, parameters, note)
     finally:
         events.close()
     raise RuntimeError("the training loop ended early")
 
 
-def _time_transformers(model_config, config, shard_dir, device, bf16: bool, warmup: int, steps: int) -> tuple[float, int]:
-    """Seconds per step of a plain loop over GPT2LMHeadModel: the same batches, AdamW and clipping."""
+def _time_transformers(model_config, config, shard_dir, device, bf16: bool, warmup: int, steps: int) -> Timed:
+    """Seconds per step of a plain loop over GPT2LMHeadModel: the same batches, AdamW and clipping; with
+    `config.compile`, its model compiled by torch.compile, as tfcli's trainer compiles its own (and, as it does,
+    run without the compiler where the first step fails under it)."""
     import transformers
 
     torch.manual_seed(0)
     hf_config = transformers.GPT2Config(**{k: v for k, v in gpt2_config(model_config, 0).items() if k not in ("architectures", "model_type")})
     model = transformers.GPT2LMHeadModel(hf_config).to(device).train()
+    runner = torch.compile(model) if config.compile else model
     optimizer = make_optimizer(model, config, device)  # the same parameter groups: decay on matrices
     source = LMSource(open_shard(shard_dir, "train"), open_shard(shard_dir, "val"), model_config.block_size, config.batch_size, config.seed)
     autocast = (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if bf16 else contextlib.nullcontext
+
+    def forward_backward(ids: torch.Tensor) -> None:
+        with autocast():
+            loss = runner(ids, labels=ids).loss
+        loss.backward()
+
+    note = ""
+    begun = time.perf_counter()
     started_at = 0.0
     for step in range(warmup + steps):
         if step == warmup:
             _sync(device)
             started_at = time.perf_counter()
-        batch = source.batch(Slot(step, 0)).to(device)
-        with autocast():
-            loss = model(batch.tensors["ids"], labels=batch.tensors["ids"]).loss
-        loss.backward()
+        ids = source.batch(Slot(step, 0)).to(device).tensors["ids"]
+        try:
+            forward_backward(ids)
+        except Exception as exc:
+            if runner is model or step or out_of_memory(exc):
+                raise
+            note = f"torch.compile does not work here ({type(exc).__name__}); trained without it"
+            runner = model
+            optimizer.zero_grad(set_to_none=True)
+            forward_backward(ids)
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     _sync(device)
-    return (time.perf_counter() - started_at) / steps, sum(p.numel() for p in model.parameters())
+    return Timed((time.perf_counter() - started_at) / steps, started_at - begun, sum(p.numel() for p in model.parameters()), note)
 
 
 def _sync(device) -> None:
@@ -319,6 +376,7 @@ class TrainBench:
     batch: int  # the batch every row ran at
     yardstick: CardYardstick
     search: BatchSearch | None = None  # with batch="max"
+    compile: bool = False  # both loops were asked to run under torch.compile (each row says whether it did)
 
 
 def run_train_bench(
@@ -331,11 +389,13 @@ def run_train_bench(
     precision: str = "auto",
     first_run: bool = True,
     max_batch: int = 1024,
+    compile: bool = False,
 ) -> TrainBench:
     """Best of `repeat` interleaved rounds per preset and implementation (after the untimed first run unless
     `first_run` is False); MFU against the highest matmul rate any worker measured, and against the card's
     datasheet peak where there is one. `batch="max"`: the largest batch (a power of two, at most `max_batch`)
-    that the first preset fits, found first (the search is the untimed first run then)."""
+    that the first preset fits, found first (the search is the untimed first run then). `compile`: both loops
+    under torch.compile (the search and the untimed first run are not compiled)."""
     search = None
     if batch == "max":
         found = run_worker("tfcli.bench.train", ["probe", presets[0], str(max_batch), str(threads), device, precision])
@@ -347,7 +407,7 @@ def run_train_bench(
     for _ in range(repeat):
         for name in presets:
             for implementation in ("tfcli", "transformers"):
-                args = [implementation, name, str(batch), str(steps), str(threads), device, precision]
+                args = [implementation, name, str(batch), str(steps), str(threads), device, precision, "compile" if compile else "eager"]
                 measured = TrainMeasurement(**run_worker("tfcli.bench.train", args))
                 key = (name, implementation)
                 if key not in best or measured.tokens_per_sec > best[key].tokens_per_sec:
@@ -360,7 +420,7 @@ def run_train_bench(
     for m in ran:
         m.mfu, m.peak_flops = m.mfu * m.peak_flops / peak, peak
     yardstick = card_yardstick(ran[0].device_name, ran[0].device_type, ran[0].bf16)
-    return TrainBench(measured, int(batch), yardstick, search)
+    return TrainBench(measured, int(batch), yardstick, search, compile)
 
 
 if __name__ == "__main__":
@@ -368,6 +428,6 @@ if __name__ == "__main__":
         preset_arg, cap_arg, threads_arg, device_arg, precision_arg = sys.argv[2:]
         print(json.dumps(dataclasses.asdict(_probe(preset_arg, int(cap_arg), int(threads_arg), device_arg, precision_arg))))
         sys.exit(0)
-    impl, preset_arg, batch_arg, steps_arg, threads_arg, device_arg, precision_arg = sys.argv[1:]
-    result = _job(impl, preset_arg, int(batch_arg), int(steps_arg), int(threads_arg), device_arg, precision_arg)
+    impl, preset_arg, batch_arg, steps_arg, threads_arg, device_arg, precision_arg, *mode_arg = sys.argv[1:]
+    result = _job(impl, preset_arg, int(batch_arg), int(steps_arg), int(threads_arg), device_arg, precision_arg, mode_arg == ["compile"])
     print(json.dumps(dataclasses.asdict(result)))

@@ -106,7 +106,7 @@ def beam_search(g: Decoder, indices: list[int], prompts: list[str], rows: list[l
         if seen is not None:
             seen = seen[rows_index]
             seen.scatter_(1, token_index[:, None], True)
-        logits = window.push(token_index)
+        logits = window.push(token_index, next_tokens)
     for p in range(len(rows)):
         search.end_running(p)
         yield from _events(g, search.ended[p], indices[p], prompts[p], rows[p])

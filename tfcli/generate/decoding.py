@@ -270,7 +270,7 @@ class Generator:
                 break  # the last token is never run through the model
             if seen is not None:
                 seen.scatter_(1, chosen[:, None], True)
-            logits = window.push(chosen)
+            logits = window.push(chosen, chosen_list)
         for b, row in enumerate(rows):
             if row.active:
                 yield from finish(b, "length")

@@ -91,8 +91,10 @@ class DecoderWindow:
         self.length = T
         return self._run_window()
 
-    def push(self, next_ids: torch.Tensor) -> torch.Tensor:
-        """Append one token per row (B,) and return the logits that follow it."""
+    def push(self, next_ids: torch.Tensor, on_host: Sequence[int] | None = None) -> torch.Tensor:
+        """Append one token per row (B,) and return the logits that follow it. on_host: the same ids where the
+        caller has already read them from the device (to emit them), so that one row's faster step, which takes
+        its token as a number, does not copy it from the device a second time."""
         if self.length == self.block:  # full: slide, keeping the last keep - 1 tokens and the new one
             kept = self.keep - 1
             self.ids[:, :kept] = self.ids[:, self.length - kept : self.length].clone()
@@ -106,7 +108,7 @@ class DecoderWindow:
             return self._run_window()
         L = self.length
         if self.fast_step is not None and not self.padded and self.fast_step.usable():
-            return self._scores(self.fast_step(int(next_ids[0])))
+            return self._scores(self.fast_step(int(next_ids[0]) if on_host is None else on_host[0]))
         if self.padded:
             hidden = self.model.decode(
                 self.ids[:, L - 1 : L],

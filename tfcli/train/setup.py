@@ -67,13 +67,14 @@ def freeze(model, how: str, task: str) -> None:
             parameter.requires_grad_(name.startswith("classifier."))
 
 
-def initial_model(job: TrainingJob):
+def initial_model(job: TrainingJob, device: torch.device | None = None):
     """A fresh model, the parent's weights (finetune; a new head where the task needs one), or the
-    checkpoint's (resume)."""
+    checkpoint's (resume), built in this machine's memory; `device` is where it will train (its memory holds the
+    activations)."""
     torch.manual_seed(derived_seed(job.config.seed, "init"))
     if not job.resume and not (job.init_from is not None and job.config.lora_rank is not None):
         refuse_what_memory_cannot_hold(job.model_config)  # first: a model too big for memory is the larger mistake
-    refuse_a_batch_memory_cannot_hold(job.model_config, job.config.batch_size)
+    refuse_a_batch_memory_cannot_hold(job.model_config, job.config.batch_size, device)
     if job.resume:
         return load_run(job.run_dir, "resume").model  # an adapter run: wrapped, as it trains
     if job.init_from is not None and job.config.lora_rank is not None:
@@ -104,14 +105,17 @@ def refuse_what_memory_cannot_hold(config) -> None:
         )
 
 
-def refuse_a_batch_memory_cannot_hold(config, batch_size: int) -> None:
-    """A micro-batch whose activations cannot fit: counted low (four float32 values per layer, position and
-    model dimension, where a real step keeps several times that), so only a batch that surely fails is refused."""
-    total = physical_memory()
+def refuse_a_batch_memory_cannot_hold(config, batch_size: int, device: torch.device | None = None) -> None:
+    """A micro-batch whose activations cannot fit in the memory of the device that trains (a GPU's own, else this
+    machine's): counted low (four float32 values per layer, position and model dimension, where a real step keeps
+    several times that), so only a batch that surely fails is refused."""
+    on_gpu = device is not None and device.type == "cuda"
+    total = torch.cuda.get_device_properties(device).total_memory if on_gpu else physical_memory()
     need = 4 * 4 * batch_size * config.block_size * config.d_model * config.n_layers
     if total and need > total:
+        holder = f"{torch.cuda.get_device_name(device)} has" if on_gpu else "this machine has"
         raise TfcliError(
-            f"--batch-size {batch_size:,} of {config.block_size:,} tokens needs more than {need / 1e9:,.1f} GB for its activations; this machine has {total / 1e9:,.1f} GB",
+            f"--batch-size {batch_size:,} of {config.block_size:,} tokens needs more than {need / 1e9:,.1f} GB for its activations; {holder} {total / 1e9:,.1f} GB",
             hint="use a smaller --batch-size (--set grad_accum=N keeps the tokens per step)",
         )
 

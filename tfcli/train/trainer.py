@@ -74,7 +74,7 @@ class Trainer:
         self.source = build_source(job, world)  # data problems surface before anything is written
         self.start = resume_point(job, world)
 
-        self.model = initial_model(job)
+        self.model = initial_model(job, self.device)
         freeze(self.model, cfg.freeze, cfg.task)
         prepare(self.model, "train", self.device)
         self.fsdp = cfg.fsdp
@@ -190,34 +190,53 @@ class Trainer:
         for batch in batches:
             check_token_ids(batch, cfg.task, job.model_config.vocab_size, job.data)
         local_count = sum(b.count for b in batches)
-        global_count = int(all_sum(world, torch.tensor(float(local_count), device=self.device)).item())
+        # one process knows the count already: no trip to the device and back (a synchronization) each step
+        global_count = int(all_sum(world, torch.tensor(float(local_count), device=self.device)).item()) if world.enabled else local_count
         scale = world.size / max(global_count, 1)
         for m, batch in enumerate(batches):
             last = m == len(batches) - 1
             sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
             if self.fsdp:
                 sharding.set_gradient_sync(self.model, last)
-            with sync:
+            with sync, self._out_of_memory_as_error():
                 yield from self._backward(batch.to(self.device), scale)
         self.window.count += local_count  # this rank's; _log sums over ranks
         norm = torch.nn.utils.clip_grad_norm_(self.trainable, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        # read before the update (a synchronization): a non-finite norm must stop the run before the weights take it
         self.grad_norm = float(sharding.local_value(norm))
         if not math.isfinite(self.grad_norm):
-            kept = (
-                f"the last good checkpoint (step {self.saved_step if self.saved_step >= 0 else self.start.step}) is kept"
-                if self.saved_step >= 0 or job.resume
-                else "no checkpoint was written"
-            )
             raise TfcliError(
-                f"step {self.step + 1}: the loss or the gradient norm is not finite ({self.grad_norm}); {kept}",
+                f"step {self.step + 1}: the loss or the gradient norm is not finite ({self.grad_norm}); {self._what_is_kept()}",
                 hint="lower --lr, raise warm-up (--set warmup_steps=N) or check the data",
             )
-        self.optimizer.step()
+        with self._out_of_memory_as_error():
+            self.optimizer.step()  # the first step makes AdamW's state: as large again as the weights, twice
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.tokens_seen += self.speed.tokens_per_step
         self.window.tokens += self.speed.tokens_per_step
         self.elapsed = self.start.elapsed + time.perf_counter() - self.run_start
+
+    def _what_is_kept(self) -> str:
+        """What a run that fails now leaves on disk (nothing is written after the failure)."""
+        if self.saved_step >= 0 or self.job.resume:
+            return f"the last good checkpoint (step {self.saved_step if self.saved_step >= 0 else self.start.step}) is kept"
+        return "no checkpoint was written"
+
+    @contextlib.contextmanager
+    def _out_of_memory_as_error(self, doing: str = "") -> Iterator[None]:
+        """The device running out of memory (torch.OutOfMemoryError, CUDA's) as one line that says what to change.
+        doing: what ran out, as the message starts (default: the step under way)."""
+        try:
+            yield
+        except torch.OutOfMemoryError as exc:
+            first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
+            said = ". ".join(first_line.split(". ")[:2]).rstrip(".")  # CUDA's: "CUDA out of memory. Tried to allocate 2.00 GiB", then a paragraph
+            device = "the GPU" if self.device.type == "cuda" else f"the {self.device.type} device"
+            raise TfcliError(
+                f"{doing or f'step {self.step + 1}'}: {device} ran out of memory ({said}); {self._what_is_kept()}",
+                hint="use a smaller --batch-size (--set grad_accum=N keeps the tokens per step)",
+            ) from None
 
     def _backward(self, batch, scale: float) -> Iterator[Note]:
         def loss_of_batch() -> torch.Tensor:
@@ -228,7 +247,7 @@ class Trainer:
             loss = loss_of_batch()
             (loss * scale).backward()
         except Exception as exc:
-            if self.compile_checked:
+            if self.compile_checked or isinstance(exc, torch.OutOfMemoryError):  # out of memory: the batch, not the compiler
                 raise
             yield Note(f"torch.compile does not work here ({type(exc).__name__}); training without it")
             self.runner = self.ddp if self.ddp is not None else self.model
@@ -297,7 +316,8 @@ class Trainer:
         if evaluate:
             self.evaluated_step = self.step
             if self.evaluates:
-                extra = evaluate_model(self.model, self.val_batches, self.cfg.task, self.device, self.autocast, self.byte_lengths)
+                with self._out_of_memory_as_error(f"evaluating at step {self.step}"):
+                    extra = evaluate_model(self.model, self.val_batches, self.cfg.task, self.device, self.autocast, self.byte_lengths)
         if log:
             self.last_record = self._log(extra)
             yield Logged(self.last_record)

@@ -23,7 +23,7 @@ Presets = Annotated[list[str], typer.Option("--preset", help="Model shapes to me
 PromptTokens = Annotated[int, typer.Option(help="Prompt length in tokens (random ids, the same on both sides).")]
 NewTokens = Annotated[int, typer.Option(help="Tokens generated per call, greedy, end-of-text ignored.")]
 Rounds = Annotated[Optional[int], typer.Option("--repeat", help=f"{REPEAT_HELP} [default: {QUICK_ROUNDS}; {FULL_ROUNDS} with --full].", show_default=False)]
-Device = Annotated[str, typer.Option(help="cpu, cuda or cuda:N (fp32 either way).")]
+Device = Annotated[str, typer.Option(help="cpu (fp32), cuda or cuda:N (bf16 where the GPU has it, on both sides).")]
 Batch = Annotated[
     int,
     typer.Option(
@@ -262,7 +262,7 @@ def _print_generate_bench(out, b, machine: str) -> None:
     prompts = f"{b.batch} {b.prompt_tokens}-token prompts decoded together" if b.batch > 1 else f"{b.prompt_tokens}-token prompt"
     table = Table(
         title=f"{b.preset} ({b.parameters:,} parameters, context {b.block_size}), batch {b.batch}, {prompts}, "
-        f"{b.new_tokens} new tokens, greedy, fp32, {b.device}, best of {b.repeat}; {machine}"
+        f"{b.new_tokens} new tokens, greedy, {b.dtype}, {b.device}, best of {b.repeat}; {machine}"
     )
     per = ("tokens/s, all rows", "ms / step") if b.batch > 1 else ("tokens/s", "ms / token")
     for column in ("implementation", "seconds", *per, "peak RSS"):

@@ -18,6 +18,14 @@ def train(
     ] = "16",
     max_batch: Annotated[int, typer.Option(help="With --batch max: the largest batch tried (on a CPU the memory also caps it, by an estimate).")] = 1024,
     steps: Annotated[int, typer.Option(help="Timed steps per run, after 3 warm-up steps.")] = 10,
+    compile: Annotated[
+        bool,
+        typer.Option(
+            "--compile",
+            help="Run both loops under torch.compile (tfcli's as `train --compile` does); the 3 warm-up steps absorb the compiling, "
+            "whose time is shown apart. The batch search (--batch max) does not compile.",
+        ),
+    ] = False,
     repeat: Repeat = 1,
     device: Device = "cpu",
     precision: Precision = "auto",
@@ -31,7 +39,8 @@ def train(
     device, and on a CUDA card tfcli knows, in bf16, MFU against the card's datasheet dense bf16 peak too.
     --batch max doubles the batch from 1 through tfcli's loop until the device runs out of memory (or
     --max-batch), then measures at the largest that ran (on a GPU: `--device cuda --precision bf16 --batch
-    max`). Targets: tfcli >= 1.0x the peer's tokens/s on every machine, 1.3x where a library faster than
+    max`). --compile runs both loops compiled by torch.compile, the compile time shown apart from the timed
+    steps. Targets: tfcli >= 1.0x the peer's tokens/s on every machine, 1.3x where a library faster than
     PyTorch's default was measured; MFU at small >= 80%; on a GPU, gpt2-small in bf16 at the largest batch
     >= 40% of the card's datasheet peak.
 
@@ -65,9 +74,18 @@ def train(
     except ImportError as exc:
         raise TfcliError("bench train compares against transformers, which is not installed", hint="pip install transformers") from exc
     searching = " (finding the largest that fits first)" if batch == "max" else ""
-    with stderr_console().status(f"benchmarking training of {', '.join(names)} at batch {batch}{searching}"):
+    compiling = ", compiled" if compile else ""
+    with stderr_console().status(f"benchmarking training of {', '.join(names)} at batch {batch}{searching}{compiling}"):
         bench = run_train_bench(
-            names, batch if batch == "max" else int(batch), steps, repeat=repeat, device=device, precision=precision, first_run=first_run, max_batch=max_batch
+            names,
+            batch if batch == "max" else int(batch),
+            steps,
+            repeat=repeat,
+            device=device,
+            precision=precision,
+            first_run=first_run,
+            max_batch=max_batch,
+            compile=compile,
         )
     machine = f"{machine_line()}, device {device}"
     ratios = {name: _ratio(bench.results, name) for name in names}
@@ -82,6 +100,7 @@ def _as_json(bench, machine: str, ratios: dict[str, float | None]) -> dict:
     return {
         "machine": machine,
         "batch": bench.batch,
+        "compile": bench.compile,
         "batch_search": None if search is None else {"largest": search.largest, "tried": search.tried, "stopped_by": search.stopped_by},
         "card": bench.yardstick.__dict__,
         "results": [r.__dict__ for r in bench.results],
@@ -95,9 +114,11 @@ def _print_report(bench, machine: str, ratios: dict[str, float | None]) -> None:
     from rich.table import Table
 
     results, card = bench.results, bench.yardstick
-    table = Table(title=f"training step, batch {bench.batch} x block size; {machine}")
+    compiled = " under torch.compile" if bench.compile else ""
+    table = Table(title=f"training step{compiled}, batch {bench.batch} x block size; {machine}")
     columns = ["preset", "implementation", "tokens/s", "MFU", *(["MFU (datasheet)"] if card.bf16_peak_flops else []), "s / step", "peak RSS"]
     columns += [*(["peak GPU memory"] if any(r.peak_device_mb for r in results) else []), "parameters"]
+    columns += ["compiled in"] if bench.compile else []
     for column in columns:
         table.add_column(column, justify="left" if column in ("preset", "implementation") else "right")
     for r in results:
@@ -108,12 +129,22 @@ def _print_report(bench, machine: str, ratios: dict[str, float | None]) -> None:
         cells += [f"{r.card_mfu:.1%}" if r.card_mfu is not None else ""] if card.bf16_peak_flops else []
         cells += [f"{r.seconds_per_step:.3f}", f"{r.peak_rss_mb:,.0f} MB"]
         cells += [f"{r.peak_device_mb:,.0f} MB"] if "peak GPU memory" in columns else []
-        table.add_row(*cells, f"{r.parameters:,}")
+        cells += [f"{r.parameters:,}"]
+        cells += [(f"{r.compile_seconds:.1f} s" if r.compiled else "not compiled")] if bench.compile else []
+        table.add_row(*cells)
     console = stdout_console()
     print_table(console, table)
     if bench.search is not None:
         tried = ", ".join(f"{b}{'' if ok else ' (out of memory)'}" for b, ok in bench.search.tried)
         console.print(f"largest batch that fits: {bench.search.largest} (tried {tried}; stopped by {bench.search.stopped_by})")
+    if bench.compile:
+        console.print(
+            "compiled in: the 3 warm-up steps' time beyond that of as many timed steps (torch.compile compiles in the first steps, "
+            "inductor's cache on disk shortens it); tokens/s counts only the timed steps"
+        )
+        for r in results:
+            if r.note:
+                console.print(f"{r.preset}, {r.implementation}: {r.note}")
     peak = next(r.peak_flops for r in results if not r.out_of_memory)
     console.print(f"peak matmul rate measured: {peak / 1e9:,.1f} GFLOP/s")
     if card.bf16_peak_flops:
