@@ -84,7 +84,10 @@ def capped(args: list, feed: int = 0, cap: int = MEMORY_CAP) -> tuple[subprocess
         "import resource, sys\n"
         "from tfcli.cli.app import main\n"
         "try:\n    main(sys.argv[1:])\nfinally:\n"
-        "    print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, file=sys.stderr)\n"
+        # VmHWM is this process's own peak: ru_maxrss keeps the forking parent's (a test session's gigabyte) across exec
+        "    status = open('/proc/self/status').read() if sys.platform.startswith('linux') else ''\n"
+        "    hwm = [int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith('VmHWM:')]\n"
+        "    print('PEAK', hwm[0] if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, file=sys.stderr)\n"
     )
     process = subprocess.Popen(
         [sys.executable, "-c", code, *map(str, args)],
@@ -483,3 +486,19 @@ def test_a_text_past_the_token_cap_is_one_line_before_it_is_held(world, tmp_path
     assert run("eval", world["decoder"], "--data", text, "--device", "cpu").code == 0
     monkeypatch.setenv("TFCLI_MAX_TEXT_TOKENS", "1000")
     one_line(run("eval", world["decoder"], "--data", text, "--device", "cpu"), "holds more than 1,000 tokens", "tokenize encode", "TFCLI_MAX_TEXT_TOKENS")
+
+
+def test_a_long_text_file_for_a_window_view_is_refused_or_cropped_before_it_is_tokenized(world, tmp_path):
+    """inspect-attention --text-file of one 100 MB line once took 20 GB and five minutes to say the text was
+    longer than the block size: every token of it was made into a view first (and with --crop, the title split
+    every word). Past what the block size can hold (128 bytes a token at most), it is refused, or cut."""
+    text = tmp_path / "long.txt"
+    text.write_text("word " * 8_000_000, encoding="utf-8")  # 40 MB, 8 M tokens
+    for command in ("inspect-attention", "inspect-logits", "inspect-ablate"):
+        done, peak = capped([command, world["decoder"], "--text-file", text, "--device", "cpu"])
+        last = done.stderr.strip().splitlines()[-1]
+        assert done.returncode == 2 and "the text is 40,000,000 characters, more than the model's block size (32 tokens) can hold" in last, done.stderr
+    done, peak = capped(["inspect-attention", world["decoder"], "--text-file", text, "--crop", "--device", "cpu"])
+    assert done.returncode == 0 and "32 tokens" in done.stdout.splitlines()[0], done.stdout  # the note on the crop is in --json
+    assert peak < 1 << 30
+    print(f"inspect-attention --crop of a 40 MB line: peak RSS {peak / 1e6:.0f} MB")

@@ -172,6 +172,17 @@ def test_bad_requests_get_a_clear_4xx_in_openais_shape(server):
     error_of(httpx.get(server.url + "/attention/cmpl-unknown"), 404)
 
 
+def test_a_body_not_sent_as_json_says_to_send_it_so(server):
+    """`curl -d '{...}'` without -H sends a form's Content-Type: FastAPI leaves the body unparsed, and pydantic
+    answered "Input should be a valid dictionary or object to extract fields from" about a body that is one."""
+    body = json.dumps({"model": "chat", "prompt": "The fox", "max_tokens": 2})
+    form = error_of(post(server, "/completions", content=body, headers={"content-type": "application/x-www-form-urlencoded"}), 415)
+    assert form["message"].startswith("the body is sent as 'application/x-www-form-urlencoded'") and "'Content-Type: application/json'" in form["message"]
+    assert "sent without a Content-Type" in error_of(post(server, "/chat/completions", content=body), 415)["message"]
+    assert "the body must be a JSON object" in error_of(post(server, "/completions", json=[1, 2]), 400)["message"]
+    assert post(server, "/completions", content=body, headers={"content-type": "application/json; charset=utf-8"}).status_code == 200
+
+
 def test_a_run_without_a_chat_template_refuses_chat_clearly(tmp_path, trained_tokenizer):
     import torch
 

@@ -46,6 +46,14 @@ def test_text_trains_in_one_command(cli, tmp_path):
     again = cli(*args[: -len(TINY_MODEL)], "--max-steps", "5", *TINY_MODEL, "--resume")
     assert again.code == 0, again.stderr
     assert "kept" in again.stderr and json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 5
+    other = tmp_path / "other.txt"  # --resume with other text once went on with the kept shards, silently
+    other.write_text(TINY_TEXT * 41, encoding="utf-8")
+    refused = cli("train", "pretrain", "--data", other, *args[4 : -len(TINY_MODEL)], "--max-steps", "6", *TINY_MODEL, "--resume")
+    assert refused.code == 2 and f"cannot resume: {run} trains on the text it encoded from {notes} (" in refused.stderr, refused.stderr
+    with notes.open("a", encoding="utf-8") as grown:
+        grown.write("One more line.\n")
+    assert cli(*args[: -len(TINY_MODEL)], "--max-steps", "6", *TINY_MODEL, "--resume").code == 2
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 5
 
 
 def test_a_small_text_stops_early_and_best_keeps_the_lowest_validation_loss(cli, tmp_path):

@@ -30,7 +30,16 @@ from tfcli.model.transformer import Transformer
 from tfcli.quant.linear import QuantEmbedding, QuantLinear, held_tensors
 from tfcli.quant.mix import plan
 from tfcli.quant.tensors import Blocks, quantized_bytes, read_quantized
-from tfcli.rundir import CHECKPOINT_FORMAT, CONFIG_FILE, WEIGHTS_FILE, RunConfig, read_run_config, run_file_problems, weights_path
+from tfcli.rundir import (
+    CHECKPOINT_FORMAT,
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    RunConfig,
+    read_run_config,
+    refuse_other_artifacts,
+    run_file_problems,
+    weights_path,
+)
 from tfcli.tensorfile import read_tensors
 from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
 
@@ -189,6 +198,7 @@ def quantize_run(run_dir: Path, out_dir: Path, file_type: str) -> RunConfig:
         raise TfcliError(f"{run_dir} holds f32 weights already; there is nothing to dequantize", hint="pick a type: bf16, q8_0, q4_0, q4_k_m")
     if (out_dir / CONFIG_FILE).exists() or (out_dir / WEIGHTS_FILE).exists():
         raise TfcliError(f"{out_dir} already holds a run", hint="write to another folder with -o, or delete that one first")
+    refuse_other_artifacts(out_dir, "quantized run")
     checkpoint = load_checkpoint(run_dir)
     model = checkpoint.model
     if file_type == "f32":
@@ -245,6 +255,7 @@ def save_merged(run_dir: Path, out_dir: Path) -> RunConfig:
         raise TfcliError(f"{run_dir} is not an adapter run; there is nothing to merge", hint="drop --merge")
     if (out_dir / CONFIG_FILE).exists() or (out_dir / WEIGHTS_FILE).exists():
         raise TfcliError(f"{out_dir} already holds a run", hint="merge into another folder with -o, or delete that one first")
+    refuse_other_artifacts(out_dir, "merged run")
     checkpoint = load_checkpoint(run_dir)
     return save_checkpoint(
         out_dir, checkpoint.model, checkpoint.tokenizer, training=checkpoint.config.training, source=str(run_dir), source_class=checkpoint.config.source_class

@@ -285,8 +285,25 @@ def no_empty_folder_left(folder: Path, leftovers: Iterable[str] = ()) -> Iterato
         yield
     except BaseException:
         if not existed and folder.is_dir() and all(p.name in removable for p in folder.iterdir()):
-            shutil.rmtree(folder, ignore_errors=True)
+            with _unless_locked(folder) as free:
+                if free:  # else another process made the folder at the same moment and is writing there now
+                    shutil.rmtree(folder, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def _unless_locked(folder: Path) -> Iterator[bool]:
+    """Hold FOLDER/.lock, if there is one, while the block runs; yields False where another process holds it."""
+    if fcntl is None or not (Path(folder) / LOCK_FILE).is_file():
+        yield True
+        return
+    with open(Path(folder) / LOCK_FILE, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        yield True
 
 
 @contextlib.contextmanager
@@ -296,22 +313,30 @@ def nothing_left_on_failure(folder: Path, doing: str) -> Iterator[None]:
     full disk, a read-only folder) becomes one line."""
     folder = Path(folder)
     existed = folder.exists()
-    before = {p.name for p in folder.iterdir()} if folder.is_dir() else set()
-    try:
-        yield
-    except BaseException as exc:
-        if folder.is_dir():
-            for entry in folder.iterdir():
-                if entry.name not in before:
-                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
-            if not existed and not any(folder.iterdir()):
-                folder.rmdir()
-        if isinstance(exc, (OSError, SafetensorError)):
-            raise TfcliError(
-                f"could not finish {doing} {folder}: {describe_write_error(exc)}",
-                hint="check the free space and the folder's permissions, or choose another -o",
-            ) from exc
-        raise
+    if not existed:
+        with contextlib.suppress(OSError):  # made now to be locked; where it cannot be, the command says why
+            folder.mkdir(parents=True)
+    own_lock_file = not (folder / LOCK_FILE).exists()
+    # Two commands writing one folder at once would mix their files (and each report success): the second is refused.
+    with exclusive_lock(folder, "writing into") if folder.is_dir() else contextlib.nullcontext():
+        before = {p.name for p in folder.iterdir()} - ({LOCK_FILE} if own_lock_file else set()) if folder.is_dir() else set()
+        try:
+            yield
+        except BaseException as exc:
+            if folder.is_dir():
+                for entry in folder.iterdir():
+                    if entry.name not in before:
+                        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink(missing_ok=True)
+                if not existed and not any(folder.iterdir()):
+                    folder.rmdir()
+            if isinstance(exc, (OSError, SafetensorError)):
+                raise TfcliError(
+                    f"could not finish {doing} {folder}: {describe_write_error(exc)}",
+                    hint="check the free space and the folder's permissions, or choose another -o",
+                ) from exc
+            raise
+        if own_lock_file:
+            (folder / LOCK_FILE).unlink(missing_ok=True)  # an exported folder is left as it was written
 
 
 def describe_write_error(exc: BaseException) -> str:

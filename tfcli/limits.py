@@ -125,6 +125,18 @@ BYTES_PER_TOKEN = 128  # a prompt line past context x this many bytes cannot all
 READ_BLOCK = 1 << 20
 
 
+def within_context(text: str, block_size: int, what: str, *, crop: bool = False, hint: str = "shorten it") -> str:
+    """`text` as a command that looks at one window may tokenize it: a text longer than `block_size` tokens of
+    BYTES_PER_TOKEN bytes can be is refused, or with `crop` cut to that length, before it is tokenized (the
+    tokens and their views take many times the text's memory). Example: 10 MB for a 128-token model -> refused."""
+    cap = (block_size + 1) * BYTES_PER_TOKEN
+    if len(text) <= cap:
+        return text
+    if crop:
+        return text[:cap]
+    raise TfcliError(f"the {what} is {len(text):,} characters, more than the model's block size ({block_size:,} tokens) can hold", hint=hint)
+
+
 def read_prompt_lines(handle: BinaryIO, where: str, line_cap: int, context: str) -> list[bytes]:
     """The non-blank lines of a prompt file or a pipe, read a block at a time and stopped as soon as a cap
     is passed: a line longer than `line_cap` bytes (more than the context, described by `context`, can use),

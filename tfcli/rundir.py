@@ -5,6 +5,7 @@ is `tfcli.checkpoint`'s."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from tfcli.model.config import ModelConfig
 from tfcli.quant.formats import block_format
 from tfcli.schema import JsonRecord
 from tfcli.tensorfile import weights_header_problem
-from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
+from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
 from tfcli.training_config import TrainConfig
 
 CHECKPOINT_FORMAT = 1
@@ -73,6 +74,8 @@ def read_run_config(run_dir: Path) -> RunConfig:
     run_dir = Path(run_dir)
     if run_dir.is_file():
         _refuse_pickle(run_dir)
+        if run_dir.suffix.lower() == ".gguf":
+            raise TfcliError(f"{run_dir} is a GGUF file, not a run directory", hint=f"import it first: tfcli import {run_dir} -o RUN")
         raise TfcliError(f"{run_dir} is a file, not a run directory", hint="pass the folder that holds config.json")
     if not run_dir.is_dir():
         raise TfcliError(f"run directory {run_dir} does not exist", hint="train one with `tfcli train pretrain` or import one with `tfcli import`")
@@ -84,6 +87,11 @@ def read_run_config(run_dir: Path) -> RunConfig:
         if pickles:
             _refuse_pickle(run_dir / pickles[0])
     if not (run_dir / CONFIG_FILE).is_file():
+        if (run_dir / "cfg.json").is_file() and (run_dir / "sae_weights.safetensors").is_file():
+            raise TfcliError(f"{run_dir} is a sparse autoencoder, not a run directory", hint=f"pass its model as the run and the SAE with --sae {run_dir}")
+        runs = _runs_inside(run_dir)
+        if runs:
+            raise TfcliError(f"{run_dir} is not a run directory but holds runs", hint=f"pass one of them: {', '.join(str(run) for run in runs)}")
         raise TfcliError(f"{run_dir} has no {CONFIG_FILE}; it is not a tfcli run directory", hint="for a Hugging Face GPT-2 folder use `tfcli import`")
     _refuse_other_folders(run_dir)
     config = RunConfig.load(run_dir / CONFIG_FILE)
@@ -110,6 +118,27 @@ def read_run_config(run_dir: Path) -> RunConfig:
         except TfcliError as error:
             raise TfcliError(f"{run_dir / CONFIG_FILE}: {error.message}", hint="restore the run's own config.json, or remove the training section") from None
     return config
+
+
+def refuse_other_artifacts(out_dir: Path, what: str) -> None:
+    """A run or an exported model brings its own tokenizer.json and tokenizer_config.json: a folder that holds a
+    tokenizer (`tfcli tokenize train`'s) or token shards is never written into, where they would be replaced or mixed."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        return
+    kind = artifact_kind(out_dir)
+    if kind is None and any((out_dir / name).exists() for name in (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE)):
+        kind = "a folder with a tokenizer in it"
+    if kind is not None:
+        raise TfcliError(f"{out_dir} is {kind}; the {what} would write over it", hint="pass a new or empty folder with -o")
+
+
+def _runs_inside(folder: Path, most: int = 5) -> list[Path]:
+    """The run directories among FOLDER's first entries (`tfcli quickstart`'s runs/quickstart holds model/ and
+    classifier/), to name when FOLDER itself is given as a run."""
+    entries = sorted(itertools.islice(folder.iterdir(), 1000))
+    weights = (WEIGHTS_FILE, ADAPTER_WEIGHTS_FILE)
+    return [entry for entry in entries if (entry / CONFIG_FILE).is_file() and any((entry / name).is_file() for name in weights)][:most]
 
 
 def _refuse_other_folders(run_dir: Path) -> None:

@@ -24,8 +24,10 @@ def _read_text(value: str | None, file: Path | None, what: str, flag: str) -> st
         raise TfcliError(f"{what} file {file} is a folder", hint=f"pass a text file to {flag}-file")
     if not file.is_file():
         raise TfcliError(f"{what} file {file} does not exist", hint="check the path")
+    from tfcli.limits import PROMPT_FILE, read_file_capped
+
     try:
-        raw = file.read_bytes()
+        raw = read_file_capped(file, PROMPT_FILE)  # as inspect-features --data reads a text file
     except OSError as exc:
         raise TfcliError(f"cannot read {file}: {exc.strerror or exc}") from exc
     from tfcli.corpus.reader import binary_file_error, looks_binary

@@ -62,8 +62,8 @@ def serve(
     --allowed-hosts when it sits behind one.
 
     \b
-    Example: tfcli serve runs/quickstart --port 8000
-    then:    curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' -d '{"model": "quickstart", "prompt": "Once upon a time", "max_tokens": 20}'
+    Example: tfcli serve runs/quickstart/model --port 8000
+    then:    curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' -d '{"model": "model", "prompt": "Once upon a time", "max_tokens": 20}'
     """
     from tfcli.errors import TfcliError
     from tfcli.runtime import check_threads

@@ -308,6 +308,13 @@ def load_shard_meta(shard_dir: Path) -> ShardMeta:
     """Read and check DIR/meta.json and the sizes of the .bin files it describes."""
     shard_dir = Path(shard_dir)
     meta_path = shard_dir / META_FILE
+    if shard_dir.is_file():
+        raise TfcliError(
+            f"{shard_dir} is a file, not a folder of token shards",
+            hint=f"encode it first: tfcli tokenize encode {shard_dir} -t TOKENIZER -o SHARDS, then pass SHARDS",
+        )
+    if not shard_dir.exists():
+        raise TfcliError(f"{shard_dir} does not exist", hint="pass a folder of token shards, as `tfcli tokenize encode` writes")
     if not meta_path.is_file():
         raise TfcliError(f"{shard_dir} has no {META_FILE}", hint="encode a corpus into it with `tfcli tokenize encode`")
     meta = ShardMeta.load(meta_path)

@@ -59,7 +59,7 @@ from tfcli.model.transformer import Transformer
 from tfcli.quant.formats import quantize, scales_finite
 from tfcli.quant.mix import gguf_format, plan
 from tfcli.quant.tensors import read_quantized
-from tfcli.rundir import CONFIG_FILE, WEIGHTS_FILE, read_run_config
+from tfcli.rundir import CONFIG_FILE, WEIGHTS_FILE, read_run_config, refuse_other_artifacts
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
 
 if TYPE_CHECKING:
@@ -353,6 +353,7 @@ def import_gguf(src: Path, run_dir: Path) -> Imported:
     src, run_dir = Path(src), Path(run_dir)
     if (run_dir / CONFIG_FILE).exists() or (run_dir / WEIGHTS_FILE).exists():
         raise TfcliError(f"{run_dir} already holds a run", hint="import into another folder with -o, or delete that one first")
+    refuse_other_artifacts(run_dir, "imported run")
     file = read_gguf(src)
     where = str(src)
     arch = file.metadata.get("general.architecture")

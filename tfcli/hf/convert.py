@@ -38,7 +38,7 @@ from tfcli.loader import load_run
 from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
 from tfcli.model.transformer import Transformer
-from tfcli.rundir import CONFIG_FILE, WEIGHTS_FILE, read_run_config
+from tfcli.rundir import CONFIG_FILE, WEIGHTS_FILE, read_run_config, refuse_other_artifacts
 from tfcli.tokenizer.chat_template import ChatTemplate
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
@@ -76,11 +76,13 @@ def _hf_class(hf: dict[str, Any], path: Path) -> str:
     raise TfcliError(f"{path} describes model_type {model_type!r} and no architectures tfcli knows", hint=f"tfcli imports {', '.join(FAMILIES)}")
 
 
-def _refuse_to_overwrite(folder: Path, what: str, verb: str) -> None:
-    """Both directions write config.json and model.safetensors; what is already there is never replaced."""
+def _refuse_to_overwrite(folder: Path, what: str, verb: str, made: str) -> None:
+    """Both directions write config.json, model.safetensors and the tokenizer's files (the `made` thing);
+    what is already there is never replaced."""
     if any((folder / name).exists() for name in ("config.json", WEIGHTS_FILE)):
         held = "a tfcli run" if _is_tfcli_run(folder) else what
         raise TfcliError(f"{folder} already holds {held}", hint=f"{verb} into another folder with -o, or delete that one first")
+    refuse_other_artifacts(folder, made)
 
 
 def _is_tfcli_run(folder: Path) -> bool:
@@ -121,9 +123,11 @@ def import_hf(src: Path, run_dir: Path) -> Imported:
     """Read a Hugging Face folder (safetensors only, one tensor at a time) and save it as a tfcli run directory."""
 
     src, run_dir = Path(src), Path(run_dir)
+    if not src.exists():
+        raise TfcliError(f"{src} does not exist", hint="pass a Hugging Face model folder (config.json + model.safetensors + tokenizer) or a .gguf file")
     if not src.is_dir():
         raise TfcliError(f"{src} is not a folder", hint="pass a Hugging Face model folder (config.json + model.safetensors + tokenizer)")
-    _refuse_to_overwrite(run_dir, "a run", "import")
+    _refuse_to_overwrite(run_dir, "a run", "import", "imported run")
     if _is_tfcli_run(src):
         raise TfcliError(f"{src} is a tfcli run already; there is nothing to import", hint="use it as it is, or copy the folder")
     data = read_hf_config(src)
@@ -209,7 +213,7 @@ def _option_beyond(config: ModelConfig, hf_class: str) -> str | None:
 def export_hf(run_dir: Path, out_dir: Path) -> tuple[str, dict[str, Any]]:
     """Write OUT/config.json, OUT/model.safetensors and the tokenizer files for the transformers class
     that expresses this run; returns that class and its config."""
-    _refuse_to_overwrite(Path(out_dir), "an exported model", "export")
+    _refuse_to_overwrite(Path(out_dir), "an exported model", "export", "exported model")
     checkpoint = load_run(run_dir, "export")  # an adapter run's adapter is merged (export_lora_hf keeps it apart)
     return write_hf_folder(checkpoint, checkpoint.model.state_dict(), out_dir)
 

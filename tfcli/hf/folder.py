@@ -26,6 +26,16 @@ _MISSING = object()
 def read_hf_config(src: Path) -> dict[str, Any]:
     """config.json of a Hugging Face folder, as a dictionary."""
     path = src / "config.json"
+    if not path.is_file() and (src / "adapter_config.json").is_file():
+        raise TfcliError(
+            f"{src} is a PEFT adapter, not a model: tfcli imports whole models",
+            hint="import its base model, or merge the adapter into it with PEFT's merge_and_unload() and import the merged folder",
+        )
+    if not path.is_file() and (src / "base" / "config.json").is_file() and (src / "adapter" / "adapter_config.json").is_file():
+        raise TfcliError(
+            f"{src} holds a base model and a PEFT adapter (as `tfcli export` writes a LoRA run); tfcli imports whole models",
+            hint=f"import {src / 'base'}, or merge the adapter with PEFT's merge_and_unload() and import the merged folder",
+        )
     if not path.is_file():
         raise TfcliError(f"{src} has no config.json", hint="pass a Hugging Face model folder (config.json + model.safetensors + tokenizer)")
     return read_json_object(path)

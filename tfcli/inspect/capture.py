@@ -16,6 +16,7 @@ import torch
 from tfcli.errors import TfcliError, a_or_an
 from tfcli.inspect.hooks import Hooks
 from tfcli.inspect.stats import repeated_random_ids, summarize_heads
+from tfcli.limits import within_context
 from tfcli.model.transformer import HIDDEN, DecoderInput
 from tfcli.tokenizer.show import TokenView, token_views, visible
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from tfcli.tokenizer.core import TextTokenizer
 
 KINDS: tuple[str, ...] = ("encoder", "decoder", "cross")
+CROP_HINT = "shorten it, or pass --crop to keep the first tokens that fit"
 PROBE_LENGTH = 50  # tokens in each half of the repeated random sequence the summary scores induction on
 
 
@@ -98,9 +100,7 @@ def _fit(views: list[TokenView], limit: int, crop: bool, what: str, notes: list[
         return views
     if not crop:
         size = f"{len(views) - 1:,} tokens and the start token" if start else f"{len(views):,} tokens"
-        raise TfcliError(
-            f"the {what} is {size}, longer than the model's block size ({limit:,})", hint="shorten it, or pass --crop to keep the first tokens that fit"
-        )
+        raise TfcliError(f"the {what} is {size}, longer than the model's block size ({limit:,})", hint=CROP_HINT)
     notes.append(f"the {what} was cropped to its first {limit:,} of {len(views):,} tokens (--crop)")
     return views[:limit]
 
@@ -126,11 +126,12 @@ def capture_attention(checkpoint: Checkpoint, text: str, *, target: str | None =
     tokenizer = checkpoint.tokenizer
     notes: list[str] = []
     limit = config.block_size
+    text = within_context(text, limit, "text", crop=crop, hint=CROP_HINT)
     source = _fit(token_views(tokenizer, text), limit, crop, "text", notes)
     decoder: list[TokenView] | None = None
     if target is not None:
         start = _start_view(tokenizer)
-        target_views = token_views(tokenizer, target)
+        target_views = token_views(tokenizer, within_context(target, limit, "target", crop=crop, hint=CROP_HINT))
         if not target_views:
             raise TfcliError("the target is empty (no tokens)", hint="pass some text with --target")
         decoder = _fit(([start] if start else []) + target_views, limit, crop, "target", notes, start=start is not None)

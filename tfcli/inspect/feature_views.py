@@ -28,7 +28,7 @@ from tfcli.errors import TfcliError
 from tfcli.inspect import palette
 from tfcli.inspect.session import write_output
 from tfcli.inspect.tables import html_page, html_table, legend_html
-from tfcli.limits import PROMPT_FILE, read_file_capped
+from tfcli.limits import PROMPT_FILE, read_file_capped, within_context
 from tfcli.loader import load_run
 from tfcli.sae.files import load_sae_for
 from tfcli.sae.points import activations, resolve_hook
@@ -204,10 +204,10 @@ def top_features(session: FeatureSession, data: Path, *, top: int = 20, windows:
 
 
 def text_features(session: FeatureSession, text: str, *, top: int = 5) -> TextFeatures:
-    ids = session.tokenizer.encode(text)
+    block = session.checkpoint.config.model.block_size
+    ids = session.tokenizer.encode(within_context(text, block, "text", hint="pass a shorter text"))
     if not ids:
         raise TfcliError("--text is empty", hint="pass some text")
-    block = session.checkpoint.config.model.block_size
     if len(ids) > block:
         raise TfcliError(f"the text is {len(ids)} tokens, longer than the model's block size ({block})", hint="pass a shorter text")
     acts = session.features(torch.tensor([ids]))[0]  # (T, d_sae)

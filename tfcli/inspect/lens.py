@@ -13,6 +13,7 @@ import torch
 
 from tfcli.errors import TfcliError, a_or_an
 from tfcli.inspect.hooks import Hooks, lens_stack, unembed
+from tfcli.limits import within_context
 from tfcli.model.transformer import HIDDEN, DecoderInput
 from tfcli.tokenizer.show import TokenView, token_label, token_text, token_views, visible
 
@@ -33,10 +34,10 @@ def _special_view(tokenizer: TextTokenizer, token_id: int) -> TokenView:
 
 def decoder_views(checkpoint: Checkpoint, text: str, what: str = "text") -> list[TokenView]:
     """The tokens of a decoder's text, refused when empty or longer than the block size."""
-    views = token_views(checkpoint.tokenizer, text)
+    limit = checkpoint.config.model.block_size
+    views = token_views(checkpoint.tokenizer, within_context(text, limit, what))
     if not views:
         raise TfcliError(f"the {what} is empty (no tokens)", hint="pass some text")
-    limit = checkpoint.config.model.block_size
     if len(views) > limit:
         raise TfcliError(f"the {what} is {len(views):,} tokens, longer than the model's block size ({limit:,})", hint="shorten it")
     return views
@@ -46,6 +47,7 @@ def encoder_views(checkpoint: Checkpoint, text: str) -> tuple[list[TokenView], l
     """An encoder's input as masked-LM training reads it: [cls], then the text with each `[MASK]` (or the
     tokenizer's own mask token) as the mask id; returns the views and the mask positions."""
     tokenizer = checkpoint.tokenizer
+    text = within_context(text, checkpoint.config.model.block_size, "text")
     mask_id, cls_id = tokenizer.require("mask"), tokenizer.require("cls")
     mask_text = tokenizer.hf.id_to_token(mask_id) or MASK_PLACEHOLDER
     pieces = re.split("|".join(re.escape(m) for m in dict.fromkeys([MASK_PLACEHOLDER, mask_text])), text)

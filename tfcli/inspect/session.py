@@ -91,12 +91,13 @@ def inspect_attention(request: InspectRequest) -> Inspection:
         raise TfcliError(f"--occurrence must be 1 or more, not {request.occurrence}")
     checkpoint = load_run(request.run, "inspect", request.device)
     first = capture_attention(checkpoint, request.text, target=request.target, kind=request.attention, crop=request.crop)
-    title = excerpts([request.text])[0] if request.target is None else f"{excerpts([request.text], 30)[0]} → {excerpts([request.target], 24)[0]}"
+    text = first.text  # as far as --crop kept it: a title of a whole long text would split every word of it
+    title = excerpts([text])[0] if request.target is None else f"{excerpts([text], 30)[0]} → {excerpts([request.target], 24)[0]}"
     captures, titles = [first], [title]
     other_checkpoint = None
     if request.compare is not None:
         captures.append(capture_attention(checkpoint, request.compare, target=request.target, kind=first.kind, crop=request.crop))
-        titles = [f"{n}: {excerpt}" for n, excerpt in enumerate(excerpts([request.text, request.compare]), 1)]  # never alike
+        titles = [f"{n}: {excerpt}" for n, excerpt in enumerate(excerpts([text, captures[1].text]), 1)]  # never alike
     if request.compare_run is not None:
         other_checkpoint = load_run(request.compare_run, "inspect", request.device)
         check_comparable(checkpoint, other_checkpoint)

@@ -76,6 +76,18 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{field}: {message}" if field else message), field
 
 
+def _body_not_an_object(exc: RequestValidationError) -> bool:
+    """The whole body is not an object: a JSON list or string, or a body FastAPI did not parse as JSON."""
+    errors = exc.errors()
+    return bool(errors) and tuple(errors[0].get("loc", ())) == ("body",) and errors[0].get("type") in ("model_attributes_type", "dict_type", "model_type")
+
+
+def _json_content_type(content_type: str) -> bool:
+    """Whether FastAPI parses a body of this Content-Type as JSON (curl -d sends a form's; none is not parsed)."""
+    media = content_type.split(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
 def install(app: FastAPI) -> None:
     """The handlers that turn every failure into OpenAI's shape."""
 
@@ -90,6 +102,12 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if _body_not_an_object(exc):
+            content_type = request.headers.get("content-type", "")
+            if not _json_content_type(content_type):  # FastAPI left the body unparsed: pydantic's words would mislead
+                sent = f"as {content_type!r}" if content_type else "without a Content-Type"
+                return error_response(415, f"the body is sent {sent}; send a JSON object with the header 'Content-Type: application/json'")
+            return error_response(400, "the body must be a JSON object ({...}), as OpenAI's API takes")
         message, param = validation_message(exc)
         return error_response(400, message, param)
 

@@ -126,7 +126,11 @@ def read_toml(path: Path) -> dict[str, Any]:
         data = tomllib.loads(text)
     except FileNotFoundError as exc:
         raise TfcliError(f"config file {path} does not exist") from exc
-    except (OSError, UnicodeDecodeError) as exc:
+    except IsADirectoryError as exc:
+        raise TfcliError(f"config file {path} is a folder", hint="pass a TOML file, as those in examples/") from exc
+    except UnicodeDecodeError as exc:
+        raise TfcliError(f"config file {path} is not UTF-8 text (byte {exc.start})", hint="pass a TOML file, as those in examples/") from exc
+    except OSError as exc:
         raise TfcliError(f"cannot read {path}: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise TfcliError(f"{path} is not valid TOML ({exc})") from exc

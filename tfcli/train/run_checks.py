@@ -69,8 +69,14 @@ def check_resumed(job: TrainingJob) -> None:
         if before[key] != now[key]:
             raise TfcliError(
                 f"cannot resume: the training setting {key} was {before[key]!r}, now {now[key]!r}",
-                hint=f"only {', '.join(RESUMABLE_CHANGES)} may change on --resume",
+                hint=f"pass the run's own value ({_as_option(key, before[key])}); only {', '.join(RESUMABLE_CHANGES)} may change on --resume",
             )
+
+
+def _as_option(key: str, value) -> str:
+    """A training setting as the command line gives it. Example: ("batch_size", 32) -> "--set batch_size=32" """
+    shown = str(value).lower() if isinstance(value, bool) else value
+    return f"--set {key}={shown}"
 
 
 def check_resumed_finetune(job: TrainingJob, init_from: Path, data: Path) -> None:

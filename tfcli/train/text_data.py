@@ -71,6 +71,7 @@ def prepare_text_data(data: Path, run_dir: Path, *, field: str = "text", resume:
     tokenizer_dir, shard_dir = run_dir / DATA_DIR / "tokenizer", run_dir / DATA_DIR / "shards"
     if resume and is_shard_folder(shard_dir) and (tokenizer_dir / TOKENIZER_FILE).is_file():
         meta = load_shard_meta(shard_dir)
+        _refuse_other_text(data, field, meta.sources, run_dir)
         yield TextStep("data", f"{shard_dir}: {meta.train_tokens:,} train / {meta.val_tokens:,} val tokens, kept")
         return shard_dir
     corpus = resolve_corpus([data], field=field)
@@ -91,6 +92,18 @@ def prepare_text_data(data: Path, run_dir: Path, *, field: str = "text", resume:
         raise TfcliError(f"{data} is too short to hold out a validation split", hint="train on more text, or encode it yourself with tokenize encode")
     yield TextStep("shards", f"{shard_dir}: {meta.train_tokens:,} train / {meta.val_tokens:,} val tokens")
     return shard_dir
+
+
+def _refuse_other_text(data: Path, field: str, sources: list, run_dir: Path) -> None:
+    """A resumed run goes on with the shards it made: other text given to --resume (another file, or the file
+    grown or cut since) would not be trained on, so it is refused rather than ignored."""
+    given = sorted((Path(f.path).name, f.size) for f in resolve_corpus([data], field=field).files)
+    if given != sorted((Path(source.path).name, source.bytes) for source in sources):
+        made = ", ".join(f"{source.path} ({source.bytes:,} bytes)" for source in sources)
+        raise TfcliError(
+            f"cannot resume: {run_dir} trains on the text it encoded from {made}, not on {data} as it is now",
+            hint="resume with that --data; to train on other text, start a new run with another -o",
+        )
 
 
 def text_defaults(given: dict[str, Any], config_file: Path | None, sets: list[str]) -> dict[str, Any]:

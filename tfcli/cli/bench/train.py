@@ -54,25 +54,8 @@ def train(
         raise TfcliError(f"--batch must be a number or max, not {batch!r}", hint="for example --batch 16, or --batch max")
     at_least(1, batch=None if batch == "max" else int(batch), max_batch=max_batch, steps=steps, repeat=repeat)
     from tfcli.bench.train import run_train_bench
-    from tfcli.hf import gpt2_incompatibility
-    from tfcli.model.config import preset as make_preset
 
-    names = [p.strip() for p in presets.split(",") if p.strip()]
-    if not names:
-        raise TfcliError("--presets names no preset", hint="for example --presets tiny,small")
-    for name in names:
-        problem = gpt2_incompatibility(make_preset(name))
-        if problem:
-            raise TfcliError(f"preset {name!r} cannot be built as GPT-2: {problem}", hint="use decoder presets such as tiny, small or gpt2-small")
-    from tfcli.runtime import resolve_device
-
-    resolve_device(device)  # a device tfcli knows, and there on this machine
-    if precision not in ("auto", "fp32", "bf16"):
-        raise TfcliError(f"--precision must be auto, fp32 or bf16, not {precision!r}")
-    try:
-        import transformers  # noqa: F401
-    except ImportError as exc:
-        raise TfcliError("bench train compares against transformers, which is not installed", hint="pip install transformers") from exc
+    names = _presets_to_measure(presets, device, precision)
     searching = " (finding the largest that fits first)" if batch == "max" else ""
     compiling = ", compiled" if compile else ""
     with stderr_console().status(f"benchmarking training of {', '.join(names)} at batch {batch}{searching}{compiling}"):
@@ -93,6 +76,30 @@ def train(
         print_json(_as_json(bench, machine, ratios))
         return
     _print_report(bench, machine, ratios)
+
+
+def _presets_to_measure(presets: str, device: str, precision: str) -> list[str]:
+    """The presets named, each one GPT-2 can be built as, on a device there on this machine, with transformers installed."""
+    from tfcli.errors import TfcliError
+    from tfcli.hf import gpt2_incompatibility
+    from tfcli.model.config import preset as make_preset
+    from tfcli.runtime import resolve_device
+
+    names = [p.strip() for p in presets.split(",") if p.strip()]
+    if not names:
+        raise TfcliError("--presets names no preset", hint="for example --presets tiny,small")
+    for name in names:
+        problem = gpt2_incompatibility(make_preset(name))
+        if problem:
+            raise TfcliError(f"preset {name!r} cannot be built as GPT-2: {problem}", hint="use decoder presets such as tiny, small or gpt2-small")
+    resolve_device(device)  # a device tfcli knows, and there on this machine
+    if precision not in ("auto", "fp32", "bf16"):
+        raise TfcliError(f"--precision must be auto, fp32 or bf16, not {precision!r}")
+    try:
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise TfcliError("bench train compares against transformers, which is not installed", hint="pip install transformers") from exc
+    return names
 
 
 def _as_json(bench, machine: str, ratios: dict[str, float | None]) -> dict:
