@@ -493,12 +493,12 @@ def test_a_long_text_file_for_a_window_view_is_refused_or_cropped_before_it_is_t
     longer than the block size: every token of it was made into a view first (and with --crop, the title split
     every word). Past what the block size can hold (128 bytes a token at most), it is refused, or cut."""
     text = tmp_path / "long.txt"
-    text.write_text("word " * 8_000_000, encoding="utf-8")  # 40 MB, 8 M tokens
+    text.write_text("word " * 2_000_000, encoding="utf-8")  # 10 MB, 2 M tokens
     for command in ("inspect-attention", "inspect-logits", "inspect-ablate"):
         done, peak = capped([command, world["decoder"], "--text-file", text, "--device", "cpu"])
         last = done.stderr.strip().splitlines()[-1]
-        assert done.returncode == 2 and "the text is 40,000,000 characters, more than the model's block size (32 tokens) can hold" in last, done.stderr
+        assert done.returncode == 2 and "the text is 10,000,000 characters, more than the model's block size (32 tokens) can hold" in last, done.stderr
     done, peak = capped(["inspect-attention", world["decoder"], "--text-file", text, "--crop", "--device", "cpu"])
     assert done.returncode == 0 and "32 tokens" in done.stdout.splitlines()[0], done.stdout  # the note on the crop is in --json
     assert peak < 1 << 30
-    print(f"inspect-attention --crop of a 40 MB line: peak RSS {peak / 1e6:.0f} MB")
+    print(f"inspect-attention --crop of a 10 MB line: peak RSS {peak / 1e6:.0f} MB")

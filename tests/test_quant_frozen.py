@@ -103,8 +103,8 @@ def test_the_slabs_multiply_through_the_measured_dense_products(monkeypatch):
     upstream = torch.randn(3, 30)
     (layer(x) * upstream).sum().backward()
     assert calls == {"forward": 5, "backward": 5}  # ceil(30 / 7) slabs each way
-    weight = layer.dequantized()
-    torch.testing.assert_close(x.grad, upstream @ weight, rtol=1e-5, atol=1e-6)
+    expected = upstream @ layer.dequantized()  # to the sums' order: the chosen dense product may add in another
+    torch.testing.assert_close(x.grad, expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
 
 
 def qlora_model(name: str) -> Transformer:
