@@ -28,22 +28,25 @@ TINY_TEXT = (
 # `-n auto --dist loadfile` end together instead of one of them finishing a long file alone.
 RUN_FIRST = (  # by their CPU time in one run (2026-11-28), longest first
     "test_docs_examples.py",
+    "test_bench.py",
     "test_train_distributed.py",
     "test_train_resume.py",
-    "test_bench.py",
-    "test_tokenizer_corpus.py",
     "test_gguf.py",
-    "test_compiled_step.py",
-    "test_gguf_vocab_vectors.py",
+    "test_tokenizer_corpus.py",
     "test_word2vec.py",
     "test_lora.py",
-    "test_sae.py",
     "test_quickstart.py",
+    "test_gguf_vocab_vectors.py",
+    "test_qlora.py",
+    "test_sae.py",
+    "test_cli_basics.py",
+    "test_bounded.py",
     "test_attention_views.py",
-    "test_gguf_families.py",
-    "test_chat.py",
     "test_generate_bench.py",
+    "test_faults.py",
+    "test_chat.py",
     "test_native.py",
+    "test_gguf_families.py",
 )
 
 
