@@ -147,6 +147,7 @@ def test_sae_lens_reads_tfcli_saes_and_tfcli_reads_sae_lens_saes(runs, trained, 
 
 def test_train_sae_writes_saelens_layout_metrics_and_a_working_splice(runs, trained):
     assert {p.name for p in trained.iterdir()} >= {"cfg.json", "sae_weights.safetensors", "sae_training.json", "metrics.jsonl", "trainer"}
+    assert json.loads((trained / "cfg.json").read_text())["metadata"]["tfcli_run"] == str(runs["run"].resolve())  # compared resolved when used
     records = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [8, 16, 24, 32, 40, 48, 56, 64]
     assert {"l0", "explained_variance", "mse", "dead_fraction", "dense_fraction"} <= set(records[0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -12,6 +13,7 @@ from typing import BinaryIO
 from tfcli.errors import TfcliError
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+READ_BLOCK = 1 << 20  # what a reader of a pipe or a long file takes at a time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,12 +84,32 @@ GGUF_KEYS = Limit("TFCLI_MAX_GGUF_KEYS", 1 << 16, "the metadata keys of a GGUF f
 
 def read_capped(handle: BinaryIO, limit: Limit, subject: str) -> bytes:
     """All of `handle`, or the one line naming `limit` once it holds more; never more than the cap plus a
-    block in memory."""
+    block in memory. A regular file is read at its size (a small file costs its size, not the cap's), and
+    one larger than the cap is refused before it is read; a pipe a block at a time."""
     cap = limit.value
-    data = handle.read(cap + 1)
-    if len(data) > cap:
+    size = _regular_file_size(handle)
+    if size is not None and size > cap:
         raise limit.exceeded(subject)
-    return data
+    wanted = READ_BLOCK if size is None else size + 1  # + 1: a file that grew since it was looked at
+    blocks: list[bytes] = []
+    total = 0
+    while block := handle.read(min(wanted, cap + 1 - total)):
+        blocks.append(block)
+        total += len(block)
+        if total > cap:
+            raise limit.exceeded(subject)
+        wanted = 1 if size is not None and total <= size else READ_BLOCK  # a file read to its size: one byte more finds its end
+    return b"".join(blocks)
+
+
+def _regular_file_size(handle: BinaryIO) -> int | None:
+    """The bytes left to read in `handle` where it is a regular file; None for a pipe or an in-memory stream."""
+    try:
+        status = os.fstat(handle.fileno())
+        position = handle.tell()
+    except (OSError, AttributeError, ValueError):  # io.BytesIO has no file number (io.UnsupportedOperation)
+        return None
+    return max(status.st_size - position, 0) if stat.S_ISREG(status.st_mode) else None
 
 
 def read_file_capped(path: Path, limit: Limit) -> bytes:
@@ -122,7 +144,6 @@ def nesting_depth(text: str | bytes, stop: int) -> int:
 PROMPTS = Limit("TFCLI_MAX_PROMPTS", 100_000, "the prompts of one generate call", "prompts")
 TEXT_TOKENS = Limit("TFCLI_MAX_TEXT_TOKENS", 32 << 20, "the tokens eval and train sae hold of a text file (shards are read from disk as they go)", "tokens")
 BYTES_PER_TOKEN = 128  # a prompt line past context x this many bytes cannot all be used: no token is longer
-READ_BLOCK = 1 << 20
 
 
 def within_context(text: str, block_size: int, what: str, *, crop: bool = False, hint: str = "shorten it") -> str:

@@ -9,10 +9,21 @@ import typer
 
 from tfcli.cli.common import stderr_console, stdout_console
 
+# text, not a Path: --to gguf tells a folder by its trailing "/", which a Path drops
+ExportOutput = Annotated[
+    str,
+    typer.Option(
+        "--output",
+        "-o",
+        metavar="<path>",
+        help="Folder for config.json, model.safetensors and the tokenizer (--to gguf: the .gguf file, or a folder to write RUN-NAME.gguf into).",
+    ),
+]
+
 
 def export(
     run: Annotated[Path, typer.Argument(help="The run directory to export.", show_default=False)],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for config.json, model.safetensors and the tokenizer (--to gguf: the .gguf file).")],
+    output: ExportOutput,
     to: Annotated[
         Optional[str],
         typer.Option(
@@ -67,27 +78,29 @@ def export(
     if target == "gguf":
         _export_gguf(run, output, type_ or "f32")
         return
+    folder = Path(output)
     adapter = read_run_config(run).adapter
     if merge and adapter is None:
         raise TfcliError(f"{run} is not a LoRA run; there is nothing to merge", hint="drop --merge")
     if target == "tfcli" and not merge:
         raise TfcliError("--to tfcli writes a LoRA run merged into a full run", hint="add --merge, or copy the run directory as it is")
     if target == "tfcli":
-        _export_merged(run, output, adapter)
+        _export_merged(run, folder, adapter)
         return
     if adapter is not None and not merge:
-        _export_adapter(run, output)
+        _export_adapter(run, folder)
         return
-    with nothing_left_on_failure(output, "exporting to"):
-        hf_class, config = export_hf(run, output)
+    with nothing_left_on_failure(folder, "exporting to"):
+        hf_class, config = export_hf(run, folder)
     layers = config.get("n_layer", config.get("num_hidden_layers"))
     merged = " with its LoRA adapter merged" if adapter is not None else ""
-    stdout_console().print(f"exported {run}{merged} to {output} ({hf_class}, {layers} layers, vocab {config['vocab_size']:,})")
+    stdout_console().print(f"exported {run}{merged} to {folder} ({hf_class}, {layers} layers, vocab {config['vocab_size']:,})")
 
 
-def _export_gguf(run: Path, output: Path, type_: str) -> None:
+def _export_gguf(run: Path, given: str, type_: str) -> None:
     from tfcli.fsutil import no_empty_folder_left, removed_note
 
+    output = _gguf().gguf_path(run, given)
     existed = output.exists()  # export refuses a file that is there; one there after a failure is its own
     with no_empty_folder_left(output.parent):  # a folder -o made for a file that was not written
         try:

@@ -22,7 +22,7 @@ import numpy as np
 from tfcli.corpus.documents import DocumentBoundary, DocumentPiece, empty_corpus_error, iter_document_pieces
 from tfcli.corpus.reader import Corpus, ReadStats
 from tfcli.errors import TfcliError
-from tfcli.fsutil import commit_staged, discard_staged, prepare_output_dir, sha256_file, stage_json
+from tfcli.fsutil import LOCK_FILE, artifact_kind, commit_staged, discard_staged, exclusive_lock, prepare_output_dir, sha256_file, stage_json
 from tfcli.schema import JsonRecord
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.tokenizer.fast import fast_encoder
@@ -240,20 +240,42 @@ def encode_corpus(
 ) -> ShardMeta:
     """Encode `corpus` into OUT_DIR/{train,val}.bin and OUT_DIR/meta.json; return the meta.
 
-    Files already in OUT_DIR stay untouched until the new ones are complete.
+    Files already in OUT_DIR stay untouched until the new ones are complete. A run directory is never written
+    into, and a second encode into OUT_DIR while one is at work there is refused (the folder's lock).
     """
     if not 0.0 <= val_fraction < 1.0:
         raise TfcliError(f"--val-fraction must be in [0, 1), not {val_fraction}")
     if corpus.total_bytes == 0 and not corpus.has_stdin:
         raise TfcliError("the corpus is empty (every file has 0 bytes)", hint="pass files that hold text")
-
-    started = time.perf_counter()
+    kind = artifact_kind(out_dir) if Path(out_dir).is_dir() else None
+    if kind not in (None, "a token-shard folder", "a tokenizer folder"):  # shards replace shards; a tokenizer's folder may hold its shards
+        raise TfcliError(f"{out_dir} is {kind}; the shards would be written into it", hint="pass a new or empty folder with -o")
     eos_id = tokenizer.require("eos")
+    out_dir = prepare_output_dir(out_dir, "shard output")
+    own_lock_file = not (out_dir / LOCK_FILE).exists()
+    with exclusive_lock(out_dir, "encoding into"):
+        try:
+            return _encode_into(corpus, tokenizer, eos_id, out_dir, val_fraction, seed, boundary, progress)
+        finally:
+            if own_lock_file:  # a shard folder holds its shards and meta.json only; removed while still held
+                (out_dir / LOCK_FILE).unlink(missing_ok=True)
+
+
+def _encode_into(
+    corpus: Corpus,
+    tokenizer: TextTokenizer,
+    eos_id: int,
+    out_dir: Path,
+    val_fraction: float,
+    seed: int,
+    boundary: DocumentBoundary,
+    progress: EncodeProgress | None,
+) -> ShardMeta:
+    started = time.perf_counter()
     dtype = shard_dtype_name(tokenizer.vocab_size)
     # tiktoken where it provably gives the ids tokenizers gives (byte-level BPE with GPT-2's regex): faster
     fast, _ = fast_encoder(tokenizer)
     encode_batch = fast.encode_batch if fast else tokenizer.encode_batch
-    out_dir = prepare_output_dir(out_dir, "shard output")
     splits = _DocumentSplits(out_dir, dtype, eos_id, seed, val_fraction, tokenizer.check_ids)
     staged: list[tuple[Path, Path]] = []
     stats = ReadStats()

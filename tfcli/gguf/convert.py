@@ -18,6 +18,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ import torch
 from tfcli.checkpoint import TIED_KEY, model_from_tensors, save_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.fsutil import (
+    artifact_kind,
     atomic_write_json,
     atomic_write_text,
     describe_write_error,
@@ -64,6 +66,11 @@ from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextToke
 
 if TYPE_CHECKING:
     import numpy as np
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: no lock
+    fcntl = None
 
 TYPES = ("f32", "f16", "q8_0", "bf16", "q4_0", "q4_k_m")
 # general.file_type (llama.cpp's LLAMA_FTYPE_ALL_F32, MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_BF16, MOSTLY_Q4_0, MOSTLY_Q4_K_M)
@@ -107,8 +114,47 @@ def _stored(tensor: torch.Tensor, kind: str) -> tuple[np.ndarray, Any]:
     return values.astype("float16"), GGMLQuantizationType.F16
 
 
+def gguf_path(run_dir: Path, output: str | Path) -> Path:
+    """Where `export --to gguf -o OUTPUT` writes: OUTPUT, or OUTPUT/<run name>.gguf where OUTPUT is a folder that
+    exists (llama.cpp's converter names the file in a folder given as --outfile too) or ends in "/" (made).
+    Example: gguf_path("runs/mine", "out/") -> Path("out/mine.gguf")"""
+    text = str(output)
+    if not text.endswith(("/", os.sep)) and not Path(text).is_dir():
+        return Path(text)
+    kind = artifact_kind(Path(text)) if Path(text).is_dir() else None
+    if kind is not None:  # a run, shard or tokenizer folder holds its own files only
+        raise TfcliError(f"{text} is {kind}; the GGUF file would be written into it", hint="pass a file path such as model.gguf, or another folder, with -o")
+    return Path(text) / f"{Path(run_dir).resolve().name or 'model'}.gguf"
+
+
+@contextlib.contextmanager
+def _sole_export(out_path: Path) -> Iterator[None]:
+    """Hold .NAME.lock beside `out_path` while the file is made, so a second export to it at once is refused
+    (both once wrote it and said so, the last one's file kept), and look again under the lock that it is not
+    there. The lock file is removed at the end, while still held."""
+    if fcntl is None:  # not a POSIX system: no lock
+        yield
+        return
+    lock = out_path.parent / f".{out_path.name}.lock"
+    try:
+        handle = open(lock, "a")  # closed by the with below
+    except OSError as exc:
+        raise TfcliError(f"could not write {out_path}: {describe_write_error(exc)}", hint="check the folder's permissions, or choose another -o") from exc
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise TfcliError(f"another process is exporting to {out_path}", hint="wait for it to finish, or export to another path with -o") from None
+        try:
+            if out_path.exists():
+                raise TfcliError(f"{out_path} already exists", hint="export to another path with -o, or delete that file first")
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
+
+
 def export_gguf(run_dir: Path, out_path: Path, kind: str = "f32") -> Exported:
-    """Write the run as one GGUF file (an adapter run is merged first)."""
+    """Write the run as one GGUF file (an adapter run is merged first) at `out_path` (see `gguf_path` for a folder)."""
     import gguf
 
     if kind not in TYPES:
@@ -129,54 +175,55 @@ def export_gguf(run_dir: Path, out_path: Path, kind: str = "f32") -> Exported:
     name, renamed = _general_name(Path(run_dir).resolve().name, vocab["tokenizer.ggml.tokens"])
     notes = export_notes(config, arch) + ([renamed] if renamed else []) + ([quantized_note] if quantized_note else [])
     folder = prepare_output_dir(out_path.parent if str(out_path.parent) else Path("."), "export")
-    removed = remove_abandoned_temps(out_path)
-    try:
-        with held_temp_file(out_path) as tmp:
-            writer = gguf.GGUFWriter(str(tmp), arch)
-            try:
-                writer.add_name(name)
-                writer.add_type("model")
-                writer.add_file_type(FILE_TYPES[kind])
-                if kind in ("q8_0", "q4_0", "q4_k_m"):
-                    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-                for key, value in hyperparameters(config, arch).items():
-                    _add(writer, f"{arch}.{key}", value)
-                for key, value in vocab.items():
-                    _add(writer, key, value)
-                count = 0
-                for name, values in extra_tensors(config, arch).items():  # rope_freqs, rope_factors_*: f32, as the converter writes them
-                    writer.add_tensor(name, values.numpy())
-                    count += 1
-                for entry in tensor_layout(config, arch):
-                    if entry.ours in formats:  # block formats (tfcli.quant): a quantized run's own bytes, or quantized now
-                        values, raw_type = _block_tensor(entry, state, formats, held, kind)
+    with _sole_export(out_path):  # two exports to one file at once: the second is refused
+        removed = remove_abandoned_temps(out_path)
+        try:
+            with held_temp_file(out_path) as tmp:
+                writer = gguf.GGUFWriter(str(tmp), arch)
+                try:
+                    writer.add_name(name)
+                    writer.add_type("model")
+                    writer.add_file_type(FILE_TYPES[kind])
+                    if kind in ("q8_0", "q4_0", "q4_k_m"):
+                        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+                    for key, value in hyperparameters(config, arch).items():
+                        _add(writer, f"{arch}.{key}", value)
+                    for key, value in vocab.items():
+                        _add(writer, key, value)
+                    count = 0
+                    for name, values in extra_tensors(config, arch).items():  # rope_freqs, rope_factors_*: f32, as the converter writes them
+                        writer.add_tensor(name, values.numpy())
+                        count += 1
+                    for entry in tensor_layout(config, arch):
+                        if entry.ours in formats:  # block formats (tfcli.quant): a quantized run's own bytes, or quantized now
+                            values, raw_type = _block_tensor(entry, state, formats, held, kind)
+                            writer.add_tensor(entry.name, values, raw_dtype=raw_type)
+                            count += 1
+                            continue
+                        tensor = state[entry.ours]
+                        if entry.stop:
+                            tensor = tensor[entry.start : entry.stop]
+                        if entry.heads:
+                            tensor = permute_heads(tensor, entry.heads)
+                        values, raw_type = _stored(tensor, kind)
                         writer.add_tensor(entry.name, values, raw_dtype=raw_type)
                         count += 1
-                        continue
-                    tensor = state[entry.ours]
-                    if entry.stop:
-                        tensor = tensor[entry.start : entry.stop]
-                    if entry.heads:
-                        tensor = permute_heads(tensor, entry.heads)
-                    values, raw_type = _stored(tensor, kind)
-                    writer.add_tensor(entry.name, values, raw_dtype=raw_type)
-                    count += 1
-                writer.write_header_to_file()
-                writer.write_kv_data_to_file()
-                writer.write_tensors_to_file()
-            except OSError as exc:
-                raise _with_cause(exc, tmp) from exc
-            finally:
-                with contextlib.suppress(OSError):  # a full disk fails the last flush too
-                    writer.close()
-            set_default_mode(tmp)
-            fsync_file(tmp)
-            os.replace(tmp, out_path)
-    except OSError as exc:
-        raise TfcliError(
-            f"could not write {out_path}: {describe_write_error(exc)}", hint="check the free space and the folder's permissions, or choose another -o"
-        ) from exc
-    fsync_dir(folder)
+                    writer.write_header_to_file()
+                    writer.write_kv_data_to_file()
+                    writer.write_tensors_to_file()
+                except OSError as exc:
+                    raise _with_cause(exc, tmp) from exc
+                finally:
+                    with contextlib.suppress(OSError):  # a full disk fails the last flush too
+                        writer.close()
+                set_default_mode(tmp)
+                fsync_file(tmp)
+                os.replace(tmp, out_path)
+        except OSError as exc:
+            raise TfcliError(
+                f"could not write {out_path}: {describe_write_error(exc)}", hint="check the free space and the folder's permissions, or choose another -o"
+            ) from exc
+        fsync_dir(folder)
     return Exported(arch, count, out_path.stat().st_size, vocab["tokenizer.ggml.model"], notes, removed)
 
 

@@ -2,11 +2,13 @@
 SAELens's: cfg.json (d_in, d_sae, architecture, metadata.hook_name in TransformerLens's names, ...) and
 sae_weights.safetensors (W_enc, b_enc, W_dec, b_dec, and threshold for jumprelu). Written atomically (both
 files staged, then renamed together); read with every check first: keys, types, shapes, finite values, and
-that the SAE fits the run it is used on (its hook exists there and gives vectors of width d_in)."""
+that the SAE fits the run it is used on (its hook exists there and gives vectors of width d_in), with a note where
+it was trained on another run."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +25,9 @@ from tfcli.tensorfile import read_tensors
 
 CFG_FILE = "cfg.json"  # SAELens's names (sae_lens.constants)
 WEIGHTS_FILE = "sae_weights.safetensors"
+RUN_KEY = "tfcli_run"  # metadata: the run `tfcli train sae` trained the SAE on (SAELens's and others' SAEs have none)
+
+_log = logging.getLogger("tfcli.loader.sae")  # a child of the loader's logger, whose notes the command line prints dim
 
 
 @dataclasses.dataclass
@@ -124,20 +129,34 @@ def load_sae(folder: Path) -> tuple[SparseAutoencoder, SaeConfig]:
     return sae.eval().requires_grad_(False), config
 
 
-def load_sae_for(folder: Path, model: nn.Module, run: Path | str = "the run") -> tuple[SparseAutoencoder, SaeConfig]:
+def load_sae_for(folder: Path, model: nn.Module, run: Path | str | None = None) -> tuple[SparseAutoencoder, SaeConfig]:
     """The SAE in `folder`, checked against the model it will read: its hook exists there, with vectors of
-    width d_in. Moved to the model's device."""
+    width d_in. Moved to the model's device. Where `run` (the model's run directory) is not the run the SAE
+    names as its own, a note says so: an SAE on a fine-tuned child of its run is a fair use, one on an unrelated
+    run of the same shape reads features that mean nothing there."""
     sae, config = load_sae(folder)
+    named = run if run is not None else "the run"
     widths = hook_widths(model)
     if config.hook_name not in widths and "decoder." + config.hook_name not in widths:
         try:
             resolve_hook(model, config.hook_name, widths)
         except TfcliError as exc:
-            raise TfcliError(f"the SAE in {folder} reads {config.hook_name}, which {run} does not have", hint=exc.hint) from None
+            raise TfcliError(f"the SAE in {folder} reads {config.hook_name}, which {named} does not have", hint=exc.hint) from None
     name = resolve_hook(model, config.hook_name, widths)
     if widths[name] != config.d_in:
         raise TfcliError(
-            f"the SAE in {folder} reads vectors of width {config.d_in} at {name}, but {run} gives {widths[name]} there",
+            f"the SAE in {folder} reads vectors of width {config.d_in} at {name}, but {named} gives {widths[name]} there",
             hint="use an SAE trained on this run (tfcli train sae)",
         )
+    if run is not None and (note := another_run_note(folder, config, Path(run))) is not None:
+        _log.warning("%s", note)
     return sae.to(next(model.parameters()).device), config
+
+
+def another_run_note(folder: Path, config: SaeConfig, run: Path) -> str | None:
+    """The note for an SAE whose cfg.json names another run than `run` (paths compared resolved; a relative
+    one, as older SAEs recorded it, from the working folder); None where it names `run` or no run."""
+    trained_on = config.metadata.get(RUN_KEY)
+    if not isinstance(trained_on, str) or not trained_on or Path(trained_on).resolve() == Path(run).resolve():
+        return None
+    return f"the SAE in {folder} was trained on {trained_on}, not {run}; its features are that run's (fine for a fine-tune of it)"

@@ -35,7 +35,7 @@ def parse_steer(spec: str) -> tuple[Path, int, float]:
 
 
 @contextlib.contextmanager
-def steering(model: nn.Module, specs: list[str], run: Path | str = "the run") -> Iterator[None]:
+def steering(model: nn.Module, specs: list[str], run: Path | str | None = None) -> Iterator[None]:
     """Inside the block, each --steer spec adds its feature's direction at its SAE's hook point."""
     with contextlib.ExitStack() as stack:
         for spec in specs:

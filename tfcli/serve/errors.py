@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tfcli.errors import TfcliError
+from tfcli.serve.protocol import WHOLE_MESSAGE
 
 log = logging.getLogger("tfcli.serve")
 
@@ -63,6 +64,8 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     first = errors[0]
     kind = first.get("type", "")
     field = _field(tuple(first.get("loc", ())))
+    if kind == WHOLE_MESSAGE:
+        return first.get("msg", "is not valid"), field
     if kind == "json_invalid":
         return f"the body is not valid JSON ({first.get('ctx', {}).get('error', 'parse error')})", None
     if kind == "extra_forbidden":

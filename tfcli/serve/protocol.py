@@ -5,14 +5,18 @@ max_tokens, for benchmarks) and `return_token_ids` (each choice's ids)."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 MAX_N = 128  # completions per request (OpenAI's own limit)
 MAX_PROMPTS = 128  # prompts in one completions request
 MAX_STOPS = 4  # stop strings (OpenAI's limit)
 MAX_LOGPROBS = 20
+MAX_TOKEN_ID = 2**31 - 1  # above any vocabulary; the served one's size is checked by the handler
+WHOLE_MESSAGE = "whole_message"  # a validation error whose message names its field (errors.py shows it as it is)
 
 
 def _not_a_bool(value):
@@ -26,7 +30,7 @@ NOT_A_BOOL = BeforeValidator(_not_a_bool)  # put after a number's Field (before 
 Temperature = Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False), NOT_A_BOOL]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False), NOT_A_BOOL]
 Seed = Annotated[int, Field(ge=-(2**63), lt=2**64), NOT_A_BOOL]
-TokenId = Annotated[int, Field(ge=0, lt=2**31), NOT_A_BOOL]
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID), NOT_A_BOOL]
 
 
 def _text(value: str, what: str) -> str:
@@ -79,11 +83,66 @@ class Sampled(BaseModel):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
 
-Prompt = Union[
-    str,
-    Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)],
-    Annotated[list[TokenId], Field(min_length=1)],
-    Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)],
+def _whole(message: str) -> PydanticCustomError:
+    return PydanticCustomError(WHOLE_MESSAGE, "{message}", {"message": message})
+
+
+def _json_kind(value) -> str:
+    """What a JSON value is, to name it. Example: _json_kind(1.5) -> "a decimal number (1.5)" """
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return f"{'a number' if isinstance(value, int) else 'a decimal number'} ({value})"
+    return {str: "a string", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+PROMPT_FORMS = "a prompt is text, a list of texts, a list of token ids or a list of token-id lists"
+
+
+def _token_ids(ids: list, where: str) -> None:
+    if not ids:
+        raise _whole(f"{where} is an empty list of token ids; send at least one token, or the prompt as text")
+    for i, token in enumerate(ids):
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise _whole(f"{where}[{i}] is {_json_kind(token)}, not a token id: {PROMPT_FORMS}")
+        if token < 0:
+            raise _whole(f"{where}[{i}] is token id {token}; token ids are 0 or more")
+        if token > MAX_TOKEN_ID:
+            raise _whole(f"{where}[{i}] is token id {token}, outside the vocabulary")
+
+
+def _prompt_shape(value):
+    """The prompt's shape checked before pydantic tries the union's forms, which would report only the first
+    form's complaint (`prompt: []` or `[-1]` got "Input should be a valid string"): what is wrong, named. The
+    first item tells the form: texts, token-id lists, or else token ids."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise _whole(f"prompt is {_json_kind(value)}: {PROMPT_FORMS}")
+    if not value:
+        raise _whole("prompt is an empty list; send the prompt as text, or as a list of token ids")
+    if isinstance(value[0], (str, list)):
+        form, what = type(value[0]), "text" if isinstance(value[0], str) else "a list of token ids"
+        if len(value) > MAX_PROMPTS:
+            raise _whole(f"prompt holds {len(value)} prompts; this server takes at most {MAX_PROMPTS} in one request")
+        for i, item in enumerate(value):
+            if not isinstance(item, form):
+                raise _whole(f"prompt[{i}] is {_json_kind(item)}, not {what} as prompt[0] is: {PROMPT_FORMS}")
+            if form is list:
+                _token_ids(item, f"prompt[{i}]")
+    else:
+        _token_ids(value, "prompt")
+    return value
+
+
+Prompt = Annotated[
+    Union[
+        str,
+        Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)],
+        Annotated[list[TokenId], Field(min_length=1)],
+        Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)],
+    ],
+    BeforeValidator(_prompt_shape),
 ]
 
 

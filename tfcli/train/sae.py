@@ -363,7 +363,7 @@ def train_sae(settings: SaeTrainSettings, output: Path, *, resume: bool = False)
     else:
         atomic_write_json(output / SETTINGS_FILE, s.to_json())
         (output / METRICS_FILE).unlink(missing_ok=True)
-    config = sae_config(sae, hook, model_name=Path(s.run).name, context_size=s.context, tfcli_run=str(s.run))
+    config = sae_config(sae, hook, model_name=Path(s.run).name, context_size=s.context, tfcli_run=str(Path(s.run).resolve()))
     metrics = MetricsWriter(output / METRICS_FILE)
 
     logged = [-1]  # the step of the last metrics record
