@@ -331,8 +331,8 @@ def test_fsdp_over_a_quantized_parent_is_refused_in_one_line(qlora, cli, tmp_pat
 
 
 def test_ddp_leaves_the_quantized_parents_blocks_where_they_are(qlora, monkeypatch):
-    """Every rank reads the parent's blocks from the same file: DDP broadcasts the adapters (and the small frozen
-    float tensors) from rank 0 as it starts, never the block bytes. One rank of a gloo group in this process."""
+    """Every rank reads the parent's blocks from the same file: DDP broadcasts the adapters from rank 0 as it
+    starts, never the block bytes (nor any frozen parameter). One rank of a gloo group in this process."""
     import torch.distributed as dist
 
     from tfcli.train.distributed import World

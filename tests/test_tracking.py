@@ -1,12 +1,14 @@
 """`--log-to tensorboard`: the event files hold the same scalars as metrics.jsonl, read back with tensorboard's
-own reader; a resumed run's events past its checkpoint are dropped; an unknown or missing tracker is one line."""
+own reader; a resumed run's events past its checkpoint are dropped; an unknown or missing tracker is one line.
+`--log-to wandb` (offline): its files in RUN/wandb/, a resumed run continues the same wandb run."""
 
 from __future__ import annotations
 
 import pytest
 
+from tests.helpers import missing_tool
 from tests.training import pretrain_args, records
-from tfcli.train.tracking import TENSORBOARD_DIR, scalars
+from tfcli.train.tracking import TENSORBOARD_DIR, WANDB_DIR, WANDB_ID_FILE, scalars
 
 
 def tensorboard_scalars(run) -> dict[str, dict[int, float]]:
@@ -85,22 +87,35 @@ def _read_only_folder(tmp_path):
     pytest.skip("no folder here refuses root a new file")
 
 
+def _needs_wandb(monkeypatch) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is None:
+        missing_tool("wandb is not installed (pip install 'tfcli[wandb]')")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+
+@pytest.mark.parametrize("tracker, folder", [("tensorboard", TENSORBOARD_DIR), ("wandb", WANDB_DIR)])
 @pytest.mark.parametrize("blocker", ["a file", "a read-only folder"])
-def test_a_log_folder_that_cannot_be_written_is_one_line_and_the_run_is_intact(cli, shards, tmp_path, blocker):
-    """RUN/tensorboard a file (FileExistsError) or a folder no file can be made in (a PermissionError raised in
-    tensorboard's writer thread, printed there as a second traceback): one line, exit 2, nothing trained."""
+def test_a_log_folder_that_cannot_be_written_is_one_line_and_the_run_is_intact(cli, shards, tmp_path, monkeypatch, blocker, tracker, folder):
+    """RUN/tensorboard (RUN/wandb) a file (FileExistsError) or a folder no file can be made in (a PermissionError
+    raised in tensorboard's writer thread, printed there as a second traceback; wandb quietly writing to a
+    temporary folder instead): one line, exit 2, nothing trained."""
+    if tracker == "wandb":
+        _needs_wandb(monkeypatch)
     run = tmp_path / "run"
     assert cli(*pretrain_args(shards, run, "--max-steps", "2", "--save-every", "2")).code == 0
     if blocker == "a file":
-        (run / TENSORBOARD_DIR).write_text("not a folder")
+        (run / folder).write_text("not a folder")
     else:
-        (run / TENSORBOARD_DIR).symlink_to(_read_only_folder(tmp_path), target_is_directory=True)
+        (run / folder).symlink_to(_read_only_folder(tmp_path), target_is_directory=True)
     state = (run / "trainer" / "state.json").read_text()
-    result = cli(*pretrain_args(shards, run, "--max-steps", "4", "--save-every", "2", "--log-to", "tensorboard", "--resume"))
+    result = cli(*pretrain_args(shards, run, "--max-steps", "4", "--save-every", "2", "--log-to", tracker, "--resume"))
     assert result.code == 2, result.stderr
     assert "Traceback" not in result.stderr and "Exception in thread" not in result.stderr, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and f"{run / TENSORBOARD_DIR}" in lines[0] and "--log-to tensorboard" in lines[0], result.stderr
+    assert len(lines) == 1 and f"{run / folder}" in lines[0] and f"--log-to {tracker}" in lines[0], result.stderr
     assert (run / "trainer" / "state.json").read_text() == state and [r["step"] for r in records(run)] == [1, 2]
 
 
@@ -132,3 +147,64 @@ def test_a_write_that_fails_in_tensorboards_thread_is_one_error_not_a_thread_tra
     assert printed == [] and threading.excepthook == printed.append  # the hook is put back
     captured = capsys.readouterr()
     assert "Exception in thread" not in captured.err and "Traceback" not in captured.err, captured.err
+
+
+def _offline_runs(run) -> list[str]:
+    """The wandb run id of each offline run folder in RUN/wandb/, oldest first (offline-run-DATE_TIME-ID[-k])."""
+    folders = sorted((run / WANDB_DIR).glob("offline-run-*"), key=lambda f: f.stat().st_mtime_ns)
+    return [f.name.split("-")[3] for f in folders]
+
+
+def test_wandb_writes_in_the_run_and_a_resumed_run_continues_the_same_wandb_run(cli, shards, tmp_path, monkeypatch):
+    """Stopped at step 3 with its checkpoint at 2 (as kill -9 leaves it), then resumed twice: one wandb run id
+    throughout, kept in RUN/wandb/, and every file wandb made is inside the run."""
+    _needs_wandb(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    first = cli(*pretrain_args(shards, run, "--max-steps", "3", "--save-every", "2", "--log-to", "wandb"))
+    assert first.code == 0, first.stderr
+    run_id = (run / WANDB_DIR / WANDB_ID_FILE).read_text().strip()
+    assert _offline_runs(run) == [run_id]
+    for steps in ("5", "6"):
+        more = cli(*pretrain_args(shards, run, "--max-steps", steps, "--save-every", "2", "--log-to", "wandb", "--resume"))
+        assert more.code == 0, more.stderr
+    assert _offline_runs(run) == [run_id] * 3 and (run / WANDB_DIR / WANDB_ID_FILE).read_text().strip() == run_id
+    assert [r["step"] for r in records(run)] == [1, 2, 3, 4, 5, 6]
+    assert not (tmp_path / "wandb").exists()  # nothing beside the run
+
+
+def test_a_new_run_gets_a_new_wandb_run(cli, shards, tmp_path, monkeypatch):
+    _needs_wandb(monkeypatch)
+    ids = []
+    for name in ("a", "b"):
+        result = cli(*pretrain_args(shards, tmp_path / name, "--max-steps", "1", "--log-to", "wandb"))
+        assert result.code == 0, result.stderr
+        ids.append((tmp_path / name / WANDB_DIR / WANDB_ID_FILE).read_text().strip())
+    assert ids[0] != ids[1] and [_offline_runs(tmp_path / n) for n in ("a", "b")] == [[ids[0]], [ids[1]]]
+
+
+def test_a_kept_wandb_id_that_is_not_one_is_refused(cli, shards, tmp_path, monkeypatch):
+    _needs_wandb(monkeypatch)
+    run = tmp_path / "run"
+    assert cli(*pretrain_args(shards, run, "--max-steps", "2", "--save-every", "2", "--log-to", "wandb")).code == 0
+    (run / WANDB_DIR / WANDB_ID_FILE).write_text("../../etc\n")
+    result = cli(*pretrain_args(shards, run, "--max-steps", "3", "--log-to", "wandb", "--resume"))
+    assert result.code == 2 and "does not hold a wandb run id" in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert [r["step"] for r in records(run)] == [1, 2]
+
+
+def test_a_wandb_run_that_cannot_start_is_one_line_and_leaves_the_folder_usable(cli, shards, tmp_path, monkeypatch):
+    """wandb refusing to start (here a WANDB_MODE it does not know): one line, exit 2, and no wandb/ left in the
+    new run's folder, so the same command with the setting fixed runs."""
+    _needs_wandb(monkeypatch)
+    run = tmp_path / "run"
+    args = pretrain_args(shards, run, "--max-steps", "1", "--log-to", "wandb")
+    monkeypatch.setenv("WANDB_MODE", "nonsense")
+    result = cli(*args)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.code == 2 and len(lines) == 1 and "--log-to wandb could not start its run" in lines[0], result.stderr
+    assert "Traceback" not in result.stderr and not (run / WANDB_DIR).exists()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    again = cli(*args)
+    assert again.code == 0, again.stderr
+    assert [r["step"] for r in records(run)] == [1]

@@ -156,6 +156,31 @@ def test_the_device_running_out_of_memory_is_one_line_with_the_fix_and_the_check
     assert records(run)[-1]["step"] == 2  # nothing recorded after the failure (step 3's record waits for its evaluation)
 
 
+@pytest.mark.parametrize("where", ["move", "optimizer"])
+def test_running_out_of_memory_while_the_model_is_set_up_is_one_line_that_names_a_smaller_model(cli, shards, tmp_path, monkeypatch, where):
+    """CUDA's out-of-memory error (faked on the CPU) as the model moves to the device or as the optimizer is
+    built (--resume loads its saved state onto the device): one line, exit 2, the model's size as the fix (a
+    smaller batch would not help), and the checkpoint the run resumed from kept."""
+    import torch
+
+    from tfcli.train import trainer
+
+    run = tmp_path / "run"
+    assert cli(*pretrain_args(shards, run, "--max-steps", "2")).code == 0
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79.10 GiB\nmore")
+
+    monkeypatch.setattr(trainer, "prepare" if where == "move" else "optimizer_for", out_of_memory)
+    result = cli(*pretrain_args(shards, run, "--max-steps", "4", "--resume"))
+    assert result.code == 2 and "Traceback" not in result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "out of memory" in line]
+    doing = "moving the model to the cpu device" if where == "move" else "building the optimizer"
+    assert line.startswith(f"error: {doing}: the cpu device ran out of memory (CUDA out of memory. Tried to allocate 20.00 GiB)"), line
+    assert "the last good checkpoint (step 2) is kept" in line and "a smaller model (--preset" in line and "--batch-size" not in line
+    assert json.loads((run / "trainer" / "state.json").read_text())["step"] == 2
+
+
 def test_running_out_of_memory_under_compile_is_not_taken_for_the_compiler_failing(cli, shards, tmp_path, monkeypatch):
     """--compile's fallback (a first step that fails: train without the compiler) leaves the device's
     out-of-memory alone: a smaller batch is the fix, not dropping torch.compile."""

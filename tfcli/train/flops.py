@@ -4,6 +4,7 @@ over the dense bf16 peak of the card's datasheet where the card is one tfcli kno
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import time
 
@@ -74,21 +75,53 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype, size: int | N
     return max(_rate(lambda backend=backend: products.product(backend, a, b.t()), device, 2 * size**3, seconds) for backend in backends)
 
 
+IDLE_PER_CORE = 0.5  # a machine whose 1-minute load average is under half a process per core is idle enough to time the peak
+
+
 def peak_matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
     """The matmul rate a training run's MFU is measured against: timed on the first run on this machine
     (for this device, dtype and thread count) and remembered beside tfcli.accel's decisions, so later runs
-    start without probing. The best single product of each library counts, as a peak should."""
-    size = 4096 if device.type == "cuda" else 1024
+    start without probing. The best single product of each library counts, as a peak should. A peak timed
+    while the machine was busy (or by a tfcli that did not record how busy) reads low: the first run that
+    finds the machine idle times it again."""
+    size = _peak_size(device)
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype).t()
     candidates = {products.TORCH: lambda: products.product(products.TORCH, a, b)}
     if products.plain_cpu_fp32(a, b) and products.available(products.ONEDNN):
         candidates[products.ONEDNN] = lambda: products.product(products.ONEDNN, a, b)
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    key = f"peak matmul {where} {str(dtype).removeprefix('torch.')} t{torch.get_num_threads()} {size}x{size}x{size}"
-    store = choices.choices()
-    store.decide(key, candidates, products.close, sync=lambda: _sync(device))
+    key, store = _peak_key(device, dtype), choices.choices()
+    known = store.decisions.get(key)
+    if known is not None and (known.load is None or known.measured_busy()) and machine_is_idle():
+        store.record(key, choices.measure(candidates, products.close, sync=lambda: _sync(device)))
+    else:
+        store.decide(key, candidates, products.close, sync=lambda: _sync(device))
     return 2 * size**3 / min(store.decisions[key].seconds.values())
+
+
+def peak_timed_busy(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the peak `peak_matmul_flops` keeps was timed while other work held the cores (MFU then reads high)."""
+    decision = choices.choices().decisions.get(_peak_key(device, dtype))
+    return decision is not None and decision.measured_busy()
+
+
+def _peak_size(device: torch.device) -> int:
+    return 4096 if device.type == "cuda" else 1024
+
+
+def _peak_key(device: torch.device, dtype: torch.dtype) -> str:
+    """The peak's decision name. Example: "peak matmul cpu float32 t2 1024x1024x1024" """
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    size = _peak_size(device)
+    return f"peak matmul {where} {str(dtype).removeprefix('torch.')} t{torch.get_num_threads()} {size}x{size}x{size}"
+
+
+def machine_is_idle() -> bool:
+    """Whether the 1-minute load average leaves the cores to this process (False where the system does not say)."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1) < IDLE_PER_CORE
+    except (OSError, AttributeError):
+        return False
 
 
 def _rate(multiply, device: torch.device, flops: int, seconds: float) -> float:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import time
 from pathlib import Path
 
 import torch
@@ -31,7 +30,7 @@ from tfcli.train import sharding
 from tfcli.train.chat import ChatSource
 from tfcli.train.data import derived_seed
 from tfcli.train.distributed import World
-from tfcli.train.flops import peak_matmul_flops, training_flops_per_token
+from tfcli.train.flops import peak_matmul_flops, peak_timed_busy, training_flops_per_token
 from tfcli.train.job import ChatJob, LabeledJob, TrainingJob
 from tfcli.train.optim import Optimizer, load_optimizer_tensors, make_optimizer
 from tfcli.train.saving import best_saved_val_loss, lowest
@@ -293,7 +292,7 @@ def wrapped(model, config: TrainConfig, world: World, device: torch.device, fsdp
         no_sync = (
             {"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False}
         )  # the older name
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, block_buffers(model))
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, block_buffers(model) + frozen_parameters(model))
         ddp = runner = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=unused, **no_sync)
     if config.compile:
         runner = torch.compile(runner)
@@ -308,43 +307,58 @@ def block_buffers(model) -> list[str]:
     return [f"{name}.blocks" for name, module in layers if isinstance(module, (QuantLinear, QuantEmbedding))]
 
 
+def frozen_parameters(model) -> list[str]:
+    """The names of the parameters that do not train (a LoRA parent's weights, --freeze), which DDP leaves alone
+    too: every rank built them alike (from the same file, or from the same seed), no gradient ever changes them,
+    and broadcasting them from rank 0 as DDP starts would send the whole parent (500 MB for GPT-2 small).
+    Example: ["tok_emb.weight", "decoder.blocks.0.attn.qkv.base_layer.weight", ...]"""
+    return [name for name, parameter in model.named_parameters() if not parameter.requires_grad]
+
+
 @dataclasses.dataclass
 class Throughput:
     """Tokens per optimizer step and the matmul FLOPs they cost, beside the machine's peak (0: not timed, on
-    the ranks that do not log)."""
+    the ranks that do not log) and whether that peak was timed on a busy machine (then MFU reads high)."""
 
     tokens_per_step: int
     flops_per_step: float
     peak: float
+    peak_busy: bool = False
 
     def utilisation(self, rate: float) -> float:
-        """MFU at `rate` tokens/s. The peak was timed once on this machine, maybe while it was busy; then it
-        reads low, and what training reaches is the better bound."""
+        """MFU at `rate` tokens/s."""
         achieved = rate / max(self.tokens_per_step, 1) * self.flops_per_step
-        if self.peak:
-            self.peak = max(self.peak, achieved)
         return achieved / self.peak if self.peak else 0.0
 
 
 def throughput(job: TrainingJob, world: World, device: torch.device, bf16: bool, tokens_per_row: int) -> Throughput:
     cfg = job.config
     tokens_per_step = cfg.batch_size * world.size * cfg.grad_accum * tokens_per_row
-    peak = peak_matmul_flops(device, torch.bfloat16 if bf16 else torch.float32) if world.is_main else 0.0
-    return Throughput(tokens_per_step, training_flops_per_token(job.model_config, tokens_per_row) * tokens_per_step, peak)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    peak = peak_matmul_flops(device, dtype) if world.is_main else 0.0
+    busy = world.is_main and peak_timed_busy(device, dtype)
+    return Throughput(tokens_per_step, training_flops_per_token(job.model_config, tokens_per_row) * tokens_per_step, peak, busy)
 
 
 @dataclasses.dataclass
 class MetricsWindow:
-    """What the metrics record being gathered sums: the loss and target count (this rank's), the tokens, since when."""
+    """What the metrics record being gathered sums: the loss and target count (this rank's), the tokens, and the
+    seconds its steps took (evaluating, logging and saving between them not counted)."""
 
     loss: torch.Tensor
     count: int
-    tokens: int
-    start: float
+    tokens: int = 0
+    seconds: float = 0.0
 
     @classmethod
     def opened(cls, device: torch.device, start: ResumePoint | None = None) -> MetricsWindow:
-        """An empty window from now, or the one a checkpoint was in the middle of."""
+        """An empty window, or the one a checkpoint was in the middle of."""
         if start is None:
-            return cls(torch.zeros((), device=device), 0, 0, time.perf_counter())
-        return cls(torch.tensor(start.window_loss, dtype=torch.float32, device=device), start.window_count, 0, time.perf_counter())
+            return cls(torch.zeros((), device=device), 0)
+        return cls(torch.tensor(start.window_loss, dtype=torch.float32, device=device), start.window_count)
+
+    def rate(self, since: MetricsWindow | None = None) -> float:
+        """Tokens per second over this window's steps, and over `since`'s (the window before) too where given.
+        Example: 4,096 tokens in 0.5 s -> 8192.0"""
+        tokens, seconds = self.tokens + (since.tokens if since else 0), self.seconds + (since.seconds if since else 0.0)
+        return tokens / seconds if seconds > 0 else 0.0

@@ -1,22 +1,30 @@
 """Experiment trackers (`--log-to tensorboard|wandb|trackio`): each gets the records metrics.jsonl gets, as
 scalars at their step. Optional extras, imported only when asked for; each works with no network (TensorBoard
-writes event files in RUN/tensorboard/, wandb runs offline unless WANDB_MODE says otherwise, trackio is local)."""
+writes event files in RUN/tensorboard/, wandb runs offline in RUN/wandb/ unless WANDB_MODE says otherwise, trackio
+is local). A resumed run continues its tracker's run rather than starting another."""
 
 from __future__ import annotations
 
 import importlib.util
 import math
 import os
+import re
+import secrets
+import shutil
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
 from tfcli.errors import TfcliError
-from tfcli.fsutil import describe_write_error
+from tfcli.fsutil import atomic_write_text, describe_write_error
 
 TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}  # name: the package it needs
 TENSORBOARD_DIR = "tensorboard"
+WANDB_DIR = "wandb"  # wandb makes its own wandb/ under the dir it is given: RUN/wandb/
+WANDB_ID_FILE = "tfcli-run-id"  # in RUN/wandb/: the wandb run a resumed training continues
+WANDB_ID = re.compile(r"[a-z0-9]{8,64}")
+MAX_ERROR_CHARS = 300  # of a tracker's own error, in our one line
 
 
 def check_trackers(names: list[str]) -> list[str]:
@@ -56,7 +64,7 @@ class TensorBoardTracker:
 
         self.folder = run_dir / TENSORBOARD_DIR
         self.failed = False
-        check_log_folder(self.folder)
+        check_log_folder(self.folder, "tensorboard")
         self.quiet = _QuietWriterThreads()
         try:
             self.writer = SummaryWriter(log_dir=str(self.folder), purge_step=start_step + 1 if start_step else None)
@@ -91,19 +99,19 @@ class TensorBoardTracker:
         )
 
 
-def check_log_folder(folder: Path) -> None:
+def check_log_folder(folder: Path, tracker: str) -> None:
     """Make FOLDER for a tracker's files and make sure a file can be made in it, or one line saying why not.
     The trial file has no name (O_TMPFILE where the file system has it) and is gone once closed."""
     if (folder.exists() or folder.is_symlink()) and not folder.is_dir():
-        raise TfcliError(f"--log-to tensorboard writes its event files in {folder}, which is not a folder", hint="move it away, or drop --log-to tensorboard")
+        raise TfcliError(f"--log-to {tracker} writes its files in {folder}, which is not a folder", hint=f"move it away, or drop --log-to {tracker}")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as exc:
         raise TfcliError(
-            f"cannot write --log-to tensorboard's event files in {folder}: {describe_write_error(exc)}",
-            hint="make the folder writable (or a link to one), or drop --log-to tensorboard",
+            f"cannot write --log-to {tracker}'s files in {folder}: {describe_write_error(exc)}",
+            hint=f"make the folder writable (or a link to one), or drop --log-to {tracker}",
         ) from exc
 
 
@@ -127,17 +135,49 @@ class _QuietWriterThreads:
 
 
 class WandbTracker:
+    """A wandb run in RUN/wandb/ (offline unless WANDB_MODE says otherwise). Its id is kept in
+    RUN/wandb/tfcli-run-id, so a resumed training (after a crash or kill -9 too) logs to the same wandb run;
+    steps it logs again past the checkpoint are the ones wandb already holds (a resume is exact), and wandb
+    keeps the first."""
+
     def __init__(self, run_dir: Path, settings: dict[str, Any], start_step: int) -> None:
         import wandb
 
+        folder = run_dir / WANDB_DIR
+        made = not (folder.exists() or folder.is_symlink())
+        check_log_folder(folder, "wandb")  # else wandb writes to a temporary folder instead, and says so only in its log
+        run_id = wandb_run_id(folder, resuming=start_step > 0)
         mode = os.environ.get("WANDB_MODE", "offline")
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "tfcli"), name=run_dir.name, dir=str(run_dir), config=settings, mode=mode, resume="allow")
+        project = os.environ.get("WANDB_PROJECT", "tfcli")
+        try:
+            self.run = wandb.init(project=project, name=run_dir.name, id=run_id, dir=str(run_dir), config=settings, mode=mode, resume="allow")
+        except Exception as exc:  # wandb's own errors (not logged in, a bad WANDB_* setting) vary by version
+            if made:  # a folder of a start that failed would make the run folder unusable for the next try
+                shutil.rmtree(folder, ignore_errors=True)
+            said = " ".join(str(exc).split())[:MAX_ERROR_CHARS]
+            raise TfcliError(
+                f"--log-to wandb could not start its run ({type(exc).__name__}: {said})",
+                hint="run `wandb login` or set WANDB_MODE=offline, or drop --log-to wandb",
+            ) from exc
+        atomic_write_text(folder / WANDB_ID_FILE, run_id + "\n")
 
     def log(self, record: dict[str, Any]) -> None:
         self.run.log(scalars(record), step=record["step"])
 
     def close(self) -> None:
         self.run.finish()
+
+
+def wandb_run_id(folder: Path, *, resuming: bool) -> str:
+    """The wandb run id of the training whose wandb folder is FOLDER: the kept one when resuming (a run first
+    trained without wandb gets a new one), else a new one (the tracker keeps it once its run has started)."""
+    path = folder / WANDB_ID_FILE
+    if resuming and path.is_file():
+        kept = path.read_text(encoding="utf-8", errors="replace").strip()
+        if not WANDB_ID.fullmatch(kept):
+            raise TfcliError(f"{path} does not hold a wandb run id (8 to 64 of a-z, 0-9)", hint="delete it to log to a new wandb run")
+        return kept
+    return secrets.token_hex(8)
 
 
 class TrackioTracker:

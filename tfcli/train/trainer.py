@@ -60,6 +60,9 @@ from tfcli.train.state import (
 )
 from tfcli.train.tracking import open_trackers
 
+BATCH_TOO_LARGE = "use a smaller --batch-size (--set grad_accum=N keeps the tokens per step)"
+MODEL_TOO_LARGE = "the weights and AdamW's state (twice the weights) must fit: a smaller model (--preset, --set d_model=N), --lora-rank N to finetune, or --fsdp under torchrun to shard it"
+
 
 class Trainer:
     """A transformer's run: its parts are made in setup.py (the device, the data source, where it resumes, the
@@ -74,16 +77,19 @@ class Trainer:
         self.source = build_source(job, world)  # data problems surface before anything is written
         self.start = resume_point(job, world)
 
+        self.step, self.saved_step = self.start.step, -1  # what an out-of-memory message says is kept
         self.model = initial_model(job, self.device)
         freeze(self.model, cfg.freeze, cfg.task)
-        prepare(self.model, "train", self.device)
         self.fsdp = cfg.fsdp
-        if self.fsdp:
-            sharding.shard_model(self.model, self.device, world)
+        with self._out_of_memory_as_error(f"moving the model to {self._device_words()}", hint=MODEL_TOO_LARGE):
+            prepare(self.model, "train", self.device)
+            if self.fsdp:
+                sharding.shard_model(self.model, self.device, world)
         self.names = {id(p): n for n, p in self.model.named_parameters()}
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = optimizer_for(self.model, cfg, self.device, self.names, self.start, self.fsdp)
-        self.ddp, self.runner = wrapped(self.model, cfg, world, self.device, self.fsdp)
+        with self._out_of_memory_as_error("building the optimizer", hint=MODEL_TOO_LARGE):
+            self.optimizer = optimizer_for(self.model, cfg, self.device, self.names, self.start, self.fsdp)
+            self.ddp, self.runner = wrapped(self.model, cfg, world, self.device, self.fsdp)
         self.compile_checked = not cfg.compile
 
         self.speed = throughput(job, world, self.device, self.bf16, self.source.tokens_per_row)
@@ -106,9 +112,10 @@ class Trainer:
         self.stopping_early = self._patience_ran_out()
         self.lr, self.grad_norm = cfg.lr, float("nan")
         self.window = MetricsWindow.opened(self.device, self.start if job.resume and world.is_main else None)
-        self.run_start = self.window.start
+        self.last_window = MetricsWindow.opened(self.device)  # the window last logged: the live rate spans it too
+        self.run_start = time.perf_counter()
         self.last_record: dict[str, Any] = {}
-        self.logged_step = self.saved_step = self.evaluated_step = -1
+        self.logged_step = self.evaluated_step = -1
 
     # ---- setting up ---------------------------------------------------------------------------------
 
@@ -152,6 +159,11 @@ class Trainer:
             yield Note(f"the run stopped early at step {self.start.step}: {self.early_stop_reason()}; pass a larger --early-stop, or 0, to train further")
         if self.world.is_main:
             yield from (Note(note) for note in self.job.notes)
+        if self.speed.peak_busy:
+            yield Note(
+                "the matmul peak MFU is measured against was timed while other work held the cores, so MFU reads high; "
+                "the first run on an idle machine times it again"
+            )
         if self.world.is_main and not self.val_batches:
             yield Note("the validation split is empty: nothing is validated and no best/ checkpoint is kept")
         elif self.world.is_main and cfg.early_stop and not cfg.eval_every:
@@ -159,7 +171,7 @@ class Trainer:
 
     def begin(self) -> None:
         """Start the clocks: the first step begins now."""
-        self.window.start = self.run_start = time.perf_counter()
+        self.run_start = time.perf_counter()
 
     def stop_reason(self, signal_received: bool) -> str | None:
         """ "interrupted", "early_stop", "steps" or "budget" when the run should stop before another step, else
@@ -181,6 +193,7 @@ class Trainer:
     def step_once(self) -> Iterator[Note]:
         """One optimizer update over the global batch; yields a Note if torch.compile has to be dropped."""
         cfg, world, job = self.cfg, self.world, self.job
+        began = time.perf_counter()
         fraction = self.elapsed / cfg.time_budget if cfg.time_budget else None
         factor = lr_factor(cfg, self.step, fraction)
         self.lr = cfg.lr * factor  # AdamW's rate, as the records show it; Muon's is muon_lr * factor
@@ -215,7 +228,9 @@ class Trainer:
         self.step += 1
         self.tokens_seen += self.speed.tokens_per_step
         self.window.tokens += self.speed.tokens_per_step
-        self.elapsed = self.start.elapsed + time.perf_counter() - self.run_start
+        now = time.perf_counter()
+        self.window.seconds += now - began  # the steps' own time: evaluating, logging and saving are not training
+        self.elapsed = self.start.elapsed + now - self.run_start
 
     def _what_is_kept(self) -> str:
         """What a run that fails now leaves on disk (nothing is written after the failure)."""
@@ -223,8 +238,11 @@ class Trainer:
             return f"the last good checkpoint (step {self.saved_step if self.saved_step >= 0 else self.start.step}) is kept"
         return "no checkpoint was written"
 
+    def _device_words(self) -> str:
+        return "the GPU" if self.device.type == "cuda" else f"the {self.device.type} device"
+
     @contextlib.contextmanager
-    def _out_of_memory_as_error(self, doing: str = "") -> Iterator[None]:
+    def _out_of_memory_as_error(self, doing: str = "", hint: str = BATCH_TOO_LARGE) -> Iterator[None]:
         """The device running out of memory (torch.OutOfMemoryError, CUDA's) as one line that says what to change.
         doing: what ran out, as the message starts (default: the step under way)."""
         try:
@@ -232,10 +250,8 @@ class Trainer:
         except torch.OutOfMemoryError as exc:
             first_line = (str(exc).splitlines() or [type(exc).__name__])[0]
             said = ". ".join(first_line.split(". ")[:2]).rstrip(".")  # CUDA's: "CUDA out of memory. Tried to allocate 2.00 GiB", then a paragraph
-            device = "the GPU" if self.device.type == "cuda" else f"the {self.device.type} device"
             raise TfcliError(
-                f"{doing or f'step {self.step + 1}'}: {device} ran out of memory ({said}); {self._what_is_kept()}",
-                hint="use a smaller --batch-size (--set grad_accum=N keeps the tokens per step)",
+                f"{doing or f'step {self.step + 1}'}: {self._device_words()} ran out of memory ({said}); {self._what_is_kept()}", hint=hint
             ) from None
 
     def _backward(self, batch, scale: float) -> Iterator[Note]:
@@ -387,8 +403,7 @@ class Trainer:
 
     def _log(self, extra: dict[str, Any]) -> dict[str, Any]:
         totals = self._window_totals()
-        now = time.perf_counter()
-        rate = self.window.tokens / max(now - self.window.start, 1e-9)
+        rate = self.window.rate()
         record: dict[str, Any] = {"step": self.step}
         if totals[1].item() > 0:
             record["loss"] = totals[0].item() / totals[1].item()
@@ -406,8 +421,8 @@ class Trainer:
         record = strict_json({k: (round(v, 4) if k in ("tokens_per_sec", "mfu", "elapsed") else v) for k, v in record.items()})
         if self.writer is not None:
             self.writer.write(record)
-        self.window.loss = torch.zeros((), device=self.device)
-        self.window.count, self.window.start, self.window.tokens, self.logged_step = 0, now, 0, self.step
+        self.last_window, self.window = self.window, MetricsWindow.opened(self.device)
+        self.logged_step = self.step
         return record
 
     def _progress(self) -> StepDone:
@@ -417,8 +432,5 @@ class Trainer:
             remaining = (self.elapsed - self.start.elapsed) / max(self.step - self.start.step, 1) * (cfg.max_steps - self.step)
         else:
             done, remaining = min(self.elapsed / budget, 1.0), max(budget - self.elapsed, 0.0)
-        if self.window.tokens:
-            rate = self.window.tokens / max(time.perf_counter() - self.window.start, 1e-9)
-        else:
-            rate = self.last_record.get("tokens_per_sec", 0.0)
+        rate = self.window.rate(since=self.last_window)  # a few steps' time, not one's
         return StepDone(self.step, self.lr, self.tokens_seen, rate, self.speed.utilisation(rate), self.elapsed, remaining, done)
