@@ -98,6 +98,16 @@ needs_chromium = pytest.mark.skipif(chromium() is None and not in_ci(), reason="
 needs_node = pytest.mark.skipif(shutil.which("node") is None and not in_ci(), reason="node is not installed")
 
 
+def require(module: str):
+    """The outside client `module`, imported; missing, the test fails under CI and skips elsewhere (`missing_tool`)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        missing_tool(f"{module} is not installed (pip install {module}, or the lock: requirements/test.txt)")
+
+
 def require_chromium() -> str:
     """The browser, or a skip (a failure in CI: .ci/run installs Debian's chromium)."""
     browser = chromium()
@@ -212,3 +222,33 @@ def mounted_tmpfs(folder: Path, size: str):
         yield folder
     finally:
         subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def ddp_start_up_broadcast(model, inputs=None) -> tuple[list, object]:
+    """What DDP sends from rank 0 as tfcli's trainer wraps `model` (tfcli.train.setup.wrapped): the tensors its
+    start-up broadcast carries, with the wrapped model. One rank of a gloo group in this process; with `inputs`
+    (ids), a forward and backward through the wrapper runs before the group ends."""
+    import torch
+    import torch.distributed as dist
+
+    from tfcli.train.distributed import World
+    from tfcli.train.setup import wrapped
+    from tfcli.training_config import TrainConfig
+
+    sent: list = []
+    broadcast = dist._broadcast_coalesced
+
+    def recorded(group, tensors, *args):
+        sent.extend(tensors)
+        return broadcast(group, tensors, *args)
+
+    dist._broadcast_coalesced = recorded
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ddp, _ = wrapped(model, TrainConfig(task="lm"), World(0, 2, 0), torch.device("cpu"), fsdp=False)
+        if inputs is not None:
+            ddp(inputs).logits.sum().backward()
+    finally:
+        dist.destroy_process_group()
+        dist._broadcast_coalesced = broadcast
+    return sent, ddp

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from tests.conftest import SAMPLE_DATA
+from tests.helpers import require
 
 pytestmark = pytest.mark.slow  # the real commands end to end; `-m "not slow"` skips them
 
@@ -39,9 +40,7 @@ def test_bench_bad_options(cli, tmp_path):
 
 
 def test_bench_model_compares_with_transformers(cli):
-    import pytest
-
-    pytest.importorskip("transformers")
+    require("transformers")
     # no --length: the default (256) is capped at tiny's context
     result = cli("bench", "model", "--preset", "tiny", "--batch", "1", "--steps", "1", "--repeat", "1", "--json")
     assert result.code == 0, result.stderr
@@ -62,9 +61,7 @@ def test_bench_model_bad_options(cli):
 
 
 def test_bench_train_runs_both_loops_on_the_same_shape(cli):
-    import pytest
-
-    pytest.importorskip("transformers")
+    require("transformers")
     # the plumbing, not the timing: --batch max capped at 2 (its search is the untimed first run: batches 1 and 2)
     result = cli("bench", "train", "--presets", "tiny", "--batch", "max", "--max-batch", "2", "--steps", "1", "--json")
     assert result.code == 0, result.stderr
@@ -88,9 +85,7 @@ def test_bench_train_compile_runs_both_loops_compiled_and_times_the_compiling_ap
     the module as it is: the plumbing is this test's, inductor's compile of tfcli's loop `train --compile`'s
     (tests/test_train.py), which here would cost a minute on a cold cache. The workers run in this process (a
     JSON round trip each), which saves their start-up."""
-    import pytest
-
-    pytest.importorskip("transformers")
+    require("transformers")
     import torch
 
     from tfcli.bench import train as bench

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY_TEXT, forget_accel
+from tests.helpers import ddp_start_up_broadcast
 from tfcli.adapters import AdapterRecord
 from tfcli.adapters.lora import LoraLinear, adapter_tensors, apply_lora, base_state, check_rank, merged_state
 from tfcli.checkpoint import load_checkpoint, save_checkpoint
@@ -287,28 +288,14 @@ def test_two_gloo_ranks_train_a_lora_run_like_one_process(cli, base, tmp_path):
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
 
 
-def test_ddp_broadcasts_only_what_trains_of_a_lora_run(monkeypatch):
+def test_ddp_broadcasts_only_what_trains_of_a_lora_run():
     """Every rank reads the parent from the same file and no gradient changes its frozen weights: DDP sends the
     adapters from rank 0 as it starts, never the parent, and still averages the adapters' gradients. One rank
     of a gloo group in this process."""
-    import torch.distributed as dist
-
-    from tfcli.train.distributed import World
-    from tfcli.train.setup import wrapped
-    from tfcli.training_config import TrainConfig
-
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=50, **TINY)
     model = apply_lora(Transformer(config), _record(config))
-    sent: list[torch.Tensor] = []
-    broadcast = dist._broadcast_coalesced
-    monkeypatch.setattr(dist, "_broadcast_coalesced", lambda group, tensors, *args: (sent.extend(tensors), broadcast(group, tensors, *args)))
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        ddp, _ = wrapped(model, TrainConfig(task="lm"), World(0, 2, 0), torch.device("cpu"), fsdp=False)
-        ddp(torch.randint(0, 50, (2, 8))).logits.sum().backward()
-    finally:
-        dist.destroy_process_group()
+    sent, _ = ddp_start_up_broadcast(model, torch.randint(0, 50, (2, 8)))
     adapters = {p.data_ptr() for p in model.parameters() if p.requires_grad}
     assert adapters and {t.data_ptr() for t in sent} == adapters  # the adapters went, no frozen weight with them
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)

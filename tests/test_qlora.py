@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY_TEXT
-from tests.helpers import in_ci, missing_tool
+from tests.helpers import ddp_start_up_broadcast, in_ci, missing_tool
 from tfcli.accel import quantized_head
 from tfcli.adapters import AdapterRecord
 from tfcli.adapters.lora import LoraLinear, apply_lora, check_rank
@@ -330,25 +330,12 @@ def test_fsdp_over_a_quantized_parent_is_refused_in_one_line(qlora, cli, tmp_pat
     assert not (tmp_path / "fsdp" / "config.json").exists()
 
 
-def test_ddp_leaves_the_quantized_parents_blocks_where_they_are(qlora, monkeypatch):
+def test_ddp_leaves_the_quantized_parents_blocks_where_they_are(qlora):
     """Every rank reads the parent's blocks from the same file: DDP broadcasts the adapters from rank 0 as it
     starts, never the block bytes (nor any frozen parameter). One rank of a gloo group in this process."""
-    import torch.distributed as dist
-
-    from tfcli.train.distributed import World
-    from tfcli.train.setup import wrapped
-    from tfcli.training_config import TrainConfig
-
     model = load_run(qlora["q8"], "lora-parent").model
     apply_lora(model, _record(model.config))
-    sent: list[torch.Tensor] = []
-    broadcast = dist._broadcast_coalesced
-    monkeypatch.setattr(dist, "_broadcast_coalesced", lambda group, tensors, *args: (sent.extend(tensors), broadcast(group, tensors, *args)))
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        ddp, _ = wrapped(model, TrainConfig(task="lm"), World(0, 2, 0), torch.device("cpu"), fsdp=False)
-    finally:
-        dist.destroy_process_group()
+    sent, ddp = ddp_start_up_broadcast(model)
     assert ddp is not None and sent and all(t.is_floating_point() for t in sent)  # something went, no block bytes
     assert sum(t.numel() for t in sent) < sum(t.numel() for t in model.buffers() if t.dtype == torch.uint8)
     adapters = [t for t in model.parameters() if t.requires_grad]
