@@ -99,12 +99,6 @@ def peak_matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
     return 2 * size**3 / min(store.decisions[key].seconds.values())
 
 
-def peak_timed_busy(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the peak `peak_matmul_flops` keeps was timed while other work held the cores (MFU then reads high)."""
-    decision = choices.choices().decisions.get(_peak_key(device, dtype))
-    return decision is not None and decision.measured_busy()
-
-
 def _peak_size(device: torch.device) -> int:
     return 4096 if device.type == "cuda" else 1024
 

@@ -30,7 +30,7 @@ from tfcli.train import sharding
 from tfcli.train.chat import ChatSource
 from tfcli.train.data import derived_seed
 from tfcli.train.distributed import World
-from tfcli.train.flops import peak_matmul_flops, peak_timed_busy, training_flops_per_token
+from tfcli.train.flops import peak_matmul_flops, training_flops_per_token
 from tfcli.train.job import ChatJob, LabeledJob, TrainingJob
 from tfcli.train.optim import Optimizer, load_optimizer_tensors, make_optimizer
 from tfcli.train.saving import best_saved_val_loss, lowest
@@ -318,12 +318,11 @@ def frozen_parameters(model) -> list[str]:
 @dataclasses.dataclass
 class Throughput:
     """Tokens per optimizer step and the matmul FLOPs they cost, beside the machine's peak (0: not timed, on
-    the ranks that do not log) and whether that peak was timed on a busy machine (then MFU reads high)."""
+    the ranks that do not log)."""
 
     tokens_per_step: int
     flops_per_step: float
     peak: float
-    peak_busy: bool = False
 
     def utilisation(self, rate: float) -> float:
         """MFU at `rate` tokens/s."""
@@ -336,8 +335,7 @@ def throughput(job: TrainingJob, world: World, device: torch.device, bf16: bool,
     tokens_per_step = cfg.batch_size * world.size * cfg.grad_accum * tokens_per_row
     dtype = torch.bfloat16 if bf16 else torch.float32
     peak = peak_matmul_flops(device, dtype) if world.is_main else 0.0
-    busy = world.is_main and peak_timed_busy(device, dtype)
-    return Throughput(tokens_per_step, training_flops_per_token(job.model_config, tokens_per_row) * tokens_per_step, peak, busy)
+    return Throughput(tokens_per_step, training_flops_per_token(job.model_config, tokens_per_row) * tokens_per_step, peak)
 
 
 @dataclasses.dataclass

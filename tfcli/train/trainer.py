@@ -159,11 +159,6 @@ class Trainer:
             yield Note(f"the run stopped early at step {self.start.step}: {self.early_stop_reason()}; pass a larger --early-stop, or 0, to train further")
         if self.world.is_main:
             yield from (Note(note) for note in self.job.notes)
-        if self.speed.peak_busy:
-            yield Note(
-                "the matmul peak MFU is measured against was timed while other work held the cores, so MFU reads high; "
-                "the first run on an idle machine times it again"
-            )
         if self.world.is_main and not self.val_batches:
             yield Note("the validation split is empty: nothing is validated and no best/ checkpoint is kept")
         elif self.world.is_main and cfg.early_stop and not cfg.eval_every:
