@@ -90,6 +90,19 @@ def missing_tool(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
+def force_quant_path(name: str, monkeypatch) -> str:
+    """Force accel's block products onto SIMD path `name` for one test: a path this processor lacks is skipped (and
+    named); one it has must build (under CI; elsewhere a missing compiler skips, as `missing_tool` does)."""
+    from tfcli.accel import quant
+
+    if not quant.runnable(name):
+        pytest.skip(f"this processor lacks {', '.join(quant.PATHS[name][1])}")
+    if quant.kernel(name) is None:
+        missing_tool(f"this processor runs {name} but its kernels did not build: {quant.problem(name)}")
+    monkeypatch.setenv(quant.FORCE_VARIABLE, name)
+    return name
+
+
 # Without CI a test that needs the browser is skipped where there is none; in CI it runs, and `browse` fails it.
 needs_chromium = pytest.mark.skipif(chromium() is None and not in_ci(), reason="Chromium is not installed")
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers import force_quant_path
 from tests.test_quant_formats import _random_blocks
 from tfcli.accel import accelerate, choices, products, quant
 from tfcli.adapters import AdapterRecord
@@ -27,13 +28,7 @@ from tfcli.quant.tensors import Blocks
 
 @pytest.fixture(params=list(quant.PATHS))
 def path(request, monkeypatch):
-    """Each path forced in turn; one this processor lacks is skipped (and named), one it has must build."""
-    if not quant.runnable(request.param):
-        pytest.skip(f"this processor lacks {', '.join(quant.PATHS[request.param][1])}")
-    if quant.kernel(request.param) is None:
-        pytest.fail(f"this processor runs {request.param} but its kernels did not build: {quant.problem(request.param)}")
-    monkeypatch.setenv(quant.FORCE_VARIABLE, request.param)
-    return request.param
+    return force_quant_path(request.param, monkeypatch)
 
 
 def attached(layer: QuantLinear) -> QuantLinear:

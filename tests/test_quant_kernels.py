@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers import force_quant_path
 from tests.test_quant_formats import _random_blocks
 from tfcli.accel import choices, quant
 from tfcli.errors import TfcliError
@@ -27,13 +28,7 @@ gguf = pytest.importorskip("gguf")
 
 @pytest.fixture(params=list(quant.PATHS))
 def path(request, monkeypatch):
-    """Each path forced in turn; one this processor lacks is skipped (and named), one it has must build."""
-    if not quant.runnable(request.param):
-        pytest.skip(f"this processor lacks {', '.join(quant.PATHS[request.param][1])}")
-    if quant.kernel(request.param) is None:
-        pytest.skip(f"the {request.param} kernels cannot be built here: {quant.problem(request.param)}")
-    monkeypatch.setenv(quant.FORCE_VARIABLE, request.param)
-    return request.param
+    return force_quant_path(request.param, monkeypatch)
 
 
 @pytest.mark.parametrize("name", list(FORMATS))

@@ -353,6 +353,23 @@ int quant_dequantize(int format, const uint8_t *w, float *out, long n, long k) {
     return 0;
 }
 
+#define XROWS 4 /* input rows multiplied together with each unpacked weight block (more go in groups of XROWS) */
+/* y (m, n) = x W^T: one weight row at a time, multiplied into up to XROWS rows of x by isa_name (R a constant in each copy) */
+#define ROWS_OF(isa, name)                                                                                                    \
+    static void rows_##isa##_##name(const uint8_t *w, long row_bytes, const rounded_t *x, long m, long n, long k, float *y) { \
+        for (long r = 0; r < n; r++)                                                                                          \
+            for (long i = 0; i < m; i += XROWS) {                                                                             \
+                const uint8_t *row = w + r * row_bytes;                                                                       \
+                float *out = y + i * n + r;                                                                                   \
+                switch (m - i < XROWS ? m - i : XROWS) {                                                                      \
+                case 1: isa##_##name(row, x + i, k, out, n, 1); break;                                                        \
+                case 2: isa##_##name(row, x + i, k, out, n, 2); break;                                                        \
+                case 3: isa##_##name(row, x + i, k, out, n, 3); break;                                                        \
+                default: isa##_##name(row, x + i, k, out, n, 4); break;                                                       \
+                }                                                                                                             \
+            }                                                                                                                 \
+    }
+
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
 /* --- int8 activations (the avx512_vnni build): llama.cpp's way ------------------------------------------------
  * Each input row is rounded to int8 once a product, in blocks of 32 (q8_0's levels: scale = max |x| / 127), then
@@ -366,7 +383,6 @@ int quant_dequantize(int format, const uint8_t *w, float *out, long n, long k) {
 
 #include <stdlib.h>
 
-#define XROWS 4 /* input rows multiplied together with each unpacked weight block (more go in groups of XROWS) */
 /* One weight row at a time: two or four rows together (to share the activations' loads, as ggml does) measured
  * slower here (cold weights, AMD EPYC: 1.5-2.5x), the rows' streams competing. */
 
@@ -582,26 +598,12 @@ VKERNEL vnni_bf16(const uint8_t *w, const rounded_t *x, long k, float *y, long n
 }
 #endif
 
-#define VNNI_ROWS(name)                                                                                                  \
-    static void rows_vnni_##name(const uint8_t *w, long row_bytes, const rounded_t *x, long m, long n, long k, float *y) { \
-        for (long r = 0; r < n; r++)                                                                                      \
-            for (long i = 0; i < m; i += XROWS) {                                                                         \
-                const uint8_t *row = w + r * row_bytes;                                                                   \
-                float *out = y + i * n + r;                                                                               \
-                switch (m - i < XROWS ? m - i : XROWS) {                                                                  \
-                case 1: vnni_##name(row, x + i, k, out, n, 1); break;                                                     \
-                case 2: vnni_##name(row, x + i, k, out, n, 2); break;                                                     \
-                case 3: vnni_##name(row, x + i, k, out, n, 3); break;                                                     \
-                default: vnni_##name(row, x + i, k, out, n, 4); break;                                                    \
-                }                                                                                                         \
-            }                                                                                                             \
-    }
-VNNI_ROWS(q8_0)
-VNNI_ROWS(q4_0)
-VNNI_ROWS(q4_K)
-VNNI_ROWS(q6_K)
+ROWS_OF(vnni, q8_0)
+ROWS_OF(vnni, q4_0)
+ROWS_OF(vnni, q4_K)
+ROWS_OF(vnni, q6_K)
 #if defined(__AVX512BF16__)
-VNNI_ROWS(bf16)
+ROWS_OF(vnni, bf16)
 #endif
 
 #if defined(__AVX512BF16__)
@@ -672,7 +674,6 @@ int quant_linear_int8(int format, const uint8_t *w, const float *x, float *y, lo
 
 #include <stdlib.h>
 
-#define XROWS 4
 
 typedef struct {
     const int8_t *q;     /* k int8 levels */
@@ -811,24 +812,10 @@ AKERNEL avx2_q6_K(const uint8_t *w, const rounded_t *x, long k, float *y, long n
     for (int r = 0; r < R; r++) y[r * n] = hsum256(acc[r]);
 }
 
-#define AVX2_ROWS(name)                                                                                                  \
-    static void rows_avx2_##name(const uint8_t *w, long row_bytes, const rounded_t *x, long m, long n, long k, float *y) { \
-        for (long r = 0; r < n; r++)                                                                                      \
-            for (long i = 0; i < m; i += XROWS) {                                                                         \
-                const uint8_t *row = w + r * row_bytes;                                                                   \
-                float *out = y + i * n + r;                                                                               \
-                switch (m - i < XROWS ? m - i : XROWS) {                                                                  \
-                case 1: avx2_##name(row, x + i, k, out, n, 1); break;                                                     \
-                case 2: avx2_##name(row, x + i, k, out, n, 2); break;                                                     \
-                case 3: avx2_##name(row, x + i, k, out, n, 3); break;                                                     \
-                default: avx2_##name(row, x + i, k, out, n, 4); break;                                                    \
-                }                                                                                                         \
-            }                                                                                                             \
-    }
-AVX2_ROWS(q8_0)
-AVX2_ROWS(q4_0)
-AVX2_ROWS(q4_K)
-AVX2_ROWS(q6_K)
+ROWS_OF(avx2, q8_0)
+ROWS_OF(avx2, q4_0)
+ROWS_OF(avx2, q4_K)
+ROWS_OF(avx2, q6_K)
 
 int quant_linear_int8(int format, const uint8_t *w, const float *x, float *y, long m, long n, long k) {
     void (*rows)(const uint8_t *, long, const rounded_t *, long, long, long, float *);

@@ -57,19 +57,27 @@ static float row_dot(const float *row, const float *x, long k) {
     return sum;
 }
 
+/* Inside a parallel region: this thread's rows [first, last) of n, shares rounded up to a multiple of `align`.
+ * Returns the number of threads. */
+static long this_threads_share(long n, long align, long *first, long *last) {
+#ifdef _OPENMP
+    const long count = omp_get_num_threads(), index = omp_get_thread_num();
+#else
+    const long count = 1, index = 0;
+#endif
+    const long share = ((n + count - 1) / count + align - 1) / align * align;
+    *first = index * share;
+    *last = *first + share < n ? *first + share : n;
+    return count;
+}
+
 /* w: (n, k) row-major, x: (k,), bias: (n,) or NULL, y: (n,). Uses `threads` threads once the weight has
  * at least `parallel_from` elements (below that, starting them costs more than they save). */
 void vector_linear(const float *w, const float *x, const float *bias, float *y, long n, long k, int threads, long parallel_from) {
     #pragma omp parallel num_threads(threads) if (n * k >= parallel_from)
     {
-#ifdef _OPENMP
-        long count = omp_get_num_threads(), index = omp_get_thread_num();
-#else
-        long count = 1, index = 0;
-        (void)threads, (void)parallel_from;
-#endif
-        long share = (n + count - 1) / count;
-        long first = index * share, last = first + share < n ? first + share : n;
+        long first, last;
+        this_threads_share(n, 1, &first, &last);
         for (long i = first; i < last; i++) {
             float value = row_dot(w + i * k, x, k);
             y[i] = bias ? value + bias[i] : value;
@@ -86,15 +94,8 @@ int quant_parallel(quant_product product, int format, const void *w, long row_by
     int status = 0;
     #pragma omp parallel num_threads(threads) if (n * k >= parallel_from) reduction(| : status)
     {
-#ifdef _OPENMP
-        long count = omp_get_num_threads(), index = omp_get_thread_num();
-#else
-        long count = 1, index = 0;
-        (void)threads, (void)parallel_from;
-#endif
-        long share = (n + count - 1) / count;
-        share = (share + 15) / 16 * 16; /* whole cache lines of y to each thread */
-        long first = index * share, last = first + share < n ? first + share : n;
+        long first, last;
+        const long count = this_threads_share(n, 16, &first, &last); /* whole cache lines of y to each thread */
         const unsigned char *rows = (const unsigned char *)w + first * row_bytes;
         if (first < last && (count == 1 || m == 1)) { /* one input row: this thread's outputs are contiguous in y */
             status |= product(format, rows, x, y + first, m, last - first, k);
