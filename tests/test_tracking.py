@@ -1,14 +1,23 @@
 """`--log-to tensorboard`: the event files hold the same scalars as metrics.jsonl, read back with tensorboard's
 own reader; a resumed run's events past its checkpoint are dropped; an unknown or missing tracker is one line.
-`--log-to wandb` (offline): its files in RUN/wandb/, a resumed run continues the same wandb run."""
+`--log-to wandb` (offline): its files in RUN/wandb/, a resumed run continues the same wandb run. `--log-to
+trackio`: read back from its local store, a run of its own for each training, continued on resume."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
+from tests.conftest import REPO
 from tests.helpers import missing_tool
 from tests.training import pretrain_args, records
-from tfcli.train.tracking import TENSORBOARD_DIR, WANDB_DIR, WANDB_ID_FILE, scalars
+from tfcli.train.tracking import TENSORBOARD_DIR, TRACKIO_NAME_FILE, WANDB_DIR, WANDB_ID_FILE, scalars
 
 
 def tensorboard_scalars(run) -> dict[str, dict[int, float]]:
@@ -58,8 +67,6 @@ def test_a_resumed_run_drops_the_events_past_its_checkpoint(cli, shards, tmp_pat
 def test_trackers_are_checked_before_any_work(cli, shards, tmp_path, monkeypatch):
     result = cli(*pretrain_args(shards, tmp_path / "a", "--max-steps", "2", "--log-to", "mlflow"))
     assert result.code == 2 and "unknown tracker 'mlflow'" in result.stderr and not (tmp_path / "a").exists()
-    import importlib.util
-
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
     result = cli(*pretrain_args(shards, tmp_path / "b", "--max-steps", "2", "--log-to", "tensorboard,wandb"))
@@ -88,8 +95,6 @@ def _read_only_folder(tmp_path):
 
 
 def _needs_wandb(monkeypatch) -> None:
-    import importlib.util
-
     if importlib.util.find_spec("wandb") is None:
         missing_tool("wandb is not installed (pip install 'tfcli[wandb]')")
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -208,3 +213,62 @@ def test_a_wandb_run_that_cannot_start_is_one_line_and_leaves_the_folder_usable(
     again = cli(*args)
     assert again.code == 0, again.stderr
     assert [r["step"] for r in records(run)] == [1]
+
+
+READ_TRACKIO = """
+import json, sys
+from trackio.sqlite_storage import SQLiteStorage
+project = sys.argv[1]
+runs = SQLiteStorage.get_runs(project)
+print(json.dumps({name: SQLiteStorage.get_logs(project, name) for name in runs}, default=str))
+"""
+
+
+def _trackio(args, trackio_dir: Path) -> subprocess.CompletedProcess:
+    """ARGS in a fresh process whose trackio keeps its store in TRACKIO_DIR (trackio reads it once, at import)."""
+    env = {**os.environ, "TRACKIO_DIR": str(trackio_dir), "TRACKIO_PROJECT": "tests"}
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, env=env, cwd=REPO)
+
+
+def _trackio_logs(trackio_dir: Path) -> dict[str, list[dict]]:
+    read = _trackio(["-c", READ_TRACKIO, "tests"], trackio_dir)
+    assert read.returncode == 0, read.stderr
+    return json.loads(read.stdout.splitlines()[-1])
+
+
+def test_trackio_holds_what_metrics_jsonl_holds_and_a_resumed_run_continues_its_trackio_run(shards, tmp_path):
+    """Two runs both called `model` get a trackio run each; the first, resumed, logs on in its own: read back with
+    trackio's own storage, each holds metrics.jsonl's scalars at their steps."""
+    if importlib.util.find_spec("trackio") is None:
+        missing_tool("trackio is not installed (pip install 'tfcli[trackio]')")
+    store = tmp_path / "trackio"
+    first, second = tmp_path / "a" / "model", tmp_path / "b" / "model"
+    for run, steps, more in ((first, "2", ()), (second, "1", ()), (first, "4", ("--resume",))):
+        done = _trackio(["-m", "tfcli", *pretrain_args(shards, run, "--max-steps", steps, "--save-every", "2", "--log-to", "trackio", *more)], store)
+        assert done.returncode == 0, done.stderr
+    names = {run: (run / TRACKIO_NAME_FILE).read_text().strip() for run in (first, second)}
+    assert names[first] != names[second] and all(name.startswith("model-") for name in names.values())
+    logs = _trackio_logs(store)
+    assert set(logs) == set(names.values())
+    for run, name in names.items():
+        kept: dict[str, dict[int, float]] = {}
+        for row in logs[name]:
+            for key, value in row.items():
+                if key not in ("step", "timestamp") and isinstance(value, float):
+                    kept.setdefault(key, {})[row["step"]] = value
+        written = jsonl_scalars(run)
+        assert {"loss", "val_loss"} <= set(kept) and kept["loss"].keys() == written["loss"].keys(), (name, kept.keys())
+        for key in ("loss", "lr", "val_loss"):
+            assert kept[key] == pytest.approx(written[key], rel=1e-6), (name, key)
+    assert sorted(jsonl_scalars(first)["loss"]) == [1, 2, 3, 4]
+
+
+def test_a_trackio_store_that_cannot_be_written_is_one_line_before_any_step(shards, tmp_path):
+    if importlib.util.find_spec("trackio") is None:
+        missing_tool("trackio is not installed (pip install 'tfcli[trackio]')")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    run = tmp_path / "run"
+    done = _trackio(["-m", "tfcli", *pretrain_args(shards, run, "--max-steps", "2", "--log-to", "trackio")], blocker)
+    assert done.returncode == 2 and "--log-to trackio" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not (run / "metrics.jsonl").exists()

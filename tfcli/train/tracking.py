@@ -1,7 +1,7 @@
 """Experiment trackers (`--log-to tensorboard|wandb|trackio`): each gets the records metrics.jsonl gets, as
 scalars at their step. Optional extras, imported only when asked for; each works with no network (TensorBoard
 writes event files in RUN/tensorboard/, wandb runs offline in RUN/wandb/ unless WANDB_MODE says otherwise, trackio
-is local). A resumed run continues its tracker's run rather than starting another."""
+writes its local store). A resumed run continues its tracker's run rather than starting another."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ TENSORBOARD_DIR = "tensorboard"
 WANDB_DIR = "wandb"  # wandb makes its own wandb/ under the dir it is given: RUN/wandb/
 WANDB_ID_FILE = "tfcli-run-id"  # in RUN/wandb/: the wandb run a resumed training continues
 WANDB_ID = re.compile(r"[a-z0-9]{8,64}")
+TRACKIO_NAME_FILE = "trackio-run"  # in RUN: the trackio run a resumed training continues
+TRACKIO_NAME = re.compile(r"[^\x00-\x1f\x7f]{1,128}")
 MAX_ERROR_CHARS = 300  # of a tracker's own error, in our one line
 
 
@@ -181,17 +183,46 @@ def wandb_run_id(folder: Path, *, resuming: bool) -> str:
 
 
 class TrackioTracker:
+    """A run in trackio's local store (TRACKIO_DIR, else HF_HOME/trackio; `trackio show` reads it), in project
+    TRACKIO_PROJECT (default tfcli). trackio knows a run by its name, so each training gets its own (the run
+    folder's name and a random suffix: many runs are called `model`), kept in RUN/trackio-run so that a resumed
+    training logs to the same trackio run. Steps logged again past the checkpoint hold the values trackio already
+    has (a resume is exact)."""
+
     def __init__(self, run_dir: Path, settings: dict[str, Any], start_step: int) -> None:
         import trackio
+        from trackio.utils import TRACKIO_DIR
 
+        check_log_folder(Path(TRACKIO_DIR), "trackio")  # else trackio only warns, at the end, that nothing was kept
+        kept = run_dir / TRACKIO_NAME_FILE
+        name = trackio_run_name(kept, run_dir.name, resuming=start_step > 0)
+        project = os.environ.get("TRACKIO_PROJECT", "tfcli")
         self.trackio = trackio
-        trackio.init(project=os.environ.get("TRACKIO_PROJECT", "tfcli"), name=run_dir.name, config=settings, resume="allow")
+        try:
+            self.run = trackio.init(project=project, name=name, config=settings, resume="allow")
+        except Exception as exc:  # trackio's own errors (a bad TRACKIO_* setting) vary by version
+            said = " ".join(str(exc).split())[:MAX_ERROR_CHARS]
+            raise TfcliError(
+                f"--log-to trackio could not start its run ({type(exc).__name__}: {said})", hint="check the TRACKIO_* settings, or drop --log-to trackio"
+            ) from exc
+        atomic_write_text(kept, name + "\n")
 
     def log(self, record: dict[str, Any]) -> None:
-        self.trackio.log(scalars(record), step=record["step"])
+        self.run.log(scalars(record), step=record["step"])
 
     def close(self) -> None:
         self.trackio.finish()
+
+
+def trackio_run_name(path: Path, folder_name: str, *, resuming: bool) -> str:
+    """The trackio run of the training kept in PATH when resuming (a run first trained without trackio gets a new
+    one), else a new one: FOLDER_NAME and 6 random hex digits."""
+    if resuming and path.is_file():
+        kept = path.read_text(encoding="utf-8", errors="replace").strip()
+        if not TRACKIO_NAME.fullmatch(kept):
+            raise TfcliError(f"{path} does not hold a trackio run name (1 to 128 printable characters)", hint="delete it to log to a new trackio run")
+        return kept
+    return f"{folder_name}-{secrets.token_hex(3)}"
 
 
 KINDS = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "trackio": TrackioTracker}
