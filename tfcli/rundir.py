@@ -59,6 +59,7 @@ class TrainingRecord(JsonRecord):
     init_from: str | None = None
     val_loss: float | None = None  # the best checkpoint's validation loss
     fields: dict[str, str] | None = None  # classify / seq2seq: the data's names of text, label, source, target, where renamed
+    recipe: str | None = None  # train pretrain: the --recipe its settings were laid over (classic, modern); --resume takes it
 
 
 def _refuse_pickle(path: Path) -> None:

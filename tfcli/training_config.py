@@ -14,6 +14,9 @@ TASKS = ("lm", "mlm", "denoise", "classify", "seq2seq", "chat", "instruct")
 PRETRAIN_TASK = {"decoder": "lm", "encoder": "mlm", "encoder-decoder": "denoise"}
 SCHEDULES = ("cosine", "linear", "constant", "wsd")
 OPTIMIZERS = ("adamw", "muon")
+# --resume with another max_steps: continue (the decay goes on from the rate the run had) | stretch (the schedule laid over
+# the new length, as litgpt and nanoGPT recompute it; the rate may jump back up)
+RESUME_SCHEDULES = ("continue", "stretch")
 # --early-stop where the option is not given: on (this many evaluations) for a --time-budget run; the one-command
 # text path sets it too (text_data.TEXT_DEFAULTS). Elsewhere a run trains to its end. Five, not three: on the sample
 # stories (d_model 64, 2 layers, an evaluation every 50 steps) the validation loss went 3 evaluations without a new
@@ -38,6 +41,7 @@ RESUMABLE_CHANGES = (
     "compile",
     "fsdp",
     "decay_restart",
+    "resume_schedule",
     "early_stop",
 )
 
@@ -60,6 +64,7 @@ class TrainConfig(JsonRecord):
     decay_fraction: float = 0.2  # schedule wsd: the share of the run (of max_steps, or of the time budget) the decay takes
     warmup_steps: int | None = None  # linear warm-up (default: the first 5% of the run)
     decay_restart: list[float] | None = None  # [step, lr factor there]: set by --resume with a new max_steps; the decay goes on from that rate
+    resume_schedule: str = "continue"  # --resume with another max_steps: continue (decay_restart) | stretch (the schedule laid over the new max_steps)
     early_stop: int | None = None  # stop after N evaluations without a lower val loss (0: never; default: 5 with time_budget or text --data, else 0)
     weight_decay: float = 0.1  # AdamW's decoupled decay, on matrices only (not norms, biases, embeddings)
     beta1: float = 0.9  # AdamW's first-moment decay
@@ -93,6 +98,7 @@ class TrainConfig(JsonRecord):
             ("task", self.task in TASKS, f"one of {', '.join(TASKS)}"),
             ("schedule", self.schedule in SCHEDULES, f"one of {', '.join(SCHEDULES)}"),
             ("optimizer", self.optimizer in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}"),
+            ("resume_schedule", self.resume_schedule in RESUME_SCHEDULES, f"one of {', '.join(RESUME_SCHEDULES)}"),
             ("device", self.device in DEVICES, f"one of {', '.join(DEVICES)}"),
             ("precision", self.precision in PRECISIONS, f"one of {', '.join(PRECISIONS)}"),
             ("freeze", self.freeze in FREEZE, f"one of {', '.join(FREEZE)}"),

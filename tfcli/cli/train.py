@@ -170,7 +170,7 @@ Recipe = Annotated[
     Optional[str],
     typer.Option(
         "--recipe",
-        help="classic (AdamW, cosine, GELU, LayerNorm, tied head) or modern (the speedrun's: Muon, warmup-stable-decay, rotary, RMSNorm, QK-norm, ReLU², zero-init projections, untied soft-capped head); under --config and --set [default: classic].",
+        help="classic (AdamW, cosine, GELU, LayerNorm, tied head) or modern (the speedrun's: Muon, warmup-stable-decay, rotary, RMSNorm, SwiGLU, QK-norm, zero-init projections, untied head); under --config and --set; --resume keeps the run's own [default: classic; modern for text as --data].",
         show_default=False,
     ),
 ]
@@ -327,8 +327,11 @@ def _pretrain_job(
 ):
     """The pretraining job; text as --data is made into a tokenizer and shards in RUN/data/ first."""
     from tfcli.train.job import pretrain_job
+    from tfcli.train.run_checks import run_recipe
     from tfcli.train.text_data import TEXT_RECIPE, is_shard_folder
 
+    if recipe is None and resume:
+        recipe = run_recipe(output)  # the run's own
     if not is_shard_folder(data):
         data = _text_to_shards(data, output, options, config, sets, resume, quiet, recipe_given=recipe is not None)
         recipe = recipe or TEXT_RECIPE

@@ -27,6 +27,7 @@ from tfcli.errors import TfcliError
 from tfcli.tokenizer.chat_template import CHAT_ROLES, ChatTemplate, EncodedChat, Message
 
 CHAT_TASKS = ("chat", "instruct")
+WHY_NOT_CSV = {"chat": " (a conversation's messages are nested)"}
 SHAPES = {
     "chat": '{"messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}]} per line',
     "instruct": '{"prompt": ..., "response": ...} per line',
@@ -72,7 +73,9 @@ def read_conversations(path: Path, task: str) -> list[Conversation]:
     if not path.is_file():
         raise TfcliError(f"chat data {path} does not exist" if not path.exists() else f"{path} is not a file", hint=f"pass JSON lines with {shape}")
     sniffed = sniff_file(path)
-    if sniffed.format in ("text", "csv", "tsv"):  # messages are nested: JSON lines (or Parquet) only
+    if sniffed.format in ("csv", "tsv"):
+        raise TfcliError(f"{path} is {sniffed.format.upper()}; --task {task} reads JSON lines or Parquet{WHY_NOT_CSV.get(task, '')}", hint=f"write {shape}")
+    if sniffed.format == "text":  # an extension that names no format: JSON lines, as always
         sniffed = dataclasses.replace(sniffed, format="jsonl")
     if sniffed.binary:
         raise TfcliError(f"{path} looks like a binary file (it holds NUL bytes)", hint=f"pass JSON lines with {shape}")

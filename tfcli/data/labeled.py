@@ -106,12 +106,29 @@ def read_labeled(path: Path, task: str, fields: Mapping[str, str] | None = None)
     return rows
 
 
+def _is_number(value: Any) -> bool:
+    """An integer label, or one written as text. Example: 3 -> True, "3" -> True, "-1" -> True, "three" -> False."""
+    return isinstance(value, int) or str(value).removeprefix("-").isdigit()
+
+
 def label_names(values: list[Any]) -> list[str]:
     """Class names in a stable order: numbers numerically, else alphabetically. Example: [2, 10, 1] -> ["1", "2", "10"]."""
     names = {str(v) for v in values}
     if all(isinstance(v, int) for v in values):
         return sorted(names, key=int)
     return sorted(names)
+
+
+def _refuse_mixed_labels(path: Path, rows: list[Example]) -> None:
+    """Labels that are numbers (1, or "1") beside labels that are words: one of them is a mistake in the data, which
+    would otherwise train as a class of its own."""
+    number = next((row for row in rows if isinstance(row.output, int)), None)
+    word = next((row for row in rows if not _is_number(row.output)), None)
+    if number is not None and word is not None:
+        raise TfcliError(
+            f"{path} {word.unit} {word.line} has the label {word.output!r}, a word, but {number.unit} {number.line} has the number {number.output}",
+            hint="give the labels all as words or all as numbers",
+        )
 
 
 def classification_ids(tokenizer: TextTokenizer, arch: str, texts: list[str], block_size: int) -> list[list[int]]:
@@ -145,6 +162,7 @@ def load_labeled(
     inputs_text = [r[0] for r in rows]
     if task == "classify":
         if labels is None:
+            _refuse_mixed_labels(Path(path), rows)
             labels = label_names([r[1] for r in rows])
             if len(labels) < 2:
                 raise TfcliError(f"{path} has only one label ({labels[0]!r}); a classifier needs at least two")

@@ -26,6 +26,7 @@ from tfcli.training_config import PRETRAIN_TASK, TrainConfig
 DEFAULT_PRESET = {"decoder": "tiny", "encoder": "tiny", "encoder-decoder": "seq2seq-tiny"}
 LABELED_TASKS = ("classify", "seq2seq")
 CHAT_TASKS = ("chat", "instruct")
+MUON_WITHOUT_MATRICES = "--optimizer muon trains the weight matrices inside the blocks, which --freeze body freezes: AdamW trains the classification head alone"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,7 @@ class TrainingJob:
     data_fingerprint: str = ""
     notes: tuple[str, ...] = ()  # said when training starts
     log_to: tuple[str, ...] = ()  # experiment trackers beside metrics.jsonl (tracking.py)
+    recipe: str | None = None  # train pretrain: the --recipe laid under the settings (recorded: --resume takes the run's own)
 
     @property
     def title(self) -> str:
@@ -64,6 +66,7 @@ class TrainingJob:
             "val_data": str(self.val_data) if self.val_data else None,
             "init_from": str(self.init_from) if self.init_from else None,
             "step": step,
+            **({"recipe": self.recipe} if self.recipe else {}),
         }
 
     def variant(self, kind: type[Job], **changes: Any) -> Job:
@@ -136,9 +139,10 @@ def pretrain_job(
     log_to: tuple[str, ...] = (),
     recipe: str | None = None,
 ) -> ShardJob:
-    """`recipe` (classic, modern: train/recipes.py) lays its settings under the config file's."""
+    """`recipe` (classic, modern: train/recipes.py) lays its settings under the config file's; None is classic."""
     meta = load_shard_meta(data)
-    recipe_layer = recipe_settings(recipe) if recipe is not None else {}
+    recipe = recipe or "classic"
+    recipe_layer = recipe_settings(recipe)
     tokenizer = find_tokenizer(data, tokenizer_path)
     if arch is None:  # no --arch: the architecture the settings describe (--set, the file, the preset), else a decoder
         arch = resolve_configs(
@@ -177,7 +181,7 @@ def pretrain_job(
         raise TfcliError(f"the shards hold ids for {meta.vocab_size:,} tokens but the tokenizer has {tokenizer.vocab_size:,}")
     _check_block(config, model_config, finetune=False)
     _require_roles(tokenizer, task)
-    job = ShardJob(output, model_config, config, tokenizer, data, resume=resume, data_fingerprint=shard_fingerprint(data), log_to=tuple(log_to))
+    job = ShardJob(output, model_config, config, tokenizer, data, resume=resume, data_fingerprint=shard_fingerprint(data), log_to=tuple(log_to), recipe=recipe)
     check_output(output, resume)
     if resume:
         check_resumed(job)
@@ -208,7 +212,10 @@ def finetune_job(
     _require_roles(tokenizer, task)
     if chat_template is not None and task not in CHAT_TASKS:
         raise TfcliError(f"--chat-template applies to --task chat and instruct, not {task}")
-    draft = TrainingJob(output, model_config, config, tokenizer, data, val_data=val_data, init_from=Path(init_from), resume=resume, log_to=tuple(log_to))
+    notes = (MUON_WITHOUT_MATRICES,) if config.optimizer == "muon" and config.freeze == "body" else ()
+    draft = TrainingJob(
+        output, model_config, config, tokenizer, data, val_data=val_data, init_from=Path(init_from), resume=resume, notes=notes, log_to=tuple(log_to)
+    )
     if task in CHAT_TASKS:
         job: TrainingJob = _chat_job(draft, chat_template)
     elif task in LABELED_TASKS:
@@ -229,17 +236,40 @@ def finetune_job(
 def continued_schedule(job: TrainingJob) -> TrainingJob:
     """A resumed run keeps its learning-rate schedule. With another --max-steps the decay goes on from the step
     the run stopped at, at the rate it had there, to the new last step (`decay_restart`), instead of being laid
-    out again over the new length (which would send the rate back up); with the same length a restart an earlier
-    resume set is kept. A time budget lays the schedule over the budget, as it always does."""
+    out again over the new length (which would send the rate back up); `resume_schedule` "stretch" lays it out
+    again. Either way a note says what the rate does and how to choose the other. With the same length a
+    restart an earlier resume set is kept. A time budget lays the schedule over the budget, as it always does."""
     before = TrainConfig.from_json((read_run_config(job.run_dir).training or {}).get("config") or {})
     now = job.config
     if now.time_budget is not None or before.time_budget is not None:
         return job
-    restart = before.decay_restart
-    if now.max_steps != before.max_steps:
-        _, state = find_trainer_state(job.run_dir)
-        restart = [state.step, lr_factor(before, state.step)]
-    return dataclasses.replace(job, config=dataclasses.replace(now, decay_restart=restart))
+    if now.max_steps == before.max_steps:
+        return dataclasses.replace(job, config=dataclasses.replace(now, decay_restart=before.decay_restart))
+    _, state = find_trainer_state(job.run_dir)
+    step, was = state.step, lr_factor(before, state.step)
+    restart = None if now.resume_schedule == "stretch" else [step, was]
+    config = dataclasses.replace(now, decay_restart=restart)
+    if step >= config.max_steps or 0 < config.patience <= state.evals_since_best:  # no step to train: nothing to say
+        return dataclasses.replace(job, config=config)
+    return dataclasses.replace(job, config=config, notes=(*job.notes, _schedule_note(before, config, step, was)))
+
+
+def _schedule_note(before: TrainConfig, now: TrainConfig, step: int, was: float) -> str:
+    """What the learning rate does over the steps a resume with another --max-steps adds, and the other choice.
+    Example: "the run finished its learning-rate schedule at step 40, so its 40 more steps train at the floor rate,
+    1.00e-04; --set resume_schedule=stretch lays the schedule over all 80 steps instead (5.68e-04 at step 40)" """
+    new, rate = now.max_steps, f"{now.lr * was:.2e}"
+    if now.decay_restart is None:
+        return (
+            f"resume_schedule stretch: the schedule is laid over all {new} steps, so the rate goes from {rate} at step {step} to "
+            f"{now.lr * lr_factor(now, step):.2e}; without it the rate would go on from {rate}"
+        )
+    stretched = dataclasses.replace(now, decay_restart=None)
+    other = f"--set resume_schedule=stretch lays the schedule over all {new} steps instead ({now.lr * lr_factor(stretched, step):.2e} at step {step})"
+    if was <= now.min_lr_ratio + 1e-9:
+        return f"the run finished its learning-rate schedule at step {step}, so its {new - step} more steps train at the floor rate, {rate}; {other}"
+    floor = now.lr * min(now.min_lr_ratio, was)
+    return f"--max-steps {new} (was {before.max_steps}): the learning rate goes on from {rate} at step {step} down to {floor:.2e} at step {new}; {other}"
 
 
 def _check_fields(task: str, fields: dict[str, str] | None) -> dict[str, str]:

@@ -51,12 +51,15 @@ def check_resumed(job: TrainingJob) -> None:
     """A resumed run must be the run it continues: same model, tokenizer, data, and training settings
     (except those in RESUMABLE_CHANGES)."""
     saved = read_run_config(job.run_dir)
+    recipe = (saved.training or {}).get("recipe")
+    if recipe is not None and job.recipe is not None and recipe != job.recipe:
+        raise TfcliError(f"cannot resume: the run was trained with --recipe {recipe}, not {job.recipe}", hint="leave --recipe out to go on with the run's own")
     saved_model, now_model = saved.model.to_json(), job.model_config.to_json()
     for key in saved_model:
         if saved_model[key] != now_model.get(key):
             raise TfcliError(
                 f"cannot resume: the model's {key} was {saved_model[key]!r}, now {now_model.get(key)!r}",
-                hint="resume with the settings the run was started with",
+                hint=f"pass --arch {saved_model[key]}" if key == "arch" else "resume with the settings the run was started with",
             )
     if saved.tokenizer_sha256 != job.tokenizer.sha256:
         raise TfcliError("cannot resume: the tokenizer differs from the run's", hint="resume with the data and tokenizer the run was started with")
@@ -71,6 +74,14 @@ def check_resumed(job: TrainingJob) -> None:
                 f"cannot resume: the training setting {key} was {before[key]!r}, now {now[key]!r}",
                 hint=f"pass the run's own value ({_as_option(key, before[key])}); only {', '.join(RESUMABLE_CHANGES)} may change on --resume",
             )
+
+
+def run_recipe(run_dir: Path) -> str | None:
+    """The --recipe a pretraining run recorded (None: no run there, or one made before runs recorded it)."""
+    if not (Path(run_dir) / CONFIG_FILE).is_file():
+        return None
+    recipe = (read_run_config(run_dir).training or {}).get("recipe")
+    return recipe if isinstance(recipe, str) else None
 
 
 def _as_option(key: str, value) -> str:

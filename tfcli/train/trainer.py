@@ -160,7 +160,8 @@ class Trainer:
         if self.world.is_main:
             yield from (Note(note) for note in self.job.notes)
         if self.world.is_main and not self.val_batches:
-            yield Note("the validation split is empty: nothing is validated and no best/ checkpoint is kept")
+            stop = ", and --early-stop has no validation loss to watch: the run will not stop early" if cfg.patience else ""
+            yield Note(f"the validation split is empty: nothing is validated and no best/ checkpoint is kept{stop}")
         elif self.world.is_main and cfg.early_stop and not cfg.eval_every:
             yield Note("--early-stop counts evaluations, and --eval-every 0 evaluates only at the end: the run will not stop early")
 
