@@ -87,7 +87,11 @@ def converse(generator, conversation) -> None:
     while True:
         if sys.stdin.isatty():
             errors.print(Text("> ", style="bold"), end="")
-        raw = sys.stdin.buffer.readline(line_cap + 1)
+        try:
+            raw = sys.stdin.buffer.readline(line_cap + 1)
+        except KeyboardInterrupt:  # Ctrl-C at the prompt leaves (main says so), on a line of its own
+            errors.print()
+            raise
         if not raw:
             break
         if len(raw) > line_cap and not raw.endswith(b"\n"):

@@ -231,6 +231,10 @@ def _modes(prompt, prompt_file, fill_mask, classify, interactive: bool, chat: bo
         if on
     ]
     if not modes:
+        if sys.stdin is not None and not sys.stdin.closed and not sys.stdin.isatty():  # `echo TEXT | tfcli generate RUN`
+            raise TfcliError(
+                "nothing to do: stdin is not read without an option", hint="pass --prompt-file - (a prompt a line), --interactive or --chat to read it"
+            )
         raise TfcliError("nothing to do", hint="pass --prompt TEXT, --prompt-file FILE, --interactive, --chat, --fill-mask TEXT or --classify TEXT")
     if len(modes) > 1 and modes != ["--prompt/--prompt-file"]:
         raise TfcliError(f"{modes[0]} and {modes[1]} do not go together", hint="pick one")

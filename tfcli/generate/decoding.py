@@ -51,6 +51,12 @@ class Generator:
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
         self.batch_size = batch_size
         self.vocab = Vocabulary.of(tokenizer, config.vocab_size)
+        choosable = self.vocab.limit - len(self.vocab.suppressed)
+        if settings.strategy == "beam" and settings.num_beams > choosable:  # the first step could not give each beam its own token
+            raise TfcliError(
+                f"--num-beams {settings.num_beams} is more than the {choosable:,} tokens this run can write",
+                hint=f"pass --num-beams {choosable:,} at most",
+            )
         if config.arch == "encoder-decoder" and self.vocab.eos_id is None:
             tokenizer.require("eos")  # the decoder starts from it
         # ids that end a text (a chat adds its end-of-turn token)
@@ -71,11 +77,16 @@ class Generator:
         """Token ids of each prompt, cropped to fit: a decoder keeps the last block-size tokens of a long
         prompt (it continues the end), an encoder-decoder the first block-size tokens of a long source (as
         training does). Each crop is a notice. An empty prompt is an error, but where a decoder's tokenizer
-        starts every text with its beginning-of-text token (Llama's <s>): then it starts from that alone, an
-        unconditional sample, as llama2.c's `run` and transformers' `generate` do."""
+        starts every text with its beginning-of-text token (Llama's <s>): then it starts from the empty text's
+        prompt, an unconditional sample, as llama2.c's `run` and transformers' `generate` do. That prompt is
+        <s>, and <s></s> where the file adds eos too, as llama.cpp's llama_tokenize and llama-cpp-python's
+        completions give it (llama-cpp-python before 0.3 started an empty prompt from <s> alone)."""
         encoded = self.tokenizer.encode_batch(list(prompts))
         block = self.model.config.block_size
-        starts_from_bos = self.model.config.arch == "decoder" and self.tokenizer.adds_bos
+        decoder = self.model.config.arch == "decoder"
+        starts_from_bos = decoder and self.tokenizer.adds_bos
+        added = [name for name, on in (("beginning-of-text", self.tokenizer.adds_bos), ("end-of-text", self.tokenizer.adds_eos)) if on and decoder]
+        room = block - len(added)  # the prompt's own tokens beside the ones the tokenizer adds
         notices = []
         for i, ids in enumerate(encoded):
             if not ids and not starts_from_bos:
@@ -83,15 +94,16 @@ class Generator:
                 raise TfcliError(
                     f"{where} is empty", hint="pass some text to continue with --prompt (this tokenizer has no beginning-of-text token to start from)"
                 )
-            if len(ids) > block:
+            if len(ids) > room:
                 where = f"prompt {i + 1}" if len(prompts) > 1 else "the prompt"
-                if self.model.config.arch == "decoder":
-                    notices.append(Notice(f"{where} has {len(ids):,} tokens, more than the context ({block:,}); keeping the last {block:,}"))
-                    encoded[i] = ids[-block:]
+                if decoder:
+                    beside = f" beside its {' and '.join(added)} token{'s' if len(added) > 1 else ''}" if added else ""
+                    notices.append(Notice(f"{where} has {len(ids):,} tokens, more than the context ({block:,}) holds{beside}; keeping the last {room:,}"))
+                    encoded[i] = ids[-room:]
                 else:
                     notices.append(Notice(f"{where} has {len(ids):,} tokens, more than the context ({block:,}); keeping the first {block:,}"))
                     encoded[i] = ids[:block]
-            if self.model.config.arch == "decoder":  # a pretrained Llama reads <s> first (and </s> last where its file says so)
+            if decoder:  # a pretrained Llama reads <s> first (and </s> last where its file says so)
                 encoded[i] = self.tokenizer.prompt_ids(encoded[i], block)
         return encoded, notices
 

@@ -39,7 +39,9 @@ class GenerationSettings:
         if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
             raise TfcliError(
                 f"--max-new-tokens must be between 1 and {MAX_NEW_TOKENS:,}, not {self.max_new_tokens:,}",
-                hint="past the context the window slides: a long run needs no more",
+                hint="past the context the window slides: a long run needs no more"
+                if self.max_new_tokens > MAX_NEW_TOKENS
+                else "it is how many tokens to write after the prompt (--max-new-tokens 50 writes 50)",
             )
         if not self.temperature >= 0 or self.temperature > 100:
             raise TfcliError(f"--temperature must be between 0 and 100, not {self.temperature}")

@@ -253,7 +253,9 @@ def _prompt_ids(served: Served, body: CompletionRequest) -> list[list[int]]:
         where = "the prompt" if len(prompts) == 1 else f"prompt {i}"
         if isinstance(p, str):
             ids = tokenizer.encode(p)
-            if ids:  # as `tfcli generate` reads a prompt: a pretrained Llama's starts with <s> (and ends with </s> where its file says so)
+            # as `tfcli generate` reads a prompt: a pretrained Llama's starts with <s> (and ends with </s> where its file
+            # says so); an empty one is <s> (</s>) alone, an unconditional sample, where the tokenizer adds <s>
+            if ids or tokenizer.adds_bos:
                 ids = tokenizer.prompt_ids(ids)
         else:
             ids = list(p)
@@ -261,7 +263,9 @@ def _prompt_ids(served: Served, body: CompletionRequest) -> list[list[int]]:
             if bad:
                 raise ApiError(400, f"{where} holds token id {bad[0]}, outside the vocabulary (0 to {limit - 1})", param="prompt")
         if not ids:
-            raise ApiError(400, f"{where} is empty (no tokens)", param="prompt")
+            raise ApiError(
+                400, f"{where} is empty (no tokens), and this tokenizer has no beginning-of-text token to start from: send some text", param="prompt"
+            )
         if len(ids) > served.block:
             raise ApiError(
                 400,

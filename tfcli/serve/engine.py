@@ -143,9 +143,12 @@ class Engine:
         return ticket
 
     def cancel(self, ticket: Ticket) -> None:
-        """The client went away: its rows leave at the next step, a waiting request never starts."""
+        """The client went away: its rows leave at the next step; a waiting request leaves the queue at once (it
+        would hold a place there, and turn others away as busy, until rows came free)."""
         with self.lock:
             ticket.cancelled = True
+            if ticket in self.waiting:
+                self.waiting.remove(ticket)
             self.lock.notify()
 
     def start(self) -> None:

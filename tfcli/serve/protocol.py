@@ -42,6 +42,34 @@ def _text(value: str, what: str) -> str:
     return value
 
 
+def _whole(message: str) -> PydanticCustomError:
+    return PydanticCustomError(WHOLE_MESSAGE, "{message}", {"message": message})
+
+
+def _json_kind(value) -> str:
+    """What a JSON value is, to name it. Example: _json_kind(1.5) -> "a decimal number (1.5)" """
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return f"{'a number' if isinstance(value, int) else 'a decimal number'} ({value})"
+    return {str: "a string", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def _stop_shape(value):
+    """stop's shape named before pydantic tries the union's forms (five stop strings got "Input should be a
+    valid string", the first form's complaint)."""
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise _whole(f"stop is {_json_kind(value)}: stop is a string or a list of at most {MAX_STOPS} strings")
+    if len(value) > MAX_STOPS:
+        raise _whole(f"stop holds {len(value)} strings; at most {MAX_STOPS} are taken (OpenAI's limit)")
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise _whole(f"stop[{i}] is {_json_kind(item)}, not a string")
+    return value
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: Optional[bool] = False
@@ -56,7 +84,7 @@ class Sampled(BaseModel):
     temperature: Optional[Temperature] = 1.0
     top_p: Optional[Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False), NOT_A_BOOL]] = 1.0
     n: Optional[Annotated[int, Field(ge=1, le=MAX_N), NOT_A_BOOL]] = 1
-    stop: Optional[Union[str, Annotated[list[str], Field(max_length=MAX_STOPS)]]] = None
+    stop: Annotated[Optional[Union[str, Annotated[list[str], Field(max_length=MAX_STOPS)]]], BeforeValidator(_stop_shape)] = None
     seed: Optional[Seed] = None
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
@@ -81,19 +109,6 @@ class Sampled(BaseModel):
 
     def stops(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-
-
-def _whole(message: str) -> PydanticCustomError:
-    return PydanticCustomError(WHOLE_MESSAGE, "{message}", {"message": message})
-
-
-def _json_kind(value) -> str:
-    """What a JSON value is, to name it. Example: _json_kind(1.5) -> "a decimal number (1.5)" """
-    if value is None or isinstance(value, bool):
-        return json.dumps(value)
-    if isinstance(value, (int, float)):
-        return f"{'a number' if isinstance(value, int) else 'a decimal number'} ({value})"
-    return {str: "a string", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
 
 
 PROMPT_FORMS = "a prompt is text, a list of texts, a list of token ids or a list of token-id lists"

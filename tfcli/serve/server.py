@@ -73,7 +73,10 @@ def bind(host: str, port: int) -> socket.socket:
     """The server's socket, bound (uvicorn listens on it), or one line saying why it cannot be: checked before
     the run is loaded, so a mistyped --host or a port in use is told at once."""
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)  # as uvicorn binds it
+    # proto named, as getaddrinfo names it when uvicorn binds: asyncio sets TCP_NODELAY on a connection only when
+    # its socket says IPPROTO_TCP, and without it each small answer on a kept-alive connection waited ~40 ms for
+    # a delayed ACK (Nagle)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
