@@ -330,3 +330,21 @@ def test_ctrl_c_at_the_chat_prompt_leaves_without_a_traceback(cli, chat_run, mon
     result = cli("generate", chat_run, "--chat", "-n", "4")
     assert result.code == 130 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.splitlines()[-1] == "error: interrupted", "the message stands on a line of its own, not after the prompt"
+
+
+def test_top_alternatives_leave_out_the_tokens_the_run_may_not_write():
+    """More alternatives asked for than tokens a run may write (the rest at -inf): only the writable ones come back,
+    as finite numbers (-inf is no JSON: the answer would have been a 500)."""
+    import json
+    import math
+
+    import torch
+
+    from tfcli.serve.engine import Engine, Sampling
+
+    scores = torch.full((2, 30), float("-inf"))
+    scores[:, :3] = torch.tensor([[2.0, 1.0, 0.5], [0.1, 0.2, 3.0]])
+    chosen, logprobs, top = Engine._choose(Sampling(max_tokens=1, temperature=0.0, logprobs=20), scores, torch.Generator().manual_seed(0))
+    assert chosen.tolist() == [0, 2] and all(math.isfinite(x) for x in logprobs)
+    assert [sorted(t) for t in top] == [[0, 1, 2], [0, 1, 2]]
+    json.dumps(top, allow_nan=False)

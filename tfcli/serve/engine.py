@@ -297,7 +297,8 @@ class Engine:
         top = None
         if s.logprobs > 0:
             values, ids = all_logprobs.topk(min(s.logprobs, all_logprobs.shape[1]), dim=-1)
-            top = [dict(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+            # tokens the run may not write (specials at -inf) are no alternatives, and -inf is no JSON
+            top = [{t: v for t, v in zip(i, v) if v != float("-inf")} for i, v in zip(ids.tolist(), values.tolist())]
         return chosen, logprobs, top
 
     def _end(self, row: Row, reason: str) -> Ended:
