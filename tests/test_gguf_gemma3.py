@@ -228,7 +228,6 @@ GEMMA3_RUN = dict(
         (dict(local_layers=(0, 2, 4, 6)), "local_layers [0, 2, 4, 6]"),  # every other layer global
         (dict(rope_local_base=500.0), "rope_local_base 500.0"),
         (dict(rope_local_base=None), "rope_local_base None"),  # the local layers on the global tables: 1e6
-        (dict(logit_softcap=30.0), "logit_softcap 30.0"),
         (dict(qkv_bias=True), "qkv_bias true"),
         (dict(sliding_window=None, local_layers=(), rope_local_base=None), "sliding_window None"),
     ],

@@ -497,15 +497,33 @@ def test_a_hub_style_bert_checkpoint_imports(cli, tmp_path):
         assert (hf(ids, attention_mask=real.long()).logits[real] - load_checkpoint(tmp_path / "run").model(ids, real).logits[real]).abs().max() < 1e-4
 
 
-@pytest.mark.parametrize("kind", ["mistral", "phi3"])  # Phi-3-mini-4k's window is 2,047 of its 4,096
-def test_a_sliding_window_shorter_than_the_context_becomes_the_context(cli, tmp_path, trained_tokenizer, kind):
-    vocab = TextTokenizer.load(trained_tokenizer).vocab_size
-    hf = _llama(kind, vocab, tmp_path / "hf", trained_tokenizer, sliding_window=16)
-    result = cli("import", tmp_path / "hf", "-o", tmp_path / "run")
-    assert result.code == 0 and "context 16 (the sliding window" in result.stderr
+@pytest.mark.parametrize(
+    "kind, window, local_layers",
+    [
+        ("mistral", dict(sliding_window=6), (0, 1)),
+        ("phi3", dict(sliding_window=6), (0, 1)),  # Phi-3-mini-4k's window is 2,047 of its 4,096
+        ("qwen2", dict(use_sliding_window=True, sliding_window=6, max_window_layers=1), (1,)),  # the layers from max_window_layers on
+    ],
+)
+def test_a_sliding_window_shorter_than_the_context_is_kept_on_its_layers(cli, tmp_path, trained_tokenizer, kind, window, local_layers):
+    """Import once cut the context to the window (the same attention within it), so generating past the window
+    went another way than transformers; the window is now the local layers' (Gemma 3's), both ways."""
+    tokenizer = TextTokenizer.load(trained_tokenizer)
+    hf = _llama(kind, tokenizer.vocab_size, tmp_path / "hf", trained_tokenizer, **window)
+    assert cli("import", tmp_path / "hf", "-o", tmp_path / "run").code == 0
     ours = load_checkpoint(tmp_path / "run")
-    assert ours.config.model.block_size == 16
-    _decoder_logits_equal(hf, ours.model, vocab)  # 12 tokens: inside the window, the same attention
+    model = ours.config.model
+    assert (model.block_size, model.sliding_window, model.local_layers) == (64, 6, local_layers)
+    ids = torch.randint(5, tokenizer.vocab_size, (1, 20))  # three windows
+    with torch.no_grad():
+        theirs = hf(ids).logits
+        assert (theirs - ours.model(ids).logits).abs().max() < 1e-4
+    _greedy_ids_equal(cli, tmp_path / "run", hf, tokenizer)  # 12 tokens past a prompt: past the window
+    assert cli("export", tmp_path / "run", "--to", "hf", "-o", tmp_path / "back").code == 0
+    back = getattr(transformers, LLAMAS[kind][1]).from_pretrained(str(tmp_path / "back")).eval()
+    assert back.config.sliding_window == 6
+    with torch.no_grad():
+        assert (back(ids).logits - theirs).abs().max() < 1e-4
 
 
 @pytest.mark.parametrize(

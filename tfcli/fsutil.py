@@ -233,6 +233,24 @@ def sha256_file(path: Path, block_size: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+GIT_LFS_POINTER = b"version https://git-lfs.github.com/spec/"  # how a pointer file starts (git-lfs's spec)
+
+
+def refuse_git_lfs_pointer(path: Path) -> None:
+    """One line when `path` is a Git LFS pointer (a model repository cloned without git-lfs holds one, some
+    130 bytes, where each large file should be); nothing otherwise, the file's own reader says what else is wrong."""
+    try:
+        with open(path, "rb") as handle:
+            start = handle.read(len(GIT_LFS_POINTER))
+    except OSError:
+        return
+    if start == GIT_LFS_POINTER:
+        raise TfcliError(
+            f"{path} is a Git LFS pointer, not the file itself: the repository was cloned without Git LFS",
+            hint="run `git lfs install && git lfs pull` in it, or download the model with `huggingface-cli download`",
+        )
+
+
 def artifact_kind(path: Path) -> str | None:
     """What tfcli artifact `path` is, told by the files in it: a run directory, a token-shard folder or a
     tokenizer folder, or one of their JSON files; None for anything else (text, say)."""

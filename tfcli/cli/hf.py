@@ -37,7 +37,7 @@ def export(
         Optional[str],
         typer.Option(
             "--type",
-            help="--to gguf: the weights' type, f32, f16, q8_0, bf16, q4_0 or q4_k_m (mixed as llama-quantize mixes them; norms and biases stay f32; a quantized run's own blocks go out as they are) [default: f32].",
+            help="--to gguf: the weights' type, f32, f16, q8_0, bf16, q4_0 or q4_k_m (mixed as llama-quantize mixes them; norms and biases stay f32; a quantized run's own blocks go out as they are) [default: f32; a quantized run: its own blocks].",
             show_default=False,
         ),
     ] = None,
@@ -76,7 +76,7 @@ def export(
     if type_ is not None and target != "gguf":
         raise TfcliError("--type is for --to gguf", hint="drop --type, or add --to gguf")
     if target == "gguf":
-        _export_gguf(run, output, type_ or "f32")
+        _export_gguf(run, output, type_ or _gguf().default_type(run))
         return
     folder = Path(output)
     adapter = read_run_config(run).adapter

@@ -4,7 +4,7 @@ that trusts nothing in the file."""
 
 from __future__ import annotations
 
-from tfcli.gguf.convert import TYPES, Exported, Imported, export_gguf, gguf_path, import_gguf
+from tfcli.gguf.convert import TYPES, Exported, Imported, default_type, export_gguf, gguf_path, import_gguf
 from tfcli.gguf.reader import read_gguf
 
-__all__ = ["TYPES", "Exported", "Imported", "export_gguf", "gguf_path", "import_gguf", "read_gguf"]
+__all__ = ["TYPES", "Exported", "Imported", "default_type", "export_gguf", "gguf_path", "import_gguf", "read_gguf"]

@@ -51,6 +51,7 @@ from tfcli.gguf.layout import (
     permute_heads,
     tensor_layout,
     unpermute_heads,
+    window_as_context,
 )
 from tfcli.gguf.reader import READABLE_TYPES, GgufFile, read_gguf, refused_type
 from tfcli.gguf.vocab import Vocab, tokenizer_metadata
@@ -127,6 +128,19 @@ def gguf_path(run_dir: Path, output: str | Path) -> Path:
     return Path(text) / f"{Path(run_dir).resolve().name or 'model'}.gguf"
 
 
+# the file type a quantized run's blocks go out as, by the format most of its tensors hold (tfcli quantize's types)
+TYPE_OF_FORMAT = {"q8_0": "q8_0", "q4_0": "q4_0", "q4_K": "q4_k_m", "q6_K": "q4_k_m", "bf16": "bf16"}
+
+
+def default_type(run_dir: Path) -> str:
+    """The type a run goes out in when --type is not given: f32, or a quantized run's own blocks (as they are),
+    named by the format most of its tensors hold. Example: {"...qkv.weight": "q4_K", "lm_head.weight": "q6_K", ...} -> "q4_k_m"."""
+    formats = list((read_run_config(run_dir).quantized or {}).values())
+    if not formats:
+        return "f32"
+    return TYPE_OF_FORMAT.get(max(set(formats), key=formats.count), "f32")
+
+
 @contextlib.contextmanager
 def _sole_export(out_path: Path) -> Iterator[None]:
     """Hold .NAME.lock beside `out_path` while the file is made, so a second export to it at once is refused
@@ -166,14 +180,14 @@ def export_gguf(run_dir: Path, out_path: Path, kind: str = "f32") -> Exported:
         raise TfcliError(f"{out_path.parent} is not a folder", hint="pass a file path with -o")
     read_run_config(run_dir)
     checkpoint = load_run(run_dir, "export")
-    config = checkpoint.config.model
+    config, window_note = window_as_context(checkpoint.config.model)
     arch = export_arch(config)
     tokenizer_config = _tokenizer_config(checkpoint.tokenizer)
     vocab = tokenizer_metadata(checkpoint.tokenizer, config.vocab_size, tokenizer_config)
     state = checkpoint.model.state_dict()
     formats, held, quantized_note = _export_formats(Path(run_dir), checkpoint, state, kind)
     name, renamed = _general_name(Path(run_dir).resolve().name, vocab["tokenizer.ggml.tokens"])
-    notes = export_notes(config, arch) + ([renamed] if renamed else []) + ([quantized_note] if quantized_note else [])
+    notes = export_notes(config, arch) + [note for note in (window_note, renamed, quantized_note) if note]
     folder = prepare_output_dir(out_path.parent if str(out_path.parent) else Path("."), "export")
     with _sole_export(out_path):  # two exports to one file at once: the second is refused
         removed = remove_abandoned_temps(out_path)
@@ -237,7 +251,11 @@ def _export_formats(run_dir: Path, checkpoint, state: dict[str, torch.Tensor], k
         expected = {n: tuple(t.shape) for n, t in state.items() if not (tied and n == "lm_head.weight")}
         held = {n: t for n, t in read_quantized(run_dir / WEIGHTS_FILE, expected, held_formats, run_dir / CONFIG_FILE).items() if n in held_formats}
         mine = ", ".join(sorted(set(held_formats.values())))
-        return dict(held_formats), held, f"wrote the run's own {mine} blocks as they are (--type {kind} decides the formats of an f32 run's export)"
+        return (
+            dict(held_formats),
+            held,
+            f"wrote the run's own {mine} blocks as they are (--type picks the formats of an f32 run's export; --type f32 writes these dequantized)",
+        )
     if kind not in BLOCK_TYPES:
         return {}, {}, None
     config = checkpoint.config.model
@@ -395,11 +413,21 @@ def _stored_note(file: GgufFile, layout: list, kept: dict[str, str], mixed: list
     return f"{kept_text}{widened_text}: the run holds {cost}"
 
 
+def _held(folder: Path) -> str:
+    """What a folder with a config.json or model.safetensors holds: a tfcli run, or a model of another tool (a
+    Hugging Face folder)."""
+    try:
+        read_run_config(folder)
+    except TfcliError:
+        return "a model"
+    return "a tfcli run"
+
+
 def import_gguf(src: Path, run_dir: Path) -> Imported:
     """Read a GGUF file (nothing in it is executed) and save it as a tfcli run directory."""
     src, run_dir = Path(src), Path(run_dir)
     if (run_dir / CONFIG_FILE).exists() or (run_dir / WEIGHTS_FILE).exists():
-        raise TfcliError(f"{run_dir} already holds a run", hint="import into another folder with -o, or delete that one first")
+        raise TfcliError(f"{run_dir} already holds {_held(run_dir)}", hint="import into another folder with -o, or delete that one first")
     refuse_other_artifacts(run_dir, "imported run")
     file = read_gguf(src)
     where = str(src)

@@ -8,11 +8,12 @@ inside each head (its `permute`), so that the pairs llama.cpp rotates are the on
 does the same and import undoes it. `qwen2`, `qwen3` and `phi3` rotate halves ("neox" RoPE): their rows stay
 as they are.
 
-llama.cpp's `gemma3` fixes some of Gemma 3's settings instead of reading them (src/llama-model.cpp): every
-sixth layer is global and the others local (`GEMMA3_PATTERN`) when the file has a sliding window, the local
-layers turn q and k by an unscaled base of 10,000, the scores are scaled by 1 / sqrt(head_dim) (the 27B's
-62 layers: by 1 / sqrt(embedding_length / head_count)), and no final soft cap is applied with a sliding
-window. Its RMSNorms scale by their weight, as tfcli's (the converter adds Gemma's 1, as tfcli's import from
+llama.cpp's `gemma3` fixes some of Gemma 3's settings where the file does not give them (src/models/gemma3.cpp):
+every sixth layer is global and the others local (`GEMMA3_PATTERN`; attention.sliding_window_pattern says
+otherwise) when the file has a sliding window, the local layers turn q and k by an unscaled base of 10,000
+(rope.freq_base_swa, which llama.cpp's converter now writes, says otherwise), the scores are scaled by 1 / sqrt(head_dim) (the 27B's
+62 layers: by 1 / sqrt(embedding_length / head_count)), and the logits are soft-capped only where the file gives
+final_logit_softcapping (the llama.cpp this was checked against, 0.3.36's, reads it with a window too). Its RMSNorms scale by their weight, as tfcli's (the converter adds Gemma's 1, as tfcli's import from
 Hugging Face does), and it multiplies the embeddings by sqrt(embedding_length) itself.
 
 Export writes a run only as an architecture that computes what the run computes: `export_incompatibility`
@@ -28,6 +29,7 @@ import math
 from collections.abc import Callable, Collection
 from typing import Any
 
+import numpy as np
 import torch
 
 from tfcli.errors import TfcliError
@@ -190,7 +192,6 @@ def _gemma3_checks(config: ModelConfig) -> list[tuple[bool, str]]:
             _same(config.attn_scale, scale),
             f"attn_scale {config.attn_scale} (llama.cpp's gemma3 scales the scores by 1 / sqrt(head_dim) and reads no query_pre_attn_scalar)",
         ),
-        (config.logit_softcap is None, f"logit_softcap {config.logit_softcap} (llama.cpp's gemma3 with a sliding window applies no final soft cap)"),
     ]
 
 
@@ -254,6 +255,22 @@ def export_notes(config: ModelConfig, arch: str) -> list[str]:
             "train with --set activation=gelu_tanh"
         ]
     return []
+
+
+def window_as_context(config: ModelConfig) -> tuple[ModelConfig, str | None]:
+    """The config a file is written for when every layer attends within one sliding window (Mistral's, Phi-3's,
+    imported from Hugging Face) outside Gemma 3: its context cut to the window, as llama.cpp's converter leaves the
+    window to a loader that has none for llama and switches phi3's off. Within the window the attention is the
+    same; the note says where the file's context stops. Any other config comes back as it is, with no note."""
+    gemma = config.activation == "geglu" and config.post_norms
+    if config.sliding_window is None or gemma or config.rope_local_base is not None or config.local_layers != tuple(range(config.n_layers)):
+        return config, None
+    window = min(config.sliding_window, config.block_size)
+    note = (
+        f"context {window:,} in the file, the run's sliding window: llama.cpp attends to the whole context, which within "
+        f"the window is the same attention (the run's context is {config.block_size:,})"
+    )
+    return dataclasses.replace(config, block_size=window, sliding_window=None, local_layers=()), note
 
 
 def export_arch(config: ModelConfig) -> str:
@@ -382,6 +399,8 @@ def hyperparameters(config: ModelConfig, arch: str) -> dict[str, Any]:
         keys["attention.key_length"] = keys["attention.value_length"] = config.head_dim
     if arch == "gemma3" and config.sliding_window is not None:  # the local layers are every sixth's five before it: llama.cpp's fixed pattern
         keys["attention.sliding_window"] = config.sliding_window
+    if arch == "gemma3" and config.logit_softcap is not None:
+        keys["final_logit_softcapping"] = config.logit_softcap
     scaling = config.rope_scaling
     if scaling is not None and scaling.kind == "linear":
         keys.update({"rope.scaling.type": "linear", "rope.scaling.factor": scaling.factor})
@@ -425,8 +444,9 @@ ARCH_KEYS = {
 ARCH_KEYS["qwen2"] = ARCH_KEYS["qwen3"] = ARCH_KEYS["llama"]
 # phi3: the attention factor of its longrope; its sliding window, which llama.cpp's loader reads and switches off
 ARCH_KEYS["phi3"] = ARCH_KEYS["llama"] | {"rope.scaling.attn_factor", "attention.sliding_window"}
-# gemma3: the local layers' window; the final soft cap, which llama.cpp applies only to a gemma3 without a window
-ARCH_KEYS["gemma3"] = ARCH_KEYS["llama"] | {"attention.sliding_window", "final_logit_softcapping"}
+# gemma3: the local layers' window, which ones they are and their rotary base (llama.cpp's converter writes the base
+# since 2025); the final soft cap
+ARCH_KEYS["gemma3"] = ARCH_KEYS["llama"] | {"attention.sliding_window", "attention.sliding_window_pattern", "rope.freq_base_swa", "final_logit_softcapping"}
 
 
 class Hparams:
@@ -544,21 +564,21 @@ def _gemma3_config(
     hp: Hparams, shape: dict[str, Any], head_dim: int, scaling: RopeScaling | None, block_size: int, names: Collection[str], notes: list[str]
 ) -> ModelConfig:
     """A gemma3 file as llama.cpp's gemma3 computes it: with a sliding window, every sixth layer global and the
-    others local (base 10,000, unscaled) and no final soft cap; without one, every layer global and the logits
-    soft-capped by final_logit_softcapping (refused when the file gives none: llama.cpp's versions differ on it)."""
+    others local (base 10,000, unscaled), the logits soft-capped where final_logit_softcapping is given; without
+    one, every layer global and the logits soft-capped by final_logit_softcapping (refused when the file gives
+    none: llama.cpp's versions differ on it)."""
     where, arch = hp.where, hp.arch
     window = hp.get("attention.sliding_window", int, 0)
     softcap = hp.get("final_logit_softcapping", float, 0.0)
     heads, d = shape["n_heads"], shape["d_model"]
     local: dict[str, Any] = dict(sliding_window=None, local_layers=(), rope_local_base=None, logit_softcap=None)
     if window > 0:
-        local_layers = gemma3_local_layers(shape["n_layers"])
-        same_tables = hp.get("rope.freq_base", float, 10000.0) == GEMMA3_LOCAL_BASE and scaling is None
-        local.update(sliding_window=window, local_layers=local_layers, rope_local_base=None if same_tables else GEMMA3_LOCAL_BASE)
-        if softcap:
-            notes.append(
-                f"metadata {arch}.final_logit_softcapping is {softcap:g}: llama.cpp's gemma3 with a sliding window applies no final soft cap, nor does tfcli"
-            )
+        local_layers = _gemma3_file_local_layers(hp, shape["n_layers"])
+        local_base = hp.get("rope.freq_base_swa", float, GEMMA3_LOCAL_BASE)
+        same_tables = hp.get("rope.freq_base", float, 10000.0) == local_base and scaling is None
+        local.update(sliding_window=window, local_layers=local_layers, rope_local_base=None if same_tables else local_base)
+        if softcap > 0:  # llama.cpp's gemma3 caps whenever the file gives a cap (0.3.36; some older versions did not with a window)
+            local["logit_softcap"] = softcap
     elif softcap > 0:
         local["logit_softcap"] = softcap
     else:
@@ -585,6 +605,21 @@ def _gemma3_config(
         tie_embeddings="output.weight" not in names,
         **local,
     )
+
+
+def _gemma3_file_local_layers(hp: Hparams, n_layers: int) -> tuple[int, ...]:
+    """The local layers as llama.cpp's loader reads them (load_swa_pattern): attention.sliding_window_pattern as one
+    flag per layer, or as a period n (each n-th layer global; 0: all local), else the fixed period of 6."""
+    key = f"{hp.arch}.attention.sliding_window_pattern"
+    pattern = hp.metadata.get(key)
+    if pattern is None:
+        return gemma3_local_layers(n_layers)
+    if isinstance(pattern, (int, np.integer)) and not isinstance(pattern, bool) and pattern >= 0:
+        return tuple(i for i in range(n_layers) if pattern == 0 or i % pattern < pattern - 1)
+    flags = list(pattern) if isinstance(pattern, (list, np.ndarray)) else None
+    if flags is None or len(flags) != n_layers or not all(isinstance(f, (bool, np.bool_)) for f in flags) or not any(flags):
+        raise TfcliError(f"{hp.where}: metadata {key} is neither a period nor one true or false for each of the {n_layers} layers, some true")
+    return tuple(i for i, local in enumerate(flags) if local)
 
 
 def _rope_scaling(
@@ -639,10 +674,11 @@ def _rope_tensor(read: Callable[[str], torch.Tensor], name: str, head_dim: int, 
 
 def _llama3_scaling(factors: torch.Tensor, hp: Hparams, head_dim: int, where: str) -> RopeScaling:
     """Llama 3.1's rope scaling, recognised from rope_freqs.weight: the factors it implies for the usual
-    low/high frequency factors (1, 4) and original context (8,192), with the largest divisor as the factor."""
+    low/high frequency factors (1, 4) and original context (the file's, 8,192, or one the divisors themselves
+    imply: llama.cpp's converter writes no original context), with the largest divisor as the factor."""
     original = hp.get("rope.scaling.original_context_length", int, 8192)
     base = hp.get("rope.freq_base", float, 10000.0)
-    for context in dict.fromkeys((original, 8192)):
+    for context in dict.fromkeys((original, 8192, *_llama3_contexts(factors, base, head_dim))):
         scaling = RopeScaling("llama3", float(factors.max()), 1.0, 4.0, int(context))
         try:  # a config of one head, for its frequencies
             probe = ModelConfig(n_layers=1, n_heads=1, d_model=head_dim, positions="rotary", rope_base=base, rope_scaling=scaling, block_size=2)
@@ -653,6 +689,28 @@ def _llama3_scaling(factors: torch.Tensor, hp: Hparams, head_dim: int, where: st
     raise TfcliError(
         f"{where}: tensor {ROPE_FREQS} scales the rotary frequencies in a way tfcli cannot name", hint="tfcli knows Llama 3.1's scaling (factors 1 and 4)"
     )
+
+
+def _llama3_contexts(factors: torch.Tensor, base: float, head_dim: int) -> list[int]:
+    """Original contexts under which Llama 3.1's scaling (low and high frequency factors 1 and 4) gives these
+    divisors: from a divisor between 1 and the factor (a wavelength in the smooth band, which fixes the context),
+    else from the band's edges (undivided wavelengths are below a quarter of it, fully divided ones above it)."""
+    wavelengths = 2 * math.pi * base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (hs/2,)
+    factor = float(factors.max())
+    if factor <= 1:
+        return []
+    contexts = []
+    for wavelength, divisor in zip(wavelengths.tolist(), factors.tolist()):
+        if 1 < divisor < factor:
+            smooth = (1 / divisor - 1 / factor) / (1 - 1 / factor)  # transformers' _compute_llama3_parameters, solved for it
+            contexts.append(round(wavelength * (smooth * 3 + 1)))
+    undivided = [w for w, d in zip(wavelengths.tolist(), factors.tolist()) if d == 1]
+    divided = [w for w, d in zip(wavelengths.tolist(), factors.tolist()) if d == factor]
+    if undivided:
+        contexts.append(math.floor(4 * max(undivided)) + 1)
+    if divided:
+        contexts.append(math.ceil(min(divided)) - 1)
+    return [c for c in contexts if c > 0]
 
 
 def _build(where: str, **settings: Any) -> ModelConfig:

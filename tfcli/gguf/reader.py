@@ -25,6 +25,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantiz
 from gguf.quants import dequantize
 
 from tfcli.errors import TfcliError
+from tfcli.fsutil import refuse_git_lfs_pointer
 from tfcli.limits import GGUF_KEYS, GGUF_STRING, GGUF_TENSORS, GGUF_TOKEN, TOKENIZER_FILE, shown
 from tfcli.tokenizer.core import MAX_VOCAB_SIZE
 
@@ -245,6 +246,7 @@ def read_gguf(path: Path) -> GgufFile:
     with open(path, "rb") as stream:
         cursor = _Cursor(stream, size, path)
         if size < 4 or stream.read(4) != MAGIC:
+            refuse_git_lfs_pointer(path)
             raise TfcliError(f"{path} is not a GGUF file (it does not start with the magic bytes GGUF)")
         cursor.pos = 4
         version = cursor.scalar("<I", "the version")

@@ -31,14 +31,14 @@ from tfcli.fsutil import (
     temp_path_beside,
 )
 from tfcli.hf import bert, gemma3, gpt2, llama
-from tfcli.hf.folder import HfConfig, WeightFiles, read_hf_config
+from tfcli.hf.folder import HfConfig, WeightFiles, is_tfcli_run, read_hf_config
 from tfcli.hf.mapping import TensorMap
 from tfcli.hf.tokenizer import import_tokenizer, without_padding
 from tfcli.loader import load_run
 from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
 from tfcli.model.transformer import Transformer
-from tfcli.rundir import CONFIG_FILE, WEIGHTS_FILE, read_run_config, refuse_other_artifacts
+from tfcli.rundir import CONFIG_FILE, WEIGHTS_FILE, refuse_other_artifacts
 from tfcli.tokenizer.chat_template import ChatTemplate
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
@@ -76,21 +76,27 @@ def _hf_class(hf: dict[str, Any], path: Path) -> str:
     raise TfcliError(f"{path} describes model_type {model_type!r} and no architectures tfcli knows", hint=f"tfcli imports {', '.join(FAMILIES)}")
 
 
+def _refuse_quantized(hf: dict[str, Any], path: Path) -> None:
+    """A folder quantized for transformers (FP8 with block scales, GPTQ, AWQ, bitsandbytes, ...) stores other
+    tensors, or the same names in other units, beside their scales: read as plain weights they would be wrong."""
+    quantization = hf.get("quantization_config")
+    if quantization is None:
+        return
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    method = f"{method!r}" if isinstance(method, str) else "a method tfcli does not know"
+    raise TfcliError(
+        f"{path} describes weights quantized by {method} (its quantization_config), which tfcli does not read",
+        hint="import the model's full-precision folder (then `tfcli quantize` it), or a GGUF file of it",
+    )
+
+
 def _refuse_to_overwrite(folder: Path, what: str, verb: str, made: str) -> None:
     """Both directions write config.json, model.safetensors and the tokenizer's files (the `made` thing);
     what is already there is never replaced."""
     if any((folder / name).exists() for name in ("config.json", WEIGHTS_FILE)):
-        held = "a tfcli run" if _is_tfcli_run(folder) else what
+        held = "a tfcli run" if is_tfcli_run(folder) else what
         raise TfcliError(f"{folder} already holds {held}", hint=f"{verb} into another folder with -o, or delete that one first")
     refuse_other_artifacts(folder, made)
-
-
-def _is_tfcli_run(folder: Path) -> bool:
-    try:
-        read_run_config(folder)
-    except TfcliError:
-        return False
-    return True
 
 
 def _read_tensor(weights: WeightFiles, mapping: TensorMap, expected: tuple[int, ...], where: Path) -> torch.Tensor:
@@ -126,12 +132,18 @@ def import_hf(src: Path, run_dir: Path) -> Imported:
     if not src.exists():
         raise TfcliError(f"{src} does not exist", hint="pass a Hugging Face model folder (config.json + model.safetensors + tokenizer) or a .gguf file")
     if not src.is_dir():
+        if (src.parent / "config.json").is_file():  # model.safetensors, config.json, a shard: a file of the folder wanted
+            raise TfcliError(
+                f"{src} is a file of a Hugging Face model folder; tfcli imports the whole folder",
+                hint=f"pass the folder: tfcli import {src.parent} -o {run_dir}",
+            )
         raise TfcliError(f"{src} is not a folder", hint="pass a Hugging Face model folder (config.json + model.safetensors + tokenizer)")
-    _refuse_to_overwrite(run_dir, "a run", "import", "imported run")
-    if _is_tfcli_run(src):
+    _refuse_to_overwrite(run_dir, "a model", "import", "imported run")
+    if is_tfcli_run(src):
         raise TfcliError(f"{src} is a tfcli run already; there is nothing to import", hint="use it as it is, or copy the folder")
     data = read_hf_config(src)
     hf_class = _hf_class(data, src / "config.json")
+    _refuse_quantized(data, src / "config.json")
     family = FAMILIES[hf_class]
     try:
         config, notes = family.model_config(HfConfig(data, src / "config.json"), hf_class)

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 from safetensors import SafetensorError, safe_open
 
 from tfcli.errors import TfcliError
+from tfcli.fsutil import refuse_git_lfs_pointer
 from tfcli.jsontext import loads_json
 from tfcli.limits import read_text_capped
-from tfcli.rundir import PICKLE_SUFFIXES, WEIGHTS_FILE
+from tfcli.rundir import PICKLE_SUFFIXES, WEIGHTS_FILE, read_run_config
 
 if TYPE_CHECKING:
     import torch
@@ -37,8 +38,55 @@ def read_hf_config(src: Path) -> dict[str, Any]:
             hint=f"import {src / 'base'}, or merge the adapter with PEFT's merge_and_unload() and import the merged folder",
         )
     if not path.is_file():
+        _refuse_other_layouts(src)
         raise TfcliError(f"{src} has no config.json", hint="pass a Hugging Face model folder (config.json + model.safetensors + tokenizer)")
     return read_json_object(path)
+
+
+def _refuse_other_layouts(src: Path) -> None:
+    """A folder without config.json that holds a model another way, as a download leaves it: GGUF files (a
+    -GGUF repository), the Hugging Face cache's models--ORG--NAME (the folder is snapshots/REVISION), Mistral's
+    own files (params.json, consolidated.safetensors). One line naming what to pass; nothing otherwise."""
+    try:
+        ggufs = sorted(p.name for p in src.glob("*.gguf"))
+        snapshots = sorted(p.parent for p in src.glob("snapshots/*/config.json"))
+        nested = sorted(p.parent for p in src.glob("*/config.json") if not is_tfcli_run(p.parent))
+    except OSError:
+        return
+    if ggufs:
+        shown = ", ".join(ggufs[:3]) + (", ..." if len(ggufs) > 3 else "")
+        raise TfcliError(f"{src} holds GGUF files ({shown}), not a Hugging Face model folder", hint=f"import one file: tfcli import {src / ggufs[0]} -o RUN")
+    if snapshots:  # refs/main names the revision the cache holds as current
+        current = src / "snapshots" / _small_text(src / "refs" / "main")
+        folder = current if current in snapshots else snapshots[-1]
+        raise TfcliError(f"{src} is the Hugging Face cache's folder of a model; its files are in {folder}", hint=f"tfcli import {folder} -o RUN")
+    if nested:
+        names = ", ".join(p.name for p in nested[:3]) + (", ..." if len(nested) > 3 else "")
+        raise TfcliError(
+            f"{src} holds {'a model' if len(nested) == 1 else 'models'} in {names}, not one of its own", hint=f"pass one: tfcli import {nested[0]} -o RUN"
+        )
+    if (src / "params.json").is_file() and any(src.glob("consolidated*")):
+        raise TfcliError(
+            f"{src} holds Mistral's own format (params.json, consolidated weights), not a Hugging Face model folder",
+            hint="download the repository's Hugging Face files (config.json, model*.safetensors, tokenizer.json) and import those",
+        )
+
+
+def is_tfcli_run(folder: Path) -> bool:
+    """Whether the folder holds a tfcli run (its config.json reads as one)."""
+    try:
+        read_run_config(folder)
+    except TfcliError:
+        return False
+    return True
+
+
+def _small_text(path: Path) -> str:
+    """A file of a few bytes, stripped (a name or a revision), or "" when it cannot be read."""
+    try:
+        return path.read_bytes()[:256].decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
 
 
 class HfConfig:
@@ -122,6 +170,7 @@ class WeightFiles:
                 names = list(handle.keys())
             except (SafetensorError, OSError) as exc:
                 self._stack.close()
+                refuse_git_lfs_pointer(path)
                 raise TfcliError(f"{path} is not a valid safetensors file ({exc})", hint="the download is truncated or corrupted") from exc
             for name in names:
                 self._handles.setdefault(name, handle)

@@ -39,7 +39,7 @@ def options(config: ModelConfig) -> list[str]:
         ("scale_embeddings", config.scale_embeddings),
         ("activation 'geglu'", config.activation == "geglu"),
         ("attn_scale", config.attn_scale is not None),
-        ("sliding_window", config.sliding_window is not None),
+        ("sliding_window", config.sliding_window is not None and not llama.window_classes(config)),  # Mistral's, Qwen2's: theirs
         ("rope_local_base", config.rope_local_base is not None),
     ]
     return [name for name, present in named if present]

@@ -1,5 +1,7 @@
 """The Llama family: LlamaForCausalLM, Qwen2ForCausalLM (biases on q, k and v), Qwen3ForCausalLM (an RMSNorm
-on each head's q and k, heads of their own width), MistralForCausalLM and Phi3ForCausalLM (longrope; partial rotary, Phi-4-mini's partial_rotary_factor).
+on each head's q and k, heads of their own width), MistralForCausalLM and Phi3ForCausalLM (longrope; partial rotary,
+Phi-4-mini's partial_rotary_factor). A sliding window shorter than the context is tfcli's local layers: every
+layer of Mistral and Phi-3, Qwen2's and Qwen3's from max_window_layers on (with use_sliding_window).
 
 Each is a pre-norm RMSNorm decoder with rotary positions, grouped-query attention and a SwiGLU MLP, which
 tfcli's model has: the mapping only stacks q/k/v into one projection and gate/up into one (gate first), as
@@ -26,6 +28,8 @@ MODEL_TYPES = {
     "Phi3ForCausalLM": "phi3",
 }
 FUSED = "Phi3ForCausalLM"  # stores q/k/v as one qkv_proj and gate/up as one gate_up_proj, as tfcli does
+QWENS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")  # a sliding window on the layers from max_window_layers on
+LOCAL, GLOBAL = "sliding_attention", "full_attention"  # transformers' layer_types
 
 
 def rope_fraction(hf: HfConfig, hf_class: str) -> float:
@@ -50,7 +54,7 @@ def rope_settings(hf: HfConfig, hf_class: str) -> tuple[float, RopeScaling | Non
     kind = parameters.get("rope_type", parameters.get("type", "default"))
     if hf_class == FUSED and kind in ("su", "yarn"):
         kind = "longrope"  # Phi-3's older names for it, as transformers' Phi3Config reads them
-    if kind == "default":
+    if kind in ("default", "dynamic"):  # dynamic NTK turns as default up to max_position_embeddings, where tfcli's context ends
         return theta, None
     if kind == "linear":
         return theta, RopeScaling("linear", values.get("factor", float))
@@ -64,7 +68,10 @@ def rope_settings(hf: HfConfig, hf_class: str) -> tuple[float, RopeScaling | Non
         )
     if kind == "longrope":
         return theta, _longrope(hf, values)
-    raise TfcliError(f"{hf.path} asks for rope scaling {kind!r}, which tfcli does not implement", hint="tfcli implements default, linear, llama3 and longrope")
+    raise TfcliError(
+        f"{hf.path} asks for rope scaling {kind!r}, which tfcli does not implement (it implements default, linear, llama3, longrope and dynamic)",
+        hint="a model released without it (Qwen's YaRN is added by hand for long texts) imports as released once rope_scaling is removed from config.json",
+    )
 
 
 def _longrope(hf: HfConfig, values: HfConfig) -> RopeScaling:
@@ -90,12 +97,6 @@ def model_config(hf: HfConfig, hf_class: str) -> tuple[ModelConfig, list[str]]:
     head_dim = hf.get("head_dim", int, None)  # Qwen3's heads have a width of their own; the others' are d / heads
     d_head = head_dim if head_dim is not None and (heads < 1 or head_dim * heads != d) else None
     block_size = hf.get("max_position_embeddings", int)
-    window = hf.get("sliding_window", int, None)
-    sliding = hf_class in ("MistralForCausalLM", "Phi3ForCausalLM") or hf.get("use_sliding_window", bool, False)
-    if sliding and window is not None and window < block_size:
-        # Within its window, sliding-window attention is full attention: the context stops there.
-        notes.append(f"context {window:,} (the sliding window; tfcli attends to the whole context, which is the same within it)")
-        block_size = window
     rope_base, rope_scaling = rope_settings(hf, hf_class)
     if rope_scaling is not None and rope_scaling.kind == "longrope" and rope_scaling.original_context < block_size:
         notes.append(
@@ -103,6 +104,8 @@ def model_config(hf: HfConfig, hf_class: str) -> tuple[ModelConfig, list[str]]:
             "which tfcli does not implement)"
         )
         block_size = rope_scaling.original_context
+    window = hf.get("sliding_window", int, None)
+    local_layers = _local_layers(hf, hf_class) if window is not None and window < block_size else ()
     if hf_class == "Qwen2ForCausalLM":
         bias, qkv_bias, mlp_bias = False, True, None  # Qwen2: biases on q, k and v only
     elif hf_class in ("MistralForCausalLM", FUSED):
@@ -135,8 +138,39 @@ def model_config(hf: HfConfig, hf_class: str) -> tuple[ModelConfig, list[str]]:
         tie_embeddings=hf.get("tie_word_embeddings", bool, False),
         init_std=hf.get("initializer_range", float, 0.02),
         rope_fraction=rope_fraction(hf, hf_class),
+        sliding_window=window if local_layers else None,
+        local_layers=local_layers,
     )
     return config, notes
+
+
+def _local_layers(hf: HfConfig, hf_class: str) -> tuple[int, ...]:
+    """The layers that attend within sliding_window, as transformers reads config.json: every layer of Mistral
+    and Phi-3; Qwen2's and Qwen3's only with use_sliding_window, those its layer_types mark, else those from
+    max_window_layers on; none of Llama's."""
+    n_layers = hf.get("num_hidden_layers", int)
+    if hf_class in ("MistralForCausalLM", FUSED):
+        return tuple(range(n_layers))
+    if hf_class not in QWENS or not hf.get("use_sliding_window", bool, False):
+        return ()
+    types = hf.get("layer_types", list, None)
+    if types is None:
+        first = hf.get("max_window_layers", int, 28)  # Qwen2Config's default
+        return tuple(range(max(first, 0), n_layers))
+    if len(types) != n_layers or any(t not in (LOCAL, GLOBAL) for t in types):
+        raise TfcliError(f"{hf.path} has layer_types that are not {n_layers} of {LOCAL!r} and {GLOBAL!r}")
+    return tuple(i for i, kind in enumerate(types) if kind == LOCAL)
+
+
+def window_classes(config: ModelConfig) -> tuple[str, ...]:
+    """The classes of this module whose config.json can say which layers attend within the sliding window:
+    Mistral and Phi-3 all of them, Qwen2 and Qwen3 the last ones (from max_window_layers on); all when there is none."""
+    if config.sliding_window is None:
+        return CLASSES
+    layers = config.local_layers
+    if layers != tuple(range(layers[0], config.n_layers)):
+        return ()
+    return ("MistralForCausalLM", FUSED, *QWENS) if layers[0] == 0 else QWENS
 
 
 def tensor_maps(config: ModelConfig, hf_class: str) -> list[TensorMap]:
@@ -182,6 +216,8 @@ def choose_class(config: ModelConfig, recorded: str | None) -> str:
         return recorded
     if (config.rope_scaling is not None and config.rope_scaling.kind == "longrope") or config.rope_fraction != 1:
         return FUSED
+    if config.sliding_window is not None:  # Llama has none; Mistral is Llama with one on every layer
+        return "MistralForCausalLM"
     return "LlamaForCausalLM"
 
 
@@ -211,6 +247,11 @@ def incompatible(config: ModelConfig, hf_class: str) -> str | None:
         (not config.qk_norm or hf_class == "Qwen3ForCausalLM", f"qk_norm ({hf_class} has no norm on q and k)"),
         (config.rope_scaling is None or config.rope_scaling.kind != "longrope" or hf_class == FUSED, f"rope_scaling longrope (tfcli writes it as {FUSED})"),
         (config.rope_fraction == 1 or hf_class == FUSED, f"rope_fraction {config.rope_fraction:g} (partial rotary: tfcli writes it as {FUSED})"),
+        (
+            hf_class in window_classes(config),
+            f"sliding_window {config.sliding_window} on layers {list(config.local_layers)} ({hf_class} "
+            + ("has no sliding window)" if hf_class == "LlamaForCausalLM" else "cannot put it on these layers)"),
+        ),
     ]
     return incompatibility(checks)
 
@@ -239,15 +280,20 @@ def hf_config(config: ModelConfig, hf_class: str, special_ids: dict[str, int]) -
         "pad_token_id": special_ids.get("pad"),
         "torch_dtype": "float32",
     }
+    window = config.sliding_window
     if hf_class == "LlamaForCausalLM":
         hf.update(attention_bias=config.bias, mlp_bias=config.has_mlp_bias)
     elif hf_class == FUSED:
         scaling = config.rope_scaling
         original = scaling.original_context if scaling is not None and scaling.kind == "longrope" else config.block_size
-        hf.update(sliding_window=None, original_max_position_embeddings=original, resid_pdrop=config.dropout, embd_pdrop=config.dropout)
+        hf.update(sliding_window=window, original_max_position_embeddings=original, resid_pdrop=config.dropout, embd_pdrop=config.dropout)
         hf.update(partial_rotary_factor=config.rope_fraction)
+    elif hf_class == "MistralForCausalLM":
+        hf.update(sliding_window=window)
     else:
-        hf.update(sliding_window=None, use_sliding_window=False)
+        first = config.local_layers[0] if window is not None else config.n_layers
+        layer_types = [LOCAL if i in config.local_layers else GLOBAL for i in range(config.n_layers)]
+        hf.update(sliding_window=window, use_sliding_window=window is not None, max_window_layers=first, layer_types=layer_types)
         if hf_class == "Qwen3ForCausalLM":
             hf.update(attention_bias=config.bias)
     return hf

@@ -4,7 +4,8 @@ Whatever the folder holds: tokenizer.json (BPE, WordPiece, Unigram...), GPT-2's 
 or BERT's vocab.txt alone; padding and truncation saved in a tokenizer.json are off in the run's copy (as
 transformers encodes with it: `without_padding`), and a CLIP-style "</w>" BPE gets the decoder transformers decodes
 it with (`decoder_for_word_suffix`). The roles of its special tokens (bos, eos, pad, unk, mask,
-cls, sep) come from tokenizer_config.json and special_tokens_map.json, merged into the run's tokenizer_config.json.
+cls, sep) come from tokenizer_config.json and special_tokens_map.json, merged into the run's tokenizer_config.json,
+with the chat template of chat_template.jinja where the folder has one (as transformers 4.50 and later save it).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from tfcli import limits
 from tfcli.errors import TfcliError
-from tfcli.fsutil import atomic_write_json, atomic_write_text
+from tfcli.fsutil import atomic_write_json, atomic_write_text, refuse_git_lfs_pointer
 from tfcli.hf.folder import read_json_object
 from tfcli.jsontext import dumps_json, loads_json
 from tfcli.limits import read_text_capped
@@ -25,6 +26,7 @@ from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextToke
 from tfcli.tokenizer.specials import CONFIG_KEYS, LOADED_ROLES
 
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # transformers' own file for the template; it wins over tokenizer_config.json's
 BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
@@ -92,6 +94,17 @@ def _roles(src: Path, settings: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _chat_template(src: Path) -> str | None:
+    """The template of the folder's chat_template.jinja, or None without one."""
+    path = src / CHAT_TEMPLATE_FILE
+    if not path.is_file():
+        return None
+    try:
+        return read_text_capped(path, limits.CHAT_TEMPLATE_FILE)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TfcliError(f"cannot read {path} ({exc})", hint="download it again, or delete it to import the model without its chat template") from exc
+
+
 def without_padding(text: str) -> str:
     """tokenizer.json text with its padding and truncation off (`null`), as transformers encodes with it: a
     sentence-transformers file pads every text to a multiple of 8 and cuts it at 256 tokens, which would
@@ -111,6 +124,9 @@ def import_tokenizer(src: Path, run_dir: Path) -> tuple[TextTokenizer, list[str]
     """Write the folder's tokenizer into run_dir; returns it and notes (special tokens named but absent)."""
     settings = read_json_object(src / TOKENIZER_CONFIG_FILE) if (src / TOKENIZER_CONFIG_FILE).is_file() else {}
     settings = _roles(src, settings)
+    template = _chat_template(src)
+    if template is not None:
+        settings["chat_template"] = template
     if (src / TOKENIZER_FILE).is_file():
         try:
             text = read_text_capped(src / TOKENIZER_FILE, limits.TOKENIZER_FILE)
@@ -132,6 +148,8 @@ def import_tokenizer(src: Path, run_dir: Path) -> tuple[TextTokenizer, list[str]
     try:
         vocabulary = Tokenizer.from_str(text)
     except Exception as exc:  # tokenizers raises a plain Exception for bad JSON
+        if (src / TOKENIZER_FILE).is_file():
+            refuse_git_lfs_pointer(src / TOKENIZER_FILE)
         raise TfcliError(f"{src / TOKENIZER_FILE} is not a tokenizer.json ({str(exc).splitlines()[0] if str(exc) else exc})") from exc
     written = without_padding(text)
     suffix_decoder = decoder_for_word_suffix(vocabulary)
