@@ -154,7 +154,7 @@ def test_neuron_view_in_the_terminal_and_its_mistakes(cli, runs, tmp_path):
     assert all(key["label"] in shown.stdout for key in spaced)
     for args, message in (
         (["--neuron", "1"], "is not LAYER.HEAD"),
-        (["--neuron", "5.0"], "--layer 5 is out of range"),
+        (["--neuron", "5.0"], "--neuron 5.0: layer 5 is out of range"),
         (["--query", "3"], "--query picks the neuron view's query token"),
         (["--neuron", "0.0", "--query", "99"], "--query 99 is out of range"),
         (["--neuron", "0.0", "-o", str(tmp_path / "n.png")], "the neuron view is numbers"),

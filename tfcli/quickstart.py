@@ -19,6 +19,7 @@ from tfcli.corpus.reader import resolve_corpus
 from tfcli.data.labeled import LabeledSet, read_labeled, split_validation
 from tfcli.data.shards import encode_corpus, load_shard_meta
 from tfcli.errors import TfcliError
+from tfcli.fsutil import artifact_kind
 from tfcli.rundir import read_run_config
 from tfcli.tokenizer.core import TOKENIZER_FILE, TextTokenizer
 from tfcli.tokenizer.train import train_tokenizer
@@ -63,6 +64,9 @@ def find_sample_data(explicit: Path | None = None) -> Path:
 def run_quickstart(
     data_dir: Path, out_dir: Path, force: bool = False, pretrain_steps: int = PRETRAIN_STEPS, classifier_steps: int = CLASSIFIER_STEPS, device: str = "auto"
 ) -> Iterator[Any]:
+    kind = artifact_kind(out_dir)
+    if kind is not None:
+        raise TfcliError(f"{out_dir} is {kind}; the quickstart makes a folder of its own", hint="pass a new folder with -o (the default is runs/quickstart)")
     corpus = resolve_corpus([data_dir / "corpus"])
     tokenizer_dir, shard_dir, model_dir = out_dir / "tokenizer", out_dir / "shards", out_dir / "model"
     tokenizer = yield from _tokenizer_step(corpus, tokenizer_dir, force)

@@ -54,7 +54,9 @@ def evaluate(
     include_path: IncludePath = None,
     trust_remote_code: TrustRemoteCode = False,
     num_fewshot: NumFewshot = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", help="Score only the first N documents of each task.", show_default=False)] = None,
+    limit: Annotated[
+        Optional[int], typer.Option("--limit", help="Score only the first N documents of each task [default: every document].", show_default=False)
+    ] = None,
     chat_template: ChatTemplatePrompts = False,
     compare: Annotated[bool, typer.Option("--compare", help="Score several runs on the same --tasks and show one table.")] = False,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the harness's results JSON here (with --tasks).", show_default=False)] = None,
@@ -100,6 +102,7 @@ def evaluate(
     run = runs[0]
     if split not in ("val", "train"):
         raise TfcliError(f"--split must be val or train, not {split!r}")
+    _refuse_a_batch_memory_cannot_hold(run, batch_size)
     result = evaluate_run(run, data, split=split, batch_size=batch_size, max_batches=max_batches, device=device)
     if "note" in result:
         stderr_console().print(f"note: {result['note']}", markup=False, highlight=False)
@@ -107,6 +110,24 @@ def evaluate(
         print_json(result)
         return
     _print_result(result)
+
+
+def _refuse_a_batch_memory_cannot_hold(run: Path, batch_size: int) -> None:
+    """A language model's logits for one batch of windows (batch x block size x vocabulary floats) past this
+    machine's memory end in the kernel's kill; counted low (the logits alone), so only a batch that surely fails
+    is refused."""
+    from tfcli.errors import TfcliError
+    from tfcli.rundir import read_run_config
+    from tfcli.runtime import physical_memory
+
+    model = read_run_config(run).model
+    total, need = physical_memory(), 4 * batch_size * model.block_size * model.vocab_size
+    if total and need > total and not model.n_classes:
+        raise TfcliError(
+            f"--batch-size {batch_size:,} windows of {model.block_size:,} tokens need {need / 1e9:,.1f} GB for their logits alone; "
+            f"this machine has {total / 1e9:,.1f} GB",
+            hint="use a smaller --batch-size (the default is 16)",
+        )
 
 
 def _print_result(result: dict) -> None:

@@ -35,10 +35,11 @@ def evaluate_tasks_command(
         raise TfcliError("--compare needs two runs or more", hint="tfcli eval --compare RUN_A RUN_B --tasks ...")
     from tfcli.harness.evaluate import TaskOptions, compare_runs, evaluate_tasks, results_json
     from tfcli.harness.tasks import split_names
+    from tfcli.inspect.session import check_output
 
     options = TaskOptions(tuple(split_names(tasks)), tuple(include_paths), num_fewshot, limit, batch_size, chat_template, trust_remote_code=trust_remote_code)
-    if output is not None and output.is_dir():
-        raise TfcliError(f"-o {output} is a folder", hint="name the results file, e.g. -o results.json")
+    if output is not None:
+        check_output(output)  # before the scoring, which can take hours
     stderr_console().print(f"scoring {', '.join(options.tasks)} ...", markup=False, highlight=False)
     if compare:
         by_run = compare_runs(runs, options, device=device)
@@ -65,9 +66,9 @@ def evaluate_tasks_command(
 def _write(output: Path | None, text: str) -> None:
     if output is None:
         return
-    from tfcli.fsutil import atomic_write_text
+    from tfcli.inspect.session import write_output
 
-    atomic_write_text(output, text)
+    write_output(output, text)
     stderr_console().print(f"wrote {output}", markup=False, highlight=False)
 
 

@@ -27,8 +27,8 @@ def inspect_features(
     data: Annotated[
         Optional[Path], typer.Option("--data", help="A shard folder (its val split) or a text file to read windows from.", show_default=False)
     ] = None,
-    windows: Annotated[int, typer.Option("--windows", help="Windows of --data read.")] = 64,
-    context: Annotated[int, typer.Option("--context", help="Tokens per window.")] = 128,
+    windows: Annotated[int, typer.Option("--windows", help="Windows of --data read, side by side, never overlapping (fewer where --data holds fewer).")] = 64,
+    context: Annotated[int, typer.Option("--context", help="Tokens per window (at most the model's block size).")] = 128,
     output_format: InspectFormat = None,
     output: InspectOutput = None,
     device: Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N or mps.")] = "cpu",

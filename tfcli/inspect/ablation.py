@@ -198,6 +198,8 @@ def ablate(
         raise TfcliError(f"unknown --mode {mode!r}", hint=f"use {' or '.join(MODES)}")
     if reference_text is not None and mode != "mean":
         raise TfcliError("--reference-text is for --mode mean", hint="add --mode mean, or drop --reference-text")
+    if top_k < 1:
+        raise TfcliError(f"--top-k must be at least 1, not {top_k}")
     if not text.strip():
         raise TfcliError("the text is empty", hint="pass --text TEXT")
     model, config = checkpoint.model, checkpoint.config.model

@@ -97,6 +97,8 @@ def evaluate_analogies(table: EmbeddingTable, path: Path, method: str = "3cosadd
             score.skipped += 1
         else:
             asked.append((section, ids))  # type: ignore[arg-type]
+    if not sections:
+        raise TfcliError(f"{path} holds no questions", hint="one question a line, a b c d (b - a + c should be d), under ': section' lines")
     for start in range(0, len(asked), SCORE_ROWS):
         chunk = asked[start : start + SCORE_ROWS]
         predicted = _best_answers(table, [ids for _, ids in chunk], method)
@@ -179,5 +181,7 @@ def evaluate_similarity(table: EmbeddingTable, path: Path) -> SimilarityScore:
             continue
         human.append(score)
         model.append(float(table.vectors[a] @ table.vectors[b]))
+    if not human and not skipped:
+        raise TfcliError(f"{path} holds no word pairs", hint="one pair a line: word word score")
     rho = spearman(np.array(human), np.array(model)) if len(human) >= 2 else None
     return SimilarityScore(rho, len(human), skipped)

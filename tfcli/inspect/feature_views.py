@@ -15,6 +15,7 @@ plain (hooks on, so never the C decoding step); nothing here changes the model."
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 from rich.table import Table
 from rich.text import Text
 
+from tfcli.corpus.reader import binary_file_error, looks_binary
 from tfcli.data.shards import load_shard_meta, open_shard
 from tfcli.errors import TfcliError
 from tfcli.inspect import palette
@@ -37,6 +39,8 @@ from tfcli.tokenizer.show import token_label, views_of_ids, visible
 RESIDUAL = ("hook_resid_pre", "hook_resid_mid", "hook_resid_post", "hook_attn_out", "hook_mlp_out", "hook_embed")
 BEFORE, AFTER = 10, 3  # tokens of context shown before and after a top activation
 TEXT_LIMIT = PROMPT_FILE  # the most of a text file --data reads (64 MB; TFCLI_MAX_PROMPT_FILE_BYTES)
+MOST_TOKENS = 1 << 20  # --windows x --context: the most tokens one view reads (the ids and one feature's values: 12 bytes each)
+FORWARD_TOKENS = 4096  # tokens read through the model and the SAE at a time (their features: FORWARD_TOKENS x d_sae floats)
 
 
 @dataclasses.dataclass
@@ -89,6 +93,7 @@ class TextFeatures:
     text: str
     tokens: list[str]
     features: list[list[tuple[int, float]]]  # per token: (feature, activation), strongest first
+    labels: list[str]  # each token as every view labels it (" cat" -> "␣cat", "\n" -> "↵")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -111,9 +116,15 @@ class FeatureSession:
             raise TfcliError(f"--feature {feature} is out of range: the SAE has {self.config.d_sae} features", hint=f"pick 0 to {self.config.d_sae - 1}")
 
     def windows(self, data: Path, windows: int, context: int, seed: int = 0) -> torch.Tensor:
-        """(N, T) token ids at places drawn (by `seed`) from a shard folder's val split (train if empty) or a
-        text file (at most 64 MB of it)."""
+        """(N, T) token ids: N windows that never overlap, drawn (by `seed`) from a shard folder's val split (train
+        if empty) or a text file (at most 64 MB of it); fewer than `windows` where the data holds fewer, so no
+        token is counted twice. At most MOST_TOKENS tokens in all."""
         data = Path(data)
+        if windows * context > MOST_TOKENS:
+            raise TfcliError(
+                f"--windows {windows:,} x --context {context:,} is {windows * context:,} tokens, more than the {MOST_TOKENS:,} inspect-features reads",
+                hint="pass fewer --windows",
+            )
         if data.is_dir() and (data / "meta.json").is_file():
             if load_shard_meta(data).tokenizer_sha256 != self.tokenizer.sha256:
                 raise TfcliError(
@@ -123,23 +134,32 @@ class FeatureSession:
             tokens = tokens if len(tokens) else open_shard(data, "train")
         elif data.is_file():
             try:
-                text = read_file_capped(data, TEXT_LIMIT).decode("utf-8", errors="replace")
+                raw = read_file_capped(data, TEXT_LIMIT)
             except OSError as exc:
                 raise TfcliError(f"cannot read {data}: {exc}") from exc
-            tokens = np.asarray(self.tokenizer.encode(text), dtype=np.int64)
+            if looks_binary(raw):
+                raise binary_file_error(data)
+            tokens = np.asarray(self.tokenizer.encode(raw.decode("utf-8", errors="replace")), dtype=np.int64)
         else:
             raise TfcliError(f"{data} does not exist", hint="pass a shard folder or a text file as --data")
         context = min(context, self.checkpoint.config.model.block_size, len(tokens))
         if context < 1:
             raise TfcliError(f"{data} holds no tokens", hint="pass more text")
-        g = torch.Generator().manual_seed(seed)
-        starts = torch.randint(0, len(tokens) - context + 1, (windows,), generator=g).tolist()
-        return torch.from_numpy(np.stack([np.asarray(tokens[i : i + context], dtype=np.int64) for i in starts]))
+        slots = len(tokens) // context  # the windows the data holds side by side
+        chosen = np.sort(np.random.default_rng(seed).choice(slots, size=min(windows, slots), replace=False))
+        return torch.from_numpy(np.stack([np.asarray(tokens[i * context : (i + 1) * context], dtype=np.int64) for i in chosen]))
 
     def features(self, ids: torch.Tensor) -> torch.Tensor:
         """(N, T) ids -> (N, T, d_sae) feature activations."""
         with torch.no_grad():
             return self.sae.encode(activations(self.model, self.hook, ids.to(next(self.model.parameters()).device))).cpu()
+
+    def features_in_batches(self, ids: torch.Tensor) -> Iterator[torch.Tensor]:
+        """(N, T) ids -> (n, T, d_sae) feature activations for a few windows at a time (FORWARD_TOKENS tokens), so
+        memory holds one batch's features, not every window's."""
+        rows = max(1, FORWARD_TOKENS // ids.shape[1])
+        for start in range(0, len(ids), rows):
+            yield self.features(ids[start : start + rows])
 
     def logit_effects(self, feature: int, top: int) -> tuple[list[tuple[str, float]], list[tuple[str, float]], str]:
         if not self.hook.endswith(RESIDUAL):
@@ -155,7 +175,7 @@ class FeatureSession:
 def feature_report(session: FeatureSession, data: Path, feature: int, *, top: int = 10, windows: int = 64, context: int = 128) -> FeatureReport:
     session.check_feature(feature)
     ids = session.windows(data, windows, context)
-    values = session.features(ids)[..., feature]  # (N, T)
+    values = torch.cat([acts[..., feature] for acts in session.features_in_batches(ids)])  # (N, T)
     flat = values.flatten()
     order = flat.argsort(descending=True)[:top]
     contexts = []
@@ -180,27 +200,34 @@ def feature_report(session: FeatureSession, data: Path, feature: int, *, top: in
 
 def top_features(session: FeatureSession, data: Path, *, top: int = 20, windows: int = 64, context: int = 128) -> TopFeatures:
     ids = session.windows(data, windows, context)
-    acts = session.features(ids).flatten(0, 1)  # (N * T, d_sae)
-    fired = acts > 0
-    density = fired.double().mean(0)
-    total = acts.double().sum(0)
+    d_sae = session.config.d_sae
+    fired, total = torch.zeros(d_sae, dtype=torch.long), torch.zeros(d_sae, dtype=torch.float64)
+    peak, peak_at = torch.zeros(d_sae), torch.zeros(d_sae, dtype=torch.long)  # each feature's largest activation, and where
+    read = 0
+    for acts in session.features_in_batches(ids):
+        acts = acts.flatten(0, 1)  # (n * T, d_sae)
+        fired += (acts > 0).sum(0)
+        total += acts.sum(0, dtype=torch.float64)
+        values, where = acts.max(0)
+        higher = values > peak
+        peak, peak_at = torch.where(higher, values, peak), torch.where(higher, where + read, peak_at)
+        read += len(acts)
     chosen = total.argsort(descending=True)[:top]
     flat_ids = ids.flatten()
     rows = []
     for f in chosen.tolist():
-        if density[f] == 0:
+        if fired[f] == 0:
             break
-        peak = int(acts[:, f].argmax())
         rows.append(
             {
                 "feature": f,
-                "density": float(density[f]),
-                "mean_when_active": float(total[f] / fired[:, f].sum()),
-                "max": float(acts[peak, f]),
-                "top_token": token_label(session.tokenizer, int(flat_ids[peak])),
+                "density": float(fired[f] / read),
+                "mean_when_active": float(total[f] / fired[f]),
+                "max": float(peak[f]),
+                "top_token": token_label(session.tokenizer, int(flat_ids[peak_at[f]])),
             }
         )
-    return TopFeatures(str(session.run), str(session.sae_path), session.hook, int(acts.shape[0]), rows)
+    return TopFeatures(str(session.run), str(session.sae_path), session.hook, read, rows)
 
 
 def text_features(session: FeatureSession, text: str, *, top: int = 5) -> TextFeatures:
@@ -213,7 +240,8 @@ def text_features(session: FeatureSession, text: str, *, top: int = 5) -> TextFe
     acts = session.features(torch.tensor([ids]))[0]  # (T, d_sae)
     values, indices = acts.topk(min(top, acts.shape[1]), dim=-1)
     per_token = [[(int(i), round(float(v), 4)) for v, i in zip(vs, js) if v > 0] for vs, js in zip(values, indices)]
-    return TextFeatures(str(session.run), str(session.sae_path), session.hook, text, [v.text for v in views_of_ids(session.tokenizer, ids)], per_token)
+    views = views_of_ids(session.tokenizer, ids)
+    return TextFeatures(str(session.run), str(session.sae_path), session.hook, text, [v.text for v in views], per_token, [v.label for v in views])
 
 
 # ---- terminal -------------------------------------------------------------------------------------
@@ -267,8 +295,8 @@ def text_table(result: TextFeatures) -> Table:
     table = Table(title=f"features firing on each token at {result.hook}, strongest first")
     table.add_column("token")
     table.add_column("features (activation)")
-    for token, features in zip(result.tokens, result.features):
-        table.add_row(Text(token), "  ".join(f"{f} ({v:.2f})" for f, v in features) or "none")
+    for label, features in zip(result.labels, result.features):
+        table.add_row(Text(label), "  ".join(f"{f} ({v:.2f})" for f, v in features) or "none")
     return table
 
 
@@ -326,7 +354,12 @@ def text_html(result: TextFeatures, *, fragment: bool = False) -> str:
     peak = max((v for fs in result.features for _, v in fs), default=1.0)
     width = max((len(fs) for fs in result.features), default=1) or 1
     cells = [[_cell(f"{f}", v, peak, f"{v:.4g}") for f, v in fs] + [("", "#fff", False, "")] * (width - len(fs)) for fs in result.features]
-    table = html_table("features firing on each token, strongest first (hover: the activation)", result.tokens, [f"#{i + 1}" for i in range(width)], cells)
+    table = html_table(
+        "features firing on each token, strongest first (hover: the activation)",
+        result.labels,
+        [f"#{i + 1}" for i in range(width)],
+        cells,
+    )
     return html_page(
         f"features · {result.hook}",
         [f"run: {result.run}", f"SAE: {result.sae}", f"text: {result.text}"],
@@ -372,6 +405,8 @@ def features(
 ) -> FeaturesView:
     """`tfcli inspect-features` for a notebook: `text=` the features on each token, else `data=` with
     `feature=` one feature's report, or without it the `top` most active features."""
+    if top < 1 or windows < 1 or context < 1:
+        raise TfcliError("top, windows and context must be at least 1")
     session = FeatureSession(run, sae, device)
     if text is not None:
         return FeaturesView(text_features(session, text, top=min(top, 10)))

@@ -73,7 +73,11 @@ class TableView:
 
 def attention(run: str | Path, text: str, *, device: str = "auto", **options: Any) -> AttentionView:
     """`tfcli inspect-attention RUN --text TEXT` for a notebook; options as the command's (target,
-    attention, layer, head, token, compare, compare_run, crop, neuron="1.0", query=5)."""
+    attention, layer, head, token, compare, compare_run, crop, neuron="1.0", query=5); layer=1 and head=-1 as
+    numbers, or "all"."""
+    for name in ("layer", "head"):
+        if isinstance(options.get(name), int):
+            options[name] = str(options[name])  # the command line's form
     return AttentionView(inspect_attention(InspectRequest(run=Path(run), text=text, device=device, **options)))
 
 

@@ -150,7 +150,10 @@ def parse_neuron(spec: str, n_layers: int, n_heads: int) -> tuple[int, int]:
     layer, dot, head = spec.partition(".")
     if not dot or not layer.strip().lstrip("-").isdigit() or not head.strip().lstrip("-").isdigit():
         raise TfcliError(f"--neuron {spec!r} is not LAYER.HEAD", hint="write 1.0 for layer 1, head 0")
-    return parse_index(layer.strip(), n_layers, "layer")[0], parse_index(head.strip(), n_heads, "head")[0]
+    try:
+        return parse_index(layer.strip(), n_layers, "layer")[0], parse_index(head.strip(), n_heads, "head")[0]
+    except TfcliError as error:  # named as the user wrote it: --neuron 1.9, not --head 9
+        raise TfcliError(f"--neuron {spec}: {error.message.removeprefix('--')}", hint=(error.hint or "").removesuffix(", or 'all'")) from None
 
 
 def neuron_document(inspection: Inspection) -> dict[str, Any]:

@@ -110,7 +110,7 @@ def lens_view(lens, *, width: int = 80, start: int = 0) -> list[RenderableType]:
     def cell(r: int, c: int) -> Text:
         if r == len(lens.cells):  # the target row
             target = lens.targets[columns[c]]
-            return Text(fit(_short(_target_text(lens, target)), size) if target is not None else " " * size, style="bold")
+            return Text(fit(_short(_target_label(lens, columns[c])), size) if target is not None else " " * size, style="bold")
         token_id, text, p = lens.cells[r][columns[c]].top[0]
         style = _on(_colour(p), p >= 0.3)
         hit = lens.targets[columns[c]] is not None and lens.cells[r][columns[c]].target_rank == 1
@@ -142,6 +142,18 @@ def _target_text(lens, target: int) -> str:
                 if token_id == target:
                     return lens.label(token_id, text)
     return next((v.label for v in lens.tokens if v.id == target), str(target))
+
+
+def _target_label(lens, i: int) -> str:
+    """The token position i should predict: where it is the text's next token, as the text shows it there (a
+    piece of a character as that character, as the header row has it), else as a prediction names it."""
+    target = lens.targets[i]
+    if target is None:
+        return ""
+    after = lens.positions[i] + 1
+    if after < len(lens.tokens) and lens.tokens[after].id == target:
+        return lens.tokens[after].label
+    return _target_text(lens, target)
 
 
 def ablation_view(ablation, *, top: int = 10) -> list[RenderableType]:
@@ -427,7 +439,7 @@ def lens_html(lens, *, fragment: bool = False) -> str:
             token_id, text, p = cell.top[0]
             tip = "; ".join(f"{lens.label(i, t)!r} {q:.3f}" for i, t, q in cell.top)
             if cell.target_rank is not None:
-                tip += f" | next {_target_text(lens, lens.targets[i])!r}: rank {cell.target_rank}, p {cell.target_probability:.4f}"
+                tip += f" | next {_target_label(lens, i)!r}: rank {cell.target_rank}, p {cell.target_probability:.4f}"
             line.append((lens.label(token_id, text), _colour(p), p < 0.3, tip))
         cells.append(line)
     extra = []
@@ -440,7 +452,7 @@ def lens_html(lens, *, fragment: bool = False) -> str:
                 "the token each position should predict",
                 ["next"],
                 columns,
-                [[("" if t is None else _target_text(lens, t), "#fff", False, "") for t in lens.targets]],
+                [[(_target_label(lens, i), "#fff", False, "") for i in range(len(lens.targets))]],
             )
         )
     return html_page(f"logit lens · {lens.run}", [f"text: {lens.text}"], tables, legend=legend_html("probability"), fragment=fragment)

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from tfcli.errors import TfcliError
-from tfcli.fsutil import commit_staged, stage_json, stage_written, staging
+from tfcli.fsutil import artifact_kind, commit_staged, stage_json, stage_written, staging
 from tfcli.sae.model import Architecture, SparseAutoencoder
 from tfcli.sae.points import hook_widths, resolve_hook
 from tfcli.schema import JsonRecord
@@ -25,9 +25,28 @@ from tfcli.tensorfile import read_tensors
 
 CFG_FILE = "cfg.json"  # SAELens's names (sae_lens.constants)
 WEIGHTS_FILE = "sae_weights.safetensors"
+# what `tfcli train sae` writes into its folder (tfcli.train.sae: settings, metrics, trainer state as tfcli.train.state names it)
+SAE_RUN_FILES = {CFG_FILE, WEIGHTS_FILE, "sae_training.json", "metrics.jsonl", "trainer", "trainer.next", "trainer.prev"}
 RUN_KEY = "tfcli_run"  # metadata: the run `tfcli train sae` trained the SAE on (SAELens's and others' SAEs have none)
 
 _log = logging.getLogger("tfcli.loader.sae")  # a child of the loader's logger, whose notes the command line prints dim
+
+
+def check_sae_output(output: Path) -> None:
+    """Before an SAE is trained into OUTPUT: it is new, empty or an SAE's own folder (a stopped start, or --resume's),
+    never a run directory, a tokenizer or shard folder or a folder of other files, whose metrics.jsonl and trainer/
+    the SAE's would replace."""
+    output = Path(output)
+    if output.exists() and not output.is_dir():
+        raise TfcliError(f"-o {output} is a file, not a folder", hint="pass a new or empty folder with -o")
+    if not output.is_dir():
+        return
+    kind = artifact_kind(output)
+    if kind is not None:
+        raise TfcliError(f"{output} is {kind}; the SAE would write over its files", hint="pass a new or empty folder with -o (the default is RUN/saes/HOOK)")
+    foreign = sorted(p.name for p in output.iterdir() if not p.name.startswith(".") and p.name not in SAE_RUN_FILES)
+    if foreign:
+        raise TfcliError(f"{output} holds files that are not an SAE's ({foreign[0]!r}); the SAE would mix with them", hint="pass a new or empty folder with -o")
 
 
 @dataclasses.dataclass

@@ -15,9 +15,27 @@ from typing import Literal
 import torch
 from torch import nn
 
+from tfcli.errors import TfcliError
+from tfcli.runtime import physical_memory
+
 Architecture = Literal["topk", "standard", "jumprelu"]
 ARCHITECTURES: tuple[str, ...] = ("topk", "standard", "jumprelu")
 ARCH_NAMES = {"topk": "topk", "relu": "standard", "jumprelu": "jumprelu"}  # --arch -> SAELens's architecture
+
+
+def refuse_what_memory_cannot_hold(d_in: int, d_sae: int, buffer: int, device: str = "cpu") -> None:
+    """Training holds the activation buffer (buffer x d_in floats) and W_enc and W_dec with their gradients and
+    Adam's two moments (8 x d_in x d_sae floats); where that alone passes the device's memory (this machine's,
+    or a GPU's own), say so before anything is allocated, not in an allocation error or the kernel's kill."""
+    on_gpu = str(device).startswith("cuda") and torch.cuda.is_available()
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory if on_gpu else physical_memory()
+    need = 4 * (buffer * d_in + 8 * d_in * d_sae)
+    if total and need > total:
+        raise TfcliError(
+            f"{d_sae:,} features on a hook of width {d_in:,} with a buffer of {buffer:,} vectors need {need / 1e9:,.1f} GB; "
+            f"{'the GPU' if on_gpu else 'this machine'} has {total / 1e9:,.1f} GB",
+            hint="use a smaller --width (or --expansion) or --buffer",
+        )
 
 
 class SparseAutoencoder(nn.Module):

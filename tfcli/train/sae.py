@@ -32,9 +32,9 @@ from tfcli.data.shards import load_shard_meta, open_shard
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_write_json, atomic_write_text, commit_staged, staging
 from tfcli.loader import load_run
-from tfcli.sae.files import CFG_FILE, WEIGHTS_FILE, load_sae_for, sae_config, stage_sae
+from tfcli.sae.files import CFG_FILE, WEIGHTS_FILE, check_sae_output, load_sae_for, sae_config, stage_sae
 from tfcli.sae.metrics import ce_loss_recovered, reconstruction_stats
-from tfcli.sae.model import ARCH_NAMES, SparseAutoencoder
+from tfcli.sae.model import ARCH_NAMES, SparseAutoencoder, refuse_what_memory_cannot_hold
 from tfcli.sae.points import activations, hook_widths, resolve_hook
 from tfcli.schema import JsonRecord
 from tfcli.tensorfile import read_tensors
@@ -316,6 +316,8 @@ def train_sae(settings: SaeTrainSettings, output: Path, *, resume: bool = False)
         settings = dataclasses.replace(settings, max_tokens=given.max_tokens, time_budget=given.time_budget)
     elif (output / CFG_FILE).exists() or (output / SETTINGS_FILE).exists():
         raise TfcliError(f"{output} already holds an SAE", hint="continue it with --resume, or pass another -o")
+    else:
+        check_sae_output(output)
     _check(settings)
     s = settings
     checkpoint = load_run(s.run, "evaluate", s.device)
@@ -327,6 +329,7 @@ def train_sae(settings: SaeTrainSettings, output: Path, *, resume: bool = False)
     hook = resolve_hook(model, s.hook, widths)
     d_in = widths[hook]
     d_sae = s.width or s.expansion * d_in
+    refuse_what_memory_cannot_hold(d_in, d_sae, s.buffer, s.device)
     arch = ARCH_NAMES[s.arch]
     if arch == "topk" and not 1 <= s.k <= d_sae:
         raise TfcliError(f"--k must be between 1 and the width ({d_sae}), not {s.k}")
