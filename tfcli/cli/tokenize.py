@@ -217,7 +217,12 @@ def _render_train_summary(summary) -> None:
 def encode(
     corpus: Corpus,
     tokenizer: TokenizerFile,
-    output: Annotated[Path, typer.Option("--output", "-o", help="Folder to write train.bin, val.bin and meta.json into.")],
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output", "-o", help="Folder to write train.bin, val.bin and meta.json into; shards already there are replaced once the new ones are complete."
+        ),
+    ],
     val_fraction: Annotated[float, typer.Option(help="Share of documents held out for validation.")] = 0.05,
     seed: Annotated[int, typer.Option(help="Seed of the train/validation draw.")] = 0,
     documents: Annotated[

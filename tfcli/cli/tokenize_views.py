@@ -110,18 +110,22 @@ def trace(
         return
     from rich.text import Text
 
-    from tfcli.tokenizer.show import visible
+    from tfcli.tokenizer.show import on_a_base, visible
+    from tfcli.tokenizer.trace import CONTINUATION
 
     console = stdout_console()
 
+    def shown(token: str) -> str:
+        return on_a_base(visible(token), CONTINUATION)
+
     def table_line(table) -> Text:
-        return Text(", ".join(f"{visible(token)} {count}" for token, count in table))
+        return Text(", ".join(f"{shown(token)} {count}" for token, count in table))
 
     console.print(Text("text: ", style="bold") + Text(visible(result.text)), soft_wrap=True)
     console.print(Text(f"start ({counted(sum(c for _, c in result.initial_table), 'token')}): ", style="bold") + table_line(result.initial_table))
     for step in result.steps:
         head = Text(f"merge {step.number}: ", style="bold")
-        head.append(f"{visible(step.left)} + {visible(step.right)} -> {visible(step.token)}", style="cyan")
+        head.append(f"{shown(step.left)} + {shown(step.right)} -> {shown(step.token)}", style="cyan")
         if step.score is None:
             head.append(f" ({step.count}x)")
         else:
@@ -130,9 +134,9 @@ def trace(
         console.print(Text("  ") + table_line(step.table))
     console.print(
         Text(f"end ({counted(len(result.tokens), 'token')}, {counted(len(result.steps), 'merge')}): ", style="bold")
-        + Text(" ".join(visible(t) for t in result.tokens))
+        + Text(" ".join(shown(t) for t in result.tokens))
     )
     if result.encoded is not None and result.encoded != result.tokens:
         console.print(
-            Text(f"encoded, longest match first ({counted(len(result.encoded), 'token')}): ", style="bold") + Text(" ".join(visible(t) for t in result.encoded))
+            Text(f"encoded, longest match first ({counted(len(result.encoded), 'token')}): ", style="bold") + Text(" ".join(shown(t) for t in result.encoded))
         )

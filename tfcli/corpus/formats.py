@@ -10,6 +10,7 @@ are optional and imported only when a file needs them.
 from __future__ import annotations
 
 import bz2
+import codecs
 import contextlib
 import dataclasses
 import gzip
@@ -76,6 +77,25 @@ def format_of_name(name: str) -> tuple[str | None, str | None]:
     return (FORMAT_SUFFIXES.get(suffixes[-1]) if suffixes else None), compression
 
 
+# Byte-order marks of the Unicode encodings other than UTF-8 (UTF-32's first: its little-endian mark starts with UTF-16's)
+BYTE_ORDER_MARKS = ((b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"), (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
+
+
+def unicode_encoding_of(head: bytes) -> str:
+    """The encoding a file's byte-order mark names (the codec that reads the mark and drops it), else UTF-8's
+    (which drops a UTF-8 mark). Example: b"\\xff\\xfeh\\x00" -> "utf-16"; b"hello" -> "utf-8-sig"."""
+    return next((encoding for mark, encoding in BYTE_ORDER_MARKS if head.startswith(mark)), "utf-8-sig")
+
+
+def as_utf8(head: bytes) -> bytes:
+    """The first bytes of a file in UTF-8, whatever Unicode encoding its byte-order mark names (so that the
+    format and NUL checks look at characters, not at UTF-16's zero bytes)."""
+    encoding = unicode_encoding_of(head)
+    if encoding == "utf-8-sig":
+        return head
+    return codecs.getincrementaldecoder(encoding)(errors="replace").decode(head).encode("utf-8")
+
+
 @dataclasses.dataclass(frozen=True)
 class Sniffed:
     format: str
@@ -100,7 +120,7 @@ def sniff(
             f"{where} is not {promised}-compressed, as its name says (it does not start with {promised}'s magic bytes)",
             hint="rename it, or fetch it again if the download was cut short or replaced by an error page",
         )
-    head = content_head(compression) if compression else raw_head
+    head = as_utf8(content_head(compression) if compression else raw_head)
     fmt = forced if forced != "auto" else by_name
     if fmt is None:
         if head.startswith(b"PAR1") and b"\x00" in head:

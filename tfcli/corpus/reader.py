@@ -35,6 +35,18 @@ _log = logging.getLogger("tfcli.corpus")
 # U+DC80..U+DCFF (one per byte); valid UTF-8 never decodes to them, so they count the bad bytes exactly.
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_ESCAPE_UNDECODABLE = "tfcli.escape-undecodable"
+
+
+def _escape_undecodable(error: UnicodeError) -> tuple[str, int]:
+    """UTF-16 and UTF-32's bad bytes (a lone surrogate, an odd byte at the end) escaped as surrogateescape
+    escapes UTF-8's, one U+DC80 a byte, so they are counted and replaced alike."""
+    if not isinstance(error, UnicodeDecodeError):
+        raise error
+    return "\udc80" * (error.end - error.start), error.end
+
+
+codecs.register_error(_ESCAPE_UNDECODABLE, _escape_undecodable)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,9 +114,33 @@ def looks_binary(head: bytes) -> bool:
     return b"\x00" in head[: formats.SNIFF_BYTES]
 
 
-def binary_file_error(path: Path) -> TfcliError:
-    """The one line every command gives for a binary file where text was asked for."""
+def binary_file_error(path: Path, head: bytes = b"") -> TfcliError:
+    """The one line every command gives for a binary file where text was asked for; `head`, its first bytes, tells
+    UTF-16 text that lacks its byte-order mark."""
+    utf16 = _utf16_without_mark(head)
+    if utf16:
+        return TfcliError(
+            f"{path} looks like {utf16} text without a byte-order mark (every other byte is NUL)",
+            hint=f"convert it to UTF-8: iconv -f {utf16} -t UTF-8 {path} > {Path(path).with_suffix('.utf8' + Path(path).suffix)}",
+        )
     return TfcliError(f"{path} looks like a binary file (it holds NUL bytes)", hint="pass text files only")
+
+
+def _utf16_without_mark(head: bytes) -> str | None:
+    """The UTF-16 that `head` seems to be in when its NUL bytes all fall on one side of each byte pair, as in mostly
+    Latin text in UTF-16 without its mark: "UTF-16LE" or "UTF-16BE", else None.
+
+    Example: "hi".encode("utf-16-le") -> "UTF-16LE"; a PNG file's first bytes -> None
+    """
+    pairs = len(head) // 2
+    if pairs < 2:
+        return None
+    odd_nul, even_nul = head[1 : 2 * pairs : 2].count(0), head[0 : 2 * pairs : 2].count(0)
+    if odd_nul >= 0.6 * pairs and even_nul == 0:
+        return "UTF-16LE"
+    if even_nul >= 0.6 * pairs and odd_nul == 0:
+        return "UTF-16BE"
+    return None
 
 
 def _walk(folder: Path) -> list[Path]:
@@ -192,7 +228,8 @@ def resolve_corpus(inputs: Sequence[str | Path], field: str = DEFAULT_FIELD, inp
             raise TfcliError(f"cannot read {path}: {exc.strerror}", hint="check its permissions") from exc
         if sniffed.binary:
             if explicit:
-                raise binary_file_error(path)
+                with open(path, "rb") as handle:
+                    raise binary_file_error(path, handle.read(formats.SNIFF_BYTES))
             corpus.skipped_binary.append(path)
             continue
         if sniffed.format == "parquet":
@@ -224,13 +261,15 @@ def open_corpus_file(source: CorpusFile | Path, stats: ReadStats) -> Iterator[fo
 
 
 def decode_blocks(opened: formats.OpenedSource, stats: ReadStats, block_bytes: int | None = None) -> Iterator[str]:
-    """Yield an opened file's text in blocks of about `block_bytes` (default READ_BLOCK_BYTES); invalid
-    UTF-8 bytes become U+FFFD, counted."""
+    """Yield an opened file's text in blocks of about `block_bytes` (default READ_BLOCK_BYTES): UTF-8, or UTF-16
+    or UTF-32 where the file starts with their byte-order mark (a mark is dropped); invalid bytes become U+FFFD,
+    counted."""
     block_bytes = block_bytes or READ_BLOCK_BYTES
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+    block = formats.read_block(opened.stream, block_bytes, opened.name, opened.compression)
+    encoding = formats.unicode_encoding_of(block)
+    decoder = codecs.getincrementaldecoder(encoding)(errors="surrogateescape" if encoding == "utf-8-sig" else _ESCAPE_UNDECODABLE)
     bad_in_file = 0
     while True:
-        block = formats.read_block(opened.stream, block_bytes, opened.name, opened.compression)
         final = not block
         text = decoder.decode(block, final=final)
         if text:
@@ -240,6 +279,7 @@ def decode_blocks(opened: formats.OpenedSource, stats: ReadStats, block_bytes: i
             yield text
         if final:
             break
+        block = formats.read_block(opened.stream, block_bytes, opened.name, opened.compression)
     if bad_in_file:
         stats.invalid_bytes += bad_in_file
         stats.files_with_invalid_utf8.add(opened.path)

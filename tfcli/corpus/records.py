@@ -104,6 +104,25 @@ def record_lines(blocks: Iterator[str], where: str = "the file") -> Iterator[str
         yield "".join(held)
 
 
+TABLE_DELIMITERS = {"CSV": ",", "TSV": "\t"}
+
+
+def csv_header_kind(line: str) -> str | None:
+    """The table a line reads as the header of, "CSV" or "TSV" (two or more names, each one word, not starting a
+    JSON value), else None. Example: "text,label" -> "CSV"; '{"text": 1}' -> None; "hello world, again" -> None."""
+    line = line.removeprefix("\ufeff").strip("\r\n")
+    if not line or line.lstrip()[:1] in ("{", "["):
+        return None
+    for kind, delimiter in TABLE_DELIMITERS.items():
+        try:
+            names = next(csv.reader([line], delimiter=delimiter))
+        except csv.Error:
+            continue
+        if len(names) >= 2 and all(0 < len(name.strip()) <= 64 and len(name.strip().split()) == 1 for name in names):  # prose has spaces
+            return kind
+    return None
+
+
 def jsonl_rows(lines: Iterator[str], where: str, fields: Sequence[str], strict: bool) -> Iterator[Row]:
     """The fields of each JSON line. A first line that is not JSON means the file is not JSON lines (an
     error); later bad lines come back with a `problem`, or are errors too when `strict`."""
@@ -119,7 +138,12 @@ def jsonl_rows(lines: Iterator[str], where: str, fields: Sequence[str], strict: 
             if first or strict:
                 what = "is not valid JSON" if not first else "is not valid JSON, so the file is not JSON lines"
                 hint = "pass JSON lines: one object per line" + ("" if strict else ", or --input-format text to read it as text")
-                raise TfcliError(f"{where} line {number} {what} ({exc.msg})", hint=hint) from exc
+                message = f"{where} line {number} {what} ({exc.msg})"
+                if first and (table := csv_header_kind(line)):
+                    names = next(csv.reader([line.strip()], delimiter=TABLE_DELIMITERS[table]))
+                    message += f": it looks like a {table} header ({_shown(names)})"
+                    hint = f"name the file .{table.lower()}" + ("" if strict else f" or pass --input-format {table.lower()}") + ", or convert it to JSON lines"
+                raise TfcliError(message, hint=hint) from exc
             yield Row(number, (MISSING,) * len(fields), f"is not valid JSON ({exc.msg})")
             continue
         first = False
@@ -131,6 +155,16 @@ def jsonl_rows(lines: Iterator[str], where: str, fields: Sequence[str], strict: 
         values = tuple(lookup(record, f) for f in fields)
         missing = _first_missing(fields, values)
         yield Row(number, values, None if missing is None else f"has no {missing!r} field (it has {_keys(record)})")
+
+
+def _other_delimiter(header: list[str], delimiter: str) -> str | None:
+    """The separator a one-column header seems to use instead of `delimiter`, or None.
+
+    Example: (["text;label"], ",") -> ";"; (["text"], ",") -> None
+    """
+    if len(header) != 1:
+        return None
+    return next((d for d in (",", "\t", ";", "|") if d != delimiter and d in header[0]), None)
 
 
 def csv_rows(lines: Iterator[str], where: str, fields: Sequence[str], delimiter: str, hint: str) -> Iterator[Row]:
@@ -150,7 +184,16 @@ def csv_rows(lines: Iterator[str], where: str, fields: Sequence[str], delimiter:
     columns = []
     for field in fields:
         if field not in header:
-            raise TfcliError(f"{where} has no column {field!r} (its header: {_shown(header)})", hint=hint)
+            other = _other_delimiter(header, delimiter)
+            if other is None:
+                raise TfcliError(f"{where} has no column {field!r} (its header: {_shown(header)})", hint=hint)
+            kind = next((k for k, d in TABLE_DELIMITERS.items() if d == other), None)
+            raise TfcliError(
+                f"{where} has no column {field!r}: its header {_shown(header)} seems to separate columns with {other!r}, not {delimiter!r}",
+                hint=f"name the file .{kind.lower()} or pass --input-format {kind.lower()}"
+                if kind
+                else "tfcli reads CSV with commas and TSV with tabs: convert the file to one of them",
+            )
         columns.append(header.index(field))
     while True:
         start = reader.line_num + 1

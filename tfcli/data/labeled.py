@@ -103,6 +103,11 @@ def read_labeled(path: Path, task: str, fields: Mapping[str, str] | None = None)
         raise TfcliError(f"{path} is not UTF-8 text ({stats.invalid_bytes} invalid bytes)", hint="convert it to UTF-8")
     if not rows:
         raise TfcliError(f"{path} holds no labeled examples", hint=shape)
+    if all(not row.input.strip() for row in rows):  # training would see no token of input at any step
+        raise TfcliError(
+            f"every {first!r} in {path} is empty ({len(rows):,} records), so there is no input to learn from",
+            hint=f"put the input text in {first!r}, or name the field that holds it with {FIELD_OPTIONS[roles[0]]}",
+        )
     return rows
 
 

@@ -7,6 +7,7 @@ The trainer memory-maps the .bin files (`open_shard`); it never loads them whole
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import hashlib
 import os
@@ -212,6 +213,18 @@ class _DocumentSplits:
             writer.discard()
 
 
+def freed_memory_giver() -> Callable[[], None]:
+    """What hands the memory freed since the last call back to the system (glibc's malloc_trim; elsewhere nothing).
+    glibc raises its mmap threshold to the largest block freed, after which the megabyte blocks each batch frees
+    come from the heap and stay there: encoding's peak then grew with the input (170 MB for a 200 MB file, 83 MB
+    for 20 MB); trimmed after each batch it stays flat, with no lasting setting left in the process."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return lambda: None
+    return lambda: trim(0)
+
+
 def _encode_pipelined(batches: Iterator[list[DocumentPiece]], encode_batch: Callable, write: Callable, report: Callable[[], None]) -> None:
     """Encode each batch and `write` its ids, in order; `report()` after each write and at the end. One worker
     thread encodes batch k+1 (the encoder releases the GIL and uses every core) while this thread writes batch
@@ -280,7 +293,10 @@ def _encode_into(
     staged: list[tuple[Path, Path]] = []
     stats = ReadStats()
 
+    give_back = freed_memory_giver()
+
     def report() -> None:
+        give_back()
         if progress:
             progress(stats.bytes_read, corpus.total_bytes, splits.tokens)
 

@@ -64,6 +64,7 @@ class TextTokenizer:
             path = path / TOKENIZER_FILE
         if not path.is_file():
             raise TfcliError(f"tokenizer file {path} does not exist", hint="train one with `tfcli tokenize train`")
+        _refuse_other_formats(path)
         text = ""
         try:
             raw = read_file_capped(path, limits.TOKENIZER_FILE)
@@ -275,6 +276,20 @@ def _has_decoder_step(decoder: dict[str, Any] | None, kind: str) -> bool:
     if not isinstance(decoder, dict):
         return False
     return decoder.get("type") == kind or any(_has_decoder_step(step, kind) for step in decoder.get("decoders") or [])
+
+
+def _refuse_other_formats(path: Path) -> None:
+    """A GGUF file (llama.cpp's) holds a tokenizer too, but not as a tokenizer.json: say how to get one."""
+    try:
+        with open(path, "rb") as handle:
+            magic = handle.read(4)
+    except OSError:
+        return  # reading it properly reports the problem
+    if magic == b"GGUF":
+        raise TfcliError(
+            f"{path} is a GGUF file (llama.cpp's), not a tokenizer.json",
+            hint=f"import it first (tfcli import {path} -o RUN), then pass the run folder: -t RUN",
+        )
 
 
 def _read_tokenizer_config(path: Path) -> dict[str, Any]:

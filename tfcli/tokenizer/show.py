@@ -23,6 +23,7 @@ _NAMED_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 # SentencePiece's ▁ or GPT-2's Ġ, which would make every label read as one family's raw vocabulary entry)
 SPACE_MARK = "\u2423"
 NEWLINE_MARK = "\u21b5"  # ↵
+DOTTED_CIRCLE = "\u25cc"  # ◌, the base Unicode's charts draw a combining mark on when it stands alone
 
 
 def visible(text: str) -> str:
@@ -44,15 +45,25 @@ def visible(text: str) -> str:
 
 def label_text(text: str) -> str:
     """A token's text as a label shows it: each space at either end as ␣ (a space between two characters
-    reads as one), each newline as ↵, other control characters escaped as `visible` escapes them.
+    reads as one), each newline as ↵, other control characters escaped as `visible` escapes them, a combining
+    mark at the start drawn on ◌.
 
-    Example: " cat" -> "␣cat"; "  " -> "␣␣"; "\\n" -> "↵"; "\\t" -> "\\\\t"; "New York" -> "New York"
+    Example: " cat" -> "␣cat"; "  " -> "␣␣"; "\\n" -> "↵"; "\\t" -> "\\\\t"; "New York" -> "New York"; "\\u0301" -> "◌\\u0301"
     """
     inner = text.strip(" ")
     lead = len(text) - len(text.lstrip(" "))
     trail = len(text) - lead - len(inner)
-    shown = NEWLINE_MARK.join(visible(line) for line in inner.split("\n"))
+    shown = on_a_base(NEWLINE_MARK.join(visible(line) for line in inner.split("\n")))
     return SPACE_MARK * lead + shown + SPACE_MARK * trail
+
+
+def on_a_base(text: str, prefix: str = "") -> str:
+    """`text` with a combining mark at its start (after `prefix`, WordPiece's ##) drawn on ◌: printed bare, it
+    would sit on whatever comes before it (a space, a #). Example: "\\u0301" -> "◌\\u0301"; ("##\\u0301", "##") -> "##◌\\u0301"."""
+    body = text[len(prefix) :] if prefix and text.startswith(prefix) else text
+    if body and unicodedata.category(body[0]) in ("Mn", "Mc", "Me"):
+        return text[: len(text) - len(body)] + DOTTED_CIRCLE + body
+    return text
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ Example: "aaabdaaabac" merges aa, then ab, then aa+ab; with min_count=2 it stops
 aaab d aaab a c.
 
 WordPiece (`wordpiece_trace`) differs in three ways:
-- words are cut at whitespace (and `_`) with each punctuation character a word of its own, as BERT's
+- words are cut at whitespace (and `_`) with each punctuation character and CJK ideograph a word of its own, as BERT's
   pre-tokenizer does, and a character that continues a word is written `##c`; so pairs never span words;
 - the pair merged is the one with the highest score count(ab) / (count(a) * count(b)), not the highest
   count: a pair of tokens that are rare apart but often together wins; `a + ##b` makes `ab`, `##a + ##b`
@@ -32,7 +32,7 @@ BPE merges u + g (count 5, score 5/(7*5)).
 from __future__ import annotations
 
 import dataclasses
-import re
+import unicodedata
 from collections import Counter
 from fractions import Fraction
 
@@ -170,10 +170,50 @@ def bpe_trace(text: str, max_merges: int | None = None, min_count: int = 1) -> M
     return MergeTrace(text=board, initial_table=initial, steps=steps, tokens=tokens)
 
 
+# CJK ideographs, which BERT's normalizer spaces apart, each a word of its own (BertNormalizer's ranges)
+_CJK_RANGES = (
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)
+
+
+def _stands_alone(ch: str) -> bool:
+    """A character BERT makes a word of its own: ASCII punctuation and symbols, Unicode punctuation (P*),
+    CJK ideographs. Accents, other symbols (emoji) and letters stay in their word."""
+    code = ord(ch)
+    if 33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126 or unicodedata.category(ch).startswith("P"):
+        return True
+    return any(low <= code <= high for low, high in _CJK_RANGES)
+
+
 def wordpiece_words(text: str) -> list[str]:
-    """Words as BERT's pre-tokenizer cuts them: at whitespace and `_` (the blackboard's space), each
-    punctuation character a word of its own. Example: "the cat's_hat." -> ["the", "cat", "'", "s", "hat", "."]"""
-    return re.findall(r"[^\W_]+|[^\w\s]", text.replace(WHITESPACE_SYMBOL, " "))
+    """Words as BERT cuts them (its normalizer, then its pre-tokenizer): at whitespace and `_` (the blackboard's
+    space), each punctuation character and CJK ideograph a word of its own, control and format characters dropped.
+
+    Example: "the cat's_hat." -> ["the", "cat", "'", "s", "hat", "."]; "東京 café" -> ["東", "京", "café"]
+    """
+    words: list[str] = []
+    word = ""
+    for ch in text.replace(WHITESPACE_SYMBOL, " "):
+        if ch == "\ufffd" or (unicodedata.category(ch) in ("Cc", "Cf") and not ch.isspace()):
+            continue  # BERT's normalizer drops control and format characters (a zero-width joiner too)
+        if ch.isspace() or _stands_alone(ch):
+            if word:
+                words.append(word)
+            word = ""
+            if not ch.isspace():
+                words.append(ch)
+        else:
+            word += ch
+    if word:
+        words.append(word)
+    return words
 
 
 def wordpiece_split(word: str) -> list[str]:

@@ -251,6 +251,13 @@ def _check_vocabulary(tokenizer: Tokenizer, config: TokenizerTrainingConfig, spe
         if config.model == "wordpiece":  # a character may be there twice, as `a` and as `##a`
             tokens = sum(len(t.removeprefix(WORDPIECE_PREFIX)) == 1 for t in tokenizer.get_vocab(with_added_tokens=False))
         written = f"{alphabet} characters" + (f", {tokens} tokens with their ## forms" if tokens != alphabet else "")
+        # Unigram's trainer prunes to the size asked only when that leaves room for a piece beside the characters and
+        # unk; asked for exactly those, it returns every piece it kept (tokenizers 0.23)
+        if config.model == "unigram":
+            raise TfcliError(
+                f"--vocab-size {config.vocab_size} leaves Unigram no piece beside the alphabet ({written}) and {n_special} special tokens",
+                hint=f"pass --vocab-size {tokens + n_special + 1} or more",
+            )
         raise TfcliError(
             f"--vocab-size {config.vocab_size} is smaller than the alphabet ({written}) plus {n_special} special tokens",
             hint=f"pass --vocab-size {tokens + n_special} or more, or cap the alphabet with --limit-alphabet",
