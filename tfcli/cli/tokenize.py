@@ -276,6 +276,11 @@ def encode(
     if json_output:
         print_json({"output": str(output), **meta.to_json()})
         return
+    _render_encode_summary(output, meta, packed=any(f.compression or f.format == "parquet" for f in sources.files))
+
+
+def _render_encode_summary(output: Path, meta, packed: bool) -> None:
+    """What encode made, as a table (`packed`: the rate counts compressed bytes on disk)."""
     from rich.table import Table
 
     table = Table(show_header=False, box=None, pad_edge=False)
@@ -292,7 +297,6 @@ def encode(
         table, meta.invalid_utf8_bytes, meta.invalid_utf8_files, len(meta.skipped_binary_files), meta.skipped_records, meta.skipped_record_examples
     )
     rate = total_bytes / meta.seconds / 1e6 if meta.seconds else 0.0
-    packed = any(f.compression or f.format == "parquet" for f in sources.files)  # the rate counts bytes on disk
     table.add_row("time", f"{meta.seconds:.2f} s ({rate:.1f} MB/s{' of compressed files' if packed else ''})")
     if meta.val_fraction > 0 and meta.val_documents == 0:
         table.add_row("warning", "no document went to validation; use more documents or a larger --val-fraction")
