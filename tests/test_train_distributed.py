@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.training import children, pretrain_args, records, torchrun, wait_for_step, weights
+from tfcli.train.state import find_trainer_state
 
 pytestmark = pytest.mark.slow  # torchrun starts ranks of their own: the slow tier
 
@@ -37,6 +38,7 @@ def test_two_gloo_ranks_match_one_process_with_the_whole_batch(cli, shards, tmp_
     assert state["world_size"] == 2
     result = cli(*pretrain_args(shards, double, *common, "--batch-size", "4", "--resume", "--max-steps", "8"))
     assert result.code == 2 and "world size was 2, now 1" in result.stderr
+    assert "resume on 2 processes in all (torchrun --nproc-per-node 2" in result.stderr  # how to continue it
 
 
 def test_fsdp_ranks_train_like_one_process_and_resume_sharded(cli, shards, tmp_path):
@@ -86,15 +88,23 @@ def test_fsdp_needstorchrun(cli, shards, tmp_path):
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the worker processes through /proc")
-def test_a_rank_that_dies_ends_the_whole_run_with_an_error(shards, tmp_path):
+@pytest.mark.parametrize("victim, survivor", [(1, 0), (0, 1)])
+def test_a_rank_that_dies_ends_the_whole_run_with_an_error(shards, tmp_path, victim, survivor):
     run = tmp_path / "run"
-    process = torchrun(pretrain_args(shards, run, "--max-steps", "100000", "--batch-size", "4", "--eval-every", "0"))
-    wait_for_step(run, process, 2)
-    victims = [c for c in children(process.pid) if b"RANK=1\x00" in Path(f"/proc/{c}/environ").read_bytes()]
-    assert victims, "no rank-1 worker found"
+    process = torchrun(pretrain_args(shards, run, "--max-steps", "100000", "--batch-size", "4", "--eval-every", "0", "--save-every", "2"))
+    wait_for_step(run, process, 3)
+    victims = [c for c in children(process.pid) if f"RANK={victim}\x00".encode() in Path(f"/proc/{c}/environ").read_bytes()]
+    assert victims, f"no rank-{victim} worker found"
     os.kill(victims[0], signal.SIGKILL)
-    process.communicate(timeout=120)
+    _, err = process.communicate(timeout=120)
     assert process.returncode != 0
+    # the rank left ends with one line that says why (torchrun's SIGTERM to it does not cut it short), not a traceback
+    assert err.count("error:") == 1 and f"rank {survivor} of 2: another process of the torchrun job stopped" in err, err
+    assert f"[rank{survivor}]" not in err
+    if survivor != 0:  # rank 0 wrote, and may have died in a save: the survivor does not claim a step
+        assert "the last checkpoint rank 0 finished writing" in err
+    _, state = find_trainer_state(run)  # the checkpoint is whole: its trainer state belongs to its weights
+    assert state.step >= 2 and state.step % 2 == 0
 
 
 def test_two_gloo_ranks_with_muon_match_one_process(cli, shards, tmp_path):

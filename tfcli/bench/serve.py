@@ -214,7 +214,8 @@ def _wait_for(server: subprocess.Popen, base: str) -> tuple[str, int]:
     while time.monotonic() < deadline:
         if server.poll() is not None:
             lines = (server.stderr.read() if server.stderr else "").strip().splitlines()
-            raise TfcliError(f"the server did not start: {lines[-1] if lines else f'exit code {server.returncode}'}")
+            said = lines[-1].removeprefix("error: ") if lines else f"exit code {server.returncode}"  # its own error line, said once
+            raise TfcliError(f"the server did not start: {said}")
         try:
             models = httpx.get(base + "/v1/models", timeout=2).json()["data"][0]
             return models["id"], int(models["max_model_len"])

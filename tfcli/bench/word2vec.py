@@ -135,7 +135,7 @@ def run_word2vec_bench(
     try:
         import gensim  # noqa: F401
     except ImportError:
-        raise TfcliError("bench word2vec compares with gensim, which is not installed", hint="pip install 'tfcli[word2vec]'") from None
+        raise TfcliError("bench word2vec compares tfcli with gensim's Word2Vec, which is not installed", hint="pip install 'tfcli[word2vec]'") from None
     settings = {
         "algorithm": algorithm,
         "dim": dim,

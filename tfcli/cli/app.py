@@ -12,7 +12,8 @@ import typer
 from tfcli import __version__
 from tfcli.cli import bench, circuits, embeddings, evaluate, generate, hf, info, quantize, quickstart, serve, tokenize, train
 from tfcli.cli import inspect as inspect_command
-from tfcli.cli.common import Typer, print_error, show_loader_notes, state
+from tfcli.cli.common import Typer, show_loader_notes, state
+from tfcli.cli.common import print_error as _print_error
 from tfcli.cli.features import inspect_features
 
 app = Typer(
@@ -115,25 +116,36 @@ def _sigterm_unwinds():
 _ENVIRONMENT_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM, errno.ENAMETOOLONG}
 
 
+def _stay_silent(message: str) -> None:
+    pass
+
+
 def _run(args: list[str]) -> None:
     from tfcli.cli.common import StdoutClosed, point_at_devnull
+    from tfcli.cli.torchrun import refuse_what_torchrun_cannot_run, this_rank_speaks
     from tfcli.errors import Interrupted, TfcliError
 
+    print_error = _print_error if this_rank_speaks() else _stay_silent  # under torchrun, rank 0 speaks for all
     try:
+        refuse_what_torchrun_cannot_run(args)
         code = app(args=args, prog_name="tfcli", standalone_mode=False)
     except TfcliError as exc:
         if state.debug:
             import traceback
 
             traceback.print_exc()
-        print_error(str(exc))
+        if getattr(exc, "rank_specific", False):  # what this rank alone met (a peer lost): every rank says it
+            _print_error(str(exc))
+        else:
+            print_error(str(exc))
         sys.exit(2)
     except Interrupted as exc:
         from rich.text import Text
 
         from tfcli.cli.common import stderr_console
 
-        stderr_console().print(Text(exc.message, style="yellow"), soft_wrap=True)
+        if this_rank_speaks():
+            stderr_console().print(Text(exc.message, style="yellow"), soft_wrap=True)
         sys.exit(exc.exit_code)
     except (KeyboardInterrupt, typer.Abort):
         print_error("interrupted")

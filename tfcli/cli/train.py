@@ -359,10 +359,17 @@ def _text_to_shards(
     from rich.text import Text
 
     from tfcli.cli.common import stderr_console
+    from tfcli.cli.torchrun import under_torchrun
+    from tfcli.errors import TfcliError
     from tfcli.train.run_checks import check_output
     from tfcli.train.text_data import TEXT_RECIPE, prepare_text_data, text_defaults
 
     check_output(output, resume)
+    if under_torchrun():  # every rank would make its own tokenizer and shards of the text in RUN/data/ at once
+        raise TfcliError(
+            f"under torchrun, --data takes a shard folder; {data} is text",
+            hint=f"make them first, in one process (tfcli tokenize train {data} -o TOKENIZER, then tfcli tokenize encode {data} --tokenizer TOKENIZER -o SHARDS), and pass --data SHARDS",
+        )
     defaults = text_defaults(options, config, sets)
     options.update(defaults)
     console = stderr_console()

@@ -62,6 +62,36 @@ def leave_world(world: World, *, together: bool = False) -> None:
         dist.destroy_process_group()
 
 
+class PeerLost(TfcliError):
+    """A collective failed because another process of the job is gone (it crashed, was killed, or its machine
+    left). Each rank that meets it says so, since the ranks' views differ."""
+
+    rank_specific = True
+
+
+# how gloo and NCCL word a collective that lost its peer, where torch raises a plain RuntimeError
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted", "Timed out")
+
+
+def lost_a_peer(world: World, exc: BaseException) -> bool:
+    """Whether `exc` is a collective that failed because another rank is gone."""
+    if not world.enabled:
+        return False
+    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and any(words in str(exc) for words in _PEER_GONE))
+
+
+def peer_lost(world: World, exc: BaseException, saved: str) -> PeerLost:
+    """The one line a rank ends with when a peer is gone: which rank, what the backend said, and what is on disk
+    (`saved`). Example: "rank 0 of 2: another process of the torchrun job stopped (Connection closed by peer
+    [127.0.0.1]:9137); the checkpoint of step 40 in runs/x is intact; ..." """
+    said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    said = said.split("] ", 1)[-1].split(". ", 1)[0][:200]  # gloo starts with its C++ source line: "[.../pair.cc:553] ..."
+    return PeerLost(
+        f"rank {world.rank} of {world.size}: another process of the torchrun job stopped ({said}); {saved}",
+        hint="its own error is above (torchrun's summary names its exit code); fix that, then run the same torchrun command with --resume",
+    )
+
+
 def all_sum(world: World, value: torch.Tensor) -> torch.Tensor:
     if world.enabled:
         dist.all_reduce(value, op=dist.ReduceOp.SUM)

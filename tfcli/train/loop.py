@@ -11,6 +11,7 @@ import dataclasses
 import gc
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch
 
 from tfcli.errors import Interrupted
 from tfcli.fsutil import exclusive_lock, remove_stale_temp_files, removed_note
-from tfcli.train.distributed import World, join_world, leave_world
+from tfcli.train.distributed import World, join_world, leave_world, lost_a_peer, peer_lost
 from tfcli.train.job import TrainingJob
 from tfcli.train.plot import plot_loss_curve
 from tfcli.train.run_checks import refuse_existing_run
@@ -26,17 +27,29 @@ from tfcli.train.state import LOSS_PLOT, read_metrics
 from tfcli.train.trainer import Trainer
 from tfcli.train.word2vec import Word2VecJob, Word2VecTrainer
 
+TORCHRUN_ECHO_SECONDS = 2.0
+
 
 class _SignalFlag:
-    """SIGINT and SIGTERM set a flag the loop reads after each step; a second Ctrl-C stops at once."""
+    """SIGINT and SIGTERM set a flag the loop reads after each step; a second Ctrl-C stops at once. Under
+    torchrun, a Ctrl-C reaches each rank twice (from the terminal, then forwarded by torchrun): a second one
+    within TORCHRUN_ECHO_SECONDS is that echo, not the user's. A run that ends because a peer is gone keeps the
+    flag's handlers on the way out: torchrun sends SIGTERM to every rank left, which would otherwise end this
+    one before it says why."""
 
-    def __init__(self) -> None:
+    def __init__(self, world: World) -> None:
+        self.world = world
         self.received: int | None = None
+        self._first_at = 0.0
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum, frame) -> None:
         if self.received is not None and signum == signal.SIGINT:
+            if self.world.enabled and time.monotonic() - self._first_at < TORCHRUN_ECHO_SECONDS:
+                return
             raise KeyboardInterrupt
+        if self.received is None:
+            self._first_at = time.monotonic()
         self.received = signum
 
     def __enter__(self) -> _SignalFlag:
@@ -45,7 +58,9 @@ class _SignalFlag:
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        if exc is not None and lost_a_peer(self.world, exc):
+            return
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
 
@@ -78,6 +93,16 @@ def train(job: TrainingJob | Word2VecJob) -> Iterator[Any]:
         leave_world(world, together=together)
 
 
+def _what_is_saved(job: TrainingJob | Word2VecJob, world: World, trainer: Trainer | Word2VecTrainer | None) -> str:
+    if not world.is_main:  # rank 0 writes, and may have died halfway through a save (which leaves the one before)
+        return f"the last checkpoint rank 0 finished writing in {job.run_dir} is intact"
+    if trainer is not None and trainer.saved_step >= 0:
+        return f"the checkpoint of step {trainer.saved_step} in {job.run_dir} is intact"
+    if job.resume:
+        return f"the checkpoint it resumed from in {job.run_dir} is intact"
+    return "no checkpoint was saved yet"
+
+
 RUN_FILES = (
     "config.json",
     "model.safetensors",
@@ -107,18 +132,24 @@ def _clean_crash_leftovers(job: TrainingJob | Word2VecJob) -> list[str]:
 
 
 def _train(job: TrainingJob | Word2VecJob, world: World) -> Iterator[Any]:
-    trainer = Word2VecTrainer(job, world) if isinstance(job, Word2VecJob) else Trainer(job, world)
-    yield trainer.started()
-    yield from trainer.notes_at_start()
-    trainer.begin()
-    with _SignalFlag() as signals:
-        try:
-            while (reason := trainer.stop_reason(signals.received is not None)) is None:
-                yield from trainer.step_once()
-                yield from trainer.after_step()
-            yield from trainer.finish(reason)
-        finally:
-            trainer.close()
+    trainer = None
+    try:
+        trainer = Word2VecTrainer(job, world) if isinstance(job, Word2VecJob) else Trainer(job, world)
+        yield trainer.started()
+        yield from trainer.notes_at_start()
+        trainer.begin()
+        with _SignalFlag(world) as signals:
+            try:
+                while (reason := trainer.stop_reason(signals.received is not None)) is None:
+                    yield from trainer.step_once()
+                    yield from trainer.after_step()
+                yield from trainer.finish(reason)
+            finally:
+                trainer.close()
+    except RuntimeError as exc:  # torch's collectives raise RuntimeError (gloo) or its DistError subclasses
+        if not lost_a_peer(world, exc):
+            raise
+        raise peer_lost(world, exc, _what_is_saved(job, world, trainer)) from exc
     plot = None
     if world.is_main:
         title = f"{job.run_dir.name}: {job.title}, step {trainer.step}"

@@ -239,14 +239,23 @@ def resume_point(job: TrainingJob, world: World) -> ResumePoint:
     if not job.resume:
         return ResumePoint()
     folder, saved = find_trainer_state(job.run_dir)
+    if saved.world_size != world.size:  # the step number is the run's whole data position: each rank's slice of it
+        how = (
+            "in one process, without torchrun"
+            if saved.world_size == 1
+            else f"on {saved.world_size} processes in all (torchrun --nproc-per-node {saved.world_size} on one machine)"
+        )
+        raise TfcliError(
+            f"cannot resume: the world size was {saved.world_size}, now {world.size}",
+            hint=f"resume {how}: a step's data is --batch-size rows per process, so another count would not continue the run exactly",
+        )
     val = f" and {job.val_data}" if job.val_data is not None else ""
     for before, now, problem in (
-        (saved.world_size, world.size, f"the world size was {saved.world_size}, now {world.size}"),
         (saved.data_fingerprint, job.data_fingerprint, f"{job.data}{val} is not the data the run was trained on (its contents differ)"),
         (saved.tokenizer_sha256, job.tokenizer.sha256, "the tokenizer is not the one the run was trained with"),
     ):
         if before != now:
-            raise TfcliError(f"cannot resume: {problem}", hint="resume with the data, tokenizer and process count the run was started with")
+            raise TfcliError(f"cannot resume: {problem}", hint="resume with the data and tokenizer the run was started with")
     best_saved = lowest(saved.best_val_loss, best_saved_val_loss(job.run_dir))  # best/ may be newer than the checkpoint
     return ResumePoint(
         saved.step,

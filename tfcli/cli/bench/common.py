@@ -4,7 +4,9 @@ its verdict, tfcli.accel's choices, the scratch folder (their options are in cli
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import platform
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -89,3 +91,35 @@ def scratch(workdir: Path | None, name: str = "") -> Iterator[Path]:
     finally:
         if workdir is None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+# what each bench measures beside tfcli, and how to install it: (the module to find, what it is, the pip command)
+PEERS = {
+    "transformers": ("transformers", "Hugging Face transformers", "pip install 'tfcli[hf]'"),
+    "llama.cpp": ("llama_cpp", "llama.cpp (llama-cpp-python)", "pip install llama-cpp-python"),
+    "lm-eval": ("lm_eval", "EleutherAI's lm-evaluation-harness", "pip install 'tfcli[eval]'"),
+    "sae-lens": ("sae_lens", "SAELens", "pip install 'tfcli[sae]'"),
+    "gensim": ("gensim", "gensim's Word2Vec", "pip install 'tfcli[word2vec]'"),
+}
+
+
+def installed(module: str) -> bool:
+    """Whether `module` can be imported here, found without importing it (transformers or SAELens take seconds).
+    A module set to None in sys.modules counts as missing, as Python's import treats it."""
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def require_peer(command: str, peer: str) -> None:
+    """Every bench compares tfcli with a peer; without the peer there is nothing to compare, so it stops before any
+    work, in one line that says what to install. Example: require_peer("bench sae", "sae-lens") raises
+    TfcliError("bench sae compares tfcli with SAELens, which is not installed; pip install 'tfcli[sae]'")."""
+    from tfcli.errors import TfcliError
+
+    module, name, install = PEERS[peer]
+    if not installed(module):
+        raise TfcliError(f"{command} compares tfcli with {name}, which is not installed", hint=install)

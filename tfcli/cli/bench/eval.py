@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.bench.common import machine_line, scratch
+from tfcli.cli.bench.common import machine_line, require_peer, scratch
 from tfcli.cli.common import at_least, print_json, print_table, stderr_console, stdout_console
 from tfcli.cli.options import JsonFlag, Repeat, Workdir
 
@@ -31,13 +31,8 @@ def eval_(
     \b
     Example: tfcli bench eval runs/quickstart/model --task tfcli_story_choice --limit 100
     """
-    import importlib.util
-
-    from tfcli.errors import TfcliError
-
     at_least(1, limit=limit, batch_size=batch_size, threads=threads, repeat=repeat)
-    if importlib.util.find_spec("lm_eval") is None:
-        raise TfcliError("bench eval needs EleutherAI's lm-evaluation-harness, which is not installed", hint="pip install 'tfcli[eval]'")
+    require_peer("bench eval", "lm-eval")
     from tfcli.bench.eval import run_eval_bench
 
     with scratch(workdir, "eval") as folder, stderr_console().status(f"scoring {task} ({limit} documents) with tfcli and with lm-eval's hf model"):

@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.bench.common import accel_summary, machine_line, scratch, scratch_folder
-from tfcli.cli.common import human_bytes, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.bench.common import accel_summary, machine_line, require_peer, scratch, scratch_folder
+from tfcli.cli.common import at_least, human_bytes, print_json, print_table, stderr_console, stdout_console
 from tfcli.cli.options import REPEAT_HELP, FirstRun, JobThreads, JsonFlag, Workdir
 
 MAX_BENCH_TOKENS = 8192  # prompt + new tokens in `bench generate` (the uncached job re-runs all of them per token)
@@ -214,8 +214,8 @@ def _checked_device(
     if device != "cpu" and not device.startswith("cuda"):
         raise TfcliError(f"--device must be cpu, cuda or cuda:N, not {device!r}")
     device = resolve_device(device)
-    if min(repeat, prompt_tokens, new_tokens) < 1 or threads < 0:
-        raise TfcliError("--repeat, --prompt-tokens and --new-tokens must be at least 1, --threads at least 0")
+    at_least(1, repeat=repeat, prompt_tokens=prompt_tokens, new_tokens=new_tokens)
+    at_least(0, threads=threads)
     check_threads(threads)
     if prompt_tokens + new_tokens > MAX_BENCH_TOKENS:
         raise TfcliError(
@@ -235,16 +235,10 @@ def _checked_device(
     if against is not None and device != "cpu":
         raise TfcliError("--against llama.cpp compares CPU decoding", hint="drop --device, or --against")
     if against is not None:
-        try:
-            import llama_cpp  # noqa: F401
-        except ImportError as exc:
-            raise TfcliError("--against llama.cpp needs llama-cpp-python, which is not installed", hint="pip install llama-cpp-python") from exc
+        require_peer("bench generate --against llama.cpp", "llama.cpp")
     if workdir is not None:
         scratch_folder(workdir)
-    try:
-        import transformers  # noqa: F401
-    except ImportError as exc:
-        raise TfcliError("bench generate compares against transformers, which is not installed", hint="pip install transformers") from exc
+    require_peer("bench generate", "transformers")
     return device
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.bench.common import machine_line, print_comparison, scratch, verdict
+from tfcli.cli.bench.common import machine_line, print_comparison, require_peer, scratch, verdict
 from tfcli.cli.common import print_json, stderr_console
 from tfcli.cli.options import DecoderRun, JsonFlag, Workdir
 from tfcli.cli.sae import Hook, SaeData
@@ -43,6 +43,7 @@ def sae(
     for name, value in (("--batch-size", batch_size), ("--max-tokens", max_tokens), ("--threads", threads)):
         if value < 1:
             raise TfcliError(f"{name} must be at least 1, not {value}")
+    require_peer("bench sae", "sae-lens")
     with scratch(workdir) as folder, stderr_console().status("benchmarking") as status:
         result = run_sae_bench(
             Path(run), hook, Path(data), folder, width=width, k=k, lr=lr, batch_size=batch_size, max_tokens=max_tokens, threads=threads, seed=seed,

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.bench.common import machine_line
-from tfcli.cli.common import print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.bench.common import installed, machine_line
+from tfcli.cli.common import at_least, print_json, print_table, stderr_console, stdout_console
 from tfcli.cli.options import DecoderRun, Device, JsonFlag, Threads
 
 
@@ -43,10 +43,12 @@ def serve(
         raise TfcliError(f"--clients takes numbers separated by commas, not {clients!r}", hint="e.g. --clients 1,4,16") from exc
     if not counts or min(counts) < 1 or max(counts) > 256:
         raise TfcliError(f"--clients takes counts between 1 and 256, not {clients!r}")
-    if requests < 1 or max_tokens < 1 or threads < 0 or max_batch < 0:
-        raise TfcliError("--requests and --max-tokens must be at least 1, --threads and --max-batch at least 0")
+    at_least(1, requests=requests, max_tokens=max_tokens)
+    at_least(0, threads=threads, max_batch=max_batch)
     if not (run / "config.json").is_file():
         raise TfcliError(f"{run} is not a run directory (no config.json)", hint="pass a folder that tfcli train or tfcli import wrote")
+    if not (installed("fastapi") and installed("uvicorn")):
+        raise TfcliError("bench serve measures `tfcli serve`, which needs FastAPI and uvicorn, not installed", hint="pip install 'tfcli[serve]'")
     from tfcli.runtime import resolve_device
 
     device = resolve_device(device)  # a device this machine lacks is one line here, not a server that fails to start

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.bench.common import machine_line, scratch
+from tfcli.cli.bench.common import installed, machine_line, scratch
 from tfcli.cli.common import human_bytes, print_json, print_table, stderr_console, stdout_console
 from tfcli.cli.options import JsonFlag, Repeat, SampleData, Workdir
 
@@ -65,4 +65,8 @@ def tokenize(
     rss_ok = "ok" if result.encode_tfcli.peak_rss_mb < 500 else "MISSED"
     console_out.print(f"train time ratio tfcli/raw: {result.train_ratio:.3f} (target <= 1.10: {train_ok})")
     console_out.print(f"encode throughput ratio tfcli/raw: {result.encode_ratio:.3f} (target >= {result.encode_target:.2f}: {encode_ok})")
+    if result.encode_tfcli.encoder != "tiktoken" and not installed("tiktoken"):
+        console_out.print(
+            "tiktoken is not installed, so tfcli encoded with tokenizers (target >= 0.90); pip install tiktoken for its faster path (target >= 2.50)"
+        )
     console_out.print(f"encode peak RSS: {result.encode_tfcli.peak_rss_mb:.0f} MB (target < 500 MB: {rss_ok})")

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from tfcli.cli.bench.common import accel_summary, machine_line
+from tfcli.cli.bench.common import accel_summary, machine_line, require_peer
 from tfcli.cli.common import at_least, print_json, print_table, stderr_console, stdout_console
 from tfcli.cli.options import Device, FirstRun, JsonFlag, Precision, Repeat
 
@@ -95,10 +95,7 @@ def _presets_to_measure(presets: str, device: str, precision: str) -> list[str]:
     resolve_device(device)  # a device tfcli knows, and there on this machine
     if precision not in ("auto", "fp32", "bf16"):
         raise TfcliError(f"--precision must be auto, fp32 or bf16, not {precision!r}")
-    try:
-        import transformers  # noqa: F401
-    except ImportError as exc:
-        raise TfcliError("bench train compares against transformers, which is not installed", hint="pip install transformers") from exc
+    require_peer("bench train", "transformers")
     return names
 
 
