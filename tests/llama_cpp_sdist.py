@@ -32,6 +32,8 @@ LOCK = Path(__file__).resolve().parents[1] / "requirements" / "test.txt"
 # what is extracted from the sdist, relative to its vendor/llama.cpp/
 WANTED = re.compile(r"models/ggml-vocab-[\w.-]+|LICENSE")
 DONE = ".complete"  # written last: a folder without it is an interrupted extraction
+# llama.cpp's own HF-to-GGUF converter and the modules it imports (conversion/, gguf-py/), kept in their folders
+CONVERTER = re.compile(r"convert_hf_to_gguf\.py|conversion/[\w/.-]+\.py|gguf-py/gguf/[\w/.-]+\.(?:py|json)|LICENSE")
 
 
 class Unavailable(Exception):
@@ -109,6 +111,37 @@ def models_folder(cache: Path) -> Path:
             staged = Path(scratch) / "models"
             staged.mkdir()
             _extract(sdist, staged)
+            (staged / DONE).write_text(f"{PACKAGE}=={version} sha256:{digest}\n", encoding="utf-8")
+            os.replace(staged, folder)
+    return folder
+
+
+def converter_folder(cache: Path) -> Path:
+    """llama.cpp's convert_hf_to_gguf.py with conversion/ and gguf-py/ beside it, as the pinned sdist has them, once per
+    cache (`python FOLDER/convert_hf_to_gguf.py HF_FOLDER --outfile F.gguf` runs it, on the gguf-py beside it)."""
+    version, hashes = pinned()
+    folder = cache / f"llama.cpp-converter-{PACKAGE}-{version}"
+    cache.mkdir(parents=True, exist_ok=True)
+    with locked(cache / f"{folder.name}.lock"):
+        if (folder / DONE).exists():
+            return folder
+        shutil.rmtree(folder, ignore_errors=True)
+        with tempfile.TemporaryDirectory(dir=cache, prefix=".sdist-") as scratch:
+            sdist = _download(version, hashes, Path(scratch))
+            digest = sha256(sdist)
+            assert digest in hashes, f"{sdist.name}: sha256 {digest} is not one the lock has for {PACKAGE}=={version}"
+            staged = Path(scratch) / "converter"
+            staged.mkdir()
+            with tarfile.open(sdist, "r|gz") as archive:
+                for member in archive:
+                    parts = member.name.split("/")
+                    inside = "/".join(parts[3:]) if parts[1:3] == ["vendor", "llama.cpp"] else ""
+                    if member.isfile() and CONVERTER.fullmatch(inside):
+                        source = archive.extractfile(member)
+                        assert source is not None
+                        (staged / inside).parent.mkdir(parents=True, exist_ok=True)
+                        with open(staged / inside, "wb") as out:
+                            shutil.copyfileobj(source, out)
             (staged / DONE).write_text(f"{PACKAGE}=={version} sha256:{digest}\n", encoding="utf-8")
             os.replace(staged, folder)
     return folder

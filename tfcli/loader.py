@@ -31,6 +31,7 @@ class Purpose:
     merge_adapter: bool = True  # an adapter run's adapter merged into its weights; False: wrapped, as it trains
     training: bool = False  # train mode (dropout on) rather than eval mode
     default_device: str = "auto"  # where the model goes when the caller names no device
+    says_dequantized: bool = True  # a note where a quantized run's own weights were dequantized (export to GGUF says what it wrote itself)
     quantized: str = "dequantize"  # a quantized run's weights: "keep" (decoding on the CPU), "hold" (kept on the CPU whatever TFCLI_ACCEL says: a frozen QLoRA base), "dequantize" (to f32), "refuse" (training from them)
 
 
@@ -38,7 +39,8 @@ PURPOSES: dict[str, Purpose] = {
     "decode": Purpose(accelerated=True, decodes=True, quantized="keep"),  # generate, serve, the lm-eval harness, bench generate
     "evaluate": Purpose(accelerated=True, quantized="keep"),  # eval: the loss and metrics on a data set, fp32
     "inspect": Purpose(accelerated=True),  # every inspect-* command, inspect-embeddings, the notebook helpers: fp32
-    "export": Purpose(accelerated=False, default_device="cpu"),  # export to hf or gguf: the saved weights, fp32
+    "export": Purpose(accelerated=False, default_device="cpu"),  # export to hf: the saved weights, fp32
+    "export-gguf": Purpose(accelerated=False, default_device="cpu", says_dequantized=False),  # export to gguf: a quantized run's blocks are read from its file
     "export-adapter": Purpose(accelerated=False, merge_adapter=False, default_device="cpu"),  # a LoRA run for PEFT, kept apart
     "parent": Purpose(accelerated=False, default_device="cpu", quantized="refuse"),  # a finetune's starting weights (the trainer prepares its model)
     "lora-parent": Purpose(accelerated=False, default_device="cpu", quantized="hold"),  # a LoRA finetune's base: kept in its blocks (QLoRA)
@@ -67,9 +69,9 @@ def load_run(run: Path | str, purpose: str, device: str | None = None, threads: 
         # chain of adapter runs only a QLoRA run's own parent stays in blocks, the rest is merged into f32
         keep = False
     checkpoint = load_checkpoint(Path(run), device, merge_adapter=use.merge_adapter, keep_quantized=keep)
-    if (formats or below) and not keep:
+    if (below or (formats and use.says_dequantized)) and not keep:
         whose = f"{run}'s" if formats else f"{run}'s parent's" if depth == 1 else f"{run}'s quantized ancestor's"
-        reason = "TFCLI_ACCEL=0" if use.quantized == "keep" and not enabled() else f"for {purpose}" if on_cpu else f"on {device}"
+        reason = "TFCLI_ACCEL=0" if use.quantized == "keep" and not enabled() else f"for {purpose.removesuffix('-gguf')}" if on_cpu else f"on {device}"
         checkpoint.notes.append(f"{whose} {', '.join(formats or below)} weights were dequantized to f32 ({reason})")
     for note in checkpoint.notes:  # said once, here, for every command: the command line shows the `tfcli.loader` logger's lines
         _log.warning("%s", note)

@@ -29,11 +29,12 @@ MINUS_INF = float("-inf")
 
 class Decoder(Protocol):
     """What beam search needs from the decoder it runs in (`decoding.Generator` is one): its settings, tokenizer,
-    vocabulary and device, a window factory, and the clock it adds its decoding time to."""
+    vocabulary, end ids and device, a window factory, and the clock it adds its decoding time to."""
 
     settings: GenerationSettings
     tokenizer: TextTokenizer
     vocab: Vocabulary
+    end_ids: set[int]  # ids that end a text
     device: torch.device
     timing: Timing
 
@@ -121,7 +122,7 @@ class _Search:
         self.g, self.s = g, g.settings
         self.K, self.P = self.s.num_beams, len(contexts)
         self.contexts = contexts  # per prompt, the ids its texts follow
-        self.eos = g.vocab.eos_id if self.s.stop_at_eos else None
+        self.end_ids = g.end_ids if self.s.stop_at_eos else set()
         self.beams = [self._start(context) for context in contexts]
         self.ended: list[list[Ended]] = [[] for _ in contexts]
         self.done = [False] * self.P
@@ -180,7 +181,7 @@ class _Search:
             if candidate.total == MINUS_INF:
                 break
             parent = self.beams[p][candidate.beam]
-            if candidate.token == self.eos:
+            if candidate.token in self.end_ids:
                 if rank < K:
                     self._end(p, parent, candidate.total, "eos", self.text_of(p, parent.tokens))
                 continue

@@ -59,8 +59,8 @@ class Generator:
             )
         if config.arch == "encoder-decoder" and self.vocab.eos_id is None:
             tokenizer.require("eos")  # the decoder starts from it
-        # ids that end a text (a chat adds its end-of-turn token)
-        self.end_ids: set[int] = {self.vocab.eos_id} if self.vocab.eos_id is not None else set()
+        # ids that end a text: eos and those the run's files name (a chat adds its end-of-turn token)
+        self.end_ids: set[int] = set(self.vocab.end_ids)
         self.device = next(model.parameters()).device  # not lm_head.weight: a quantized head dequantizes on each read
         self.seed = settings.seed
         if settings.strategy == "sample" and not settings.greedy and self.seed is None:

@@ -18,24 +18,30 @@ import torch
 from tfcli.model.attention import KVCache
 from tfcli.model.transformer import Transformer
 from tfcli.tokenizer.core import TextTokenizer
+from tfcli.tokenizer.specials import read_end_of_generation_ids
 
 
 @dataclasses.dataclass
 class Vocabulary:
-    """What the loop needs from the tokenizer: the ids it may choose and the end-of-text id."""
+    """What the loop needs from the tokenizer: the ids it may choose, the end-of-text id and every id that ends
+    a text (eos and what the run's files add: a downloaded model's end-of-turn tokens)."""
 
     limit: int  # ids >= limit are never chosen (a model's vocabulary may be larger than its tokenizer's)
     eos_id: int | None
     pad_id: int
     suppressed: list[int]  # special ids that are never generated (pad, mask, cls, unk)
+    end_ids: frozenset[int] = frozenset()  # ids that end a text: eos and tokenizer_config.json's end_of_generation_ids
 
     @classmethod
     def of(cls, tokenizer: TextTokenizer, model_vocab: int) -> Vocabulary:
         specials = tokenizer.special_ids
         eos = specials.get("eos")
-        suppressed = sorted({i for role, i in specials.items() if role != "eos" and i != eos and i < model_vocab})
+        limit = min(tokenizer.vocab_size, model_vocab)
+        recorded = read_end_of_generation_ids(tokenizer.path.parent, tokenizer.vocab_size)
+        end_ids = frozenset(i for i in recorded | ({eos} if eos is not None else set()) if i < limit)
+        suppressed = sorted({i for role, i in specials.items() if role != "eos" and i not in end_ids and i != eos and i < model_vocab})
         pad = specials.get("pad", eos if eos is not None else 0)
-        return cls(limit=min(tokenizer.vocab_size, model_vocab), eos_id=eos, pad_id=pad, suppressed=suppressed)
+        return cls(limit=limit, eos_id=eos, pad_id=pad, suppressed=suppressed, end_ids=end_ids)
 
 
 class DecoderWindow:

@@ -54,7 +54,7 @@ from tfcli.gguf.layout import (
     window_as_context,
 )
 from tfcli.gguf.reader import READABLE_TYPES, GgufFile, read_gguf, refused_type
-from tfcli.gguf.vocab import Vocab, tokenizer_metadata
+from tfcli.gguf.vocab import Vocab, end_of_generation_keys, tokenizer_metadata
 from tfcli.loader import load_run
 from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
@@ -179,15 +179,17 @@ def export_gguf(run_dir: Path, out_path: Path, kind: str = "f32") -> Exported:
     if out_path.parent.exists() and not out_path.parent.is_dir():
         raise TfcliError(f"{out_path.parent} is not a folder", hint="pass a file path with -o")
     read_run_config(run_dir)
-    checkpoint = load_run(run_dir, "export")
+    checkpoint = load_run(run_dir, "export-gguf")
     config, window_note = window_as_context(checkpoint.config.model)
     arch = export_arch(config)
     tokenizer_config = _tokenizer_config(checkpoint.tokenizer)
     vocab = tokenizer_metadata(checkpoint.tokenizer, config.vocab_size, tokenizer_config)
+    end_keys, end_note = end_of_generation_keys(checkpoint.tokenizer, vocab["tokenizer.ggml.tokens"], tokenizer_config)
+    vocab.update(end_keys)
     state = checkpoint.model.state_dict()
     formats, held, quantized_note = _export_formats(Path(run_dir), checkpoint, state, kind)
     name, renamed = _general_name(Path(run_dir).resolve().name, vocab["tokenizer.ggml.tokens"])
-    notes = export_notes(config, arch) + [note for note in (window_note, renamed, quantized_note) if note]
+    notes = export_notes(config, arch) + [note for note in (window_note, renamed, quantized_note, end_note) if note]
     folder = prepare_output_dir(out_path.parent if str(out_path.parent) else Path("."), "export")
     with _sole_export(out_path):  # two exports to one file at once: the second is refused
         removed = remove_abandoned_temps(out_path)
@@ -256,6 +258,9 @@ def _export_formats(run_dir: Path, checkpoint, state: dict[str, torch.Tensor], k
             held,
             f"wrote the run's own {mine} blocks as they are (--type picks the formats of an f32 run's export; --type f32 writes these dequantized)",
         )
+    if held_formats:
+        mine = ", ".join(sorted(set(held_formats.values())))
+        return {}, {}, f"wrote the run's {mine} weights dequantized, as {kind} (--type {kind}; without --type they go out in their own blocks)"
     if kind not in BLOCK_TYPES:
         return {}, {}, None
     config = checkpoint.config.model

@@ -34,7 +34,8 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from tfcli import limits
 from tfcli.errors import TfcliError
 from tfcli.gguf.splits import token_splits
-from tfcli.tokenizer.specials import CONFIG_KEYS
+from tfcli.tokenizer.chat_template import ChatTemplate
+from tfcli.tokenizer.specials import CONFIG_KEYS, END_OF_GENERATION_KEY, end_of_generation_ids
 
 if TYPE_CHECKING:
     from tfcli.tokenizer.core import TextTokenizer
@@ -72,6 +73,88 @@ OTHER_MODELS = {
     "no_vocab": " (no vocabulary)",
     "none": " (no vocabulary)",
 }
+
+# llama.cpp's end-of-generation tokens (llama_vocab::impl::load, llama_vocab_is_eog): eos, eot, eom and the
+# FIM pad, repo and file-separator tokens, each from its key or else found by its text, and every token whose
+# text is one of EOG_TEXTS.
+EOG_KEYS = {
+    "eot": "tokenizer.ggml.eot_token_id",
+    "eom": "tokenizer.ggml.eom_token_id",
+    "fim_pad": "tokenizer.ggml.fim_pad_token_id",
+    "fim_rep": "tokenizer.ggml.fim_rep_token_id",
+    "fim_sep": "tokenizer.ggml.fim_sep_token_id",
+}
+EOG_KEY_TEXTS = {  # the texts llama.cpp finds a token by where its key is absent
+    "eot": (
+        "<|eot_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<|end_of_text|>",
+        "<EOT>",
+        "_<EOT>",
+        "[EOT]",
+        "<\uff5cend\u2581of\u2581sentence\uff5c>",
+        "<end_of_utterance>",
+    ),
+    "eom": ("<|eom_id|>",),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+EOG_TEXTS = frozenset(
+    (
+        "<|eot_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+        "<|flush|>",
+        "<|calls|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "</s>",
+        "<|eom_id|>",
+        "<EOT>",
+        "_<EOT>",
+        "[EOT]",
+        "[EOS]",
+        "<|end_of_text|>",
+        "<end_of_utterance>",
+        "<eos>",
+        "<turn|>",
+        "<|tool_response>",
+        "<\uff5cend\u2581of\u2581sentence\uff5c>",
+        "[e~[",
+    )
+)
+
+
+def llama_cpp_end_ids(tokens: list[str], ids: dict[str, int], metadata: dict[str, Any]) -> list[int]:
+    """The ids llama.cpp ends a generation at, in id order: eos (ids["eos"]), the EOG_KEYS tokens (the key's id, or
+    else a token with one of the key's texts), every token whose text is in EOG_TEXTS; less <|end|> where
+    <|return|> and <|call|> (or <|calls|> and <|flush|>) are there too (gpt-oss), and less </s> where
+    <|tool_response> or <|plamo:eos|> is (Gemma 4, PLaMo). Where a text is twice in the vocabulary, its last id.
+
+    Example: tokens [..., "<|endoftext|>" (0), ..., "<|im_end|>" (5)], eos 0 -> [0, 5]"""
+    n = len(tokens)
+    by_text = {text: i for i, text in enumerate(tokens)}
+    ends = {by_text[text] for text in EOG_TEXTS if text in by_text}
+    if "eos" in ids:
+        ends.add(ids["eos"])
+    for name, key in EOG_KEYS.items():
+        value = metadata.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < n:
+            ends.add(value)
+        else:  # llama.cpp takes the first it meets; every eot text is an EOG text anyway
+            ends.update([by_text[text] for text in EOG_KEY_TEXTS[name] if text in by_text][:1])
+    texts = {tokens[i] for i in ends}
+    if "<|end|>" in texts and (("<|return|>" in texts and "<|call|>" in texts) or ("<|calls|>" in texts and "<|flush|>" in texts)):
+        ends.discard(by_text["<|end|>"])
+    if "</s>" in texts and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
+        ends.discard(by_text["</s>"])
+    return sorted(ends)
 
 
 def _dropped(key: str, value: int, n: int, default: int | None) -> str:
@@ -328,6 +411,33 @@ def tokenizer_metadata(tokenizer: TextTokenizer, vocab_size: int, tokenizer_conf
     return meta
 
 
+def end_of_generation_keys(tokenizer: TextTokenizer, tokens: list[str], tokenizer_config: dict[str, Any]) -> tuple[dict[str, int], str | None]:
+    """The keys that make llama.cpp end where the run ends: a chat run's end-of-turn token and the ids its
+    tokenizer_config.json lists (end_of_generation_ids), less eos and those llama.cpp finds by their text
+    anyway, as tokenizer.ggml.eot_token_id, then eom_token_id; a note for any left over (GGUF has no third key).
+
+    Example: a ChatML run (<|im_end|> id 5), eos <|endoftext|> -> ({}, None): llama.cpp knows both texts"""
+    where = str(tokenizer.path.parent / "tokenizer_config.json")
+    ends = list(tokenizer_config.get(END_OF_GENERATION_KEY) or []) if end_of_generation_ids(tokenizer_config, tokenizer.vocab_size, where) else []
+    try:
+        template = ChatTemplate.for_tokenizer(tokenizer, tokenizer_config, where)
+    except TfcliError:  # a template jinja2 cannot compile travels as it is; its turns end where the file says
+        template = None
+    if template is not None:
+        ends = [tokenizer.hf.token_to_id(text) for text in template.end_of_turn_texts] + ends
+    eos = tokenizer.special_ids.get("eos")
+    found = set(llama_cpp_end_ids(tokens, {"eos": eos} if eos is not None else {}, {}))
+    unsaid = [i for i in dict.fromkeys(ends) if i is not None and i not in found]
+    keys = dict(zip((EOG_KEYS["eot"], EOG_KEYS["eom"]), unsaid))
+    if len(unsaid) <= len(keys):
+        return keys, None
+    left = ", ".join(f"{tokens[i]!r} (id {i})" for i in unsaid[len(keys) :])
+    return (
+        keys,
+        f"llama.cpp will not end a text at {left}: GGUF names two end-of-generation tokens beside eos (eot, eom), and llama.cpp finds others by their text alone",
+    )
+
+
 class Vocab:
     """The tokenizer metadata of a file, checked."""
 
@@ -413,6 +523,7 @@ class Vocab:
                 self.add_eos = False
         template = metadata.get("tokenizer.chat_template")
         self.chat_template = template if isinstance(template, str) and template else None
+        self.end_ids = llama_cpp_end_ids(self.tokens, self.ids, metadata)  # where llama.cpp ends a generation
 
     def _numbers(self, metadata: dict[str, Any], key: str, n: int, default: list, number: type = int) -> list:
         value = metadata.get(key)
@@ -629,6 +740,8 @@ class Vocab:
         config["add_bos_token"] = self.add_bos and "bos" in self.ids
         config["add_eos_token"] = self.add_eos  # for tfcli; transformers 5 reads tokenizer.json's post-processor instead
         config["split_special_tokens"] = True
+        if set(self.end_ids) - {self.ids.get("eos")}:
+            config[END_OF_GENERATION_KEY] = self.end_ids
         if self.chat_template is not None:
             config["chat_template"] = self.chat_template
         return config

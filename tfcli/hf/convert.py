@@ -33,7 +33,7 @@ from tfcli.fsutil import (
 from tfcli.hf import bert, gemma3, gpt2, llama
 from tfcli.hf.folder import HfConfig, WeightFiles, is_tfcli_run, read_hf_config
 from tfcli.hf.mapping import TensorMap
-from tfcli.hf.tokenizer import import_tokenizer, without_padding
+from tfcli.hf.tokenizer import GENERATION_CONFIG_FILE, import_tokenizer, without_padding
 from tfcli.loader import load_run
 from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
@@ -41,6 +41,7 @@ from tfcli.model.transformer import Transformer
 from tfcli.rundir import CONFIG_FILE, WEIGHTS_FILE, refuse_other_artifacts
 from tfcli.tokenizer.chat_template import ChatTemplate
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
+from tfcli.tokenizer.specials import END_OF_GENERATION_KEY, end_of_generation_ids
 
 FAMILIES: dict[str, ModuleType] = {name: family for family in (gpt2, llama, gemma3, bert) for name in family.CLASSES}
 MODEL_TYPES = {"GPT2LMHeadModel": "gpt2", **llama.MODEL_TYPES, **gemma3.MODEL_TYPES, **{name: "bert" for name in bert.CLASSES}}
@@ -261,24 +262,30 @@ def write_hf_folder(checkpoint, state: dict[str, torch.Tensor], out_dir: Path) -
     tokenizer_config_path = checkpoint.tokenizer.path.parent / TOKENIZER_CONFIG_FILE
     tokenizer_config = json.loads(tokenizer_config_path.read_text(encoding="utf-8")) if tokenizer_config_path.is_file() else {}
     if tokenizer_config or hf_class != "GPT2LMHeadModel":
-        tokenizer_config["model_max_length"] = config.block_size
-        tokenizer_config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
-        atomic_write_json(out_dir / TOKENIZER_CONFIG_FILE, tokenizer_config)
-    generation = chat_generation_config(hf_config, checkpoint.tokenizer, tokenizer_config, checkpoint.path)
+        written = {key: value for key, value in tokenizer_config.items() if key != END_OF_GENERATION_KEY}  # generation_config.json says it
+        written["model_max_length"] = config.block_size
+        written.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
+        atomic_write_json(out_dir / TOKENIZER_CONFIG_FILE, written)
+    generation = generation_config(hf_config, checkpoint.tokenizer, tokenizer_config, checkpoint.path)
     if generation is not None:
-        atomic_write_json(out_dir / "generation_config.json", generation)
+        atomic_write_json(out_dir / GENERATION_CONFIG_FILE, generation)
     return hf_class, hf_config
 
 
-def chat_generation_config(hf_config: dict[str, Any], tokenizer, tokenizer_config: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
-    """A chat run's generation_config.json: transformers' generate stops at any id of eos_token_id, so the
-    end-of-turn token (<|im_end|>) comes first and the end-of-text token after it. None for other runs."""
+def generation_config(hf_config: dict[str, Any], tokenizer, tokenizer_config: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
+    """generation_config.json: transformers' generate stops at any id of eos_token_id, so the list holds every
+    id the run ends a text at: those its files name (end_of_generation_ids: an imported Llama 3.1's three), a
+    chat run's end-of-turn token (<|im_end|>), then the end-of-text token. None for a run without a chat template
+    that ends at eos alone."""
+    end_of_generation_ids(tokenizer_config, tokenizer.vocab_size, str(run_dir / TOKENIZER_CONFIG_FILE))  # checked
+    ends = list(tokenizer_config.get(END_OF_GENERATION_KEY) or [])  # in the order the file lists them
     try:
         template = ChatTemplate.for_tokenizer(tokenizer, tokenizer_config, str(run_dir))
     except TfcliError:  # a template jinja2 cannot compile is exported as it is, as transformers would read it
+        template = None
+    if template is not None:
+        ends += [tokenizer.hf.token_to_id(text) for text in template.end_of_turn_texts]
+    if not ends and template is None:
         return None
-    if template is None:
-        return None
-    ends = [tokenizer.hf.token_to_id(text) for text in template.end_of_turn_texts] + [hf_config.get("eos_token_id")]
-    ends = list(dict.fromkeys(i for i in ends if i is not None))
+    ends = list(dict.fromkeys(i for i in [*ends, hf_config.get("eos_token_id")] if i is not None))
     return {"bos_token_id": hf_config.get("bos_token_id"), "eos_token_id": ends}

@@ -5,7 +5,9 @@ or BERT's vocab.txt alone; padding and truncation saved in a tokenizer.json are 
 transformers encodes with it: `without_padding`), and a CLIP-style "</w>" BPE gets the decoder transformers decodes
 it with (`decoder_for_word_suffix`). The roles of its special tokens (bos, eos, pad, unk, mask,
 cls, sep) come from tokenizer_config.json and special_tokens_map.json, merged into the run's tokenizer_config.json,
-with the chat template of chat_template.jinja where the folder has one (as transformers 4.50 and later save it).
+with the chat template of chat_template.jinja where the folder has one (as transformers 4.50 and later save it),
+and every id transformers' generate stops at (generation_config.json's eos_token_id, often a list) where they are
+more than the eos token (`end_of_generation_ids`).
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from tfcli.hf.folder import read_json_object
 from tfcli.jsontext import dumps_json, loads_json
 from tfcli.limits import read_text_capped
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer, decoder_for_word_suffix
-from tfcli.tokenizer.specials import CONFIG_KEYS, LOADED_ROLES
+from tfcli.tokenizer.specials import CONFIG_KEYS, END_OF_GENERATION_KEY, LOADED_ROLES
 
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # transformers' own file for the template; it wins over tokenizer_config.json's
 BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -105,6 +108,35 @@ def _chat_template(src: Path) -> str | None:
         raise TfcliError(f"cannot read {path} ({exc})", hint="download it again, or delete it to import the model without its chat template") from exc
 
 
+def generation_end_ids(src: Path) -> list[int]:
+    """The ids transformers' generate stops at for the folder's model: generation_config.json's eos_token_id
+    (one id or a list), or, without that file, config.json's (GenerationConfig.from_model_config); [] where
+    neither names one. What is not an id (null, -1) is left out.
+
+    Example: generation_config.json {"eos_token_id": [151645, 151643]} -> [151645, 151643]"""
+    for name in (GENERATION_CONFIG_FILE, "config.json"):
+        if (src / name).is_file():
+            path = src / name
+            value = read_json_object(path).get("eos_token_id")
+            ids = value if isinstance(value, list) else [value]
+            return list(dict.fromkeys(i for i in ids if isinstance(i, int) and not isinstance(i, bool) and i >= 0))
+    return []
+
+
+def _record_end_ids(src: Path, vocabulary: Tokenizer, settings: dict[str, Any]) -> list[str]:
+    """Put the ids generation stops at into settings (tokenizer_config.json) where they are more than the
+    eos token; returns notes for ids past the tokenizer's vocabulary, which tfcli never writes."""
+    ids = generation_end_ids(src)
+    size = vocabulary.get_vocab_size(with_added_tokens=True)
+    past = [i for i in ids if i >= size]
+    kept = [i for i in ids if i < size]
+    eos = _token_text(settings.get(CONFIG_KEYS["eos"]))
+    eos_id = vocabulary.token_to_id(eos) if eos is not None else None
+    if set(kept) - {eos_id}:
+        settings[END_OF_GENERATION_KEY] = kept
+    return [f"eos_token_id {i} is past the tokenizer's {size:,} tokens: tfcli never writes it, so it ends no text" for i in past]
+
+
 def without_padding(text: str) -> str:
     """tokenizer.json text with its padding and truncation off (`null`), as transformers encodes with it: a
     sentence-transformers file pads every text to a multiple of 8 and cuts it at 256 tokens, which would
@@ -166,6 +198,7 @@ def import_tokenizer(src: Path, run_dir: Path) -> tuple[TextTokenizer, list[str]
         if token is not None and vocabulary.token_to_id(token) is None:
             notes.append(f"{key} {token!r} is not in the vocabulary; the tokenizer has no {role} token")
             settings[key] = None
+    notes += _record_end_ids(src, vocabulary, settings)
     if settings:
         atomic_write_json(run_dir / TOKENIZER_CONFIG_FILE, json.loads(json.dumps(settings, default=str)))
     return TextTokenizer.load(run_dir / TOKENIZER_FILE), notes

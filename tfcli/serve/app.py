@@ -207,11 +207,8 @@ def _sampling(served: Served, body, max_tokens: int, *, chat: bool, logprobs: in
 def _end_ids(served: Served, body, chat: bool) -> frozenset[int]:
     if body.ignore_eos:
         return frozenset()
-    ids = set(served.template.end_of_turn_ids) if chat and served.template is not None else set()
-    eos = served.engine.vocab.eos_id
-    if eos is not None:
-        ids.add(eos)
-    return frozenset(ids)
+    ids = served.engine.vocab.end_ids  # eos and the ids the run's files name
+    return (ids | served.template.end_of_turn_ids) if chat and served.template is not None else ids
 
 
 def _check_rows(served: Served, rows: int) -> None:

@@ -7,9 +7,14 @@ beside it (the Hugging Face convention), and well-known names are recognised whe
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
 
 from tfcli.errors import TfcliError
+from tfcli.jsontext import loads_json
+from tfcli.limits import read_text_capped
 
 ROLES: tuple[str, ...] = ("eos", "pad", "unk", "mask", "cls")
 ROLE_DESCRIPTIONS = {
@@ -120,3 +125,36 @@ def parse_special_tokens(specs: Iterable[str], defaults: Mapping[str, str] = DEF
         dup = next(t for t in tokens if tokens.count(t) > 1)
         raise TfcliError(f"special token {dup!r} is given twice", hint="list each special token once")
     return SpecialTokens(roles=roles, extra=tuple(extra))
+
+
+# tokenizer_config.json's list of the ids that end a generated text, beside eos: what a downloaded model's
+# own files say (generation_config.json's eos_token_id list, a GGUF's end-of-generation tokens). tfcli's key;
+# transformers keeps an unknown key of this file as it is.
+END_OF_GENERATION_KEY = "end_of_generation_ids"
+
+
+def end_of_generation_ids(config: Mapping[str, Any], vocab_size: int, where: str) -> frozenset[int]:
+    """The ids tokenizer_config.json lists under END_OF_GENERATION_KEY; empty where it lists none.
+
+    Example: {"end_of_generation_ids": [151645, 151643]} -> frozenset({151643, 151645})"""
+    ids = config.get(END_OF_GENERATION_KEY)
+    if ids is None:
+        return frozenset()
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ids):
+        raise TfcliError(
+            f"{where}: {END_OF_GENERATION_KEY} must be a list of token ids below {vocab_size:,}, not {str(ids)[:80]}",
+            hint="fix the list in tokenizer_config.json, or delete the key to stop at the eos token alone",
+        )
+    return frozenset(ids)
+
+
+def read_end_of_generation_ids(tokenizer_folder: Path, vocab_size: int) -> frozenset[int]:
+    """end_of_generation_ids of the tokenizer_config.json in `tokenizer_folder` (empty without the file)."""
+    path = Path(tokenizer_folder) / "tokenizer_config.json"
+    if not path.is_file():
+        return frozenset()
+    try:
+        config = loads_json(read_text_capped(path))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TfcliError(f"{path} is not valid JSON ({exc})", hint="fix it or delete it") from exc
+    return end_of_generation_ids(config if isinstance(config, dict) else {}, vocab_size, str(path))
