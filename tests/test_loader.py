@@ -118,7 +118,8 @@ def test_every_command_of_a_purpose_gets_the_same_model(cli, run, loads, tmp_pat
         "decode": ["bench generate", "generate", "serve", "the lm-eval harness"],
         "evaluate": ["eval"],
         "inspect": ["inspect-ablate", "inspect-attention", "inspect-embeddings", "inspect-logits", "inspect-patch", "notebook.logit_lens"],
-        "export": ["export --to gguf", "export --to hf"],
+        "export": ["export --to hf"],
+        "export-gguf": ["export --to gguf"],  # the same model; only the note on a quantized run's blocks differs
         "train": ["bench model", "train pretrain"],
     }
     for purpose, decisions in by_purpose.items():
@@ -128,7 +129,7 @@ def test_every_command_of_a_purpose_gets_the_same_model(cli, run, loads, tmp_pat
     plain = {"device": "cpu", "dtype": "float32", "threads": 1, "training": False, "accel": []}
     accelerated = {**plain, "accel": ["decode_step", "fused_loss", "products"]}
     assert by_purpose["decode"]["generate"] == by_purpose["evaluate"]["eval"] == by_purpose["inspect"]["inspect-logits"] == accelerated
-    assert by_purpose["export"]["export --to hf"] == plain
+    assert by_purpose["export"]["export --to hf"] == by_purpose["export-gguf"]["export --to gguf"] == plain
     assert by_purpose["train"]["train pretrain"] == {**accelerated, "training": True}
 
 

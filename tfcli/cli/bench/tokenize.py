@@ -67,6 +67,7 @@ def tokenize(
     console_out.print(f"encode throughput ratio tfcli/raw: {result.encode_ratio:.3f} (target >= {result.encode_target:.2f}: {encode_ok})")
     if result.encode_tfcli.encoder != "tiktoken" and not installed("tiktoken"):
         console_out.print(
-            "tiktoken is not installed, so tfcli encoded with tokenizers (target >= 0.90); pip install tiktoken for its faster path (target >= 2.50)"
+            "tiktoken is not installed, so tfcli encoded with tokenizers (target >= 0.90); pip install tiktoken for its faster path (target >= 2.50)",
+            soft_wrap=True,
         )
     console_out.print(f"encode peak RSS: {result.encode_tfcli.peak_rss_mb:.0f} MB (target < 500 MB: {rss_ok})")
