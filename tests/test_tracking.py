@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -215,40 +214,41 @@ def test_a_wandb_run_that_cannot_start_is_one_line_and_leaves_the_folder_usable(
     assert [r["step"] for r in records(run)] == [1]
 
 
-READ_TRACKIO = """
+TRAIN_THEN_READ_TRACKIO = """
 import json, sys
+from tfcli.cli.app import main
+for args in json.loads(sys.argv[1]):
+    try:
+        main(args)
+    except SystemExit as exc:
+        assert not exc.code, (args, exc.code)
 from trackio.sqlite_storage import SQLiteStorage
-project = sys.argv[1]
-runs = SQLiteStorage.get_runs(project)
-print(json.dumps({name: SQLiteStorage.get_logs(project, name) for name in runs}, default=str))
+runs = SQLiteStorage.get_runs("tests")
+print(json.dumps({name: SQLiteStorage.get_logs("tests", name) for name in runs}, default=str))
 """
 
 
-def _trackio(args, trackio_dir: Path) -> subprocess.CompletedProcess:
-    """ARGS in a fresh process whose trackio keeps its store in TRACKIO_DIR (trackio reads it once, at import)."""
-    env = {**os.environ, "TRACKIO_DIR": str(trackio_dir), "TRACKIO_PROJECT": "tests"}
-    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, env=env, cwd=REPO)
-
-
-def _trackio_logs(trackio_dir: Path) -> dict[str, list[dict]]:
-    read = _trackio(["-c", READ_TRACKIO, "tests"], trackio_dir)
-    assert read.returncode == 0, read.stderr
-    return json.loads(read.stdout.splitlines()[-1])
+def _needs_trackio() -> None:
+    if importlib.util.find_spec("trackio") is None:
+        missing_tool("trackio is not installed (pip install 'tfcli[trackio]')")
 
 
 def test_trackio_holds_what_metrics_jsonl_holds_and_a_resumed_run_continues_its_trackio_run(shards, tmp_path):
     """Two runs both called `model` get a trackio run each; the first, resumed, logs on in its own: read back with
-    trackio's own storage, each holds metrics.jsonl's scalars at their steps."""
-    if importlib.util.find_spec("trackio") is None:
-        missing_tool("trackio is not installed (pip install 'tfcli[trackio]')")
-    store = tmp_path / "trackio"
+    trackio's own storage, each holds metrics.jsonl's scalars at their steps. In a process of its own, whose
+    trackio keeps its store in the test's folder (trackio reads TRACKIO_DIR once, at import)."""
+    _needs_trackio()
     first, second = tmp_path / "a" / "model", tmp_path / "b" / "model"
-    for run, steps, more in ((first, "2", ()), (second, "1", ()), (first, "4", ("--resume",))):
-        done = _trackio(["-m", "tfcli", *pretrain_args(shards, run, "--max-steps", steps, "--save-every", "2", "--log-to", "trackio", *more)], store)
-        assert done.returncode == 0, done.stderr
+    trainings = [
+        [str(a) for a in pretrain_args(shards, run, "--max-steps", steps, "--save-every", "2", "--log-to", "trackio", *more)]
+        for run, steps, more in ((first, "2", ()), (second, "1", ()), (first, "4", ("--resume",)))
+    ]
+    env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio"), "TRACKIO_PROJECT": "tests"}
+    done = subprocess.run([sys.executable, "-c", TRAIN_THEN_READ_TRACKIO, json.dumps(trainings)], capture_output=True, text=True, env=env, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    logs = json.loads(done.stdout.splitlines()[-1])
     names = {run: (run / TRACKIO_NAME_FILE).read_text().strip() for run in (first, second)}
     assert names[first] != names[second] and all(name.startswith("model-") for name in names.values())
-    logs = _trackio_logs(store)
     assert set(logs) == set(names.values())
     for run, name in names.items():
         kept: dict[str, dict[int, float]] = {}
@@ -263,12 +263,14 @@ def test_trackio_holds_what_metrics_jsonl_holds_and_a_resumed_run_continues_its_
     assert sorted(jsonl_scalars(first)["loss"]) == [1, 2, 3, 4]
 
 
-def test_a_trackio_store_that_cannot_be_written_is_one_line_before_any_step(shards, tmp_path):
-    if importlib.util.find_spec("trackio") is None:
-        missing_tool("trackio is not installed (pip install 'tfcli[trackio]')")
+def test_a_trackio_store_that_cannot_be_written_is_one_line_before_any_step(cli, shards, tmp_path, monkeypatch):
+    _needs_trackio()
+    import trackio.utils
+
     blocker = tmp_path / "a-file"
     blocker.write_text("")
+    monkeypatch.setattr(trackio.utils, "TRACKIO_DIR", blocker)  # the store the tracker checks before trackio starts
     run = tmp_path / "run"
-    done = _trackio(["-m", "tfcli", *pretrain_args(shards, run, "--max-steps", "2", "--log-to", "trackio")], blocker)
-    assert done.returncode == 2 and "--log-to trackio" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    result = cli(*pretrain_args(shards, run, "--max-steps", "2", "--log-to", "trackio"))
+    assert result.code == 2 and "--log-to trackio writes its files in" in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert not (run / "metrics.jsonl").exists()
