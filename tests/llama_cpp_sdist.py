@@ -5,7 +5,8 @@ sdist (`pip download llama-cpp-python==VERSION --no-deps --no-binary :all:`, abo
 build llama.cpp) must have one of the lock's sha256 hashes (832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 for 0.3.36). It vendors llama.cpp (MIT licence, "Copyright (c) 2023-2026 The ggml authors", vendor/llama.cpp/LICENSE,
 extracted beside the files): from its `models/` folder only the vocabulary-only GGUF files `ggml-vocab-*.gguf` with their
-test vectors (`.inp`, `.out`, as llama.cpp's tests/test-tokenizer-0.cpp reads them) are extracted, once per test cache
+test vectors (`.inp`, `.out`, as llama.cpp's tests/test-tokenizer-0.cpp reads them), and its own converter
+(convert_hf_to_gguf.py with conversion/ and gguf-py/, into converter/) are extracted, once per test cache
 folder (`TFCLI_CACHE_DIR`, which the pytest-xdist workers of one run share), under a file lock, so one worker downloads
 while the others wait. Nothing of it is committed.
 
@@ -31,9 +32,9 @@ PACKAGE = "llama-cpp-python"
 LOCK = Path(__file__).resolve().parents[1] / "requirements" / "test.txt"
 # what is extracted from the sdist, relative to its vendor/llama.cpp/
 WANTED = re.compile(r"models/ggml-vocab-[\w.-]+|LICENSE")
-DONE = ".complete"  # written last: a folder without it is an interrupted extraction
 # llama.cpp's own HF-to-GGUF converter and the modules it imports (conversion/, gguf-py/), kept in their folders
-CONVERTER = re.compile(r"convert_hf_to_gguf\.py|conversion/[\w/.-]+\.py|gguf-py/gguf/[\w/.-]+\.(?:py|json)|LICENSE")
+CONVERTER = re.compile(r"convert_hf_to_gguf\.py|conversion/[\w/.-]+\.py|gguf-py/gguf/[\w/.-]+\.(?:py|json)")
+DONE = ".complete"  # written last: a folder without it is an interrupted extraction
 
 
 class Unavailable(Exception):
@@ -83,22 +84,31 @@ def _download(version: str, hashes: tuple[str, ...], into: Path) -> Path:
 
 
 def _extract(sdist: Path, folder: Path) -> None:
+    """The vocabularies and LICENSE into FOLDER, the converter into FOLDER/converter/ (in its own folders)."""
     with tarfile.open(sdist, "r|gz") as archive:
         for member in archive:
             parts = member.name.split("/")
             inside = "/".join(parts[3:]) if parts[1:3] == ["vendor", "llama.cpp"] else ""
-            if member.isfile() and WANTED.fullmatch(inside):
-                source = archive.extractfile(member)
-                assert source is not None
+            if not member.isfile():
+                continue
+            if WANTED.fullmatch(inside):
                 target = folder / Path(inside).name
-                with open(target, "wb") as out:
-                    shutil.copyfileobj(source, out)
+            elif CONVERTER.fullmatch(inside):
+                target = folder / "converter" / inside
+                target.parent.mkdir(parents=True, exist_ok=True)
+            else:
+                continue
+            source = archive.extractfile(member)
+            assert source is not None
+            with open(target, "wb") as out:
+                shutil.copyfileobj(source, out)
 
 
 def models_folder(cache: Path) -> Path:
-    """llama.cpp's vocabulary files (models/ggml-vocab-*) and its LICENSE, from the pinned sdist, made once per cache."""
+    """llama.cpp's vocabulary files (models/ggml-vocab-*) and its LICENSE, from the pinned sdist, made once per cache
+    (its converter beside them, in converter/)."""
     version, hashes = pinned()
-    folder = cache / f"llama.cpp-models-{PACKAGE}-{version}"
+    folder = cache / f"llama.cpp-files-{PACKAGE}-{version}"
     cache.mkdir(parents=True, exist_ok=True)
     with locked(cache / f"{folder.name}.lock"):
         if (folder / DONE).exists():
@@ -117,34 +127,10 @@ def models_folder(cache: Path) -> Path:
 
 
 def converter_folder(cache: Path) -> Path:
-    """llama.cpp's convert_hf_to_gguf.py with conversion/ and gguf-py/ beside it, as the pinned sdist has them, once per
-    cache (`python FOLDER/convert_hf_to_gguf.py HF_FOLDER --outfile F.gguf` runs it, on the gguf-py beside it)."""
-    version, hashes = pinned()
-    folder = cache / f"llama.cpp-converter-{PACKAGE}-{version}"
-    cache.mkdir(parents=True, exist_ok=True)
-    with locked(cache / f"{folder.name}.lock"):
-        if (folder / DONE).exists():
-            return folder
-        shutil.rmtree(folder, ignore_errors=True)
-        with tempfile.TemporaryDirectory(dir=cache, prefix=".sdist-") as scratch:
-            sdist = _download(version, hashes, Path(scratch))
-            digest = sha256(sdist)
-            assert digest in hashes, f"{sdist.name}: sha256 {digest} is not one the lock has for {PACKAGE}=={version}"
-            staged = Path(scratch) / "converter"
-            staged.mkdir()
-            with tarfile.open(sdist, "r|gz") as archive:
-                for member in archive:
-                    parts = member.name.split("/")
-                    inside = "/".join(parts[3:]) if parts[1:3] == ["vendor", "llama.cpp"] else ""
-                    if member.isfile() and CONVERTER.fullmatch(inside):
-                        source = archive.extractfile(member)
-                        assert source is not None
-                        (staged / inside).parent.mkdir(parents=True, exist_ok=True)
-                        with open(staged / inside, "wb") as out:
-                            shutil.copyfileobj(source, out)
-            (staged / DONE).write_text(f"{PACKAGE}=={version} sha256:{digest}\n", encoding="utf-8")
-            os.replace(staged, folder)
-    return folder
+    """llama.cpp's convert_hf_to_gguf.py with conversion/ and gguf-py/ beside it, as the pinned sdist has them, from
+    the one extraction `models_folder` makes (`python FOLDER/convert_hf_to_gguf.py HF_FOLDER --outfile F.gguf` runs
+    it, on the gguf-py beside it)."""
+    return models_folder(cache) / "converter"
 
 
 def converted(models: Path, name: str, cache: Path) -> Path:
