@@ -423,3 +423,49 @@ def test_chat_stops_at_the_run_s_ids_and_the_turn_s_end(hf_folder, imported, tmp
     session = ChatSession(generator, run_template(run, generator))
     ids = checkpoint.tokenizer.special_ids
     assert session.generator.end_ids == {ids["eos"], stop, checkpoint.tokenizer.hf.token_to_id("<|im_end|>")}
+
+
+TURNS = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<|im_end|>\n{% endfor %}assistant: "
+
+
+@pytest.mark.parametrize(("special", "template"), [("<|end|>", None), ("<end_of_turn>", None), ("<|im_end|>", TURNS)])
+def test_gguf_export_names_a_special_llama_cpp_ends_at_by_its_spelling(cli, tmp_path, special, template):
+    """A tfcli tokenizer with an extra special token llama.cpp reads as an end of generation by its text: the export's
+    note names it and the fix (end_of_generation_ids), and says where tfcli's chat stops there already (the chat
+    template's end of turn); llama.cpp's vocabulary says it ends there (llama_vocab_is_eog), and once the run lists
+    it tfcli ends there too and the note is gone."""
+    llama_cpp = _llama_cpp()
+    from tests.test_gguf import _random_run
+    from tfcli.corpus.reader import resolve_corpus
+    from tfcli.generate.window import Vocabulary
+    from tfcli.model.config import ModelConfig
+    from tfcli.tokenizer.core import TextTokenizer
+    from tfcli.tokenizer.specials import SpecialTokens, default_specials
+    from tfcli.tokenizer.train import train_tokenizer
+    from tfcli.tokenizer.trainer_settings import TokenizerTrainingConfig
+
+    (tmp_path / "corpus.txt").write_text(TINY_TEXT * 5, encoding="utf-8")
+    specials = SpecialTokens(roles=default_specials("bpe"), extra=(special,))
+    train_tokenizer(resolve_corpus([tmp_path / "corpus.txt"]), tmp_path / "tok", TokenizerTrainingConfig(vocab_size=300, special_tokens=specials))
+    tokenizer = TextTokenizer.load(tmp_path / "tok")
+    end = tokenizer.hf.token_to_id(special)
+    shape = dict(positions="rotary", norm="rmsnorm", activation="swiglu")
+    config = ModelConfig(vocab_size=tokenizer.vocab_size, block_size=64, n_layers=1, n_heads=2, d_model=16, d_ff=32, **shape)
+    run = _random_run(tmp_path / "run", config, tokenizer)
+    if template is not None:
+        roles = json.loads((run / "tokenizer_config.json").read_text())
+        (run / "tokenizer_config.json").write_text(json.dumps({**roles, "chat_template": template}))
+    result = cli("export", run, "--to", "gguf", "-o", tmp_path / "out.gguf")
+    assert result.code == 0, result.stderr
+    assert f"llama.cpp ends a text at {special!r} (id {end})" in result.stderr, result.stderr
+    assert ("(its chat does, at the chat template's end of turn)" in result.stderr) == (template is not None), result.stderr
+    assert f"add [{end}] to {END_OF_GENERATION_KEY} in {run / 'tokenizer_config.json'}" in result.stderr, result.stderr
+    llm = llama_cpp.Llama(model_path=str(tmp_path / "out.gguf"), vocab_only=True, verbose=False)
+    vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
+    assert llama_cpp.llama_vocab_is_eog(vocab, end) and not llama_cpp.llama_vocab_is_eog(vocab, end + 1)
+    assert end not in Vocabulary.of(TextTokenizer.load(run), tokenizer.vocab_size).end_ids
+    roles = json.loads((run / "tokenizer_config.json").read_text())
+    (run / "tokenizer_config.json").write_text(json.dumps({**roles, END_OF_GENERATION_KEY: [end]}))
+    assert end in Vocabulary.of(TextTokenizer.load(run), tokenizer.vocab_size).end_ids
+    again = cli("export", run, "--to", "gguf", "-o", tmp_path / "again.gguf")
+    assert again.code == 0 and "llama.cpp ends a text at" not in again.stderr, again.stderr

@@ -3,8 +3,10 @@ config class, imported from its Hugging Face folder, exported to GGUF and run by
 (llama-cpp-python): the same greedy ids, logits within what llama.cpp's arithmetic allows (its CPU GeGLU takes
 GELU from a table of fp16 values, see `ggml_gelu`); imported back from that GGUF, the same model.
 
-llama.cpp fixes what the file does not say (src/llama-model.cpp, gemma3): every sixth layer global, the others
-local with a rotary base of 10,000, scores scaled by 1 / sqrt(head_dim). A model outside that is refused by name.
+llama.cpp fixes what the file does not say (src/models/gemma3.cpp): every sixth layer global, the others local with
+a rotary base of 10,000 (a run with other local layers or another local base says so in
+attention.sliding_window_pattern and rope.freq_base_swa), scores scaled by 1 / sqrt(head_dim). A model outside
+that is refused by name.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from tests.gguf_files import gguf_copy
 from tests.helpers import missing_tool
 from tests.test_gguf import PROMPT, _llama, _llama_cpp, _llama_greedy, _llama_logits, _suppressed, _tfcli_greedy, _tfcli_logits, ggml_gelu
 from tfcli.checkpoint import load_checkpoint
-from tfcli.model.config import ModelConfig
+from tfcli.model.config import ModelConfig, RopeScaling
 from tfcli.tokenizer.core import TextTokenizer
 
 gguf = pytest.importorskip("gguf")
@@ -225,9 +227,7 @@ GEMMA3_RUN = dict(
 @pytest.mark.parametrize(
     "overrides, named",
     [
-        (dict(local_layers=(0, 2, 4, 6)), "local_layers [0, 2, 4, 6]"),  # every other layer global
-        (dict(rope_local_base=500.0), "rope_local_base 500.0"),
-        (dict(rope_local_base=None), "rope_local_base None"),  # the local layers on the global tables: 1e6
+        (dict(rope_local_base=None, rope_scaling=RopeScaling("linear", 2.0)), "rope_local_base None with rope_scaling linear"),  # scaled local tables
         (dict(qkv_bias=True), "qkv_bias true"),
         (dict(sliding_window=None, local_layers=(), rope_local_base=None), "sliding_window None"),
     ],
@@ -240,6 +240,61 @@ def test_what_llama_cpps_gemma3_fixes_otherwise_is_named(overrides, named):
     with pytest.raises(TfcliError) as refused:
         export_arch(ModelConfig(**{**GEMMA3_RUN, **overrides}))
     assert f"GGUF's gemma3 architecture cannot express this model: {named} " in refused.value.message
+
+
+@pytest.mark.parametrize(
+    "overrides, keys",
+    [
+        ({}, {}),  # llama.cpp's defaults: neither key
+        (dict(local_layers=(0, 2, 4, 6)), {"attention.sliding_window_pattern": [True, False, True, False, True, False, True]}),
+        (dict(rope_local_base=500.0), {"rope.freq_base_swa": 500.0}),
+        (dict(rope_local_base=None), {"rope.freq_base_swa": 1e6}),  # the local layers on the global tables, unscaled
+        (dict(rope_local_base=1e6), {"rope.freq_base_swa": 1e6}),  # the same tables, said the other way
+        (dict(rope_base=1e4, rope_local_base=1e4), {}),
+    ],
+)
+def test_other_local_layers_and_local_bases_are_written_as_llama_cpp_reads_them(overrides, keys):
+    from tfcli.gguf.layout import config_from_gguf, export_arch, extra_tensors, hyperparameters, local_rope_base, tensor_layout
+
+    config = ModelConfig(**{**GEMMA3_RUN, **overrides})
+    assert export_arch(config) == "gemma3"
+    written = hyperparameters(config, "gemma3")
+    assert {k: v for k, v in written.items() if k in ("attention.sliding_window_pattern", "rope.freq_base_swa")} == keys
+    names = {t.name for t in tensor_layout(config, "gemma3")}
+    metadata = {f"gemma3.{key}": value for key, value in written.items()}
+    back, _ = config_from_gguf(metadata, "gemma3", config.vocab_size, names, extra_tensors(config, "gemma3").__getitem__, "the file")
+    assert back.local_layers == config.local_layers and local_rope_base(back) == local_rope_base(config)
+
+
+def test_a_gemma3_with_its_own_local_layers_and_local_base_runs_in_llama_cpp_as_in_tfcli(cli, tmp_path, trained_tokenizer):
+    """transformers' Gemma 3 with layer_types other than five local to one global and a local rotary base of 500:
+    the file says both (attention.sliding_window_pattern, rope.freq_base_swa), and llama.cpp's logits are tfcli's
+    within 1e-3 of the largest, the bound test_gemma3_runs_in_llama_cpp_as_in_transformers_and_tfcli holds them to."""
+    layer_types = ["sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention", "sliding_attention", "full_attention"]
+    rope = {**GEMMA3["rope_parameters"], "sliding_attention": {"rope_type": "default", "rope_theta": 500.0}}
+    hf = _hf_gemma3(tmp_path / "hf", trained_tokenizer, layer_types=layer_types, rope_parameters=rope)
+    assert cli("import", tmp_path / "hf", "-o", tmp_path / "run").code == 0
+    config = load_checkpoint(tmp_path / "run").config.model
+    assert config.local_layers == (0, 2, 4, 5) and config.rope_local_base == 500.0
+    result = cli("export", tmp_path / "run", "--to", "gguf", "-o", tmp_path / "model.gguf")
+    assert result.code == 0, result.stderr
+    reader = gguf.GGUFReader(tmp_path / "model.gguf")
+    assert reader.fields["gemma3.attention.sliding_window_pattern"].contents() == [True, False, True, False, True, True, False]
+    assert reader.fields["gemma3.rope.freq_base_swa"].contents() == 500.0
+    del reader
+    prompt = TextTokenizer.load(tmp_path / "run").encode(TINY_TEXT)[:60]
+    with torch.no_grad():
+        theirs = hf(torch.tensor([prompt])).logits[0].numpy()
+    ours = _tfcli_logits(tmp_path / "run", prompt)
+    assert np.abs(ours - theirs).max() < 1e-4
+    # 1.8e-3 measured (logits up to 4.7), 1.4e-3 with llama.cpp's GELU table, which is what that table's steps
+    # alone move them by here (test_the_gap_to_llama_cpp_is_its_fp16_gelu_table): within 1e-3 of the largest
+    bound = 1e-3 * np.abs(ours).max()
+    cpp = _llama_logits(_llama(_llama_cpp(), tmp_path / "model.gguf"), prompt)
+    assert np.abs(cpp - ours).max() < bound, np.abs(cpp - ours).max()
+    for key in ("gemma3.attention.sliding_window_pattern", "gemma3.rope.freq_base_swa"):  # without either key, llama.cpp computes another model
+        without = _rewritten(tmp_path / "model.gguf", tmp_path / f"without-{key}.gguf", drop=(key,))
+        assert np.abs(_llama_logits(_llama(_llama_cpp(), without), prompt) - ours).max() > 10 * bound, key
 
 
 def _rewritten(src: Path, out: Path, drop: tuple[str, ...] = (), add: dict | None = None) -> Path:

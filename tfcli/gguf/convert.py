@@ -54,7 +54,7 @@ from tfcli.gguf.layout import (
     window_as_context,
 )
 from tfcli.gguf.reader import READABLE_TYPES, GgufFile, read_gguf, refused_type
-from tfcli.gguf.vocab import Vocab, end_of_generation_keys, tokenizer_metadata
+from tfcli.gguf.vocab import Vocab, end_of_generation_keys, llama_cpp_only_ends_note, tokenizer_metadata
 from tfcli.loader import load_run
 from tfcli.meta_device import on_meta_device
 from tfcli.model.config import ModelConfig
@@ -186,10 +186,11 @@ def export_gguf(run_dir: Path, out_path: Path, kind: str = "f32") -> Exported:
     vocab = tokenizer_metadata(checkpoint.tokenizer, config.vocab_size, tokenizer_config)
     end_keys, end_note = end_of_generation_keys(checkpoint.tokenizer, vocab["tokenizer.ggml.tokens"], tokenizer_config)
     vocab.update(end_keys)
+    only_ends_note = llama_cpp_only_ends_note(checkpoint.tokenizer, vocab, tokenizer_config)
     state = checkpoint.model.state_dict()
     formats, held, quantized_note = _export_formats(Path(run_dir), checkpoint, state, kind)
     name, renamed = _general_name(Path(run_dir).resolve().name, vocab["tokenizer.ggml.tokens"])
-    notes = export_notes(config, arch) + [note for note in (window_note, renamed, quantized_note, end_note) if note]
+    notes = export_notes(config, arch) + [note for note in (window_note, renamed, quantized_note, end_note, only_ends_note) if note]
     folder = prepare_output_dir(out_path.parent if str(out_path.parent) else Path("."), "export")
     with _sole_export(out_path):  # two exports to one file at once: the second is refused
         removed = remove_abandoned_temps(out_path)

@@ -11,7 +11,8 @@ as they are.
 llama.cpp's `gemma3` fixes some of Gemma 3's settings where the file does not give them (src/models/gemma3.cpp):
 every sixth layer is global and the others local (`GEMMA3_PATTERN`; attention.sliding_window_pattern says
 otherwise) when the file has a sliding window, the local layers turn q and k by an unscaled base of 10,000
-(rope.freq_base_swa, which llama.cpp's converter now writes, says otherwise), the scores are scaled by 1 / sqrt(head_dim) (the 27B's
+(rope.freq_base_swa, which llama.cpp's converter now writes, says otherwise; export writes either key where the run
+differs), the scores are scaled by 1 / sqrt(head_dim) (the 27B's
 62 layers: by 1 / sqrt(embedding_length / head_count)), and the logits are soft-capped only where the file gives
 final_logit_softcapping (the llama.cpp this was checked against, 0.3.36's, reads it with a window too). Its RMSNorms scale by their weight, as tfcli's (the converter adds Gemma's 1, as tfcli's import from
 Hugging Face does), and it multiplies the embeddings by sqrt(embedding_length) itself.
@@ -157,11 +158,18 @@ def gemma3_attn_scale(n_layers: int, d_model: int, n_heads: int, head_dim: int) 
     return None
 
 
+def local_rope_base(config: ModelConfig) -> float | None:
+    """The unscaled rotary base of the run's local layers: rope_local_base, or the global rope_base where the local
+    layers share the global tables unscaled; None where they share scaled tables (llama.cpp's local layers are never
+    scaled). Example: rope_base 1e6, no scaling, rope_local_base None -> 1e6."""
+    if config.rope_local_base is not None:
+        return config.rope_local_base
+    return config.rope_base if config.rope_scaling is None else None
+
+
 def _gemma3_checks(config: ModelConfig) -> list[tuple[bool, str]]:
     """What llama.cpp's gemma3 computes, option by option (its fixed settings: see the module's docstring)."""
     scaling = config.rope_scaling.kind if config.rope_scaling is not None else None
-    # the local layers' tables: rope_local_base's, or (None) the global ones, which must then be 10,000 unscaled too
-    local_base = config.rope_local_base if config.rope_local_base is not None else (config.rope_base if scaling is None else None)
     scale = gemma3_attn_scale(config.n_layers, config.d_model, config.n_heads, config.head_dim)
     return [
         (config.positions == "rotary", f"positions {config.positions!r} (gemma3 rotates q and k)"),
@@ -177,16 +185,12 @@ def _gemma3_checks(config: ModelConfig) -> list[tuple[bool, str]]:
             config.sliding_window is not None,
             "sliding_window None (tfcli writes gemma3 with its sliding window; llama.cpp's gemma3 without one soft-caps the logits by a default of its version)",
         ),
-        (
-            config.local_layers == gemma3_local_layers(config.n_layers),
-            f"local_layers {list(config.local_layers)} (llama.cpp's gemma3 makes every layer local but each sixth: "
-            f"{list(gemma3_local_layers(config.n_layers))})",
-        ),
-        (
-            local_base == GEMMA3_LOCAL_BASE,
-            f"rope_local_base {config.rope_local_base} (llama.cpp's gemma3 turns the local layers by an unscaled base of {GEMMA3_LOCAL_BASE:,.0f})",
-        ),
         (scaling in (None, "linear"), f"rope_scaling {scaling} (llama.cpp's gemma3 reads linear scaling only)"),
+        (
+            local_rope_base(config) is not None,
+            f"rope_local_base None with rope_scaling {scaling} (llama.cpp's gemma3 never scales the local layers' rotary "
+            "frequencies; set rope_local_base to turn them by a base of their own, unscaled)",
+        ),
         (config.rope_fraction == 1, f"rope_fraction {config.rope_fraction:g} (tfcli writes partial rotary as phi3 only)"),
         (
             _same(config.attn_scale, scale),
@@ -226,6 +230,8 @@ def _shown(value: Any) -> str:
 
 
 def _effective(config: ModelConfig, name: str) -> Any:
+    if name == "rope_local_base":  # by the tables it makes: a base equal to the unscaled global one is the global tables
+        return local_rope_base(config) if config.local_layers else None
     value = getattr(config, _EFFECTIVE.get(name, name))
     if isinstance(value, RopeScaling) and value.kind == "longrope":
         value = dataclasses.replace(value, factor=1.0)  # bookkeeping: longrope computes from short_factor and attention_factor alone
@@ -397,8 +403,13 @@ def hyperparameters(config: ModelConfig, arch: str) -> dict[str, Any]:
     )
     if arch in ("qwen3", "gemma3") or config.q_width != config.d_model:  # heads of their own width (the Qwen3 and Gemma 3 converters always write them)
         keys["attention.key_length"] = keys["attention.value_length"] = config.head_dim
-    if arch == "gemma3" and config.sliding_window is not None:  # the local layers are every sixth's five before it: llama.cpp's fixed pattern
+    if arch == "gemma3" and config.sliding_window is not None:
         keys["attention.sliding_window"] = config.sliding_window
+        if config.local_layers != gemma3_local_layers(config.n_layers):  # one flag per layer, as llama.cpp's converters write it
+            keys["attention.sliding_window_pattern"] = [i in config.local_layers for i in range(config.n_layers)]
+        local_base = local_rope_base(config)
+        if local_base is not None and local_base != GEMMA3_LOCAL_BASE:
+            keys["rope.freq_base_swa"] = local_base
     if arch == "gemma3" and config.logit_softcap is not None:
         keys["final_logit_softcapping"] = config.logit_softcap
     scaling = config.rope_scaling

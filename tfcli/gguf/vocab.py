@@ -419,12 +419,7 @@ def end_of_generation_keys(tokenizer: TextTokenizer, tokens: list[str], tokenize
     Example: a ChatML run (<|im_end|> id 5), eos <|endoftext|> -> ({}, None): llama.cpp knows both texts"""
     where = str(tokenizer.path.parent / "tokenizer_config.json")
     ends = list(tokenizer_config.get(END_OF_GENERATION_KEY) or []) if end_of_generation_ids(tokenizer_config, tokenizer.vocab_size, where) else []
-    try:
-        template = ChatTemplate.for_tokenizer(tokenizer, tokenizer_config, where)
-    except TfcliError:  # a template jinja2 cannot compile travels as it is; its turns end where the file says
-        template = None
-    if template is not None:
-        ends = [tokenizer.hf.token_to_id(text) for text in template.end_of_turn_texts] + ends
+    ends = _turn_ends(tokenizer, tokenizer_config, where) + ends
     eos = tokenizer.special_ids.get("eos")
     found = set(llama_cpp_end_ids(tokens, {"eos": eos} if eos is not None else {}, {}))
     unsaid = [i for i in dict.fromkeys(ends) if i is not None and i not in found]
@@ -435,6 +430,40 @@ def end_of_generation_keys(tokenizer: TextTokenizer, tokens: list[str], tokenize
     return (
         keys,
         f"llama.cpp will not end a text at {left}: GGUF names two end-of-generation tokens beside eos (eot, eom), and llama.cpp finds others by their text alone",
+    )
+
+
+def _turn_ends(tokenizer: TextTokenizer, tokenizer_config: dict[str, Any], where: str) -> list[int]:
+    """The id of the run's chat template's end-of-turn token, where it has one (tfcli's chat stops there)."""
+    try:
+        template = ChatTemplate.for_tokenizer(tokenizer, tokenizer_config, where)
+    except TfcliError:  # a template jinja2 cannot compile travels as it is; its turns end where the file says
+        template = None
+    if template is None:
+        return []
+    return [i for i in (tokenizer.hf.token_to_id(text) for text in template.end_of_turn_texts) if i is not None]
+
+
+def llama_cpp_only_ends_note(tokenizer: TextTokenizer, metadata: dict[str, Any], tokenizer_config: dict[str, Any]) -> str | None:
+    """A note naming the tokens the file's `metadata` makes llama.cpp end a text at (by their spelling, as
+    `llama_cpp_end_ids` finds them) where tfcli's generate goes on (eos and end_of_generation_ids are its ends),
+    with the fix; None where the two end alike.
+
+    Example: a run with special <|end|> (id 5), eos <|endoftext|> -> a note: llama.cpp ends a text at '<|end|>' (id 5), ..."""
+    where = str(tokenizer.path.parent / "tokenizer_config.json")
+    tokens = metadata["tokenizer.ggml.tokens"]
+    eos = metadata.get(ROLE_KEYS["eos"])
+    theirs = llama_cpp_end_ids(tokens, {"eos": eos} if eos is not None else {}, metadata)
+    ours = end_of_generation_ids(tokenizer_config, tokenizer.vocab_size, where) | {tokenizer.special_ids.get("eos")}
+    only = [i for i in theirs if i not in ours]
+    if not only:
+        return None
+    named = ", ".join(f"{tokens[i]!r} (id {i})" for i in only)
+    turn_ends = set(_turn_ends(tokenizer, tokenizer_config, where))
+    chat = " (its chat does, at the chat template's end of turn)" if set(only) <= turn_ends else ""
+    return (
+        f"llama.cpp ends a text at {named}, an end of generation to it by the text alone, and tfcli does not{chat}; "
+        f"add {only} to {END_OF_GENERATION_KEY} in {where} to stop tfcli there too"
     )
 
 
