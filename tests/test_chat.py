@@ -477,3 +477,18 @@ def test_generate_chat_and_the_serve_page_share_one_context_rule_found_in_few_re
         renders.clear()
         assert fit_messages(render, long, room) == (template.prompt_ids(one_at_a_time), one_at_a_time, dropped)
         assert len(renders) <= 9, renders  # one at a time took up to a hundred
+
+
+def test_a_chat_runs_plain_completions_stop_at_its_end_of_turn_too(chat_run, cli):
+    """A chat run records its template's end of turn as an end of generation: a plain completion of a rendered
+    conversation stops there, as transformers' generate stops on its export (generation_config.json) and llama.cpp
+    on its GGUF, instead of writing the next turn."""
+    tokenizer = TextTokenizer.load(chat_run)
+    turn_end = tokenizer.hf.token_to_id("<|im_end|>")
+    assert turn_end in json.loads((chat_run / "tokenizer_config.json").read_text())["end_of_generation_ids"]
+    template = ChatTemplate.for_tokenizer(tokenizer, json.loads((chat_run / "tokenizer_config.json").read_text()), "run")
+    prompt = template.render([Message("user", "What about the dog?")], add_generation_prompt=True)
+    result = cli("generate", chat_run, "--prompt", prompt, "-n", "10", "--json")
+    assert result.code == 0, result.stderr
+    completion = json.loads(result.stdout)["completions"][0]
+    assert completion["finish_reason"] == "eos" and turn_end not in completion["tokens"], completion  # not "length" past it

@@ -24,6 +24,7 @@ from tfcli.fsutil import atomic_write_json, atomic_write_text
 from tfcli.limits import CHAT_TEMPLATE_FILE, read_text_capped
 from tfcli.tokenizer.chat_template import DEFAULT_TEMPLATE, ChatTemplate, chat_tokenizer_files, template_source
 from tfcli.tokenizer.core import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TextTokenizer
+from tfcli.tokenizer.specials import END_OF_GENERATION_KEY, end_of_generation_ids
 from tfcli.train.data import IGNORE, Batch, LabeledSource, pad_rows
 
 
@@ -94,7 +95,18 @@ def chat_tokenizer(parent_dir: Path, parent_tokenizer: TextTokenizer, template_f
     where = str(template_file) if template_file is not None else f"{parent_dir}" if source != DEFAULT_TEMPLATE else "tfcli's default"
     template = ChatTemplate.for_tokenizer(tokenizer, config, where)
     assert template is not None
+    config = with_turn_ends(config, tokenizer, template)
     return ChatTokenizer(ChatFiles(text, config), tokenizer, template, source, added)
+
+
+def with_turn_ends(config: dict, tokenizer: TextTokenizer, template: ChatTemplate) -> dict:
+    """CONFIG with the template's end of turn among its end-of-generation ids (beside eos): a chat run's plain
+    completions stop there too, as transformers' generate does on its export and llama.cpp on its GGUF."""
+    ends = {tokenizer.hf.token_to_id(text) for text in template.end_of_turn_texts} - {None, tokenizer.special_ids.get("eos")}
+    if not ends:
+        return config
+    kept = end_of_generation_ids(config, tokenizer.vocab_size, "the parent's tokenizer_config.json")
+    return {**config, END_OF_GENERATION_KEY: sorted(kept | ends)}
 
 
 def grown_vocabulary_note(chat: ChatTokenizer, before: int, tied: bool) -> str:
