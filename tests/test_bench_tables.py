@@ -50,3 +50,21 @@ def test_the_word2vec_bench_table_and_its_verdict(capsys, tfcli_cpu_seconds, ver
     assert f"tfcli {tfcli_cpu_seconds:.2f} 3.10 {1_100_000 / tfcli_cpu_seconds:,.0f} 354,839 25.0% 300 MB" in lines
     assert "gensim 2.00 2.10 550,000 523,810 26.0% 250 MB" in lines
     assert lines[-1] == f"words per CPU second, tfcli / gensim: {2.0 / tfcli_cpu_seconds:.2f} (target >= 0.5: {verdict}); by wall time 0.68"
+
+
+@pytest.mark.parametrize("count, said", [(1, "1 epoch"), (2, "2 epochs")])
+def test_the_word2vec_title_counts_in_words(capsys, count, said):
+    settings = WORD2VEC_SETTINGS | {"epochs": count, "negatives": count, "threads": count}
+    pair = (Word2VecMeasurement("tfcli", 1_100_000, 3.0, 3.1, 0.25, 300.0), Word2VecMeasurement("gensim", 1_100_000, 2.0, 2.1, 0.26, 250.0))
+    print_word2vec_result(Word2VecBench(settings, 1, [pair]), "a machine")
+    title = " ".join(capsys.readouterr().out.split())
+    assert f"1 word x {said}," in title
+    assert f"{said.replace('epoch', 'negative')}, {said.replace('epoch', 'thread')}, best of 1" in title
+
+
+@pytest.mark.parametrize("count, said", [(1, "1 thread"), (4, "4 threads")])
+def test_the_sae_title_counts_in_words(capsys, count, said):
+    rows = [SaeBenchRow("tfcli", 1.0, 1.0, 1, 32.0, 0.8, 0.9, 0.0, 1.0), SaeBenchRow("SAELens", 1.0, 1.0, 1, 32.0, 0.8, 0.9, 0.0, 1.0)]
+    print_sae_result(SaeBenchResult(SAE_SETTINGS | {"tokens": 1, "threads": count}, rows), "a machine")
+    title = " ".join(capsys.readouterr().out.split())
+    assert f"1 token, {said}; a machine" in title

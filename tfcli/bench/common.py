@@ -6,12 +6,33 @@ import json
 import resource
 import subprocess
 import sys
+from pathlib import Path
 
 from tfcli.errors import TfcliError
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    """This process's own peak resident memory in MB: Linux's VmHWM. Not ru_maxrss, which keeps the forking
+    parent's peak across exec, so every worker of a big parent would report the parent's figure."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:  # no /proc (macOS)
+        status = ""
+    high_water_kib = [int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")]
+    if high_water_kib:
+        return high_water_kib[0] / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 1024)  # bytes on macOS, KiB on Linux
+
+
+def reset_peak_rss() -> bool:
+    """Start this process's peak RSS afresh from what it holds now, so that `peak_rss_mb()` after a job done in
+    this process is that job's (Linux: "5" written to /proc/self/clear_refs resets VmHWM). False where the
+    kernel does not allow it: the peak is then the process's so far."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
 def run_worker(module: str, args: list[str]) -> dict:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from tfcli.bench.common import peak_rss_mb, run_worker
+from tfcli.bench.common import peak_rss_mb, reset_peak_rss, run_worker
 from tfcli.errors import TfcliError
 from tfcli.loader import load_run
 from tfcli.sae.files import load_sae, sae_config, save_sae
@@ -120,6 +120,7 @@ def _bench(run, hook, data, folder, width, k, lr, batch_size, max_tokens, thread
     save_file({"batches": batches.contiguous()}, str(folder / "activations.safetensors"))
 
     progress("training tfcli's SAE")
+    reset_peak_rss()  # the row's peak is the training's, as SAELens's worker's is: not the model's loading nor the drawing
     scale = input_scale(buffer, d_in)
     torch.manual_seed(seed)
     sae = SparseAutoencoder(d_in, d_sae, "topk", k=k)

@@ -11,6 +11,9 @@ what its forward pass runs), transformers' model compiled the same way. Compilin
 which the warm-up absorbs: tokens/s counts only the timed steps, and the warm-up's time beyond that of as many
 timed steps is reported apart, as the compile time. The batch search never compiles (a compile per batch tried).
 
+Both loops run on one clock (`tfcli.bench.step_clock`): the same untimed warm-up steps, then wall and CPU
+time over the same number of timed steps, whatever that number is.
+
 Before the timed rounds an untimed tfcli run lets tfcli.accel measure its choices for these shapes on this
 machine (kept in its decisions file), as the first run of any command here does: the rounds then time what
 every later run does, and the first run's extra time and memory stay out of the table."""
@@ -19,16 +22,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import sys
 import tempfile
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from tfcli.bench.common import peak_rss_mb, run_worker
+from tfcli.bench.step_clock import StepTimes, time_steps
 from tfcli.data.shards import SHARD_FORMAT_VERSION, ShardMeta, open_shard, shard_dtype_name
 from tfcli.errors import TfcliError
 from tfcli.hf import gpt2_config
@@ -68,6 +73,7 @@ class TrainMeasurement:
     compiled: bool = False  # its forward and backward ran compiled by torch.compile
     compile_seconds: float = 0.0  # compiled: the warm-up steps' time beyond that of as many timed steps (compiling, mostly)
     note: str = ""  # why a loop asked to compile ran without it (torch.compile failed on its first step)
+    cpu_seconds_per_step: float = 0.0  # the worker's CPU time over the same timed steps, all its threads
 
 
 @dataclasses.dataclass
@@ -253,11 +259,11 @@ def _measure(
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer, shard_dir = _make_data(Path(tmp), model_config.vocab_size, max(200_000, 4 * tokens_per_step))
         if implementation == "tfcli":
-            timed = _time_tfcli(model_config, config, tokenizer, shard_dir, Path(tmp) / "run", device, warmup, steps)
+            timed, facts = _time_tfcli(model_config, config, tokenizer, shard_dir, Path(tmp) / "run", device, warmup, steps)
         else:
-            timed = _time_transformers(model_config, config, shard_dir, device, bf16, warmup, steps)
-    seconds, parameters = timed.seconds_per_step, timed.parameters
-    compiled = compile and not timed.note
+            timed, facts = _time_transformers(model_config, config, shard_dir, device, bf16, warmup, steps)
+    seconds, parameters = timed.seconds_per_step, facts.parameters
+    compiled = compile and not facts.note
     peak_device_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0.0
     rate = tokens_per_step / seconds
     peak = measure_matmul_flops(device, torch.bfloat16 if bf16 else torch.float32, seconds=1.0) if with_peak else 0.0
@@ -281,51 +287,61 @@ def _measure(
         device_type=device.type,
         compiled=compiled,
         compile_seconds=max(0.0, timed.warmup_seconds - warmup * seconds) if compiled else 0.0,
-        note=timed.note,
+        note=facts.note,
+        cpu_seconds_per_step=timed.cpu_seconds_per_step,
     )
 
 
 @dataclasses.dataclass
-class Timed:
-    """One loop's clock: seconds per timed step, the warm-up steps' seconds (compiling, where it compiles), the
-    parameter count, and why it ran uncompiled where it was asked to compile."""
+class LoopFacts:
+    """What a loop tells the bench besides its clock: its parameter count, and why it ran uncompiled where it was
+    asked to compile."""
 
-    seconds_per_step: float
-    warmup_seconds: float
-    parameters: int
+    parameters: int = 0
     note: str = ""
 
 
-def _time_tfcli(model_config, config, tokenizer, shard_dir, run_dir, device, warmup: int, steps: int) -> Timed:
-    """Seconds per step of the real training loop (data, schedule, forward, backward, clipping, AdamW); the
-    GPU's queue is drained at both ends of the timed steps. The warm-up's clock starts as the loop does."""
+def _time_tfcli(model_config, config, tokenizer, shard_dir, run_dir, device, warmup: int, steps: int) -> tuple[StepTimes, LoopFacts]:
+    """The real training loop (data, schedule, forward, backward, clipping, AdamW) on the bench's clock."""
     job = ShardJob(run_dir, model_config, config, tokenizer, shard_dir, data_fingerprint=shard_fingerprint(shard_dir))
     run_dir.mkdir()
-    events = train(job)
-    begun = started_at = 0.0
-    parameters, note = 0, ""
+    facts = LoopFacts()
+    loop = _tfcli_steps(train(job), facts)
+    try:
+        return time_steps(loop, device, warmup, steps), facts
+    finally:
+        loop.close()
+
+
+def _tfcli_steps(events, facts: LoopFacts) -> Iterator[None]:
+    """tfcli's loop as the clock reads one: a yield once it has started, then one per step done."""
     try:
         for event in events:
             if isinstance(event, Started):
-                parameters, begun = event.parameters, time.perf_counter()
+                facts.parameters = event.parameters
+                yield
             elif isinstance(event, Note) and "torch.compile" in event.message:
-                note = event.message
+                facts.note = event.message
             elif isinstance(event, StepDone):
-                if event.step == warmup:
-                    _sync(device)
-                    started_at = time.perf_counter()
-                elif event.step == warmup + steps:
-                    _sync(device)
-                    return Timed((time.perf_counter() - started_at) / steps, started_at - begun, parameters, note)
+                yield
     finally:
         events.close()
-    raise RuntimeError("the training loop ended early")
 
 
-def _time_transformers(model_config, config, shard_dir, device, bf16: bool, warmup: int, steps: int) -> Timed:
-    """Seconds per step of a plain loop over GPT2LMHeadModel: the same batches, AdamW and clipping; with
-    `config.compile`, its model compiled by torch.compile, as tfcli's trainer compiles its own (and, as it does,
-    run without the compiler where the first step fails under it)."""
+def _time_transformers(model_config, config, shard_dir, device, bf16: bool, warmup: int, steps: int) -> tuple[StepTimes, LoopFacts]:
+    """A plain loop over GPT2LMHeadModel on the bench's clock: the same batches, AdamW and clipping."""
+    facts = LoopFacts()
+    loop = _transformers_steps(model_config, config, shard_dir, device, bf16, facts)
+    try:
+        return time_steps(loop, device, warmup, steps), facts
+    finally:
+        loop.close()
+
+
+def _transformers_steps(model_config, config, shard_dir, device, bf16: bool, facts: LoopFacts) -> Iterator[None]:
+    """The plain loop as the clock reads one: a yield once the model is built, then one per step. With
+    `config.compile` its model is compiled by torch.compile, as tfcli's trainer compiles its own (and, as it
+    does, run without the compiler where the first step fails under it)."""
     import transformers
 
     torch.manual_seed(0)
@@ -341,33 +357,23 @@ def _time_transformers(model_config, config, shard_dir, device, bf16: bool, warm
             loss = runner(ids, labels=ids).loss
         loss.backward()
 
-    note = ""
-    begun = time.perf_counter()
-    started_at = 0.0
-    for step in range(warmup + steps):
-        if step == warmup:
-            _sync(device)
-            started_at = time.perf_counter()
+    facts.parameters = sum(p.numel() for p in model.parameters())
+    yield
+    for step in itertools.count():
         ids = source.batch(Slot(step, 0)).to(device).tensors["ids"]
         try:
             forward_backward(ids)
         except Exception as exc:
             if runner is model or step or out_of_memory(exc):
                 raise
-            note = f"torch.compile does not work here ({type(exc).__name__}); trained without it"
+            facts.note = f"torch.compile does not work here ({type(exc).__name__}); trained without it"
             runner = model
             optimizer.zero_grad(set_to_none=True)
             forward_backward(ids)
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    _sync(device)
-    return Timed((time.perf_counter() - started_at) / steps, started_at - begun, sum(p.numel() for p in model.parameters()), note)
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        yield
 
 
 @dataclasses.dataclass
@@ -377,6 +383,7 @@ class TrainBench:
     yardstick: CardYardstick
     search: BatchSearch | None = None  # with batch="max"
     compile: bool = False  # both loops were asked to run under torch.compile (each row says whether it did)
+    steps: int = 0  # timed steps per row, after WARMUP_STEPS untimed ones on each loop
 
 
 def run_train_bench(
@@ -420,7 +427,7 @@ def run_train_bench(
     for m in ran:
         m.mfu, m.peak_flops = m.mfu * m.peak_flops / peak, peak
     yardstick = card_yardstick(ran[0].device_name, ran[0].device_type, ran[0].bf16)
-    return TrainBench(measured, int(batch), yardstick, search, compile)
+    return TrainBench(measured, int(batch), yardstick, search, compile, steps)
 
 
 if __name__ == "__main__":

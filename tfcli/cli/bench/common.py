@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from tfcli.cli.common import print_table, stdout_console
+from tfcli.cli.common import counted, print_table, stdout_console
 
 
 def machine_line() -> str:
@@ -27,7 +27,7 @@ def machine_line() -> str:
     except Exception:  # no metadata: leave it out
         pass
     return (
-        f"{processor_name()} ({' '.join(vector_extensions()) or 'no vector extensions listed'}), {os.cpu_count()} cores, "
+        f"{processor_name()} ({' '.join(vector_extensions()) or 'no vector extensions listed'}), {counted(os.cpu_count() or 0, 'core')}, "
         f"Python {platform.python_version()}{torch_version}"
     )
 

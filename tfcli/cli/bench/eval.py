@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from tfcli.cli.bench.common import machine_line, require_peer, scratch
-from tfcli.cli.common import at_least, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.common import at_least, counted, print_json, print_table, stderr_console, stdout_console
 from tfcli.cli.options import JsonFlag, Repeat, Workdir
 
 
@@ -35,9 +35,9 @@ def eval_(
     require_peer("bench eval", "lm-eval")
     from tfcli.bench.eval import run_eval_bench
 
-    with scratch(workdir, "eval") as folder, stderr_console().status(f"scoring {task} ({limit} documents) with tfcli and with lm-eval's hf model"):
+    with scratch(workdir, "eval") as folder, stderr_console().status(f"scoring {task} ({counted(limit, 'document')}) with tfcli and with lm-eval's hf model"):
         result = run_eval_bench(run, task, limit, batch_size, threads, repeat, folder)
-    machine = f"{machine_line()}, device cpu, {threads} thread{'s' if threads > 1 else ''}"
+    machine = f"{machine_line()}, device cpu, {counted(threads, 'thread')}"
     if json_output:
         print_json(
             {
@@ -54,7 +54,7 @@ def eval_(
         return
     from rich.table import Table
 
-    table = Table(title=f"{task}, {result.tfcli.requests:,} requests, batch {batch_size}; {machine}")
+    table = Table(title=f"{task}, {counted(result.tfcli.requests, 'request')}, batch {batch_size}; {machine}")
     for column in ("model", "CPU s", "requests / CPU s", "wall s", "peak RSS"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for m, label in ((result.tfcli, "tfcli (shared scorer)"), (result.hf, "lm-eval hf (exported run)")):

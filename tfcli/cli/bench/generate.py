@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from tfcli.cli.bench.common import accel_summary, machine_line, require_peer, scratch, scratch_folder
-from tfcli.cli.common import at_least, human_bytes, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.common import at_least, counted, human_bytes, print_json, print_table, stderr_console, stdout_console
 from tfcli.cli.options import REPEAT_HELP, FirstRun, JobThreads, JsonFlag, Workdir
 
 MAX_BENCH_TOKENS = 8192  # prompt + new tokens in `bench generate` (the uncached job re-runs all of them per token)
@@ -185,7 +185,7 @@ def _by_type(
 
     for name, rows in results.items():
         table = Table(
-            title=f"{name}, batch 1, {prompt_tokens}-token prompt, {new_tokens} new tokens, greedy, best of {repeat}; "
+            title=f"{name}, batch 1, {prompt_tokens}-token prompt, {counted(new_tokens, 'new token')}, greedy, best of {repeat}; "
             f"ms / token: CPU time on 1 thread, wall time on more; {machine}"
         )
         for column in ("type", "threads", "tfcli ms / token", "llama.cpp ms / token", "tfcli / llama.cpp", "floor ms / token", "weights", "same tokens"):
@@ -253,10 +253,10 @@ def _bench(name: str, workdir: Path | None, **settings):
 def _print_generate_bench(out, b, machine: str) -> None:
     from rich.table import Table
 
-    prompts = f"{b.batch} {b.prompt_tokens}-token prompts decoded together" if b.batch > 1 else f"{b.prompt_tokens}-token prompt"
+    prompts = f"{counted(b.batch, f'{b.prompt_tokens}-token prompt')} decoded together" if b.batch > 1 else f"{b.prompt_tokens}-token prompt"
     table = Table(
         title=f"{b.preset} ({b.parameters:,} parameters, context {b.block_size}), batch {b.batch}, {prompts}, "
-        f"{b.new_tokens} new tokens, greedy, {b.dtype}, {b.device}, best of {b.repeat}; {machine}"
+        f"{counted(b.new_tokens, 'new token')}, greedy, {b.dtype}, {b.device}, best of {b.repeat}; {machine}"
     )
     per = ("tokens/s, all rows", "ms / step") if b.batch > 1 else ("tokens/s", "ms / token")
     for column in ("implementation", "seconds", *per, "peak RSS"):
@@ -302,7 +302,7 @@ def _print_generate_bench(out, b, machine: str) -> None:
     if versus_llama is not None:
         threads = b.results["llama.cpp"].threads
         out.print(
-            f"time per token tfcli / llama.cpp: {versus_llama:.3f} on {threads} thread{'s' if threads != 1 else ''} each (goal <= 1.2: {'ok' if versus_llama <= 1.2 else 'MISSED'}); "
+            f"time per token tfcli / llama.cpp: {versus_llama:.3f} on {counted(threads, 'thread')} each (goal <= 1.2: {'ok' if versus_llama <= 1.2 else 'MISSED'}); "
             f"same greedy tokens: {'yes' if b.same_tokens_as_llama_cpp else 'no'}"
         )
     floor_target = "" if b.parameters < 20_000_000 or b.batch > 1 else f"; target <= 1.3: {'ok' if b.floor_ratio <= 1.3 else 'MISSED'}"

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from tfcli.cli.bench.common import machine_line, scratch
-from tfcli.cli.common import at_least, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.common import at_least, counted, print_json, print_table, stderr_console, stdout_console
 from tfcli.cli.options import JsonFlag, Workdir
 
 
@@ -55,15 +55,17 @@ def recipe(
             for run in run_recipe_bench(chosen, folder, budget=seconds, seeds=seeds, ablate=ablate, threads=threads):
                 runs.append(run)
                 if not json_output:
-                    console.print(f"{run.text}  {run.variant:<24} seed {run.seed}: {run.steps:>5} steps, best val {run.best_bpb:.4f} bpb", soft_wrap=True)
+                    console.print(
+                        f"{run.text}  {run.variant:<24} seed {run.seed}: {counted(run.steps, 'step'):>11}, best val {run.best_bpb:.4f} bpb", soft_wrap=True
+                    )
     summaries = summarize(runs)
-    machine = f"{machine_line()}, {threads} thread(s) a run"
+    machine = f"{machine_line()}, {counted(threads, 'thread')} a run"
     if json_output:
         print_json({"machine": machine, "budget_seconds": seconds, "runs": [r.__dict__ for r in runs], "summary": [s.__dict__ for s in summaries]})
         return
     from rich.table import Table
 
-    table = Table(title=f"validation bits per byte after {seconds:g} s of training, {seeds} seed(s); {machine}")
+    table = Table(title=f"validation bits per byte after {seconds:g} s of training, {counted(seeds, 'seed')}; {machine}")
     for column in ("text", "recipe", "steps", "best val bpb", "spread", "vs classic", "bpb at equal steps"):
         table.add_column(column, justify="left" if column in ("text", "recipe") else "right")
     for s in summaries:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tfcli.cli.bench.common import machine_line, print_comparison, require_peer, scratch, verdict
-from tfcli.cli.common import print_json, stderr_console
+from tfcli.cli.common import counted, print_json, stderr_console
 from tfcli.cli.options import DecoderRun, JsonFlag, Workdir
 from tfcli.cli.sae import Hook, SaeData
 
@@ -59,8 +59,8 @@ def sae(
 def _print_result(result, machine: str) -> None:
     s = result.settings
     title = (
-        f"SAE bench: topk, {s['d_sae']} features on {s['hook']} (width {s['d_in']}), k {s['k']}, lr {s['lr']:g}, batch {s['batch_size']}, "
-        f"{s['tokens']:,} tokens, {s['threads']} thread(s); {machine}"
+        f"SAE bench: topk, {counted(s['d_sae'], 'feature')} on {s['hook']} (width {s['d_in']}), k {s['k']}, lr {s['lr']:g}, batch {s['batch_size']}, "
+        f"{counted(s['tokens'], 'token')}, {counted(s['threads'], 'thread')}; {machine}"
     )
     columns = ("trainer", "CPU s", "wall s", "tokens / CPU s", "L0", "explained var.", "CE loss recovered", "dead", "peak RSS")
     rows = [

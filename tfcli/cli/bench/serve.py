@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tfcli.cli.bench.common import installed, machine_line
-from tfcli.cli.common import at_least, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.common import at_least, counted, print_json, print_table, stderr_console, stdout_console
 from tfcli.cli.options import DecoderRun, Device, JsonFlag, Threads
 
 
@@ -77,7 +77,7 @@ def _print_bench(bench, counts: list[int], machine: str) -> None:
 
     out = stdout_console()
     table = Table(
-        title=f"tfcli serve {bench.model} (context {bench.context}), {bench.requests_per_client} requests per client of {bench.max_tokens} tokens, "
+        title=f"tfcli serve {bench.model} (context {bench.context}), {counted(bench.requests_per_client, 'request')} per client of {counted(bench.max_tokens, 'token')}, "
         f"greedy, streaming, max batch {bench.max_batch}, on {bench.device}; {machine}"
     )
     for column in ("clients", "tokens/s", "x 1 client", "TTFT p50", "TTFT p99", "ms/token p50", "ms/token p99", "server CPU s", "tokens/CPU s", "batch"):
@@ -101,7 +101,7 @@ def _print_bench(bench, counts: list[int], machine: str) -> None:
     if bench.tuning is not None:
         seconds = ", ".join(f"{name} {value * 1e3:.3g} ms" for name, value in bench.tuning["seconds"].items())
         out.print(
-            f"compiled batch step for {bench.max_batch} rows: {bench.tuning['choice']} chosen ({seconds}; compiled in "
+            f"compiled batch step for {counted(bench.max_batch, 'row')}: {bench.tuning['choice']} chosen ({seconds}; compiled in "
             f"{bench.tuning['compile_seconds']:.1f} s); the server's: {bench.compiled_step}"
         )
     top = max(counts)

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from tfcli.cli.bench.common import accel_summary, machine_line, require_peer
-from tfcli.cli.common import at_least, print_json, print_table, stderr_console, stdout_console
+from tfcli.cli.common import at_least, counted, print_json, print_table, stderr_console, stdout_console
 from tfcli.cli.options import Device, FirstRun, JsonFlag, Precision, Repeat
 
 
@@ -17,7 +17,7 @@ def train(
         str, typer.Option(help="Sequences per step (each the preset's block size long), or max: the largest power of two that fits (see --max-batch).")
     ] = "16",
     max_batch: Annotated[int, typer.Option(help="With --batch max: the largest batch tried (on a CPU the memory also caps it, by an estimate).")] = 1024,
-    steps: Annotated[int, typer.Option(help="Timed steps per run, after 3 warm-up steps.")] = 10,
+    steps: Annotated[int, typer.Option(help="Timed steps per run, after 3 warm-up steps (untimed, on both loops).")] = 10,
     compile: Annotated[
         bool,
         typer.Option(
@@ -100,11 +100,15 @@ def _presets_to_measure(presets: str, device: str, precision: str) -> list[str]:
 
 
 def _as_json(bench, machine: str, ratios: dict[str, float | None]) -> dict:
+    from tfcli.bench.train import WARMUP_STEPS
+
     search = bench.search
     return {
         "machine": machine,
         "batch": bench.batch,
         "compile": bench.compile,
+        "warmup_steps": WARMUP_STEPS,
+        "timed_steps": bench.steps,
         "batch_search": None if search is None else {"largest": search.largest, "tried": search.tried, "stopped_by": search.stopped_by},
         "card": bench.yardstick.__dict__,
         "results": [r.__dict__ for r in bench.results],
@@ -117,10 +121,12 @@ def _print_report(bench, machine: str, ratios: dict[str, float | None]) -> None:
     the two yardsticks and the ratio to the peer per preset."""
     from rich.table import Table
 
+    from tfcli.bench.train import WARMUP_STEPS
+
     results, card = bench.results, bench.yardstick
     compiled = " under torch.compile" if bench.compile else ""
     table = Table(title=f"training step{compiled}, batch {bench.batch} x block size; {machine}")
-    columns = ["preset", "implementation", "tokens/s", "MFU", *(["MFU (datasheet)"] if card.bf16_peak_flops else []), "s / step", "peak RSS"]
+    columns = ["preset", "implementation", "tokens/s", "MFU", *(["MFU (datasheet)"] if card.bf16_peak_flops else []), "s / step", "CPU s / step", "peak RSS"]
     columns += [*(["peak GPU memory"] if any(r.peak_device_mb for r in results) else []), "parameters"]
     columns += ["compiled in"] if bench.compile else []
     for column in columns:
@@ -131,7 +137,7 @@ def _print_report(bench, machine: str, ratios: dict[str, float | None]) -> None:
             continue
         cells = [r.preset, r.implementation, f"{r.tokens_per_sec:,.0f}", f"{r.mfu:.1%}"]
         cells += [f"{r.card_mfu:.1%}" if r.card_mfu is not None else ""] if card.bf16_peak_flops else []
-        cells += [f"{r.seconds_per_step:.3f}", f"{r.peak_rss_mb:,.0f} MB"]
+        cells += [f"{r.seconds_per_step:.3f}", f"{r.cpu_seconds_per_step:.3f}", f"{r.peak_rss_mb:,.0f} MB"]
         cells += [f"{r.peak_device_mb:,.0f} MB"] if "peak GPU memory" in columns else []
         cells += [f"{r.parameters:,}"]
         cells += [(f"{r.compile_seconds:.1f} s" if r.compiled else "not compiled")] if bench.compile else []
@@ -155,18 +161,30 @@ def _print_report(bench, machine: str, ratios: dict[str, float | None]) -> None:
         console.print(f"datasheet: {card.device_name} is the {card.card}, dense bf16 peak {card.bf16_peak_flops / 1e12:,.1f} TFLOP/s")
     else:
         console.print(f"no datasheet MFU: {card.note}")
+    console.print(
+        f"each loop: {counted(WARMUP_STEPS, 'warm-up step')} untimed, then {counted(bench.steps, 'timed step')}; s / step is wall time, "
+        "CPU s / step the worker's CPU time over the same steps"
+    )
     for name, ratio in ratios.items():
         if ratio is None:
             console.print(f"{name}: no tokens/s ratio (a loop ran out of memory at batch {bench.batch})")
             continue
+        ours, theirs = _rows(results, name)
+        by_cpu = f"; by CPU time {theirs.cpu_seconds_per_step / ours.cpu_seconds_per_step:.3f}" if ours.cpu_seconds_per_step else ""
         console.print(
             f"{name}: tokens/s ratio tfcli/transformers {ratio:.3f} (target >= 1.0: {'ok' if ratio >= 1.0 else 'MISSED'}; "
-            "1.3 where a library faster than PyTorch's default was chosen)"
+            f"1.3 where a library faster than PyTorch's default was chosen){by_cpu}"
         )
     console.print(f"tfcli's choices on this machine: {accel_summary()}")
 
 
+def _rows(results, name: str) -> tuple:
+    """A preset's two rows: tfcli's, then transformers'."""
+    ours, theirs = (next(r for r in results if r.preset == name and r.implementation == impl) for impl in ("tfcli", "transformers"))
+    return ours, theirs
+
+
 def _ratio(results, name: str) -> float | None:
     """tfcli's tokens/s over transformers' for a preset; None where either ran out of memory."""
-    ours, theirs = (next(r for r in results if r.preset == name and r.implementation == impl) for impl in ("tfcli", "transformers"))
+    ours, theirs = _rows(results, name)
     return None if ours.out_of_memory or theirs.out_of_memory else ours.tokens_per_sec / theirs.tokens_per_sec

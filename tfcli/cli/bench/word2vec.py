@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from tfcli.cli.bench.common import machine_line, print_comparison, require_peer, scratch, verdict
-from tfcli.cli.common import print_json, stderr_console
+from tfcli.cli.common import counted, print_json, stderr_console
 from tfcli.cli.options import JsonFlag, Repeat, SampleData, Workdir
 
 
@@ -71,8 +71,8 @@ def _print_result(result, machine: str) -> None:
 
     s = result.settings
     title = (
-        f"word2vec bench: {s['algorithm']}, {result.corpus_words:,} words x {s['epochs']} epochs, dim {s['dim']}, window {s['window']}, "
-        f"{s['negatives']} negatives, {s['threads']} thread(s), best of {len(result.rounds)}; {machine}"
+        f"word2vec bench: {s['algorithm']}, {counted(result.corpus_words, 'word')} x {counted(s['epochs'], 'epoch')}, dim {s['dim']}, "
+        f"window {s['window']}, {counted(s['negatives'], 'negative')}, {counted(s['threads'], 'thread')}, best of {len(result.rounds)}; {machine}"
     )
     columns = ("trainer", "CPU s", "wall s", "words / CPU s", "words / s", "analogies", "peak RSS")
     rows = [
