@@ -562,8 +562,10 @@ def test_keep_checkpoints_and_the_scores_across_them(cli, tmp_path, trained_toke
     data = json.loads(re.search(r'<script type="application/json" id="[^"]+" data-part="data">(.*?)</script>', page, re.DOTALL).group(1))
     assert [panel["title"] for panel in data["panels"]] == ["step 2", "step 4", "step 5"] and len(data["table"]["rows"]) == 3
     for args, message in (
-        (["--head", "1.x"], "--head must be a number"),
-        (["--head", "2.0"], "--layer 2 is out of range"),
+        (["--head", "1.x"], "--head 1.x: the head must be a number"),
+        (["--head", "2.0"], "--head 2.0: layer 2 is out of range"),  # named as written, not --layer 2
+        (["--head", "1.9"], "--head 1.9: head 9 is out of range"),
+        (["--layer", "-3"], "pick 0 to 1, or -1 to -2 from the end"),
         (["--layer", "1", "--head", "1.0"], "names its layer already"),
         (["--head", "1.0.1"], "is not LAYER.HEAD"),
         (["--layer", "all", "-o", tmp_path / "x.png"], "pick it with --head LAYER.HEAD"),

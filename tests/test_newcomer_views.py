@@ -200,9 +200,41 @@ def test_inspect_ablate_refuses_a_top_k_below_one(cli, run, value):
 
 def test_a_neuron_out_of_range_names_the_neuron_option(cli, run):
     """--neuron 0.9 said '--head 9 is out of range ... or all', an option not given and a value --neuron refuses."""
-    stderr = one_line(cli("inspect-attention", run, "--text", "the fox", "--neuron", "0.9"), "--neuron 0.9: head 9 is out of range", "pick one from 0 to 1")
+    stderr = one_line(cli("inspect-attention", run, "--text", "the fox", "--neuron", "0.9"), "--neuron 0.9: head 9 is out of range", "pick 0 to 1")
     assert "'all'" not in stderr
     one_line(cli("inspect-attention", run, "--text", "the fox", "--neuron", "3.0"), "--neuron 3.0: layer 3 is out of range")
+
+
+def test_a_layer_dot_head_out_of_range_is_named_as_written(cli, run):
+    """--head 0.9 (split into --layer 0 --head 9) said '--head 9 is out of range', a value the user never wrote."""
+    stderr = one_line(cli("inspect-attention", run, "--text", "the fox", "--head", "0.9"), "--head 0.9: head 9 is out of range", "pick 0 to 1")
+    assert "--head 9 " not in stderr and "'all'" not in stderr  # 'all' would be --head 0.all, not a fix for 0.9
+    one_line(cli("inspect-attention", run, "--text", "the fox", "--head", "2.-1"), "--head 2.-1: layer 2 is out of range")
+    one_line(cli("inspect-attention", run, "--text", "the fox", "--head", "0.x"), "--head 0.x: the head must be a number")
+    shown = cli("inspect-attention", run, "--text", "the fox", "--head", "-1.-1")  # negative counts from the end
+    assert shown.code == 0 and "layer 0, head 1" in " ".join(shown.stdout.split()), shown.stdout
+
+
+def test_a_layer_out_of_range_names_the_negative_ones_it_takes(cli, run):
+    """--layer -3 on a 2-layer model said 'pick one from 0 to 1', though -1 and -2 are taken (counted from the end)."""
+    one_line(cli("inspect-attention", run, "--text", "the fox", "--head", "-3"), "--head -3 is out of range", "pick 0 to 1, or -1 to -2 from the end, or 'all'")
+    one_line(cli("inspect-attention", run, "--text", "the fox", "--layer", "1"), "--layer 1 is out of range", "pick 0, or -1 from the end")
+
+
+def test_inspect_embeddings_shows_hostile_words_escaped_cut_or_refused(cli, run):
+    """An --analogy's title went to the terminal raw (an ESC sequence, a bidi override); a word not UTF-8 went on (as
+    U+FFFD's bytes) to a UnicodeEncodeError on a UTF-8 terminal; a megabyte given as a word printed four megabytes of
+    note; an empty word showed the space token's neighbours."""
+    shown = cli("inspect-embeddings", run, "--analogy", "the\u202e - \x1b[31mfox + ball", "-k", "2")
+    assert shown.code == 0 and "\x1b" not in shown.stdout and "\u202e" not in shown.stdout, shown.stdout
+    assert "the\\u202e - \\x1b[31mfox + ball" in " ".join(shown.stdout.split())  # the title, escaped (the table may wrap it)
+    one_line(cli("inspect-embeddings", run, "--analogy", "caf\udce9 - fox + ball"), "--analogy is not UTF-8 text (character 4)")
+    one_line(cli("inspect-embeddings", run, "--neighbours", "fox", "caf\udce9"), "the word 'caf\\udce9' is not UTF-8 text")
+    one_line(cli("inspect-embeddings", run, "--neighbours", ""), "a word is empty")
+    big = cli("inspect-embeddings", run, "--neighbours", "-k", "2", "--", "the fox " * 125_000)  # a megabyte
+    assert big.code == 0 and len(big.stdout) < 5_000, len(big.stdout)
+    flat = " ".join(big.stdout.split())
+    assert "'… (1,000,000 characters) is 250,001 tokens (' the' ' fox' " in flat and " …); using ' the'" in flat, big.stdout  # 16 listed
 
 
 def test_the_features_on_each_token_mark_its_spaces_as_the_other_views_do(cli, run, tmp_path):

@@ -373,6 +373,132 @@ def test_inspect_patch(world, clean, corrupt, answer, wrong):
         result.json()
 
 
+# ---- inspect-features, inspect-embeddings ------------------------------------------------------------------
+
+MEGABYTE = ("the fox \u2028 <|endoftext|> \u202e\u200f [MASK] ▁ " * 40_000)[: 1 << 20]  # a megabyte of a word, a text, a file
+RAW_CONTROLS = [ch.encode() for ch in ("\x1b", "\u202e", "\u2028")]  # a terminal view shows them escaped, never sends them
+
+
+def _shown_escaped(result: Ran, args) -> None:
+    """A terminal view's output holds no control character, bidi override or line separator of the input raw."""
+    if result.code == 0:
+        assert not any(ch in result.stdout for ch in RAW_CONTROLS), (args, result.stdout[:3000])
+
+
+@pytest.fixture(scope="module")
+def sae(world) -> Path:
+    """A random TopK SAE on the decoder's residual stream after block 0."""
+    import torch
+
+    from tfcli.sae.files import sae_config, save_sae
+    from tfcli.sae.model import SparseAutoencoder
+
+    torch.manual_seed(0)
+    model = SparseAutoencoder(16, 32, "topk", k=4)
+    save_sae(world["root"] / "sae", model, sae_config(model, "blocks.0.hook_resid_post"))
+    return world["root"] / "sae"
+
+
+@sweep(6)
+@given(text=ARGV_TEXT, kind=st.sampled_from(["json", "html", "terminal", "stdout"]), out_name=FILE_NAME)
+@example(text=MEGABYTE, kind="terminal", out_name="a")  # longer than the block size: one line
+@example(text="the \x1b[31mfox\u202e\u2028 <|endoftext|>", kind="terminal", out_name="a")
+def test_inspect_features_on_a_text(world, sae, scratch, text, kind, out_name):
+    folder = _fresh(scratch)
+    out = folder / f"{out_name}.{kind}"
+    args = ["inspect-features", world["decoder"], "--sae", sae, f"--text={text}", "--device", "cpu"]
+    args += {"stdout": ["--json"], "terminal": []}.get(kind, ["-o", out])
+    result = clean_end(run(*args))
+    if kind == "stdout" and result.code == 0:
+        assert result.json()["text"] == text
+    if kind == "terminal":
+        _shown_escaped(result, args)
+    _complete_or_absent(out, kind)
+    no_temp_files(folder)
+
+
+@sweep(5)
+@given(content=FILE_TEXT, name=FILE_NAME, mode=st.sampled_from(["--text-file", "top", "feature"]), feature=st.integers(-2, 40), as_json=st.booleans())
+@example(content=MEGABYTE, name="big", mode="feature", feature=3, as_json=False)
+@example(content=MEGABYTE, name="big", mode="--text-file", feature=0, as_json=True)
+def test_inspect_features_on_a_file(world, sae, scratch, content, name, mode, feature, as_json):
+    """--text-file holds the text alone; --data the text and a story after it, so there are windows to read."""
+    folder = _fresh(scratch)
+    path = _write_name(folder, name + ".txt", file_bytes(content if mode == "--text-file" else content + "\n" + TINY_TEXT * 3))
+    if path is None:
+        return
+    args = ["inspect-features", world["decoder"], "--sae", sae, "--device", "cpu"]
+    if mode == "--text-file":
+        args += ["--text-file", path]
+    else:
+        args += ["--data", path, "--windows", "4", "--context", "16", *(["--feature", feature] if mode == "feature" else [])]
+    result = clean_end(run(*args, *(["--json"] if as_json else [])))
+    if result.code == 0 and as_json:
+        result.json()
+    elif not as_json:
+        _shown_escaped(result, args)
+
+
+def _embedding_args(words: list[str], view: str) -> list[str]:
+    """The words as --neighbours, --map or an --analogy takes them (an analogy of the first words, or one word as written)."""
+    if view == "analogy":
+        return ["--analogy", words[0] if len(words) == 1 else f"{words[0]} - {words[1]} + {words[-1]}"]
+    return [f"--{view}", "--", *words]
+
+
+@sweep(8)
+@given(
+    words=st.lists(ARGV_TEXT, min_size=1, max_size=3),
+    view=st.sampled_from(["neighbours", "map", "analogy"]),
+    which=st.sampled_from(["decoder", "encoder"]),
+    strict=st.booleans(),
+    output=st.sampled_from([None, "--json", "png", "html", "json"]),
+    out_name=FILE_NAME,
+)
+@example(words=[MEGABYTE], view="neighbours", which="decoder", strict=False, output=None, out_name="a")  # a bounded note, not megabytes
+@example(words=[MEGABYTE, "fox"], view="analogy", which="decoder", strict=False, output=None, out_name="a")
+@example(words=["\x1b[31mred", "\u202efox", "ball"], view="analogy", which="decoder", strict=False, output=None, out_name="a")  # found: raw in the title
+@example(words=["caf\udce9", "fox"], view="analogy", which="decoder", strict=False, output=None, out_name="a")  # found: a UnicodeEncodeError
+@example(words=["<|endoftext|>", "[MASK]", "\u2028"], view="map", which="encoder", strict=False, output="html", out_name="a")
+@example(words=[""], view="neighbours", which="decoder", strict=False, output=None, out_name="a")
+def test_inspect_embeddings_words(world, scratch, words, view, which, strict, output, out_name):
+    folder = _fresh(scratch)
+    out = folder / f"{out_name}.{output}"
+    args = ["inspect-embeddings", world[which], "-k", "3", *(["--strict"] if strict else [])]
+    args += ["--json"] if output == "--json" else ["-o", out] if output is not None and view == "map" else []
+    args += _embedding_args(words, view)
+    result = clean_end(run(*args))
+    if output == "--json" and result.code == 0:
+        result.json()
+    elif output is None:
+        _shown_escaped(result, args)
+        assert len(result.stdout) < 20_000, (args, len(result.stdout))  # a megabyte word's note is cut
+    if output in ("png", "html", "json"):
+        _complete_or_absent(out, output)
+    no_temp_files(folder)
+
+
+@sweep(4)
+@given(content=FILE_TEXT, name=FILE_NAME, option=st.sampled_from(["--data", "--eval-analogies", "--eval-similarity"]), as_json=st.booleans())
+@example(content=MEGABYTE[: 1 << 16], name="big", option="--data", as_json=False)  # (a megabyte is 1M tokens read, by design: seconds)
+@example(content=MEGABYTE, name="big", option="--eval-analogies", as_json=False)
+@example(content=MEGABYTE.replace(" ", "\n"), name="big", option="--eval-similarity", as_json=True)
+def test_inspect_embeddings_files(world, scratch, content, name, option, as_json):
+    """--data: contextual vectors over the text and a story after it; the evaluations: the text as questions,
+    and one well-formed line after it."""
+    tail = {"--data": "\n" + TINY_TEXT, "--eval-analogies": "\n: section\nthe fox the ball\n", "--eval-similarity": "\nfox ball 3.5\n"}[option]
+    path = _write_name(_fresh(scratch), name + ".txt", file_bytes(content + tail))
+    if path is None:
+        return
+    args = ["inspect-embeddings", world["decoder"], option, path, *(["--json"] if as_json else [])]
+    args += ["--layer", "1", "--neighbours", "--", "fox"] if option == "--data" else []
+    result = clean_end(run(*args))
+    if result.code == 0 and as_json:
+        result.json()
+    elif not as_json:
+        _shown_escaped(result, args)
+
+
 # ---- eval -----------------------------------------------------------------------------------------------
 
 

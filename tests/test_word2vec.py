@@ -267,6 +267,28 @@ def test_train_word2vec_is_pretrain_with_objective_word2vec(cli, stories, tmp_pa
         assert not (tmp_path / "never").exists()
 
 
+def test_data_that_is_another_artifact_is_named_for_what_it_is(cli, tmp_path):
+    """`train word2vec --data RUN` said 'RUN has no meta.json', as if a run were a shard folder missing a file."""
+    run, tokenizer, shards = tmp_path / "run", tmp_path / "tokenizer", tmp_path / "shards"
+    for folder, files in (
+        (run, ("config.json", "model.safetensors", "tokenizer.json")),
+        (tokenizer, ("tokenizer.json",)),
+        (shards, ("meta.json", "train.bin")),
+    ):
+        folder.mkdir()
+        for name in files:
+            (folder / name).write_bytes(b"{}")
+    for data, message, hint in (
+        (run, f"{run} is a run directory, not a folder of token shards", "as `tfcli tokenize encode` writes"),
+        (tokenizer, f"{tokenizer} is a tokenizer folder, not a folder of token shards", "as `tfcli tokenize encode` writes"),
+        (shards / "meta.json", "is meta.json of a token-shard folder, not a folder of token shards", f"pass the folder {shards}"),
+    ):
+        for command in (["train", "word2vec"], ["train", "pretrain", "--objective", "word2vec"]):
+            result = cli(*command, "--data", data, "-o", tmp_path / "never")
+            assert result.code == 2 and message in result.stderr and hint in result.stderr, result.stderr
+            assert "has no meta.json" not in result.stderr and not (tmp_path / "never").exists()
+
+
 def test_word_tokenizer(cli, tmp_path):
     from tfcli.tokenizer.core import TextTokenizer
 

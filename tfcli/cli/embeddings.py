@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from tfcli.cli.common import print_json, print_table, stdout_console
+from tfcli.cli.common import print_json, print_table, require_utf8, stdout_console
 from tfcli.cli.options import Device, JsonFlag
 
 EvalAnalogies = Annotated[
@@ -70,7 +70,11 @@ def inspect_embeddings(
     Example: tfcli inspect-embeddings runs/w2v --neighbours mom seven
     """
     from tfcli.inspect.embedding_report import EmbeddingRequest, explore
+    from tfcli.inspect.labels import quoted
 
+    for word in words or []:
+        require_utf8(word, f"the word {quoted(word)}")
+    require_utf8(analogy, "--analogy")
     text = _read_data(data) if data is not None else None
     request = EmbeddingRequest(
         run=run,
@@ -129,18 +133,21 @@ def _render(report) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from tfcli.inspect.labels import quoted
+    from tfcli.tokenizer.show import visible
+
     console = stdout_console()
-    console.print(Text(report.what, style="dim"), soft_wrap=True)
+    console.print(Text(visible(report.what), style="dim"), soft_wrap=True)
     for note in report.notes:
         console.print(Text(f"note: {note}", style="yellow"), soft_wrap=True)
     for word, found in (report.neighbours or {}).items():
-        _print_scores(console, f"nearest to {word!r}", found)
+        _print_scores(console, f"nearest to {quoted(word)}", found)
     if report.analogy is not None:
-        _print_scores(console, report.analogy[0], report.analogy[1])
+        _print_scores(console, visible(report.analogy[0]), report.analogy[1])
     if report.map is not None:
         found = report.map
         if found.written is not None:
-            console.print(Text(f"map of {len(found.ids)} tokens written to {found.written}"), soft_wrap=True)
+            console.print(Text(f"map of {len(found.ids)} tokens written to {visible(str(found.written))}"), soft_wrap=True)
         else:
             from tfcli.inspect.embedding_map import map_text
 

@@ -155,7 +155,6 @@ def inspect_attention(
     from tfcli.errors import TfcliError
     from tfcli.inspect.session import InspectRequest
 
-    layer, head = _layer_and_head(layer, head)
     if (neuron is not None or query is not None) and checkpoints:
         raise TfcliError("--neuron shows one run's head", hint="drop --checkpoints")
     if checkpoints:
@@ -194,20 +193,6 @@ def _required_text(text: str | None, text_file: Path | None) -> str:
     if source is None:
         raise TfcliError("no text given", hint="pass --text TEXT or --text-file FILE")
     return source
-
-
-def _layer_and_head(layer: str | None, head: str | None) -> tuple[str | None, str | None]:
-    """--head LAYER.HEAD as --layer LAYER --head HEAD. Example: (None, "1.0") -> ("1", "0")"""
-    from tfcli.errors import TfcliError
-
-    if head is None or "." not in head:
-        return layer, head
-    if layer is not None:
-        raise TfcliError(f"--head {head} names its layer already", hint="drop --layer, or pass --head as a head number")
-    layer_part, _, head_part = head.partition(".")
-    if not layer_part.strip() or not head_part.strip() or "." in head_part:
-        raise TfcliError(f"--head {head!r} is not LAYER.HEAD", hint="write 1.0 for layer 1, head 0")
-    return layer_part.strip(), head_part.strip()
 
 
 def _single_format(output_format: str | None, output: Path | None, json_output: bool, start: int, key_start: int, summary: bool) -> str:
@@ -311,24 +296,24 @@ def _across(run, text, attention, layer, head, pattern, output_format, output, d
     with one head chosen (or a png or html) that head's pattern at every step, drawn as the single-run view."""
     from tfcli.errors import TfcliError
     from tfcli.inspect import across as views
-    from tfcli.inspect.capture import parse_index
+    from tfcli.inspect.capture import check_layer_and_head, parse_layers_and_heads, split_layer_head
     from tfcli.inspect.session import save_document, write_output
     from tfcli.inspect.stats import PATTERNS
 
     if pattern not in PATTERNS:
         raise TfcliError(f"unknown --pattern {pattern!r}", hint=f"use one of {', '.join(PATTERNS)}")
     fmt = _across_format(output_format, output, json_output)
-    for name, value in (("layer", layer), ("head", head)):  # before any checkpoint is read; the ranges after
-        if value is not None and value.strip().lower() != "all" and not value.strip().lstrip("-").isdigit():
-            raise TfcliError(f"--{name} must be a number or 'all', not {value!r}")
-    one_head = layer is not None and head is not None and "all" not in (layer.strip().lower(), head.strip().lower())
+    check_layer_and_head(layer, head)  # before any checkpoint is read; the ranges after
+    layer_spec, head_spec = split_layer_head(layer, head)
+    one_head = layer_spec is not None and head_spec is not None and "all" not in (layer_spec.strip().lower(), head_spec.strip().lower())
     if fmt in ("png", "html") and not one_head and (layer is not None or head is not None):
         raise TfcliError("--checkpoints draws one head's pattern in a png or html file", hint="pick it with --head LAYER.HEAD, or drop --layer and --head")
     with stderr_console().status("capturing every checkpoint"):
         across = views.across_checkpoints(run, text, kind=attention, device=device, keep_weights=one_head or fmt in ("png", "html"))
     chosen = None
     if one_head:
-        chosen = (parse_index(layer, across.n_layers, "layer")[0], parse_index(head, across.n_heads, "head")[0])
+        layers, heads = parse_layers_and_heads(layer, head, across.n_layers, across.n_heads)
+        chosen = (layers[0], heads[0])
     elif fmt in ("png", "html"):
         chosen = views.best_head(across, pattern)
         stderr_console().print(f"layer {chosen[0]}, head {chosen[1]}: the best {pattern} score at the last step (--head L.H picks another)", style="dim")
@@ -357,7 +342,7 @@ def _across(run, text, attention, layer, head, pattern, output_format, output, d
 
         shown = views.head_view(across, *chosen, width=width) if chosen is not None else []
         if chosen is None:
-            layers, heads = parse_index(layer, across.n_layers, "layer", None), parse_index(head, across.n_heads, "head", None)
+            layers, heads = parse_layers_and_heads(layer, head, across.n_layers, across.n_heads, None, None)
             shown = across_view(across, pattern, layers, heads, width=width)
             best = views.best_head(across, pattern)
             shown.append(

@@ -257,21 +257,85 @@ def check_comparable(a: Checkpoint, b: Checkpoint) -> None:
         )
 
 
-def parse_index(spec: str | None, count: int, what: str, default: int | None = 0) -> list[int]:
+def parse_index(spec: str | None, count: int, what: str, default: int | None = 0, *, written: str | None = None) -> list[int]:
     """ "all" -> every index; "3" -> [3]; "-1" -> the last; None -> [default] (or every index if default is None).
+    `written` is the option as the user wrote it where it named more than this index ("--head 1.9"): a mistake
+    names it so, and the hint offers no 'all'.
 
     Example: parse_index("all", 3, "layer") -> [0, 1, 2]; parse_index("-1", 3, "layer") -> [2]
     """
     if spec is None:
         return list(range(count)) if default is None else [default]
-    if spec.strip().lower() == "all":
+    value = _index_value(spec, what, written)
+    if value is None:
         return list(range(count))
-    try:
-        value = int(spec)
-    except ValueError:
-        raise TfcliError(f"--{what} must be a number or 'all', not {spec!r}") from None
     if not -count <= value < count:
+        named = f"{written}: {what} {value}" if written else f"--{what} {value}"
         raise TfcliError(
-            f"--{what} {value} is out of range: this attention has {count} {what}s (0 to {count - 1})", hint=f"pick one from 0 to {count - 1}, or 'all'"
+            f"{named} is out of range (this attention has {count} {what}{'s' if count != 1 else ''})",
+            hint=f"pick {index_choices(count)}" + ("" if written else ", or 'all'"),
         )
     return [value % count]
+
+
+def index_choices(count: int) -> str:
+    """The indices a layer or head may take, negative ones counting from the end.
+
+    Example: index_choices(2) -> "0 to 1, or -1 to -2 from the end"; index_choices(1) -> "0, or -1 from the end"
+    """
+    if count == 1:
+        return "0, or -1 from the end"
+    return f"0 to {count - 1}, or -1 to -{count} from the end"
+
+
+def _index_value(spec: str, what: str, written: str | None) -> int | None:
+    """An index as written ("-1"), or None for 'all'; anything else is a TfcliError naming the option."""
+    if spec.strip().lower() == "all":
+        return None
+    try:
+        return int(spec)
+    except ValueError:
+        named = f"{written}: the {what}" if written else f"--{what}"
+        raise TfcliError(f"{named} must be a number or 'all', not {spec!r}") from None
+
+
+def split_layer_head(layer: str | None, head: str | None) -> tuple[str | None, str | None]:
+    """--head LAYER.HEAD as --layer LAYER --head HEAD. Example: (None, "1.0") -> ("1", "0")"""
+    if head is None or "." not in head:
+        return layer, head
+    if layer is not None:
+        raise TfcliError(f"--head {head} names its layer already", hint="drop --layer, or pass --head as a head number")
+    layer_part, _, head_part = head.partition(".")
+    if not layer_part.strip() or not head_part.strip() or "." in head_part:
+        raise TfcliError(f"--head {head!r} is not LAYER.HEAD", hint="write 1.0 for layer 1, head 0")
+    return layer_part.strip(), head_part.strip()
+
+
+def check_layer_and_head(layer: str | None, head: str | None) -> None:
+    """Before any work: --layer and --head (or --head LAYER.HEAD) are numbers or 'all'; the ranges need the model."""
+    layer_spec, head_spec = split_layer_head(layer, head)
+    written = _written_head(head, head_spec)
+    for spec, what in ((layer_spec, "layer"), (head_spec, "head")):
+        if spec is not None:
+            _index_value(spec, what, written)
+
+
+def parse_layers_and_heads(
+    layer: str | None, head: str | None, n_layers: int, n_heads: int, default_layer: int | None = 0, default_head: int | None = 0
+) -> tuple[list[int], list[int]]:
+    """--layer and --head, or --head LAYER.HEAD, as the layers and heads they pick (`parse_index` each); a
+    mistake in LAYER.HEAD names it as written ("--head 1.9: head 9 is out of range").
+
+    Example: parse_layers_and_heads(None, "1.-1", 2, 4) -> ([1], [3])
+    """
+    layer_spec, head_spec = split_layer_head(layer, head)
+    written = _written_head(head, head_spec)
+    return (
+        parse_index(layer_spec, n_layers, "layer", default_layer, written=written),
+        parse_index(head_spec, n_heads, "head", default_head, written=written),
+    )
+
+
+def _written_head(head: str | None, head_spec: str | None) -> str | None:
+    """--head as the user wrote it ("--head 1.9") where it named its layer too; None for a plain head number."""
+    return f"--head {head.strip()}" if head is not None and head_spec != head else None

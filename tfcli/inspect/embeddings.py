@@ -19,6 +19,7 @@ import torch
 
 from tfcli.errors import TfcliError
 from tfcli.inspect.hooks import Hooks, lens_stack
+from tfcli.inspect.labels import quoted
 from tfcli.loader import load_run
 from tfcli.model.transformer import HIDDEN
 from tfcli.tokenizer.core import TextTokenizer
@@ -29,6 +30,7 @@ TABLES = ("input", "output")
 METHODS = ("3cosadd", "3cosmul")
 CONTEXT_TOKENS_CAP = 1_000_000  # tokens of --data read for contextual vectors; the rest is left out (said)
 COSMUL_EPSILON = 1e-6  # gensim's most_similar_cosmul
+SHOWN_PIECES = 16  # a word's tokens a note lists, at most
 
 
 @dataclasses.dataclass
@@ -166,6 +168,8 @@ def find_word(table: EmbeddingTable, word: str, *, strict: bool = False) -> Look
     """The token id standing for `word`: its one token (for vocabularies whose words carry their space, the
     form with the space first), else the longest of its tokens that has a vector, said in a note (refused
     with strict)."""
+    if not word:
+        raise TfcliError("a word is empty", hint="pass a word")
     tokenizer = table.tokenizer
     forms = ([" " + word] if tokenizer.words_carry_their_space else []) + [word]
     pieces: list[int] = []
@@ -176,24 +180,25 @@ def find_word(table: EmbeddingTable, word: str, *, strict: bool = False) -> Look
         if not pieces or (ids and len(ids) < len(pieces)):
             pieces = ids
     if not pieces:
-        raise TfcliError(f"{word!r} has no tokens", hint="pass a word")
-    shown = " ".join(repr(table.text(i)) for i in pieces)
+        raise TfcliError(f"{quoted(word)} has no tokens", hint="pass a word")
+    shown = " ".join(repr(table.text(i)) for i in pieces[:SHOWN_PIECES]) + (" …" if len(pieces) > SHOWN_PIECES else "")
     if strict:
-        raise TfcliError(f"{word!r} is not one token: it tokenizes as {shown}", hint="pick a word that is one token, or drop --strict")
-    usable = [i for i in pieces if table.candidates[i]] or pieces  # a piece with a vector, where one has one
+        raise TfcliError(f"{quoted(word)} is not one token: it tokenizes as {shown}", hint="pick a word that is one token, or drop --strict")
+    distinct = list(dict.fromkeys(pieces))  # in order: a long word repeats its tokens
+    usable = [i for i in distinct if table.candidates[i]] or distinct  # a piece with a vector, where one has one
     longest = max(usable, key=lambda i: len(table.text(i).strip()))
     lookup = _checked(table, word, longest)
-    lookup.note = f"{word!r} is {len(pieces)} tokens ({shown}); using {table.text(longest)!r}"
+    lookup.note = f"{quoted(word)} is {len(pieces):,} tokens ({shown}); using {table.text(longest)!r}"
     return lookup
 
 
 def _checked(table: EmbeddingTable, word: str, token_id: int) -> Lookup:
     unk = table.tokenizer.special_ids.get("unk")
     if token_id == unk or token_id in table.tokenizer.special_ids.values():
-        raise TfcliError(f"{word!r} is not in the vocabulary", hint="pick a word the tokenizer knows")
+        raise TfcliError(f"{quoted(word)} is not in the vocabulary", hint="pick a word the tokenizer knows")
     if not table.candidates[token_id]:
         where = "in --data" if "residual" in table.what else "in the training data"
-        raise TfcliError(f"{word!r} never occurs {where}, so it has no vector to compare", hint="pick a word that occurs")
+        raise TfcliError(f"{quoted(word)} never occurs {where}, so it has no vector to compare", hint="pick a word that occurs")
     return Lookup(word, token_id)
 
 
@@ -233,22 +238,23 @@ def parse_analogy(expression: str) -> tuple[list[str], list[str]]:
     for position, token in enumerate(tokens):
         if token in "+-":
             if expect_word:
-                where = "at the start" if position == 0 else f"after {tokens[position - 1]!r}"
+                where = "at the start" if position == 0 else f"after {quoted(tokens[position - 1])}"
                 if position == 0 and token == "-":
-                    raise TfcliError(f"--analogy {expression!r}: it starts with '-'", hint='start with a word: "paris - france + italy"')
-                raise TfcliError(f"--analogy {expression!r}: expected a word {where}, found {token!r}", hint='write it as "paris - france + italy"')
+                    raise TfcliError(f"--analogy {quoted(expression)}: it starts with '-'", hint='start with a word: "paris - france + italy"')
+                raise TfcliError(f"--analogy {quoted(expression)}: expected a word {where}, found {quoted(token)}", hint='write it as "paris - france + italy"')
             sign, expect_word = token, True
         else:
             if not expect_word:
                 raise TfcliError(
-                    f"--analogy {expression!r}: expected + or - between {tokens[position - 1]!r} and {token!r}", hint='write it as "paris - france + italy"'
+                    f"--analogy {quoted(expression)}: expected + or - between {quoted(tokens[position - 1])} and {quoted(token)}",
+                    hint='write it as "paris - france + italy"',
                 )
             (positive if sign == "+" else negative).append(token)
             expect_word = False
     if expect_word:
-        raise TfcliError(f"--analogy {expression!r} ends with {tokens[-1]!r}", hint='write it as "paris - france + italy"')
+        raise TfcliError(f"--analogy {quoted(expression)} ends with {quoted(tokens[-1])}", hint='write it as "paris - france + italy"')
     if len(positive) + len(negative) < 2 or not negative:
-        raise TfcliError(f"--analogy {expression!r} needs a word taken away and one added", hint='write it as "paris - france + italy"')
+        raise TfcliError(f"--analogy {quoted(expression)} needs a word taken away and one added", hint='write it as "paris - france + italy"')
     return positive, negative
 
 

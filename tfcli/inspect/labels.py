@@ -45,3 +45,14 @@ def excerpts(texts: Sequence[str], limit: int = 48) -> list[str]:
         start = space + 1 if space >= 0 and first - space <= limit // 2 else target
         cuts = [_cut(text, start, limit) for text in flat]
     return [visible(cut) for cut in cuts]
+
+
+def quoted(text: str, limit: int = 60) -> str:
+    """A user's word or text inside a message: quoted and escaped (`repr`), cut after `limit` characters with
+    its length said, so a megabyte given as a word is not a megabyte of message.
+
+    Example: quoted("fox") -> "'fox'"; quoted("ab" * 50, 4) -> "'abab'… (100 characters)"
+    """
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}… ({len(text):,} characters)"

@@ -16,7 +16,16 @@ import numpy as np
 from tfcli.errors import TfcliError
 from tfcli.fsutil import atomic_open, atomic_write_bytes, atomic_write_text
 from tfcli.inspect import png
-from tfcli.inspect.capture import AttentionCapture, capture_attention, check_comparable, find_token, parse_index, summarize_capture
+from tfcli.inspect.capture import (
+    AttentionCapture,
+    capture_attention,
+    check_comparable,
+    check_layer_and_head,
+    find_token,
+    parse_index,
+    parse_layers_and_heads,
+    summarize_capture,
+)
 from tfcli.inspect.html import neuron_data, neuron_heads, render_page
 from tfcli.inspect.labels import excerpts, kind_label
 from tfcli.inspect.neuron import capture_query_keys, neuron_view
@@ -37,7 +46,7 @@ class InspectRequest:
     target: str | None = None  # encoder-decoder: the decoder's text (`text` is the source)
     attention: str | None = None  # encoder | decoder | cross (default: the model's own; cross for encoder-decoder)
     layer: str | None = None  # a number, "all", or None for the view's default
-    head: str | None = None
+    head: str | None = None  # a number, "all", LAYER.HEAD (which names the layer too), or None
     token: str | None = None
     occurrence: int = 1
     summary: bool = False
@@ -89,6 +98,7 @@ def inspect_attention(request: InspectRequest) -> Inspection:
         raise TfcliError("the --compare text is empty", hint="pass a second text")
     if request.occurrence < 1:
         raise TfcliError(f"--occurrence must be 1 or more, not {request.occurrence}")
+    check_layer_and_head(request.layer, request.head)
     checkpoint = load_run(request.run, "inspect", request.device)
     first = capture_attention(checkpoint, request.text, target=request.target, kind=request.attention, crop=request.crop)
     text = first.text  # as far as --crop kept it: a title of a whole long text would split every word of it
@@ -110,8 +120,7 @@ def inspect_attention(request: InspectRequest) -> Inspection:
     default_head = None if many or request.token is not None else 0
     if changes and not many and request.layer is None and request.head is None:
         default_layer, default_head = changes[0].layer, changes[0].head  # show the head that changed most
-    layers = parse_index(request.layer, first.n_layers, "layer", default_layer)
-    heads = parse_index(request.head, first.n_heads, "head", default_head)
+    layers, heads = parse_layers_and_heads(request.layer, request.head, first.n_layers, first.n_heads, default_layer, default_head)
 
     inspection = Inspection(captures=captures, titles=titles, layers=layers, heads=heads, changes=changes, checkpoint=checkpoint)
     if request.neuron is not None:
@@ -150,10 +159,8 @@ def parse_neuron(spec: str, n_layers: int, n_heads: int) -> tuple[int, int]:
     layer, dot, head = spec.partition(".")
     if not dot or not layer.strip().lstrip("-").isdigit() or not head.strip().lstrip("-").isdigit():
         raise TfcliError(f"--neuron {spec!r} is not LAYER.HEAD", hint="write 1.0 for layer 1, head 0")
-    try:
-        return parse_index(layer.strip(), n_layers, "layer")[0], parse_index(head.strip(), n_heads, "head")[0]
-    except TfcliError as error:  # named as the user wrote it: --neuron 1.9, not --head 9
-        raise TfcliError(f"--neuron {spec}: {error.message.removeprefix('--')}", hint=(error.hint or "").removesuffix(", or 'all'")) from None
+    written = f"--neuron {spec}"  # named as the user wrote it: --neuron 1.9, not --head 9
+    return parse_index(layer.strip(), n_layers, "layer", written=written)[0], parse_index(head.strip(), n_heads, "head", written=written)[0]
 
 
 def neuron_document(inspection: Inspection) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import numpy as np
 
 from tfcli.data.shards import load_shard_meta, open_shard
 from tfcli.errors import TfcliError
-from tfcli.fsutil import describe_write_error
+from tfcli.fsutil import artifact_kind, describe_write_error
 from tfcli.tokenizer.core import TextTokenizer
 from tfcli.train.data import derived_seed
 from tfcli.train.distributed import World
@@ -67,6 +67,7 @@ class Word2VecJob:
 
 def word2vec_job(*, data: Path, output: Path, vectors: dict[str, Any], settings: dict[str, Any], tokenizer_path: Path | None, resume: bool) -> Word2VecJob:
     """The job from the command line's values (None: the default), checked before anything is written."""
+    _refuse_other_artifacts(Path(data))
     meta = load_shard_meta(data)
     tokenizer = find_tokenizer(data, tokenizer_path)
     if meta.vocab_size != tokenizer.vocab_size:
@@ -80,6 +81,15 @@ def word2vec_job(*, data: Path, output: Path, vectors: dict[str, Any], settings:
     if resume:
         _check_resumed(job)
     return job
+
+
+def _refuse_other_artifacts(data: Path) -> None:
+    """--data at a run directory, a tokenizer or a shard folder's own file: named for what it is."""
+    kind = artifact_kind(data) if data.exists() else None
+    if kind is None or kind == "a token-shard folder":
+        return
+    where = f"the folder {data.parent}" if kind.endswith("of a token-shard folder") else "a folder of token shards, as `tfcli tokenize encode` writes"
+    raise TfcliError(f"{data} is {kind}, not a folder of token shards", hint=f"pass {where}")
 
 
 def _check_resumed(job: Word2VecJob) -> None:
