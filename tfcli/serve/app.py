@@ -331,6 +331,7 @@ class CompletionChoices:
         self.token_logprobs: list[list[float | None]] = [[] for _ in range(count)]
         self.top: list[list[dict | None]] = [[] for _ in range(count)]
         self.reasons: list[str] = ["length"] * count
+        self.ends: list[tuple[int, float | None, dict | None] | None] = [None] * count  # the end token, listed last in logprobs
         self._echoed: dict[int, tuple[str, tuple[list[str], list[float | None], list[dict | None]]]] = {}
 
     def prompt_of(self, index: int) -> list[int]:
@@ -346,6 +347,8 @@ class CompletionChoices:
         elif isinstance(event, Ended):
             self.texts[i] += event.text
             self.reasons[i] = event.finish_reason
+            if event.end_token is not None:
+                self.ends[i] = (event.end_token, event.logprob, self._top(event.top))
 
     def _top(self, top: dict[int, float] | None) -> dict[str, float] | None:
         if top is None:
@@ -380,6 +383,9 @@ class CompletionChoices:
             return None
         strings = [self.served.token_text(t) for t in self.tokens[index][start:]]
         token_logprobs, top = list(self.token_logprobs[index][start:]), list(self.top[index][start:])
+        if self.ends[index] is not None:  # the token that ended it, as vLLM lists it (lm-eval counts on one token after the prompt)
+            token, logprob, alternatives = self.ends[index]
+            strings, token_logprobs, top = [*strings, self.served.token_text(token)], [*token_logprobs, logprob], [*top, alternatives]
         if with_prompt:
             prompt_strings, prompt_logprobs, prompt_top = self._echoed_prompt(index)[1]
             strings, token_logprobs, top = prompt_strings + strings, prompt_logprobs + token_logprobs, prompt_top + top
@@ -442,7 +448,8 @@ async def _stream_completion(
                 at = len(builder.tokens[event.index]) - 1
                 yield chunk([{"index": event.index, "text": event.text, "logprobs": builder.logprobs_of(event.index, at), "finish_reason": None}])
             elif isinstance(event, Ended):
-                yield chunk([{"index": event.index, "text": event.text, "logprobs": None, "finish_reason": event.finish_reason}])
+                logprobs = builder.logprobs_of(event.index, len(builder.tokens[event.index])) if event.end_token is not None else None
+                yield chunk([{"index": event.index, "text": event.text, "logprobs": logprobs, "finish_reason": event.finish_reason}])
     else:
         yield chunk([{"index": i, "text": "", "logprobs": None, "finish_reason": "length"} for i in range(len(builder.texts))])
     if ticket is not None and len(builder.texts) == 1:

@@ -60,6 +60,11 @@ class Ended:
     finish_reason: str  # stop (end-of-text, end of turn or a stop string) | length
     completion: str
     tokens: list[int]
+    # the end-of-generation token that ended it (not in `tokens` or the text), with its log-probability and top
+    # alternatives where asked for: the completions API lists it last in logprobs, as vLLM does (lm-eval reads so)
+    end_token: int | None = None
+    logprob: float | None = None
+    top: dict[int, float] | None = None
 
 
 @dataclasses.dataclass
@@ -263,7 +268,9 @@ class Engine:
             for k, (i, token) in enumerate(zip(which, chosen_ids)):
                 row = rows[i]
                 if token in s.end_ids:
-                    events.append(self._end(row, "stop"))
+                    end = self._end(row, "stop")
+                    end.end_token, end.logprob, end.top = token, None if logprobs is None else logprobs[k], None if top is None else top[k]
+                    events.append(end)
                     ended.append(row)
                     continue
                 row.tokens.append(token)
