@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.serving import make_chat_run, running_server, wait_until
+from tfcli.tokenizer.chat_template import Message
 
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -348,3 +349,19 @@ def test_top_alternatives_leave_out_the_tokens_the_run_may_not_write():
     assert chosen.tolist() == [0, 2] and all(math.isfinite(x) for x in logprobs)
     assert [sorted(t) for t in top] == [[0, 1, 2], [0, 1, 2]]
     json.dumps(top, allow_nan=False)
+
+
+def test_a_completion_ended_by_its_end_token_lists_it_last_in_its_logprobs_streamed_or_not(client, server):
+    """As vLLM lists it (lm-eval's local-completions takes the last entry for the generated token): the token that
+    ended the completion, not in its text, with its log-probability; the chat API leaves it out, as OpenAI's does."""
+    template = server.served.template
+    prompt = template.render([Message("user", "What about the dog?")], add_generation_prompt=True)
+    asked = {"model": "chat", "prompt": prompt, "max_tokens": 20, "temperature": 0, "logprobs": 1}
+    whole = client.completions.create(**asked).choices[0]
+    assert whole.finish_reason == "stop" and "<|im_end|>" not in whole.text
+    assert whole.logprobs.tokens[-1] == "<|im_end|>" and whole.logprobs.token_logprobs[-1] < 0
+    assert "".join(whole.logprobs.tokens[:-1]) == whole.text
+    chunks = [c.choices[0] for c in client.completions.create(**asked, stream=True) if c.choices]
+    assert [t for c in chunks if c.logprobs for t in c.logprobs.tokens] == whole.logprobs.tokens
+    reply = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "What about the dog?"}], max_tokens=20, logprobs=True)
+    assert reply.choices[0].finish_reason == "stop" and all(entry.token != "<|im_end|>" for entry in reply.choices[0].logprobs.content)
