@@ -7,6 +7,7 @@ took a binary file, counted a short text's tokens once per window, and read any 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -309,3 +310,13 @@ def test_an_eval_batch_whose_logits_cannot_fit_is_one_line(cli, run, shards):
     """--batch-size 100000 took 2.6 GB on the quickstart's shards and would take the kernel's kill on larger ones."""
     one_line(cli("eval", run, "--data", shards, "--batch-size", "100000000000"), "need", "GB for their logits alone; this machine has")
     assert cli("eval", run, "--data", shards, "--batch-size", "4", "--device", "cpu").code == 0
+
+
+def test_a_run_in_a_folder_whose_name_is_not_utf8_is_named_as_such(cli, run, tmp_path):
+    """safetensors (Rust) opens only UTF-8 paths: such a run was said to be a truncated or corrupted file."""
+    odd = tmp_path / os.fsdecode(b"run-\xff")
+    shutil.copytree(run, odd)
+    for args in (("generate", odd, "--prompt", "The fox", "-n", "2"), ("inspect-attention", odd, "--text", "The fox", "--json")):
+        result = cli(*args)
+        assert result.code == 2 and "is not a UTF-8 path" in one_line(result), result.stderr
+        assert "corrupted" not in result.stderr

@@ -14,11 +14,23 @@ if TYPE_CHECKING:
     import torch  # the header check needs no torch; the tensors read are torch's (their own methods)
 
 
+def safetensors_path(path: Path) -> str:
+    """PATH as safetensors opens it (a Rust string), or one line where it cannot: a name that is not UTF-8."""
+    text = str(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TfcliError(
+            f"{path!r} is not a UTF-8 path, and safetensors opens only those", hint="rename the folder (or file) with a UTF-8 name, or copy it to one"
+        ) from None
+    return text
+
+
 def weights_header_problem(weights: Path) -> TfcliError | None:
     """Whether the weights file's header reads: safetensors checks every tensor's offsets against the file's
     size, so a header that claims huge tensors in a small file is refused here, before anything is allocated."""
     try:
-        with safe_open(str(weights), framework="numpy") as handle:
+        with safe_open(safetensors_path(weights), framework="numpy") as handle:
             handle.keys()
     except (SafetensorError, OSError) as exc:
         return _invalid_weights(weights, exc)
@@ -33,7 +45,7 @@ def read_tensors(path: Path, expected: dict[str, tuple[int, ...]]) -> dict[str, 
     """The tensors of a safetensors file that must hold exactly `expected` (name -> shape), each checked
     (names, shapes from the header first, floating point, finite) before it is used."""
     try:
-        with safe_open(str(path), framework="pt") as handle:
+        with safe_open(safetensors_path(path), framework="pt") as handle:
             names = set(handle.keys())
             missing = sorted(set(expected) - names)
             unexpected = sorted(names - set(expected))

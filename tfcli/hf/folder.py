@@ -16,6 +16,7 @@ from tfcli.fsutil import refuse_git_lfs_pointer
 from tfcli.jsontext import loads_json
 from tfcli.limits import read_text_capped
 from tfcli.rundir import PICKLE_SUFFIXES, WEIGHTS_FILE, read_run_config
+from tfcli.tensorfile import safetensors_path
 
 if TYPE_CHECKING:
     import torch
@@ -166,7 +167,7 @@ class WeightFiles:
     def __enter__(self) -> WeightFiles:
         for path in self.files:
             try:
-                handle = self._stack.enter_context(safe_open(str(path), framework="pt"))
+                handle = self._stack.enter_context(safe_open(safetensors_path(path), framework="pt"))
                 names = list(handle.keys())
             except (SafetensorError, OSError) as exc:
                 self._stack.close()

@@ -12,6 +12,7 @@ from safetensors import SafetensorError, safe_open
 
 from tfcli.errors import TfcliError
 from tfcli.quant.formats import block_format, dequantize, quantize, scales_finite
+from tfcli.tensorfile import safetensors_path
 
 
 @dataclasses.dataclass
@@ -49,7 +50,7 @@ def read_quantized(path: Path, expected: dict[str, tuple[int, ...]], types: dict
         raise TfcliError(f"{config} gives a type to {unknown[0]}, which is not a tensor of this model", hint="restore the run's own config.json")
     stored = {name: stored_shape(shape, name, types[name], config) if name in types else tuple(shape) for name, shape in expected.items()}
     try:
-        with safe_open(str(path), framework="pt") as handle:
+        with safe_open(safetensors_path(path), framework="pt") as handle:
             names = set(handle.keys())
             missing, extra = sorted(set(stored) - names), sorted(names - set(stored))
             if missing:

@@ -28,6 +28,7 @@ from tfcli.fsutil import atomic_write_text, describe_write_error, fsync_dir, fsy
 from tfcli.jsontext import loads_json
 from tfcli.rundir import CONFIG_FILE, weights_path
 from tfcli.schema import JsonRecord
+from tfcli.tensorfile import safetensors_path
 
 TRAINER_DIR = "trainer"
 STAGED_TRAINER_DIR = "trainer.next"
@@ -83,7 +84,7 @@ def read_optimizer_tensors(path: Path) -> dict[str, Any]:
     """RUN/trainer/optimizer.safetensors, or one line on what is wrong with it. safetensors checks the header
     against the file's size before it allocates anything, so a header that claims huge tensors costs nothing."""
     try:
-        return load_file(str(path))
+        return load_file(safetensors_path(path))
     except (SafetensorError, OSError) as exc:
         raise TfcliError(
             f"{path} is not a valid safetensors file ({describe_write_error(exc)})",
