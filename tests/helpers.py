@@ -103,6 +103,15 @@ def force_quant_path(name: str, monkeypatch) -> str:
     return name
 
 
+def one_line(result, *needles: str) -> str:
+    """Exit 2 and a single `error:` line on stderr holding each needle."""
+    assert result.code == 2 and "Traceback" not in result.stderr, (result.code, result.stderr[-2000:])
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: "), result.stderr
+    for needle in needles:
+        assert needle in result.stderr, (needle, result.stderr)
+    return result.stderr
+
+
 # Without CI a test that needs the browser is skipped where there is none; in CI it runs, and `browse` fails it.
 needs_chromium = pytest.mark.skipif(chromium() is None and not in_ci(), reason="Chromium is not installed")
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import require
 from tests.training import records, spawn, wait_for_step, weights
 from tfcli.errors import TfcliError
 from tfcli.tokenizer.chat_template import DEFAULT_TEMPLATE, ChatTemplate, Message, chat_tokenizer_files
@@ -104,7 +105,7 @@ def test_only_the_assistants_replies_and_their_end_of_turn_tokens_are_trained(tr
 
 
 def test_the_trained_tokens_match_transformers_assistant_mask(trained_tokenizer, tmp_path):
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     marked = DEFAULT_TEMPLATE.replace(
         "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}",
         "{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' }}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
@@ -120,7 +121,7 @@ def test_the_trained_tokens_match_transformers_assistant_mask(trained_tokenizer,
 
 
 def test_a_chat_run_keeps_its_template_and_transformers_gives_the_same_ids(chat_run, parent):
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     config = json.loads((chat_run / "tokenizer_config.json").read_text())
     assert config["chat_template"] == DEFAULT_TEMPLATE and config["split_special_tokens"] is False
     tokenizer = TextTokenizer.load(chat_run)
@@ -220,7 +221,7 @@ def test_eval_scores_a_chat_run_on_conversations_as_validation_does(chat_run, cl
 
 
 def test_an_exported_chat_run_ends_transformers_generate_at_the_end_of_turn(chat_run, cli, tmp_path):
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     result = cli("export", chat_run, "--to", "hf", "-o", tmp_path / "hf")
     assert result.code == 0, result.stderr
     tokenizer = TextTokenizer.load(chat_run)
@@ -416,8 +417,8 @@ def test_peft_loads_an_exported_lora_chat_run_whose_vocabulary_grew(cli, trained
     from tfcli.model.config import ModelConfig
     from tfcli.model.transformer import Transformer
 
-    transformers = pytest.importorskip("transformers")
-    peft = pytest.importorskip("peft")
+    transformers = require("transformers")
+    peft = require("peft")
     tokenizer = TextTokenizer.load(trained_tokenizer)
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=tokenizer.vocab_size, block_size=96, n_layers=1, n_heads=2, d_model=32, d_ff=64, **HF_SHAPES[family])

@@ -18,7 +18,7 @@ import torch
 
 from tests.conftest import TINY_TEXT
 from tests.gguf_files import new_gguf
-from tests.helpers import missing_tool
+from tests.helpers import missing_tool, require
 from tfcli.gguf.vocab import CONTROL, NORMAL, llama_cpp_end_ids
 from tfcli.tokenizer.specials import END_OF_GENERATION_KEY
 
@@ -28,7 +28,7 @@ SPECIALS = ["<|endoftext|>", "<|im_end|>"]
 
 
 def _tiny_llama(vocab_size: int):
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     torch.manual_seed(3)
     config = transformers.LlamaConfig(
         vocab_size=vocab_size,
@@ -141,8 +141,8 @@ def test_a_batch_stops_each_row_at_its_own_end(cli, hf_folder, imported, tmp_pat
 
 
 def test_serve_finishes_with_stop_at_the_same_token(hf_folder, imported):
-    httpx = pytest.importorskip("httpx")
-    pytest.importorskip("fastapi")
+    httpx = require("httpx")
+    require("fastapi")
     from tests.serving import running_server
 
     _, _, _, theirs = hf_folder
@@ -153,7 +153,7 @@ def test_serve_finishes_with_stop_at_the_same_token(hf_folder, imported):
 
 
 def test_export_writes_the_ids_back_to_generation_config(cli, hf_folder, imported, tmp_path):
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     folder, prompt, _, theirs = hf_folder
     result = cli("export", imported, "--to", "hf", "-o", tmp_path / "out")
     assert result.code == 0, result.stderr
@@ -202,7 +202,7 @@ def _write_gguf(path: Path, model, tokens: list[str], types: list[int], extra: d
     """A GGUF of a transformers Llama with a byte-level BPE tokenizer, as llama.cpp's converter writes one (f32)."""
     from tests.test_gguf import _converter_permute
 
-    gguf = pytest.importorskip("gguf")
+    gguf = require("gguf")
     spec = json.loads(Path(path.parent / "tokenizer.json").read_text())
     c = model.config
     with new_gguf(path, "llama") as writer:
@@ -301,9 +301,7 @@ def llama_cpp_converter(kernel_cache) -> Path:
     try:
         return converter_folder(Path(os.environ["TFCLI_CACHE_DIR"]))
     except Unavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set and llama.cpp's converter cannot be had: {exc}")
-        pytest.skip(f"llama.cpp's converter cannot be had: {exc}")
+        missing_tool(f"llama.cpp's converter cannot be had: {exc}")
 
 
 def test_a_gguf_of_llama_cpp_s_converter_stops_where_llama_cpp_stops(cli, llama_cpp_models, llama_cpp_converter, tmp_path):
@@ -311,7 +309,7 @@ def test_a_gguf_of_llama_cpp_s_converter_stops_where_llama_cpp_stops(cli, llama_
     a tiny Llama whose greedy decoding meets <|im_end|> (rows swapped, as in `gguf_case`); the file is what llama.cpp's
     convert_hf_to_gguf.py writes, which names eos alone: llama.cpp finds <|im_end|> by its text, and so does tfcli."""
     llama_cpp = _llama_cpp()
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     from tokenizers import Tokenizer
 
     from tests.llama_cpp_sdist import converted
@@ -393,7 +391,7 @@ def test_llama_cpp_end_of_generation_rules(tokens, ids, metadata, expected):
 
 
 def test_gguf_export_of_a_quantized_run_says_what_it_wrote(cli, imported, tmp_path):
-    pytest.importorskip("gguf")
+    require("gguf")
     result = cli("quantize", imported, "-o", tmp_path / "q8", "--type", "q8_0")
     assert result.code == 0, result.stderr
     result = cli("export", tmp_path / "q8", "--to", "gguf", "-o", tmp_path / "q8.gguf")

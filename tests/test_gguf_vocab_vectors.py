@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.gguf_files import gguf_copy, new_gguf
+from tests.helpers import require
 from tests.llama_cpp_sdist import pinned, vectors
 from tfcli.errors import TfcliError
 from tfcli.gguf.reader import read_gguf
@@ -132,7 +133,7 @@ def test_the_wordpiece_vocabulary_tokenizes_as_the_installed_llama_cpp(tmp_path,
     assert tokenizer.decode(tokenizer.encode("Hello, world!")) == "hello , world !"
     # with special tokens llama.cpp's WPM puts [CLS] first and [SEP] last whatever the file says; the post-processor
     # tfcli writes says so to transformers
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     theirs_hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
     for text in texts[:3]:
         ids = llm.tokenize(text.encode(), add_bos=True, special=False)
@@ -162,11 +163,11 @@ def _unigram_gguf(path: Path, remove_extra_whitespaces: bool, byte_fallback: boo
 
     import numpy as np
 
-    pytest.importorskip("gguf")
+    require("gguf")
     from tests.conftest import TINY_TEXT
     from tests.test_gguf import VARIED
 
-    spm = pytest.importorskip("sentencepiece")
+    spm = require("sentencepiece")
     from sentencepiece import sentencepiece_model_pb2
 
     text = (Path(__file__).parents[1] / "sample_data" / "corpus" / "stories.txt").read_text(encoding="utf-8")[:60_000]
@@ -231,7 +232,7 @@ def test_a_unigram_vocabulary_tokenizes_as_llama_cpp(tmp_path, remove_extra_whit
     # with </s> (a T5's source, as transformers' T5 tokenizer ends it); tfcli's post-processor says so to transformers
     eos = vocab.ids["eos"]
     assert vocab.add_eos and not vocab.add_bos and vocab.tokens[eos] == "</s>"
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     theirs_hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
     for text in texts[:-1]:
         ids = llm.tokenize(text.encode(), add_bos=True, special=False)
@@ -245,7 +246,7 @@ def test_a_unigram_vocabulary_tokenizes_as_llama_cpp(tmp_path, remove_extra_whit
 
 def _with_add_eos(src: Path, dst: Path) -> Path:
     """A copy of a GGUF file whose tokenizer.ggml.add_eos_token is true (a bool, as the converter writes it)."""
-    pytest.importorskip("gguf")
+    require("gguf")
     with gguf_copy(src, dst, drop={"tokenizer.ggml.add_eos_token"}) as writer:
         writer.add_add_eos_token(True)
     return dst
@@ -259,7 +260,7 @@ def test_a_decoder_whose_file_adds_eos_reads_prompts_as_llama_cpp(cli, tmp_path,
     from tfcli.checkpoint import load_checkpoint
 
     llama_cpp = _llama_cpp()
-    transformers = pytest.importorskip("transformers")
+    transformers = require("transformers")
     import torch
 
     tokens, scores, types = _sentencepiece_vocab(tmp_path)

@@ -13,12 +13,12 @@ import torch
 
 from tests.conftest import TINY_TEXT
 from tests.gguf_files import gguf_copy
-from tests.helpers import missing_tool
+from tests.helpers import missing_tool, require
 from tfcli.checkpoint import load_checkpoint
 from tfcli.tokenizer.chat_template import ChatTemplate, Message
 from tfcli.tokenizer.core import TextTokenizer
 
-transformers = pytest.importorskip("transformers")
+transformers = require("transformers")
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -294,7 +294,7 @@ def test_a_download_laid_out_another_way_names_what_to_import(cli, tmp_path, cha
 def test_a_quantized_run_goes_to_gguf_in_its_own_blocks_unless_told_f32(cli, tmp_path, chat_tokenizer):
     """`tfcli quantize --type q8_0` then `tfcli export --to gguf` wrote an f32 file four times the size: --type's
     default, f32, dequantized the blocks. Without --type a quantized run's blocks now go out as they are."""
-    gguf = pytest.importorskip("gguf")
+    gguf = require("gguf")
     _hub_llama(tmp_path / "hf", chat_tokenizer)
     assert cli("import", tmp_path / "hf", "-o", tmp_path / "run").code == 0
     assert cli("quantize", tmp_path / "run", "-o", tmp_path / "q8", "--type", "q8_0").code == 0

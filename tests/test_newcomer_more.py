@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY_TEXT, snapshot
-from tests.helpers import missing_tool
+from tests.helpers import missing_tool, one_line
 from tfcli.checkpoint import save_checkpoint
 from tfcli.errors import TfcliError
 from tfcli.fsutil import exclusive_lock
@@ -43,15 +43,6 @@ def runs(tmp_path_factory, trained_tokenizer) -> dict[str, Path]:
         save_checkpoint(root / name, Transformer(config), tokenizer)
         folders[name] = root / name
     return folders
-
-
-def one_line(result, *needles: str) -> str:
-    """Exit 2 and a single `error:` line on stderr holding each needle."""
-    assert result.code == 2 and "Traceback" not in result.stderr, (result.code, result.stderr[-2000:])
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: "), result.stderr
-    for needle in needles:
-        assert needle in result.stderr, (needle, result.stderr)
-    return result.stderr
 
 
 # ---- an SAE from another run ---------------------------------------------------------------------------------

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import require
 from tests.serving import make_chat_run, running_server, wait_until
 from tfcli.tokenizer.chat_template import Message
 
-openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")
+openai = require("openai")
+httpx = require("httpx")
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.conftest import snapshot
+from tests.helpers import one_line
 from tfcli.checkpoint import save_checkpoint
 from tfcli.data.shards import open_shard
 from tfcli.errors import TfcliError
@@ -41,15 +42,6 @@ def run(tmp_path_factory, trained_tokenizer) -> Path:
     sae = SparseAutoencoder(32, 64, "topk", k=4)
     save_sae(root / "sae", sae, sae_config(sae, HOOK))
     return root / "run"
-
-
-def one_line(result, *needles: str) -> str:
-    """Exit 2 and a single `error:` line on stderr holding each needle."""
-    assert result.code == 2 and "Traceback" not in result.stderr, (result.code, result.stderr[-2000:])
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: "), result.stderr
-    for needle in needles:
-        assert needle in result.stderr, (needle, result.stderr)
-    return result.stderr
 
 
 # ---- train sae -o ------------------------------------------------------------------------------------------
